@@ -1,0 +1,100 @@
+"""Dataclass configs: strict construction from dicts/YAML, dumping and overriding.
+
+Unknown or mistyped keys are a `PosymError` naming the key and the valid ones, so a typo in a
+YAML file never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar
+
+from posym.errors import PosymError
+
+T = TypeVar("T")
+
+
+def to_dict(config: Any) -> dict:
+    """A dataclass (possibly nested) as a plain dict of JSON/YAML-able values."""
+    return dataclasses.asdict(config)
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Check/convert one value against a (simple) type annotation."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except PosymError as exc:
+                errors.append(str(exc))
+        raise PosymError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise PosymError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise PosymError(f"{where} must be a list, got {value!r}")
+        item = args[0] if args else Any
+        out = [_coerce(v, item, where) for v in value]
+        return tuple(out) if origin is tuple else out
+    if dataclasses.is_dataclass(annotation):
+        if isinstance(value, annotation):
+            return value
+        return from_dict(annotation, value, where=where)
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise PosymError(f"{where} must be true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PosymError(f"{where} must be an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PosymError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise PosymError(f"{where} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type[T], data: dict | None, *, where: str = "config") -> T:
+    """Build dataclass `cls` from `data`, rejecting unknown keys and ill-typed values."""
+    data = dict(data or {})
+    if not isinstance(data, dict):
+        raise PosymError(f"{where} must be a mapping")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise PosymError(
+            f"unknown key {unknown[0]!r} in {where}; valid keys: {', '.join(sorted(fields))}"
+        )
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise PosymError(f"{where}: {exc}") from None
+
+
+def override(config: T, updates: dict, *, where: str = "config") -> T:
+    """A copy of `config` with `updates` applied (nested dataclasses accept nested dicts)."""
+    merged = to_dict(config)
+    for key, value in updates.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return from_dict(type(config), merged, where=where)
