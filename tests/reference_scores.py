@@ -1,0 +1,125 @@
+"""Slow, obvious reference implementations of the head scores (SPEC section 3).
+
+Importable from any test in tests/ (pytest puts this folder on sys.path):
+    from reference_scores import reference_swap_scores, reference_model_scores
+
+`reference_swap_scores` loops over swaps with an explicit softmax of the modified row.
+`reference_model_scores` is the definition itself: for every swap it exchanges the residual
+vectors entering the layer (a pre-hook on the decoder layer), re-runs that layer and reads the
+query's attention row, computed by a recording attention function in the model's own dtype (Hugging
+Face's eager attention rounds logits/softmax to float32 even in float64 models).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+RECORDED: list[torch.Tensor] = []
+
+
+def _recording_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Plain attention in the input dtype that records its weights [batch, heads, q, k]."""
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: each key head serves `groups`
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    logits = query @ key.transpose(2, 3) * scaling  # [batch, heads, q, k]
+    t = logits.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=logits.device).tril()
+    logits = logits.masked_fill(~causal, float("-inf"))
+    weights = torch.softmax(logits, dim=-1)
+    RECORDED.append(weights.detach())
+    return (weights @ value).transpose(1, 2).contiguous(), weights
+
+
+AttentionInterface.register("posym_reference", _recording_attention)
+
+
+def reference_blocks(keys: int, blocks: int | None) -> list[tuple[list[int], list[int]]]:
+    """The swaps as (block A, block B) lists of key positions, written out naively."""
+    if blocks is None:
+        return [([i], [j]) for i, j in itertools.combinations(range(keys), 2)]
+    size = keys // blocks
+    start = keys - size * blocks
+    chunks = [list(range(start + k * size, start + (k + 1) * size)) for k in range(blocks)]
+    return list(itertools.combinations(chunks, 2))
+
+
+def _scores_from_rows(d, rows_after, swaps, tau):
+    """s_pos, s_sym from the clean row d and one modified row per swap (lists of floats)."""
+    gaps, pos, sym = [], [], []
+    for (a, b), d2 in zip(swaps, rows_after):
+        v = torch.stack([d[a].mean(), d[b].mean()])
+        v2 = torch.stack([d2[a].mean(), d2[b].mean()])
+        gaps.append((v[0] - v[1]).abs())
+        pos.append(F.cosine_similarity(v2, v, dim=0, eps=1e-300))
+        sym.append(F.cosine_similarity(v2, v.flip(0), dim=0, eps=1e-300))
+    alpha = torch.softmax(torch.stack(gaps) / tau, dim=0)
+    return float((alpha * torch.stack(pos)).sum()), float((alpha * torch.stack(sym)).sum())
+
+
+def reference_swap_scores(clean, swapped, *, tau=1e-4, blocks=None, compare="probs"):
+    """The scores of one query row [n] from its swapped-logit matrix [n, n], one swap at a time."""
+    clean, swapped = clean.double(), swapped.double()
+    n = clean.shape[0]
+    swaps = reference_blocks(n - 1, blocks)
+    rows = []
+    for a, b in swaps:
+        row = clean.clone()
+        for x, y in zip(a, b):
+            row[x], row[y] = swapped[x, y], swapped[y, x]
+        rows.append(row if compare == "logits" else torch.softmax(row, 0))
+    d = clean if compare == "logits" else torch.softmax(clean, 0)
+    s_pos, s_sym = _scores_from_rows(d, rows, swaps, tau)
+    p = torch.softmax(clean, 0)
+    return {"s_pos": s_pos, "s_sym": s_sym, "entropy": float(-(p * p.log()).sum()), "n_swaps": len(swaps)}
+
+
+def decoder_layers(model):
+    """The decoder layers of the five supported architectures."""
+    base = getattr(model, "transformer", None) or getattr(model, "gpt_neox", None) or model.model
+    return base.h if hasattr(base, "h") else base.layers
+
+
+def attention_rows(model, ids, layer, swap=None):
+    """Attention weights [heads, T, T] of `layer` on prompt `ids` after exchanging the residual
+    vectors entering that layer at the positions swap = (A, B) (lists, element-wise)."""
+
+    def exchange(module, args, kwargs):
+        hidden = (args[0] if args else kwargs["hidden_states"]).clone()  # [1, T, width]
+        if swap is not None:
+            a, b = torch.tensor(swap[0]), torch.tensor(swap[1])
+            hidden[:, a], hidden[:, b] = hidden[:, b].clone(), hidden[:, a].clone()
+        if args:
+            return (hidden, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hidden}
+
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("posym_reference")
+    handle = decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True)
+    RECORDED.clear()
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+    finally:
+        handle.remove()
+        model.set_attn_implementation(previous)
+    return RECORDED[layer][0]
+
+
+def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None):
+    """Per-head scores of one (prompt, query, layer) by re-running the layer once per swap."""
+    ids = list(ids[: query + 1])  # the query sees keys 0..query; later tokens cannot matter
+    clean = attention_rows(model, ids, layer)[:, query, : query + 1]  # [heads, n]
+    swaps = reference_blocks(query, blocks)
+    after = [attention_rows(model, ids, layer, s)[:, query, : query + 1] for s in swaps]
+    out = []
+    for h in range(clean.shape[0]):
+        s_pos, s_sym = _scores_from_rows(clean[h].double(), [r[h].double() for r in after], swaps, tau)
+        p = clean[h].double()
+        out.append({"head": h, "s_pos": s_pos, "s_sym": s_sym,
+                    "entropy": float(-(p * p.clamp_min(1e-300).log()).sum()), "n_swaps": len(swaps)})
+    return out
