@@ -1,0 +1,404 @@
+"""Training a GPT-J on a multi-hop task: presets, the exact-resume training loop, evaluation.
+
+The loop is the paper's recipe (SPEC section 2): AdamW, linear warmup then linear decay (the
+schedule of Hugging Face `get_linear_schedule_with_warmup`, computed here as a pure function of the
+step), loss on the last position only. Batch t is train-split samples [t*B, (t+1)*B) (wrapping
+around the split), so the data needs no RNG state; dropout draws from torch's global RNG, which
+every checkpoint saves. Resuming restores weights, optimizer moments, RNG and step, so a resumed
+run ends bit-identical to an uninterrupted one on the same machine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from posym import io
+from posym.configs import from_dict, override, to_dict
+from posym.errors import PosymError
+from posym.model import (
+    CHECKPOINT_META,
+    ModelConfig,
+    build_model,
+    checkpoint_name,
+    list_checkpoints,
+    read_checkpoint_meta,
+)
+from posym.tasks import SPLIT_SIZES, TaskConfig, generate, task_config
+
+TRAINER_TENSORS = "trainer_state.safetensors"
+TRAINER_JSON = "trainer_state.json"
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a training run (written to `<run>/config.yaml`)."""
+
+    preset: str
+    """Name of the preset this config started from (paper, seed, quick); informational."""
+    task: TaskConfig
+    """The task (number or letter, window sizes, hops, split sizes)."""
+    model: ModelConfig
+    """The GPT-J shape."""
+    lr: float = 1e-4
+    """Peak learning rate of AdamW."""
+    betas: list[float] = field(default_factory=lambda: [0.95, 0.999])
+    """AdamW (beta1, beta2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 1e-4
+    """AdamW decoupled weight decay, applied to weight matrices and embeddings but not to biases or
+    LayerNorm parameters (as the Hugging Face Trainer the authors used)."""
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this value (the Hugging Face Trainer default); null = off."""
+    warmup_steps: int = 750
+    """Steps of linear warmup from 0 to lr; afterwards lr decays linearly to 0 at max_steps."""
+    max_steps: int = 6000
+    """Optimizer steps in total."""
+    batch_size: int = 192
+    """Sequences per optimizer step (the paper: 64 per GPU x 3 GPUs)."""
+    checkpoint_every: int = 500
+    """Save (and evaluate) every this many steps; steps 0, 1, 2, 4, 8, ... below it and the final step too."""
+    eval_size: int = 2000
+    """Test-split samples evaluated at every checkpoint (always the same ones)."""
+    eval_batch_size: int = 1000
+    """Sequences per forward pass during evaluation."""
+    seed: int = 0
+    """Seed of the initialisation, the dropout stream and the data."""
+    device: str = "auto"
+    """cpu, cuda or auto (cuda when available)."""
+    threads: int | None = None
+    """torch CPU threads for training; null keeps torch's default."""
+    keep_trainer_state: bool = False
+    """Keep optimizer/RNG state in every checkpoint; by default only the latest keeps it (saves disk)."""
+
+    def __post_init__(self) -> None:
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise PosymError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        for name in ("max_steps", "batch_size", "checkpoint_every", "eval_size", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise PosymError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.warmup_steps < 0 or self.lr <= 0 or self.weight_decay < 0:
+            raise PosymError("warmup_steps and weight_decay must be >= 0 and lr > 0")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise PosymError(f"grad_clip must be positive or null, got {self.grad_clip}")
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise PosymError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.threads is not None and self.threads < 1:
+            raise PosymError(f"threads must be a positive integer or null, got {self.threads}")
+
+
+def _paper(task: TaskConfig) -> TrainConfig:
+    """SPEC section 2: 12 x 1 head, width 128, AdamW 1e-4, 750 warmup, batch 192, 6,000 steps."""
+    return TrainConfig(preset="paper", task=task, model=ModelConfig())
+
+
+def _seed(task: TaskConfig) -> TrainConfig:
+    """The seed summary's GPT-J: 6 layers x 8 heads, width 128, with a faster optimisation."""
+    return TrainConfig(
+        preset="seed", task=task, model=ModelConfig(n_layer=6, n_head=8, n_embd=128),
+        lr=5e-4, betas=[0.9, 0.999], warmup_steps=300, max_steps=4000, batch_size=128,
+        checkpoint_every=250,
+    )
+
+
+def _quick(task: TaskConfig) -> TrainConfig:
+    """Small enough to train on 2 CPU cores in minutes and still reach >= 95% on every hop."""
+    steps = 1500 if task.task == "number" else 3000
+    return TrainConfig(
+        preset="quick", task=task, model=ModelConfig(n_layer=8, n_head=1, n_embd=64),
+        lr=1e-3, betas=[0.9, 0.999], warmup_steps=100, max_steps=steps, batch_size=64,
+        checkpoint_every=250, eval_size=1000,
+    )
+
+
+PRESETS: dict[str, Callable[[TaskConfig], TrainConfig]] = {"paper": _paper, "seed": _seed, "quick": _quick}
+"""Preset name -> builder of its TrainConfig for a task config."""
+
+
+def resolve_config(
+    preset: str, task: str, config_file: str | Path | None = None, overrides: dict | None = None
+) -> TrainConfig:
+    """The preset for `task`, then the YAML file's keys, then `overrides` (e.g. CLI flags) on top."""
+    if preset not in PRESETS:
+        raise PosymError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    config = PRESETS[preset](task_config(task))
+    if config_file is not None:
+        config = override(config, io.read_yaml(config_file), where=str(config_file))
+    if overrides:
+        config = override(config, overrides)
+    return config
+
+
+# ---- maths: schedule, loss, evaluation ---------------------------------------------------------
+
+
+def lr_factor(step: int, warmup_steps: int, max_steps: int) -> float:
+    """Multiplier of the peak lr for the update after `step` completed steps (HF linear schedule)."""
+    if step < warmup_steps:
+        return step / max(1, warmup_steps)
+    return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
+
+
+def checkpoint_steps(max_steps: int, every: int) -> list[int]:
+    """0, the powers of two below `every`, every multiple of `every`, and `max_steps`."""
+    early = [0] + [2**k for k in range(int(math.log2(every)) + 1) if 2**k < every]
+    regular = list(range(every, max_steps + 1, every))
+    return sorted({s for s in early + regular if s <= max_steps} | {max_steps})
+
+
+def last_logits(model, input_ids):
+    """Next-token logits after the last position only: lm_head on one hidden vector per row."""
+    hidden = model.transformer(input_ids=input_ids).last_hidden_state  # [batch, seq, embd]
+    return model.lm_head(hidden[:, -1])  # [batch, vocab]
+
+
+def _to_tensor(array, device):
+    import torch
+
+    return torch.as_tensor(array, dtype=torch.long).to(device)
+
+
+def evaluate(model, task_cfg: TaskConfig, n: int, seed: int, split: str = "test", batch_size: int = 1000) -> dict:
+    """Accuracy overall and per hop count, and mean cross-entropy, of the next token after the prompt.
+
+    Keys: "acc", "loss", "n", "acc_hop1" .. "acc_hop{max_hops}" (NaN for a hop count with no sample).
+    The model's train/eval mode is restored afterwards.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    samples = generate(task_cfg, n, seed, split=split)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    correct, losses = [], []
+    with torch.no_grad():
+        for lo in range(0, n, batch_size):
+            ids = _to_tensor(samples.input_ids[lo : lo + batch_size], device)  # [b, seq]
+            answer = _to_tensor(samples.answer[lo : lo + batch_size], device)  # [b]
+            logits = last_logits(model, ids).float()  # [b, vocab]
+            losses.append(F.cross_entropy(logits, answer, reduction="none").cpu())
+            correct.append((logits.argmax(-1) == answer).cpu())
+    model.train(was_training)
+    correct_t = torch.cat(correct).double()  # [n]
+    hops = torch.as_tensor(samples.hops)  # [n]
+    out = {"n": n, "loss": torch.cat(losses).mean().item(), "acc": correct_t.mean().item()}
+    for h in range(1, task_cfg.max_hops + 1):
+        mask = hops == h
+        out[f"acc_hop{h}"] = correct_t[mask].mean().item() if mask.any() else float("nan")
+    return out
+
+
+# ---- trainer state: optimizer + RNG, without pickle --------------------------------------------
+
+
+def _save_trainer_state(directory: Path, optimizer, step: int, config_hash: str) -> None:
+    """Optimizer moments and RNG states as safetensors, scalars as JSON."""
+    import torch
+    from safetensors.torch import save_file
+
+    state = optimizer.state_dict()
+    tensors = {"rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    for index, slots in state["state"].items():
+        for name, value in slots.items():
+            tensors[f"optimizer.{index}.{name}"] = value.detach().cpu().contiguous()
+    save_file(tensors, str(directory / TRAINER_TENSORS))
+    io.write_json(
+        directory / TRAINER_JSON,
+        {"step": step, "config_hash": config_hash, "param_groups": state["param_groups"]},
+    )
+
+
+def _load_trainer_state(directory: Path, optimizer) -> int:
+    """Restore optimizer and RNG from a checkpoint; return its step."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(directory / TRAINER_TENSORS))
+    meta = json.loads((directory / TRAINER_JSON).read_text(encoding="utf-8"))
+    slots: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, index, name = key.split(".", 2)
+            slots.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda_states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states)
+    return int(meta["step"])
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+
+
+def _optimizer(model, config: TrainConfig):
+    """AdamW with weight decay on matrices/embeddings only (biases and LayerNorms are 1-D)."""
+    import torch
+
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+
+
+def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):
+    """Samples [step*B, (step+1)*B) of the train split, wrapping around it (pure function of step)."""
+    import numpy as np
+
+    n_train = SPLIT_SIZES["train"]
+    start = (step * batch_size) % n_train
+    first = generate(task, min(batch_size, n_train - start), seed, split="train", start=start)
+    if len(first.answer) == batch_size:
+        return first.input_ids, first.answer
+    rest = generate(task, batch_size - len(first.answer), seed, split="train", start=0)
+    return np.concatenate([first.input_ids, rest.input_ids]), np.concatenate([first.answer, rest.answer])
+
+
+def _resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PosymError("device cuda was requested but no CUDA GPU is available")
+    return name
+
+
+def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
+    """Check the run directory; write config.yaml and manifest.json for a new run."""
+    config_path = run_dir / "config.yaml"
+    if resume:
+        if not config_path.is_file():
+            raise PosymError(f"cannot resume: {run_dir} is not a posym run directory (no config.yaml)")
+        stored = from_dict(TrainConfig, io.read_yaml(config_path), where=str(config_path))
+        if config is not None and io.config_hash(to_dict(config)) != io.config_hash(to_dict(stored)):
+            raise PosymError(f"cannot resume {run_dir} with a different config than its config.yaml")
+        return stored
+    if config is None:
+        raise PosymError("a config is needed to start a new run")
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise PosymError(f"{run_dir} already exists and is not empty; pass --resume or choose another --out")
+    io.write_yaml(config_path, to_dict(config))
+    io.write_json(run_dir / "manifest.json", io.manifest(to_dict(config), seed=config.seed))
+    return config
+
+
+def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = False, progress: bool = True) -> Path:
+    """Train (or, with resume=True, continue) the run in `run_dir`; return `run_dir`.
+
+    With resume, `config` may be None (the run's config.yaml is used) and must otherwise equal it.
+    """
+    import pandas as pd
+    import torch
+    import torch.nn.functional as F
+
+    run_dir = Path(run_dir)
+    config = _prepare_run_dir(config, run_dir, resume)
+    chash = io.config_hash(to_dict(config))
+    device = _resolve_device(config.device)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    task = config.task
+
+    model = build_model(config.model, task.vocab_size, config.seed).to(device)
+    optimizer = _optimizer(model, config)
+    saves = set(checkpoint_steps(config.max_steps, config.checkpoint_every))
+    log_path = run_dir / "train.log"
+    log_lines = log_path.read_text(encoding="utf-8").splitlines() if resume and log_path.is_file() else []
+    rows: list[dict] = []
+
+    step = 0
+    resumable = [(s, p) for s, p in list_checkpoints(run_dir) if (p / TRAINER_TENSORS).is_file()]
+    if resume and resumable:
+        from safetensors.torch import load_file
+
+        step, ckpt = resumable[-1]
+        model.load_state_dict(load_file(str(ckpt / "model.safetensors"), device=device))
+        _load_trainer_state(ckpt, optimizer)
+        rows = [read_checkpoint_meta(p)["metrics"] for s, p in list_checkpoints(run_dir) if s <= step]
+        log_lines.append(f"resumed at step {step} from {ckpt.name}")
+    else:
+        torch.manual_seed(config.seed)
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(config.seed)
+
+    def checkpoint(step: int, train_loss: float) -> dict:
+        metrics = evaluate(model, task, config.eval_size, config.seed, "test", config.eval_batch_size)
+        metrics = {"step": step, **metrics, "train_loss": train_loss, "time": time.time()}
+        previous = list_checkpoints(run_dir)
+        with io.atomic_path(run_dir / "checkpoints" / checkpoint_name(step), is_dir=True) as tmp:
+            model.save_pretrained(tmp)
+            io.write_json(tmp / CHECKPOINT_META, {
+                "step": step, "seed": config.seed, "config_hash": chash,
+                "task": to_dict(task), "model": to_dict(config.model), "metrics": metrics,
+            })
+            _save_trainer_state(tmp, optimizer, step, chash)
+        if not config.keep_trainer_state:
+            for _, old in previous:  # only the newest checkpoint needs to be resumable
+                for name in (TRAINER_TENSORS, TRAINER_JSON):
+                    (old / name).unlink(missing_ok=True)
+        rows.append(metrics)
+        io.write_parquet(run_dir / "metrics.parquet", pd.DataFrame(rows))
+        hop_text = " ".join(f"{k[4:]}={v:.3f}" for k, v in metrics.items() if k.startswith("acc_hop"))
+        log_lines.append(
+            f"step {step} train_loss {train_loss:.4f} test_loss {metrics['loss']:.4f} "
+            f"acc {metrics['acc']:.4f} {hop_text}"
+        )
+        io.write_text(log_path, "\n".join(log_lines) + "\n")
+        return metrics
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if not resume or not resumable:
+        log_lines.append(f"training {config.preset} on {task.task}: {config.max_steps} steps on {device}")
+        last = checkpoint(0, float("nan"))
+    else:
+        last = rows[-1]
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = [
+        TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]} steps/s"),
+        TextColumn("loss {task.fields[loss]}"), TextColumn("acc {task.fields[acc]}"), TimeRemainingColumn(),
+    ]
+    model.train()
+    window_loss = torch.zeros((), device=device)  # summed on device: no sync per step
+    window_steps, t0, t0_step = 0, time.perf_counter(), step
+    with Progress(*columns, disable=not progress, transient=False) as bar:
+        bar_task = bar.add_task(
+            "train", total=config.max_steps, completed=step, rate="-", loss="-", acc=f"{last['acc']:.3f}"
+        )
+        while step < config.max_steps:
+            ids, answer = train_batch(task, step, config.batch_size, config.seed)
+            ids, answer = _to_tensor(ids, device), _to_tensor(answer, device)  # [B, seq], [B]
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr * lr_factor(step, config.warmup_steps, config.max_steps)
+            loss = F.cross_entropy(last_logits(model, ids), answer)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            step += 1
+            window_loss += loss.detach()
+            window_steps += 1
+            if step in saves:
+                last = checkpoint(step, (window_loss / window_steps).item())
+                window_loss.zero_()
+                window_steps = 0
+            if progress and (step % 10 == 0 or step == config.max_steps):
+                rate = (step - t0_step) / max(1e-9, time.perf_counter() - t0)
+                bar.update(bar_task, completed=step, rate=f"{rate:.1f}", loss=f"{loss.item():.3f}",
+                           acc=f"{last['acc']:.3f}")
+    return run_dir
