@@ -87,3 +87,98 @@ def test_bad_inputs_are_posym_errors():
         swap_scores(torch.zeros(5), torch.zeros(5, 5), compare="probabilities")
     with pytest.raises(PosymError, match="tau"):
         swap_scores(torch.zeros(5), torch.zeros(5, 5), tau=0.0)
+
+
+# ---- model level: fast path == re-running the layer once per swap --------------------------------
+
+import transformers  # noqa: E402
+from reference_scores import attention_rows, reference_model_scores  # noqa: E402
+
+from posym.scores import head_qk, hop_queries, iter_scores, score_model, summarize  # noqa: E402
+
+VOCAB = 40
+
+
+def tiny_model(kind: str, dtype=torch.float64, seed: int = 0):
+    """A random 2-layer model of `kind` with query/key weights scaled up so attention is peaked."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, max_position_embeddings=64, attn_implementation="eager")
+    llama_like = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, **common)
+    config = {
+        "gptj": lambda: transformers.GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                                rotary_dim=8, attn_implementation="eager"),
+        "gpt_neox": lambda: transformers.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                       intermediate_size=64, rotary_pct=0.5, attention_bias=True,
+                                                       **common),
+        # YaRN scales the rotary tables (attention_scaling != 1): R is not orthogonal there
+        "llama": lambda: transformers.LlamaConfig(rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                                                "original_max_position_embeddings": 32},
+                                                  **llama_like),
+        "mistral": lambda: transformers.MistralConfig(sliding_window=None, **llama_like),
+        "qwen2": lambda: transformers.Qwen2Config(**llama_like),
+    }[kind]()
+    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(part in name for part in ("q_proj", "k_proj", "query_key_value")):
+                param.mul_(8.0)
+    return model
+
+
+def _prompts(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _assert_matches_reference(model, prompts, frame, tol, blocks=None, tau=1e-4):
+    """Every (prompt, query, layer) of frame against the per-swap reference; returns the max error."""
+    worst = 0.0
+    for (prompt, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
+        ref = reference_model_scores(model, prompts[prompt], query, layer, tau=tau, blocks=blocks)
+        assert list(rows["head"]) == [r["head"] for r in ref]
+        for (_, row), r in zip(rows.iterrows(), ref):
+            assert row["n_swaps"] == r["n_swaps"]
+            for col in ("s_pos", "s_sym", "entropy"):
+                err = abs(row[col] - r[col])
+                worst = max(worst, err)
+                assert err <= tol, (prompt, query, layer, row["head"], col, row[col], r[col])
+    return worst
+
+
+KINDS = ["gptj", "gpt_neox", "llama", "mistral", "qwen2"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reference_row_is_the_models_own_attention(kind):
+    model = tiny_model(kind, torch.float32)
+    ids = _prompts([9])[0]
+    with torch.no_grad():
+        own = model(torch.tensor([ids]), output_attentions=True).attentions  # eager kernel
+    for layer in range(2):
+        assert torch.allclose(attention_rows(model, ids, layer), own[layer][0], atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_path_equals_reference_float64(kind):
+    model = tiny_model(kind)
+    prompts = _prompts([6, 8, 8])
+    frame = score_model(model, prompts, "all")
+    assert len(frame) == (4 + 6 + 6) * 2 * model.config.num_attention_heads
+    assert frame["s_pos"].min() < 0.9 or frame["s_sym"].min() < 0.9  # peaked enough to mean something
+    _assert_matches_reference(model, prompts, frame, 1e-5)
+    explicit = score_model(model, prompts, [[5], [4, 7], [3]], blocks=2, layers=[1])
+    assert set(explicit["layer"]) == {1}
+    _assert_matches_reference(model, prompts, explicit, 1e-5, blocks=2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fast_path_equals_reference_float32(kind):
+    model = tiny_model(kind, torch.float32, seed=1)
+    prompts = _prompts([7, 9], seed=1)
+    chains = [[6, 4, 1, -1], [8, 5, 3, 0]]
+    frame = score_model(model, prompts, [hop_queries(c) for c in chains])
+    assert sorted(set(frame["query"][frame["prompt"] == 1])) == [3, 5, 8]
+    _assert_matches_reference(model, prompts, frame, 1e-4)
+    last = score_model(model, prompts, blocks=3, tau=1e-3)
+    _assert_matches_reference(model, prompts, last, 1e-4, blocks=3, tau=1e-3)

@@ -26,7 +26,8 @@ Public API
 
 from __future__ import annotations
 
-
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -113,3 +114,346 @@ def swap_scores(
     s_pos = (alpha * _cosine(w0, w1, v0, v1)).sum(-1)  # [...]
     s_sym = (alpha * _cosine(w0, w1, v1, v0)).sum(-1)  # [...]
     return {"s_pos": s_pos, "s_sym": s_sym, "entropy": entropy, "n_swaps": a.shape[0]}
+
+
+# ---- model level: pre-rotation queries/keys and the model's own rotary tables ------------------
+
+_ARCHS = {
+    # model_type: (base model attribute, layers attribute, attention attribute, pairing)
+    "gptj": ("transformer", "h", "attn", "interleaved"),
+    "gpt_neox": ("gpt_neox", "layers", "attention", "half"),
+    "llama": ("model", "layers", "self_attn", "half"),
+    "mistral": ("model", "layers", "self_attn", "half"),
+    "qwen2": ("model", "layers", "self_attn", "half"),
+}
+
+
+@dataclass
+class HeadQK:
+    """What one layer's attention logits are made of, for a batch of equal-length prompts.
+
+    logit(query p, key j) = scale * rotate(q[:, h, p], p) . rotate(k[:, h, j], j), where `rotate`
+    applies the model's RoPE (the first `rotary_dim` dims, paired by `pairing`; the rest pass through).
+    """
+
+    q: Tensor
+    """Pre-rotation queries [batch, heads, T, head_dim] (projection output, biases included)."""
+    k: Tensor
+    """Pre-rotation keys [batch, heads, T, head_dim], already repeated per query head under GQA."""
+    cos: Tensor
+    """The model's rotary cosines [batch, T, rotary_dim], in the layout `pairing` expects."""
+    sin: Tensor
+    """The model's rotary sines [batch, T, rotary_dim]."""
+    pairing: str
+    """'interleaved' (GPT-J: planes (2m, 2m+1)) or 'half' (NeoX/Llama: planes (m, m + rotary_dim/2))."""
+    scale: float
+    """Multiplier of the dot products (1/sqrt(head_dim) in all supported architectures)."""
+
+
+def _rotate_pairs(x: Tensor, pairing: str) -> Tensor:
+    """J x: each RoPE plane (x1, x2) -> (-x2, x1) (rotate_every_two or rotate_half)."""
+    if pairing == "interleaved":
+        return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, pairing: str, *, inverse: bool = False) -> Tensor:
+    """R x = x cos + J x sin on the first cos.shape[-1] dims of x [..., d] (R^T x if inverse).
+
+    R^T = cos - J sin because J is antisymmetric; with scaled tables (e.g. YaRN) R is not orthogonal
+    and R^T is still exactly its transpose, which is what q . R k = (R^T q) . k needs.
+    """
+    r = cos.shape[-1]
+    head, rest = x[..., :r], x[..., r:]
+    turned = head * cos + _rotate_pairs(head, pairing) * (-sin if inverse else sin)
+    return torch.cat((turned, rest.expand(*turned.shape[:-1], -1)), dim=-1)  # broadcast like the tables
+
+
+def pair_planes(x: Tensor, pairing: str, rotary_dim: int) -> Tensor:
+    """The RoPE planes of x [..., d] as [..., rotary_dim / 2, 2] (plane m = frequency ID m + 1)."""
+    head = x[..., :rotary_dim]
+    if pairing == "interleaved":
+        return head.unflatten(-1, (rotary_dim // 2, 2))
+    return torch.stack((head[..., : rotary_dim // 2], head[..., rotary_dim // 2 :]), dim=-1)
+
+
+def _arch(model) -> tuple:
+    kind = getattr(model.config, "model_type", None)
+    if kind not in _ARCHS:
+        raise PosymError(
+            f"model type {kind!r} is not supported (scores need rotary embeddings); "
+            f"supported: {', '.join(sorted(_ARCHS))}"
+        )
+    return _ARCHS[kind]
+
+
+def _layers(model):
+    base, layers, _, _ = _arch(model)
+    return getattr(getattr(model, base), layers)
+
+
+class _Done(Exception):
+    """Raised from a hook once the last requested layer is captured: the rest of the pass is skipped."""
+
+
+def _capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
+    """One forward pass over ids [batch, T]; calls on_layer(layer, HeadQK) inside the pass, one layer
+    at a time, so only one layer's queries and keys are alive at once."""
+    base, _, attn_name, pairing = _arch(model)
+    kind = model.config.model_type
+    found: dict = {}
+    handles = []
+
+    def grab(key):
+        def hook(module, args, output):
+            found[key] = output
+        return hook
+
+    def pre(module, args, kwargs):
+        found["rope"] = kwargs["position_embeddings"]
+
+    def post(layer):
+        def hook(module, args, output):
+            heads = model.config.num_attention_heads
+            if kind == "gpt_neox":  # fused projection: per head [q | k | v]
+                qkv = found.pop("qkv").unflatten(-1, (heads, 3 * attn.head_size))  # [B, T, H, 3d]
+                q, k, _ = qkv.chunk(3, dim=-1)
+            else:
+                q = found.pop("q").unflatten(-1, (heads, -1))  # [B, T, H, d]
+                k = found.pop("k").unflatten(-1, (-1, q.shape[-1]))  # [B, T, KVH, d]
+            k = k.repeat_interleave(heads // k.shape[2], dim=2)  # GQA: query head h reads key head h // groups
+            first, second = found.pop("rope")
+            cos, sin = (second, first) if kind == "gptj" else (first, second)  # GPT-J passes (sin, cos)
+            if kind == "gptj":  # GPT-J tables hold one value per plane; its planes are interleaved
+                cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+            batch = q.shape[0]  # the tables come as [1, T, r] when every prompt starts at position 0
+            cos, sin = cos.expand(batch, -1, -1), sin.expand(batch, -1, -1)
+            qk = HeadQK(q.transpose(1, 2), k.transpose(1, 2), cos, sin, pairing, float(module.scaling))
+            on_layer(layer, qk)
+            if layer == layers[-1]:
+                raise _Done
+        return hook
+
+    try:
+        for layer in layers:
+            attn = getattr(_layers(model)[layer], attn_name)
+            handles.append(attn.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(attn.register_forward_hook(post(layer)))
+            if kind == "gpt_neox":
+                handles.append(attn.query_key_value.register_forward_hook(grab("qkv")))
+            else:
+                handles.append(attn.q_proj.register_forward_hook(grab("q")))
+                handles.append(attn.k_proj.register_forward_hook(grab("k")))
+        with torch.inference_mode():
+            getattr(model, base)(input_ids=ids, use_cache=False)
+    except _Done:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _check_layers(model, layers) -> list[int]:
+    total = len(_layers(model))
+    if layers is None:
+        return list(range(total))
+    layers = sorted(set(layers))
+    bad = [layer for layer in layers if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < total]
+    if bad or not layers:
+        raise PosymError(f"layers must be indices in 0..{total - 1}, got {bad or 'none'}")
+    return layers
+
+
+def head_qk(model, input_ids, layers: list[int] | None = None) -> dict[int, HeadQK]:
+    """Per-layer pre-rotation queries/keys and rotary tables for input_ids [batch, T] (one pass).
+
+    Example (per-plane logits of layer 0, head 0, query p, key j):
+        qk = head_qk(model, ids)[0]
+        qp = pair_planes(rotate(qk.q[0, 0, p], qk.cos[0, p], qk.sin[0, p], qk.pairing), qk.pairing, r)
+        kj = pair_planes(rotate(qk.k[0, 0, j], qk.cos[0, j], qk.sin[0, j], qk.pairing), qk.pairing, r)
+        per_plane = qk.scale * (qp * kj).sum(-1)      # [r / 2], sums to the logit (+ the unrotated dims)
+    """
+    ids = _as_batch(model, input_ids)
+    out: dict[int, HeadQK] = {}
+    _capture(model, ids, _check_layers(model, layers), lambda layer, qk: out.__setitem__(layer, qk))
+    return out
+
+
+# ---- prompts and queries -------------------------------------------------------------------------
+
+
+def _max_positions(model) -> int | None:
+    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+
+
+def check_prompt(model, ids, where: str = "prompt") -> Tensor:
+    """One prompt as a 1-D LongTensor, or a PosymError naming `where` (bad ids, too long)."""
+    ids = torch.as_tensor(ids)
+    if ids.dim() != 1 or ids.numel() == 0 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise PosymError(f"{where}: input ids must be a non-empty list of integers")
+    vocab = model.config.vocab_size
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise PosymError(f"{where}: token ids must lie in 0..{vocab - 1} (the model's vocabulary)")
+    limit = _max_positions(model)
+    if limit is not None and len(ids) > limit:
+        raise PosymError(f"{where}: {len(ids)} tokens exceed the model's {limit} positions")
+    window = getattr(model.config, "sliding_window", None)
+    if window is not None and getattr(model.config, "use_sliding_window", True) and len(ids) > window:
+        raise PosymError(f"{where}: {len(ids)} tokens exceed the sliding window ({window}); scores need every key visible")
+    return ids.long()
+
+
+def _as_batch(model, input_ids) -> Tensor:
+    """input_ids [batch, T] (a 2-D array or equal-length sequences) as a checked LongTensor."""
+    rows = [check_prompt(model, row, f"prompt {k}") for k, row in enumerate(input_ids)]
+    if not rows or len({len(r) for r in rows}) != 1:
+        raise PosymError("head_qk needs one or more prompts of equal length")
+    return torch.stack(rows).to(model.device)
+
+
+def hop_queries(chain) -> list[int]:
+    """The pointer tokens of a chain (query -> ... -> answer, -1 padded): all but the answer."""
+    positions = [int(p) for p in chain if int(p) >= 0]
+    return positions[:-1]
+
+
+def resolve_queries(queries, length: int, where: str = "prompt") -> list[int]:
+    """Query positions of one prompt of `length` tokens: "last", "all" (every position with >= 2
+    earlier keys) or explicit positions (each needs >= 2 earlier keys)."""
+    if queries is None or queries == "last":
+        queries = [length - 1]
+    elif queries == "all":
+        queries = list(range(2, length))
+    elif isinstance(queries, str):
+        raise PosymError(f"queries must be 'last', 'all' or a list of positions, got {queries!r}")
+    positions = sorted({int(q) for q in queries})
+    if not positions or positions[0] < 2 or positions[-1] >= length:
+        raise PosymError(f"{where}: query positions must lie in 2..{length - 1} (two earlier keys to swap), got {list(queries)}")
+    return positions
+
+
+# ---- scoring -------------------------------------------------------------------------------------
+
+COLUMNS = ("prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps")
+_BUDGET = 1 << 22  # float64 elements per swap tensor: caps memory of one vectorised chunk (~32 MB)
+
+
+def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> list[dict]:
+    """Scores of one layer for jobs {query position: [batch rows]}: vectorised over rows and heads."""
+    out = []
+    heads = qk.q.shape[1]
+    for p, rows in jobs.items():
+        n = p + 1
+        swaps = max(1, math.comb(p, 2))
+        step = max(1, _BUDGET // (swaps * heads))
+        for start in range(0, len(rows), step):
+            b = torch.tensor(rows[start : start + step], device=qk.q.device)
+            cos, sin = qk.cos[b, :n].to(dtype)[:, None], qk.sin[b, :n].to(dtype)[:, None]  # [G, 1, n, r]
+            q = rotate(qk.q[b, :, p].to(dtype), cos[:, :, p], sin[:, :, p], qk.pairing)  # [G, H, d]
+            # u[a] = R_a^T q_rot: then u[a] . k_b is the logit of content b placed at position a
+            u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, H, n, d]
+            swapped = qk.scale * u @ qk.k[b, :, :n].to(dtype).transpose(-1, -2)  # [G, H, n, n]
+            res = swap_scores(swapped.diagonal(dim1=-2, dim2=-1), swapped, **options)
+            for g, row in enumerate(b.tolist()):
+                for h in range(heads):
+                    out.append({"row": row, "query": p, "head": h, "s_pos": res["s_pos"][g, h].item(),
+                                "s_sym": res["s_sym"][g, h].item(), "entropy": res["entropy"][g, h].item(),
+                                "n_swaps": res["n_swaps"]})
+    return out
+
+
+def iter_scores(
+    model,
+    input_ids,
+    queries=None,
+    *,
+    tau: float = 1e-4,
+    blocks: int | None = None,
+    compare: str = "probs",
+    layers: list[int] | None = None,
+    batch_size: int = 64,
+    dtype: torch.dtype = torch.float64,
+    progress=None,
+):
+    """Yield DataFrames of scores (columns COLUMNS), one per batch of equal-length prompts.
+
+    input_ids: a list of 1-D id sequences (lengths may differ) or a 2-D [n, T] array.
+    queries: "last" (default), "all", or per prompt a list of positions (e.g. `hop_queries(chain)`).
+    tau, blocks, compare: see `swap_scores`. layers: layer indices (default all).
+    dtype: precision of the score maths (float64 default: tau = 1e-4 amplifies rounding).
+    progress: optional callable(number of prompts just finished).
+    One forward pass per batch; the attention maps are never materialised.
+    """
+    import pandas as pd
+
+    swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau, compare=compare)  # validates tau/compare early
+    layers = _check_layers(model, layers)
+    prompts = [check_prompt(model, ids, f"prompt {k}") for k, ids in enumerate(input_ids)]
+    if not prompts:
+        raise PosymError("no prompts to score")
+    per_prompt = isinstance(queries, (list, tuple)) and not all(isinstance(q, int) for q in queries)
+    if per_prompt and len(queries) != len(prompts):
+        raise PosymError(f"queries has {len(queries)} entries for {len(prompts)} prompts")
+    wanted = [resolve_queries(queries[k] if per_prompt else queries, len(ids), f"prompt {k}")
+              for k, ids in enumerate(prompts)]
+    by_length: dict[int, list[int]] = {}
+    for k, ids in enumerate(prompts):
+        by_length.setdefault(len(ids), []).append(k)
+    was_training = model.training
+    model.eval()  # dropout off: the scores are of the deterministic model
+    try:
+        for length in sorted(by_length):
+            group = by_length[length]
+            for start in range(0, len(group), batch_size):
+                batch = group[start : start + batch_size]
+                jobs: dict[int, list[int]] = {}
+                for row, k in enumerate(batch):
+                    for p in wanted[k]:
+                        jobs.setdefault(p, []).append(row)
+                records = []
+
+                def on_layer(layer, qk):
+                    for r in _score_layer(qk, jobs, dtype, tau=tau, blocks=blocks, compare=compare):
+                        r["layer"] = layer
+                        r["prompt"] = batch[r.pop("row")]
+                        records.append(r)
+
+                ids = torch.stack([prompts[k] for k in batch]).to(model.device)
+                _capture(model, ids, layers, on_layer)
+                frame = pd.DataFrame.from_records(records, columns=list(COLUMNS))
+                yield frame.sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
+                if progress is not None:
+                    progress(len(batch))
+    finally:
+        model.train(was_training)
+
+
+def score_model(model, input_ids, queries=None, **options):
+    """All scores as one DataFrame (one row per prompt, query, layer, head); see `iter_scores`."""
+    import pandas as pd
+
+    return pd.concat(list(iter_scores(model, input_ids, queries, **options)), ignore_index=True)
+
+
+def summarize(frame, gamma: float = 0.1):
+    """Per (layer, head): prompt-mean s_pos, s_sym, entropy, row count and a label.
+
+    Labels on the means (gamma = 0.1 is the paper's purity threshold, footnote 3 of 2605):
+    uniform if both scores >= 1 - gamma; positional if s_pos >= 1 - gamma and s_sym <= gamma;
+    symbolic if s_sym >= 1 - gamma and s_pos <= gamma; mixed otherwise.
+    """
+    import numpy as np
+
+    if not 0 < gamma < 0.5:
+        raise PosymError(f"gamma must lie in (0, 0.5), got {gamma}")
+    out = frame.groupby(["layer", "head"], as_index=False).agg(
+        s_pos=("s_pos", "mean"), s_sym=("s_sym", "mean"), entropy=("entropy", "mean"), rows=("s_pos", "size")
+    )
+    hi, lo = 1 - gamma, gamma
+    out["label"] = np.select(
+        [(out.s_pos >= hi) & (out.s_sym >= hi), (out.s_pos >= hi) & (out.s_sym <= lo), (out.s_sym >= hi) & (out.s_pos <= lo)],
+        ["uniform", "positional", "symbolic"],
+        default="mixed",
+    )
+    return out
