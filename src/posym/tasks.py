@@ -77,6 +77,13 @@ PAD = 0
 _PAPER_DEFAULTS = {"number": (120, 16), "letter": (8, 8)}  # (alphabet_size, int_range)
 
 
+def _check_int(name: str, value, low: int) -> int:
+    """`value` as an int, or a PosymError when it is not an integer >= low."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise PosymError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
 class ChainError(PosymError):
     """A sequence whose pointer chain is not well defined (no or several matches, out of range)."""
 
@@ -114,10 +121,7 @@ class TaskConfig:
             object.__setattr__(self, "int_range", ints)
         for name, low in [("target_size", 1), ("pretarget_size", 0), ("max_hops", 1),
                           ("alphabet_size", 1), ("int_range", 1), ("extra_target", 0)]:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise PosymError(f"{name} must be an integer >= {low}, got {value!r}")
-            object.__setattr__(self, name, int(value))
+            object.__setattr__(self, name, _check_int(name, getattr(self, name), low))
         if self.max_hops > self.pretarget_size + 1:
             raise PosymError(
                 f"max_hops={self.max_hops} needs {self.max_hops - 1} distinct intermediate "
@@ -378,8 +382,7 @@ def generate(config: TaskConfig, n: int, seed: int, split: str = "train", start:
     E = 0 sample i with E extra target tokens in front (chain positions shifted by E).
     """
     for name, value in [("n", n), ("seed", seed), ("start", start)]:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise PosymError(f"{name} must be an integer >= 0, got {value!r}")
+        _check_int(name, value, 0)
     key = (int(seed), _split_id(split))
     index = np.arange(start, start + n, dtype=np.int64)  # [n]
     hops, pos, values = _schedule(config, key, index)
@@ -399,8 +402,7 @@ def generate(config: TaskConfig, n: int, seed: int, split: str = "train", start:
 def iter_batches(config: TaskConfig, batch_size: int, seed: int, split: str = "train",
                  start: int = 0, stop: int | None = None) -> Iterator[Samples]:
     """Consecutive batches of samples from index `start` on, forever or until index `stop`."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise PosymError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    _check_int("batch_size", batch_size, 1)
     while stop is None or start < stop:
         size = batch_size if stop is None else min(batch_size, stop - start)
         yield generate(config, size, seed, split, start)
@@ -554,6 +556,7 @@ def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | P
 
     from posym import io
 
+    _check_int("n", n, 0)
     if fmt not in FORMATS:
         raise PosymError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     chunk = 50_000

@@ -1,0 +1,396 @@
+"""posym.tasks: worked examples, chain checker, exact balance, determinism, knobs, files, CLI."""
+
+import json
+import math
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posym.errors import PosymError
+from posym.tasks import (
+    SPLIT_SIZES,
+    TASKS,
+    ChainError,
+    Samples,
+    TaskConfig,
+    decode,
+    encode,
+    follow_chain,
+    generate,
+    iter_batches,
+    load_dataset,
+    manifest_path,
+    save_dataset,
+    task_config,
+    token_names,
+)
+
+NUMBER_EXAMPLE = "n h n v h y r s | 6 3 2 7 7 8 4 7 | 2"
+LETTER_EXAMPLE = "e1 b2 e1 g6 a2 b2 e1 g6 | be db ca ge eb hc dg fh | eh"
+FIELDS = ("input_ids", "answer", "hops", "chain", "answer_pos")
+
+
+def assert_same(a: Samples, b: Samples) -> None:
+    for f in FIELDS:
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+
+
+def check_structure(config: TaskConfig, s: Samples) -> None:
+    """Reference check from the task definition, row by row, without `follow_chain`."""
+    E, T, P = config.extra_target, config.target_size, config.pretarget_size
+    q = config.query_pos
+    names = token_names(config)
+    assert s.input_ids.shape == (len(s), config.seq_len) and s.input_ids.dtype == np.int64
+    assert s.input_ids.min() >= 1 and s.input_ids.max() < config.vocab_size
+    for ids, answer, h, chain, apos in zip(s.input_ids.tolist(), s.answer.tolist(), s.hops.tolist(),
+                                           s.chain.tolist(), s.answer_pos.tolist()):
+        path = chain[: h + 1]
+        assert 1 <= h <= config.max_hops and all(c == -1 for c in chain[h + 1:])
+        assert path[0] == q and path[-1] == apos and ids[apos] == answer
+        assert all(a > b for a, b in zip(path, path[1:]))  # strictly leftward, so distinct
+        assert all(E + T <= c < q for c in path[1:-1])  # intermediates in the pre-target window
+        assert E <= apos < E + T  # the last hop lands in the effective target window
+        if config.task == "number":
+            R = config.int_range
+            for a, b in zip(path, path[1:]):
+                assert ids[a] == a - b  # each chain integer points to the next chain position
+            assert all(v > R for v in ids[:E + T]) and all(v <= R for v in ids[E + T:])
+            for p in range(E + T, q + 1):  # decoys: backward offsets 1..p (positions before E)
+                assert 1 <= ids[p] <= p - E
+        else:
+            text = [names[i] for i in ids]
+            assert all(t[1:].isdigit() for t in text[:E + T])
+            assert all(t.isalpha() and len(t) == 2 for t in text[E + T:])
+            hop_letters = [text[c][0] for c in path[1:]]  # y_1 .. y_h
+            assert len(set(hop_letters)) == h
+            for k, c in enumerate(path[:-1]):
+                assert text[c][1] == hop_letters[k]  # chain token k looks up y_{k+1}
+            for j, t in enumerate(text):  # everything off the chain avoids the hop letters
+                letters = t[0] if j == q or j < E + T else t
+                if j not in path[1:]:
+                    assert not set(letters) & set(hop_letters), (j, t, hop_letters)
+
+
+# ---- worked examples and vocabulary ---------------------------------------------------------------
+
+
+def test_number_worked_example():
+    c = task_config("number")
+    ids = encode(c, NUMBER_EXAMPLE)
+    assert len(ids) == c.seq_len == 17
+    assert ids[8:] == [6, 3, 2, 7, 7, 8, 4, 7, 2] and ids[0] == 17 + 13  # 'n' is symbol 13
+    answer, chain = follow_chain(c, ids)
+    assert chain == [16, 14, 10, 8, 2] and decode(c, [answer]) == "n"
+    assert decode(c, ids) == NUMBER_EXAMPLE.replace("| ", "")
+
+
+def test_letter_worked_example():
+    c = task_config("letter")
+    ids = encode(c, LETTER_EXAMPLE)
+    assert len(ids) == 17
+    answer, chain = follow_chain(c, ids)
+    assert chain == [16, 13, 10, 4] and decode(c, [answer]) == "a2" and answer == 1 + 0 * 8 + 1
+    assert decode(c, ids) == LETTER_EXAMPLE.replace("| ", "")
+
+
+def test_vocabulary_layout():
+    num, let = token_names(task_config("number")), token_names(task_config("letter"))
+    assert len(num) == task_config("number").vocab_size == 137
+    assert num[0] == "<pad>" and num[1:17] == tuple(str(v) for v in range(1, 17))
+    assert num[17:17 + 27] == tuple("abcdefghijklmnopqrstuvwxyz") + ("aa",) and num[136] == "dp"
+    assert len(set(num)) == len(num)
+    assert len(let) == task_config("letter").vocab_size == 129
+    assert let[1] == "a1" and let[8] == "a8" and let[9] == "b1" and let[64] == "h8"
+    assert let[65] == "aa" and let[66] == "ab" and let[128] == "hh" and len(set(let)) == 129
+
+
+def test_encode_rejects_unknown_tokens():
+    with pytest.raises(PosymError, match="'i1' is not a token"):
+        encode(task_config("letter"), "a1 i1")
+    with pytest.raises(PosymError, match="outside"):
+        decode(task_config("number"), [137])
+
+
+# ---- the checker itself -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task, text, message", [
+    ("letter", "e1 a2 a2 | ca hc | eh", "2 \\(1, 2\\) earlier matches"),  # two start with a
+    ("letter", "e1 b2 | ca hc | eh", "no earlier matches"),
+    ("letter", "e1 b2 | hc ca | e1", "not a \\(letter, letter\\) pointer"),
+    ("number", "a b | 3 | 4", "jumps before position 0"),
+    ("number", "a b | 3 | c", "query is a symbol"),
+])
+def test_follow_chain_rejects_ill_defined_chains(task, text, message):
+    with pytest.raises(ChainError, match=message):
+        follow_chain(task_config(task), encode(task_config(task), text))
+    with pytest.raises(ChainError, match="PAD"):
+        follow_chain(task_config(task), [0, 5])
+
+
+# ---- generated samples: checker, structure, balance ---------------------------------------------------
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_follow_chain_confirms_ten_thousand_samples(task):
+    c = task_config(task)
+    s = generate(c, 10_000, seed=3)
+    for ids, answer, h, chain in zip(s.input_ids, s.answer.tolist(), s.hops.tolist(), s.chain.tolist()):
+        got_answer, got_chain = follow_chain(c, ids)  # raises unless every lookup is unique
+        assert got_answer == answer and got_chain == chain[: h + 1]
+    check_structure(c, s[:3000])
+
+
+@pytest.mark.parametrize("task, block", [("number", 480), ("letter", 32)])
+def test_balance_is_exact_per_block(task, block):
+    c = task_config(task)
+    assert c.block_size == block and all(size % block == 0 for size in SPLIT_SIZES.values())
+    n = 10 * block
+    s = generate(c, n, seed=11, split="val", start=7 * block)
+    assert np.bincount(s.hops, minlength=5)[1:].tolist() == [n // 4] * 4
+    for h in range(1, 5):
+        rows = s.hops == h
+        pos, ans = s.answer_pos[rows], s.answer[rows]
+        assert np.bincount(pos, minlength=8).tolist() == [n // 4 // 8] * 8
+        if task == "number":
+            values = [ans - 17]
+        else:
+            values = [(ans - 1) // 8, (ans - 1) % 8]  # answer letter, answer number
+        for v, size in zip(values, (c.alphabet_size, c.int_range)):
+            counts = np.bincount(v, minlength=size)
+            assert len(counts) == size and counts.min() == counts.max() == n // 4 // size
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_answer_position_and_value_are_not_tied(task):
+    # marginal balance alone would allow value = f(position); the schedule draws them independently
+    c = task_config(task)
+    s = generate(c, 10 * c.block_size, seed=0)
+    for h in range(1, 5):
+        rows = s.hops == h
+        pairs = set(zip(s.answer_pos[rows].tolist(), s.answer[rows].tolist()))
+        possible = c.target_size * c.num_values
+        expected = possible * (1 - math.exp(-rows.sum() / possible))  # distinct pairs if independent
+        assert len(pairs) > 0.9 * expected, (len(pairs), expected)
+
+
+def test_neighbouring_samples_are_not_periodic():
+    s = generate(task_config("number"), 4800, seed=0)
+    # a plain i mod 4 schedule would make this 1.0; a random one makes it about 1/4
+    assert 0.2 < np.mean(s.hops[:-4] == s.hops[4:]) < 0.3
+    assert 0.08 < np.mean(s.answer_pos[:-8] == s.answer_pos[8:]) < 0.17
+
+
+def test_off_chain_randomness_is_uniform():
+    c = task_config("number")
+    s = generate(c, 48_000, seed=5)
+    two = s.hops == 2
+    # the one intermediate position of a 2-hop chain is uniform over the 8 pre-target positions
+    counts = np.bincount(s.chain[two, 1] - 8, minlength=8)
+    assert len(counts) == 8 and np.abs(counts / two.sum() - 1 / 8).max() < 0.01
+    # a decoy at position 8 is uniform over 1..8 (position 8 is off the chain in 1-hop samples)
+    one = s.hops == 1
+    counts = np.bincount(s.input_ids[one, 8], minlength=9)[1:]
+    assert len(counts) == 8 and np.abs(counts / one.sum() - 1 / 8).max() < 0.01
+
+
+# ---- determinism ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_any_slice_gives_the_same_samples(task):
+    c = task_config(task)
+    whole = generate(c, 1000, seed=7)
+    assert_same(generate(c, 10, seed=7, start=5), whole[5:15])
+    assert_same(generate(c, 40, seed=7, start=470), whole[470:510])  # across a block boundary
+    assert_same(generate(c, 1000, seed=7), whole)
+    parts = list(iter_batches(c, 300, seed=7, stop=1000))
+    assert [len(p) for p in parts] == [300, 300, 300, 100]
+    assert_same(Samples(*(np.concatenate([getattr(p, f) for p in parts]) for f in FIELDS)), whole)
+    stream = iter_batches(c, 64, seed=7, start=100)
+    next(stream)
+    assert_same(next(stream), whole[164:228])
+    for other in (generate(c, 1000, seed=8), generate(c, 1000, seed=7, split="test")):
+        assert np.mean(np.all(other.input_ids == whole.input_ids, axis=1)) < 0.01
+
+
+def test_generate_rejects_bad_arguments():
+    c = task_config("number")
+    with pytest.raises(PosymError, match="split must be one of"):
+        generate(c, 5, seed=0, split="dev")
+    for kwargs in ({"n": -1, "seed": 0}, {"n": 5, "seed": -2}, {"n": 5, "seed": 0, "start": 1.5}):
+        with pytest.raises(PosymError, match="must be an integer"):
+            generate(c, **kwargs)
+    assert len(generate(c, 0, seed=0)) == 0
+
+
+# ---- knobs, impossible configs, length extension --------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(task="number", target_size=3, pretarget_size=12, max_hops=6, alphabet_size=5, int_range=15),
+    dict(task="number", target_size=20, pretarget_size=0, max_hops=1, alphabet_size=500, int_range=30),
+    dict(task="letter", target_size=5, pretarget_size=3, max_hops=4, alphabet_size=5, int_range=3),
+    dict(task="letter", target_size=16, pretarget_size=20, max_hops=8, alphabet_size=26, int_range=12),
+])
+def test_knobs_vary_independently(overrides):
+    c = TaskConfig(**overrides)
+    s = generate(c, 2 * c.block_size, seed=1)
+    check_structure(c, s[:500])
+    for ids, answer in zip(s.input_ids[:500], s.answer[:500]):
+        assert follow_chain(c, ids)[0] == answer
+    assert np.bincount(s.hops)[1:].tolist() == [2 * c.block_size // c.max_hops] * c.max_hops
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(task="letter", alphabet_size=3, max_hops=4), "needs max_hops \\+ 1 = 5 letters"),
+    (dict(task="letter", alphabet_size=4, max_hops=4), "needs max_hops \\+ 1 = 5 letters"),
+    (dict(task="letter", alphabet_size=27, max_hops=4), "at most 26 letters"),
+    (dict(task="number", int_range=15), "cannot reach the whole target window"),
+    (dict(task="number", pretarget_size=30), "cannot reach the whole target window"),
+    (dict(task="number", max_hops=10), "only 8"),
+    (dict(task="letter", pretarget_size=2, max_hops=4), "only 2"),
+    (dict(task="numbers"), "task must be one of"),
+    (dict(task="number", target_size=0), "target_size must be an integer >= 1"),
+    (dict(task="number", max_hops=True), "max_hops must be an integer"),
+    (dict(task="number", extra_target=-1), "extra_target must be an integer >= 0"),
+])
+def test_impossible_configs_raise(overrides, message):
+    with pytest.raises(PosymError, match=message):
+        TaskConfig(**overrides)
+
+
+def test_paper_defaults_per_task():
+    assert (task_config("number").alphabet_size, task_config("number").int_range) == (120, 16)
+    assert (task_config("letter").alphabet_size, task_config("letter").int_range) == (8, 8)
+    assert task_config("number", pretarget_size=20, int_range=28).seq_len == 29
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("extra", [1, 40])
+def test_length_extension_keeps_answers_and_chains(task, extra):
+    base_config = task_config(task)
+    c = replace(base_config, extra_target=extra)
+    assert c.seq_len == 17 + extra
+    base, ext = generate(base_config, 600, seed=2), generate(c, 600, seed=2)
+    np.testing.assert_array_equal(ext.input_ids[:, extra:], base.input_ids)
+    np.testing.assert_array_equal(ext.answer, base.answer)
+    np.testing.assert_array_equal(ext.chain, np.where(base.chain >= 0, base.chain + extra, -1))
+    np.testing.assert_array_equal(ext.answer_pos, base.answer_pos + extra)
+    check_structure(c, ext)
+    for ids, answer, h, chain in zip(ext.input_ids, ext.answer.tolist(), ext.hops.tolist(),
+                                     ext.chain.tolist()):
+        assert follow_chain(c, ids) == (answer, chain[: h + 1])
+
+
+# ---- hypothesis: any valid config --------------------------------------------------------------------
+
+
+@st.composite
+def configs(draw):
+    task = draw(st.sampled_from(TASKS))
+    T, P = draw(st.integers(1, 10)), draw(st.integers(0, 10))
+    H = draw(st.integers(1, min(P + 1, 6)))
+    E = draw(st.integers(0, 12))
+    if task == "number":
+        return TaskConfig(task, T, P, H, draw(st.integers(1, 150)), draw(st.integers(T + P, T + P + 5)), E)
+    return TaskConfig(task, T, P, H, draw(st.integers(H + 1, 26)), draw(st.integers(1, 12)), E)
+
+
+@settings(max_examples=60, deadline=None)
+@given(config=configs(), seed=st.integers(0, 2**32), start=st.integers(0, 10**9), n=st.integers(1, 30))
+def test_generator_agrees_with_checker_on_any_config(config, seed, start, n):
+    s = generate(config, n, seed, start=start)
+    check_structure(config, s)
+    for ids, answer, h, chain in zip(s.input_ids, s.answer.tolist(), s.hops.tolist(), s.chain.tolist()):
+        assert follow_chain(config, ids) == (answer, chain[: h + 1])
+    assert_same(generate(config, 1, seed, start=start + n - 1), s[n - 1:])
+
+
+# ---- files and the CLI -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "npz"])
+def test_save_and_load_round_trip(tmp_path, fmt):
+    c = task_config("letter", extra_target=3)
+    path = save_dataset(c, 500, seed=4, split="test", out=tmp_path / f"d.{fmt}", fmt=fmt)
+    config, samples = load_dataset(path)
+    assert config == c
+    assert_same(samples, generate(c, 500, seed=4, split="test"))
+    meta = json.loads(manifest_path(path).read_text())
+    assert (meta["seed"], meta["split"], meta["n"], meta["format"]) == (4, "test", 500, fmt)
+    assert len(meta["content_hash"]) == 64 and "numpy" in meta["versions"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"d.{fmt}", f"d.{fmt}.manifest.json"]
+    meta["content_hash"] = "0" * 64
+    manifest_path(path).write_text(json.dumps(meta))
+    with pytest.raises(PosymError, match="content hash"):
+        load_dataset(path)
+
+
+def test_save_rejects_bad_input(tmp_path):
+    c = task_config("number")
+    with pytest.raises(PosymError, match="format must be one of"):
+        save_dataset(c, 5, 0, "train", tmp_path / "x", fmt="csv")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(PosymError, match="cannot create directory"):
+        save_dataset(c, 5, 0, "train", tmp_path / "file" / "x.npz", fmt="npz")
+    with pytest.raises(PosymError, match="does not exist"):
+        load_dataset(tmp_path / "missing.parquet")
+
+
+def test_cli_writes_both_formats(tmp_path):
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from posym.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "n.jsonl"
+    result = runner.invoke(app, ["data", "--task", "number", "--n", "40", "--seed", "9", "--split", "val",
+                                 "--format", "jsonl", "--out", str(out), "--target-size", "6"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    c = task_config("number", target_size=6)
+    expected = generate(c, 40, seed=9, split="val")
+    assert len(rows) == 40 and set(rows[0]) == {"input_ids", "answer", "hops", "chain", "text"}
+    for row, ids, answer in zip(rows, expected.input_ids.tolist(), expected.answer.tolist()):
+        assert row["input_ids"] == ids and row["answer"] == answer
+        assert row["chain"] == follow_chain(c, ids)[1] and encode(c, row["text"]) == ids
+    out = tmp_path / "l.parquet"
+    result = runner.invoke(app, ["data", "--task", "letter", "--n", "30", "--out", str(out),
+                                 "--extra-target", "5"])
+    assert result.exit_code == 0, result.output
+    frame = pd.read_parquet(out)
+    assert list(frame.columns) == ["input_ids", "answer", "hops", "chain", "text"]
+    assert len(frame) == 30 and len(frame.input_ids[0]) == 22
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "l.parquet", "l.parquet.manifest.json", "n.jsonl", "n.jsonl.manifest.json"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "word"], "task must be one of"),
+    (["--n", "-3"], "n must be an integer >= 0"),
+    (["--format", "csv"], "format must be one of"),
+    (["--split", "dev"], "split must be one of"),
+    (["--task", "letter", "--alphabet-size", "4"], "needs max_hops"),
+])
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, message):
+    posym = Path("/tmp/venv/bin/posym")
+    if not posym.exists():
+        pytest.skip("the posym console script is not installed in /tmp/venv")
+    proc = subprocess.run([str(posym), "data", "--out", str(tmp_path / "x.parquet"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posym: error: ") and message in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_paper_split_sizes():
+    assert SPLIT_SIZES == {"train": 432_000, "val": 2_400, "test": 45_600}
+    assert math.isclose(sum(SPLIT_SIZES.values()), 480_000)
