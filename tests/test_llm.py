@@ -193,3 +193,224 @@ def test_name_query_is_final_token_of_the_name(models):
     assert loaded.tokenizer.decode([ids[position]]) == prompt.focus
     assert position == len(ids) - 2  # "... Henry likes": the name is second to last
     assert llm.query_position(loaded, prompt, "last") == len(ids) - 1
+
+
+# ---- the benchmark: local backend and the OpenAI-compatible endpoint ----------------------------
+
+
+def test_answer_token_and_greedy_match_generate(models):
+    """local_correct's argmax equals HF generate's first greedy token (the obvious reference)."""
+    loaded = llm.load_model(models["gptj"], device="cpu")
+    for prompt in llm.bench_prompts("letter", 12, 3, seed=1):
+        target = llm.answer_token(loaded.tokenizer, prompt.text, prompt.answer)
+        assert loaded.tokenizer.decode([target]) == prompt.answer
+        correct, predicted = llm.local_correct(loaded, prompt)
+        ids = llm.encode(loaded, prompt.text)
+        greedy = loaded.model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)[0, -1]
+        assert predicted == loaded.tokenizer.decode([int(greedy)])
+        assert correct == (int(greedy) == target)
+
+
+def test_bench_summary_table_and_screening():
+    frame = pd.DataFrame({
+        "task": ["letter"] * 6 + ["number"] * 2, "size": [16] * 6 + [12] * 2,
+        "run": [0, 0, 0, 1, 1, 1, 0, 0], "correct": [1, 1, 1, 1, 0, 0, 1, 0],
+    })
+    summary = llm.bench_summary(frame).set_index(["task", "size"])
+    assert summary.loc[("letter", 16), "acc_mean"] == pytest.approx((1 + 1 / 3) / 2)
+    assert summary.loc[("letter", 16), "acc_std"] == pytest.approx(np.std([1, 1 / 3]))
+    assert summary.loc[("letter", 16), "per_run"] == 3 and summary.loc[("number", 12), "runs"] == 1
+    screen = llm.screening(summary.reset_index())
+    assert screen["passes"] is False and screen["accuracy"] == pytest.approx(2 / 3)
+    table = llm.bench_table(summary.reset_index(), "tiny")
+    assert "| 12 | 0.50 ± 0.00 |  | 0.98 / 0.96 | 0.55 / 0.87 | 0.40 / 0.92 |" in table
+    assert "fails (reported, not applied)" in table
+
+
+class _Server:
+    """A local OpenAI-compatible chat/completions server answering with a tiny model's greedy token.
+
+    mode: "model" (answer), "sleep" (reply after `delay` s), "500", "401" (the error body echoes the
+    Authorization header, so a leak of the key into posym's message would show).
+    """
+
+    def __init__(self, loaded, mode="model", delay=0.0):
+        outer = self
+        self.loaded, self.mode, self.delay, self.hits = loaded, mode, delay, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def do_POST(self):
+                outer.hits += 1
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != "/v1/chat/completions":
+                    return self._send(404, {"error": "not found"})
+                if outer.mode == "401":
+                    return self._send(401, {"error": f"bad key {self.headers.get('Authorization')}"})
+                if outer.mode == "500":
+                    return self._send(500, {"error": "boom"})
+                if outer.mode == "sleep":
+                    time.sleep(outer.delay)
+                text = body["messages"][0]["content"]
+                ids = llm.encode(outer.loaded, text)
+                with torch.no_grad():
+                    token = int(outer.loaded.model(input_ids=ids).logits[0, -1].argmax())
+                reply = outer.loaded.tokenizer.decode([token])
+                self._send(200, {"choices": [{"message": {"role": "assistant", "content": reply + "."}}]})
+
+            def _send(self, code, obj):
+                data = json.dumps(obj).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_endpoint_bench_equals_local_bench(models, tmp_path, capsys, monkeypatch):
+    """The same tiny model answers through HTTP and locally: identical predictions, both via the CLI."""
+    loaded = llm.load_model(models["llama"], device="cpu")
+    server = _Server(loaded)
+    monkeypatch.setenv("TINY_KEY", "sk-secret-123")
+    common = ["--sizes", "12,16", "--runs", 2, "--n", 3]
+    try:
+        code, out, err = run_cli(["llm-bench", "--base-url", server.url, "--model-name", "tiny/llama",
+                                  "--api-key-env", "TINY_KEY", "--out", tmp_path / "http", *common],
+                                 capsys, monkeypatch)
+    finally:
+        server.close()
+    assert code == 0, err
+    code, out, err = run_cli(["llm-bench", models["llama"], "--device", "cpu", "--out", tmp_path / "local",
+                              *common], capsys, monkeypatch)
+    assert code == 0, err
+    http = pd.read_parquet(tmp_path / "http" / "bench.parquet")
+    local = pd.read_parquet(tmp_path / "local" / "bench.parquet")
+    assert len(local) == 2 * 2 * 2 * 3 and server.hits == len(http)
+    assert http.predicted.tolist() == local.predicted.tolist()
+    assert http.correct.tolist() == local.correct.tolist()
+    for name in ("summary.parquet", "table.md", "bench.png", "bench.svg", "manifest.json"):
+        assert (tmp_path / "local" / name).is_file() and (tmp_path / "http" / name).is_file()
+    assert "GPT-5.4 (paper)" in (tmp_path / "local" / "table.md").read_text()
+    for path in (tmp_path / "http").iterdir():
+        assert b"sk-secret-123" not in path.read_bytes()
+
+
+@pytest.mark.parametrize("mode,expect,hits", [("401", "HTTP 401", 1), ("500", "HTTP 500", 3), ("sleep", "no reply", 3)])
+def test_endpoint_errors_are_clear_and_keep_the_key_secret(models, mode, expect, hits, monkeypatch):
+    server = _Server(llm.load_model(models["llama"], device="cpu"), mode=mode, delay=1.0)
+    monkeypatch.setenv("TINY_KEY", "sk-secret-123")
+    endpoint = llm.Endpoint(server.url, "tiny", "TINY_KEY", timeout_s=0.3, retries=2, backoff_s=0.01)
+    try:
+        with pytest.raises(PosymError) as caught:
+            llm.chat(endpoint, "Alice likes")
+    finally:
+        time.sleep(0.05 if mode != "sleep" else 1.0)  # let sleeping handlers finish before shutdown
+        server.close()
+    message = str(caught.value)
+    assert expect in message and "sk-secret-123" not in message
+    assert f"after {hits} attempt" in message and server.hits == hits
+
+
+def test_endpoint_needs_its_key_variable(monkeypatch, capsys):
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    code, _, err = run_cli(["llm-bench", "--base-url", "http://127.0.0.1:9/v1", "--model-name", "m",
+                            "--api-key-env", "NO_SUCH_KEY_VAR"], capsys, monkeypatch)
+    assert code == 2 and "NO_SUCH_KEY_VAR" in err
+
+
+# ---- scores on real architectures ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,prompts", [("llama", "binding"), ("neox", "number"), ("qwen2", "letter"),
+                                          ("gptj", "binding")])
+def test_llm_scores_end_to_end(models, kind, prompts, tmp_path, capsys, monkeypatch):
+    out = tmp_path / kind
+    code, stdout, err = run_cli(["llm-scores", models[kind], "--prompts", prompts, "--n", 2, "--heads", "1.2,0.0",
+                                 "--query", "name" if prompts == "binding" else "last", "--device", "cpu",
+                                 "--out", out], capsys, monkeypatch)
+    assert code == 0, err
+    frame = pd.read_parquet(out / "scores.parquet")
+    assert len(frame) == 2 * 2 * 4 and frame[["s_pos", "s_sym"]].notna().all().all()
+    heads = pd.read_parquet(out / "heads.parquet")
+    layers = pd.read_parquet(out / "layers.parquet")
+    for layer, rows in heads.groupby("layer"):  # the per-layer medians, recomputed by hand
+        got = layers.set_index("layer").loc[layer]
+        assert got.median_s_pos == pytest.approx(np.median(rows.s_pos))
+        assert got.median_s_sym == pytest.approx(np.median(rows.s_sym))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pearson_r"] == pytest.approx(np.corrcoef(heads.s_pos, heads.s_sym)[0, 1])
+    planes = pd.read_parquet(out / "planes.parquet")
+    rotary = {"llama": 8, "qwen2": 8, "neox": 4, "gptj": 4}[kind]
+    assert len(planes) == 2 * (rotary // 2 + (rotary < 8))  # planes + one position-free channel
+    for name in ("heads.png", "heads.svg", "planes.png", "planes.svg"):
+        assert (out / name).stat().st_size > 0
+
+
+def _channel_dims(pairing: str, rotary: int, head_dim: int) -> list[list[int]]:
+    """Dims of each RoPE plane (frequency order) and then of the non-rotary rest."""
+    half = rotary // 2
+    planes = [[2 * m, 2 * m + 1] if pairing == "interleaved" else [m, m + half] for m in range(half)]
+    return planes + ([list(range(rotary, head_dim))] if head_dim > rotary else [])
+
+
+def _reference_channel_scores(logit, p: int, tau: float) -> tuple[float, float]:
+    """SPEC 3 by the letter: every swap i < j < p, its own softmax row, cosines, weights, sums."""
+    clean = torch.tensor([logit(a, a) for a in range(p + 1)], dtype=torch.float64)
+    d = torch.softmax(clean, 0)
+    weights, pos, sym = [], [], []
+    for i in range(p):
+        for j in range(i + 1, p):
+            new = clean.clone()
+            new[i], new[j] = logit(i, j), logit(j, i)  # position i now holds content j and vice versa
+            d2 = torch.softmax(new, 0)
+            v, v2 = torch.stack([d[i], d[j]]), torch.stack([d2[i], d2[j]])
+            weights.append(float((d[i] - d[j]).abs() / tau))
+            pos.append(float(torch.dot(v2, v) / (v2.norm() * v.norm())))
+            sym.append(float(torch.dot(v2, v.flip(0)) / (v2.norm() * v.norm())))
+    alpha = torch.softmax(torch.tensor(weights, dtype=torch.float64), 0)
+    return float(alpha @ torch.tensor(pos, dtype=torch.float64)), float(alpha @ torch.tensor(sym, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kind", ["llama", "neox", "gptj"])
+def test_plane_scores_match_the_loop_reference(models, kind):
+    """Channels sum to HF's own attention logits; each channel's scores equal the swap-by-swap loop."""
+    from posym.scores import head_qk, rotate
+
+    loaded = llm.load_model(models[kind], device="cpu")
+    ids = llm.encode(loaded, "Alice likes red . Bob likes blue . What colour does Alice like ?")
+    layer, head, p, tau = 1, 3, ids.shape[1] - 1, 1e-2
+    qk = head_qk(loaded.model, ids, [layer])[layer]
+    d, r = qk.q.shape[-1], qk.cos.shape[-1]
+
+    def rotated(x, at):
+        return rotate(x.double(), qk.cos[0, at].double(), qk.sin[0, at].double(), qk.pairing)
+
+    q_rot = rotated(qk.q[0, head, p], p)
+    channels = _channel_dims(qk.pairing, r, d)
+    with torch.no_grad():
+        attn = loaded.model(input_ids=ids, output_attentions=True).attentions[layer][0, head, p, : p + 1]
+    total = sum(torch.tensor([float(qk.scale * (q_rot[c] * rotated(qk.k[0, head, a], a)[c]).sum())
+                              for a in range(p + 1)], dtype=torch.float64) for c in channels)
+    torch.testing.assert_close(torch.softmax(total, 0), attn.double(), atol=1e-6, rtol=0)
+
+    fast = llm.plane_scores(loaded, ids, layer, head, p, tau=tau)
+    assert len(fast) == len(channels)
+    for c, row in zip(channels, fast.itertuples()):
+        def logit(at, content, c=c):  # this channel's logit of `content`'s key placed at position `at`
+            return float(qk.scale * (q_rot[c] * rotated(qk.k[0, head, content], at)[c]).sum())
+        s_pos, s_sym = _reference_channel_scores(logit, p, tau)
+        assert (row.s_pos, row.s_sym) == pytest.approx((s_pos, s_sym), abs=1e-9)
+    assert fast.frequency_id.tolist() == list(range(1, r // 2 + 1)) + ([0] if d > r else [])

@@ -599,3 +599,64 @@ def write_bench(judge, out_dir, *, label: str, tasks, sizes, runs: int, n: int, 
     plot_bench(summary, label, out_dir / "bench")
     write_json(out_dir / "manifest.json", manifest(settings, seed=None, screening=screening(summary)))
     return table
+
+
+def plot_planes(planes, stem: str | os.PathLike) -> list[Path]:
+    """Per chosen head: s_pos and s_sym of every RoPE plane vs frequency ID (x = 0: position-free dims)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = list(planes.groupby(["layer", "head"]))
+    fig, axes = plt.subplots(len(chosen), 1, figsize=(8, 2.6 * len(chosen)), squeeze=False)
+    for ax, ((layer, head), rows) in zip(axes[:, 0], chosen):
+        rows = rows.sort_values("frequency_id")
+        ax.plot(rows.frequency_id, rows.s_pos, "o-", ms=3, label="s_pos")
+        ax.plot(rows.frequency_id, rows.s_sym, "s-", ms=3, label="s_sym")
+        ax.set(title=f"layer {layer} head {head}", ylabel="score", ylim=(-0.05, 1.05))
+    axes[-1, 0].set_xlabel("frequency ID (1 = fastest plane; 0 = non-rotary dims)")
+    axes[0, 0].legend(fontsize=8)
+    return save_figure(fig, stem)
+
+
+def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: str = "last",
+                 heads: list[tuple[int, int]] = (), tau: float = 1e-4, settings: dict, progress=None) -> dict:
+    """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
+
+    Files: scores.parquet (prompt, query, layer, head, s_pos, s_sym, entropy, n_swaps), heads.parquet
+    (prompt means and labels, posym.scores.summarize), layers.parquet (per-layer medians),
+    planes.parquet (prompt-mean per-plane scores of --heads), heads.png/svg, planes.png/svg,
+    summary.json (manifest, Pearson r, per-layer medians). Returns the summary dict.
+    """
+    import pandas as pd
+
+    from posym.io import manifest, write_json, write_parquet
+    from posym.scores import score_model, summarize
+
+    config = loaded.model.config
+    for layer, head in heads:
+        if not (layer < config.num_hidden_layers and head < config.num_attention_heads):
+            raise PosymError(f"--heads {layer}.{head} does not exist: the model has {config.num_hidden_layers} "
+                             f"layers of {config.num_attention_heads} heads")
+    ids = [encode(loaded, p.text)[0] for p in prompts]  # checks every length before any work
+    queries = [[query_position(loaded, p, query)] for p in prompts]
+    frame = score_model(loaded.model, ids, queries, tau=tau, progress=progress)
+    head_means = summarize(frame)
+    layers, r = layer_summary(head_means)
+    out_dir = Path(out_dir)
+    write_parquet(out_dir / "scores.parquet", frame)
+    write_parquet(out_dir / "heads.parquet", head_means)
+    write_parquet(out_dir / "layers.parquet", layers)
+    plot_heads(head_means, r, out_dir / "heads")
+    if heads:
+        per_prompt = pd.concat([plane_scores(loaded, ids[k][None], layer, head, queries[k][0], tau=tau)
+                                for k in range(len(prompts)) for layer, head in heads])
+        planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id"], as_index=False)[
+            ["s_pos", "s_sym", "max_logit"]].mean()
+        write_parquet(out_dir / "planes.parquet", planes)
+        plot_planes(planes, out_dir / "planes")
+    summary = {**manifest(settings, seed=settings.get("seed")), "model_type": loaded.model_type,
+               "prompts": len(prompts), "pearson_r": r, "layers": layers.to_dict("records")}
+    write_json(out_dir / "summary.json", summary)
+    return summary
