@@ -128,8 +128,8 @@ def llm_bench_cmd(
     timeout: float = typer.Option(60.0, help="Seconds to wait for one endpoint reply."),
     retries: int = typer.Option(3, help="Extra attempts after a timeout or an HTTP 408/429/5xx reply."),
     tasks: str = typer.Option("number,letter", help="Comma-separated tasks."),
-    sizes: str = typer.Option(",".join(map(str, (12, 16, 24, 32, 48, 64, 80, 100, 150, 200, 300))),
-                              help="Comma-separated target-window sizes."),
+    sizes: Optional[str] = typer.Option(None, help="Comma-separated target-window sizes (default: all "
+                                        "of Appendix H, 12,16,24,32,48,64,80,100,150,200,300)."),
     runs: int = typer.Option(5, help="Runs per task and size; run r draws fresh data with seed r."),
     n: int = typer.Option(20, help="Questions per run."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto (local model only)."),
@@ -143,7 +143,8 @@ def llm_bench_cmd(
     judge, label = llm.make_judge(model_dir, base_url=base_url, model_name=model_name,
                                   api_key_env=api_key_env, timeout_s=timeout, retries=retries,
                                   device=device, dtype=dtype, allow_pickle=allow_pickle)
-    task_list, size_list = llm.parse_list(tasks, str), llm.parse_list(sizes, int)
+    task_list = llm.parse_list(tasks, str)
+    size_list = llm.parse_list(sizes, int) if sizes else list(llm.BENCH_SIZES)
     out = out or Path("runs") / "llm-bench" / label
     settings = {"model": label, "tasks": task_list, "sizes": size_list, "runs": runs, "n": n,
                 "base_url": base_url, "dtype": dtype}
