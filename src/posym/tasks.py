@@ -93,7 +93,8 @@ class TaskConfig:
     """One task and its window sizes; `task_config` fills in the paper's values per task."""
 
     task: str = "number"
-    """"number" (positional: integers are backward offsets) or "letter" (symbolic: letter lookups)."""
+    """Which task: "number" (positional, integers are backward offsets) or "letter" (symbolic,
+    pairs look up letters)."""
     target_size: int = 8
     """Tokens in the target window, which holds the answer."""
     pretarget_size: int = 8
@@ -597,10 +598,30 @@ def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | P
     return out
 
 
-def load_dataset(path: str | Path) -> tuple[TaskConfig, Samples]:
-    """Read a dataset written by `save_dataset` (its manifest gives the config and the format)."""
+def _read_columns(path: Path, fmt: str) -> dict[str, np.ndarray]:
+    """input_ids (flat), answer, hops and the concatenated chains from a parquet or jsonl file."""
     import pyarrow.parquet as pq
 
+    if fmt == "jsonl":
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        cols = {k: [r[k] for r in rows] for k in ("input_ids", "answer", "hops")}
+        flat_chain = [pos for r in rows for pos in r["chain"]]
+    else:
+        table = pq.read_table(path, columns=["input_ids", "answer", "hops", "chain"])
+        cols = {k: table.column(k).combine_chunks() for k in ("input_ids", "answer", "hops")}
+        cols["input_ids"] = cols["input_ids"].flatten()
+        flat_chain = table.column("chain").combine_chunks().flatten()
+    out = {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
+    out["flat_chain"] = np.asarray(flat_chain, dtype=np.int64)
+    return out
+
+
+def load_dataset(path: str | Path) -> tuple[TaskConfig, Samples]:
+    """Read a dataset written by `save_dataset`; its manifest gives the config and the format.
+
+    The ids are checked against the manifest's content hash, so a damaged file is an error.
+    """
     from posym.configs import from_dict
 
     path = Path(path)
@@ -616,29 +637,21 @@ def load_dataset(path: str | Path) -> tuple[TaskConfig, Samples]:
     try:
         if fmt == "npz":
             with np.load(path, allow_pickle=False) as data:
-                fields = {name: data[name].astype(np.int64) for name in _SAMPLE_FIELDS}
-            samples = Samples(**fields)
+                samples = Samples(**{name: data[name].astype(np.int64) for name in _SAMPLE_FIELDS})
         else:
-            if fmt == "jsonl":
-                with open(path, encoding="utf-8") as f:
-                    rows = [json.loads(line) for line in f if line.strip()]
-                ids = [r["input_ids"] for r in rows]
-                answer, hops = [r["answer"] for r in rows], [r["hops"] for r in rows]
-                chains = [r["chain"] for r in rows]
-            else:
-                table = pq.read_table(path).to_pydict()
-                ids, answer, hops, chains = (table[k] for k in ("input_ids", "answer", "hops", "chain"))
-            chain = np.full((len(chains), config.max_hops + 1), -1, dtype=np.int64)
-            for row, c in zip(chain, chains):
-                row[: len(c)] = c
+            cols = _read_columns(path, fmt)
+            hops = cols["hops"]
+            # row-major boolean assignment puts each row's chain in its first hops + 1 slots
+            chain = np.full((len(hops), config.max_hops + 1), -1, dtype=np.int64)
+            chain[np.arange(config.max_hops + 1) <= hops[:, None]] = cols["flat_chain"]
             samples = Samples(
-                input_ids=np.asarray(ids, dtype=np.int64).reshape(len(chains), config.seq_len),
-                answer=np.asarray(answer, dtype=np.int64),
-                hops=np.asarray(hops, dtype=np.int64),
+                input_ids=cols["input_ids"].reshape(len(hops), config.seq_len),
+                answer=cols["answer"],
+                hops=hops,
                 chain=chain,
-                answer_pos=np.asarray([c[-1] for c in chains], dtype=np.int64),
+                answer_pos=chain[np.arange(len(hops)), hops],
             )
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, KeyError, IndexError, json.JSONDecodeError) as exc:
         raise PosymError(f"cannot read dataset {path}: {exc}") from None
     if content_hash(samples) != meta.get("content_hash"):
         raise PosymError(f"dataset {path} does not match the content hash in its manifest")
