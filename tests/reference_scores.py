@@ -13,29 +13,38 @@ Face's eager attention rounds logits/softmax to float32 even in float64 models).
 from __future__ import annotations
 
 import itertools
+import sys
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.masking_utils import eager_mask
 
 RECORDED: list[torch.Tensor] = []
+TARGET = {"layer": None}
 
 
 def _recording_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Plain attention in the input dtype that records its weights [batch, heads, q, k]."""
+    """Plain attention in the input dtype that records its weights [batch, heads, q, k], in the
+    target layer only; every other layer runs the model's own eager kernel, so the residual stream
+    entering the target layer is exactly the one the fast path's forward pass sees."""
+    if module.layer_idx != TARGET["layer"]:
+        eager = sys.modules[type(module).__module__].eager_attention_forward
+        return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     groups = query.shape[1] // key.shape[1]  # grouped-query attention: each key head serves `groups`
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
     logits = query @ key.transpose(2, 3) * scaling  # [batch, heads, q, k]
     t = logits.shape[-1]
     causal = torch.ones(t, t, dtype=torch.bool, device=logits.device).tril()
-    logits = logits.masked_fill(~causal, float("-inf"))
+    logits = logits.masked_fill(~causal, float("-inf"))  # written out: no trust in the mask plumbing
     weights = torch.softmax(logits, dim=-1)
     RECORDED.append(weights.detach())
     return (weights @ value).transpose(1, 2).contiguous(), weights
 
 
 AttentionInterface.register("posym_reference", _recording_attention)
+AttentionMaskInterface.register("posym_reference", eager_mask)  # the additive masks eager layers expect
 
 
 def reference_blocks(keys: int, blocks: int | None) -> list[tuple[list[int], list[int]]]:
@@ -86,7 +95,8 @@ def decoder_layers(model):
 
 def attention_rows(model, ids, layer, swap=None):
     """Attention weights [heads, T, T] of `layer` on prompt `ids` after exchanging the residual
-    vectors entering that layer at the positions swap = (A, B) (lists, element-wise)."""
+    vectors entering that layer at the positions swap = (A, B) (lists, element-wise); the model must
+    use eager attention (as the fast path's forward pass)."""
 
     def exchange(module, args, kwargs):
         hidden = (args[0] if args else kwargs["hidden_states"]).clone()  # [1, T, width]
@@ -101,13 +111,14 @@ def attention_rows(model, ids, layer, swap=None):
     model.set_attn_implementation("posym_reference")
     handle = decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True)
     RECORDED.clear()
+    TARGET["layer"] = layer
     try:
         with torch.no_grad():
             model(torch.tensor([ids]))
     finally:
         handle.remove()
         model.set_attn_implementation(previous)
-    return RECORDED[layer][0]
+    return RECORDED[0][0]
 
 
 def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None):
