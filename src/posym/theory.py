@@ -1,0 +1,654 @@
+"""The paper's constructions T_Index and T_Retrieval as real attention heads, and the discrepancy.
+
+SPEC section 5. Both heads read one-hot token embeddings plus a constant coordinate (coordinate V,
+always 1), map them to ONE RoPE plane (2-d queries and keys) and score key j for the query at n as
+
+    logit(n, j) = beta * (R(n theta) q_n) . (R(j theta) k_j) = beta * q_n^T R((j - n) theta) k_j,
+
+R(a) the 2-d rotation by a. That is exactly what one frequency plane of RoPE does (GPT-J rotates
+each query/key pair of coordinates by position * frequency), so position enters ONLY through the
+relative rotation R(-(n - j) theta); the weights never see positions. We use |v| = 1 with v = (1, 0),
+the normalisation of Theorem 3.2, and float64 throughout.
+
+- T_Index (Selective Index): every key is v (W_K reads only the constant coordinate), so logits
+  depend on position only. A symbol's query is v, an integer sigma's query is R(-sigma theta) v:
+  logit = cos((n - j - sigma) theta), uniquely maximal at j = n - sigma when theta / pi is
+  irrational (a symbol attends to itself). Values copy symbol coordinates times 2, integers give 0,
+  residual out = x + a: argmax decoding reads the copied symbol (2 > 1) or keeps the integer.
+- T_Retrieval: letters numbered phi = 1..A, omega = 2 pi / A. Key = R(-phi(left letter) omega) v,
+  query of a pair (x, y) = R(-phi(y) omega) v (a leaf (x, number) queries its own x):
+  logit = cos((phi(left_j) - phi(y)) omega + (n - j) theta). With 0 < theta < omega / (2 n0) the
+  match (angle (n - j) theta < omega / 2) beats every other letter (angle > omega / 2) for n <= n0.
+  Values are the identity and the output is the attention alone (no residual).
+
+Length n means: the query sits at position n and sees keys 0..n (n + 1 tokens). Layers compose
+through argmax decoding: each application maps token ids to token ids (T_Index's residual holds
+e_sigma + 2 e_symbol, which only a readout turns back into one token).
+
+Discrepancy (Definition 3.1): per input, the gap between the largest and the second-largest logit
+at the query. We call Delta(n) the MINIMUM gap over inputs of length n (the worst-case margin): it is
+the quantity Lemma F.1's inverse temperature needs (beta >= log((K - 1)(1 - eps) / eps) / Delta with
+K keys puts >= 1 - eps on the argmax of every input) and the one Theorem 3.2's bounds hold for.
+(SPEC says "max over inputs"; with the max, T_Index at theta = 0.866 breaks the 2 pi^2 / n^2 bound
+at 33 of the lengths 2..100, and T_Retrieval's gap can approach 2. `gap_stats` reports the max,
+mean and quantiles too.)
+"""
+
+from __future__ import annotations
+
+import math
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posym.errors import PosymError
+from posym.tasks import TaskConfig
+
+
+def frequency_angle(freq_id: int, *, base: float = 10_000.0, rotary_dim: int = 128) -> float:
+    """RoPE angle of frequency ID k (1 = fastest): g_k = base^(-2(k - 1) / rotary_dim)."""
+    if not 1 <= freq_id <= rotary_dim // 2:
+        raise PosymError(f"frequency ID must be in 1..{rotary_dim // 2}, got {freq_id}")
+    return base ** (-2.0 * (freq_id - 1) / rotary_dim)
+
+
+def _rotate(vec: Tensor, angle: Tensor) -> Tensor:
+    """R(angle) vec for vec [..., 2] and angle broadcastable to [...]."""
+    c, s = torch.cos(angle), torch.sin(angle)
+    return torch.stack([c * vec[..., 0] - s * vec[..., 1], s * vec[..., 0] + c * vec[..., 1]], -1)
+
+
+@dataclass(frozen=True)
+class Head:
+    """One attention head on one RoPE plane over one-hot embeddings plus a constant coordinate."""
+
+    w_q: Tensor
+    """[V + 1, 2] query weights (row V reads the constant coordinate)."""
+    w_k: Tensor
+    """[V + 1, 2] key weights."""
+    w_v: Tensor
+    """[V + 1, V + 1] value weights (output coordinates = embedding coordinates)."""
+    theta: float
+    """RoPE angle of the plane: a token at position p is rotated by p * theta."""
+    beta: float
+    """Inverse temperature multiplying every logit."""
+    residual: bool
+    """Whether the layer output is x + attention (T_Index) or the attention alone (T_Retrieval)."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids 0..V-1 (PAD included); the embedding has V + 1 coordinates."""
+        return self.w_q.shape[0] - 1
+
+
+def index_head(cfg: TaskConfig, theta: float, beta: float = 1.0) -> Head:
+    """T_Index for the number-task vocabulary of `cfg` (integers 1..R are offsets, the rest symbols)."""
+    if cfg.task != "number":
+        raise PosymError("T_Index runs on the number task")
+    V, R = cfg.vocab_size, cfg.int_range
+    v = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    sigma = torch.zeros(V + 1, dtype=torch.float64)
+    sigma[1 : R + 1] = torch.arange(1, R + 1, dtype=torch.float64)  # integer id i is offset i
+    w_q = _rotate(v, -sigma * theta)  # [V+1, 2]: symbols (sigma = 0) query v
+    w_q[0] = w_q[V] = 0.0  # PAD and the constant coordinate add nothing to the query
+    w_k = torch.zeros(V + 1, 2, dtype=torch.float64)
+    w_k[V] = v  # every token's key is v: the constant coordinate alone writes it
+    w_v = torch.zeros(V + 1, V + 1, dtype=torch.float64)
+    sym = torch.arange(R + 1, V)
+    w_v[sym, sym] = 2.0  # copy symbol coordinates x2 so the copy outvotes the residual integer
+    return Head(w_q, w_k, w_v, float(theta), float(beta), residual=True)
+
+
+def letter_of(cfg: TaskConfig) -> tuple[Tensor, Tensor]:
+    """Per letter-task id: (phi of the left letter, phi of the letter it looks up), 1-based; PAD 0."""
+    if cfg.task != "letter":
+        raise PosymError("T_Retrieval runs on the letter task")
+    L, R = cfg.alphabet_size, cfg.int_range
+    leaf = torch.arange(L).repeat_interleave(R) + 1  # [L*R] ids 1 + x*R + (n-1)
+    first = torch.arange(L).repeat_interleave(L) + 1  # [L*L] ids 1 + L*R + x*L + y
+    second = torch.arange(L).repeat(L) + 1
+    zero = torch.zeros(1, dtype=torch.long)
+    left = torch.cat([zero, leaf, first])  # [V]
+    looks_up = torch.cat([zero, leaf, second])  # a leaf looks up its own letter
+    return left, looks_up
+
+
+def retrieval_head(cfg: TaskConfig, theta: float, beta: float = 1.0) -> Head:
+    """T_Retrieval for the letter-task vocabulary of `cfg`."""
+    left, looks_up = letter_of(cfg)
+    V = cfg.vocab_size
+    omega = 2 * math.pi / cfg.alphabet_size
+    v = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    w_q = torch.zeros(V + 1, 2, dtype=torch.float64)
+    w_k = torch.zeros(V + 1, 2, dtype=torch.float64)
+    w_q[1:V] = _rotate(v, -looks_up[1:].double() * omega)  # [V-1, 2]
+    w_k[1:V] = _rotate(v, -left[1:].double() * omega)
+    return Head(w_q, w_k, torch.eye(V + 1, dtype=torch.float64), float(theta), float(beta), False)
+
+
+def attention_logits(head: Head, ids: Tensor, *, last_only: bool = False) -> Tensor:
+    """beta * RoPE logits [B, Q, L] of token ids [B, L] (Q = L, or 1 with last_only), causal -inf.
+
+    Embedding lookup stands for the one-hot product: x @ W = W[id] + W[V] (constant coordinate).
+    """
+    B, L = ids.shape
+    V = head.vocab_size
+    pos = torch.arange(L, dtype=torch.float64)
+    q = _rotate(head.w_q[ids] + head.w_q[V], pos * head.theta)  # [B, L, 2]
+    k = _rotate(head.w_k[ids] + head.w_k[V], pos * head.theta)  # [B, L, 2]
+    qpos = pos
+    if last_only:
+        q, qpos = q[:, -1:], pos[-1:]
+    logits = head.beta * torch.einsum("bqd,bkd->bqk", q, k)  # [B, Q, L]
+    return logits.masked_fill(pos[None, :] > qpos[:, None], float("-inf"))
+
+
+def forward(head: Head, ids: Tensor, *, hard: bool = True, last_only: bool = False,
+            logits: Tensor | None = None) -> Tensor:
+    """Layer output [B, Q, V + 1] on one-hot inputs: hard (argmax) or softmax attention
+    (`logits` [B, Q, L]: precomputed `attention_logits`, to reuse them across calls)."""
+    if logits is None:
+        logits = attention_logits(head, ids, last_only=last_only)  # [B, Q, L]
+    if hard:
+        attn = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    else:
+        attn = torch.softmax(logits, dim=-1)  # [B, Q, L]
+    V = head.vocab_size
+    B, Q, L = attn.shape
+    # attention-weighted one-hot inputs without materialising [B, L, V + 1]: mass per token id
+    mass = torch.zeros(B, Q, V + 1, dtype=torch.float64)
+    mass.scatter_add_(-1, ids[:, None, :].expand(B, Q, L), attn)  # [B, Q, V+1]
+    mass[..., V] = attn.sum(-1)  # the constant coordinate of every key is 1
+    out = mass @ head.w_v  # [B, Q, V+1]
+    if head.residual:
+        x = torch.nn.functional.one_hot(ids[:, L - Q :], V + 1).double()  # [B, Q, V+1]
+        x[..., V] = 1.0
+        out = out + x
+    return out
+
+
+def apply(head: Head, ids: Tensor, *, hard: bool = True, last_only: bool = False,
+          logits: Tensor | None = None) -> Tensor:
+    """One application: the layer followed by argmax decoding over token coordinates -> ids [B, Q]."""
+    out = forward(head, ids, hard=hard, last_only=last_only, logits=logits)
+    return out[..., : head.vocab_size].argmax(-1)
+
+
+def compose(head: Head, ids: Tensor, layers: int, *, hard: bool = True) -> list[Tensor]:
+    """Token ids after 0, 1, ..., `layers` applications at every position (index = layer count)."""
+    out = [ids]
+    for _ in range(layers):
+        out.append(apply(head, out[-1], hard=hard))
+    return out
+
+
+# ---- the functions the heads must compute ----------------------------------------------------------
+
+
+def selective_index(cfg: TaskConfig, ids: Tensor) -> Tensor:
+    """Selective Index at every position [B, L]: an integer s at p becomes the token at p - s if that
+    is a symbol (and p - s >= 0), otherwise it stays; symbols stay."""
+    B, L = ids.shape
+    R = cfg.int_range
+    pos = torch.arange(L)
+    is_int = (ids >= 1) & (ids <= R)
+    src = torch.where(is_int, pos - ids, pos)  # [B, L]
+    ok = src >= 0
+    looked = ids.gather(1, src.clamp_min(0))
+    copy = is_int & ok & (looked > R)
+    return torch.where(copy, looked, ids)
+
+
+def retrieval(cfg: TaskConfig, ids: Tensor, *, last_only: bool = False) -> Tensor:
+    """Retrieval at every position [B, L] (or the last, [B, 1]): the unique token at or before p whose
+    left letter is the letter p looks up (a leaf: itself); -1 where there is no unique match."""
+    left, looks_up = letter_of(cfg)
+    B, L = ids.shape
+    qpos = torch.arange(L - 1 if last_only else 0, L)  # [Q]
+    q_ids = ids[:, qpos]  # [B, Q]
+    want = looks_up[q_ids]
+    causal = torch.arange(L)[None, :] <= qpos[:, None]  # [Q, L]
+    match = (left[ids][:, None, :] == want[:, :, None]) & causal  # [B, Q, L]
+    leaf = want == left[q_ids]  # a leaf matches itself first: Reflexive
+    found = ids.gather(1, match.double().argmax(-1))  # the (first) match
+    unique = match.sum(-1) == 1
+    return torch.where(leaf, q_ids, torch.where(unique, found, torch.full_like(q_ids, -1)))
+
+
+# ---- discrepancy and inverse temperature (pure, for any head's logits) ------------------------------
+
+
+def logit_gaps(logits: Tensor) -> Tensor:
+    """Largest minus second-largest logit per input: logits [..., keys] (-inf = masked) -> [...]."""
+    top = logits.topk(2, dim=-1).values  # [..., 2]
+    if not torch.isfinite(top).all():
+        raise PosymError("every input needs at least two visible keys to have a discrepancy")
+    return top[..., 0] - top[..., 1]
+
+
+def gap_stats(gaps: Tensor) -> dict[str, float]:
+    """Delta (the minimum gap, see the module docstring), max, mean and quantiles of per-input gaps."""
+    g = gaps.reshape(-1).double()
+    q = torch.quantile(g[:1_000_000], torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
+    return {"delta": g.min().item(), "gap_max": g.max().item(), "gap_mean": g.mean().item(),
+            "gap_q05": q[0].item(), "gap_q50": q[1].item(), "gap_q95": q[2].item(), "inputs": g.numel()}
+
+
+def lemma_beta(gap: Tensor | float, keys: int, eps: float) -> Tensor:
+    """Lemma F.1's sufficient inverse temperature log((keys - 1)(1 - eps) / eps) / gap."""
+    return math.log((keys - 1) * (1 - eps) / eps) / torch.as_tensor(gap, dtype=torch.float64)
+
+
+def min_beta(logits: Tensor, target: Tensor, eps: float, *, steps: int = 80) -> Tensor:
+    """Smallest beta >= 0 with softmax(beta * logits)[target] >= 1 - eps, per input [N] (inf when
+    the target is not the unique argmax). logits [N, keys] at beta = 1, target [N] key indices.
+
+    The target's mass 1 / (1 + sum_j exp(-beta (l_t - l_j))) grows with beta, so bisection between
+    the necessary log((1 - eps) / eps) / margin and Lemma F.1's sufficient bound is exact.
+    """
+    if not 0 < eps < 1:
+        raise PosymError(f"eps must be in (0, 1), got {eps}")
+    l_t = logits.gather(1, target[:, None])  # [N, 1]
+    others = logits.scatter(1, target[:, None], float("-inf"))  # [N, keys]
+    margin = (l_t[:, 0] - others.max(1).values).clamp_min(0.0)  # [N]
+    keys = torch.isfinite(logits).sum(1)  # [N]
+    lo = math.log((1 - eps) / eps) / margin
+    hi = torch.log((keys - 1) * (1 - eps) / eps) / margin
+    lo, hi = torch.where(margin > 0, lo, math.inf).clamp_min(0.0), torch.where(margin > 0, hi, math.inf)
+    ok = margin > 0
+    a, b = lo[ok], hi[ok]
+    d = (others[ok] - l_t[ok])  # [M, keys] <= -margin
+    for _ in range(steps):
+        mid = (a + b) / 2
+        good = torch.logsumexp(mid[:, None] * d, 1) <= math.log(eps / (1 - eps))
+        a, b = torch.where(good, a, mid), torch.where(good, mid, b)
+    out = hi.clone()
+    out[ok] = b
+    return out
+
+
+# ---- inputs of one length n (query at n, keys 0..n) --------------------------------------------------
+
+
+def index_inputs(cfg: TaskConfig, n: int, seed: int = 0) -> Tensor:
+    """Every valid query token of length n (integers 1..min(n, R), every symbol) times every content
+    of the position it points to; other positions random symbols. ids [N, n + 1]."""
+    V, R = cfg.vocab_size, cfg.int_range
+    gen = torch.Generator().manual_seed(seed)
+    sig = torch.arange(1, min(n, R) + 1).repeat_interleave(V - 1)  # [N_int]
+    content = torch.arange(1, V).repeat(min(n, R))
+    symbols = torch.arange(R + 1, V)
+    N = len(sig) + len(symbols)
+    ids = torch.randint(R + 1, V, (N, n + 1), generator=gen)  # [N, n+1] symbol fillers
+    rows = torch.arange(len(sig))
+    ids[rows, n - sig] = content
+    ids[rows, n] = sig
+    ids[len(sig):, n] = symbols
+    return ids
+
+
+def _letter_tokens(cfg: TaskConfig, letters: Tensor, y: Tensor, gen: torch.Generator) -> Tensor:
+    """Letter-task ids [N, n + 1] whose left letters are `letters` (0-based) and whose query looks up
+    y: keys are random leaves or pointer pairs; the query is a leaf when its own letter is y."""
+    L, R = cfg.alphabet_size, cfg.int_range
+    leaf = 1 + letters * R + torch.randint(0, R, letters.shape, generator=gen)
+    pair = 1 + L * R + letters * L + torch.randint(0, L, letters.shape, generator=gen)
+    ids = torch.where(torch.rand(letters.shape, generator=gen) < 0.5, leaf, pair)  # [N, n+1]
+    q = letters[:, -1]
+    ids[:, -1] = torch.where(q == y, leaf[:, -1], 1 + L * R + q * L + y)
+    return ids
+
+
+def retrieval_worst_letters(cfg: TaskConfig, n: int, theta: float) -> tuple[Tensor, Tensor]:
+    """The hardest valid inputs of length n, one per match position: (letters [n+1, n+1], y [n+1]).
+
+    Logits depend on d = letter - y (mod A) and every non-matching key may take any d != 0
+    independently, so the smallest margin and the largest softmax leak for a given match position
+    come from giving each other key its highest-logit letter (offset k: argmax_d cos(d omega + k theta)).
+    """
+    A = cfg.alphabet_size
+    omega = 2 * math.pi / A
+    k = torch.arange(n, -1, -1, dtype=torch.float64)  # [n+1] offset n - j of key j
+    d = torch.arange(1, A, dtype=torch.float64)
+    best = torch.cos(d[None, :] * omega + k[:, None] * theta).argmax(1) + 1  # [n+1] best d per key
+    letters = best.repeat(n + 1, 1)  # [m, j]; y = 0 so the letter is d itself
+    letters.fill_diagonal_(0)  # the match sits at position m
+    return letters, torch.zeros(n + 1, dtype=torch.long)
+
+
+def retrieval_inputs(cfg: TaskConfig, n: int, theta: float, *, limit: int = 1_000_000,
+                     samples: int = 100_000, seed: int = 0) -> tuple[Tensor, bool]:
+    """Valid inputs of length n (exactly one key whose left letter is the looked-up letter): all of
+    them when there are at most `limit`, else `samples` random ones plus the hardest ones."""
+    A = cfg.alphabet_size
+    gen = torch.Generator().manual_seed(seed)
+    if A * (n + 1) * (A - 1) ** n <= limit:
+        grid = torch.cartesian_prod(*[torch.arange(A)] * (n + 2)).reshape(-1, n + 2)  # [A^(n+2), n+2]
+        letters, y = grid[:, :-1], grid[:, -1]
+        keep = (letters == y[:, None]).sum(1) == 1
+        return _letter_tokens(cfg, letters[keep], y[keep], gen), True
+    y = torch.randint(0, A, (samples,), generator=gen)
+    other = torch.randint(1, A, (samples, n + 1), generator=gen)  # d != 0
+    letters = (y[:, None] + other) % A
+    m = torch.randint(0, n + 1, (samples,), generator=gen)
+    letters[torch.arange(samples), m] = y
+    worst, wy = retrieval_worst_letters(cfg, n, theta)
+    return _letter_tokens(cfg, torch.cat([letters, worst]), torch.cat([y, wy]), gen), False
+
+
+# ---- verification of one construction at one length ---------------------------------------------------
+
+HEADS = ("index", "retrieval")
+
+
+def target_key(cfg: TaskConfig, ids: Tensor) -> Tensor:
+    """Key position [B] the query (last token) must attend to: n - sigma / the unique match / itself."""
+    n = ids.shape[1] - 1
+    q = ids[:, -1]
+    if cfg.task == "number":
+        return torch.where((q >= 1) & (q <= cfg.int_range), n - q, n)
+    left, looks_up = letter_of(cfg)
+    match = left[ids] == looks_up[q][:, None]  # [B, n+1]
+    return torch.where(left[q] == looks_up[q], n, match.double().argmax(1))
+
+
+def _function(cfg: TaskConfig, ids: Tensor) -> Tensor:
+    """The function the construction for `cfg`'s task computes, at the last position [B]."""
+    if cfg.task == "number":
+        return selective_index(cfg, ids)[:, -1]
+    return retrieval(cfg, ids, last_only=True)[:, 0]
+
+
+def check_length(head: Head, cfg: TaskConfig, ids: Tensor, beta: float | None = None) -> dict:
+    """Hard-attention exactness and logit gaps on inputs `ids` [N, n + 1] of one length; with `beta`,
+    also the softmax at that inverse temperature: decoded correctly, least mass on the target key."""
+    want = _function(cfg, ids)  # [N]
+    logits = attention_logits(head, ids, last_only=True)  # [N, 1, n+1]
+    hard = apply(head, ids, last_only=True, logits=logits)[:, 0]
+    out = {"correct": (hard == want).double().mean().item(), **gap_stats(logit_gaps(logits[:, 0]))}
+    if beta is not None:
+        logits = logits * (beta / head.beta)
+        soft = apply(head, ids, hard=False, last_only=True, logits=logits)[:, 0]
+        mass = torch.softmax(logits[:, 0], -1).gather(1, target_key(cfg, ids)[:, None])  # [N, 1]
+        out.update(softmax_correct=(soft == want).double().mean().item(),
+                   min_target_mass=mass.min().item())
+    return out
+
+
+def hardest_inputs(cfg: TaskConfig, n: int, theta: float) -> Tensor:
+    """Inputs of length n that attain the smallest margin and need the largest beta (exactly)."""
+    if cfg.task == "number":
+        return index_inputs(cfg, n)[:: cfg.vocab_size - 1]  # logits depend on the query token only
+    letters, y = retrieval_worst_letters(cfg, n, theta)
+    return _letter_tokens(cfg, letters, y, torch.Generator().manual_seed(0))
+
+
+def needed_beta(head: Head, cfg: TaskConfig, n: int, eps: float) -> tuple[float, float]:
+    """(smallest beta putting >= 1 - eps on the target key of every length-n input, Lemma F.1's
+    bound log(n (1 - eps) / eps) / Delta(n)), both on beta = 1 logits."""
+    ids = hardest_inputs(cfg, n, head.theta)
+    logits = attention_logits(head, ids, last_only=True)[:, 0]  # [N, n+1]
+    beta = min_beta(logits, target_key(cfg, ids), eps).max().item()
+    return beta, lemma_beta(logit_gaps(logits).min(), n + 1, eps).item()
+
+
+# ---- bounds of Theorem 3.2 (|v| = 1) ------------------------------------------------------------------
+
+
+def index_bound(theta: float, n: int) -> float:
+    """Theorem 3.2: Delta_Index(n) <= min(1 - cos theta, 2 pi^2 / n^2)."""
+    return min(1 - math.cos(theta), 2 * math.pi**2 / n**2)
+
+
+def retrieval_bound(theta: float, alphabet_size: int, n: int) -> float:
+    """Theorem 3.2: Delta_Retrieval(n) <= 1 - cos(omega - n theta), for n theta < omega / 2."""
+    return 1 - math.cos(2 * math.pi / alphabet_size - n * theta)
+
+
+def discrepancy_curve(theta: float, ns, *, alphabet_size: int = 8) -> list[dict]:
+    """Measured Delta(n) (exact: over the hardest inputs) and the bound, both heads, for n in `ns`.
+
+    Retrieval rows have `valid` False where n theta >= omega / 2 (the theorem's condition fails).
+    """
+    ns = list(ns)
+    num = TaskConfig("number", int_range=max(16, max(ns)))
+    let = TaskConfig("letter", alphabet_size=alphabet_size)
+    omega = 2 * math.pi / alphabet_size
+    rows = []
+    for head, cfg, bound in [(index_head(num, theta), num, lambda n: index_bound(theta, n)),
+                             (retrieval_head(let, theta), let,
+                              lambda n: retrieval_bound(theta, alphabet_size, n))]:
+        for n in ns:
+            ids = hardest_inputs(cfg, n, theta)
+            delta = logit_gaps(attention_logits(head, ids, last_only=True)[:, 0]).min().item()
+            kind = "index" if cfg.task == "number" else "retrieval"
+            valid = kind == "index" or n * theta < omega / 2
+            rows.append({"head": kind, "theta": theta, "n": n, "delta": delta, "bound": bound(n),
+                         "valid": valid})
+    return rows
+
+
+# ---- multi-hop composition and head scores on task samples ---------------------------------------------
+
+
+def with_beta(head: Head, beta: float) -> Head:
+    """The same head at inverse temperature `beta`."""
+    return Head(head.w_q, head.w_k, head.w_v, head.theta, float(beta), head.residual)
+
+
+def multihop(head: Head, cfg: TaskConfig, ids: Tensor, answer: Tensor, hops: Tensor, *,
+             hard: bool = True) -> dict[str, float]:
+    """Compose the head max_hops times over whole task sequences (Reflexive^(L-h) o F^h: once the query
+    holds the answer, further applications keep it). Fractions of samples whose query holds the
+    answer after exactly h applications, after all max_hops, and already after h - 1 (should be 0)."""
+    states = torch.stack(compose(head, ids, cfg.max_hops, hard=hard))[:, :, -1]  # [H+1, B] query ids
+    rows = torch.arange(len(ids))
+    frac = lambda hit: hit.double().mean().item()  # noqa: E731
+    return {"after_h": frac(states[hops, rows] == answer), "after_all": frac(states[-1] == answer),
+            "after_h_minus_1": frac(states[hops - 1, rows] == answer)}
+
+
+def swap_logits(head: Head, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """The last token's logits over keys 0..n, clean [B, n+1], and swapped [B, n+1, n+1] with
+    swapped[:, a, b] = beta * (R(n theta) q_n) . (R(a theta) k(content of b)): key a holding b's token."""
+    B, L = ids.shape
+    V = head.vocab_size
+    pos = torch.arange(L, dtype=torch.float64)
+    q = _rotate(head.w_q[ids[:, -1]] + head.w_q[V], pos[-1] * head.theta)  # [B, 2]
+    k = head.w_k[ids] + head.w_k[V]  # [B, L(b), 2] unrotated keys
+    k_at = _rotate(k[:, None, :, :], pos[None, :, None] * head.theta)  # [B, L(a), L(b), 2]
+    swapped = head.beta * torch.einsum("bd,bakd->bak", q, k_at)  # [B, L, L]
+    return swapped.diagonal(dim1=1, dim2=2), swapped
+
+
+def construction_scores(head: Head, ids: Tensor, *, tau: float = 1e-4) -> dict[str, float]:
+    """Mean positional / symbolic swap scores (SPEC 3, `posym.scores.swap_scores`) of the last token."""
+    from posym.scores import swap_scores
+
+    clean, swapped = swap_logits(head, ids)
+    out = swap_scores(clean, swapped, tau=tau)
+    return {"s_pos": out["s_pos"].mean().item(), "s_sym": out["s_sym"].mean().item()}
+
+
+# ---- the report: `posym theory` ----------------------------------------------------------------------
+
+
+@dataclass
+class TheoryConfig:
+    """What `posym theory` verifies and plots."""
+
+    n0: list[int] = dataclasses.field(default_factory=lambda: [8, 16, 32, 64])
+    """Largest lengths to verify (each length n <= n0 is checked; n = query position, n + 1 tokens)."""
+    index_freq_id: int = 2
+    """RoPE frequency ID of T_Index's plane (2: theta = 0.866, a positional layer's plane)."""
+    retrieval_freq_id: int = 42
+    """RoPE frequency ID of T_Retrieval's plane (42: theta = 0.0027); needs theta < omega / (2 n0)."""
+    rope_base: float = 10_000.0
+    """RoPE base of the frequencies g_k = base^(-2(k - 1) / rotary_dim)."""
+    rotary_dim: int = 128
+    """Rotary dimensions of the head (the paper's model: 128, 64 frequencies)."""
+    alphabet_size: int = 8
+    """Letters of T_Retrieval (omega = 2 pi / alphabet_size); the paper's letter task has 8."""
+    eps: float = 0.01
+    """Softmax criterion: the inverse temperature must put >= 1 - eps on the target key."""
+    samples: int = 100_000
+    """Random valid Retrieval inputs at each n in n0 when the inputs are too many to enumerate."""
+    exhaustive_limit: int = 100_000
+    """Enumerate every valid Retrieval input of a length when there are at most this many."""
+    full_check_max_n: int = 4
+    """Lengths up to this (and those in n0) are checked on their full input sets; every other
+    length on its hardest inputs only (which decide correctness and beta exactly)."""
+    task_samples: int = 2_000
+    """Paper-task test samples for the multi-hop composition and the head scores."""
+    curve_freq_ids: list[int] = dataclasses.field(default_factory=lambda: [2, 42])
+    """Frequency IDs whose discrepancy curves Fig. 5A shows (a trained model's weighted IDs fit here)."""
+    curve_max_n: int = 100
+    """Lengths 1..curve_max_n of the discrepancy curves."""
+    seed: int = 0
+    """Seed of the sampled inputs and task samples."""
+
+    def __post_init__(self) -> None:
+        if not self.n0 or min(self.n0) < 1:
+            raise PosymError("n0 must be a non-empty list of lengths >= 1")
+        if not 0 < self.eps < 0.5:
+            raise PosymError(f"eps must be in (0, 0.5) so that mass >= 1 - eps decodes correctly, got {self.eps}")
+        if self.curve_max_n < 2 or self.samples < 1 or self.task_samples < 1:
+            raise PosymError("curve_max_n must be >= 2 and samples, task_samples >= 1")
+
+
+def verify(config: TheoryConfig) -> list[dict]:
+    """One row per (head, n <= max n0): exactness, gaps, Theorem 3.2's bound, needed and Lemma F.1 beta.
+
+    Every length checks its hardest inputs (exact for correctness and beta); lengths in n0 and up to
+    full_check_max_n also check T_Index on every (query token, pointed-to token) and T_Retrieval on
+    every valid input when few enough, else on `samples` random ones plus the hardest.
+    """
+    top = max(config.n0)
+    angle = lambda k: frequency_angle(k, base=config.rope_base, rotary_dim=config.rotary_dim)  # noqa: E731
+    th_i, th_r = angle(config.index_freq_id), angle(config.retrieval_freq_id)
+    A = config.alphabet_size
+    if th_r >= math.pi / (A * top):
+        raise PosymError(f"T_Retrieval needs theta < omega / (2 n0) = {math.pi / (A * top):.4g} for "
+                         f"n0 = {top}, but frequency ID {config.retrieval_freq_id} gives {th_r:.4g}")
+    num = TaskConfig("number", int_range=max(16, top))
+    let = TaskConfig("letter", alphabet_size=A)
+    rows = []
+    for kind, cfg, head in [("index", num, index_head(num, th_i)), ("retrieval", let, retrieval_head(let, th_r))]:
+        for n in range(1, top + 1):
+            beta, beta_lemma = needed_beta(head, cfg, n, config.eps)
+            if n > config.full_check_max_n and n not in config.n0:
+                ids, how = hardest_inputs(cfg, n, head.theta), "hardest"
+            elif kind == "index":
+                ids, how = index_inputs(cfg, n, config.seed), "exhaustive"
+            else:
+                ids, full = retrieval_inputs(cfg, n, th_r, limit=config.exhaustive_limit,
+                                             samples=config.samples, seed=config.seed + n)
+                how = "exhaustive" if full else "sampled+hardest"
+            bound = index_bound(th_i, n) if kind == "index" else retrieval_bound(th_r, A, n)
+            rows.append({"head": kind, "theta": head.theta, "n": n, "input_set": how, "bound": bound,
+                         "beta_needed": beta, "beta_lemma": beta_lemma,
+                         **check_length(head, cfg, ids, beta)})
+    return rows
+
+
+def summarize(rows: list[dict], n0: list[int]) -> list[dict]:
+    """Per (head, n0): exact on every length <= n0, the beta needed for all of them and Lemma F.1's."""
+    out = []
+    for kind in HEADS:
+        for top in sorted(n0):
+            sub = [r for r in rows if r["head"] == kind and r["n"] <= top]
+            out.append({"head": kind, "n0": top, "theta": sub[0]["theta"],
+                        "exact": all(r["correct"] == 1.0 for r in sub),
+                        "softmax_exact": all(r["softmax_correct"] == 1.0 for r in sub),
+                        "inputs": sum(r["inputs"] for r in sub),
+                        "delta_n0": sub[-1]["delta"], "bound_n0": sub[-1]["bound"],
+                        "beta_needed": max(r["beta_needed"] for r in sub),
+                        "beta_lemma": max(r["beta_lemma"] for r in sub)})
+    return out
+
+
+def plot_discrepancy(curves: list[dict], path_stem) -> list:
+    """Fig. 5A: measured Delta(n) and Theorem 3.2's bounds, one panel per theta; PNG + SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from posym.io import atomic_path
+
+    thetas = sorted({r["theta"] for r in curves if r["theta"] > 0}, reverse=True)
+    fig, axes = plt.subplots(1, len(thetas), figsize=(5 * len(thetas), 3.8), squeeze=False)
+    for ax, theta in zip(axes[0], thetas):
+        for kind, color in [("index", "tab:blue"), ("retrieval", "tab:orange")]:
+            sub = [r for r in curves if r["head"] == kind and r["theta"] == theta and r["valid"]]
+            if sub:
+                n = [r["n"] for r in sub]
+                ax.plot(n, [r["delta"] for r in sub], color=color, label=f"T_{kind.capitalize()} measured")
+                ax.plot(n, [r["bound"] for r in sub], color=color, ls="--", label=f"T_{kind.capitalize()} bound")
+        nope = [r for r in curves if r["head"] == "retrieval" and r["theta"] == 0]
+        if nope:
+            ax.plot([r["n"] for r in nope], [r["delta"] for r in nope], color="gray", ls=":",
+                    label="T_Retrieval, NoPE (theta = 0)")
+        ax.set(yscale="log", xlabel="length n (query position)", ylabel="discrepancy Delta(n)",
+               title=f"theta = {theta:.4g}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths = []
+    for ext in ("png", "svg"):
+        path = f"{path_stem}.{ext}"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=ext, dpi=150)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
+    """Verify, score and plot; write theory.parquet, discrepancy.parquet, theory.json and fig5a.png/svg
+    into `out_dir`. `progress(step_name)` is called before each step. Returns the JSON summary."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from posym.configs import to_dict
+    from posym.io import manifest, write_json, write_parquet
+    from posym.tasks import generate, task_config
+
+    step = progress or (lambda name: None)
+    out_dir = Path(out_dir)
+    step("verifying the constructions at every length")
+    rows = verify(config)
+    summary = summarize(rows, config.n0)
+    step("composing hops and scoring the heads on task samples")
+    tasks = {}
+    for kind, task in [("index", "number"), ("retrieval", "letter")]:
+        cfg = task_config(task) if task == "number" else task_config(task, alphabet_size=config.alphabet_size)
+        s = generate(cfg, config.task_samples, config.seed, "test")
+        ids, ans, hops = (torch.as_tensor(a) for a in (s.input_ids, s.answer, s.hops))
+        freq = config.index_freq_id if kind == "index" else config.retrieval_freq_id
+        head = (index_head if kind == "index" else retrieval_head)(
+            cfg, frequency_angle(freq, base=config.rope_base, rotary_dim=config.rotary_dim))
+        n = cfg.seq_len - 1
+        beta = max(needed_beta(head, cfg, m, config.eps)[0] for m in range(1, n + 1))
+        soft = with_beta(head, beta)
+        tasks[kind] = {"task": task, "beta": beta, **construction_scores(soft, ids),
+                       "hard": multihop(head, cfg, ids, ans, hops),
+                       "softmax": multihop(soft, cfg, ids, ans, hops, hard=False)}
+    step("measuring discrepancy curves")
+    curves = []
+    ns = range(1, config.curve_max_n + 1)
+    for freq in config.curve_freq_ids:
+        theta = frequency_angle(freq, base=config.rope_base, rotary_dim=config.rotary_dim)
+        curves += [{**r, "freq_id": freq} for r in discrepancy_curve(theta, ns, alphabet_size=config.alphabet_size)]
+    curves += [{**r, "freq_id": 0} for r in discrepancy_curve(0.0, ns, alphabet_size=config.alphabet_size)
+               if r["head"] == "retrieval"]
+    step("writing tables and figure")
+    write_parquet(out_dir / "theory.parquet", pd.DataFrame(rows))
+    write_parquet(out_dir / "discrepancy.parquet", pd.DataFrame(curves))
+    figures = plot_discrepancy(curves, out_dir / "fig5a")
+    result = {"summary": summary, "tasks": tasks, "figures": [str(p) for p in figures],
+              "manifest": manifest(to_dict(config), seed=config.seed)}
+    write_json(out_dir / "theory.json", result)
+    return result
