@@ -383,7 +383,8 @@ def generate(config: TaskConfig, n: int, seed: int, split: str = "train", start:
     E = 0 sample i with E extra target tokens in front (chain positions shifted by E).
     """
     for name, value in [("n", n), ("seed", seed), ("start", start)]:
-        _check_int(name, value, 0)
+        if _check_int(name, value, 0) >= 2**63:
+            raise PosymError(f"{name} must be below 2**63, got {value}")
     key = (int(seed), _split_id(split))
     index = np.arange(start, start + n, dtype=np.int64)  # [n]
     hops, pos, values = _schedule(config, key, index)
