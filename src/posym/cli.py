@@ -60,11 +60,187 @@ def data_command(
 
 # ---- commands: train / eval (model, train) ------------------------------------------------------
 
+
+@app.command("train")
+def train_command(
+    preset: str = typer.Option("quick", help="Starting point: 'quick' (minutes on a CPU), 'paper' (12 layers "
+                               "x 1 head, 6,000 steps, SPEC 2) or 'seed' (6 layers x 8 heads)."),
+    task: str = typer.Option("number", help="Task to learn: 'number' (positional) or 'letter' (symbolic)."),
+    out: Optional[Path] = typer.Option(None, help="New run directory (must not exist or be empty)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML file overriding any field of the "
+                                          "preset (e.g. 'lr: 3e-4' or 'model: {n_layer: 4}'); unknown keys are errors."),
+    seed: Optional[int] = typer.Option(None, help="Seed of initialisation, dropout and data (default: the preset's, 0)."),
+    steps: Optional[int] = typer.Option(None, help="Optimizer steps (default: the preset's)."),
+    device: Optional[str] = typer.Option(None, help="cpu, cuda or auto (default: auto)."),
+    resume: Optional[Path] = typer.Option(None, help="Continue this run directory from its latest checkpoint "
+                                          "with its own config.yaml (other options are not allowed)."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Train a GPT-J on a multi-hop task, saving checkpoints, metrics.parquet and train.log in a run directory."""
+    from posym import train
+
+    if resume is not None:
+        given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
+                                          ("--steps", steps), ("--device", device)) if value is not None]
+        if given:
+            raise PosymError(f"--resume continues a run with its own config; drop {', '.join(given)}")
+        run_dir = train.train(None, resume, resume=True, progress=progress)
+    else:
+        if out is None:
+            raise PosymError("give the new run directory with --out (or --resume RUN_DIR)")
+        flags = {"seed": seed, "max_steps": steps, "device": device}
+        cfg = train.resolve_config(preset, task, config, {k: v for k, v in flags.items() if v is not None})
+        run_dir = train.train(cfg, out, progress=progress)
+    print(f"run directory: {run_dir}")
+
+
+@app.command("eval")
+def eval_command(
+    path: Path = typer.Argument(..., help="A run directory (uses its latest checkpoint unless --step) or one "
+                                "checkpoint directory."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step to evaluate in a run directory."),
+    task: Optional[str] = typer.Option(None, help="Task to evaluate on (default: the checkpoint's own task config)."),
+    n: int = typer.Option(2000, "--n", help="Test sequences per evaluation."),
+    extra_target: Optional[list[int]] = typer.Option(None, help="Extra target-window tokens before the "
+                                                     "effective window (length generalization); repeat for several."),
+    seed: int = typer.Option(0, help="Seed of the test data."),
+    split: str = typer.Option("test", help="Split to draw the data from: train, val or test."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Also write the results as JSON to this file."),
+) -> None:
+    """Accuracy (overall and per hop count) and loss of one checkpoint on a task, optionally at longer lengths."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from posym import io, train
+
+    rows = train.evaluate_checkpoint(path, step=step, task=task, n=n, extra_targets=extra_target or [0],
+                                     seed=seed, split=split, device=device)
+    table = Table(title=f"{rows[0]['task']} task, {rows[0]['checkpoint']}")
+    keys = [k for k in rows[0] if k == "extra_target" or k == "seq_len" or k.startswith("acc") or k == "loss"]
+    for key in keys:
+        table.add_column(key, justify="right")
+    for row in rows:
+        table.add_row(*(f"{row[k]:.4f}" if isinstance(row[k], float) else str(row[k]) for k in keys))
+    Console().print(table)
+    if out is not None:
+        io.write_json(out, rows)
+
 # ---- commands: score (scores) -------------------------------------------------------------------
+
+
+@app.command("score")
+def score_command(
+    model: Path = typer.Option(..., help="A checkpoint directory, or a run directory (latest checkpoint unless --step)."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step to score in a run directory."),
+    task: Optional[str] = typer.Option(None, help="Draw test-split prompts of this task: number or letter "
+                                       "(default: the checkpoint's own task config)."),
+    n_prompts: int = typer.Option(100, help="How many task prompts to score (the paper uses 100)."),
+    seed: int = typer.Option(0, help="Seed of the task prompts."),
+    prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file instead of a task: one "
+                                           '{"input_ids": [...], "queries": [...]} per line (posym data JSONL works).'),
+    queries: Optional[str] = typer.Option(None, help="Which query positions: last (the final token), hops (every "
+                                          "pointer token on the chain) or all (default: the file's queries, else last)."),
+    tau: float = typer.Option(1e-4, help="Temperature of the swap weights softmax(|D_i - D_j| / tau)."),
+    blocks: Optional[int] = typer.Option(None, help="Swap M contiguous key blocks and compare block means "
+                                         "(the 2511 variant) instead of single tokens."),
+    compare: str = typer.Option("probs", help="Compare attention probabilities (probs, the paper) or raw logits."),
+    gamma: float = typer.Option(0.1, help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
+                                "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma)."),
+    batch_size: int = typer.Option(64, help="Prompts of equal length per forward pass."),
+    out: Path = typer.Option(..., help="Output Parquet file (one row per prompt, query, layer, head); "
+                             "a JSON sidecar OUT.json records model, settings and versions."),
+) -> None:
+    """Positional and symbolic scores of every head (exact, one forward pass per prompt batch)."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from posym import io, scores
+    from posym.configs import to_dict
+    from posym.model import load_model
+
+    if batch_size < 1 or n_prompts < 1:
+        raise PosymError("--batch-size and --n-prompts must be positive")
+    hf_model, info = load_model(model, step=step)
+    task_config = info["task_config"]
+    if task is not None and (task_config is None or task_config.task != task):
+        from posym.tasks import task_config as paper_task
+
+        task_config = paper_task(task)
+    ids, wanted = scores.prompt_set(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+                                    seed=seed, prompts_file=prompts, queries=queries)
+    settings = {"model": str(info["path"]), "step": info["step"], "prompts": str(prompts) if prompts else None,
+                "task": to_dict(task_config) if task_config is not None and not prompts else None,
+                "n_prompts": len(ids), "queries": queries or "file/last", "tau": tau, "blocks": blocks,
+                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare}
+    with Progress(transient=True) as bar:
+        job = bar.add_task("scoring prompts", total=len(ids))
+        frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare,
+                                    batch_size=batch_size, progress=lambda k: bar.advance(job, k))
+        rows = scores.write_scores(out, frames, io.manifest(settings, seed=seed, settings=settings,
+                                                            hf_config=hf_model.config.to_dict()))
+    import pandas as pd
+
+    summary = scores.summarize(pd.read_parquet(out, columns=["layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
+    table = Table(title=f"mean scores over {len(ids)} prompts (gamma = {gamma})")
+    for column in ("layer", "head", "s_pos", "s_sym", "entropy", "label"):
+        table.add_column(column, justify="left" if column == "label" else "right")
+    for r in summary.itertuples():
+        table.add_row(str(r.layer), str(r.head), f"{r.s_pos:.3f}", f"{r.s_sym:.3f}", f"{r.entropy:.3f}", r.label)
+    Console().print(table)
+    print(f"wrote {rows} rows to {out} (settings in {out}.json)")
 
 # ---- commands: dynamics / geometry --------------------------------------------------------------
 
 # ---- commands: theory / lengthgen ---------------------------------------------------------------
+
+
+@app.command("theory")
+def theory_command(
+    n0: list[int] = typer.Option([8, 16, 32, 64], "--n0", help="Largest length to verify (query position n, "
+                                 "n + 1 tokens); every n <= n0 is checked. Repeat for several."),
+    out: Path = typer.Option(Path("results/theory"), help="Directory for theory.parquet, discrepancy.parquet, "
+                             "theory.json and fig5a.png/svg."),
+    index_freq_id: int = typer.Option(2, help="RoPE frequency ID of T_Index's plane (2: theta = 0.866)."),
+    retrieval_freq_id: int = typer.Option(42, help="RoPE frequency ID of T_Retrieval's plane (42: theta = "
+                                          "0.0027); it must satisfy theta < omega / (2 n0)."),
+    curve_freq_id: list[int] = typer.Option([2, 42], help="Frequency IDs drawn in the discrepancy figure "
+                                            "(e.g. a trained layer's weighted-average ID). Repeat for several."),
+    alphabet_size: int = typer.Option(8, help="Letters of T_Retrieval (omega = 2 pi / letters; paper: 8)."),
+    eps: float = typer.Option(0.01, help="Softmax criterion: beta must put >= 1 - eps on the right key."),
+    samples: int = typer.Option(100_000, help="Random Retrieval inputs per checked length when there are "
+                                "too many to enumerate."),
+    seed: int = typer.Option(0, help="Seed of the sampled inputs and task samples."),
+) -> None:
+    """Check the paper's T_Index / T_Retrieval heads: exactness per length, the inverse temperature softmax
+    needs, their positional/symbolic scores, and discrepancy against Theorem 3.2 (Fig. 5A)."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from posym import theory
+
+    config = theory.TheoryConfig(n0=n0, index_freq_id=index_freq_id, retrieval_freq_id=retrieval_freq_id,
+                                 curve_freq_ids=curve_freq_id, alphabet_size=alphabet_size, eps=eps,
+                                 samples=samples, seed=seed)
+    with Progress(transient=True) as bar:
+        job = bar.add_task("theory", total=4)
+        result = theory.run_theory(config, out, progress=lambda step: bar.update(job, description=step, advance=1))
+    table = Table(title=f"T_Index / T_Retrieval (argmax exact, beta for mass >= 1 - {eps})")
+    for col in ["head", "n0", "θ", "exact", "softmax", "Δ(n0)", "bound", "β needed", "β Lemma F.1"]:
+        table.add_column(col, justify="right")
+    for r in result["summary"]:
+        table.add_row(r["head"], str(r["n0"]), f"{r['theta']:.3g}", str(r["exact"]), str(r["softmax_exact"]),
+                      f"{r['delta_n0']:.3g}", f"{r['bound_n0']:.3g}", f"{r['beta_needed']:.4g}",
+                      f"{r['beta_lemma']:.4g}")
+    console = Console()
+    console.print(table)
+    for kind, t in result["tasks"].items():
+        console.print(f"T_{kind.capitalize()} on the {t['task']} task (beta {t['beta']:.4g}): s_pos "
+                      f"{t['s_pos']:.3f}, s_sym {t['s_sym']:.3f}; answer after h hops: hard "
+                      f"{t['hard']['after_h']:.3f}, softmax {t['softmax']['after_h']:.3f}")
+    console.print(f"wrote {out}/theory.parquet, discrepancy.parquet, theory.json, fig5a.png/svg")
 
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
 
@@ -170,11 +346,11 @@ def main() -> None:
     except typer.Abort:
         print("posym: aborted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click usage errors (bad option values) are user errors too
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+    except Exception as exc:
+        # Click usage errors (bad option values, missing arguments) are user errors too. Typer
+        # bundles its own copy of click, so recognise them by shape rather than by class.
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            print(f"posym: error: {exc.format_message()}", file=sys.stderr)
             sys.exit(2)
         raise
 
