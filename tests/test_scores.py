@@ -282,3 +282,99 @@ def test_bad_models_and_prompts_are_posym_errors():
         score_model(model, [[1.5, 2.0, 3.0]])
     with pytest.raises(PosymError, match="2 entries for 1 prompts"):
         score_model(model, [[1, 2, 3, 4]], [[3], [3]])
+
+
+# ---- a trained posym checkpoint and the `posym score` command ------------------------------------
+
+import glob  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A trained posym run: the first of /work/quick-runs/*, else 200 steps of a 2-layer model."""
+    from posym.model import list_checkpoints
+
+    for run in sorted(glob.glob("/work/quick-runs/*")):
+        try:
+            if list_checkpoints(run):
+                return run
+        except PosymError:
+            continue
+    from posym import train
+
+    cfg = train.resolve_config("quick", "number", overrides={
+        "max_steps": 200, "checkpoint_every": 100, "eval_size": 200, "batch_size": 32,
+        "model": {"n_layer": 2, "n_embd": 32}})
+    return str(train.train(cfg, tmp_path_factory.mktemp("run") / "run", progress=False))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-6), (torch.float32, 1e-4)])
+def test_trained_checkpoint_hops_match_reference(trained_run, dtype, tol):
+    from posym.model import load_model
+    from posym.scores import prompt_set
+
+    model, info = load_model(trained_run, dtype=dtype)
+    ids, wanted = prompt_set(model, task_config=info["task_config"], n_prompts=3, seed=5, queries="hops")
+    frame = score_model(model, ids, wanted, layers=[0, model.config.n_layer - 1])
+    assert frame["s_pos"].min() < 0.9 or frame["s_sym"].min() < 0.9  # training made some head non-uniform
+    _assert_matches_reference(model, ids, frame, tol)
+
+
+def _cli(monkeypatch, *args):
+    from posym.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["posym", *map(str, args)])
+    try:
+        main()
+    except SystemExit as exc:
+        return exc.code
+    return 0
+
+
+def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    from posym.model import load_model
+    from posym.scores import prompt_set
+
+    out = tmp_path / "scores.parquet"
+    assert _cli(monkeypatch, "score", "--model", trained_run, "--n-prompts", 5, "--seed", 2,
+                "--queries", "hops", "--batch-size", 2, "--out", out) == 0
+    assert "label" in capsys.readouterr().out
+    written = pd.read_parquet(out)
+    model, info = load_model(trained_run)
+    ids, wanted = prompt_set(model, task_config=info["task_config"], n_prompts=5, seed=2, queries="hops")
+    expected = score_model(model, ids, wanted)
+    assert written.equals(expected)
+    sidecar = json.loads((tmp_path / "scores.parquet.json").read_text())
+    assert sidecar["settings"]["tau"] == 1e-4 and sidecar["settings"]["variant"] == "single-token"
+    assert sidecar["rows"] == len(expected) and "torch" in sidecar["versions"]
+
+
+def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"input_ids": [1, 2, 3, 4, 5], "queries": [3, 4]}\n\n{"input_ids": [5, 4, 3], "chain": [2, 1, 0]}\n')
+    out = tmp_path / "file.parquet"
+    assert _cli(monkeypatch, "score", "--model", trained_run, "--prompts", good, "--blocks", 2, "--out", out) == 0
+    written = pd.read_parquet(out)
+    assert sorted(set(zip(written["prompt"], written["query"]))) == [(0, 3), (0, 4), (1, 2)]
+    capsys.readouterr()
+    cases = [
+        ('{"input_ids": [1, 2, 3]}\n{"input_ids": [1, 2,\n', "line 2 is not valid JSON"),
+        ('{"input_ids": [1, 2, 3.5]}\n', "line 1: input_ids must be a list of integers"),
+        ('{"input_ids": [1, 2, 100000]}\n', "line 1: token ids must lie in"),
+        ('{"input_ids": [1, 2, 3], "queries": [7]}\n', "line 1: query positions must lie in 2..2"),
+        ('{"input_ids": [1, 2, 3, 4]}\n', "needs a chain for every prompt"),
+        ('{"input_ids": [' + ", ".join(["1"] * 9000) + "]}\n", "line 1: 9000 tokens exceed"),
+    ]
+    for text, message in cases:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(text)
+        assert _cli(monkeypatch, "score", "--model", trained_run, "--prompts", bad, "--queries", "hops",
+                    "--out", tmp_path / "bad.parquet") == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad.parquet").exists()

@@ -457,3 +457,89 @@ def summarize(frame, gamma: float = 0.1):
         default="mixed",
     )
     return out
+
+
+# ---- files: prompt JSONL in, Parquet out ---------------------------------------------------------
+
+
+def read_prompts(path, model) -> list[dict]:
+    """A prompt file: one JSON object per line with "input_ids" and optional "queries" (positions)
+    and "chain" (posym data JSONL); returns [{"input_ids", "queries", "chain"}] (None when absent).
+    Every problem is a PosymError naming the line."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise PosymError(f"prompt file {path} does not exist")
+    prompts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PosymError(f"{where} is not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or "input_ids" not in record:
+            raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list")
+        fields = {}
+        for key in ("input_ids", "queries", "chain"):
+            value = record.get(key)
+            if value is not None and (not isinstance(value, list) or not all(type(v) is int for v in value)):
+                raise PosymError(f"{where}: {key} must be a list of integers")
+            fields[key] = value
+        ids = check_prompt(model, fields["input_ids"], where)
+        if fields["queries"] is not None:
+            resolve_queries(fields["queries"], len(ids), where)
+        prompts.append({**fields, "input_ids": ids.tolist()})
+    if not prompts:
+        raise PosymError(f"prompt file {path} holds no prompts")
+    return prompts
+
+
+def write_scores(path, frames, sidecar: dict) -> int:
+    """Stream score DataFrames into one Parquet file (temp name, renamed at the end) and write the
+    JSON sidecar `path`.json; returns the number of rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from posym.io import atomic_path, write_json
+
+    schema = pa.schema([(c, pa.float64() if c in ("s_pos", "s_sym", "entropy") else pa.int64()) for c in COLUMNS])
+    rows = 0
+    with atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, schema) as writer:
+            for frame in frames:
+                writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False))
+                rows += len(frame)
+    write_json(f"{path}.json", {**sidecar, "rows": rows})
+    return rows
+
+
+def prompt_set(model, *, task_config=None, n_prompts=100, seed=0, prompts_file=None, queries=None):
+    """(input_ids, per-prompt queries) for `posym score`: test-split task samples or a prompt file.
+
+    queries: "last", "all", "hops" (needs chains: task samples or a "chain" on every file line) or
+    None (a file's own "queries" where given, else the last token).
+    """
+    if queries not in (None, "last", "all", "hops"):
+        raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
+    if prompts_file is not None:
+        records = read_prompts(prompts_file, model)
+    else:
+        from posym.tasks import generate
+
+        if task_config is None:
+            raise PosymError("give --task or --prompts: the model carries no posym task config")
+        samples = generate(task_config, n_prompts, seed, split="test")
+        records = [{"input_ids": ids.tolist(), "queries": None, "chain": chain.tolist()}
+                   for ids, chain in zip(samples.input_ids, samples.chain)]
+    if queries == "hops":
+        missing = [k for k, r in enumerate(records) if r["chain"] is None]
+        if missing:
+            raise PosymError(f"--queries hops needs a chain for every prompt; prompt {missing[0]} has none")
+        wanted = [hop_queries(r["chain"]) for r in records]
+    else:
+        wanted = [queries or r["queries"] or "last" for r in records]
+    return [r["input_ids"] for r in records], wanted
