@@ -189,16 +189,15 @@ def compose(head: Head, ids: Tensor, layers: int, *, hard: bool = True) -> list[
 
 def selective_index(cfg: TaskConfig, ids: Tensor) -> Tensor:
     """Selective Index at every position [B, L]: an integer s at p becomes the token at p - s if that
-    is a symbol (and p - s >= 0), otherwise it stays; symbols stay."""
+    is a symbol, otherwise it stays; symbols stay; -1 (undefined) where p - s < 0."""
     B, L = ids.shape
     R = cfg.int_range
     pos = torch.arange(L)
     is_int = (ids >= 1) & (ids <= R)
     src = torch.where(is_int, pos - ids, pos)  # [B, L]
-    ok = src >= 0
     looked = ids.gather(1, src.clamp_min(0))
-    copy = is_int & ok & (looked > R)
-    return torch.where(copy, looked, ids)
+    out = torch.where(is_int & (looked > R), looked, ids)
+    return torch.where(src < 0, torch.full_like(ids, -1), out)
 
 
 def retrieval(cfg: TaskConfig, ids: Tensor, *, last_only: bool = False) -> Tensor:
