@@ -1,0 +1,238 @@
+"""Learning dynamics of a training run: head scores at every checkpoint, purity, composition (SPEC 3-4).
+
+`collect_dynamics` scores every head of every checkpoint on one fixed prompt set (test split, seed
+fixed, the same prompts at every step) with `posym.scores`, at two kinds of query position:
+- "hops": every pointer token of the chain (the query and each intermediate hop), each seeing only
+  the keys before it; a prompt's score is the mean over its hop queries;
+- "last": the last token (the query) only.
+A head's score at a step is the mean over prompts (the paper: 100 prompts per checkpoint), joined
+with that checkpoint's test accuracy (overall and per hop count) from the run's metrics.parquet.
+
+Purity rule (footnote 3 of 2605, made exact here). At threshold gamma a head's label at a step is
+the label `posym.scores.summarize` gives its prompt-mean scores: positional if s_pos >= 1 - gamma and
+s_sym <= gamma, symbolic if s_sym >= 1 - gamma and s_pos <= gamma (uniform if both >= 1 - gamma,
+mixed otherwise). The head's kind is its label at the LAST checkpoint when that is positional or
+symbolic (else "none"), and `pure_from` is the first checkpoint step from which its label equals
+that kind at every later checkpoint ("stays pure"; NaN for kind none). Cumulative purity counts
+(Fig. 7): at each step, the heads of each kind whose pure_from <= step; `*_now` columns count the
+heads with that label at that step alone. The max-accuracy step is the earliest checkpoint with the
+highest overall test accuracy. Entropy (of the last token's attention, Fig. 6) is min-max normalised
+per head over the steps: (e - min) / (max - min), 0 when it never changes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from posym.errors import PosymError
+
+GAMMAS = (0.1, 0.05)
+QUERY_MODES = ("hops", "last")
+KINDS = ("positional", "symbolic")
+
+
+def _score_checkpoint(model, ids, hops):
+    """Per-prompt rows of one checkpoint for both query modes (one scoring pass: the last token is
+    the first pointer of every chain, so "last" rows are a subset of "hops" rows)."""
+    import pandas as pd
+
+    from posym.scores import score_model
+
+    frame = score_model(model, ids, hops)
+    last = frame["query"].to_numpy() == frame["prompt"].map(lambda k: len(ids[k]) - 1).to_numpy()
+    per_prompt = frame.groupby(["prompt", "layer", "head"], as_index=False)[["s_pos", "s_sym", "entropy"]].mean()
+    return pd.concat([per_prompt.assign(query_mode="hops"),
+                      frame[last][["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]].assign(query_mode="last")],
+                     ignore_index=True)
+
+
+def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=None):
+    """(table, per_prompt) for every checkpoint of `run_dir`.
+
+    table: one row per (step, query_mode, layer, head): prompt-mean s_pos, s_sym, entropy,
+    entropy_norm, label_g{gamma} for GAMMAS, and the checkpoint's loss, acc, acc_hop1..H.
+    per_prompt: step, query_mode, prompt, layer, head, s_pos, s_sym, entropy (hops: the prompt's
+    mean over its hop queries). progress: optional callable(step) after each checkpoint.
+    """
+    import pandas as pd
+
+    from posym.model import list_checkpoints, load_model
+    from posym.scores import prompt_set
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise PosymError(f"{run_dir} is not a run directory")
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        raise PosymError(f"{run_dir} has no checkpoints/step-* directories (is it a posym run directory?)")
+    if not (run_dir / "metrics.parquet").is_file():
+        raise PosymError(f"{run_dir} has no metrics.parquet (written by posym train at every checkpoint)")
+    if n_prompts < 1:
+        raise PosymError(f"--n-prompts must be at least 1, got {n_prompts}")
+    metrics = pd.read_parquet(run_dir / "metrics.parquet").drop_duplicates("step", keep="last").set_index("step")
+    missing = [s for s, _ in checkpoints if s not in metrics.index]
+    if missing:
+        raise PosymError(f"{run_dir}/metrics.parquet has no row for checkpoint step {missing[0]}")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per checkpoint would drown ours
+    parts, ids = [], None
+    for step, path in checkpoints:
+        model, info = load_model(path, dtype=None)
+        if info["task_config"] is None:
+            raise PosymError(f"{path} has no posym.json task config; dynamics needs posym training checkpoints")
+        if ids is None:  # one prompt set for every checkpoint: the task config never changes within a run
+            ids, hops = prompt_set(model, task_config=info["task_config"], n_prompts=n_prompts, seed=seed,
+                                   queries="hops")
+        parts.append(_score_checkpoint(model, ids, hops).assign(step=step))
+        if progress is not None:
+            progress(step)
+    per_prompt = pd.concat(parts, ignore_index=True)[
+        ["step", "query_mode", "prompt", "layer", "head", "s_pos", "s_sym", "entropy"]]
+    table = per_prompt.groupby(["step", "query_mode", "layer", "head"], as_index=False)[
+        ["s_pos", "s_sym", "entropy"]].mean()
+    span = table.groupby(["query_mode", "layer", "head"]).entropy.transform(lambda e: e.max() - e.min())
+    low = table.groupby(["query_mode", "layer", "head"]).entropy.transform("min")
+    table["entropy_norm"] = ((table.entropy - low) / span.where(span > 0)).fillna(0.0)
+    table = label(table, GAMMAS)
+    acc_columns = ["loss", "acc"] + [c for c in metrics.columns if c.startswith("acc_hop")]
+    table = table.merge(metrics[acc_columns], left_on="step", right_index=True, how="left")
+    return table, per_prompt
+
+
+def label(table, gammas=GAMMAS):
+    """`table` plus a column label_g{gamma} per gamma: each row's `posym.scores.summarize` label."""
+    import pandas as pd
+
+    from posym.scores import summarize
+
+    out = table.copy()
+    for gamma in gammas:
+        parts = []
+        for keys, group in table.groupby(["step", "query_mode"]):
+            parts.append(summarize(group, gamma)[["layer", "head", "label"]].assign(step=keys[0], query_mode=keys[1]))
+        labels = pd.concat(parts).rename(columns={"label": f"label_g{gamma}"})
+        out = out.merge(labels, on=["step", "query_mode", "layer", "head"], how="left")
+    return out
+
+
+def purity(table, gammas=GAMMAS):
+    """Per (gamma, query_mode, layer, head): kind (positional, symbolic, none), pure_from (step or
+    NaN) and the final s_pos, s_sym; the exact rule is in the module docstring."""
+    import pandas as pd
+
+    rows = []
+    for gamma in gammas:
+        column = f"label_g{gamma}"
+        labelled = table if column in table.columns else label(table, [gamma])
+        for (mode, layer, head), g in labelled.sort_values("step").groupby(["query_mode", "layer", "head"]):
+            labels, steps = g[column].tolist(), g.step.tolist()
+            kind = labels[-1] if labels[-1] in KINDS else "none"
+            start = len(labels)
+            while kind != "none" and start > 0 and labels[start - 1] == kind:
+                start -= 1
+            rows.append({"gamma": gamma, "query_mode": mode, "layer": layer, "head": head, "kind": kind,
+                         "pure_from": steps[start] if kind != "none" else float("nan"),
+                         "s_pos_end": g.s_pos.iloc[-1], "s_sym_end": g.s_sym.iloc[-1]})
+    return pd.DataFrame(rows)
+
+
+def purity_counts(table, pure):
+    """Per (gamma, query_mode, step): heads, positional/symbolic (pure for good by then, Fig. 7) and
+    positional_now/symbolic_now (labelled so at that step)."""
+    import pandas as pd
+
+    rows = []
+    steps = sorted(table.step.unique())
+    for (gamma, mode), heads in pure.groupby(["gamma", "query_mode"]):
+        column = f"label_g{gamma}"
+        for step in steps:
+            now = table[(table.step == step) & (table.query_mode == mode)]
+            row = {"gamma": gamma, "query_mode": mode, "step": step, "heads": len(heads)}
+            for kind in KINDS:
+                row[kind] = int(((heads.kind == kind) & (heads.pure_from <= step)).sum())
+                row[f"{kind}_now"] = int((now[column] == kind).sum()) if column in now.columns else 0
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def max_accuracy_step(table) -> int:
+    """The earliest step with the highest overall test accuracy."""
+    acc = table.groupby("step").acc.first()
+    if acc.isna().all():
+        raise PosymError("no checkpoint has a test accuracy")
+    return int(acc[acc == acc.max()].index.min())
+
+
+def layer_ranges(layers) -> str:
+    """[0, 1, 2, 3, 5] -> "L0-L3, L5" (the paper's way of naming layer sets); "" for none."""
+    layers, parts = sorted(set(int(x) for x in layers)), []
+    for layer in layers:
+        if parts and layer == parts[-1][1] + 1:
+            parts[-1][1] = layer
+        else:
+            parts.append([layer, layer])
+    return ", ".join(f"L{a}" if a == b else f"L{a}-L{b}" for a, b in parts)
+
+
+def composition(table, max_step: int, gammas=GAMMAS):
+    """(per-head labels, summary): labels at the max-accuracy step and at the last step per gamma
+    and query mode; summary rows with the fraction of heads per label and the layer sets."""
+    import pandas as pd
+
+    stages = {"max_acc": max_step, "end": int(table.step.max())}
+    heads, summary = [], []
+    for gamma in gammas:
+        column = f"label_g{gamma}"
+        for stage, step in stages.items():
+            at = table[table.step == step]
+            for mode, g in at.groupby("query_mode"):
+                heads.append(g[["layer", "head", "s_pos", "s_sym", column]].rename(columns={column: "label"})
+                             .assign(gamma=gamma, stage=stage, step=step, query_mode=mode))
+                row = {"gamma": gamma, "stage": stage, "step": step, "query_mode": mode, "heads": len(g)}
+                for name in ("positional", "symbolic", "mixed", "uniform"):
+                    chosen = g[g[column] == name]
+                    row[f"frac_{name}"] = len(chosen) / len(g)
+                    row[f"layers_{name}"] = layer_ranges(chosen.layer)
+                summary.append(row)
+    return pd.concat(heads, ignore_index=True), pd.DataFrame(summary)
+
+
+def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, progress=None) -> dict:
+    """`posym dynamics`: write dynamics.parquet, dynamics_prompts.parquet, purity.parquet,
+    purity_counts.parquet, composition.parquet, composition_summary.parquet, dynamics.json and the
+    figures fig2a_accuracy, fig2b_scores (hop queries), fig6_entropy (last token), fig7_purity
+    (PNG + SVG) to out_dir (default RUN_DIR/analysis). Returns the dynamics.json dict."""
+    from posym import figures
+    from posym.io import manifest, write_json, write_parquet
+
+    start = time.perf_counter()
+    run_dir = Path(run_dir)
+    out_dir = Path(out_dir) if out_dir is not None else run_dir / "analysis"
+    table, per_prompt = collect_dynamics(run_dir, n_prompts=n_prompts, seed=seed, progress=progress)
+    scored = time.perf_counter() - start
+    pure = purity(table)
+    counts = purity_counts(table, pure)
+    best = max_accuracy_step(table)
+    heads, summary = composition(table, best)
+    for name, frame in [("dynamics", table), ("dynamics_prompts", per_prompt), ("purity", pure),
+                        ("purity_counts", counts), ("composition", heads), ("composition_summary", summary)]:
+        write_parquet(out_dir / f"{name}.parquet", frame)
+    paths = figures.plot_accuracy(table, best, out_dir / "fig2a_accuracy")
+    paths += figures.plot_layer_scores(table[table.query_mode == "hops"], best, out_dir / "fig2b_scores",
+                                       title="scores at hop queries")
+    paths += figures.plot_layer_scores(table[table.query_mode == "last"], best, out_dir / "fig6_entropy",
+                                       title="scores and normalised entropy at the last token")
+    paths += figures.plot_purity(counts, best, out_dir / "fig7_purity")
+    settings = {"run_dir": str(run_dir), "n_prompts": n_prompts, "seed": seed, "query_modes": list(QUERY_MODES),
+                "gammas": list(GAMMAS)}
+    result = {
+        **manifest(settings, seed=seed), "settings": settings, "steps": sorted(int(s) for s in table.step.unique()),
+        "max_acc_step": best, "max_acc": float(table[table.step == best].acc.iloc[0]),
+        "purity": pure.to_dict("records"), "composition": summary.to_dict("records"),
+        "seconds_scoring": round(scored, 2), "seconds_total": round(time.perf_counter() - start, 2),
+        "figures": [str(p) for p in paths],
+    }
+    write_json(out_dir / "dynamics.json", result)
+    return result

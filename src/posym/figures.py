@@ -1,0 +1,127 @@
+"""Figures of the dynamics and geometry analyses (headless matplotlib, PNG + SVG, atomic writes).
+
+Every function takes tables (the DataFrames `posym.dynamics` / `posym.geometry` write) and a path
+stem, writes stem.png and stem.svg, and returns their paths, so reports can rebuild any figure from
+the Parquet files alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, stem) -> list[Path]:
+    from posym.llm import save_figure  # the one PNG + SVG atomic writer of the package
+
+    return save_figure(fig, stem)
+
+
+def plot_accuracy(table, max_step: int, stem: str | os.PathLike) -> list[Path]:
+    """Fig. 2A: test accuracy overall and per hop count over steps, a vertical line at max accuracy."""
+    plt = _pyplot()
+    acc = table.groupby("step").first().sort_index()
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    ax.plot(acc.index, acc.acc, "k-", lw=2, label="all hops")
+    for column in sorted(c for c in acc.columns if c.startswith("acc_hop")):
+        ax.plot(acc.index, acc[column], "o-", ms=3, label=f"{column[7:]} hop{'s' if column[7:] != '1' else ''}")
+    ax.axvline(max_step, color="grey", ls="--", label=f"max accuracy (step {max_step})")
+    ax.set(xlabel="training step", ylabel="test accuracy", ylim=(-0.02, 1.02))
+    ax.legend(fontsize=8)
+    return _save(fig, stem)
+
+
+def plot_layer_scores(table, max_step: int, stem: str | os.PathLike, *, title: str = "") -> list[Path]:
+    """Fig. 2B / 6: s_pos, s_sym and normalised entropy over steps, one panel per (layer, head)."""
+    plt = _pyplot()
+    heads = list(table.groupby(["layer", "head"]))
+    cols = min(4, len(heads))
+    rows = -(-len(heads) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.2 * rows), sharex=True, sharey=True, squeeze=False)
+    for ax, ((layer, head), g) in zip(axes.flat, heads):
+        g = g.sort_values("step")
+        ax.plot(g.step, g.s_pos, "-", color="tab:blue", label="s_pos")
+        ax.plot(g.step, g.s_sym, "-", color="tab:red", label="s_sym")
+        ax.plot(g.step, g.entropy_norm, ":", color="k", label="entropy (min-max)")
+        ax.axvline(max_step, color="grey", ls="--", lw=0.8)
+        multi = table["head"].nunique() > 1
+        ax.set_title(f"L{layer}" + (f" H{head}" if multi else ""), fontsize=9)
+        ax.set_ylim(-0.05, 1.05)
+    for ax in axes.flat[len(heads):]:
+        ax.set_visible(False)
+    axes[0, 0].legend(fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, stem)
+
+
+def plot_purity(counts, max_step: int, stem: str | os.PathLike) -> list[Path]:
+    """Fig. 7: cumulative counts of heads pure for good (positional, symbolic) over steps, per gamma,
+    at hop queries (solid) and the last token (dotted)."""
+    plt = _pyplot()
+    gammas = sorted(counts.gamma.unique(), reverse=True)
+    fig, axes = plt.subplots(1, len(gammas), figsize=(5 * len(gammas), 3.4), sharey=True, squeeze=False)
+    for ax, gamma in zip(axes[0], gammas):
+        for mode, style in (("hops", "-"), ("last", ":")):
+            g = counts[(counts.gamma == gamma) & (counts.query_mode == mode)].sort_values("step")
+            ax.plot(g.step, g.positional, style, color="tab:blue", label=f"positional ({mode})")
+            ax.plot(g.step, g.symbolic, style, color="tab:red", label=f"symbolic ({mode})")
+        ax.axvline(max_step, color="grey", ls="--", lw=0.8, label="max accuracy")
+        ax.set(title=f"gamma = {gamma}", xlabel="step")
+    axes[0, 0].set_ylabel("pure heads (cumulative)")
+    axes[0, 0].legend(fontsize=7)
+    return _save(fig, stem)
+
+
+def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None) -> list[Path]:
+    """Fig. 8: use (mean max logit) of each rotary plane per layer as a heat map, and the weighted
+    frequency ID per layer beside the paper's Table 1 (`paper`: one number per layer) if given."""
+    import numpy as np
+
+    plt = _pyplot()
+    rotary = channels[channels.frequency_id > 0]
+    grid = rotary.groupby(["layer", "frequency_id"]).use.mean().unstack("frequency_id")  # [layers, planes]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.35 * len(grid) + 2.5), width_ratios=[3, 1.3])
+    image = left.imshow(grid.to_numpy().clip(min=0), aspect="auto", origin="lower", cmap="viridis",
+                        extent=(0.5, grid.shape[1] + 0.5, -0.5, len(grid) - 0.5))
+    fig.colorbar(image, ax=left, label="use (mean max logit, clipped at 0)")
+    left.set(xlabel="frequency ID (1 = fastest)", ylabel="layer", title="frequency use per layer")
+    per_layer = heads.groupby("layer").weighted_id.mean()
+    right.plot(per_layer.to_numpy(), per_layer.index, "o-", label="ours")
+    if paper is not None:
+        right.plot(paper, np.arange(len(paper)), "x--", color="grey", label="paper Table 1")
+    right.set(xlabel="weighted frequency ID", ylabel="layer", xlim=(0, grid.shape[1] + 1))
+    right.legend(fontsize=8)
+    return _save(fig, stem)
+
+
+def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> list[Path]:
+    """Fig. 4B: pre-rotation queries and keys of one prompt on one plane, labelled by token."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for role, marker, color in (("key", "s", "tab:orange"), ("query", "o", "tab:blue")):
+        g = projection[projection.role == role]
+        ax.scatter(g.x, g.y, marker=marker, color=color, label=f"{role}s", alpha=0.8)
+        for r in g.itertuples():
+            text = token_names[r.token] if token_names is not None else str(r.token)
+            ax.annotate(f"{text}@{r.position}", (r.x, r.y), fontsize=6, alpha=0.7, xytext=(2, 2),
+                        textcoords="offset points")
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.axvline(0, color="grey", lw=0.5)
+    ax.set_aspect("equal", adjustable="datalim")
+    first = projection.iloc[0]
+    ax.set(title=f"layer {first.layer} head {first['head']}, plane ID {first.frequency_id} (before rotation)",
+           xlabel="plane coordinate 1", ylabel="plane coordinate 2")
+    ax.legend(fontsize=8)
+    return _save(fig, stem)

@@ -1,0 +1,248 @@
+"""RoPE geometry of attention heads: per-plane scores, frequency use, q/k planes (SPEC 3-4).
+
+A RoPE head's logit is a sum over channels: one term per rotary plane (two dims rotated together
+at angle theta_k per position; frequency ID k = 1 is the fastest plane) plus one position-free term
+from the dims RoPE leaves alone (partial rotary). For a query at position p and a key at position
+j the term of plane k is scale * (R_p q)_k . (R_j k_j)_k. Everything here is built from the scores
+engine's per-head pre-rotation queries/keys and the model's own rotary tables
+(`posym.scores.head_qk`), so it works on GPT-J (interleaved planes) and NeoX/Llama/Mistral/Qwen2
+(half-split planes), partial rotary included.
+
+Definitions (what the numbers in Table 1 / Fig. 8 mean here):
+- channel logits: plane k's own contribution to the query's logits over keys 0..p.
+- max_logit of a channel on one (prompt, query): the largest of those contributions (SPEC 4, the
+  paper's "max logit per frequency", Fig. 4C). "use" of a channel = max_logit averaged over all
+  (prompt, query) rows.
+- weighted frequency ID of a head = sum_k k * w_k / sum_k w_k with w_k = max(use_k, 0) over the
+  rotary planes only (a plane whose best contribution is negative never attracts attention, so it
+  gets weight 0; the position-free channel has no frequency ID and is reported as `free_use`).
+  The weighted frequency (radians per position) is the same average of theta_k.
+- per-plane scores: each channel scored as its own head (softmax of its own logits, swap scores of
+  `posym.scores.swap_scores`), the frequency-resolved analysis of 2511.
+
+Public API
+- `plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau=1e-4)`: one row per
+  (prompt, query, layer, head, channel) with frequency_id, frequency, s_pos, s_sym, max_logit.
+- `frequency_use(planes)`: per head weighted_id, weighted_frequency, dominant_id, free_use.
+- `qk_projection(model, input_ids, layer, head, frequency_id)`: one prompt's queries and keys on
+  one plane (Fig. 4B), before and after rotation.
+- `run_geometry(...)`: the `posym geometry` driver (Parquet tables, JSON summary, figures).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from posym.errors import PosymError
+from posym.scores import _BUDGET, _as_batch, _check_layers, head_qk, pair_planes, resolve_queries, rotate, swap_scores
+
+# Table 1 of 2605: weighted-average frequency ID per layer of the paper-preset models (12 layers).
+PAPER_TABLE1 = {
+    "number": [1, 2, 2, 2, 10, 39, 38, 38, 38, 37, 37, 38],
+    "letter": [18, 32, 42, 37, 40, 38, 41, 38, 41, 39, 38, 40],
+}
+PLANE_COLUMNS = ("prompt", "query", "layer", "head", "channel", "frequency_id", "frequency",
+                 "s_pos", "s_sym", "max_logit")
+
+
+def plane_angles(cos: torch.Tensor, sin: torch.Tensor, pairing: str) -> torch.Tensor:
+    """theta_k [r / 2] (radians per position) of every plane, read off the model's own tables
+    cos/sin [T, r] (T >= 2, positions from 0) at position 1; scaled tables (YaRN) keep the angle."""
+    r = cos.shape[-1]
+    c, s = pair_planes(cos[1], pairing, r)[:, 0], pair_planes(sin[1], pairing, r)[:, 0]  # [r/2]
+    return torch.atan2(s.double(), c.double()) - torch.atan2(
+        pair_planes(sin[0], pairing, r)[:, 0].double(), pair_planes(cos[0], pairing, r)[:, 0].double())
+
+
+def _channel_logits(qk, rows, heads, p: int) -> torch.Tensor:
+    """swapped[g, h, c, a, b] = channel c's logit of key content b placed at position a, for query
+    p of batch rows `rows` and `heads`; channels = rotary planes then (if any) the free dims."""
+    n = p + 1
+    d, r = qk.q.shape[-1], qk.cos.shape[-1]
+    cos, sin = qk.cos[rows, :n].double()[:, None], qk.sin[rows, :n].double()[:, None]  # [G, 1, n, r]
+    q = rotate(qk.q[rows][:, heads, p].double(), cos[:, :, p], sin[:, :, p], qk.pairing)  # [G, H, d]
+    # u[a] = R_a^T q_rot, so that u[a] . k_b is the logit of content b placed at position a
+    u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, H, n, d]
+    k = qk.k[rows][:, heads, :n].double()  # [G, H, n, d]
+    up, kp = pair_planes(u, qk.pairing, r), pair_planes(k, qk.pairing, r)  # [G, H, n, r/2, 2]
+    swapped = qk.scale * torch.einsum("ghapc,ghbpc->ghpab", up, kp)  # [G, H, r/2, n, n]
+    if d > r:
+        free = qk.scale * u[..., r:] @ k[..., r:].transpose(-1, -2)  # [G, H, n, n]
+        swapped = torch.cat((swapped, free[:, :, None]), dim=2)  # [G, H, r/2 + 1, n, n]
+    return swapped
+
+
+def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau: float = 1e-4,
+                 batch_size: int = 64, progress=None):
+    """Per-channel scores and max logits, one row per (prompt, query, layer, head, channel).
+
+    input_ids: 1-D id sequences (lengths may differ). queries: "last" (default), "all" or per prompt
+    a list of positions. layers/heads: indices (default all). Channel c < r/2 is the plane of
+    frequency ID c + 1 (`frequency` = its theta); the position-free channel, if the head has
+    non-rotary dims, has frequency_id 0 and frequency 0. The channels' logits sum to the head's.
+    """
+    import pandas as pd
+
+    layers = _check_layers(model, layers)
+    n_heads = model.config.num_attention_heads
+    heads = list(range(n_heads)) if heads is None else sorted(set(heads))
+    if not heads or any(not 0 <= h < n_heads for h in heads):
+        raise PosymError(f"heads must be indices in 0..{n_heads - 1}, got {heads}")
+    prompts = [list(map(int, ids)) for ids in input_ids]
+    if not prompts:
+        raise PosymError("no prompts to analyse")
+    per_prompt = isinstance(queries, (list, tuple)) and not all(isinstance(q, int) for q in queries)
+    if per_prompt and len(queries) != len(prompts):
+        raise PosymError(f"queries has {len(queries)} entries for {len(prompts)} prompts")
+    wanted = [resolve_queries(queries[k] if per_prompt else queries, len(ids), f"prompt {k}")
+              for k, ids in enumerate(prompts)]
+    by_length: dict[int, list[int]] = {}
+    for k, ids in enumerate(prompts):
+        by_length.setdefault(len(ids), []).append(k)
+    frames = []
+    for length, group in sorted(by_length.items()):
+        for start in range(0, len(group), batch_size):
+            batch = group[start : start + batch_size]
+            captured = head_qk(model, _as_batch(model, [prompts[k] for k in batch]), layers)
+            theta = plane_angles(captured[layers[0]].cos[0], captured[layers[0]].sin[0], captured[layers[0]].pairing)
+            jobs: dict[int, list[int]] = {}
+            for row, k in enumerate(batch):
+                for p in wanted[k]:
+                    jobs.setdefault(p, []).append(row)
+            for layer, qk in captured.items():
+                channels = theta.shape[0] + (qk.q.shape[-1] > qk.cos.shape[-1])
+                ids = torch.arange(1, channels + 1) % (theta.shape[0] + 1)  # free channel -> ID 0
+                freq = torch.cat((theta, torch.zeros(channels - theta.shape[0], dtype=theta.dtype)))
+                for p, rows in jobs.items():
+                    step = max(1, _BUDGET // (len(heads) * channels * (p + 1) ** 2))
+                    for lo in range(0, len(rows), step):
+                        chunk = rows[lo : lo + step]
+                        swapped = _channel_logits(qk, torch.tensor(chunk), heads, p)  # [G, H, C, n, n]
+                        clean = swapped.diagonal(dim1=-2, dim2=-1)  # [G, H, C, n]
+                        res = swap_scores(clean, swapped, tau=tau)
+                        shape = clean.shape[:-1]  # [G, H, C]
+                        frames.append(pd.DataFrame({
+                            "prompt": torch.tensor([batch[g] for g in chunk])[:, None, None].expand(shape).flatten(),
+                            "query": p, "layer": layer,
+                            "head": torch.tensor(heads)[None, :, None].expand(shape).flatten(),
+                            "channel": torch.arange(channels)[None, None].expand(shape).flatten(),
+                            "frequency_id": ids[None, None].expand(shape).flatten(),
+                            "frequency": freq[None, None].expand(shape).flatten(),
+                            "s_pos": res["s_pos"].flatten(), "s_sym": res["s_sym"].flatten(),
+                            "max_logit": clean.amax(-1).flatten(),
+                        }))
+            if progress is not None:
+                progress(len(batch))
+    out = pd.concat(frames, ignore_index=True)
+    return out.sort_values(["prompt", "query", "layer", "head", "channel"], ignore_index=True)[list(PLANE_COLUMNS)]
+
+
+def channel_means(planes):
+    """Per (layer, head, channel): mean s_pos, s_sym and use (= mean max_logit) over (prompt, query)."""
+    return planes.groupby(["layer", "head", "channel", "frequency_id", "frequency"], as_index=False).agg(
+        s_pos=("s_pos", "mean"), s_sym=("s_sym", "mean"), use=("max_logit", "mean"))
+
+
+def frequency_use(planes):
+    """Per (layer, head): weighted_id, weighted_frequency, dominant_id and free_use (module docstring).
+
+    planes: rows of `plane_scores` or `channel_means` (a `use` column is taken as already averaged).
+    weighted_id is NaN when no rotary plane has a positive use.
+    """
+    import numpy as np
+    import pandas as pd
+
+    means = planes if "use" in planes.columns else channel_means(planes)
+    rows = []
+    for (layer, head), g in means.groupby(["layer", "head"]):
+        rotary = g[g.frequency_id > 0]
+        w = rotary.use.clip(lower=0).to_numpy()
+        total = w.sum()
+        free = g.use[g.frequency_id == 0]
+        rows.append({
+            "layer": layer, "head": head,
+            "weighted_id": float(w @ rotary.frequency_id.to_numpy() / total) if total > 0 else float("nan"),
+            "weighted_frequency": float(w @ rotary.frequency.to_numpy() / total) if total > 0 else float("nan"),
+            "dominant_id": int(rotary.frequency_id.to_numpy()[np.argmax(rotary.use.to_numpy())]),
+            "free_use": float(free.iloc[0]) if len(free) else float("nan"),
+        })
+    return pd.DataFrame(rows)
+
+
+def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
+    """One prompt's queries and keys of `head` on the plane `frequency_id` (Fig. 4B).
+
+    One row per (position, role in {query, key}): token id, (x, y) the pre-rotation coordinates
+    (what the head's projection writes; T_Index: all keys one vector, queries turned back by their
+    offset) and (x_rot, y_rot) after RoPE rotated them by their own position.
+    """
+    import pandas as pd
+
+    qk = head_qk(model, _as_batch(model, [input_ids]), [layer])[layer]
+    r = qk.cos.shape[-1]
+    if not 1 <= frequency_id <= r // 2:
+        raise PosymError(f"frequency_id must lie in 1..{r // 2} (the head's rotary planes), got {frequency_id}")
+    if not 0 <= head < qk.q.shape[1]:
+        raise PosymError(f"head must lie in 0..{qk.q.shape[1] - 1}, got {head}")
+    ids = list(map(int, input_ids))
+    rows = []
+    for role, x in (("query", qk.q[0, head]), ("key", qk.k[0, head])):  # [T, d]
+        x = x.double()
+        turned = rotate(x, qk.cos[0].double(), qk.sin[0].double(), qk.pairing)  # [T, d]
+        plane = pair_planes(x, qk.pairing, r)[:, frequency_id - 1]  # [T, 2]
+        plane_rot = pair_planes(turned, qk.pairing, r)[:, frequency_id - 1]  # [T, 2]
+        for t in range(len(ids)):
+            rows.append({"position": t, "role": role, "token": ids[t], "x": float(plane[t, 0]),
+                         "y": float(plane[t, 1]), "x_rot": float(plane_rot[t, 0]), "y_rot": float(plane_rot[t, 1])})
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "layer", layer)
+    frame.insert(1, "head", head)
+    frame.insert(2, "frequency_id", frequency_id)
+    return frame
+
+
+def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane_layer: int | None = None,
+                 plane_head: int = 0, example: int = 0, token_names=None, paper_task: str | None = None,
+                 settings: dict, progress=None) -> dict:
+    """Write planes.parquet (per-prompt channel rows), channels.parquet (channel means),
+    frequency.parquet (per head, Table 1), qk_plane.parquet (prompt `example` on the dominant plane
+    of plane_layer/plane_head;
+    plane_layer None = layer 1 as in the paper's Fig. 4B, or 0 for a 1-layer model), geometry.json and fig8_frequency / fig4b_qk_plane PNG+SVG to out_dir.
+
+    token_names: optional id -> text table for the figure labels; paper_task: "number"/"letter" to
+    draw the paper's Table 1 beside ours. Returns the summary dict.
+    """
+    from posym import figures
+    from posym.io import manifest, write_json, write_parquet
+
+    n_layers = len(_check_layers(model, None))
+    plane_layer = min(1, n_layers - 1) if plane_layer is None else plane_layer
+    if not 0 <= plane_layer < n_layers:
+        raise PosymError(f"--plane-layer must lie in 0..{n_layers - 1}, got {plane_layer}")
+    if not 0 <= example < len(input_ids):
+        raise PosymError(f"--example must lie in 0..{len(input_ids) - 1} (the prompt set), got {example}")
+    out_dir = Path(out_dir)
+    planes = plane_scores(model, input_ids, queries, tau=tau, progress=progress)
+    means = channel_means(planes)
+    heads = frequency_use(means)
+    chosen = heads[(heads.layer == plane_layer) & (heads["head"] == plane_head)]
+    if chosen.empty:
+        raise PosymError(f"--plane-head {plane_head} does not exist in layer {plane_layer}")
+    dominant = int(chosen.dominant_id.iloc[0])
+    projection = qk_projection(model, input_ids[example], plane_layer, plane_head, dominant)
+    write_parquet(out_dir / "planes.parquet", planes)
+    write_parquet(out_dir / "channels.parquet", means)
+    write_parquet(out_dir / "frequency.parquet", heads)
+    write_parquet(out_dir / "qk_plane.parquet", projection)
+    paper = PAPER_TABLE1.get(paper_task) if paper_task else None
+    paths = figures.plot_frequency_use(means, heads, out_dir / "fig8_frequency", paper=paper)
+    paths += figures.plot_qk_plane(projection, out_dir / "fig4b_qk_plane", token_names=token_names)
+    per_layer = heads.groupby("layer").weighted_id.mean()
+    summary = {**manifest(settings, seed=settings.get("seed")), "weighted_id_per_layer": per_layer.round(2).tolist(),
+               "paper_table1": paper, "plane_figure": {"layer": plane_layer, "head": plane_head,
+                                                       "frequency_id": dominant, "prompt": example},
+               "figures": [str(p) for p in paths]}
+    write_json(out_dir / "geometry.json", summary)
+    return summary
