@@ -193,6 +193,105 @@ def score_command(
 
 # ---- commands: dynamics / geometry --------------------------------------------------------------
 
+
+@app.command("dynamics")
+def dynamics_command(
+    run_dir: Path = typer.Argument(..., help="A posym run directory (checkpoints/step-* and metrics.parquet)."),
+    n_prompts: int = typer.Option(100, help="Test prompts scored at every checkpoint (the same ones each time; "
+                                  "the paper uses 100)."),
+    seed: int = typer.Option(0, help="Seed of the test prompts."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/analysis)."),
+) -> None:
+    """Scores of every head at every checkpoint with the accuracy, purity steps (gamma 0.1 and 0.05),
+    cumulative purity counts, positional/symbolic composition, and Fig. 2A/2B/6/7."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from posym import dynamics
+    from posym.model import list_checkpoints
+
+    total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
+    with Progress(transient=True) as bar:
+        job = bar.add_task("scoring checkpoints", total=total)
+        result = dynamics.run_dynamics(run_dir, out, n_prompts=n_prompts, seed=seed,
+                                       progress=lambda step: bar.advance(job))
+    table = Table(title=f"heads at max accuracy (step {result['max_acc_step']}, acc {result['max_acc']:.3f}) "
+                        "and at the end, hop queries")
+    for column in ("gamma", "stage", "step", "positional", "symbolic", "mixed", "uniform"):
+        table.add_column(column, justify="right")
+    for r in result["composition"]:
+        if r["query_mode"] == "hops":
+            table.add_row(str(r["gamma"]), r["stage"], str(r["step"]),
+                          *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}" for k in ("positional", "symbolic", "mixed", "uniform")))
+    Console().print(table)
+    out_dir = out or Path(run_dir) / "analysis"
+    print(f"{len(result['steps'])} checkpoints in {result['seconds_total']:.1f} s; wrote {out_dir}/dynamics.parquet, "
+          "purity*.parquet, composition*.parquet, dynamics.json and fig2a/fig2b/fig6/fig7 PNG+SVG")
+
+
+@app.command("geometry")
+def geometry_command(
+    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
+                                "directory, or a Hugging Face RoPE model directory (with --prompts)."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step to analyse in a run directory."),
+    n_prompts: int = typer.Option(100, help="Test prompts of the checkpoint's own task to average over."),
+    seed: int = typer.Option(0, help="Seed of the test prompts."),
+    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line) instead '
+                                           "of task prompts; needed for non-posym models."),
+    queries: str = typer.Option("last", help="Query positions: last (the final token), hops (every pointer "
+                                "token of the chain) or all."),
+    tau: float = typer.Option(1e-4, help="Temperature of the swap weights of the per-plane scores."),
+    plane_layer: Optional[int] = typer.Option(None, help="Layer of the q/k plane figure (default 1, as Fig. 4B)."),
+    plane_head: int = typer.Option(0, help="Head of the q/k plane figure."),
+    example: int = typer.Option(0, help="Which prompt of the set the q/k plane figure shows."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/analysis for a run, "
+                                       "else required)."),
+) -> None:
+    """Per head and RoPE plane: frequency use (max logit the plane alone gives), weighted frequency ID
+    (Table 1 / Fig. 8), per-plane positional/symbolic scores, and the q/k plane scatter (Fig. 4B)."""
+    import json
+
+    from rich.progress import Progress
+
+    from transformers.utils import logging as hf_logging
+
+    from posym import geometry, model as posym_model, scores, tasks
+
+    hf_logging.disable_progress_bar()
+    config_json = path / "config.json"
+    kind = json.loads(config_json.read_text(encoding="utf-8")).get("model_type") if config_json.is_file() else "gptj"
+    if kind == "gptj":
+        hf_model, info = posym_model.load_model(path, step=step, device=device)
+        task_config, run_dir = info["task_config"], info["run_dir"]
+    else:
+        from posym import llm
+
+        if step is not None:
+            raise PosymError("--step only applies to posym run directories")
+        hf_model, task_config, run_dir = llm.load_model(path, device=device).model, None, None
+    if out is None:
+        if run_dir is None:
+            raise PosymError("give --out: only a posym run directory has a default output directory")
+        out = Path(run_dir) / "analysis"
+    ids, wanted = scores.prompt_set(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+                                    seed=seed, prompts_file=prompts, queries=queries)
+    names = tasks.token_names(task_config) if task_config is not None and not prompts else None
+    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
+                "queries": queries, "tau": tau, "seed": seed}
+    with Progress(transient=True) as bar:
+        job = bar.add_task("scoring planes", total=len(ids))
+        result = geometry.run_geometry(hf_model, ids, wanted, out, tau=tau, plane_layer=plane_layer,
+                                       plane_head=plane_head, example=example, token_names=names,
+                                       paper_task=task_config.task if names else None, settings=settings,
+                                       progress=lambda k: bar.advance(job, k))
+    print("weighted frequency ID per layer: " + ", ".join(f"{v:.1f}" for v in result["weighted_id_per_layer"]))
+    if result["paper_table1"]:
+        print("paper Table 1 (12-layer model):  " + ", ".join(str(v) for v in result["paper_table1"]))
+    print(f"wrote {out}/planes.parquet, channels.parquet, frequency.parquet, qk_plane.parquet, geometry.json, "
+          "fig8_frequency and fig4b_qk_plane PNG+SVG")
+
 # ---- commands: theory / lengthgen ---------------------------------------------------------------
 
 
