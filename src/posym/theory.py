@@ -253,17 +253,15 @@ def min_beta(logits: Tensor, target: Tensor, eps: float, *, steps: int = 80) -> 
     others = logits.scatter(1, target[:, None], float("-inf"))  # [N, keys]
     margin = (l_t[:, 0] - others.max(1).values).clamp_min(0.0)  # [N]
     keys = torch.isfinite(logits).sum(1)  # [N]
-    lo = math.log((1 - eps) / eps) / margin
-    hi = torch.log((keys - 1) * (1 - eps) / eps) / margin
-    lo, hi = torch.where(margin > 0, lo, math.inf).clamp_min(0.0), torch.where(margin > 0, hi, math.inf)
     ok = margin > 0
-    a, b = lo[ok], hi[ok]
-    d = (others[ok] - l_t[ok])  # [M, keys] <= -margin
+    a = (math.log((1 - eps) / eps) / margin[ok]).clamp_min(0.0)  # [M] necessary
+    b = (torch.log((keys[ok] - 1) * (1 - eps) / eps) / margin[ok]).clamp_min(0.0)  # [M] sufficient
+    d = others[ok] - l_t[ok]  # [M, keys] <= -margin
     for _ in range(steps):
         mid = (a + b) / 2
         good = torch.logsumexp(mid[:, None] * d, 1) <= math.log(eps / (1 - eps))
         a, b = torch.where(good, a, mid), torch.where(good, mid, b)
-    out = hi.clone()
+    out = torch.full_like(margin, math.inf)
     out[ok] = b
     return out
 
