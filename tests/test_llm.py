@@ -414,3 +414,16 @@ def test_plane_scores_match_the_loop_reference(models, kind):
         s_pos, s_sym = _reference_channel_scores(logit, p, tau)
         assert (row.s_pos, row.s_sym) == pytest.approx((s_pos, s_sym), abs=1e-9)
     assert fast.frequency_id.tolist() == list(range(1, r // 2 + 1)) + ([0] if d > r else [])
+
+
+def test_answer_token_falls_back_when_the_join_merges_tokens():
+    """A word tokenizer that fuses a word ending in ':' with the next word: the answer is encoded alone."""
+    class Fused:
+        def __call__(self, text, add_special_tokens=True):
+            words = text.replace(": ", ":").split()
+            return type("Encoding", (), {"input_ids": [sum(map(ord, w)) * 10 + len(w) for w in words]})()
+
+    [b] = Fused()("b").input_ids
+    assert len(Fused()("Answer: b").input_ids) == 1  # the join fused prompt end and answer
+    assert llm.answer_token(Fused(), "Answer:", "b") == b
+    assert llm.answer_token(Fused(), "Answer", "b") == b  # clean join: the token after the prompt
