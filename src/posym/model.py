@@ -123,10 +123,13 @@ def build_model(config: ModelConfig, vocab_size: int, seed: int, *, attn_impleme
     from transformers import GPTJForCausalLM
 
     hf_config = gptj_config(config, vocab_size)
-    hf_config._attn_implementation = attn_implementation
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPTJForCausalLM(hf_config)
+    try:
+        model.set_attn_implementation(attn_implementation)
+    except ValueError:  # transformers < 5.2x has no SDPA path for GPT-J: keep eager (same maths)
+        model.set_attn_implementation("eager")
     return model.train()
 
 
