@@ -310,14 +310,16 @@ def trained_run(tmp_path_factory):
     return str(train.train(cfg, tmp_path_factory.mktemp("run") / "run", progress=False))
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-6), (torch.float32, 1e-4)])
-def test_trained_checkpoint_hops_match_reference(trained_run, dtype, tol):
+@pytest.mark.parametrize("dtype, tol, first", [(torch.float64, 1e-6, True), (torch.float32, 1e-4, False)])
+def test_trained_checkpoint_hops_match_reference(trained_run, dtype, tol, first):
     from posym.model import load_model
     from posym.scores import prompt_set
 
     model, info = load_model(trained_run, dtype=dtype)
-    ids, wanted = prompt_set(model, task_config=info["task_config"], n_prompts=3, seed=5, queries="hops")
-    frame = score_model(model, ids, wanted, layers=[0, model.config.n_layer - 1])
+    ids, wanted = prompt_set(model, task_config=info["task_config"], n_prompts=2, seed=5, queries="hops")
+    wanted = [w[-2:] for w in wanted]  # the reference costs C(q, 2) model runs per query: two hops each
+    layers = [0, model.config.n_layer - 1] if first else [model.config.n_layer - 1]
+    frame = score_model(model, ids, wanted, layers=layers)
     assert frame["s_pos"].min() < 0.9 or frame["s_sym"].min() < 0.9  # training made some head non-uniform
     _assert_matches_reference(model, ids, frame, tol)
 
@@ -346,8 +348,10 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     written = pd.read_parquet(out)
     model, info = load_model(trained_run)
     ids, wanted = prompt_set(model, task_config=info["task_config"], n_prompts=5, seed=2, queries="hops")
-    expected = score_model(model, ids, wanted)
-    assert written.equals(expected)
+    expected = score_model(model, ids, wanted)  # one batch of 5: float32 rounding differs from batches of 2
+    pd.testing.assert_frame_equal(written, expected, check_exact=False, rtol=0, atol=1e-4)
+    assert written[["prompt", "query", "layer", "head", "n_swaps"]].equals(
+        expected[["prompt", "query", "layer", "head", "n_swaps"]])
     sidecar = json.loads((tmp_path / "scores.parquet.json").read_text())
     assert sidecar["settings"]["tau"] == 1e-4 and sidecar["settings"]["variant"] == "single-token"
     assert sidecar["rows"] == len(expected) and "torch" in sidecar["versions"]

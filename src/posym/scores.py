@@ -18,10 +18,18 @@ Public API
   (theory builds `clean`/`swapped` from its own constructions).
 - `score_model(model, input_ids, queries=None, ...)`: a DataFrame with one row per (prompt, query,
   layer, head); `iter_scores` yields the same rows in batches (streamed to Parquet by `posym score`).
-- `head_qk(model, input_ids, layer)`: per-head pre-rotation queries and keys of one layer plus the
-  model's own rotary cos/sin and the pairing convention (`pair_planes` turns them into RoPE planes),
-  for per-plane analysis (geometry).
+- `head_qk(model, input_ids, layers=None) -> {layer: HeadQK}`: per-head pre-rotation queries and keys
+  plus the model's own rotary cos/sin and pairing convention, from one forward pass; `rotate(x, cos,
+  sin, pairing)` applies RoPE and `pair_planes` splits vectors into RoPE planes, for per-plane
+  logits (geometry; example in `head_qk`).
+- `hop_queries(chain)`: the pointer positions of a task chain; `prompt_set` builds `posym score`'s
+  prompts (task samples or a JSONL file, `read_prompts`) and `write_scores` streams to Parquet.
 - `summarize(frame, gamma=0.1)`: per (layer, head) mean scores and a label.
+
+Supported: GPT-J (interleaved planes, partial rotary_dim), GPT-NeoX/Pythia (half-split, partial
+rotary, fused qkv), Llama, Mistral, Qwen2 (half-split, grouped-query attention, the configured rope
+scaling via the model's own rotary tables). Others (e.g. GPT-2, no RoPE) are a PosymError.
+Numbers are computed in float64 from the model's tensors; the model itself is not changed.
 """
 
 from __future__ import annotations
@@ -355,11 +363,11 @@ def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> li
             u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, H, n, d]
             swapped = qk.scale * u @ qk.k[b, :, :n].to(dtype).transpose(-1, -2)  # [G, H, n, n]
             res = swap_scores(swapped.diagonal(dim1=-2, dim2=-1), swapped, **options)
+            pos, sym, ent = (res[key].tolist() for key in ("s_pos", "s_sym", "entropy"))  # [G][H]
             for g, row in enumerate(b.tolist()):
                 for h in range(heads):
-                    out.append({"row": row, "query": p, "head": h, "s_pos": res["s_pos"][g, h].item(),
-                                "s_sym": res["s_sym"][g, h].item(), "entropy": res["entropy"][g, h].item(),
-                                "n_swaps": res["n_swaps"]})
+                    out.append({"row": row, "query": p, "head": h, "s_pos": pos[g][h], "s_sym": sym[g][h],
+                                "entropy": ent[g][h], "n_swaps": res["n_swaps"]})
     return out
 
 
