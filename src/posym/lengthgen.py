@@ -1,0 +1,299 @@
+"""Length generalization (SPEC section 6, Fig. 5B): accuracy of a trained run against sequence length.
+
+Both protocols lengthen a sequence the same way, with the task's `extra_target` knob: E extra
+target-window tokens go BEFORE the effective target window, and the rest of the sequence (target
+window, hop instructions, query) is exactly the training-length sample with the same index, so the
+answer and every offset are unchanged and each length is evaluated on the same questions. Length
+always means the total number of tokens the model reads (query included): the paper's training
+length is 8 + 8 + 1 = 17.
+
+- paper protocol: absolute total lengths (default 17 ... 2048, the paper plots up to ~5,000);
+  reported as accuracy per hop count. The paper: the letter model stays >= 90% up to 850 tokens,
+  the number model collapses.
+- seed protocol: lengths k x the run's training length for k in `factors` (default 1-4), reported as
+  accuracy and as retention = acc(k L) / acc(L) per hop count. The seed summary: symbolic heads keep
+  >= 80% of their accuracy at 2x-4x, positional ones fall to ~30% at the longest.
+  Why the extra target window and not wider target / pre-target windows: a number-task window of
+  16k tokens needs offsets up to 16k, integer tokens outside the trained vocabulary (and the ids of
+  every symbol would move), so only the extra window lengthens both tasks with the tokens the model
+  was trained on.
+
+Each distinct length is evaluated once (with `posym.train.evaluate`) and shared by both protocols.
+Batches are bounded by `max_tokens` tokens per forward pass, so memory stays bounded at any length.
+Theorem 3.2's discrepancy bound of the task's head (number: T_Index, letter: T_Retrieval, from
+`posym.theory`) at each length can be drawn next to the accuracies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from posym.errors import PosymError
+from posym.tasks import TaskConfig
+
+PROTOCOLS = ("paper", "seed", "both")
+PAPER_LENGTHS = [17, 34, 51, 68, 128, 256, 512, 850, 1024, 2048]
+SEED_FACTORS = [1, 2, 3, 4]
+ALL_HOPS = 0
+"""`hop` value of the rows that pool every hop count."""
+
+
+@dataclass
+class LengthGenConfig:
+    """What `posym lengthgen` evaluates."""
+
+    lengths: list[int] = field(default_factory=lambda: list(PAPER_LENGTHS))
+    """Paper protocol: total sequence lengths (tokens, query included); none may be shorter than
+    the run's training length."""
+    factors: list[int] = field(default_factory=lambda: list(SEED_FACTORS))
+    """Seed protocol: multiples of the run's training length (1 is the reference of retention)."""
+    protocol: str = "both"
+    """Which protocol(s): paper, seed or both."""
+    n: int = 200
+    """Test sequences per length (the same questions at every length)."""
+    seed: int = 0
+    """Seed of the test data."""
+    split: str = "test"
+    """Split whose random stream the test data comes from."""
+    max_tokens: int = 16384
+    """Tokens per forward pass: the batch at length L is max(1, max_tokens // L) sequences."""
+    index_freq_id: int = 2
+    """Bound overlay, number task: frequency ID (of the paper's 128-dim RoPE) of T_Index's plane
+    (2: theta = 0.866, as Fig. 5A)."""
+    retrieval_freq_id: int = 42
+    """Bound overlay, letter task: frequency ID of T_Retrieval's plane (42: theta = 0.0027, as Fig. 5A)."""
+    device: str = "cpu"
+    """cpu or cuda."""
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise PosymError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if self.protocol != "seed" and (not self.lengths or min(self.lengths) < 2):
+            raise PosymError("the paper protocol needs at least one length, each >= 2 tokens")
+        if self.protocol != "paper" and (not self.factors or min(self.factors) < 1):
+            raise PosymError("the seed protocol needs at least one factor, each a positive integer")
+        if self.n < 1 or self.max_tokens < 1:
+            raise PosymError(f"n and max_tokens must be positive, got n={self.n}, max_tokens={self.max_tokens}")
+
+    @property
+    def protocols(self) -> list[str]:
+        """The protocols to run, in order."""
+        return ["paper", "seed"] if self.protocol == "both" else [self.protocol]
+
+
+# ---- pure planning ----------------------------------------------------------------------------------
+
+
+def extension(task: TaskConfig, length: int) -> TaskConfig:
+    """`task` lengthened to `length` tokens by extra target-window tokens before the effective window."""
+    extra = length - task.seq_len
+    if extra < 0:
+        raise PosymError(f"length {length} is shorter than the run's training length {task.seq_len}; "
+                         f"lengthgen only adds tokens")
+    return dataclasses.replace(task, extra_target=task.extra_target + extra)
+
+
+def plan(task: TaskConfig, config: LengthGenConfig, n_positions: int) -> list[tuple[str, int, float]]:
+    """(protocol, length, factor = length / training length) to evaluate, each protocol by length.
+
+    A length beyond the model's position table (`n_positions`) is a PosymError.
+    """
+    base = task.seq_len
+    points = []
+    for protocol in config.protocols:
+        lengths = sorted(set(config.lengths)) if protocol == "paper" else sorted({k * base for k in config.factors})
+        points += [(protocol, length, length / base) for length in lengths]
+    for _, length, _ in points:
+        extension(task, length)  # rejects lengths below the training length
+        if length > n_positions:
+            raise PosymError(f"length {length} exceeds the model's position table of {n_positions} tokens "
+                             f"(n_positions); choose lengths <= {n_positions}")
+    return points
+
+
+def batch_size(length: int, max_tokens: int) -> int:
+    """Sequences per forward pass at `length` so that a batch holds at most `max_tokens` tokens."""
+    return max(1, max_tokens // length)
+
+
+def discrepancy_bound(task: TaskConfig, length: int, config: LengthGenConfig) -> float:
+    """Theorem 3.2's bound on the discrepancy of the task's head with its query at position
+    length - 1 (number: T_Index, letter: T_Retrieval); NaN where the letter bound's condition
+    n theta < omega / 2 fails."""
+    from posym.theory import frequency_angle, index_bound, retrieval_bound
+
+    n = length - 1
+    if task.task == "number":
+        return index_bound(frequency_angle(config.index_freq_id), n)
+    theta = frequency_angle(config.retrieval_freq_id)
+    if n * theta >= math.pi / task.alphabet_size:  # omega / 2
+        return float("nan")
+    return retrieval_bound(theta, task.alphabet_size, n)
+
+
+def protocol_table(measured: dict[int, dict], task: TaskConfig, points: list[tuple[str, int, float]],
+                   hop_counts: dict[int, int], config: LengthGenConfig):
+    """Long table, one row per (protocol, length, hop), hop 0 = all hops; `measured[length]` holds
+    `posym.train.evaluate`'s metrics. Retention = acc / acc at the training length (same hop), NaN
+    when the training length was not measured."""
+    import pandas as pd
+
+    rows = []
+    for protocol, length, factor in points:
+        m = measured[length]
+        ref = measured.get(task.seq_len)
+        for hop in [ALL_HOPS, *range(1, task.max_hops + 1)]:
+            key = "acc" if hop == ALL_HOPS else f"acc_hop{hop}"
+            acc = m[key]
+            retention = acc / ref[key] if ref is not None and ref[key] > 0 else float("nan")
+            rows.append({
+                "task": task.task, "protocol": protocol, "length": length, "factor": factor,
+                "extra_target": length - task.seq_len, "hop": hop, "n": hop_counts[hop], "acc": acc,
+                "retention": retention, "loss": m["loss"] if hop == ALL_HOPS else float("nan"),
+                "bound": discrepancy_bound(task, length, config),
+            })
+    return pd.DataFrame(rows)
+
+
+def summarize(table, task: TaskConfig) -> dict:
+    """Headline numbers: paper protocol, the longest length whose all-hop accuracy stays >= 0.9 (and
+    every accuracy); seed protocol, all-hop accuracy and retention per factor."""
+    out = {"task": task.task, "train_length": task.seq_len}
+    allhops = table[table["hop"] == ALL_HOPS]
+    paper = allhops[allhops["protocol"] == "paper"]
+    if len(paper):
+        accs = dict(zip(paper["length"].tolist(), paper["acc"].tolist()))
+        held = None  # the longest length up to which EVERY length is >= 0.9 (no later recovery counts)
+        for length in sorted(accs):
+            if accs[length] < 0.9:
+                break
+            held = length
+        out["paper"] = {"acc": accs, "longest_length_acc_ge_0.9": held}
+    seed = allhops[allhops["protocol"] == "seed"]
+    if len(seed):
+        out["seed"] = {"acc": dict(zip(seed["factor"].tolist(), seed["acc"].tolist())),
+                       "retention": dict(zip(seed["factor"].tolist(), seed["retention"].tolist()))}
+    return out
+
+
+# ---- evaluation and outputs -------------------------------------------------------------------------
+
+
+def measure(model, task: TaskConfig, lengths: list[int], config: LengthGenConfig,
+            progress: Callable[[int], None] | None = None) -> dict[int, dict]:
+    """`posym.train.evaluate` at every length (ascending), batches bounded by tokens.
+
+    `progress(tokens)` is called after each length with the n * length tokens it read.
+    """
+    from posym.train import evaluate
+
+    measured = {}
+    for length in sorted(set(lengths)):
+        cfg = extension(task, length)
+        measured[length] = evaluate(model, cfg, config.n, config.seed, config.split,
+                                    batch_size(length, config.max_tokens))
+        if progress:
+            progress(config.n * length)
+    return measured
+
+
+def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
+    """Fig. 5B: accuracy vs length per hop (log x, the discrepancy bound on the right axis) and, for
+    the seed protocol, retention vs length factor per hop. PNG + SVG; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from posym.io import atomic_path
+
+    protocols = [p for p in ("paper", "seed") if (table["protocol"] == p).any()]
+    fig, axes = plt.subplots(1, len(protocols), figsize=(5.5 * len(protocols), 4), squeeze=False)
+    hops = [ALL_HOPS, *range(1, task.max_hops + 1)]
+    colors = plt.get_cmap("viridis")(
+        [0.15 + 0.7 * i / max(1, task.max_hops - 1) for i in range(task.max_hops)])
+    for ax, protocol in zip(axes[0], protocols):
+        sub = table[table["protocol"] == protocol]
+        x_col, y_col = ("length", "acc") if protocol == "paper" else ("factor", "retention")
+        for hop in hops:
+            rows = sub[sub["hop"] == hop].sort_values(x_col)
+            style = dict(color="black", lw=2.2, label="all hops") if hop == ALL_HOPS else dict(
+                color=colors[hop - 1], lw=1.2, label=f"{hop} hop{'s' if hop > 1 else ''}")
+            ax.plot(rows[x_col], rows[y_col], marker="o", ms=3, **style)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.05 if protocol == "paper" else max(1.1, float(sub["retention"].max()) + 0.05))
+        if protocol == "paper":
+            ax.axvline(task.seq_len, color="gray", ls=":", lw=1, label=f"training length {task.seq_len}")
+            ax.set(xlabel="sequence length (tokens)", ylabel="accuracy",
+                   title="paper protocol: extra target-window tokens")
+            bound = sub[sub["hop"] == ALL_HOPS].sort_values("length")
+            if bound["bound"].notna().any():
+                twin = ax.twinx()
+                head = "T_Index" if task.task == "number" else "T_Retrieval"
+                twin.plot(bound["length"], bound["bound"], color="tab:red", ls="--", lw=1,
+                          label=f"{head} discrepancy bound (Thm 3.2)")
+                twin.set(yscale="log", ylabel="discrepancy bound")
+                twin.legend(loc="lower right", fontsize=7)
+        else:
+            for level, text in [(0.8, "seed: symbolic >= 0.8"), (0.3, "seed: positional ~0.3")]:
+                ax.axhline(level, color="gray", ls=":", lw=1)
+                ax.text(ax.get_xlim()[0], level + 0.01, text, fontsize=7, color="gray")
+            ax.set(xlabel=f"length / training length ({task.seq_len} tokens)",
+                   ylabel="retention: acc / acc at training length", title="seed protocol: 1x-4x")
+            ax.set_xticks(sorted(sub["factor"].unique()), [f"{f:g}x" for f in sorted(sub["factor"].unique())])
+        ax.legend(loc="lower left", fontsize=7)
+    fig.suptitle(title or f"{task.task} task: length generalization", fontsize=10)
+    fig.tight_layout()
+    paths = []
+    for ext in ("png", "svg"):
+        path = f"{path_stem}.{ext}"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=ext, dpi=150)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> dict:
+    """Evaluate a run's checkpoint at every planned length; write lengthgen.parquet, lengthgen.json
+    and fig5b.png/svg into `out_dir`. `progress(done_tokens, total_tokens)` follows the work.
+    Returns what lengthgen.json holds plus the table (a DataFrame) under "table"."""
+    import numpy as np
+
+    from posym.configs import to_dict
+    from posym.io import manifest, write_json, write_parquet
+    from posym.model import load_model
+    from posym.tasks import generate
+
+    model, info = load_model(run_dir, step=step, device=config.device, attn_implementation="sdpa")
+    task = info["task_config"]
+    if task is None:
+        raise PosymError(f"{info['path']} has no posym.json with its task config; lengthgen needs a posym run")
+    points = plan(task, config, model.config.n_positions)
+    lengths = sorted({length for _, length, _ in points})
+    total, done = config.n * sum(lengths), 0
+
+    def advance(tokens: int) -> None:
+        nonlocal done
+        done += tokens
+        if progress:
+            progress(done, total)
+
+    measured = measure(model, task, lengths, config, advance)
+    hops = generate(task, config.n, config.seed, config.split).hops  # the same at every length
+    counts = {ALL_HOPS: config.n, **{h: int(c) for h, c in enumerate(np.bincount(hops, minlength=task.max_hops + 1)) if h}}
+    table = protocol_table(measured, task, points, counts, config)
+    table.insert(0, "step", info["step"])
+    out_dir = Path(out_dir)
+    write_parquet(out_dir / "lengthgen.parquet", table)
+    figures = plot(table, task, out_dir / "fig5b", title=f"{task.task} task, {Path(info['path']).name}")
+    result = {"summary": summarize(table, task), "checkpoint": str(info["path"]), "step": info["step"],
+              "figures": figures, "config": to_dict(config),
+              "manifest": manifest(to_dict(config), seed=config.seed, task=to_dict(task))}
+    write_json(out_dir / "lengthgen.json", result)
+    return {**result, "table": table}
