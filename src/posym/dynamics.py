@@ -92,13 +92,20 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
         ["step", "query_mode", "prompt", "layer", "head", "s_pos", "s_sym", "entropy"]]
     table = per_prompt.groupby(["step", "query_mode", "layer", "head"], as_index=False)[
         ["s_pos", "s_sym", "entropy"]].mean()
-    span = table.groupby(["query_mode", "layer", "head"]).entropy.transform(lambda e: e.max() - e.min())
-    low = table.groupby(["query_mode", "layer", "head"]).entropy.transform("min")
-    table["entropy_norm"] = ((table.entropy - low) / span.where(span > 0)).fillna(0.0)
+    table["entropy_norm"] = normalised_entropy(table)
     table = label(table, GAMMAS)
     acc_columns = ["loss", "acc"] + [c for c in metrics.columns if c.startswith("acc_hop")]
     table = table.merge(metrics[acc_columns], left_on="step", right_index=True, how="left")
     return table, per_prompt
+
+
+def normalised_entropy(table):
+    """Entropy min-max normalised over the steps of each (query_mode, layer, head): a Series aligned
+    with `table`, (e - min) / (max - min), 0 where the entropy never changes."""
+    by_head = table.groupby(["query_mode", "layer", "head"]).entropy
+    low, high = by_head.transform("min"), by_head.transform("max")
+    span = (high - low).where(high > low)
+    return ((table.entropy - low) / span).fillna(0.0)
 
 
 def label(table, gammas=GAMMAS):

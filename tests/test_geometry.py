@@ -1,0 +1,237 @@
+"""posym.geometry: per-plane scores against a channel-by-channel loop, frequency use on hand-made
+tables and heads, q/k projections, and `posym geometry` end to end on a tiny trained run."""
+
+import math
+import sys
+
+import pytest
+import torch
+import transformers
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from reference_scores import reference_swap_scores  # noqa: E402
+
+from posym import geometry  # noqa: E402
+from posym.errors import PosymError  # noqa: E402
+from posym.scores import head_qk, rotate  # noqa: E402
+
+VOCAB = 40
+
+
+def _model(kind: str, seed: int = 0):
+    """Tiny eager float64 models: GPT-J (interleaved, partial rotary), NeoX (half, partial), Llama
+    (half, full rotary, YaRN-scaled tables), with q/k scaled up so attention is peaked."""
+    torch.manual_seed(seed)
+    config = {
+        "gptj": lambda: transformers.GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                                rotary_dim=8),
+        "gpt_neox": lambda: transformers.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                                       num_attention_heads=2, intermediate_size=64, rotary_pct=0.5,
+                                                       max_position_embeddings=64),
+        "llama": lambda: transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                  max_position_embeddings=64,
+                                                  rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                                                "original_max_position_embeddings": 32}),
+    }[kind]()
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(part in name for part in ("q_proj", "k_proj", "query_key_value")):
+                param.mul_(4.0)
+    return model
+
+
+def _channel_dims(pairing: str, rotary: int, head_dim: int) -> list[list[int]]:
+    """Dims of each RoPE plane (frequency order), then of the non-rotary rest."""
+    half = rotary // 2
+    planes = [[2 * m, 2 * m + 1] if pairing == "interleaved" else [m, m + half] for m in range(half)]
+    return planes + ([list(range(rotary, head_dim))] if head_dim > rotary else [])
+
+
+@pytest.mark.parametrize("kind", ["gptj", "gpt_neox", "llama"])
+def test_plane_scores_match_channel_loop(kind):
+    """Channels sum to HF's own attention; every channel's scores equal the swap-by-swap reference
+    built from explicitly rotated per-position keys; max_logit is the channel's largest logit."""
+    model = _model(kind)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in (9, 9, 7)]
+    queries = [[8, 5], [8], [6, 3]]
+    tau = 1e-2
+    fast = geometry.plane_scores(model, prompts, queries, tau=tau, batch_size=2)
+    for k, ids in enumerate(prompts):
+        for layer in range(2):
+            qk = head_qk(model, [ids], [layer])[layer]
+            d, r = qk.q.shape[-1], qk.cos.shape[-1]
+            channels = _channel_dims(qk.pairing, r, d)
+
+            def rotated(x, at):
+                return rotate(x.double(), qk.cos[0, at].double(), qk.sin[0, at].double(), qk.pairing)
+
+            with torch.no_grad():
+                attn = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions[layer][0]
+            for p in queries[k]:
+                for head in range(2):
+                    q_rot = rotated(qk.q[0, head, p], p)
+
+                    def logit(c, at, content):  # channel c's logit of `content`'s key placed at `at`
+                        return float(qk.scale * (q_rot[c] * rotated(qk.k[0, head, content], at)[c]).sum())
+
+                    total = torch.zeros(p + 1, dtype=torch.float64)
+                    rows = fast[(fast.prompt == k) & (fast["query"] == p) & (fast.layer == layer) & (fast["head"] == head)]
+                    assert len(rows) == len(channels)
+                    for c, row in zip(channels, rows.itertuples()):
+                        swapped = torch.tensor([[logit(c, a, b) for b in range(p + 1)] for a in range(p + 1)],
+                                               dtype=torch.float64)
+                        ref = reference_swap_scores(swapped.diagonal(), swapped, tau=tau)
+                        assert (row.s_pos, row.s_sym) == pytest.approx((ref["s_pos"], ref["s_sym"]), abs=1e-9)
+                        assert row.max_logit == pytest.approx(float(swapped.diagonal().max()), abs=1e-8)
+                        total += swapped.diagonal()
+                    # GPT-J's eager attention computes its logits in float32 even in a float64 model
+                    torch.testing.assert_close(torch.softmax(total, 0), attn[head, p, : p + 1].double(),
+                                               atol=1e-6, rtol=0)
+    ids = fast.groupby("channel").frequency_id.first().tolist()
+    r = head_qk(model, [prompts[0]], [0])[0].cos.shape[-1]
+    assert ids == list(range(1, r // 2 + 1)) + ([0] if kind != "llama" else [])
+
+
+def test_plane_angles_are_gptj_frequencies():
+    """theta_k read off the tables equals 10000^(-2(k-1)/r) (SPEC 2)."""
+    model = _model("gptj")
+    frame = geometry.plane_scores(model, [[1, 2, 3, 4]], "last", layers=[0], heads=[0])
+    rotary = frame[frame.frequency_id > 0].sort_values("frequency_id")
+    expected = [10000 ** (-2 * (k - 1) / 8) for k in rotary.frequency_id]
+    assert rotary.frequency.tolist() == pytest.approx(expected, rel=1e-6)  # GPT-J's table is float32
+    assert frame[frame.frequency_id == 0].frequency.tolist() == [0.0]
+
+
+def _one_plane_head(kind: str, plane: int):
+    """One layer, one 16-dim head whose queries and keys live only in `plane` (keys = queries, so the
+    query's own key gets |q|^2 > 0): every other channel contributes exactly 0."""
+    if kind == "gptj":
+        config = transformers.GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=16, n_layer=1, n_head=1,
+                                         rotary_dim=16)
+    else:
+        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                          num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=64)
+    torch.manual_seed(4)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval()
+    attn = model.transformer.h[0].attn if kind == "gptj" else model.model.layers[0].self_attn
+    dims = [2 * plane, 2 * plane + 1] if kind == "gptj" else [plane, plane + 8]
+    with torch.no_grad():
+        keep = torch.zeros(16, 1, dtype=torch.float64)
+        keep[dims] = 1.0
+        attn.q_proj.weight.mul_(keep)
+        attn.k_proj.weight.copy_(attn.q_proj.weight)
+        for proj in (attn.q_proj, attn.k_proj):
+            if getattr(proj, "bias", None) is not None:
+                proj.bias.zero_()
+    return model
+
+
+@pytest.mark.parametrize("kind, plane", [("gptj", 0), ("gptj", 5), ("llama", 2), ("llama", 7)])
+def test_head_using_one_plane_reports_its_id(kind, plane):
+    model = _one_plane_head(kind, plane)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, VOCAB, (12,), generator=gen).tolist() for _ in range(4)]
+    planes = geometry.plane_scores(model, prompts, "all")
+    others = planes[planes.frequency_id != plane + 1]
+    assert others.max_logit.abs().max() == 0.0
+    heads = geometry.frequency_use(planes)
+    assert heads.weighted_id.tolist() == [plane + 1]
+    assert heads.dominant_id.tolist() == [plane + 1]
+    assert heads.weighted_frequency.iloc[0] == pytest.approx(10000 ** (-2 * plane / 16), rel=1e-6)
+
+
+def test_frequency_use_on_a_hand_made_table():
+    import pandas as pd
+
+    channels = pd.DataFrame({
+        "layer": [0] * 5 + [1] * 3, "head": [0] * 8, "channel": [0, 1, 2, 3, 4, 0, 1, 2],
+        "frequency_id": [1, 2, 3, 4, 0, 1, 2, 3], "frequency": [1.0, 0.5, 0.25, 0.125, 0.0, 1.0, 0.5, 0.25],
+        "s_pos": [0.0] * 8, "s_sym": [0.0] * 8, "use": [2.0, -1.0, 1.0, 0.0, 5.0, -1.0, -2.0, 0.0],
+    })
+    heads = geometry.frequency_use(channels)
+    first = heads.iloc[0]
+    assert first.weighted_id == pytest.approx((1 * 2 + 3 * 1) / 3)  # the negative use gets weight 0
+    assert first.weighted_frequency == pytest.approx((1.0 * 2 + 0.25 * 1) / 3)
+    assert (first.dominant_id, first.free_use) == (1, 5.0)
+    second = heads.iloc[1]
+    assert math.isnan(second.weighted_id) and math.isnan(second.free_use) and second.dominant_id == 3
+    # per-prompt rows are averaged first: use = mean max_logit
+    rows = pd.DataFrame({"prompt": [0, 0, 1, 1], "query": 5, "layer": 0, "head": 0, "channel": [0, 1, 0, 1],
+                         "frequency_id": [1, 2, 1, 2], "frequency": [1.0, 0.5, 1.0, 0.5], "s_pos": 0.0,
+                         "s_sym": 0.0, "max_logit": [1.0, 0.0, 3.0, 2.0]})
+    assert geometry.frequency_use(rows).weighted_id.iloc[0] == pytest.approx((1 * 2 + 2 * 1) / 3)
+
+
+def test_qk_projection_identical_keys_and_rotation():
+    """A positional head (every key the same vector) puts all keys on one point before rotation;
+    after rotation each point is turned by position * theta."""
+    model = _one_plane_head("gptj", 1)
+    with torch.no_grad():
+        model.transformer.h[0].ln_1.weight.zero_()  # LayerNorm output = its bias for every token
+        model.transformer.h[0].ln_1.bias.normal_(0, 1.0)
+    proj = geometry.qk_projection(model, [3, 9, 4, 1, 7], 0, 0, 2)
+    keys = proj[proj.role == "key"]
+    assert keys.x.max() - keys.x.min() < 1e-12 and keys.y.max() - keys.y.min() < 1e-12  # one point
+    assert keys.x.abs().iloc[0] > 1e-3
+    theta = 10000 ** (-2 / 16)
+    for r in proj.itertuples():
+        c, s = math.cos(r.position * theta), math.sin(r.position * theta)
+        assert (r.x_rot, r.y_rot) == pytest.approx((c * r.x - s * r.y, s * r.x + c * r.y), abs=1e-6)
+    with pytest.raises(PosymError, match="frequency_id"):
+        geometry.qk_projection(model, [3, 9, 4], 0, 0, 9)
+    with pytest.raises(PosymError, match="heads"):
+        geometry.plane_scores(model, [[3, 9, 4]], heads=[1])
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from posym import train
+
+    cfg = train.resolve_config("quick", "letter", overrides={
+        "max_steps": 20, "checkpoint_every": 10, "eval_size": 64, "batch_size": 16,
+        "model": {"n_layer": 2, "n_embd": 32}})
+    return train.train(cfg, tmp_path_factory.mktemp("geo") / "run", progress=False)
+
+
+def _cli(monkeypatch, *args):
+    from posym.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["posym", *map(str, args)])
+    try:
+        main()
+    except SystemExit as exc:
+        return exc.code
+    return 0
+
+
+def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
+    import json
+
+    import pandas as pd
+
+    out = tmp_path / "geo"
+    assert _cli(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", out) == 0
+    assert "weighted frequency ID per layer" in capsys.readouterr().out
+    planes, heads = pd.read_parquet(out / "planes.parquet"), pd.read_parquet(out / "frequency.parquet")
+    assert sorted(planes.layer.unique()) == [0, 1] and planes.frequency_id.max() == 16
+    assert planes.prompt.nunique() == 6 and planes["query"].nunique() > 1
+    assert heads.weighted_id.between(1, 16).all()
+    summary = json.loads((out / "geometry.json").read_text())
+    assert summary["paper_table1"] == geometry.PAPER_TABLE1["letter"]
+    assert summary["plane_figure"]["layer"] == 1
+    qk = pd.read_parquet(out / "qk_plane.parquet")
+    assert len(qk) == 2 * 17 and set(qk.frequency_id) == {summary["plane_figure"]["frequency_id"]}
+    for name in ("fig8_frequency", "fig4b_qk_plane"):
+        assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").is_file()
+    # deterministic: the same command gives the same numbers
+    assert _cli(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", tmp_path / "g2") == 0
+    pd.testing.assert_frame_equal(planes, pd.read_parquet(tmp_path / "g2" / "planes.parquet"))
+    capsys.readouterr()
+    assert _cli(monkeypatch, "geometry", tiny_run, "--plane-layer", 5, "--n-prompts", 2, "--out", out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posym: error: --plane-layer") and err.count("\n") == 1
+    assert _cli(monkeypatch, "geometry", tmp_path / "nothing") == 2
