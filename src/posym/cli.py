@@ -341,6 +341,54 @@ def theory_command(
                       f"{t['hard']['after_h']:.3f}, softmax {t['softmax']['after_h']:.3f}")
     console.print(f"wrote {out}/theory.parquet, discrepancy.parquet, theory.json, fig5a.png/svg")
 
+
+@app.command("lengthgen")
+def lengthgen_command(
+    run_dir: Path = typer.Argument(..., help="A run directory (latest checkpoint unless --step) or one checkpoint "
+                                   "directory written by posym train."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step to evaluate in a run directory."),
+    lengths: str = typer.Option("17,34,51,68,128,256,512,850,1024,2048", help="Paper protocol: comma-separated "
+                                "total sequence lengths in tokens (query included; training length 17)."),
+    factors: str = typer.Option("1,2,3,4", help="Seed protocol: comma-separated multiples of the training length "
+                                "(1 is the reference that retention divides by)."),
+    n: int = typer.Option(128, "--n", help="Test sequences per length (the same questions at every length)."),
+    protocol: str = typer.Option("both", help="paper (absolute lengths, accuracy), seed (1x-4x the training "
+                                 "length, retention) or both. Both lengthen with extra target-window tokens."),
+    seed: int = typer.Option(0, help="Seed of the test data."),
+    max_tokens: int = typer.Option(16384, help="Tokens per forward pass; bounds memory at long lengths."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Output directory for lengthgen.parquet, lengthgen.json and "
+                                       "fig5b.png/svg (default: RUN_DIR/lengthgen)."),
+) -> None:
+    """Accuracy against sequence length, per hop count (Fig. 5B): extra target-window tokens go before the
+    window that holds the answer, so the questions and answers stay the same and only the length grows."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from posym import lengthgen
+    from posym.llm import parse_list
+
+    config = lengthgen.LengthGenConfig(lengths=parse_list(lengths, int), factors=parse_list(factors, int),
+                                       protocol=protocol, n=n, seed=seed, max_tokens=max_tokens, device=device)
+    out = out or Path(run_dir) / "lengthgen"
+    with Progress(transient=True) as bar:
+        job = bar.add_task("evaluating lengths (tokens read)", total=None)
+        result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
+                                         progress=lambda done, total: bar.update(job, completed=done, total=total))
+    table = result["table"]
+    hops = sorted(h for h in table["hop"].unique() if h != lengthgen.ALL_HOPS)
+    view = Table(title=f"{result['summary']['task']} task, step {result['step']}: accuracy by length")
+    for col in ["protocol", "length", "factor", "all", *(f"hop {h}" for h in hops), "retention"]:
+        view.add_column(col, justify="right")
+    for (prot, length), rows in table.groupby(["protocol", "length"], sort=False):
+        acc = rows.set_index("hop")["acc"]
+        view.add_row(prot, str(length), f"{rows['factor'].iloc[0]:.2f}", f"{acc[lengthgen.ALL_HOPS]:.3f}",
+                     *(f"{acc[h]:.3f}" for h in hops), f"{rows.set_index('hop')['retention'][0]:.3f}")
+    console = Console()
+    console.print(view)
+    console.print(f"wrote {out}/lengthgen.parquet, lengthgen.json, fig5b.png/svg")
+
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
 
 
