@@ -15,12 +15,12 @@ done
 wait
 for task in number letter; do
   tail -3 "$OUT/train-$task.log"
-  timeout 60 python3 -m posym.cli dynamics runs/paper/$task > "$OUT/dyn-$task.log" 2>&1 &
-  timeout 60 python3 -m posym.cli lengthgen runs/paper/$task --device cuda > "$OUT/lg-$task.log" 2>&1 &
+  timeout 45 python3 -m posym.cli dynamics runs/paper/$task > "$OUT/dyn-$task.log" 2>&1 &
+  timeout 45 python3 -m posym.cli lengthgen runs/paper/$task --device cuda > "$OUT/lg-$task.log" 2>&1 &
 done
 wait
 for task in number letter; do
-  timeout 40 python3 -m posym.cli geometry runs/paper/$task > "$OUT/geo-$task.log" 2>&1 &
+  timeout 30 python3 -m posym.cli geometry runs/paper/$task > "$OUT/geo-$task.log" 2>&1 &
 done
 wait
 for task in number letter; do
