@@ -96,12 +96,16 @@ def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None) 
     image = left.imshow(grid.to_numpy().clip(min=0), aspect="auto", origin="lower", cmap="viridis",
                         extent=(0.5, grid.shape[1] + 0.5, -0.5, len(grid) - 0.5))
     fig.colorbar(image, ax=left, label="use (mean max logit, clipped at 0)")
-    left.set(xlabel="frequency ID (1 = fastest)", ylabel="layer", title="frequency use per layer")
+    left.set(xlabel="frequency ID (1 = fastest)", ylabel="layer", title="frequency use per layer",
+             yticks=range(len(grid)), yticklabels=[str(layer) for layer in grid.index])
     per_layer = heads.groupby("layer").weighted_id.mean()
     right.plot(per_layer.to_numpy(), per_layer.index, "o-", label="ours")
+    top = grid.shape[1]
     if paper is not None:
-        right.plot(paper, np.arange(len(paper)), "x--", color="grey", label="paper Table 1")
-    right.set(xlabel="weighted frequency ID", ylabel="layer", xlim=(0, grid.shape[1] + 1))
+        right.plot(paper, np.arange(len(paper)), "x--", color="grey", label="paper Table 1 (64 planes)")
+        top = max(top, max(paper))
+    right.set(xlabel="weighted frequency ID", ylabel="layer", xlim=(0, top + 1))
+    right.yaxis.get_major_locator().set_params(integer=True)
     right.legend(fontsize=8)
     return _save(fig, stem)
 
@@ -110,9 +114,9 @@ def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> l
     """Fig. 4B: pre-rotation queries and keys of one prompt on one plane, labelled by token."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 5))
-    for role, marker, color in (("key", "s", "tab:orange"), ("query", "o", "tab:blue")):
+    for role, marker, color, name in (("key", "s", "tab:orange", "keys"), ("query", "o", "tab:blue", "queries")):
         g = projection[projection.role == role]
-        ax.scatter(g.x, g.y, marker=marker, color=color, label=f"{role}s", alpha=0.8)
+        ax.scatter(g.x, g.y, marker=marker, color=color, label=name, alpha=0.8)
         for r in g.itertuples():
             text = token_names[r.token] if token_names is not None else str(r.token)
             ax.annotate(f"{text}@{r.position}", (r.x, r.y), fontsize=6, alpha=0.7, xytext=(2, 2),
