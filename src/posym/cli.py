@@ -366,8 +366,12 @@ def lengthgen_command(
     from rich.progress import Progress
     from rich.table import Table
 
+    from transformers.utils import logging as hf_logging
+
     from posym import lengthgen
     from posym.llm import parse_list
+
+    hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
 
     config = lengthgen.LengthGenConfig(lengths=parse_list(lengths, int), factors=parse_list(factors, int),
                                        protocol=protocol, n=n, seed=seed, max_tokens=max_tokens, device=device)
