@@ -11,6 +11,7 @@ run ends bit-identical to an uninterrupted one on the same machine.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from posym.configs import from_dict, override, to_dict
 from posym.errors import PosymError
 from posym.model import (
     CHECKPOINT_META,
+    CHECKPOINTS,
     ModelConfig,
     build_model,
     checkpoint_name,
@@ -361,6 +363,9 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
 
     step = 0
     resumable = [(s, p) for s, p in list_checkpoints(run_dir) if (p / TRAINER_TENSORS).is_file()]
+    if resume:  # temporary files of writes a kill interrupted (never visible under final names)
+        for leftover in [*run_dir.glob(".*.tmp-*"), *run_dir.glob(f"{CHECKPOINTS}/.*")]:
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     if resume and resumable:
         from safetensors.torch import load_file
 
@@ -390,7 +395,9 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
                 for name in (TRAINER_TENSORS, TRAINER_JSON):
                     (old / name).unlink(missing_ok=True)
         rows.append(metrics)
-        io.write_parquet(run_dir / "metrics.parquet", pd.DataFrame(rows))
+        frame = pd.DataFrame(rows)  # rows read back from posym.json have sorted keys: fix the order
+        first = ["step", "loss", "acc"] + [f"acc_hop{h}" for h in range(1, task.max_hops + 1)]
+        io.write_parquet(run_dir / "metrics.parquet", frame[first + sorted(set(frame.columns) - set(first))])
         hop_text = " ".join(f"{k[4:]}={v:.3f}" for k, v in metrics.items() if k.startswith("acc_hop"))
         log_lines.append(
             f"step {step} train_loss {train_loss:.4f} test_loss {metrics['loss']:.4f} "
