@@ -285,7 +285,7 @@ def _load_trainer_state(directory: Path, optimizer) -> int:
 # ---- the loop -----------------------------------------------------------------------------------
 
 
-def _optimizer(model, config: TrainConfig):
+def make_optimizer(model, config: TrainConfig):
     """AdamW with weight decay on matrices/embeddings only (biases and LayerNorms are 1-D)."""
     import torch
 
@@ -293,6 +293,22 @@ def _optimizer(model, config: TrainConfig):
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+
+
+def train_step(model, optimizer, config: TrainConfig, step: int, ids, answer):
+    """One optimizer update on a batch ([B, seq] ids, [B] answers); returns the (detached) loss."""
+    import torch
+    import torch.nn.functional as F
+
+    for group in optimizer.param_groups:
+        group["lr"] = config.lr * lr_factor(step, config.warmup_steps, config.max_steps)
+    loss = F.cross_entropy(last_logits(model, ids), answer)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if config.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+    optimizer.step()
+    return loss.detach()
 
 
 def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):
@@ -344,7 +360,6 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
     """
     import pandas as pd
     import torch
-    import torch.nn.functional as F
 
     run_dir = Path(run_dir)
     config = _prepare_run_dir(config, run_dir, resume)
@@ -355,7 +370,7 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
     task = config.task
 
     model = build_model(config.model, task.vocab_size, config.seed).to(device)
-    optimizer = _optimizer(model, config)
+    optimizer = make_optimizer(model, config)
     saves = set(checkpoint_steps(config.max_steps, config.checkpoint_every))
     log_path = run_dir / "train.log"
     log_lines = log_path.read_text(encoding="utf-8").splitlines() if resume and log_path.is_file() else []
@@ -430,17 +445,9 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
         )
         while step < config.max_steps:
             ids, answer = train_batch(task, step, config.batch_size, config.seed)
-            ids, answer = _to_tensor(ids, device), _to_tensor(answer, device)  # [B, seq], [B]
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr * lr_factor(step, config.warmup_steps, config.max_steps)
-            loss = F.cross_entropy(last_logits(model, ids), answer)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
+            loss = train_step(model, optimizer, config, step, _to_tensor(ids, device), _to_tensor(answer, device))
             step += 1
-            window_loss += loss.detach()
+            window_loss += loss
             window_steps += 1
             if step in saves:
                 last = checkpoint(step, (window_loss / window_steps).item())
