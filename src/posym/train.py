@@ -214,7 +214,7 @@ def evaluate_checkpoint(
 
     from posym.model import load_model
 
-    model, info = load_model(path, step=step, device=device, attn_implementation="sdpa")
+    model, info = load_model(path, step=step, device=device)
     if task is not None:
         base = task_config(task)
     elif info["task_config"] is not None:
