@@ -117,9 +117,9 @@ def eval_command(
     rows = train.evaluate_checkpoint(path, step=step, task=task, n=n, extra_targets=extra_target or [0],
                                      seed=seed, split=split, device=device)
     table = Table(title=f"{rows[0]['task']} task, {rows[0]['checkpoint']}")
-    keys = [k for k in rows[0] if k == "extra_target" or k == "seq_len" or k.startswith("acc") or k == "loss"]
+    keys = [k for k in rows[0] if k in ("extra_target", "seq_len", "loss") or k.startswith("acc")]
     for key in keys:
-        table.add_column(key, justify="right")
+        table.add_column(key.replace("acc_", "").replace("extra_target", "extra"), justify="right")
     for row in rows:
         table.add_row(*(f"{row[k]:.4f}" if isinstance(row[k], float) else str(row[k]) for k in keys))
     Console().print(table)

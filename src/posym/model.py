@@ -208,8 +208,11 @@ def load_model(
     from safetensors import SafetensorError
     from transformers import GPTJForCausalLM
 
+    from transformers.utils import logging as hf_logging
+
     from posym.configs import from_dict
 
+    hf_logging.disable_progress_bar()  # a per-file "Loading weights" bar is noise for tiny models
     ckpt, run_dir = resolve_checkpoint(path, step)
     try:
         hf_config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
