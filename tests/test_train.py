@@ -267,7 +267,7 @@ def test_cli_eval_with_extra_target(tmp_path, capsys):
                      "--out", str(out)]) == 0
     rows = pd.read_json(out)
     assert list(rows.extra_target) == [0, 5] and list(rows.seq_len) == [8, 13]
-    assert "acc_hop2" in capsys.readouterr().out
+    assert "hop2" in capsys.readouterr().out
     assert cli_exit(["eval", str(run), "--task", "letter"]) == 2  # 129 token ids > the model's 12
 
 
