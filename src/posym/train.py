@@ -406,9 +406,10 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
             })
             _save_trainer_state(tmp, optimizer, step, chash)
         if not config.keep_trainer_state:
-            for _, old in previous:  # only the newest checkpoint needs to be resumable
+            for s, old in previous:  # only the newest checkpoint needs to be resumable
                 for name in (TRAINER_TENSORS, TRAINER_JSON):
-                    (old / name).unlink(missing_ok=True)
+                    if s != step:  # a checkpoint rewritten at this step is the new one
+                        (old / name).unlink(missing_ok=True)
         rows.append(metrics)
         frame = pd.DataFrame(rows)  # rows read back from posym.json have sorted keys: fix the order
         first = ["step", "loss", "acc"] + [f"acc_hop{h}" for h in range(1, task.max_hops + 1)]
