@@ -235,3 +235,21 @@ def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("posym: error: --plane-layer") and err.count("\n") == 1
     assert _cli(monkeypatch, "geometry", tmp_path / "nothing") == 2
+
+
+def test_cli_geometry_on_a_hugging_face_llama_dir(tmp_path, monkeypatch, capsys):
+    """A non-posym RoPE model directory (half-split planes) with a JSONL prompt file."""
+    import json
+
+    import pandas as pd
+    import test_llm  # its tiny-model-with-tokenizer writer; imported as a module so no tests are collected
+
+    model_dir = test_llm._save(tmp_path / "llama", "llama", test_llm._tokenizer())
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": list(range(3, 3 + n))}) + "\n" for n in (9, 12)))
+    assert _cli(monkeypatch, "geometry", model_dir, "--prompts", prompts, "--out", tmp_path / "out") == 0
+    planes = pd.read_parquet(tmp_path / "out" / "planes.parquet")
+    assert planes.prompt.nunique() == 2 and set(planes["query"]) == {8, 11}
+    capsys.readouterr()
+    assert _cli(monkeypatch, "geometry", model_dir, "--prompts", prompts) == 2
+    assert "give --out" in capsys.readouterr().err

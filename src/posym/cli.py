@@ -268,8 +268,8 @@ def geometry_command(
     else:
         from posym import llm
 
-        if step is not None:
-            raise PosymError("--step only applies to posym run directories")
+        if step is not None or out is None:
+            raise PosymError("--step and a default --out only apply to posym run directories; give --out")
         hf_model, task_config, run_dir = llm.load_model(path, device=device).model, None, None
     if out is None:
         if run_dir is None:
