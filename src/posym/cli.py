@@ -485,6 +485,69 @@ def llm_bench_cmd(
 # ---- commands: run / report / sweep -------------------------------------------------------------
 
 
+@app.command("run")
+def run_command(
+    preset: str = typer.Option("quick", help="Training preset: 'quick' (~10 minutes for everything on 2 CPU "
+                               "cores), 'seed' or 'paper' (the paper's study; hours on a CPU, use --device cuda)."),
+    task: Optional[list[str]] = typer.Option(None, help="Task to run: number and/or letter; repeat for several "
+                                             "(default: both)."),
+    out: Path = typer.Option(Path("runs/main"), help="Output directory: one run directory per task, theory/, "
+                             "report/ and stages/ (done-files). Re-running the same command continues it."),
+    device: Optional[str] = typer.Option(None, help="cpu, cuda or auto for training and length generalization "
+                                         "(default auto)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML file of pipeline settings (preset, tasks, "
+                                          "seed, train overrides, dynamics_prompts, geometry_prompts, lengthgen, "
+                                          "theory, workers); unknown keys are errors."),
+    workers: Optional[int] = typer.Option(None, help="Jobs run side by side in separate processes (default: one "
+                                          "per job up to the number of CPU cores)."),
+    bench: Optional[Path] = typer.Option(None, help="An llm-bench output directory whose Table 3 the report "
+                                         "should include."),
+) -> None:
+    """The whole study: train each task, then dynamics, geometry, length generalization, the theory checks
+    and an HTML report; prints a summary table. Finished stages are never recomputed."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from posym import pipeline, report
+
+    flags = {"device": device, "workers": workers}
+    cfg = pipeline.resolve_pipeline(preset, task, config, {k: v for k, v in flags.items() if v is not None})
+    console = Console()
+    start = time.perf_counter()
+    with Live(console=console, transient=True, refresh_per_second=2) as live:
+        def show(lines: list[str]) -> None:
+            live.update(f"[bold]posym run[/] {time.perf_counter() - start:5.0f} s\n" + "\n".join(lines))
+
+        result = pipeline.run_pipeline(cfg, out, bench=bench, status=show)
+    table = Table(title=f"posym run ({cfg.preset} preset), {result['wall_seconds']:.0f} s")
+    for column in ("task", "step", "acc", "acc per hop", "positional layers", "symbolic layers", "length generalization"):
+        table.add_column(column, justify="left" if "layers" in column or "length" in column else "right")
+    for s in result["summary"]:
+        table.add_row(s["task"], str(s["step"]), f"{s['acc']:.3f}", " / ".join(f"{v:.3f}" for v in s["acc_hops"].values()),
+                      s["positional"] or "n/a", s["symbolic"] or "n/a", report.lengthgen_headline(s["lengthgen"]))
+    console.print(table)
+    console.print(f"report: {result['report']}")
+
+
+@app.command("report")
+def report_command(
+    paths: list[Path] = typer.Argument(..., help="Directories to report on: posym run directories (with their "
+                                       "analysis/ and lengthgen/), a posym theory output and/or a posym llm-bench output."),
+    out: Optional[Path] = typer.Option(None, help="Output directory for report.html and figures/ (default: "
+                                       "report/ beside the first directory)."),
+    title: str = typer.Option("posym report", help="Title of the page."),
+) -> None:
+    """One self-contained HTML page (figures inline, opens offline) with the analogues of the paper's
+    Fig. 2, 4B, 5A/B, 6, 7, 8 and Tables 1 and 3, plus every figure as PNG and SVG."""
+    from posym import report
+
+    html_path = report.build_report(paths, out or Path(paths[0]).resolve().parent / "report", title=title)
+    print(f"report: {html_path}")
+
+
 def main() -> None:
     """Console-script entry point: run the app, answering bad input with one line and exit 2."""
     try:

@@ -1,0 +1,272 @@
+"""`posym run`: the whole study in one resumable command (train -> dynamics -> geometry -> theory ->
+length generalization -> report).
+
+Layout of the output directory (default `runs/main/`):
+```
+runs/main/
+  pipeline.yaml          # the resolved PipelineConfig (a re-run must use the same one)
+  number/ letter/        # one posym run directory per task (posym.train), with analysis/ and lengthgen/
+  theory/                # posym.theory outputs (constructions, discrepancy, Fig. 5A)
+  report/                # posym.report: report.html + every figure as PNG and SVG
+  stages/<job>-<stage>.done.json   # one done-file per finished stage
+```
+Each stage writes its outputs first and its done-file last (atomically), so a killed run re-runs
+exactly the stages without a done-file; training continues from its latest checkpoint with
+`posym.train`'s exact resume. The report is always rebuilt (seconds), so it reflects every input.
+
+Parallelism: one job per task (its train -> dynamics -> geometry -> lengthgen chain) plus the theory
+job run in a pool of `workers` spawned processes; with 2 workers on 2 cores the two quick trainings
+run side by side, each on one thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from posym import io
+from posym.configs import from_dict, to_dict
+from posym.errors import PosymError
+from posym.lengthgen import LengthGenConfig
+from posym.theory import TheoryConfig
+
+TASK_STAGES = ("train", "dynamics", "geometry", "lengthgen")
+"""The stages of one task's job, in order."""
+THEORY = "theory"
+"""Name of the job (and stage) that checks the paper's constructions."""
+
+
+@dataclass
+class PipelineConfig:
+    """What `posym run` computes (written to `<out>/pipeline.yaml`)."""
+
+    preset: str = "quick"
+    """Training preset of posym.train: quick (minutes on a CPU), seed or paper."""
+    tasks: list[str] = field(default_factory=lambda: ["number", "letter"])
+    """Tasks to train and analyse, each in its own run directory `<out>/<task>`."""
+    seed: int = 0
+    """Seed of training (initialisation, data) and of every analysis prompt set."""
+    device: str = "auto"
+    """Device of training and length generalization: cpu, cuda or auto (scores run on the CPU)."""
+    train: dict = field(default_factory=dict)
+    """Overrides of the preset's TrainConfig fields (nested: {model: {n_layer: 4}}), as `--config` of
+    posym train; unknown keys are errors."""
+    dynamics_prompts: int = 100
+    """Test prompts scored at every checkpoint by posym.dynamics (the paper: 100)."""
+    geometry_prompts: int = 100
+    """Test prompts of the per-plane analysis of the last checkpoint (posym.geometry)."""
+    lengthgen: LengthGenConfig = field(default_factory=LengthGenConfig)
+    """Length-generalization settings (lengths, factors, prompts per length); its device follows `device`."""
+    theory: TheoryConfig = field(default_factory=TheoryConfig)
+    """Constructions and discrepancy checks of posym.theory (task-independent, run once)."""
+    workers: int | None = None
+    """Processes running jobs side by side; None = one per job up to the number of CPU cores."""
+
+    def __post_init__(self) -> None:
+        from posym.train import PRESETS
+
+        if self.preset not in PRESETS:
+            raise PosymError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        if not self.tasks or len(set(self.tasks)) != len(self.tasks):
+            raise PosymError(f"tasks must be a non-empty list without repeats, got {self.tasks}")
+        for task in self.tasks:
+            if task not in ("number", "letter"):
+                raise PosymError(f"unknown task {task!r}; choose number and/or letter")
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise PosymError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.dynamics_prompts < 1 or self.geometry_prompts < 1:
+            raise PosymError("dynamics_prompts and geometry_prompts must be positive")
+        if not isinstance(self.train, dict):
+            raise PosymError(f"train must be a mapping of TrainConfig overrides, got {self.train!r}")
+        if self.workers is not None and self.workers < 1:
+            raise PosymError(f"workers must be a positive integer or null, got {self.workers}")
+
+
+def resolve_pipeline(preset: str = "quick", tasks: list[str] | None = None, config_file: str | Path | None = None,
+                     overrides: dict | None = None) -> PipelineConfig:
+    """Defaults, then the YAML file's keys, then `overrides` (CLI flags); each train config is
+    resolved once here so that a bad `train:` key fails before anything runs."""
+    data: dict[str, Any] = {"preset": preset}
+    if tasks:
+        data["tasks"] = list(tasks)
+    if config_file is not None:
+        data.update(io.read_yaml(config_file))
+    data.update(overrides or {})
+    config = from_dict(PipelineConfig, data, where=str(config_file or "pipeline config"))
+    for task in config.tasks:
+        train_config(config, task)
+    return config
+
+
+def train_config(config: PipelineConfig, task: str):
+    """The TrainConfig of `task`: the preset, the `train` overrides, then the pipeline's seed/device."""
+    from posym.train import resolve_config
+
+    return resolve_config(config.preset, task, None, {**config.train, "seed": config.seed, "device": config.device})
+
+
+# ---- done-files ----------------------------------------------------------------------------------
+
+
+def done_path(out: Path, job: str, stage: str) -> Path:
+    """Where the done-file of `stage` of `job` (a task name or "theory") lives."""
+    return Path(out) / "stages" / f"{job}-{stage}.done.json"
+
+
+def is_done(out: Path, job: str, stage: str) -> bool:
+    """Whether `stage` of `job` finished (its done-file exists)."""
+    return done_path(out, job, stage).is_file()
+
+
+def mark_done(out: Path, job: str, stage: str, seconds: float, **info: Any) -> Path:
+    """Write the done-file of a stage (atomically, after its outputs)."""
+    return io.write_json(done_path(out, job, stage), {"job": job, "stage": stage, "seconds": round(seconds, 2),
+                                                      "finished": time.time(), **info})
+
+
+def _stage(out: Path, job: str, stage: str, work: Callable[[], Any]) -> float:
+    """Run `work` unless the stage is done; mark it done; return the seconds it took (0 if skipped)."""
+    if is_done(out, job, stage):
+        return 0.0
+    start = time.perf_counter()
+    work()
+    seconds = time.perf_counter() - start
+    mark_done(out, job, stage, seconds)
+    return seconds
+
+
+# ---- jobs (run in worker processes) -------------------------------------------------------------
+
+
+def _geometry(run_dir: Path, n_prompts: int, seed: int) -> None:
+    """`posym geometry RUN_DIR` on the last checkpoint, last-token queries, into RUN_DIR/analysis."""
+    from posym import geometry, scores, tasks
+    from posym.model import load_model
+
+    model, info = load_model(run_dir)
+    task = info["task_config"]
+    ids, wanted = scores.prompt_set(model, task_config=task, n_prompts=n_prompts, seed=seed, queries="last")
+    settings = {"model": str(run_dir), "step": info["step"], "n_prompts": n_prompts, "queries": "last",
+                "tau": 1e-4, "seed": seed}
+    geometry.run_geometry(model, ids, wanted, run_dir / "analysis", token_names=tasks.token_names(task),
+                          paper_task=task.task, settings=settings)
+
+
+def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
+    """One task's chain: train (resuming), dynamics, geometry, lengthgen. Returns seconds per stage."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from posym import dynamics, lengthgen, train
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(threads)
+    config = from_dict(PipelineConfig, config_dict)
+    out_path, run_dir = Path(out), Path(out) / task
+    cfg = train_config(config, task)
+    lg = dataclasses.replace(config.lengthgen, device=train._resolve_device(config.device))
+    work = {
+        "train": lambda: train.train(cfg, run_dir, resume=(run_dir / "config.yaml").is_file(), progress=False),
+        "dynamics": lambda: dynamics.run_dynamics(run_dir, n_prompts=config.dynamics_prompts, seed=config.seed),
+        "geometry": lambda: _geometry(run_dir, config.geometry_prompts, config.seed),
+        "lengthgen": lambda: lengthgen.run_lengthgen(run_dir, lg, run_dir / "lengthgen"),
+    }
+    return {stage: _stage(out_path, task, stage, work[stage]) for stage in TASK_STAGES}
+
+
+def theory_job(config_dict: dict, out: str, threads: int) -> dict:
+    """The constructions and discrepancy checks (posym.theory) into `<out>/theory`."""
+    import torch
+
+    from posym import theory
+
+    torch.set_num_threads(threads)
+    config = from_dict(PipelineConfig, config_dict)
+    work = lambda: theory.run_theory(config.theory, Path(out) / THEORY)  # noqa: E731
+    return {THEORY: _stage(Path(out), THEORY, THEORY, work)}
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+
+
+def _prepare(config: PipelineConfig, out: Path) -> None:
+    """Write pipeline.yaml for a new output directory; refuse one started with another config."""
+    path = out / "pipeline.yaml"
+    if path.is_file():
+        stored = from_dict(PipelineConfig, io.read_yaml(path), where=str(path))
+        if io.config_hash(to_dict(stored)) != io.config_hash(to_dict(config)):
+            raise PosymError(f"{out} holds a run with a different config (see {path}); re-run with the same "
+                             "options to continue it, or choose another --out")
+    elif out.exists() and any(out.iterdir()):
+        raise PosymError(f"{out} exists, is not empty and holds no pipeline.yaml; choose another --out")
+    else:
+        io.write_yaml(path, to_dict(config))
+
+
+def job_status(config: PipelineConfig, out: Path, job: str) -> str:
+    """One line on where a job stands, read from its files (done-files, checkpoints)."""
+    from posym.model import list_checkpoints
+
+    if job == THEORY:
+        return "theory: done" if is_done(out, THEORY, THEORY) else "theory: constructions and discrepancy"
+    for stage in TASK_STAGES:
+        if not is_done(out, job, stage):
+            if stage == "train":
+                checkpoints = list_checkpoints(out / job) if (out / job).is_dir() else []
+                step = checkpoints[-1][0] if checkpoints else 0
+                return f"{job}: train, step {step}/{train_config(config, job).max_steps}"
+            return f"{job}: {stage}"
+    return f"{job}: done"
+
+
+def run_pipeline(config: PipelineConfig, out: str | Path, *, bench: str | Path | None = None,
+                 status: Callable[[list[str]], None] | None = None) -> dict:
+    """Run (or continue) every stage into `out`, then build the report. `status(lines)` is called
+    about once a second with one line per job. Returns {"report": path, "seconds": {...}, "summary": [...]}.
+
+    A job that fails with a PosymError does not stop the others; the run then raises one PosymError
+    naming every failed job after the report of what did finish is written.
+    """
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from multiprocessing import get_context
+
+    from posym import report
+
+    start = time.perf_counter()
+    out = Path(out)
+    _prepare(config, out)
+    jobs = [*config.tasks, THEORY]
+    workers = config.workers or max(1, min(len(jobs), os.cpu_count() or 1))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    as_dict = to_dict(config)
+    seconds: dict[str, dict] = {}
+    failures: dict[str, str] = {}
+    # spawn, not fork: torch and OpenMP state must not be copied into the workers
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(theory_job, as_dict, str(out), threads) if job == THEORY else
+                   pool.submit(task_job, as_dict, str(out), job, threads): job for job in jobs}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in finished:
+                try:
+                    seconds[futures[future]] = future.result()
+                except PosymError as exc:
+                    failures[futures[future]] = str(exc)
+            if status is not None:
+                status([job_status(config, out, job) for job in jobs])
+    run_dirs = [out / task for task in config.tasks if task not in failures]
+    extra = [out / THEORY] if THEORY not in failures else []
+    html = report.build_report([*run_dirs, *extra, *([Path(bench)] if bench else [])], out / "report")
+    if failures:
+        raise PosymError("; ".join(f"job {job} failed: {message}" for job, message in failures.items())
+                         + f" (report of the rest: {html})")
+    result = {"report": str(html), "seconds": seconds, "wall_seconds": round(time.perf_counter() - start, 1),
+              "summary": [report.run_summary(d) for d in run_dirs]}
+    io.write_json(out / "pipeline.json", {**io.manifest(as_dict, seed=config.seed), **result})
+    return result
+
