@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 from posym.errors import PosymError
-from posym.scores import _BUDGET, _as_batch, _check_layers, head_qk, pair_planes, resolve_queries, rotate, swap_scores
+from posym.scores import (BUDGET, as_batch, check_layers, head_qk, pair_planes, resolve_queries, rotate,
+                          swap_scores)
 
 # Table 1 of 2605: weighted-average frequency ID per layer of the paper-preset models (12 layers).
 PAPER_TABLE1 = {
@@ -85,7 +86,7 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
     """
     import pandas as pd
 
-    layers = _check_layers(model, layers)
+    layers = check_layers(model, layers)
     n_heads = model.config.num_attention_heads
     heads = list(range(n_heads)) if heads is None else sorted(set(heads))
     if not heads or any(not 0 <= h < n_heads for h in heads):
@@ -105,7 +106,7 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
     for length, group in sorted(by_length.items()):
         for start in range(0, len(group), batch_size):
             batch = group[start : start + batch_size]
-            captured = head_qk(model, _as_batch(model, [prompts[k] for k in batch]), layers)
+            captured = head_qk(model, as_batch(model, [prompts[k] for k in batch]), layers)
             theta = plane_angles(captured[layers[0]].cos[0], captured[layers[0]].sin[0], captured[layers[0]].pairing)
             jobs: dict[int, list[int]] = {}
             for row, k in enumerate(batch):
@@ -116,7 +117,7 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
                 ids = torch.arange(1, channels + 1) % (theta.shape[0] + 1)  # free channel -> ID 0
                 freq = torch.cat((theta, torch.zeros(channels - theta.shape[0], dtype=theta.dtype)))
                 for p, rows in jobs.items():
-                    step = max(1, _BUDGET // (len(heads) * channels * (p + 1) ** 2))
+                    step = max(1, BUDGET // (len(heads) * channels * (p + 1) ** 2))
                     for lo in range(0, len(rows), step):
                         chunk = rows[lo : lo + step]
                         swapped = _channel_logits(qk, torch.tensor(chunk), heads, p)  # [G, H, C, n, n]
@@ -180,7 +181,7 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     """
     import pandas as pd
 
-    qk = head_qk(model, _as_batch(model, [input_ids]), [layer])[layer]
+    qk = head_qk(model, as_batch(model, [input_ids]), [layer])[layer]
     r = qk.cos.shape[-1]
     if not 1 <= frequency_id <= r // 2:
         raise PosymError(f"frequency_id must lie in 1..{r // 2} (the head's rotary planes), got {frequency_id}")
@@ -217,7 +218,7 @@ def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane
     from posym import figures
     from posym.io import manifest, write_json, write_parquet
 
-    n_layers = len(_check_layers(model, None))
+    n_layers = len(check_layers(model, None))
     plane_layer = min(1, n_layers - 1) if plane_layer is None else plane_layer
     if not 0 <= plane_layer < n_layers:
         raise PosymError(f"--plane-layer must lie in 0..{n_layers - 1}, got {plane_layer}")

@@ -21,7 +21,8 @@ Public API
 - `head_qk(model, input_ids, layers=None) -> {layer: HeadQK}`: per-head pre-rotation queries and keys
   plus the model's own rotary cos/sin and pairing convention, from one forward pass; `rotate(x, cos,
   sin, pairing)` applies RoPE and `pair_planes` splits vectors into RoPE planes, for per-plane
-  logits (geometry; example in `head_qk`).
+  logits (geometry; example in `head_qk`). `as_batch` and `check_layers` validate its inputs and
+  `BUDGET` caps the elements of one vectorised chunk, for other engines built on `head_qk`.
 - `hop_queries(chain)`: the pointer positions of a task chain; `prompt_set` builds `posym score`'s
   prompts (task samples or a JSONL file, `read_prompts`) and `write_scores` streams to Parquet.
 - `summarize(frame, gamma=0.1)`: per (layer, head) mean scores and a label.
@@ -262,7 +263,8 @@ def _capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
             handle.remove()
 
 
-def _check_layers(model, layers) -> list[int]:
+def check_layers(model, layers) -> list[int]:
+    """Sorted distinct layer indices of `model` (None = every layer), or a PosymError for bad ones."""
     total = len(_layers(model))
     if layers is None:
         return list(range(total))
@@ -282,9 +284,9 @@ def head_qk(model, input_ids, layers: list[int] | None = None) -> dict[int, Head
         kj = pair_planes(rotate(qk.k[0, 0, j], qk.cos[0, j], qk.sin[0, j], qk.pairing), qk.pairing, r)
         per_plane = qk.scale * (qp * kj).sum(-1)      # [r / 2], sums to the logit (+ the unrotated dims)
     """
-    ids = _as_batch(model, input_ids)
+    ids = as_batch(model, input_ids)
     out: dict[int, HeadQK] = {}
-    _capture(model, ids, _check_layers(model, layers), lambda layer, qk: out.__setitem__(layer, qk))
+    _capture(model, ids, check_layers(model, layers), lambda layer, qk: out.__setitem__(layer, qk))
     return out
 
 
@@ -312,7 +314,7 @@ def check_prompt(model, ids, where: str = "prompt") -> Tensor:
     return ids.long()
 
 
-def _as_batch(model, input_ids) -> Tensor:
+def as_batch(model, input_ids) -> Tensor:
     """input_ids [batch, T] (a 2-D array or equal-length sequences) as a checked LongTensor."""
     rows = [check_prompt(model, row, f"prompt {k}") for k, row in enumerate(input_ids)]
     if not rows or len({len(r) for r in rows}) != 1:
@@ -344,7 +346,9 @@ def resolve_queries(queries, length: int, where: str = "prompt") -> list[int]:
 # ---- scoring -------------------------------------------------------------------------------------
 
 COLUMNS = ("prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps")
-_BUDGET = 1 << 22  # float64 elements per swap tensor: caps memory of one vectorised chunk (~32 MB)
+# Float64 elements of one vectorised swap tensor (~32 MB): callers size their chunks of rows, heads
+# and channels so that one chunk's [.., n, n] logits stay under it.
+BUDGET = 1 << 22
 
 
 def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> list[dict]:
@@ -354,7 +358,7 @@ def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> li
     for p, rows in jobs.items():
         n = p + 1
         swaps = max(1, math.comb(p, 2))
-        step = max(1, _BUDGET // (swaps * heads))
+        step = max(1, BUDGET // (swaps * heads))
         for start in range(0, len(rows), step):
             b = torch.tensor(rows[start : start + step], device=qk.q.device)
             cos, sin = qk.cos[b, :n].to(dtype)[:, None], qk.sin[b, :n].to(dtype)[:, None]  # [G, 1, n, r]
@@ -396,7 +400,7 @@ def iter_scores(
     import pandas as pd
 
     swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau, compare=compare)  # validates tau/compare early
-    layers = _check_layers(model, layers)
+    layers = check_layers(model, layers)
     prompts = [check_prompt(model, ids, f"prompt {k}") for k, ids in enumerate(input_ids)]
     if not prompts:
         raise PosymError("no prompts to score")
