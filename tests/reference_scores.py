@@ -87,6 +87,14 @@ def reference_swap_scores(clean, swapped, *, tau=1e-4, blocks=None, compare="pro
     return {"s_pos": s_pos, "s_sym": s_sym, "entropy": float(-(p * p.log()).sum()), "n_swaps": len(swaps)}
 
 
+def channel_dims(pairing: str, rotary: int, head_dim: int) -> list[list[int]]:
+    """Dims of each RoPE plane (frequency order: plane m of GPT-J is dims 2m, 2m + 1, of the
+    half-split models dims m, m + rotary / 2), then of the non-rotary rest, written out naively."""
+    half = rotary // 2
+    planes = [[2 * m, 2 * m + 1] if pairing == "interleaved" else [m, m + half] for m in range(half)]
+    return planes + ([list(range(rotary, head_dim))] if head_dim > rotary else [])
+
+
 def decoder_layers(model):
     """The decoder layers of the five supported architectures."""
     base = getattr(model, "transformer", None) or getattr(model, "gpt_neox", None) or model.model

@@ -9,7 +9,7 @@ import torch
 import transformers
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from reference_scores import reference_swap_scores  # noqa: E402
+from reference_scores import channel_dims, reference_swap_scores  # noqa: E402
 
 from posym import geometry  # noqa: E402
 from posym.errors import PosymError  # noqa: E402
@@ -43,13 +43,6 @@ def _model(kind: str, seed: int = 0):
     return model
 
 
-def _channel_dims(pairing: str, rotary: int, head_dim: int) -> list[list[int]]:
-    """Dims of each RoPE plane (frequency order), then of the non-rotary rest."""
-    half = rotary // 2
-    planes = [[2 * m, 2 * m + 1] if pairing == "interleaved" else [m, m + half] for m in range(half)]
-    return planes + ([list(range(rotary, head_dim))] if head_dim > rotary else [])
-
-
 @pytest.mark.parametrize("kind", ["gptj", "gpt_neox", "llama"])
 def test_plane_scores_match_channel_loop(kind):
     """Channels sum to HF's own attention; every channel's scores equal the swap-by-swap reference
@@ -64,7 +57,7 @@ def test_plane_scores_match_channel_loop(kind):
         for layer in range(2):
             qk = head_qk(model, [ids], [layer])[layer]
             d, r = qk.q.shape[-1], qk.cos.shape[-1]
-            channels = _channel_dims(qk.pairing, r, d)
+            channels = channel_dims(qk.pairing, r, d)
 
             def rotated(x, at):
                 return rotate(x.double(), qk.cos[0, at].double(), qk.sin[0, at].double(), qk.pairing)

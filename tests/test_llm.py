@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from reference_scores import channel_dims, reference_swap_scores
 
 from posym import llm
 from posym.cli import main
@@ -359,61 +360,47 @@ def test_llm_scores_end_to_end(models, kind, prompts, tmp_path, capsys, monkeypa
         assert (out / name).stat().st_size > 0
 
 
-def _channel_dims(pairing: str, rotary: int, head_dim: int) -> list[list[int]]:
-    """Dims of each RoPE plane (frequency order) and then of the non-rotary rest."""
-    half = rotary // 2
-    planes = [[2 * m, 2 * m + 1] if pairing == "interleaved" else [m, m + half] for m in range(half)]
-    return planes + ([list(range(rotary, head_dim))] if head_dim > rotary else [])
-
-
-def _reference_channel_scores(logit, p: int, tau: float) -> tuple[float, float]:
-    """SPEC 3 by the letter: every swap i < j < p, its own softmax row, cosines, weights, sums."""
-    clean = torch.tensor([logit(a, a) for a in range(p + 1)], dtype=torch.float64)
-    d = torch.softmax(clean, 0)
-    weights, pos, sym = [], [], []
-    for i in range(p):
-        for j in range(i + 1, p):
-            new = clean.clone()
-            new[i], new[j] = logit(i, j), logit(j, i)  # position i now holds content j and vice versa
-            d2 = torch.softmax(new, 0)
-            v, v2 = torch.stack([d[i], d[j]]), torch.stack([d2[i], d2[j]])
-            weights.append(float((d[i] - d[j]).abs() / tau))
-            pos.append(float(torch.dot(v2, v) / (v2.norm() * v.norm())))
-            sym.append(float(torch.dot(v2, v.flip(0)) / (v2.norm() * v.norm())))
-    alpha = torch.softmax(torch.tensor(weights, dtype=torch.float64), 0)
-    return float(alpha @ torch.tensor(pos, dtype=torch.float64)), float(alpha @ torch.tensor(sym, dtype=torch.float64))
-
-
 @pytest.mark.parametrize("kind", ["llama", "neox", "gptj"])
-def test_plane_scores_match_the_loop_reference(models, kind):
-    """Channels sum to HF's own attention logits; each channel's scores equal the swap-by-swap loop."""
+def test_planes_match_the_loop_reference(models, kind, tmp_path):
+    """planes.parquet of llm-scores (heads in two layers, query at the name) is the prompt mean of each
+    channel's swap-by-swap reference scores and largest logit; the channels sum to HF's own logits."""
     from posym.scores import head_qk, rotate
 
     loaded = llm.load_model(models[kind], device="cpu")
-    ids = llm.encode(loaded, "Alice likes red . Bob likes blue . What colour does Alice like ?")
-    layer, head, p, tau = 1, 3, ids.shape[1] - 1, 1e-2
-    qk = head_qk(loaded.model, ids, [layer])[layer]
-    d, r = qk.q.shape[-1], qk.cos.shape[-1]
+    prompts, chosen, tau = llm.binding_prompts(2, seed=7), [(1, 3), (0, 1), (1, 0)], 1e-2
+    llm.write_scores(loaded, prompts, tmp_path, query="name", heads=chosen, tau=tau, settings={"seed": 0})
+    planes = pd.read_parquet(tmp_path / "planes.parquet")
+    expected = []
+    for prompt in prompts:
+        ids = llm.encode(loaded, prompt.text)
+        p = llm.query_position(loaded, prompt, "name")
+        with torch.no_grad():
+            attentions = loaded.model(input_ids=ids, output_attentions=True).attentions
+        for layer, head in chosen:
+            qk = head_qk(loaded.model, ids, [layer])[layer]
+            d, r = qk.q.shape[-1], qk.cos.shape[-1]
 
-    def rotated(x, at):
-        return rotate(x.double(), qk.cos[0, at].double(), qk.sin[0, at].double(), qk.pairing)
+            def rotated(x, at):
+                return rotate(x.double(), qk.cos[0, at].double(), qk.sin[0, at].double(), qk.pairing)
 
-    q_rot = rotated(qk.q[0, head, p], p)
-    channels = _channel_dims(qk.pairing, r, d)
-    with torch.no_grad():
-        attn = loaded.model(input_ids=ids, output_attentions=True).attentions[layer][0, head, p, : p + 1]
-    total = sum(torch.tensor([float(qk.scale * (q_rot[c] * rotated(qk.k[0, head, a], a)[c]).sum())
-                              for a in range(p + 1)], dtype=torch.float64) for c in channels)
-    torch.testing.assert_close(torch.softmax(total, 0), attn.double(), atol=1e-6, rtol=0)
-
-    fast = llm.plane_scores(loaded, ids, layer, head, p, tau=tau)
-    assert len(fast) == len(channels)
-    for c, row in zip(channels, fast.itertuples()):
-        def logit(at, content, c=c):  # this channel's logit of `content`'s key placed at position `at`
-            return float(qk.scale * (q_rot[c] * rotated(qk.k[0, head, content], at)[c]).sum())
-        s_pos, s_sym = _reference_channel_scores(logit, p, tau)
-        assert (row.s_pos, row.s_sym) == pytest.approx((s_pos, s_sym), abs=1e-9)
-    assert fast.frequency_id.tolist() == list(range(1, r // 2 + 1)) + ([0] if d > r else [])
+            q_rot = rotated(qk.q[0, head, p], p)
+            total = torch.zeros(p + 1, dtype=torch.float64)
+            for channel, dims in enumerate(channel_dims(qk.pairing, r, d)):
+                # swapped[a, b]: this channel's logit of the key of content b placed at position a
+                swapped = torch.tensor([[float(qk.scale * (q_rot[dims] * rotated(qk.k[0, head, b], a)[dims]).sum())
+                                         for b in range(p + 1)] for a in range(p + 1)], dtype=torch.float64)
+                ref = reference_swap_scores(swapped.diagonal(), swapped, tau=tau)
+                expected.append({"layer": layer, "head": head, "channel": channel, "s_pos": ref["s_pos"],
+                                 "s_sym": ref["s_sym"], "max_logit": float(swapped.diagonal().max())})
+                total += swapped.diagonal()
+            attn = attentions[layer][0, head, p, : p + 1].double()
+            torch.testing.assert_close(torch.softmax(total, 0), attn, atol=1e-6, rtol=0)
+    want = pd.DataFrame(expected).groupby(["layer", "head", "channel"]).mean().sort_index()
+    got = planes.set_index(["layer", "head", "channel"]).sort_index()
+    assert got.index.tolist() == want.index.tolist()
+    for column in ("s_pos", "s_sym", "max_logit"):
+        assert got[column].tolist() == pytest.approx(want[column].tolist(), abs=1e-9)
+    assert got.loc[(1, 3)].frequency_id.tolist() == list(range(1, r // 2 + 1)) + ([0] if d > r else [])
 
 
 def test_answer_token_falls_back_when_the_join_merges_tokens():

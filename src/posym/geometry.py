@@ -107,7 +107,8 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
         for start in range(0, len(group), batch_size):
             batch = group[start : start + batch_size]
             captured = head_qk(model, as_batch(model, [prompts[k] for k in batch]), layers)
-            theta = plane_angles(captured[layers[0]].cos[0], captured[layers[0]].sin[0], captured[layers[0]].pairing)
+            first = captured[layers[0]]
+            theta = plane_angles(first.cos[0], first.sin[0], first.pairing).cpu()  # [r/2]; tables live on the model's device
             jobs: dict[int, list[int]] = {}
             for row, k in enumerate(batch):
                 for p in wanted[k]:
@@ -131,8 +132,8 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
                             "channel": torch.arange(channels)[None, None].expand(shape).flatten(),
                             "frequency_id": ids[None, None].expand(shape).flatten(),
                             "frequency": freq[None, None].expand(shape).flatten(),
-                            "s_pos": res["s_pos"].flatten(), "s_sym": res["s_sym"].flatten(),
-                            "max_logit": clean.amax(-1).flatten(),
+                            "s_pos": res["s_pos"].flatten().cpu(), "s_sym": res["s_sym"].flatten().cpu(),
+                            "max_logit": clean.amax(-1).flatten().cpu(),
                         }))
             if progress is not None:
                 progress(len(batch))

@@ -484,47 +484,6 @@ def plot_heads(heads, r: float, stem: str | os.PathLike) -> list[Path]:
     return save_figure(fig, stem)
 
 
-# ---- per-frequency scores -----------------------------------------------------------------------
-
-
-def plane_scores(loaded: LoadedModel, input_ids, layer: int, head: int, query: int, *, tau: float = 1e-4):
-    """Scores of each RoPE plane of one head as its own 2-D head, plus the non-rotary dims as one channel.
-
-    Row m < rotary_dim/2 is plane m (frequency ID m + 1, ID 1 the fastest); the last row, when the
-    head has dims beyond rotary_dim, is the position-free channel. Logits of a channel are the part
-    of the head's logit it contributes, so the channels sum to the head's logits; each is scored with
-    `posym.scores.swap_scores` on its own softmax. `max_logit` is the largest logit the channel
-    alone gives the query over keys 0..query (the "frequency use" of SPEC 4). frequency_id 0 marks
-    the position-free channel.
-    """
-    import pandas as pd
-    import torch
-
-    from posym.scores import head_qk, pair_planes, rotate, swap_scores
-
-    qk = head_qk(loaded.model, input_ids, [layer])[layer]
-    n = query + 1
-    d, r = qk.q.shape[-1], qk.cos.shape[-1]
-    cos, sin = qk.cos[0, :n].double(), qk.sin[0, :n].double()  # [n, r]
-    q_rot = rotate(qk.q[0, head, query].double(), cos[query], sin[query], qk.pairing)  # [d]
-    # swapped[a, b] = q_rot . R_a k_b = (R_a^T q_rot) . k_b: one un-rotated query per key position a.
-    q_back = rotate(q_rot.expand(n, d), cos, sin, qk.pairing, inverse=True)  # [n, d]
-    keys = qk.k[0, head, :n].double()  # [n, d]
-    q_planes, k_planes = pair_planes(q_back, qk.pairing, r), pair_planes(keys, qk.pairing, r)  # [n, r/2, 2]
-    channels = [(m, m + 1) for m in range(r // 2)] + ([(None, 0)] if d > r else [])
-    rows = []
-    for m, frequency_id in channels:  # one [n, n] matrix at a time keeps memory at O(n^2)
-        if m is None:
-            swapped = qk.scale * q_back[:, r:] @ keys[:, r:].T  # [n(a), n(b)]: rotation-free
-        else:
-            swapped = qk.scale * q_planes[:, m] @ k_planes[:, m].T  # [n(a), n(b)]
-        out = swap_scores(swapped.diagonal(), swapped, tau=tau)
-        rows.append({"layer": layer, "head": head, "channel": len(rows), "frequency_id": frequency_id,
-                     "s_pos": float(out["s_pos"]), "s_sym": float(out["s_sym"]),
-                     "max_logit": float(swapped.diagonal().max())})
-    return pd.DataFrame(rows)
-
-
 # ---- command drivers ----------------------------------------------------------------------------
 
 
@@ -551,6 +510,14 @@ def parse_heads(text: str | None) -> list[tuple[int, int]]:
             raise PosymError(f"--heads wants LAYER.HEAD items like 3.1, got {item!r}")
         heads.append((int(layer), int(head)))
     return heads
+
+
+def _heads_by_layer(heads: list[tuple[int, int]]) -> dict[int, list[int]]:
+    """(layer, head) pairs -> {layer: [heads]} in ascending order."""
+    out: dict[int, list[int]] = {}
+    for layer, head in sorted(set(heads)):
+        out.setdefault(layer, []).append(head)
+    return out
 
 
 def prompt_set(name: str, *, text: str | None = None, n: int = 20, size: int = 12, seed: int = 0) -> list[Prompt]:
@@ -634,6 +601,7 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
     """
     import pandas as pd
 
+    from posym.geometry import plane_scores
     from posym.io import manifest, write_json, write_parquet
     from posym.scores import score_model, summarize
 
@@ -653,8 +621,9 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
     write_parquet(out_dir / "layers.parquet", layers)
     plot_heads(head_means, r, out_dir / "heads")
     if heads:
-        per_prompt = pd.concat([plane_scores(loaded, ids[k][None], layer, head, queries[k][0], tau=tau)
-                                for k in range(len(prompts)) for layer, head in heads])
+        # one pass per chosen layer scores all of its chosen heads (posym.geometry's channel engine)
+        per_prompt = pd.concat([plane_scores(loaded.model, ids, queries, layers=[layer], heads=chosen, tau=tau)
+                                for layer, chosen in _heads_by_layer(heads).items()])
         planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id"], as_index=False)[
             ["s_pos", "s_sym", "max_logit"]].mean()
         write_parquet(out_dir / "planes.parquet", planes)
