@@ -394,6 +394,11 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(config.seed)
 
+    def write_metrics() -> None:
+        frame = pd.DataFrame(rows)  # rows read back from posym.json have sorted keys: fix the order
+        first = ["step", "loss", "acc"] + [f"acc_hop{h}" for h in range(1, task.max_hops + 1)]
+        io.write_parquet(run_dir / "metrics.parquet", frame[first + sorted(set(frame.columns) - set(first))])
+
     def checkpoint(step: int, train_loss: float) -> dict:
         metrics = evaluate(model, task, config.eval_size, config.seed, "test", config.eval_batch_size)
         metrics = {"step": step, **metrics, "train_loss": train_loss, "time": time.time()}
@@ -411,9 +416,7 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
                     if s != step:  # a checkpoint rewritten at this step is the new one
                         (old / name).unlink(missing_ok=True)
         rows.append(metrics)
-        frame = pd.DataFrame(rows)  # rows read back from posym.json have sorted keys: fix the order
-        first = ["step", "loss", "acc"] + [f"acc_hop{h}" for h in range(1, task.max_hops + 1)]
-        io.write_parquet(run_dir / "metrics.parquet", frame[first + sorted(set(frame.columns) - set(first))])
+        write_metrics()
         hop_text = " ".join(f"{k[4:]}={v:.3f}" for k, v in metrics.items() if k.startswith("acc_hop"))
         log_lines.append(
             f"step {step} train_loss {train_loss:.4f} test_loss {metrics['loss']:.4f} "
@@ -430,6 +433,7 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
         last = checkpoint(0, float("nan"))
     else:
         last = rows[-1]
+        write_metrics()  # a kill between the latest checkpoint and metrics.parquet left it a row short
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
