@@ -261,7 +261,11 @@ def geometry_command(
 
     hf_logging.disable_progress_bar()
     config_json = path / "config.json"
-    kind = json.loads(config_json.read_text(encoding="utf-8")).get("model_type") if config_json.is_file() else "gptj"
+    try:
+        hf_config = json.loads(config_json.read_text(encoding="utf-8")) if config_json.is_file() else {"model_type": "gptj"}
+    except (OSError, json.JSONDecodeError):
+        raise PosymError(f"{config_json} is not valid JSON") from None
+    kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
     if kind == "gptj":
         hf_model, info = posym_model.load_model(path, step=step, device=device)
         task_config, run_dir = info["task_config"], info["run_dir"]

@@ -111,10 +111,10 @@ def load_model(
     except (OSError, ValueError, KeyError) as exc:
         raise PosymError(f"cannot load the tokenizer of {model_dir}: {str(exc).splitlines()[0]}") from None
     # weights_only=True: even with --allow-pickle, torch's restricted unpickler refuses code objects.
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtypes[dtype], attn_implementation="eager",
-        use_safetensors=safetensors, weights_only=True,
-    )
+    from posym.model import from_pretrained
+
+    model = from_pretrained(AutoModelForCausalLM, model_dir, dtype=dtypes[dtype], attn_implementation="eager",
+                            use_safetensors=safetensors, weights_only=True)
     model.eval().to(device)
     max_positions = getattr(model.config, "max_position_embeddings", None) or config.get("n_positions")
     return LoadedModel(model, tokenizer, Path(model_dir).name, config["model_type"], int(max_positions), device)

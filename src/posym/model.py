@@ -188,6 +188,18 @@ def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path,
     return by_step[step], path
 
 
+def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
+    """`loader.from_pretrained(path, **kwargs)`, a broken weights file (bad safetensors header, truncated or
+    missing tensors) answered with one PosymError line naming `path` (shared by posym.model and posym.llm)."""
+    from safetensors import SafetensorError
+
+    try:
+        return loader.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PosymError(f"cannot load the model in {path}: {first}") from None
+
+
 def load_model(
     path: str | Path,
     *,
@@ -205,7 +217,6 @@ def load_model(
     (ModelConfig or None), "metrics" (dict or None)}.
     """
     import torch
-    from safetensors import SafetensorError
     from transformers import GPTJForCausalLM
 
     from transformers.utils import logging as hf_logging
@@ -222,18 +233,12 @@ def load_model(
         kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
         raise PosymError(f"{ckpt} is not a GPT-J model (model_type {kind!r}); posym analyses GPT-J checkpoints")
     if not (ckpt / "model.safetensors").is_file():
-        raise PosymError(f"{ckpt} has no model.safetensors (posym never loads pickled weights)")
-    try:
-        model = GPTJForCausalLM.from_pretrained(
-            ckpt,
-            use_safetensors=True,
-            local_files_only=True,
-            attn_implementation=attn_implementation,
-            dtype=dtype if dtype is not None else torch.float32,
-        )
-    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PosymError(f"cannot load the model in {ckpt}: {first}") from None
+        pickled = " (only pickle *.bin weights, which posym refuses: unpickling can run arbitrary code)" if any(
+            ckpt.glob("*.bin")) else ""
+        raise PosymError(f"{ckpt} has no model.safetensors{pickled}; posym reads safetensors weights only")
+    model = from_pretrained(GPTJForCausalLM, ckpt, use_safetensors=True, local_files_only=True,
+                            attn_implementation=attn_implementation,
+                            dtype=dtype if dtype is not None else torch.float32)
     model.to(device).eval()
 
     meta = read_checkpoint_meta(ckpt)
