@@ -233,9 +233,9 @@ def load_model(
         kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
         raise PosymError(f"{ckpt} is not a GPT-J model (model_type {kind!r}); posym analyses GPT-J checkpoints")
     if not (ckpt / "model.safetensors").is_file():
-        pickled = " (only pickle *.bin weights, which posym refuses: unpickling can run arbitrary code)" if any(
-            ckpt.glob("*.bin")) else ""
-        raise PosymError(f"{ckpt} has no model.safetensors{pickled}; posym reads safetensors weights only")
+        pickled = " (only pickle *.bin weights)" if any(ckpt.glob("*.bin")) else ""
+        raise PosymError(f"{ckpt} has no model.safetensors{pickled}; posym never loads pickled weights, because "
+                         "unpickling a file can run arbitrary code")
     model = from_pretrained(GPTJForCausalLM, ckpt, use_safetensors=True, local_files_only=True,
                             attn_implementation=attn_implementation,
                             dtype=dtype if dtype is not None else torch.float32)
