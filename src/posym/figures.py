@@ -1,7 +1,9 @@
-"""Figures of the dynamics and geometry analyses (headless matplotlib, PNG + SVG, atomic writes).
+"""Figures of the dynamics and geometry analyses, and the package's one figure writer.
 
-Every function takes tables (the DataFrames `posym.dynamics` / `posym.geometry` write) and a path
-stem, writes stem.png and stem.svg, and returns their paths, so reports can rebuild any figure from
+`pyplot()` gives headless matplotlib and `save_figure(fig, stem)` writes stem.png and stem.svg
+atomically; every module that draws (llm, bench, theory, lengthgen, ...) saves through it. The plot
+functions here take tables (the DataFrames `posym.dynamics` / `posym.geometry` write) and a path
+stem, write stem.png and stem.svg, and return their paths, so reports can rebuild any figure from
 the Parquet files alone.
 """
 
@@ -11,7 +13,8 @@ import os
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,15 +23,23 @@ def _pyplot():
     return plt
 
 
-def _save(fig, stem) -> list[Path]:
-    from posym.llm import save_figure  # the one PNG + SVG atomic writer of the package
+def save_figure(fig, stem: str | os.PathLike, *, dpi: int = 120) -> list[Path]:
+    """Write `fig` as stem.png and stem.svg atomically (tight bounding box), close it, return the paths."""
+    from posym.io import atomic_path
 
-    return save_figure(fig, stem)
+    paths = []
+    for fmt in ("png", "svg"):
+        path = Path(f"{stem}.{fmt}")
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+        paths.append(path)
+    pyplot().close(fig)
+    return paths
 
 
 def plot_accuracy(table, max_step: int, stem: str | os.PathLike) -> list[Path]:
     """Fig. 2A: test accuracy overall and per hop count over steps, a vertical line at max accuracy."""
-    plt = _pyplot()
+    plt = pyplot()
     acc = table.groupby("step").first().sort_index()
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     ax.plot(acc.index, acc.acc, "k-", lw=2, label="all hops")
@@ -37,12 +48,12 @@ def plot_accuracy(table, max_step: int, stem: str | os.PathLike) -> list[Path]:
     ax.axvline(max_step, color="grey", ls="--", label=f"max accuracy (step {max_step})")
     ax.set(xlabel="training step", ylabel="test accuracy", ylim=(-0.02, 1.02))
     ax.legend(fontsize=8)
-    return _save(fig, stem)
+    return save_figure(fig, stem)
 
 
 def plot_layer_scores(table, max_step: int, stem: str | os.PathLike, *, title: str = "") -> list[Path]:
     """Fig. 2B / 6: s_pos, s_sym and normalised entropy over steps, one panel per (layer, head)."""
-    plt = _pyplot()
+    plt = pyplot()
     heads = list(table.groupby(["layer", "head"]))
     cols = min(4, len(heads))
     rows = -(-len(heads) // cols)
@@ -63,13 +74,13 @@ def plot_layer_scores(table, max_step: int, stem: str | os.PathLike, *, title: s
         ax.set_xlabel("step")
     if title:
         fig.suptitle(title)
-    return _save(fig, stem)
+    return save_figure(fig, stem)
 
 
 def plot_purity(counts, max_step: int, stem: str | os.PathLike) -> list[Path]:
     """Fig. 7: cumulative counts of heads pure for good (positional, symbolic) over steps, per gamma,
     at hop queries (solid) and the last token (dotted)."""
-    plt = _pyplot()
+    plt = pyplot()
     gammas = sorted(counts.gamma.unique(), reverse=True)
     fig, axes = plt.subplots(1, len(gammas), figsize=(5 * len(gammas), 3.4), sharey=True, squeeze=False)
     for ax, gamma in zip(axes[0], gammas):
@@ -81,7 +92,7 @@ def plot_purity(counts, max_step: int, stem: str | os.PathLike) -> list[Path]:
         ax.set(title=f"gamma = {gamma}", xlabel="step")
     axes[0, 0].set_ylabel("pure heads (cumulative)")
     axes[0, 0].legend(fontsize=7)
-    return _save(fig, stem)
+    return save_figure(fig, stem)
 
 
 def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None) -> list[Path]:
@@ -89,7 +100,7 @@ def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None) 
     frequency ID per layer beside the paper's Table 1 (`paper`: one number per layer) if given."""
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     rotary = channels[channels.frequency_id > 0]
     grid = rotary.groupby(["layer", "frequency_id"]).use.mean().unstack("frequency_id")  # [layers, planes]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.35 * len(grid) + 2.5), width_ratios=[3, 1.3])
@@ -107,12 +118,12 @@ def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None) 
     right.set(xlabel="weighted frequency ID", ylabel="layer", xlim=(0, top + 1))
     right.yaxis.get_major_locator().set_params(integer=True)
     right.legend(fontsize=8)
-    return _save(fig, stem)
+    return save_figure(fig, stem)
 
 
 def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> list[Path]:
     """Fig. 4B: pre-rotation queries and keys of one prompt on one plane, labelled by token."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 5))
     for role, marker, color, name in (("key", "s", "tab:orange", "keys"), ("query", "o", "tab:blue", "queries")):
         g = projection[projection.role == role]
@@ -128,4 +139,4 @@ def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> l
     ax.set(title=f"layer {first.layer} head {first['head']}, plane ID {first.frequency_id} (before rotation)",
            xlabel="plane coordinate 1", ylabel="plane coordinate 2")
     ax.legend(fontsize=8)
-    return _save(fig, stem)
+    return save_figure(fig, stem)

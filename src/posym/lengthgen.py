@@ -205,13 +205,9 @@ def measure(model, task: TaskConfig, lengths: list[int], config: LengthGenConfig
 def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
     """Fig. 5B: accuracy vs length per hop (log x, the discrepancy bound on the right axis) and, for
     the seed protocol, retention vs length factor per hop. PNG + SVG; returns the paths."""
-    import matplotlib
+    from posym.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from posym.io import atomic_path
-
+    plt = pyplot()
     protocols = [p for p in ("paper", "seed") if (table["protocol"] == p).any()]
     fig, axes = plt.subplots(1, len(protocols), figsize=(5.5 * len(protocols), 4), squeeze=False)
     hops = [ALL_HOPS, *range(1, task.max_hops + 1)]
@@ -251,14 +247,7 @@ def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
         ax.legend(loc="best", fontsize=7)
     fig.suptitle(title or f"{task.task} task: length generalization", fontsize=10)
     fig.tight_layout()
-    paths = []
-    for ext in ("png", "svg"):
-        path = f"{path_stem}.{ext}"
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=ext, dpi=150)
-        paths.append(path)
-    plt.close(fig)
-    return paths
+    return [str(path) for path in save_figure(fig, path_stem, dpi=150)]
 
 
 def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None = None,

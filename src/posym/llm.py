@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from posym.errors import PosymError
+from posym.figures import pyplot, save_figure
 
 # Model types whose Hugging Face implementation applies rotary embeddings inside attention.
 ROPE_MODEL_TYPES = ("gptj", "gpt_neox", "llama", "mistral", "qwen2")
@@ -407,29 +408,9 @@ def bench_table(summary, label: str) -> str:
 # ---- figures ------------------------------------------------------------------------------------
 
 
-def save_figure(fig, stem: str | os.PathLike) -> list[Path]:
-    """Write `fig` as stem.png and stem.svg atomically and close it."""
-    import matplotlib.pyplot as plt
-
-    from posym.io import atomic_path
-
-    paths = []
-    for fmt in ("png", "svg"):
-        path = Path(f"{stem}.{fmt}")
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=120, bbox_inches="tight")
-        paths.append(path)
-    plt.close(fig)
-    return paths
-
-
 def plot_bench(summary, label: str, stem: str | os.PathLike) -> list[Path]:
     """Accuracy vs target-window size per task, ours with std bars, the paper's models dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for k, (ax, task) in enumerate(zip(axes, ("number", "letter"))):
         ours = summary[summary.task == task].sort_values("size")
@@ -462,12 +443,9 @@ def layer_summary(heads) -> tuple[Any, float]:
 
 def plot_heads(heads, r: float, stem: str | os.PathLike) -> list[Path]:
     """Layer x head heatmaps of s_pos and s_sym, and the positional-symbolic plane (one dot per head)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = pyplot()
     n_layers, n_heads = int(heads.layer.max()) + 1, int(heads["head"].max()) + 1
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1, 1, 1.1]})
     for ax, key in zip(axes, ("s_pos", "s_sym")):
@@ -573,11 +551,7 @@ def write_bench(judge, out_dir, *, label: str, tasks, sizes, runs: int, n: int, 
 
 def plot_planes(planes, stem: str | os.PathLike) -> list[Path]:
     """Per chosen head: s_pos and s_sym of every RoPE plane vs frequency ID (x = 0: position-free dims)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     chosen = list(planes.groupby(["layer", "head"]))
     fig, axes = plt.subplots(len(chosen), 1, figsize=(8, 2.6 * len(chosen)), squeeze=False)
     for ax, ((layer, head), rows) in zip(axes[:, 0], chosen):

@@ -568,13 +568,9 @@ def summarize(rows: list[dict], n0: list[int]) -> list[dict]:
 
 def plot_discrepancy(curves: list[dict], path_stem) -> list:
     """Fig. 5A: measured Delta(n) and Theorem 3.2's bounds, one panel per theta; PNG + SVG."""
-    import matplotlib
+    from posym.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from posym.io import atomic_path
-
+    plt = pyplot()
     thetas = sorted({r["theta"] for r in curves if r["theta"] > 0}, reverse=True)
     fig, axes = plt.subplots(1, len(thetas), figsize=(5 * len(thetas), 3.8), squeeze=False)
     for ax, theta in zip(axes[0], thetas):
@@ -592,14 +588,7 @@ def plot_discrepancy(curves: list[dict], path_stem) -> list:
                title=f"theta = {theta:.4g}")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    paths = []
-    for ext in ("png", "svg"):
-        path = f"{path_stem}.{ext}"
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=ext, dpi=150)
-        paths.append(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, path_stem, dpi=150)
 
 
 def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
