@@ -235,9 +235,9 @@ def test_cli_geometry_on_a_hugging_face_llama_dir(tmp_path, monkeypatch, capsys)
     import json
 
     import pandas as pd
-    import test_llm  # its tiny-model-with-tokenizer writer; imported as a module so no tests are collected
+    from tiny_llms import save_model, tokenizer
 
-    model_dir = test_llm._save(tmp_path / "llama", "llama", test_llm._tokenizer())
+    model_dir = save_model(tmp_path / "llama", "llama", tokenizer())
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": list(range(3, 3 + n))}) + "\n" for n in (9, 12)))
     assert _cli(monkeypatch, "geometry", model_dir, "--prompts", prompts, "--out", tmp_path / "out") == 0

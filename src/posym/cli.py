@@ -469,20 +469,20 @@ def llm_bench_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-bench/<model>)."),
 ) -> None:
     """Appendix H accuracy (1-hop number/letter tasks, 3 worked examples) with the paper's Table 3 beside."""
-    from posym import llm
+    from posym import bench, llm
 
-    judge, label = llm.make_judge(model_dir, base_url=base_url, model_name=model_name,
-                                  api_key_env=api_key_env, timeout_s=timeout, retries=retries,
-                                  device=device, dtype=dtype, allow_pickle=allow_pickle)
+    judge, label = bench.make_judge(model_dir, base_url=base_url, model_name=model_name,
+                                    api_key_env=api_key_env, timeout_s=timeout, retries=retries,
+                                    device=device, dtype=dtype, allow_pickle=allow_pickle)
     task_list = llm.parse_list(tasks, str)
-    size_list = llm.parse_list(sizes, int) if sizes else list(llm.BENCH_SIZES)
+    size_list = llm.parse_list(sizes, int) if sizes else list(bench.BENCH_SIZES)
     out = out or Path("runs") / "llm-bench" / label
     settings = {"model": label, "tasks": task_list, "sizes": size_list, "runs": runs, "n": n,
                 "base_url": base_url, "dtype": dtype}
     bar, advance = _progress_bar(len(task_list) * len(size_list) * runs * n, "asking questions")
     with bar:
-        table = llm.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
-                                settings=settings, progress=advance)
+        table = bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
+                                  settings=settings, progress=advance)
     print(table)
 
 

@@ -1,0 +1,198 @@
+"""posym.bench and the llm-bench command: Appendix H prompts, the local and endpoint judges, Table 3.
+
+Models are tiny random-init Hugging Face directories (tests/tiny_llms.py). The endpoint client is
+exercised against a real HTTP server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tiny_llms import run_cli, save_model, tokenizer
+
+from posym import bench, llm
+from posym.errors import PosymError
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    words = tokenizer()
+    return {kind: save_model(root / kind, kind, words) for kind in ("llama", "gptj")}
+
+
+# ---- prompts ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["number", "letter"])
+def test_bench_prompts_answer_is_the_one_hop_target(task):
+    """Re-solve every puzzle and worked example from its text alone (the obvious reference)."""
+    for prompt in bench.bench_prompts(task, 24, 10, seed=2):
+        blocks = prompt.text.split("\n\n")
+        assert len(blocks) == 5 and blocks[-1].startswith("Puzzle: ") and blocks[-1].endswith("Answer:")
+        cases = [(b.split("\n")[0].split(": ")[1], b.split("Answer: ")[1]) for b in blocks[1:4]]
+        cases.append((blocks[-1].split("\n")[0].split(": ")[1], prompt.answer))
+        for line, answer in cases:
+            tokens = line.split()
+            assert len(tokens) == 24 + 8 + 1
+            if task == "number":
+                expected = tokens[len(tokens) - 1 - int(tokens[-1])]
+            else:
+                expected, = [t for t in tokens[:-1] if t[0] == tokens[-1][1]]
+            assert expected == answer
+
+
+# ---- judges: local model and OpenAI-compatible endpoint ---------------------------------------
+
+
+def test_answer_token_and_greedy_match_generate(models):
+    """local_correct's argmax equals HF generate's first greedy token (the obvious reference)."""
+    loaded = llm.load_model(models["gptj"], device="cpu")
+    for prompt in bench.bench_prompts("letter", 12, 3, seed=1):
+        target = bench.answer_token(loaded.tokenizer, prompt.text, prompt.answer)
+        assert loaded.tokenizer.decode([target]) == prompt.answer
+        correct, predicted = bench.local_correct(loaded, prompt)
+        ids = llm.encode(loaded, prompt.text)
+        greedy = loaded.model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)[0, -1]
+        assert predicted == loaded.tokenizer.decode([int(greedy)])
+        assert correct == (int(greedy) == target)
+
+
+def test_bench_summary_table_and_screening():
+    frame = pd.DataFrame({
+        "task": ["letter"] * 6 + ["number"] * 2, "size": [16] * 6 + [12] * 2,
+        "run": [0, 0, 0, 1, 1, 1, 0, 0], "correct": [1, 1, 1, 1, 0, 0, 1, 0],
+    })
+    summary = bench.bench_summary(frame).set_index(["task", "size"])
+    assert summary.loc[("letter", 16), "acc_mean"] == pytest.approx((1 + 1 / 3) / 2)
+    assert summary.loc[("letter", 16), "acc_std"] == pytest.approx(np.std([1, 1 / 3]))
+    assert summary.loc[("letter", 16), "per_run"] == 3 and summary.loc[("number", 12), "runs"] == 1
+    screen = bench.screening(summary.reset_index())
+    assert screen["passes"] is False and screen["accuracy"] == pytest.approx(2 / 3)
+    table = bench.bench_table(summary.reset_index(), "tiny")
+    assert "| 12 | 0.50 ± 0.00 |  | 0.98 / 0.96 | 0.55 / 0.87 | 0.40 / 0.92 |" in table
+    assert "fails (reported, not applied)" in table
+
+
+class _Server:
+    """A local OpenAI-compatible chat/completions server answering with a tiny model's greedy token.
+
+    mode: "model" (answer), "sleep" (reply after `delay` s), "500", "401" (the error body echoes the
+    Authorization header, so a leak of the key into posym's message would show).
+    """
+
+    def __init__(self, loaded, mode="model", delay=0.0):
+        outer = self
+        self.loaded, self.mode, self.delay, self.hits = loaded, mode, delay, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def do_POST(self):
+                outer.hits += 1
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path != "/v1/chat/completions":
+                    return self._send(404, {"error": "not found"})
+                if outer.mode == "401":
+                    return self._send(401, {"error": f"bad key {self.headers.get('Authorization')}"})
+                if outer.mode == "500":
+                    return self._send(500, {"error": "boom"})
+                if outer.mode == "sleep":
+                    time.sleep(outer.delay)
+                text = body["messages"][0]["content"]
+                ids = llm.encode(outer.loaded, text)
+                with torch.no_grad():
+                    token = int(outer.loaded.model(input_ids=ids).logits[0, -1].argmax())
+                reply = outer.loaded.tokenizer.decode([token])
+                self._send(200, {"choices": [{"message": {"role": "assistant", "content": reply + "."}}]})
+
+            def _send(self, code, obj):
+                data = json.dumps(obj).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_endpoint_bench_equals_local_bench(models, tmp_path, capsys, monkeypatch):
+    """The same tiny model answers through HTTP and locally: identical predictions, both via the CLI."""
+    loaded = llm.load_model(models["llama"], device="cpu")
+    server = _Server(loaded)
+    monkeypatch.setenv("TINY_KEY", "sk-secret-123")
+    common = ["--sizes", "12,16", "--runs", 2, "--n", 3]
+    try:
+        code, out, err = run_cli(["llm-bench", "--base-url", server.url, "--model-name", "tiny/llama",
+                                  "--api-key-env", "TINY_KEY", "--out", tmp_path / "http", *common],
+                                 capsys, monkeypatch)
+    finally:
+        server.close()
+    assert code == 0, err
+    code, out, err = run_cli(["llm-bench", models["llama"], "--device", "cpu", "--out", tmp_path / "local",
+                              *common], capsys, monkeypatch)
+    assert code == 0, err
+    http = pd.read_parquet(tmp_path / "http" / "bench.parquet")
+    local = pd.read_parquet(tmp_path / "local" / "bench.parquet")
+    assert len(local) == 2 * 2 * 2 * 3 and server.hits == len(http)
+    assert http.predicted.tolist() == local.predicted.tolist()
+    assert http.correct.tolist() == local.correct.tolist()
+    for name in ("summary.parquet", "table.md", "bench.png", "bench.svg", "manifest.json"):
+        assert (tmp_path / "local" / name).is_file() and (tmp_path / "http" / name).is_file()
+    assert "GPT-5.4 (paper)" in (tmp_path / "local" / "table.md").read_text()
+    for path in (tmp_path / "http").iterdir():
+        assert b"sk-secret-123" not in path.read_bytes()
+
+
+@pytest.mark.parametrize("mode,expect,hits", [("401", "HTTP 401", 1), ("500", "HTTP 500", 3), ("sleep", "no reply", 3)])
+def test_endpoint_errors_are_clear_and_keep_the_key_secret(models, mode, expect, hits, monkeypatch):
+    server = _Server(llm.load_model(models["llama"], device="cpu"), mode=mode, delay=1.0)
+    monkeypatch.setenv("TINY_KEY", "sk-secret-123")
+    endpoint = bench.Endpoint(server.url, "tiny", "TINY_KEY", timeout_s=0.3, retries=2, backoff_s=0.01)
+    try:
+        with pytest.raises(PosymError) as caught:
+            bench.chat(endpoint, "Alice likes")
+    finally:
+        time.sleep(0.05 if mode != "sleep" else 1.0)  # let sleeping handlers finish before shutdown
+        server.close()
+    message = str(caught.value)
+    assert expect in message and "sk-secret-123" not in message
+    assert f"after {hits} attempt" in message and server.hits == hits
+
+
+def test_endpoint_needs_its_key_variable(monkeypatch, capsys):
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    code, _, err = run_cli(["llm-bench", "--base-url", "http://127.0.0.1:9/v1", "--model-name", "m",
+                            "--api-key-env", "NO_SUCH_KEY_VAR"], capsys, monkeypatch)
+    assert code == 2 and "NO_SUCH_KEY_VAR" in err
+
+
+def test_answer_token_falls_back_when_the_join_merges_tokens():
+    """A word tokenizer that fuses a word ending in ':' with the next word: the answer is encoded alone."""
+    class Fused:
+        def __call__(self, text, add_special_tokens=True):
+            words = text.replace(": ", ":").split()
+            return type("Encoding", (), {"input_ids": [sum(map(ord, w)) * 10 + len(w) for w in words]})()
+
+    [b] = Fused()("b").input_ids
+    assert len(Fused()("Answer: b").input_ids) == 1  # the join fused prompt end and answer
+    assert bench.answer_token(Fused(), "Answer:", "b") == b
+    assert bench.answer_token(Fused(), "Answer", "b") == b  # clean join: the token after the prompt
