@@ -552,6 +552,120 @@ def report_command(
     print(f"report: {html_path}")
 
 
+# ---- commands: ablate / finetune -----------------------------------------------------------------
+
+_HEADS_HELP = ("Heads to intervene on; repeat for several conditions: 'positional', 'symbolic' or 'mixed' (labels "
+               "from the checkpoint's own scores at hop queries, gamma --gamma), 'each' (every layer on its own) "
+               "or indices 'L.H,L.H' ('L' = all heads of layer L).")
+
+
+def _condition_table(table, title: str, extra: dict | None = None):
+    """A rich table: one row per condition, accuracy per hop at the training length and per length."""
+    from rich.table import Table
+
+    keys = [c for c in ("condition", "mode") if c in table.columns]
+    hops = sorted(c for c in table.columns if c.startswith("acc_hop"))
+    lengths = sorted(table["length"].unique())
+    view = Table(title=title)
+    for col in [*keys, "heads", *(h.replace("acc_", "") for h in hops),
+                *(f"acc@{k}" for k in lengths), *(extra or {}).get("columns", [])]:
+        view.add_column(col, justify="left" if col in ("condition", "mode", "heads") else "right")
+    for key, rows in table.groupby(keys, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        by_length = rows.set_index("length")
+        first = by_length.loc[lengths[0]]
+        more = (extra or {}).get("rows", {}).get(key[0], ["-"] * len((extra or {}).get("columns", [])))
+        names = str(first["heads"]).split()
+        view.add_row(*map(str, key), " ".join(names) if len(names) <= 3 else f"{len(names)} heads", *(f"{first[h]:.3f}" for h in hops),
+                     *(f"{by_length.loc[k, 'acc']:.3f}" for k in lengths), *more)
+    return view
+
+
+@app.command("ablate")
+def ablate_command(
+    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step) or a checkpoint directory."),
+    heads: list[str] = typer.Option(..., "--heads", help=_HEADS_HELP),
+    mode: Optional[list[str]] = typer.Option(None, "--mode", help="zero (head output := 0) and/or mean (:= its mean "
+                                             "output on train data); repeat for both (default both)."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step in a run directory."),
+    factors: str = typer.Option("1,2,4", help="Lengths to evaluate, as comma-separated multiples of the training "
+                                "length (extra target-window tokens, as posym lengthgen)."),
+    n: int = typer.Option(1000, "--n", help="Test sequences per length."),
+    gamma: float = typer.Option(0.1, help="Purity threshold of the positional/symbolic labels (paper: 0.1)."),
+    n_prompts: int = typer.Option(100, help="Test prompts the labels are scored on."),
+    seed: int = typer.Option(0, help="Seed of the test data, the label prompts and the mean-ablation data."),
+    save: Optional[Path] = typer.Option(None, help="Also save the pruned model (one --heads, one --mode) as a plain "
+                                        "GPT-J checkpoint: zero = out_proj columns zeroed, mean = also folded into "
+                                        "the layer's MLP output bias."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Output directory for ablation.parquet/json/png/svg (default: "
+                                       "PATH/ablation)."),
+) -> None:
+    """Ablate heads (zero or mean) and compare accuracy per hop and across lengths with the intact model."""
+    from rich.console import Console
+    from rich.status import Status
+    from transformers.utils import logging as hf_logging
+
+    from posym.interventions_run import run_ablation
+    from posym.llm import parse_list
+
+    hf_logging.disable_progress_bar()
+    out = out or Path(path) / "ablation"
+    with Status("scoring heads") as status:
+        result = run_ablation(path, heads, out, modes=tuple(mode or ("zero", "mean")), step=step,
+                              factors=parse_list(factors, int), n=n, seed=seed, n_prompts=n_prompts, gamma=gamma,
+                              save=save, device=device, progress=lambda text: status.update(f"evaluating {text}"))
+    console = Console()
+    console.print(_condition_table(result["table"], f"{result['task']} task, step {result['step']}: ablation"))
+    for spec in result["skipped"]:
+        console.print(f"no head is labelled {spec!r} at gamma {gamma}: condition skipped")
+    if "saved" in result:
+        console.print(f"pruned model: {result['saved']}")
+    console.print(f"wrote {out}/ablation.parquet, ablation.json, ablation.png/svg")
+
+
+@app.command("finetune")
+def finetune_command(
+    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step) or one of its checkpoints."),
+    freeze: list[str] = typer.Option(["none"], "--freeze", help="Heads kept frozen, one fine-tune per value: 'none' "
+                                     "(train everything, the reference) or any --heads value of posym ablate."),
+    steps: int = typer.Option(300, help="Fine-tuning steps per condition (linear decay from --lr to 0)."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate (default: the run's)."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step to start from (default: the latest)."),
+    factors: str = typer.Option("1,2,4", help="Lengths to evaluate, as multiples of the training length."),
+    n: int = typer.Option(1000, "--n", help="Test sequences per length."),
+    gamma: float = typer.Option(0.1, help="Purity threshold of the positional/symbolic labels."),
+    seed: int = typer.Option(0, help="Seed of the test data and the label prompts."),
+    save_models: bool = typer.Option(False, help="Also save each fine-tuned model under OUT/models/."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default: PATH/finetune)."),
+) -> None:
+    """Continue training with chosen heads frozen (their q/k/v rows and out_proj columns never change) and
+    compare accuracy, length generalization, steps/s and trainable parameters across conditions."""
+    from rich.console import Console
+    from rich.status import Status
+    from transformers.utils import logging as hf_logging
+
+    from posym.interventions_run import run_finetune
+    from posym.llm import parse_list
+
+    hf_logging.disable_progress_bar()
+    out = out or Path(path) / "finetune"
+    with Status("scoring heads") as status:
+        result = run_finetune(path, freeze, out, step=step, steps=steps, lr=lr, factors=parse_list(factors, int),
+                              n=n, seed=seed, gamma=gamma, save_models=save_models, device=device,
+                              progress=lambda text: status.update(text))
+    costs = {k: [f"{c['steps_per_s']:.1f}", f"{c['trainable_params']:,}", str(c["frozen_unchanged"])]
+             for k, c in result["costs"].items()}
+    extra = {"columns": ["steps/s", "trainable", "frozen unchanged"], "rows": costs}
+    console = Console()
+    console.print(_condition_table(result["table"], f"{result['task']} task, from step {result['step']}: "
+                                   f"+{steps} steps", extra))
+    for spec in result["skipped"]:
+        console.print(f"no head is labelled {spec!r} at gamma {gamma}: condition skipped")
+    console.print(f"wrote {out}/finetune.parquet, finetune.json, finetune.png/svg")
+
+
 def main() -> None:
     """Console-script entry point: run the app, answering bad input with one line and exit 2."""
     try:

@@ -38,7 +38,13 @@ class ModelConfig:
     rotary_dim: int | None = None
     """Head dimensions that RoPE rotates (even, <= head dim); None rotates all of them, as the paper."""
     rope_base: float = 10000.0
-    """RoPE base; GPT-J hard-codes 10,000 (frequencies base^(-2(k-1)/rotary_dim)), only that is accepted."""
+    """RoPE base (frequencies base^(-2(k-1)/rotary_dim)); GPT-J hard-codes 10,000, so another base is a
+    posym variant (posym.rope) that plain transformers loading ignores."""
+    rope_bands: list[list[int]] | None = None
+    """RoPE variant: inclusive [first, last] frequency IDs (1 = fastest) that rotate, one band for every
+    layer or one per layer; other planes get no rotation. None rotates every plane (see posym.rope)."""
+    nope_from: int | None = None
+    """RoPE variant: layers with index >= nope_from get no rotation at all (NoPE); None = RoPE everywhere."""
     n_positions: int = 8192
     """Longest sequence the rotary table covers; RoPE has no learned positions, so this is free and
     only bounds length-generalization experiments (the paper goes to ~5,000 tokens)."""
@@ -64,8 +70,9 @@ class ModelConfig:
             raise PosymError(
                 f"model.rotary_dim must be an even number between 2 and the head dimension {self.head_dim}, got {rot}"
             )
-        if self.rope_base != 10000.0:
-            raise PosymError("model.rope_base must be 10000: Hugging Face GPT-J hard-codes it")
+        from posym.rope import check_variant
+
+        check_variant(self)
         if not 0.0 <= self.dropout < 1.0:
             raise PosymError(f"model.dropout must be in [0, 1), got {self.dropout}")
         from transformers.activations import ACT2FN
@@ -130,6 +137,9 @@ def build_model(config: ModelConfig, vocab_size: int, seed: int, *, attn_impleme
         model.set_attn_implementation(attn_implementation)
     except ValueError:  # transformers < 5.2x has no SDPA path for GPT-J: keep eager (same maths)
         model.set_attn_implementation("eager")
+    from posym.rope import apply_variant
+
+    apply_variant(model, config)
     return model.train()
 
 
@@ -248,6 +258,9 @@ def load_model(
 
         task_config = from_dict(TaskConfig, meta.get("task"), where=f"{ckpt / CHECKPOINT_META}: task")
         model_config = from_dict(ModelConfig, meta.get("model"), where=f"{ckpt / CHECKPOINT_META}: model")
+        from posym.rope import apply_variant
+
+        apply_variant(model, model_config)  # RoPE variants live in posym.json, not in config.json
     match = _CHECKPOINT_RE.match(ckpt.name)
     info = {
         "path": ckpt,

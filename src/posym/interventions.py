@@ -1,0 +1,221 @@
+"""Interventions on heads: ablation (and pruned checkpoints) and freezing during fine-tuning.
+
+Head h of a GPT-J layer owns dims [h*d, (h+1)*d) (d = head dim) of the attention output, i.e. the
+input of `out_proj`: rows of q_proj/k_proj/v_proj and columns of out_proj.
+
+- Zero-ablation sets that head's slice of the out_proj input to 0; mean-ablation sets it to the
+  head's mean output over reference data (train-split samples, every position, so one vector per
+  head that applies at any length). Both run as a forward pre-hook on out_proj (`ablated`).
+- Saving (`fold_ablation`): zero-ablation = zeroing the head's out_proj columns. GPT-J's out_proj has
+  no bias, but the block adds attention output, MLP output and residual, and `mlp.fc_out` HAS a
+  bias, so mean-ablation folds exactly into that layer's fc_out bias (+= W_O[:, head] @ mean) with
+  the columns zeroed. Both give a plain GPT-J checkpoint any `transformers` loads, equal to the hooked
+  model in eval mode (with dropout in train mode the folded constant skips attention dropout).
+- Freezing (`HeadFreezer`): gradient hooks zero the head's q/k/v rows and out_proj columns (so clipping
+  and Adam moments never see them), and after every optimizer step the frozen slices are copied back
+  (AdamW's decoupled weight decay moves weights even at zero gradient): they stay bit-identical.
+
+Which heads: "positional" / "symbolic" / "mixed" pick by the label of `posym.scores.summarize`
+(scores at every hop query of test prompts of the checkpoint itself), "L.H,L.H" by index, "L" = every
+head of layer L. The experiment drivers (ablation table, fine-tune comparison) are in
+`posym.interventions_run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Iterator
+
+import torch
+
+from posym.errors import PosymError
+
+Head = tuple[int, int]
+"""(layer, head) index of one attention head."""
+LABELS = ("positional", "symbolic", "mixed", "uniform")
+_INDEX_RE = re.compile(r"^(\d+)(?:\.(\d+))?$")
+
+
+# ---- which heads -------------------------------------------------------------------------------
+
+
+def parse_heads(spec: str, n_layer: int, n_head: int) -> list[Head]:
+    """Heads of an index spec "L.H,L.H,L" ("L" = every head of layer L), sorted and distinct."""
+    heads: set[Head] = set()
+    for part in (p.strip() for p in spec.split(",")):
+        match = _INDEX_RE.match(part)
+        if not match:
+            raise PosymError(f"head {part!r} is not LAYER or LAYER.HEAD (e.g. 3 or 3.0)")
+        layer = int(match.group(1))
+        if layer >= n_layer:
+            raise PosymError(f"head {part!r}: layer {layer} does not exist (layers 0..{n_layer - 1})")
+        if match.group(2) is None:
+            heads.update((layer, h) for h in range(n_head))
+        elif int(match.group(2)) >= n_head:
+            raise PosymError(f"head {part!r}: head {match.group(2)} does not exist (heads 0..{n_head - 1})")
+        else:
+            heads.add((layer, int(match.group(2))))
+    return sorted(heads)
+
+
+def label_heads(model, task_config, *, n_prompts: int = 100, seed: int = 0, gamma: float = 0.1):
+    """`posym.scores.summarize` of the model's scores at every hop query of `n_prompts` test prompts
+    (the dynamics "hops" mode): one row per (layer, head) with s_pos, s_sym and label."""
+    from posym.scores import prompt_set, score_model, summarize
+
+    ids, queries = prompt_set(model, task_config=task_config, n_prompts=n_prompts, seed=seed, queries="hops")
+    return summarize(score_model(model, ids, queries), gamma=gamma)
+
+
+def select_heads(spec: str, model, labels=None) -> list[Head]:
+    """Heads named by `spec`: a label (needs `labels`, the `label_heads` table) or an index spec."""
+    if spec in LABELS:
+        if labels is None:
+            raise PosymError(f"selecting {spec!r} heads needs their scores (labels)")
+        chosen = labels[labels["label"] == spec]
+        return sorted(zip(chosen["layer"].astype(int), chosen["head"].astype(int)))
+    return parse_heads(spec, model.config.n_layer, model.config.n_head)
+
+
+def _span(model, head: Head) -> slice:
+    """Dims of `head` in its layer's attention output (the input of out_proj)."""
+    layer, h = head
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    if not (0 <= layer < n_layer and 0 <= h < n_head):
+        raise PosymError(f"head {layer}.{h} does not exist (layers 0..{n_layer - 1}, heads 0..{n_head - 1})")
+    d = model.config.n_embd // n_head
+    return slice(h * d, (h + 1) * d)
+
+
+def _attn(model, layer: int):
+    return model.transformer.h[layer].attn
+
+
+# ---- ablation ----------------------------------------------------------------------------------
+
+
+def head_means(model, input_ids, heads: list[Head], batch_size: int = 256) -> dict[Head, torch.Tensor]:
+    """Mean output [head_dim] of each head over every position of input_ids [n, T] (eval mode)."""
+    sums: dict[Head, torch.Tensor] = {}
+    count = 0
+    handles = []
+
+    def grab(layer: int):
+        def hook(module, args):
+            for head in heads:
+                if head[0] == layer:  # args[0]: [batch, T, n_embd], the heads' concatenated outputs
+                    part = args[0][..., _span(model, head)].double().sum((0, 1))  # [head_dim]
+                    sums[head] = sums.get(head, 0) + part
+        return hook
+
+    was_training = model.training
+    model.eval()
+    try:
+        for layer in sorted({h[0] for h in heads}):
+            handles.append(_attn(model, layer).out_proj.register_forward_pre_hook(grab(layer)))
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        with torch.no_grad():
+            for lo in range(0, len(ids), batch_size):
+                batch = ids[lo : lo + batch_size].to(model.device)  # [b, T]
+                model.transformer(input_ids=batch)
+                count += batch.numel()
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return {head: (sums[head] / count).to(model.dtype) for head in heads}
+
+
+def _check_mode(mode: str, means) -> None:
+    if mode not in ("zero", "mean"):
+        raise PosymError(f"ablation mode must be zero or mean, got {mode!r}")
+    if mode == "mean" and means is None:
+        raise PosymError("mean-ablation needs the heads' mean outputs (head_means)")
+
+
+@contextlib.contextmanager
+def ablated(model, heads: list[Head], mode: str = "zero", means: dict | None = None) -> Iterator[None]:
+    """Within the block, the chosen heads' outputs are replaced by 0 (zero) or their mean (mean)."""
+    _check_mode(mode, means)
+    by_layer: dict[int, list[Head]] = {}
+    for head in heads:
+        _span(model, head)  # validates the index
+        by_layer.setdefault(head[0], []).append(head)
+
+    def replace(layer_heads: list[Head]):
+        def hook(module, args):
+            out = args[0].clone()  # [batch, T, n_embd]
+            for head in layer_heads:
+                out[..., _span(model, head)] = 0.0 if mode == "zero" else means[head].to(out)
+            return (out, *args[1:])
+        return hook
+
+    handles = [_attn(model, layer).out_proj.register_forward_pre_hook(replace(hs)) for layer, hs in by_layer.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def fold_ablation(model, heads: list[Head], mode: str = "zero", means: dict | None = None) -> None:
+    """Make the ablation part of the weights (in place): zero the heads' out_proj columns and, for
+    mean-ablation, add W_O[:, head] @ mean to that layer's mlp.fc_out bias (same block output)."""
+    _check_mode(mode, means)
+    with torch.no_grad():
+        for head in heads:
+            layer, span = head[0], _span(model, head)
+            block = model.transformer.h[layer]
+            weight = block.attn.out_proj.weight  # [n_embd, n_embd]: columns = attention-output dims
+            if mode == "mean":
+                block.mlp.fc_out.bias += weight[:, span] @ means[head].to(weight)  # [n_embd]
+            weight[:, span] = 0.0
+
+
+# ---- freezing ----------------------------------------------------------------------------------
+
+
+class HeadFreezer:
+    """Keeps the chosen heads' q/k/v rows and out_proj columns fixed while the rest trains.
+
+    Use: `freezer = HeadFreezer(model, heads)`, call `freezer.restore()` after every optimizer step,
+    `freezer.remove()` at the end.
+    """
+
+    def __init__(self, model, heads: list[Head]):
+        self.model = model
+        self.heads = list(heads)
+        self._saved: list[tuple[torch.Tensor, tuple, torch.Tensor]] = []
+        self._handles = []
+        masks: dict[int, dict[str, torch.Tensor]] = {}
+        for head in self.heads:
+            layer, span = head[0], _span(model, head)
+            attn = _attn(model, layer)
+            for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                weight = getattr(attn, name).weight  # [out, in]
+                mask = masks.setdefault(layer, {}).setdefault(name, torch.ones_like(weight))
+                index = (slice(None), span) if name == "out_proj" else (span, slice(None))
+                mask[index] = 0.0
+                self._saved.append((weight, index, weight.detach()[index].clone()))
+        for layer, named in masks.items():
+            for name, mask in named.items():
+                weight = getattr(_attn(model, layer), name).weight
+                self._handles.append(weight.register_hook(lambda grad, m=mask: grad * m))
+
+    @property
+    def frozen_elements(self) -> int:
+        """Number of weight entries held fixed."""
+        return sum(saved.numel() for _, _, saved in self._saved)
+
+    def restore(self) -> None:
+        """Copy the frozen slices back (undoes weight decay, the only thing that moves them)."""
+        with torch.no_grad():
+            for weight, index, saved in self._saved:
+                weight[index] = saved
+
+    def remove(self) -> None:
+        """Drop the gradient hooks."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

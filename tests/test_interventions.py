@@ -1,0 +1,309 @@
+"""Interventions: RoPE variants (posym.rope), head ablation/pruning and frozen fine-tuning.
+
+References: RoPE variants against attention recomputed from the weights with the rotation angles
+written out; ablation hooks against the folded (saved) weights and head means against A @ V; a
+hand-made GPT-J with one positional and one symbolic head; frozen weights compared bit for bit.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from posym.configs import from_dict, to_dict
+from posym.errors import PosymError
+from posym.interventions import (
+    HeadFreezer, ablated, fold_ablation, head_means, parse_heads, select_heads,
+)
+from posym.model import ModelConfig, build_model, load_model
+from posym.rope import layer_bands
+
+
+def _config(**kw):
+    base = dict(n_layer=2, n_head=2, n_embd=16, rotary_dim=8, dropout=0.0, activation="gelu")
+    return from_dict(ModelConfig, {**base, **kw})
+
+
+def _reference_attention(model, config, ids, layer):
+    """Layer `layer`'s attention probabilities [batch, heads, T, T] from its weights, with the RoPE
+    variant's angles computed here: plane k rotates by pos * base^(-2(k-1)/r) inside the band, else 0."""
+    hidden = model(ids, output_hidden_states=True).hidden_states[layer]  # [B, T, E] entering the layer
+    attn = model.transformer.h[layer].attn
+    x = model.transformer.h[layer].ln_1(hidden).double()
+    B, T, _ = x.shape
+    H, d, r = config.n_head, config.head_dim, config.resolved_rotary_dim
+    q = (x @ attn.q_proj.weight.double().T).view(B, T, H, d)
+    k = (x @ attn.k_proj.weight.double().T).view(B, T, H, d)
+    band = layer_bands(config)[layer]
+    for tensor in (q, k):
+        for plane in range(r // 2):
+            fid = plane + 1
+            on = band is not None and band[0] <= fid <= band[1]
+            freq = config.rope_base ** (-2.0 * plane / r) if on else 0.0
+            for pos in range(T):
+                a = pos * freq
+                x0, x1 = tensor[:, pos, :, 2 * plane].clone(), tensor[:, pos, :, 2 * plane + 1].clone()
+                tensor[:, pos, :, 2 * plane] = x0 * math.cos(a) - x1 * math.sin(a)
+                tensor[:, pos, :, 2 * plane + 1] = x1 * math.cos(a) + x0 * math.sin(a)
+    logits = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)  # [B, H, T, T]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    return logits.masked_fill(~mask, -math.inf).softmax(-1)
+
+
+@pytest.mark.parametrize("variant", [
+    dict(rope_bands=[[2, 3]]),
+    dict(rope_bands=[[1, 1], [3, 4]], rope_base=500.0),
+    dict(nope_from=1),
+    dict(nope_from=0, rope_base=1e6),
+    dict(),
+])
+def test_rope_variant_matches_reference_attention(variant):
+    config = _config(**variant)
+    model = build_model(config, 20, seed=1, attn_implementation="eager").eval()
+    ids = torch.randint(1, 20, (3, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = model(ids, output_attentions=True).attentions
+        for layer in range(config.n_layer):
+            ref = _reference_attention(model, config, ids, layer)
+            torch.testing.assert_close(got[layer].double(), ref, atol=2e-6, rtol=0)
+
+
+def test_band_restricted_model_has_zero_rotation_outside_its_band():
+    from posym.scores import head_qk
+
+    config = _config(rope_bands=[[2, 3], [4, 4], [1, 4]], n_layer=3, nope_from=2)
+    model = build_model(config, 20, seed=0).eval()
+    tables = head_qk(model, torch.arange(1, 13)[None])  # GPT-J's sin/cos, interleaved per plane
+    for layer, band in enumerate([(2, 3), (4, 4), None]):
+        sin, cos = tables[layer].sin[0, :, ::2], tables[layer].cos[0, :, ::2]  # [T, planes]
+        inside = torch.zeros(4, dtype=torch.bool)
+        if band:
+            inside[band[0] - 1 : band[1]] = True
+        assert torch.equal(sin[:, ~inside], torch.zeros_like(sin[:, ~inside]))
+        assert torch.equal(cos[:, ~inside], torch.ones_like(cos[:, ~inside]))
+        assert (sin[1:, inside].abs() > 1e-4).all()  # the band really rotates
+
+
+def test_variant_is_restored_by_load_model_and_ignored_by_plain_transformers(tmp_path):
+    from transformers import GPTJForCausalLM
+
+    from posym.tasks import task_config
+
+    config = _config(rope_bands=[[1, 2]], nope_from=1)
+    model = build_model(config, 137, seed=0).eval()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "posym.json").write_text(json.dumps(
+        {"step": 0, "task": to_dict(task_config("number")), "model": to_dict(config)}))
+    ids = torch.arange(1, 18)[None]
+    with torch.no_grad():
+        want = model(ids).logits
+        mine = load_model(tmp_path)[0](ids).logits
+        plain = GPTJForCausalLM.from_pretrained(tmp_path).eval()(ids).logits
+    torch.testing.assert_close(mine, want, atol=1e-6, rtol=0)
+    assert (plain - want).abs().max() > 50 * (mine - want).abs().max() + 5e-5  # init weights are small
+
+
+@pytest.mark.parametrize("bad", [
+    dict(rope_bands=[[0, 2]]), dict(rope_bands=[[3, 2]]), dict(rope_bands=[[1, 5]]),
+    dict(rope_bands=[[1, 2], [1, 2], [1, 2]]), dict(nope_from=3), dict(rope_base=1.0),
+])
+def test_bad_rope_variants_are_errors(bad):
+    with pytest.raises(PosymError):
+        _config(**bad)
+
+
+# ---- a hand-made positional head (previous token) and symbolic head (find the partner token) --------
+
+V, BETA = 8, 12.0
+
+
+def _handmade():
+    """1 layer, 2 heads, width 32, 4 rotary planes per head. Head 0: keys all equal (from the constant
+    coordinate the LayerNorm bias provides), query rotated back by one step of plane 1 (theta = 1 rad):
+    attends to position n - 1, copies its token into residual dims 16..23. Head 1 (unrotated dims):
+    attends to the token t ^ 1 of the query token t, copies it into dims 24..31."""
+    config = from_dict(ModelConfig, dict(n_layer=1, n_head=2, n_embd=32, rotary_dim=8, dropout=0.0, activation="gelu"))
+    model = build_model(config, V, seed=0, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.transformer.wte.weight[:V, :V] = torch.eye(V)
+        block = model.transformer.h[0]
+        block.ln_1.weight[:V] = 1.0
+        block.ln_1.bias[8] = 1.0  # constant coordinate
+        model.transformer.ln_f.weight.fill_(1.0)
+        attn = block.attn
+        attn.k_proj.weight[0, 8] = BETA
+        attn.q_proj.weight[0, 8] = BETA * math.cos(1.0)
+        attn.q_proj.weight[1, 8] = -BETA * math.sin(1.0)
+        for i in range(V):
+            attn.v_proj.weight[i, i] = 1.0
+            attn.out_proj.weight[16 + i, i] = 1.0
+            attn.k_proj.weight[24 + i, i] = BETA
+            attn.q_proj.weight[24 + (i ^ 1), i] = BETA
+            attn.v_proj.weight[16 + i, i] = 1.0
+            attn.out_proj.weight[24 + i, 16 + i] = 1.0
+    return model
+
+
+def _prompts(n=64, length=6):
+    rng = np.random.default_rng(0)
+    out = []
+    while len(out) < n:
+        ids = rng.permutation(V)[:length]
+        if ids[-1] ^ 1 in ids[:-1]:
+            out.append(ids)
+    return torch.as_tensor(np.stack(out))
+
+
+def _lookups(model, ids):
+    """(positional answers, symbolic answers) read from the two copy slots at the last position."""
+    with torch.no_grad():
+        hidden = model.transformer(input_ids=ids).last_hidden_state[:, -1]  # [n, 32]
+    return hidden[:, 16:24].argmax(-1), hidden[:, 24:32].argmax(-1)
+
+
+def test_handmade_heads_are_labelled_and_ablation_breaks_only_their_lookup():
+    from posym.scores import score_model, summarize
+
+    model, ids = _handmade(), _prompts()
+    labels = summarize(score_model(model, ids, "last"))
+    assert labels["label"].tolist() == ["positional", "symbolic"]
+    assert select_heads("positional", model, labels) == [(0, 0)]
+    assert select_heads("symbolic", model, labels) == [(0, 1)]
+    prev, partner = ids[:, -2], ids[:, -1] ^ 1
+    pos, sym = _lookups(model, ids)
+    assert torch.equal(pos, prev) and torch.equal(sym, partner)
+    means = head_means(model, ids, [(0, 0), (0, 1)])
+    for mode in ("zero", "mean"):
+        with ablated(model, [(0, 0)], mode, means):
+            pos, sym = _lookups(model, ids)
+        assert (pos == prev).float().mean() < 0.3 and torch.equal(sym, partner)
+        with ablated(model, [(0, 1)], mode, means):
+            pos, sym = _lookups(model, ids)
+        assert torch.equal(pos, prev) and (sym == partner).float().mean() < 0.3
+
+
+# ---- ablation maths ----------------------------------------------------------------------------
+
+
+def test_head_means_equal_attention_times_values():
+    config = _config()
+    model = build_model(config, 20, seed=3, attn_implementation="eager").eval()
+    ids = torch.randint(1, 20, (5, 9), generator=torch.Generator().manual_seed(1))
+    heads = [(0, 0), (0, 1), (1, 1)]
+    got = head_means(model, ids, heads, batch_size=2)
+    with torch.no_grad():
+        out = model(ids, output_attentions=True, output_hidden_states=True)
+        for layer, h in heads:
+            block = model.transformer.h[layer]
+            x = block.ln_1(out.hidden_states[layer])  # [B, T, E]
+            v = block.attn.v_proj(x).view(5, 9, 2, 8)[:, :, h]  # [B, T, d]
+            per_pos = out.attentions[layer][:, h] @ v  # [B, T, d]
+            torch.testing.assert_close(got[(layer, h)], per_pos.mean((0, 1)), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_folded_ablation_equals_hooked_ablation_and_loads_in_plain_transformers(mode, tmp_path):
+    from transformers import GPTJForCausalLM
+
+    model = build_model(_config(), 20, seed=4).eval()
+    ids = torch.randint(1, 20, (4, 10), generator=torch.Generator().manual_seed(2))
+    heads = [(0, 1), (1, 0)]
+    means = head_means(model, torch.randint(1, 20, (16, 10), generator=torch.Generator().manual_seed(3)), heads)
+    with torch.no_grad():
+        intact = model(ids).logits
+        with ablated(model, heads, mode, means):
+            hooked = model(ids).logits
+        fold_ablation(model, heads, mode, means)
+        folded = model(ids).logits
+        model.save_pretrained(tmp_path)
+        plain = GPTJForCausalLM.from_pretrained(tmp_path).eval()(ids).logits
+    assert (hooked - intact).abs().max() > 1e-3  # the ablation does something
+    torch.testing.assert_close(folded, hooked, atol=1e-5, rtol=0)
+    torch.testing.assert_close(plain, folded, atol=1e-6, rtol=0)
+
+
+def test_parse_heads():
+    assert parse_heads("3.1, 0, 3.1", 4, 2) == [(0, 0), (0, 1), (3, 1)]
+    for bad in ("4", "1.2", "x", "1.", ""):
+        with pytest.raises(PosymError):
+            parse_heads(bad, 4, 2)
+
+
+# ---- freezing ------------------------------------------------------------------------------------
+
+
+def _tiny_run(tmp_path):
+    from posym.train import resolve_config, train
+
+    cfg = resolve_config("quick", "number", overrides={
+        "max_steps": 4, "checkpoint_every": 4, "batch_size": 8, "eval_size": 50, "weight_decay": 0.1,
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 16}})
+    return train(cfg, tmp_path / "run", progress=False)
+
+
+def test_frozen_heads_stay_bit_identical_and_the_rest_trains(tmp_path):
+    from posym.configs import override
+    from posym.interventions_run import finetune
+    from posym.train import TrainConfig
+    from posym import io
+
+    run = _tiny_run(tmp_path)
+    cfg = override(from_dict(TrainConfig, io.read_yaml(run / "config.yaml")), {"lr": 1e-2})
+    for restore in (True, False):
+        model, info = load_model(run)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        if not restore:  # without the copy-back, weight decay alone moves the frozen weights
+            HeadFreezer.restore, saved = (lambda self: None), HeadFreezer.restore
+        try:
+            cost = finetune(model, info["task_config"], cfg, [(1, 0)], start=4, steps=5)
+        finally:
+            if not restore:
+                HeadFreezer.restore = saved
+        after = model.state_dict()
+        attn = "transformer.h.1.attn"
+        frozen = [after[f"{attn}.{n}_proj.weight"][:8] for n in "qkv"] + [after[f"{attn}.out_proj.weight"][:, :8]]
+        old = [before[f"{attn}.{n}_proj.weight"][:8] for n in "qkv"] + [before[f"{attn}.out_proj.weight"][:, :8]]
+        assert all(torch.equal(a, b) for a, b in zip(frozen, old)) == restore
+        assert not torch.equal(after[f"{attn}.q_proj.weight"][8:], before[f"{attn}.q_proj.weight"][8:])
+        assert not torch.equal(after["transformer.h.0.attn.q_proj.weight"], before["transformer.h.0.attn.q_proj.weight"])
+    assert cost["frozen_params"] == 4 * 8 * 16
+    assert cost["trainable_params"] == cost["params"] - 4 * 8 * 16
+
+
+def test_cli_ablate_and_finetune_end_to_end(tmp_path):
+    from typer.testing import CliRunner
+    from transformers import GPTJForCausalLM
+
+    from posym.cli import app
+
+    run = _tiny_run(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, ["ablate", str(run), "--heads", "1.0", "--mode", "mean", "--n", "40",
+                                 "--n-prompts", "8", "--save", str(tmp_path / "pruned"), "--out", str(tmp_path / "abl")])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "abl" / "ablation.json").read_text())
+    assert saved["conditions"] == {"1.0": "1.0"} and (tmp_path / "abl" / "ablation.png").is_file()
+    pruned = GPTJForCausalLM.from_pretrained(tmp_path / "pruned")
+    assert pruned.transformer.h[1].attn.out_proj.weight[:, :8].abs().max() == 0
+    model, _ = load_model(tmp_path / "pruned")  # posym loads it too (posym.json carries the task)
+    result = runner.invoke(app, ["finetune", str(run), "--freeze", "none", "--freeze", "0", "--steps", "3",
+                                 "--n", "40", "--out", str(tmp_path / "ft")])
+    assert result.exit_code == 0, result.output
+    costs = json.loads((tmp_path / "ft" / "finetune.json").read_text())["costs"]
+    assert costs["0"]["frozen_unchanged"] is True and costs["none"]["frozen_params"] == 0
+    assert costs["0"]["trainable_params"] == costs["none"]["trainable_params"] - 2 * 4 * 8 * 16
+
+
+def test_cli_bad_heads_is_one_line_error(tmp_path):
+    import subprocess
+    import sys
+
+    run = _tiny_run(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", "from posym.cli import main; main()", "ablate", str(run),
+                           "--heads", "9.0", "--n-prompts", "4"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["posym: error: head '9.0': layer 9 does not exist (layers 0..1)"]
