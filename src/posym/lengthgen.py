@@ -214,6 +214,7 @@ def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
     colors = plt.get_cmap("viridis")(
         [0.15 + 0.7 * i / max(1, task.max_hops - 1) for i in range(task.max_hops)])
     for ax, protocol in zip(axes[0], protocols):
+        twin_lines = []  # the bound's line on the right axis joins the left axis' legend
         sub = table[table["protocol"] == protocol]
         x_col, y_col = ("length", "acc") if protocol == "paper" else ("factor", "retention")
         for hop in hops:
@@ -234,7 +235,7 @@ def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
                 twin.plot(bound["length"], bound["bound"], color="tab:red", ls="--", lw=1,
                           label=f"{head} discrepancy bound (Thm 3.2)")
                 twin.set(yscale="log", ylabel="discrepancy bound")
-                twin.legend(loc="upper right", fontsize=7)
+                twin_lines = twin.get_lines()
         else:
             factors = sorted(sub["factor"].unique())
             ax.set_xlim(min(factors) - 0.3, max(factors) + 0.3)
@@ -244,7 +245,8 @@ def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
             ax.set(xlabel=f"length / training length ({task.seq_len} tokens)",
                    ylabel="retention: acc / acc at training length", title="seed protocol: multiples of the training length")
             ax.set_xticks(factors, [f"{f:g}x" for f in factors])
-        ax.legend(loc="best", fontsize=7)
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles + twin_lines, labels + [line.get_label() for line in twin_lines], loc="best", fontsize=7)
     fig.suptitle(title or f"{task.task} task: length generalization", fontsize=10)
     fig.tight_layout()
     return [str(path) for path in save_figure(fig, path_stem, dpi=150)]
