@@ -47,16 +47,16 @@ def data_command(
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
     from rich.progress import Progress
 
-    from posym import tasks
+    from posym import datasets, tasks
 
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
                  alphabet_size=alphabet_size, int_range=int_range, extra_target=extra_target)
     config = tasks.task_config(task, **{k: v for k, v in knobs.items() if v is not None})
     with Progress(transient=True) as bar:
         job = bar.add_task(f"{task} task, {split}", total=n)
-        path = tasks.save_dataset(config, n, seed, split, out, fmt,
-                                  progress=lambda k: bar.advance(job, k))
-    print(f"wrote {n} {task}-task sequences to {path} (manifest {tasks.manifest_path(path)})")
+        path = datasets.save_dataset(config, n, seed, split, out, fmt,
+                                     progress=lambda k: bar.advance(job, k))
+    print(f"wrote {n} {task}-task sequences to {path} (manifest {datasets.manifest_path(path)})")
 
 # ---- commands: train / eval (model, train) ------------------------------------------------------
 

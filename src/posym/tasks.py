@@ -58,12 +58,9 @@ generate(c, 20, s)[5:15]).
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -72,12 +69,11 @@ from posym.errors import PosymError
 TASKS = ("number", "letter")
 SPLITS = ("train", "val", "test")
 SPLIT_SIZES = {"train": 432_000, "val": 2_400, "test": 45_600}  # the paper's split
-FORMATS = ("parquet", "jsonl", "npz")
 PAD = 0
 _PAPER_DEFAULTS = {"number": (120, 16), "letter": (8, 8)}  # (alphabet_size, int_range)
 
 
-def _check_int(name: str, value, low: int) -> int:
+def check_int(name: str, value, low: int) -> int:
     """`value` as an int, or a PosymError when it is not an integer >= low."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise PosymError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -122,7 +118,7 @@ class TaskConfig:
             object.__setattr__(self, "int_range", ints)
         for name, low in [("target_size", 1), ("pretarget_size", 0), ("max_hops", 1),
                           ("alphabet_size", 1), ("int_range", 1), ("extra_target", 0)]:
-            object.__setattr__(self, name, _check_int(name, getattr(self, name), low))
+            object.__setattr__(self, name, check_int(name, getattr(self, name), low))
         if self.max_hops > self.pretarget_size + 1:
             raise PosymError(
                 f"max_hops={self.max_hops} needs {self.max_hops - 1} distinct intermediate "
@@ -214,15 +210,15 @@ class Samples:
         """Rows `index` (a slice, an integer array or a boolean mask) as a new `Samples`."""
         if isinstance(index, (int, np.integer)):
             index = slice(index, index + 1 if index != -1 else None)
-        return Samples(*(getattr(self, f)[index] for f in _SAMPLE_FIELDS))
+        return Samples(*(getattr(self, f)[index] for f in SAMPLE_FIELDS))
 
 
-_SAMPLE_FIELDS = ("input_ids", "answer", "hops", "chain", "answer_pos")
+SAMPLE_FIELDS = ("input_ids", "answer", "hops", "chain", "answer_pos")  # `Samples` fields, in order
 
 
 def concat(parts: Sequence[Samples]) -> Samples:
     """Rows of several `Samples` (same config) stacked in order."""
-    return Samples(*(np.concatenate([getattr(p, f) for p in parts]) for f in _SAMPLE_FIELDS))
+    return Samples(*(np.concatenate([getattr(p, f) for p in parts]) for f in SAMPLE_FIELDS))
 
 
 # ---- counter-based randomness --------------------------------------------------------------------
@@ -383,7 +379,7 @@ def generate(config: TaskConfig, n: int, seed: int, split: str = "train", start:
     E = 0 sample i with E extra target tokens in front (chain positions shifted by E).
     """
     for name, value in [("n", n), ("seed", seed), ("start", start)]:
-        if _check_int(name, value, 0) >= 2**63:
+        if check_int(name, value, 0) >= 2**63:
             raise PosymError(f"{name} must be below 2**63, got {value}")
     key = (int(seed), _split_id(split))
     index = np.arange(start, start + n, dtype=np.int64)  # [n]
@@ -404,7 +400,7 @@ def generate(config: TaskConfig, n: int, seed: int, split: str = "train", start:
 def iter_batches(config: TaskConfig, batch_size: int, seed: int, split: str = "train",
                  start: int = 0, stop: int | None = None) -> Iterator[Samples]:
     """Consecutive batches of samples from index `start` on, forever or until index `stop`."""
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     while stop is None or start < stop:
         size = batch_size if stop is None else min(batch_size, stop - start)
         yield generate(config, size, seed, split, start)
@@ -466,6 +462,12 @@ def decode(config: TaskConfig, ids) -> str:
     return " ".join(out)
 
 
+def texts(config: TaskConfig, input_ids: np.ndarray) -> list[str]:
+    """`decode` of every row of [n, seq_len] ids (vectorised lookup)."""
+    names = np.asarray(token_names(config), dtype=object)
+    return [" ".join(row) for row in names[input_ids].tolist()]
+
+
 @functools.lru_cache(maxsize=32)
 def _letter_tables(config: TaskConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per token id: first letter, second letter (-1 for target pairs and PAD), is-target flag."""
@@ -520,140 +522,3 @@ def follow_chain(config: TaskConfig, input_ids) -> tuple[int, list[int]]:
         pos = int(matches[0])
         chain.append(pos)
     return int(ids[pos]), chain
-
-
-# ---- datasets on disk ----------------------------------------------------------------------------
-
-
-def content_hash(samples: Samples) -> str:
-    """sha256 of the input ids (int64, little-endian, row-major)."""
-    return hashlib.sha256(np.ascontiguousarray(samples.input_ids, dtype="<i8").tobytes()).hexdigest()
-
-
-def manifest_path(path: str | Path) -> Path:
-    """Where the manifest of dataset `path` lives: `path` + ".manifest.json"."""
-    path = Path(path)
-    return path.with_name(path.name + ".manifest.json")
-
-
-def _chain_lists(samples: Samples) -> list[list[int]]:
-    return [row[: h + 1] for row, h in zip(samples.chain.tolist(), samples.hops.tolist())]
-
-
-def texts(config: TaskConfig, input_ids: np.ndarray) -> list[str]:
-    """`decode` of every row of [n, seq_len] ids (vectorised lookup)."""
-    names = np.asarray(token_names(config), dtype=object)
-    return [" ".join(row) for row in names[input_ids].tolist()]
-
-
-def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | Path,
-                 fmt: str = "parquet", progress: Callable[[int], None] | None = None) -> Path:
-    """Generate n samples and write them to `out` (parquet, jsonl or npz) plus its manifest.
-
-    Rows: input_ids, answer, hops, chain (positions from the query to the answer, no padding)
-    and text. `progress(k)` is called after each chunk of k samples. Both files are atomic.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from posym import io
-
-    _check_int("n", n, 0)
-    if fmt not in FORMATS:
-        raise PosymError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    chunk = 50_000
-    parts = []
-    for part in iter_batches(config, chunk, seed, split, start=0, stop=n):
-        parts.append(part)
-        if progress:
-            progress(len(part))
-    samples = concat(parts) if parts else generate(config, 0, seed, split)
-    out = Path(out)
-    if fmt == "npz":
-        with io.atomic_path(out) as tmp, open(tmp, "wb") as f:
-            np.savez(f, **{name: getattr(samples, name) for name in _SAMPLE_FIELDS})
-    elif fmt == "jsonl":
-        lines = [
-            json.dumps({"input_ids": ids, "answer": a, "hops": h, "chain": c, "text": t})
-            for ids, a, h, c, t in zip(samples.input_ids.tolist(), samples.answer.tolist(),
-                                       samples.hops.tolist(), _chain_lists(samples),
-                                       texts(config, samples.input_ids))
-        ]
-        io.write_text(out, "".join(line + "\n" for line in lines))
-    else:
-        L = config.seq_len
-        offsets = np.concatenate([[0], np.cumsum(samples.hops + 1)]).astype(np.int32)
-        chain_flat = samples.chain[samples.chain >= 0]  # row-major: each row's chain in order
-        table = pa.table({
-            "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(samples.input_ids.reshape(-1)), L),
-            "answer": samples.answer,
-            "hops": samples.hops,
-            "chain": pa.ListArray.from_arrays(pa.array(offsets), pa.array(chain_flat)),
-            "text": texts(config, samples.input_ids),
-        })
-        with io.atomic_path(out) as tmp:
-            pq.write_table(table, tmp)
-    meta = io.manifest(asdict(config), seed=seed, split=split, n=n, format=fmt,
-                       task_config=asdict(config), content_hash=content_hash(samples))
-    io.write_json(manifest_path(out), meta)
-    return out
-
-
-def _read_columns(path: Path, fmt: str) -> dict[str, np.ndarray]:
-    """input_ids (flat), answer, hops and the concatenated chains from a parquet or jsonl file."""
-    import pyarrow.parquet as pq
-
-    if fmt == "jsonl":
-        with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        cols = {k: [r[k] for r in rows] for k in ("input_ids", "answer", "hops")}
-        flat_chain = [pos for r in rows for pos in r["chain"]]
-    else:
-        table = pq.read_table(path, columns=["input_ids", "answer", "hops", "chain"])
-        cols = {k: table.column(k).combine_chunks() for k in ("input_ids", "answer", "hops")}
-        cols["input_ids"] = cols["input_ids"].flatten()
-        flat_chain = table.column("chain").combine_chunks().flatten()
-    out = {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
-    out["flat_chain"] = np.asarray(flat_chain, dtype=np.int64)
-    return out
-
-
-def load_dataset(path: str | Path) -> tuple[TaskConfig, Samples]:
-    """Read a dataset written by `save_dataset`; its manifest gives the config and the format.
-
-    The ids are checked against the manifest's content hash, so a damaged file is an error.
-    """
-    from posym.configs import from_dict
-
-    path = Path(path)
-    mpath = manifest_path(path)
-    if not path.is_file() or not mpath.is_file():
-        raise PosymError(f"dataset {path} or its manifest {mpath.name} does not exist")
-    try:
-        meta = json.loads(mpath.read_text(encoding="utf-8"))
-        config = from_dict(TaskConfig, meta["task_config"], where="task_config")
-        fmt = meta["format"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise PosymError(f"manifest {mpath} is not a posym dataset manifest ({exc})") from None
-    try:
-        if fmt == "npz":
-            with np.load(path, allow_pickle=False) as data:
-                samples = Samples(**{name: data[name].astype(np.int64) for name in _SAMPLE_FIELDS})
-        else:
-            cols = _read_columns(path, fmt)
-            hops = cols["hops"]
-            # row-major boolean assignment puts each row's chain in its first hops + 1 slots
-            chain = np.full((len(hops), config.max_hops + 1), -1, dtype=np.int64)
-            chain[np.arange(config.max_hops + 1) <= hops[:, None]] = cols["flat_chain"]
-            samples = Samples(
-                input_ids=cols["input_ids"].reshape(len(hops), config.seq_len),
-                answer=cols["answer"],
-                hops=hops,
-                chain=chain,
-                answer_pos=chain[np.arange(len(hops)), hops],
-            )
-    except (OSError, ValueError, KeyError, IndexError, json.JSONDecodeError) as exc:
-        raise PosymError(f"cannot read dataset {path}: {exc}") from None
-    if content_hash(samples) != meta.get("content_hash"):
-        raise PosymError(f"dataset {path} does not match the content hash in its manifest")
-    return config, samples
