@@ -36,8 +36,7 @@ from pathlib import Path
 import torch
 
 from posym.errors import PosymError
-from posym.scores import (BUDGET, as_batch, check_layers, head_qk, pair_planes, resolve_queries, rotate,
-                          swap_scores)
+from posym.scores import BUDGET, as_batch, check_layers, head_qk, pair_planes, plan_queries, rotate, swap_scores
 
 # Table 1 of 2605: weighted-average frequency ID per layer of the paper-preset models (12 layers).
 PAPER_TABLE1 = {
@@ -94,14 +93,7 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
     prompts = [list(map(int, ids)) for ids in input_ids]
     if not prompts:
         raise PosymError("no prompts to analyse")
-    per_prompt = isinstance(queries, (list, tuple)) and not all(isinstance(q, int) for q in queries)
-    if per_prompt and len(queries) != len(prompts):
-        raise PosymError(f"queries has {len(queries)} entries for {len(prompts)} prompts")
-    wanted = [resolve_queries(queries[k] if per_prompt else queries, len(ids), f"prompt {k}")
-              for k, ids in enumerate(prompts)]
-    by_length: dict[int, list[int]] = {}
-    for k, ids in enumerate(prompts):
-        by_length.setdefault(len(ids), []).append(k)
+    wanted, by_length = plan_queries(prompts, queries)
     frames = []
     for length, group in sorted(by_length.items()):
         for start in range(0, len(group), batch_size):

@@ -158,25 +158,17 @@ def binding_prompts(n: int, *, n_facts: int = 4, seed: int = 0) -> list[Prompt]:
 
 def read_jsonl(path: str | os.PathLike) -> list[Prompt]:
     """Prompts from a JSONL file: one object per line with "text" and optional "answer" and "focus"."""
+    from posym.scores import jsonl_records
+
     path = Path(path)
-    if not path.is_file():
-        raise PosymError(f"prompt file {path} does not exist")
     prompts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PosymError(f"{path} line {number} is not valid JSON: {exc.msg}") from None
+    for number, obj in jsonl_records(path):
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise PosymError(f'{path} line {number} must be an object with a "text" string')
         unknown = sorted(set(obj) - {"text", "answer", "focus"})
         if unknown:
             raise PosymError(f"{path} line {number} has unknown key {unknown[0]!r} (text, answer, focus)")
         prompts.append(Prompt(obj["text"], obj.get("answer"), obj.get("focus"), {"set": path.name, "index": number}))
-    if not prompts:
-        raise PosymError(f"prompt file {path} holds no prompts")
     return prompts
 
 

@@ -343,6 +343,24 @@ def resolve_queries(queries, length: int, where: str = "prompt") -> list[int]:
     return positions
 
 
+def plan_queries(prompts, queries) -> tuple[list[list[int]], dict[int, list[int]]]:
+    """Query positions of every prompt and the prompts grouped by length (batches need equal lengths).
+
+    prompts: 1-D id sequences. queries: one spec for all prompts ("last", "all", positions) or one
+    per prompt (see `resolve_queries`). Returns (wanted[k] = positions of prompt k,
+    {length: [prompt indices]}).
+    """
+    per_prompt = isinstance(queries, (list, tuple)) and not all(isinstance(q, int) for q in queries)
+    if per_prompt and len(queries) != len(prompts):
+        raise PosymError(f"queries has {len(queries)} entries for {len(prompts)} prompts")
+    wanted = [resolve_queries(queries[k] if per_prompt else queries, len(ids), f"prompt {k}")
+              for k, ids in enumerate(prompts)]
+    by_length: dict[int, list[int]] = {}
+    for k, ids in enumerate(prompts):
+        by_length.setdefault(len(ids), []).append(k)
+    return wanted, by_length
+
+
 # ---- scoring -------------------------------------------------------------------------------------
 
 COLUMNS = ("prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps")
@@ -404,14 +422,7 @@ def iter_scores(
     prompts = [check_prompt(model, ids, f"prompt {k}") for k, ids in enumerate(input_ids)]
     if not prompts:
         raise PosymError("no prompts to score")
-    per_prompt = isinstance(queries, (list, tuple)) and not all(isinstance(q, int) for q in queries)
-    if per_prompt and len(queries) != len(prompts):
-        raise PosymError(f"queries has {len(queries)} entries for {len(prompts)} prompts")
-    wanted = [resolve_queries(queries[k] if per_prompt else queries, len(ids), f"prompt {k}")
-              for k, ids in enumerate(prompts)]
-    by_length: dict[int, list[int]] = {}
-    for k, ids in enumerate(prompts):
-        by_length.setdefault(len(ids), []).append(k)
+    wanted, by_length = plan_queries(prompts, queries)
     was_training = model.training
     model.eval()  # dropout off: the scores are of the deterministic model
     try:
@@ -474,25 +485,37 @@ def summarize(frame, gamma: float = 0.1):
 # ---- files: prompt JSONL in, Parquet out ---------------------------------------------------------
 
 
-def read_prompts(path, model) -> list[dict]:
-    """A prompt file: one JSON object per line with "input_ids" and optional "queries" (positions)
-    and "chain" (posym data JSONL); returns [{"input_ids", "queries", "chain"}] (None when absent).
-    Every problem is a PosymError naming the line."""
+def jsonl_records(path) -> list[tuple[int, object]]:
+    """The parsed non-blank lines of a JSONL prompt file, each with its line number (from 1).
+
+    A missing file, a line that is not JSON or a file without records is a PosymError; what a
+    record must hold is the caller's to check (`read_prompts` here, `posym.llm.read_jsonl`)."""
     import json
     from pathlib import Path
 
     path = Path(path)
     if not path.is_file():
         raise PosymError(f"prompt file {path} does not exist")
-    prompts = []
+    records = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
-        where = f"{path} line {number}"
         try:
-            record = json.loads(line)
+            records.append((number, json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise PosymError(f"{where} is not valid JSON ({exc.msg})") from None
+            raise PosymError(f"{path} line {number} is not valid JSON ({exc.msg})") from None
+    if not records:
+        raise PosymError(f"prompt file {path} holds no prompts")
+    return records
+
+
+def read_prompts(path, model) -> list[dict]:
+    """A prompt file: one JSON object per line with "input_ids" and optional "queries" (positions)
+    and "chain" (posym data JSONL); returns [{"input_ids", "queries", "chain"}] (None when absent).
+    Every problem is a PosymError naming the line."""
+    prompts = []
+    for number, record in jsonl_records(path):
+        where = f"{path} line {number}"
         if not isinstance(record, dict) or "input_ids" not in record:
             raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list")
         fields = {}
@@ -505,8 +528,6 @@ def read_prompts(path, model) -> list[dict]:
         if fields["queries"] is not None:
             resolve_queries(fields["queries"], len(ids), where)
         prompts.append({**fields, "input_ids": ids.tolist()})
-    if not prompts:
-        raise PosymError(f"prompt file {path} holds no prompts")
     return prompts
 
 
