@@ -552,6 +552,50 @@ def report_command(
     print(f"report: {html_path}")
 
 
+@app.command("sweep")
+def sweep_command(
+    config: Path = typer.Argument(..., help="Sweep YAML: tasks, seeds, presets, rotary_dims, train overrides, "
+                                  "dynamics, n_prompts, cpus_per_trial, num_cpus (see examples/sweep.yaml)."),
+    address: Optional[str] = typer.Option(None, help="Address of an existing Ray cluster (e.g. 'auto' or "
+                                          "'ray://host:10001'); default: start a local Ray instance."),
+    out: Path = typer.Option(Path("runs/sweep"), help="Output directory: trials/<name> run directories, "
+                             "trials.parquet, aggregate.parquet, aggregate.png/svg, sweep.json."),
+    max_concurrent: Optional[int] = typer.Option(None, help="Trials running at once (default: as many as Ray's "
+                                                 "CPUs allow)."),
+) -> None:
+    """Train a grid of runs (tasks x seeds x presets x rotary dims) with Ray and aggregate final accuracy
+    per hop (and pure-head fractions) as mean and std over seeds. Finished trials are not rerun."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from posym import sweep
+
+    cfg = sweep.load_sweep(config)
+    console = Console()
+    with Progress(console=console, transient=True) as bar:
+        job = bar.add_task("trials", total=len(sweep.trials(cfg)))
+
+        def advance(row: dict) -> None:
+            if row["status"] != "ok":
+                console.print(f"[red]trial {row['name']} failed:[/] {row['error']}")
+            bar.advance(job)
+
+        result = sweep.run_sweep(cfg, out, address=address, max_concurrent=max_concurrent, progress=advance)
+    table = result["table"]
+    view = Table(title=f"{result['trials']} trials, {len(result['failed'])} failed: mean ± std over seeds")
+    columns = [c[:-5] for c in table.columns if c.endswith("_mean")]
+    for column in ["task", "preset", "rotary_dim", "n_seeds", *columns]:
+        view.add_column(column.replace("acc_", ""), justify="right")
+    for r in table.to_dict("records"):
+        view.add_row(r["task"], r["preset"], str(r["rotary_dim"]), str(r["n_seeds"]),
+                     *(f"{r[c + '_mean']:.3f} ± {r[c + '_std']:.3f}" for c in columns))
+    console.print(view)
+    console.print(f"wrote {out}/trials.parquet, aggregate.parquet, aggregate.png/svg, sweep.json")
+    if result["failed"]:
+        raise PosymError(f"{len(result['failed'])} of {result['trials']} trials failed (see {out}/trials.parquet)")
+
+
 # ---- commands: ablate / finetune -----------------------------------------------------------------
 
 _HEADS_HELP = ("Heads to intervene on; repeat for several conditions: 'positional', 'symbolic' or 'mixed' (labels "
@@ -566,9 +610,10 @@ def _condition_table(table, title: str, extra: dict | None = None):
     keys = [c for c in ("condition", "mode") if c in table.columns]
     hops = sorted(c for c in table.columns if c.startswith("acc_hop"))
     lengths = sorted(table["length"].unique())
-    view = Table(title=title)
+    view = Table(title=title, caption=f"hopK: accuracy at the training length {lengths[0]}; @L: all-hop accuracy "
+                 "at L tokens")
     for col in [*keys, "heads", *(h.replace("acc_", "") for h in hops),
-                *(f"acc@{k}" for k in lengths), *(extra or {}).get("columns", [])]:
+                *(f"@{k}" for k in lengths), *(extra or {}).get("columns", [])]:
         view.add_column(col, justify="left" if col in ("condition", "mode", "heads") else "right")
     for key, rows in table.groupby(keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)

@@ -59,8 +59,10 @@ class PipelineConfig:
     """Test prompts scored at every checkpoint by posym.dynamics (the paper: 100)."""
     geometry_prompts: int = 100
     """Test prompts of the per-plane analysis of the last checkpoint (posym.geometry)."""
-    lengthgen: LengthGenConfig = field(default_factory=LengthGenConfig)
-    """Length-generalization settings (lengths, factors, prompts per length); its device follows `device`."""
+    lengthgen: LengthGenConfig = field(default_factory=lambda: LengthGenConfig(n=64))
+    """Length-generalization settings (lengths, factors, questions per length); its device follows
+    `device`. 64 questions per length (posym lengthgen: 128) keep a quick run within 10 minutes on 2
+    cores: the 1,024- and 2,048-token lengths dominate the whole analysis."""
     theory: TheoryConfig = field(default_factory=TheoryConfig)
     """Constructions and discrepancy checks of posym.theory (task-independent, run once)."""
     workers: int | None = None

@@ -1,0 +1,230 @@
+"""`posym sweep`: a grid of training runs (tasks x seeds x presets x rotary dims) executed with Ray.
+
+Every trial is a normal posym run directory `<out>/trials/<name>` (posym.train), optionally followed
+by posym.dynamics; a finished trial leaves a done-file (posym.pipeline's) holding its result row, so
+re-running a sweep skips finished trials and resumes interrupted ones from their last checkpoint.
+A trial that fails is reported with its error and does not stop the others.
+
+RoPE settings: GPT-J (Hugging Face) hard-codes the RoPE base 10,000, so the only RoPE axis a posym
+model can vary is `rotary_dims` (how many head dimensions are rotated; the rest are position-free).
+
+Outputs: trials.parquet (one row per trial: settings, status, error, final accuracy per hop and, with
+dynamics, the fraction of pure positional/symbolic heads at the end), aggregate.parquet (mean and std
+over seeds per task x preset x rotary_dim), aggregate.png/svg and sweep.json.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from posym import io
+from posym.configs import from_dict, to_dict
+from posym.errors import PosymError
+from posym.pipeline import done_path, is_done, mark_done
+
+SWEEP_JOB = "trial"
+"""Stage name of the done-file of a trial."""
+
+
+@dataclass
+class SweepConfig:
+    """The grid of `posym sweep CONFIG.yaml` (unknown keys are errors)."""
+
+    tasks: list[str] = field(default_factory=lambda: ["number", "letter"])
+    """Tasks of the grid (number, letter)."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """Training seeds; the aggregate table averages over them."""
+    presets: list[str] = field(default_factory=lambda: ["quick"])
+    """Training presets of posym.train (quick, seed, paper)."""
+    rotary_dims: list[int | None] = field(default_factory=lambda: [None])
+    """Head dimensions RoPE rotates (even); null = all of them (the paper). GPT-J fixes the RoPE base."""
+    train: dict = field(default_factory=dict)
+    """Overrides of every trial's TrainConfig (e.g. {max_steps: 500, model: {n_layer: 4}})."""
+    dynamics: bool = False
+    """Also run posym.dynamics on every trial and aggregate its pure-head fractions."""
+    n_prompts: int = 100
+    """Test prompts per checkpoint of the dynamics analysis."""
+    cpus_per_trial: int = 1
+    """CPU cores Ray reserves for one trial (also its torch threads)."""
+    num_cpus: int | None = None
+    """CPUs of the local Ray instance (ignored with --address); null = all cores."""
+
+    def __post_init__(self) -> None:
+        for name in ("tasks", "seeds", "presets", "rotary_dims"):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise PosymError(f"{name} must be a non-empty list without repeats, got {values}")
+        if not isinstance(self.train, dict):
+            raise PosymError(f"train must be a mapping of TrainConfig overrides, got {self.train!r}")
+        if self.n_prompts < 1 or self.cpus_per_trial < 1 or (self.num_cpus is not None and self.num_cpus < 1):
+            raise PosymError("n_prompts, cpus_per_trial and num_cpus must be positive")
+
+
+def load_sweep(path: str | Path) -> SweepConfig:
+    """Read and validate a sweep YAML file."""
+    return from_dict(SweepConfig, io.read_yaml(path), where=str(path))
+
+
+def trials(config: SweepConfig) -> list[dict]:
+    """The grid, one dict per trial: name, task, preset, seed, rotary_dim (resolved) and its TrainConfig
+    as a dict. Every config is resolved here, so a bad key fails before any trial starts."""
+    from posym.train import resolve_config
+
+    out = []
+    for preset in config.presets:
+        for task in config.tasks:
+            for rotary in config.rotary_dims:
+                for seed in config.seeds:
+                    updates: dict[str, Any] = {**config.train, "seed": seed}
+                    if rotary is not None:
+                        updates["model"] = {**config.train.get("model", {}), "rotary_dim": rotary}
+                    cfg = resolve_config(preset, task, None, updates)
+                    rot = cfg.model.resolved_rotary_dim
+                    out.append({"name": f"{task}-{preset}-rot{rot}-seed{seed}", "task": task, "preset": preset,
+                                "seed": seed, "rotary_dim": rot, "config": to_dict(cfg)})
+    names = [t["name"] for t in out]
+    twins = sorted({n for n in names if names.count(n) > 1})
+    if twins:
+        raise PosymError(f"the grid holds the same trial twice ({twins[0]}): rotary_dims lists null and the head "
+                         "dimension, which are the same setting")
+    return out
+
+
+def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads: int) -> dict:
+    """Train one trial (resuming if its directory exists), optionally score its dynamics; return its
+    result row. Any exception becomes status "failed" with the error text (a trial never raises)."""
+    start = time.perf_counter()
+    row = {k: trial[k] for k in ("name", "task", "preset", "seed", "rotary_dim")}
+    try:
+        import pandas as pd
+        import torch
+
+        from posym import dynamics as dyn, train
+        from posym.train import TrainConfig
+
+        torch.set_num_threads(threads)
+        run_path = Path(run_dir)
+        cfg = from_dict(TrainConfig, trial["config"])
+        train.train(cfg, run_path, resume=(run_path / "config.yaml").is_file(), progress=False)
+        last = pd.read_parquet(run_path / "metrics.parquet").sort_values("step").iloc[-1]
+        row.update({k: float(last[k]) for k in last.index if k == "acc" or k.startswith("acc_hop")})
+        row["step"] = int(last.step)
+        if dynamics:
+            result = dyn.run_dynamics(run_path, n_prompts=n_prompts, seed=trial["seed"])
+            end = [r for r in result["composition"]
+                   if r["gamma"] == 0.1 and r["stage"] == "end" and r["query_mode"] == "hops"][0]
+            row.update({"frac_positional": end["frac_positional"], "frac_symbolic": end["frac_symbolic"],
+                        "layers_positional": end["layers_positional"], "layers_symbolic": end["layers_symbolic"]})
+        row.update(status="ok", error="")
+    except Exception as exc:  # noqa: BLE001 - a failed trial is data, reported in trials.parquet
+        row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+    row["seconds"] = round(time.perf_counter() - start, 2)
+    return row
+
+
+def aggregate(rows):
+    """Mean and std over seeds (successful trials) per task x preset x rotary_dim, of the final
+    accuracy (overall and per hop) and, when present, the pure-head fractions; `n_seeds` counts them."""
+    ok = rows[rows.status == "ok"]
+    metrics = [c for c in ok.columns if c == "acc" or c.startswith("acc_hop") or c.startswith("frac_")]
+    keys = ["task", "preset", "rotary_dim"]
+    if ok.empty:
+        return ok[keys]
+    grouped = ok.groupby(keys)
+    table = grouped[metrics].agg(["mean", "std"])
+    table.columns = [f"{metric}_{stat}" for metric, stat in table.columns]
+    table.insert(0, "n_seeds", grouped.size())
+    return table.reset_index()
+
+
+def plot_aggregate(table, stem) -> list[Path]:
+    """Mean final accuracy per hop (bars, std over seeds as error bars) for every grid setting, and
+    the pure-head fractions if the trials ran dynamics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from posym.figures import save_figure
+
+    hops = sorted(c[:-5] for c in table.columns if c.startswith("acc_hop") and c.endswith("_mean"))
+    fracs = [c[:-5] for c in table.columns if c.startswith("frac_") and c.endswith("_mean")]
+    panels = [("final test accuracy", ["acc", *hops])] + ([("pure heads at the end (gamma 0.1)", fracs)] if fracs else [])
+    labels = [f"{r.task}\n{r.preset}, rot {r.rotary_dim}" for r in table.itertuples()]
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(5.0, 1.6 * len(table)) * len(panels), 3.8), squeeze=False)
+    x = np.arange(len(table))
+    for ax, (title, columns) in zip(axes[0], panels):
+        width = 0.8 / len(columns)
+        for k, column in enumerate(columns):
+            ax.bar(x + (k - (len(columns) - 1) / 2) * width, table[f"{column}_mean"], width,
+                   yerr=table[f"{column}_std"].fillna(0), capsize=2, label=column.replace("acc_", ""))
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set(ylim=(0, 1.05), title=f"{title}, mean ± std over seeds")
+        ax.legend(fontsize=7)
+    return save_figure(fig, stem)
+
+
+def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = None, max_concurrent: int | None = None,
+              progress: Callable[[dict], None] | None = None) -> dict:
+    """Run every trial not yet done on Ray (local unless `address`), at most `max_concurrent` at a
+    time; write trials.parquet, aggregate.parquet, aggregate.png/svg and sweep.json into `out`.
+    `progress(row)` is called after each trial. Returns sweep.json's content plus the two tables."""
+    import json
+
+    import pandas as pd
+    import ray
+
+    out = Path(out)
+    grid = trials(config)
+    if max_concurrent is not None and max_concurrent < 1:
+        raise PosymError(f"--max-concurrent must be positive, got {max_concurrent}")
+    rows = {t["name"]: json.loads(done_path(out, t["name"], SWEEP_JOB).read_text(encoding="utf-8"))["row"]
+            for t in grid if is_done(out, t["name"], SWEEP_JOB)}
+    todo = [t for t in grid if t["name"] not in rows]
+    if todo:
+        started = not ray.is_initialized()
+        if started:
+            try:
+                ray.init(address=address, log_to_driver=False) if address else ray.init(
+                    num_cpus=config.num_cpus, include_dashboard=False, log_to_driver=False)
+            except ConnectionError as exc:
+                raise PosymError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
+        remote = ray.remote(num_cpus=config.cpus_per_trial, max_retries=0)(run_trial)
+        limit = max_concurrent or len(todo)
+        queue, running = list(todo), {}
+        try:
+            while queue or running:
+                while queue and len(running) < limit:
+                    t = queue.pop(0)
+                    ref = remote.remote(t, str(out / "trials" / t["name"]), config.dynamics, config.n_prompts,
+                                        config.cpus_per_trial)
+                    running[ref] = t
+                ready, _ = ray.wait(list(running), num_returns=1)
+                t = running.pop(ready[0])
+                try:
+                    row = ray.get(ready[0])
+                except Exception as exc:  # noqa: BLE001 - a crashed worker fails this trial only
+                    row = {k: t[k] for k in ("name", "task", "preset", "seed", "rotary_dim")}
+                    row.update(status="failed", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+                rows[t["name"]] = row
+                if row["status"] == "ok":
+                    mark_done(out, t["name"], SWEEP_JOB, row.get("seconds", 0.0), row=row)
+                if progress is not None:
+                    progress(row)
+        finally:
+            if started:
+                ray.shutdown()
+    frame = pd.DataFrame([rows[t["name"]] for t in grid])
+    table = aggregate(frame)
+    io.write_parquet(out / "trials.parquet", frame)
+    io.write_parquet(out / "aggregate.parquet", table)
+    figures = [str(p) for p in plot_aggregate(table, out / "aggregate")] if len(table) else []
+    failed = frame[frame.status != "ok"][["name", "error"]].to_dict("records")
+    result = {**io.manifest(to_dict(config)), "config": to_dict(config), "trials": len(grid), "failed": failed,
+              "figures": figures}
+    io.write_json(out / "sweep.json", result)
+    return {**result, "table": table, "rows": frame}

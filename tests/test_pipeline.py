@@ -1,0 +1,154 @@
+"""posym run: the whole pipeline end to end on a tiny configuration, done-files and resuming."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from posym import pipeline
+from posym.errors import PosymError
+
+TINY = {
+    "train": {"max_steps": 12, "checkpoint_every": 6, "eval_size": 48, "model": {"n_layer": 2, "n_embd": 32}},
+    "dynamics_prompts": 4,
+    "geometry_prompts": 4,
+    "lengthgen": {"lengths": [17, 34], "factors": [1, 2], "n": 16},
+    "theory": {"n0": [4], "samples": 200, "task_samples": 40, "curve_max_n": 8, "curve_freq_ids": [2]},
+}
+
+
+def _cli(monkeypatch, *args):
+    from posym.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["posym", *map(str, args)])
+    try:
+        main()
+    except SystemExit as exc:
+        return exc.code
+    return 0
+
+
+def _stamps(out: Path) -> dict:
+    """Done-file contents (each holds its finish time) and checkpoint weight mtimes."""
+    files = {p.name: p.read_text() for p in (out / "stages").glob("*.done.json")}
+    files.update({str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.glob("*/checkpoints/*/model.safetensors")})
+    return files
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_config, tmp_path_factory):
+    """One end-to-end `posym run` (both tasks, 2 worker processes) and its captured output."""
+    out = tmp_path_factory.mktemp("run") / "main"
+    mp = pytest.MonkeyPatch()
+    import io
+    from contextlib import redirect_stdout
+
+    buffer = io.StringIO()
+    with redirect_stdout(buffer):
+        code = _cli(mp, "run", "--config", tiny_config, "--out", out, "--workers", 2)
+    mp.undo()
+    return code, buffer.getvalue(), out
+
+
+def test_run_end_to_end(finished):
+    code, printed, out = finished
+    assert code == 0
+    for job in ("number", "letter"):
+        for stage in pipeline.TASK_STAGES:
+            done = json.loads(pipeline.done_path(out, job, stage).read_text())
+            assert done["job"] == job and done["stage"] == stage and done["seconds"] > 0
+        assert (out / job / "analysis" / "dynamics.parquet").is_file()
+        assert (out / job / "analysis" / "frequency.parquet").is_file()
+        assert (out / job / "lengthgen" / "lengthgen.json").is_file()
+        assert "step 12" in (out / job / "train.log").read_text()
+    assert pipeline.is_done(out, "theory", "theory") and (out / "theory" / "fig5a.png").is_file()
+    html = (out / "report" / "report.html").read_text()
+    for stem in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity", "fig4b_qk_plane",
+                 "fig8_frequency", "fig5b"):
+        for task in ("number", "letter"):
+            assert f"figures/{task}-{stem}.png" in html
+            assert (out / "report" / "figures" / f"{task}-{stem}.svg").is_file()
+    assert "theory-fig5a" in html and "Table 3 (real models): absent" in html
+    # the summary table names both tasks and the report path
+    assert "number" in printed and "letter" in printed and "report: " in printed
+    assert str(out / "report" / "report.html") in printed
+    result = json.loads((out / "pipeline.json").read_text())
+    assert [s["task"] for s in result["summary"]] == ["number", "letter"]
+    assert result["summary"][0]["step"] == 12 and set(result["summary"][0]["acc_hops"]) == {"1", "2", "3", "4"}
+    stored = yaml.safe_load((out / "pipeline.yaml").read_text())
+    assert stored["train"] == TINY["train"] and stored["lengthgen"]["n"] == 16
+
+
+def test_rerun_recomputes_only_missing_stages(finished, tiny_config, monkeypatch, capsys):
+    _, _, out = finished
+    before = _stamps(out)
+    assert _cli(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
+    assert _stamps(out) == before  # nothing recomputed: done-files and checkpoints untouched
+    # drop one stage's done-file (as if killed during it): only that stage runs again
+    pipeline.done_path(out, "letter", "lengthgen").unlink()
+    # and the train stage of number (killed after its last checkpoint): train resumes, nothing to redo
+    pipeline.done_path(out, "number", "train").unlink()
+    assert _cli(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
+    after = _stamps(out)
+    changed = {k for k in before if before[k] != after[k]}
+    # train resumed from its last checkpoint (step 12 = max_steps): no checkpoint was rewritten
+    assert changed == {"letter-lengthgen.done.json", "number-train.done.json"}
+
+
+def test_other_config_on_same_out_is_refused(finished, tiny_config, monkeypatch, capsys):
+    _, _, out = finished
+    assert _cli(monkeypatch, "run", "--config", tiny_config, "--out", out, "--task", "number") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posym: error: ") and "different config" in err and err.count("\n") == 1
+
+
+def test_bad_pipeline_configs(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "bad.yaml"
+    for text, message in [("dynamics_promts: 3\n", "unknown key 'dynamics_promts'"),
+                          ("train: {max_stepz: 3}\n", "unknown key 'max_stepz'"),
+                          ("tasks: [number, number]\n", "without repeats"),
+                          ("lengthgen: {protocol: nope}\n", "protocol must be one of"),
+                          ("train: 5\n", "train must be a mapping")]:
+        bad.write_text(text)
+        assert _cli(monkeypatch, "run", "--config", bad, "--out", tmp_path / "o") == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # validated before anything is written
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    assert _cli(monkeypatch, "run", "--out", tmp_path / "full", "--preset", "quick") == 2
+    assert "holds no pipeline.yaml" in capsys.readouterr().err
+
+
+def test_stage_marks_done_only_after_success(tmp_path):
+    calls = []
+
+    def fail():
+        calls.append("fail")
+        raise PosymError("boom")
+
+    with pytest.raises(PosymError):
+        pipeline._stage(tmp_path, "number", "train", fail)
+    assert not pipeline.is_done(tmp_path, "number", "train")
+    assert pipeline._stage(tmp_path, "number", "train", lambda: calls.append("ok")) >= 0
+    assert pipeline.is_done(tmp_path, "number", "train")
+    assert pipeline._stage(tmp_path, "number", "train", lambda: calls.append("again")) == 0.0
+    assert calls == ["fail", "ok"]
+    assert not list((tmp_path / "stages").glob(".*"))  # atomic: no temporary leftovers
+
+
+def test_resolve_pipeline_layers(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("seed: 3\ntrain: {max_steps: 7}\n")
+    config = pipeline.resolve_pipeline("seed", ["letter"], path, {"device": "cpu"})
+    assert (config.preset, config.tasks, config.seed, config.device) == ("seed", ["letter"], 3, "cpu")
+    cfg = pipeline.train_config(config, "letter")
+    assert (cfg.preset, cfg.max_steps, cfg.seed, cfg.device, cfg.model.n_head) == ("seed", 7, 3, "cpu", 8)

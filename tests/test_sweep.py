@@ -1,0 +1,127 @@
+"""posym sweep: strict YAML, the grid, aggregation against a plain loop, failures, one local Ray run."""
+
+import json
+import statistics
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from posym import sweep
+from posym.errors import PosymError
+
+TINY_TRAIN = {"max_steps": 4, "checkpoint_every": 2, "eval_size": 16, "model": {"n_layer": 1, "n_embd": 16}}
+
+
+def test_yaml_keys_are_strict(tmp_path):
+    path = tmp_path / "s.yaml"
+    for text, message in [("seed: [0]\n", "unknown key 'seed'"),
+                          ("rope_bases: [500]\n", "unknown key 'rope_bases'"),
+                          ("seeds: 3\n", "must be a list"),
+                          ("seeds: []\n", "non-empty"),
+                          ("dynamics: yes please\n", "true or false"),
+                          ("train: [1]\n", "train must be a mapping")]:
+        path.write_text(text)
+        with pytest.raises(PosymError, match=message):
+            sweep.load_sweep(path)
+    path.write_text("train: {max_stepz: 3}\n")
+    with pytest.raises(PosymError, match="unknown key 'max_stepz'"):
+        sweep.trials(sweep.load_sweep(path))  # train keys fail before any trial starts
+    path.write_text("rotary_dims: [null, 64]\n")  # quick: head dim 64, so null == 64
+    with pytest.raises(PosymError, match="same trial twice"):
+        sweep.trials(sweep.load_sweep(path))
+
+
+def test_example_file_is_valid():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "sweep.yaml"
+    grid = sweep.trials(sweep.load_sweep(example))
+    assert len(grid) == 2 * 3 * 1 * 2
+    assert {t["rotary_dim"] for t in grid} == {64, 32}
+
+
+def test_grid():
+    config = sweep.SweepConfig(tasks=["letter"], seeds=[3, 4], presets=["quick", "seed"], rotary_dims=[None, 8],
+                               train={"max_steps": 9, "model": {"n_layer": 2}})
+    grid = sweep.trials(config)
+    assert len(grid) == 2 * 2 * 2
+    names = [t["name"] for t in grid]
+    assert names[:4] == ["letter-quick-rot64-seed3", "letter-quick-rot64-seed4", "letter-quick-rot8-seed3",
+                         "letter-quick-rot8-seed4"]
+    assert "letter-seed-rot16-seed3" in names  # the seed preset has 8 heads of 16 dims
+    for t in grid:
+        c = t["config"]
+        assert (c["seed"], c["max_steps"], c["model"]["n_layer"], c["preset"]) == (t["seed"], 9, 2, t["preset"])
+        assert c["model"]["rotary_dim"] in (None, 8)
+
+
+def test_aggregate_matches_loop():
+    rows = pd.DataFrame([
+        {"task": "number", "preset": "quick", "rotary_dim": 64, "seed": s, "status": "ok", "acc": a, "acc_hop1": h}
+        for s, a, h in [(0, 0.9, 1.0), (1, 0.7, 0.5), (2, 0.2, 0.25)]
+    ] + [{"task": "number", "preset": "quick", "rotary_dim": 64, "seed": 3, "status": "failed", "acc": None,
+          "acc_hop1": None},
+         {"task": "letter", "preset": "quick", "rotary_dim": 64, "seed": 0, "status": "ok", "acc": 1.0, "acc_hop1": 1.0}])
+    table = sweep.aggregate(rows).set_index("task")
+    ok = [(0.9, 1.0), (0.7, 0.5), (0.2, 0.25)]
+    assert table.loc["number", "n_seeds"] == 3  # the failed trial is not averaged
+    assert table.loc["number", "acc_mean"] == pytest.approx(statistics.mean(a for a, _ in ok))
+    assert table.loc["number", "acc_std"] == pytest.approx(statistics.stdev(a for a, _ in ok))
+    assert table.loc["number", "acc_hop1_std"] == pytest.approx(statistics.stdev(h for _, h in ok))
+    assert table.loc["letter", "n_seeds"] == 1 and pd.isna(table.loc["letter", "acc_std"])
+
+
+def test_failed_trial_is_a_row(tmp_path):
+    trial = sweep.trials(sweep.SweepConfig(tasks=["number"], seeds=[0], train=TINY_TRAIN))[0]
+    (tmp_path / "occupied").mkdir()
+    (tmp_path / "occupied" / "x").write_text("x")
+    row = sweep.run_trial(trial, str(tmp_path / "occupied"), False, 4, 1)
+    assert row["status"] == "failed" and "already exists and is not empty" in row["error"]
+    assert row["name"] == trial["name"] and "acc" not in row
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_two_trials_on_local_ray(local_ray, tmp_path, monkeypatch, capsys):
+    """Two trials on local Ray, one forced to fail; the other finishes and is aggregated; a re-run
+    after fixing the cause runs only the failed one (the first is skipped by its done-file)."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"tasks": ["number"], "seeds": [0, 1], "train": TINY_TRAIN, "dynamics": True,
+                                    "n_prompts": 3}))
+    out = tmp_path / "out"
+    blocker = out / "trials" / "number-quick-rot16-seed1" / "junk"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a run")
+    from posym.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["posym", "sweep", str(path), "--out", str(out), "--max-concurrent", "1"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert "trial number-quick-rot16-seed1 failed" in captured.out and "1 of 2 trials failed" in captured.err
+    rows = pd.read_parquet(out / "trials.parquet")
+    assert rows.status.tolist() == ["ok", "failed"]
+    assert rows.step[0] == 4 and 0 <= rows.acc[0] <= 1 and 0 <= rows.frac_symbolic[0] <= 1
+    table = pd.read_parquet(out / "aggregate.parquet")
+    assert table.n_seeds.tolist() == [1] and table.acc_mean[0] == rows.acc[0]
+    assert (out / "aggregate.png").is_file() and (out / "aggregate.svg").is_file()
+    assert json.loads((out / "sweep.json").read_text())["failed"][0]["name"] == "number-quick-rot16-seed1"
+
+    first = out / "trials" / "number-quick-rot16-seed0" / "checkpoints" / "step-00000004" / "model.safetensors"
+    stamp = first.stat().st_mtime_ns
+    blocker.unlink()
+    result = sweep.run_sweep(sweep.load_sweep(path), out)
+    assert first.stat().st_mtime_ns == stamp  # the finished trial was not rerun
+    assert result["failed"] == [] and result["table"].n_seeds.tolist() == [2]
+    rows = pd.read_parquet(out / "trials.parquet")
+    assert rows.status.tolist() == ["ok", "ok"]
+    assert result["table"].acc_mean[0] == pytest.approx(rows.acc.mean())
