@@ -9,6 +9,7 @@ import torch
 import transformers
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from cli_runner import run_posym  # noqa: E402
 from reference_scores import channel_dims, reference_swap_scores  # noqa: E402
 
 from posym import geometry  # noqa: E402
@@ -190,24 +191,13 @@ def tiny_run(tmp_path_factory):
     return train.train(cfg, tmp_path_factory.mktemp("geo") / "run", progress=False)
 
 
-def _cli(monkeypatch, *args):
-    from posym.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["posym", *map(str, args)])
-    try:
-        main()
-    except SystemExit as exc:
-        return exc.code
-    return 0
-
-
 def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
     import json
 
     import pandas as pd
 
     out = tmp_path / "geo"
-    assert _cli(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", out) == 0
+    assert run_posym(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", out) == 0
     assert "weighted frequency ID per layer" in capsys.readouterr().out
     planes, heads = pd.read_parquet(out / "planes.parquet"), pd.read_parquet(out / "frequency.parquet")
     assert sorted(planes.layer.unique()) == [0, 1] and planes.frequency_id.max() == 16
@@ -221,13 +211,13 @@ def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
     for name in ("fig8_frequency", "fig4b_qk_plane"):
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").is_file()
     # deterministic: the same command gives the same numbers
-    assert _cli(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", tmp_path / "g2") == 0
+    assert run_posym(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", tmp_path / "g2") == 0
     pd.testing.assert_frame_equal(planes, pd.read_parquet(tmp_path / "g2" / "planes.parquet"))
     capsys.readouterr()
-    assert _cli(monkeypatch, "geometry", tiny_run, "--plane-layer", 5, "--n-prompts", 2, "--out", out) == 2
+    assert run_posym(monkeypatch, "geometry", tiny_run, "--plane-layer", 5, "--n-prompts", 2, "--out", out) == 2
     err = capsys.readouterr().err
     assert err.startswith("posym: error: --plane-layer") and err.count("\n") == 1
-    assert _cli(monkeypatch, "geometry", tmp_path / "nothing") == 2
+    assert run_posym(monkeypatch, "geometry", tmp_path / "nothing") == 2
 
 
 def test_cli_geometry_on_a_hugging_face_llama_dir(tmp_path, monkeypatch, capsys):
@@ -240,9 +230,9 @@ def test_cli_geometry_on_a_hugging_face_llama_dir(tmp_path, monkeypatch, capsys)
     model_dir = save_model(tmp_path / "llama", "llama", tokenizer())
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": list(range(3, 3 + n))}) + "\n" for n in (9, 12)))
-    assert _cli(monkeypatch, "geometry", model_dir, "--prompts", prompts, "--out", tmp_path / "out") == 0
+    assert run_posym(monkeypatch, "geometry", model_dir, "--prompts", prompts, "--out", tmp_path / "out") == 0
     planes = pd.read_parquet(tmp_path / "out" / "planes.parquet")
     assert planes.prompt.nunique() == 2 and set(planes["query"]) == {8, 11}
     capsys.readouterr()
-    assert _cli(monkeypatch, "geometry", model_dir, "--prompts", prompts) == 2
+    assert run_posym(monkeypatch, "geometry", model_dir, "--prompts", prompts) == 2
     assert "give --out" in capsys.readouterr().err

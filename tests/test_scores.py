@@ -288,7 +288,7 @@ def test_bad_models_and_prompts_are_posym_errors():
 
 import glob  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
+from cli_runner import run_posym  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -324,17 +324,6 @@ def test_trained_checkpoint_hops_match_reference(trained_run, dtype, tol, first)
     _assert_matches_reference(model, ids, frame, tol)
 
 
-def _cli(monkeypatch, *args):
-    from posym.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["posym", *map(str, args)])
-    try:
-        main()
-    except SystemExit as exc:
-        return exc.code
-    return 0
-
-
 def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch, capsys):
     import pandas as pd
 
@@ -342,7 +331,7 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     from posym.scores import prompt_set
 
     out = tmp_path / "scores.parquet"
-    assert _cli(monkeypatch, "score", "--model", trained_run, "--n-prompts", 5, "--seed", 2,
+    assert run_posym(monkeypatch, "score", "--model", trained_run, "--n-prompts", 5, "--seed", 2,
                 "--queries", "hops", "--batch-size", 2, "--out", out) == 0
     assert "label" in capsys.readouterr().out
     written = pd.read_parquet(out)
@@ -363,7 +352,7 @@ def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, caps
     good = tmp_path / "good.jsonl"
     good.write_text('{"input_ids": [1, 2, 3, 4, 5], "queries": [3, 4]}\n\n{"input_ids": [5, 4, 3], "chain": [2, 1, 0]}\n')
     out = tmp_path / "file.parquet"
-    assert _cli(monkeypatch, "score", "--model", trained_run, "--prompts", good, "--blocks", 2, "--out", out) == 0
+    assert run_posym(monkeypatch, "score", "--model", trained_run, "--prompts", good, "--blocks", 2, "--out", out) == 0
     written = pd.read_parquet(out)
     assert sorted(set(zip(written["prompt"], written["query"]))) == [(0, 3), (0, 4), (1, 2)]
     capsys.readouterr()
@@ -378,7 +367,7 @@ def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, caps
     for text, message in cases:
         bad = tmp_path / "bad.jsonl"
         bad.write_text(text)
-        assert _cli(monkeypatch, "score", "--model", trained_run, "--prompts", bad, "--queries", "hops",
+        assert run_posym(monkeypatch, "score", "--model", trained_run, "--prompts", bad, "--queries", "hops",
                     "--out", tmp_path / "bad.parquet") == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad.parquet").exists()

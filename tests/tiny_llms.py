@@ -9,12 +9,10 @@ Every model directory holds a word-level tokenizer trained in-process on the pro
 
 from __future__ import annotations
 
-import sys
-
 import torch
+from cli_runner import run_posym
 
 from posym.bench import bench_prompts
-from posym.cli import main
 from posym.llm import binding_prompts
 from posym.tasks import task_config, token_names
 
@@ -72,11 +70,6 @@ def save_model(path, kind: str, tokenizer, *, positions: int = 512, seed: int = 
 
 def run_cli(args, capsys, monkeypatch) -> tuple[int, str, str]:
     """Run `posym ARGS` in-process: (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["posym", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
+    code = run_posym(monkeypatch, *args)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
