@@ -17,7 +17,7 @@ TINY_TRAIN = {"max_steps": 4, "checkpoint_every": 2, "eval_size": 16, "model": {
 def test_yaml_keys_are_strict(tmp_path):
     path = tmp_path / "s.yaml"
     for text, message in [("seed: [0]\n", "unknown key 'seed'"),
-                          ("rope_bases: [500]\n", "unknown key 'rope_bases'"),
+                          ("rope_base: [500]\n", "unknown key 'rope_base'"),
                           ("seeds: 3\n", "must be a list"),
                           ("seeds: []\n", "non-empty"),
                           ("dynamics: yes please\n", "true or false"),
@@ -39,31 +39,31 @@ def test_example_file_is_valid():
     example = Path(__file__).resolve().parents[1] / "examples" / "sweep.yaml"
     grid = sweep.trials(sweep.load_sweep(example))
     assert len(grid) == 2 * 3 * 1 * 2
-    assert {t["rotary_dim"] for t in grid} == {64, 32}
+    assert {t["rotary_dim"] for t in grid} == {64, 32} and {t["rope_base"] for t in grid} == {10000.0}
 
 
 def test_grid():
     config = sweep.SweepConfig(tasks=["letter"], seeds=[3, 4], presets=["quick", "seed"], rotary_dims=[None, 8],
-                               train={"max_steps": 9, "model": {"n_layer": 2}})
+                               rope_bases=[500.0], train={"max_steps": 9, "model": {"n_layer": 2}})
     grid = sweep.trials(config)
     assert len(grid) == 2 * 2 * 2
     names = [t["name"] for t in grid]
-    assert names[:4] == ["letter-quick-rot64-seed3", "letter-quick-rot64-seed4", "letter-quick-rot8-seed3",
-                         "letter-quick-rot8-seed4"]
-    assert "letter-seed-rot16-seed3" in names  # the seed preset has 8 heads of 16 dims
+    assert names[:4] == ["letter-quick-rot64-base500-seed3", "letter-quick-rot64-base500-seed4",
+                         "letter-quick-rot8-base500-seed3", "letter-quick-rot8-base500-seed4"]
+    assert "letter-seed-rot16-base500-seed3" in names  # the seed preset has 8 heads of 16 dims
     for t in grid:
         c = t["config"]
         assert (c["seed"], c["max_steps"], c["model"]["n_layer"], c["preset"]) == (t["seed"], 9, 2, t["preset"])
-        assert c["model"]["rotary_dim"] in (None, 8)
+        assert c["model"]["rotary_dim"] in (None, 8) and c["model"]["rope_base"] == t["rope_base"] == 500.0
 
 
 def test_aggregate_matches_loop():
     rows = pd.DataFrame([
-        {"task": "number", "preset": "quick", "rotary_dim": 64, "seed": s, "status": "ok", "acc": a, "acc_hop1": h}
+        {"task": "number", "preset": "quick", "rotary_dim": 64, "rope_base": 1e4, "seed": s, "status": "ok", "acc": a, "acc_hop1": h}
         for s, a, h in [(0, 0.9, 1.0), (1, 0.7, 0.5), (2, 0.2, 0.25)]
-    ] + [{"task": "number", "preset": "quick", "rotary_dim": 64, "seed": 3, "status": "failed", "acc": None,
+    ] + [{"task": "number", "preset": "quick", "rotary_dim": 64, "rope_base": 1e4, "seed": 3, "status": "failed", "acc": None,
           "acc_hop1": None},
-         {"task": "letter", "preset": "quick", "rotary_dim": 64, "seed": 0, "status": "ok", "acc": 1.0, "acc_hop1": 1.0}])
+         {"task": "letter", "preset": "quick", "rotary_dim": 64, "rope_base": 1e4, "seed": 0, "status": "ok", "acc": 1.0, "acc_hop1": 1.0}])
     table = sweep.aggregate(rows).set_index("task")
     ok = [(0.9, 1.0), (0.7, 0.5), (0.2, 0.25)]
     assert table.loc["number", "n_seeds"] == 3  # the failed trial is not averaged
@@ -94,10 +94,10 @@ def test_two_trials_on_local_ray(local_ray, tmp_path, monkeypatch, capsys):
     """Two trials on local Ray, one forced to fail; the other finishes and is aggregated; a re-run
     after fixing the cause runs only the failed one (the first is skipped by its done-file)."""
     path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"tasks": ["number"], "seeds": [0, 1], "train": TINY_TRAIN, "dynamics": True,
-                                    "n_prompts": 3}))
+    path.write_text(yaml.safe_dump({"tasks": ["number"], "seeds": [0, 1], "rope_bases": [500.0], "train": TINY_TRAIN,
+                                    "dynamics": True, "n_prompts": 3}))
     out = tmp_path / "out"
-    blocker = out / "trials" / "number-quick-rot16-seed1" / "junk"
+    blocker = out / "trials" / "number-quick-rot16-base500-seed1" / "junk"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("not a run")
     from posym.cli import main
@@ -107,16 +107,18 @@ def test_two_trials_on_local_ray(local_ray, tmp_path, monkeypatch, capsys):
         main()
     assert exc.value.code == 2
     captured = capsys.readouterr()
-    assert "trial number-quick-rot16-seed1 failed" in captured.out and "1 of 2 trials failed" in captured.err
+    assert "trial number-quick-rot16-base500-seed1 failed" in captured.out and "1 of 2 trials failed" in captured.err
     rows = pd.read_parquet(out / "trials.parquet")
     assert rows.status.tolist() == ["ok", "failed"]
     assert rows.step[0] == 4 and 0 <= rows.acc[0] <= 1 and 0 <= rows.frac_symbolic[0] <= 1
     table = pd.read_parquet(out / "aggregate.parquet")
     assert table.n_seeds.tolist() == [1] and table.acc_mean[0] == rows.acc[0]
     assert (out / "aggregate.png").is_file() and (out / "aggregate.svg").is_file()
-    assert json.loads((out / "sweep.json").read_text())["failed"][0]["name"] == "number-quick-rot16-seed1"
+    assert json.loads((out / "sweep.json").read_text())["failed"][0]["name"] == "number-quick-rot16-base500-seed1"
 
-    first = out / "trials" / "number-quick-rot16-seed0" / "checkpoints" / "step-00000004" / "model.safetensors"
+    trial_dir = out / "trials" / "number-quick-rot16-base500-seed0"
+    assert yaml.safe_load((trial_dir / "config.yaml").read_text())["model"]["rope_base"] == 500.0
+    first = trial_dir / "checkpoints" / "step-00000004" / "model.safetensors"
     stamp = first.stat().st_mtime_ns
     blocker.unlink()
     result = sweep.run_sweep(sweep.load_sweep(path), out)

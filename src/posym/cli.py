@@ -554,7 +554,7 @@ def report_command(
 
 @app.command("sweep")
 def sweep_command(
-    config: Path = typer.Argument(..., help="Sweep YAML: tasks, seeds, presets, rotary_dims, train overrides, "
+    config: Path = typer.Argument(..., help="Sweep YAML: tasks, seeds, presets, rotary_dims, rope_bases, train overrides, "
                                   "dynamics, n_prompts, cpus_per_trial, num_cpus (see examples/sweep.yaml)."),
     address: Optional[str] = typer.Option(None, help="Address of an existing Ray cluster (e.g. 'auto' or "
                                           "'ray://host:10001'); default: start a local Ray instance."),
@@ -563,7 +563,7 @@ def sweep_command(
     max_concurrent: Optional[int] = typer.Option(None, help="Trials running at once (default: as many as Ray's "
                                                  "CPUs allow)."),
 ) -> None:
-    """Train a grid of runs (tasks x seeds x presets x rotary dims) with Ray and aggregate final accuracy
+    """Train a grid of runs (tasks x seeds x presets x RoPE settings) with Ray and aggregate final accuracy
     per hop (and pure-head fractions) as mean and std over seeds. Finished trials are not rerun."""
     from rich.console import Console
     from rich.progress import Progress
@@ -585,10 +585,10 @@ def sweep_command(
     table = result["table"]
     view = Table(title=f"{result['trials']} trials, {len(result['failed'])} failed: mean ± std over seeds")
     columns = [c[:-5] for c in table.columns if c.endswith("_mean")]
-    for column in ["task", "preset", "rotary_dim", "n_seeds", *columns]:
+    for column in ["task", "preset", "rotary_dim", "rope_base", "n_seeds", *columns]:
         view.add_column(column.replace("acc_", ""), justify="right")
     for r in table.to_dict("records"):
-        view.add_row(r["task"], r["preset"], str(r["rotary_dim"]), str(r["n_seeds"]),
+        view.add_row(r["task"], r["preset"], str(r["rotary_dim"]), f"{r['rope_base']:g}", str(r["n_seeds"]),
                      *(f"{r[c + '_mean']:.3f} ± {r[c + '_std']:.3f}" for c in columns))
     console.print(view)
     console.print(f"wrote {out}/trials.parquet, aggregate.parquet, aggregate.png/svg, sweep.json")

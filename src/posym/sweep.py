@@ -1,20 +1,22 @@
-"""`posym sweep`: a grid of training runs (tasks x seeds x presets x rotary dims) executed with Ray.
+"""`posym sweep`: a grid of training runs (tasks x seeds x presets x RoPE settings) executed with Ray.
 
 Every trial is a normal posym run directory `<out>/trials/<name>` (posym.train), optionally followed
 by posym.dynamics; a finished trial leaves a done-file (posym.pipeline's) holding its result row, so
 re-running a sweep skips finished trials and resumes interrupted ones from their last checkpoint.
 A trial that fails is reported with its error and does not stop the others.
 
-RoPE settings: GPT-J (Hugging Face) hard-codes the RoPE base 10,000, so the only RoPE axis a posym
-model can vary is `rotary_dims` (how many head dimensions are rotated; the rest are position-free).
+RoPE settings: `rotary_dims` (how many head dimensions are rotated; the rest are position-free) and
+`rope_bases` (Hugging Face GPT-J hard-codes 10,000; another base is posym.rope's variant, which
+posym's own loading applies and plain transformers loading ignores).
 
 Outputs: trials.parquet (one row per trial: settings, status, error, final accuracy per hop and, with
 dynamics, the fraction of pure positional/symbolic heads at the end), aggregate.parquet (mean and std
-over seeds per task x preset x rotary_dim), aggregate.png/svg and sweep.json.
+over seeds per task x preset x rotary_dim x rope_base), aggregate.png/svg and sweep.json.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,8 @@ from posym.pipeline import done_path, is_done, mark_done
 
 SWEEP_JOB = "trial"
 """Stage name of the done-file of a trial."""
+TRIAL_KEYS = ("name", "task", "preset", "seed", "rotary_dim", "rope_base")
+"""The settings every trial row starts with."""
 
 
 @dataclass
@@ -40,7 +44,9 @@ class SweepConfig:
     presets: list[str] = field(default_factory=lambda: ["quick"])
     """Training presets of posym.train (quick, seed, paper)."""
     rotary_dims: list[int | None] = field(default_factory=lambda: [None])
-    """Head dimensions RoPE rotates (even); null = all of them (the paper). GPT-J fixes the RoPE base."""
+    """Head dimensions RoPE rotates (even); null = all of them (the paper)."""
+    rope_bases: list[float] = field(default_factory=lambda: [10000.0])
+    """RoPE bases (frequencies base^(-2(k-1)/rotary_dim)); the paper: 10,000."""
     train: dict = field(default_factory=dict)
     """Overrides of every trial's TrainConfig (e.g. {max_steps: 500, model: {n_layer: 4}})."""
     dynamics: bool = False
@@ -53,7 +59,7 @@ class SweepConfig:
     """CPUs of the local Ray instance (ignored with --address); null = all cores."""
 
     def __post_init__(self) -> None:
-        for name in ("tasks", "seeds", "presets", "rotary_dims"):
+        for name in ("tasks", "seeds", "presets", "rotary_dims", "rope_bases"):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise PosymError(f"{name} must be a non-empty list without repeats, got {values}")
@@ -69,22 +75,22 @@ def load_sweep(path: str | Path) -> SweepConfig:
 
 
 def trials(config: SweepConfig) -> list[dict]:
-    """The grid, one dict per trial: name, task, preset, seed, rotary_dim (resolved) and its TrainConfig
+    """The grid, one dict per trial: name, task, preset, seed, rotary_dim (resolved), rope_base and its TrainConfig
     as a dict. Every config is resolved here, so a bad key fails before any trial starts."""
     from posym.train import resolve_config
 
     out = []
     for preset in config.presets:
         for task in config.tasks:
-            for rotary in config.rotary_dims:
-                for seed in config.seeds:
-                    updates: dict[str, Any] = {**config.train, "seed": seed}
-                    if rotary is not None:
-                        updates["model"] = {**config.train.get("model", {}), "rotary_dim": rotary}
-                    cfg = resolve_config(preset, task, None, updates)
-                    rot = cfg.model.resolved_rotary_dim
-                    out.append({"name": f"{task}-{preset}-rot{rot}-seed{seed}", "task": task, "preset": preset,
-                                "seed": seed, "rotary_dim": rot, "config": to_dict(cfg)})
+            for rotary, base, seed in itertools.product(config.rotary_dims, config.rope_bases, config.seeds):
+                model = {**config.train.get("model", {}), "rope_base": base}
+                if rotary is not None:
+                    model["rotary_dim"] = rotary
+                cfg = resolve_config(preset, task, None, {**config.train, "seed": seed, "model": model})
+                rot = cfg.model.resolved_rotary_dim
+                out.append({"name": f"{task}-{preset}-rot{rot}-base{base:g}-seed{seed}", "task": task,
+                            "preset": preset, "seed": seed, "rotary_dim": rot, "rope_base": base,
+                            "config": to_dict(cfg)})
     names = [t["name"] for t in out]
     twins = sorted({n for n in names if names.count(n) > 1})
     if twins:
@@ -97,7 +103,7 @@ def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads
     """Train one trial (resuming if its directory exists), optionally score its dynamics; return its
     result row. Any exception becomes status "failed" with the error text (a trial never raises)."""
     start = time.perf_counter()
-    row = {k: trial[k] for k in ("name", "task", "preset", "seed", "rotary_dim")}
+    row = {k: trial[k] for k in TRIAL_KEYS}
     try:
         import pandas as pd
         import torch
@@ -126,11 +132,11 @@ def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads
 
 
 def aggregate(rows):
-    """Mean and std over seeds (successful trials) per task x preset x rotary_dim, of the final
+    """Mean and std over seeds (successful trials) per task x preset x rotary_dim x rope_base, of the final
     accuracy (overall and per hop) and, when present, the pure-head fractions; `n_seeds` counts them."""
     ok = rows[rows.status == "ok"]
     metrics = [c for c in ok.columns if c == "acc" or c.startswith("acc_hop") or c.startswith("frac_")]
-    keys = ["task", "preset", "rotary_dim"]
+    keys = ["task", "preset", "rotary_dim", "rope_base"]
     if ok.empty:
         return ok[keys]
     grouped = ok.groupby(keys)
@@ -154,7 +160,7 @@ def plot_aggregate(table, stem) -> list[Path]:
     hops = sorted(c[:-5] for c in table.columns if c.startswith("acc_hop") and c.endswith("_mean"))
     fracs = [c[:-5] for c in table.columns if c.startswith("frac_") and c.endswith("_mean")]
     panels = [("final test accuracy", ["acc", *hops])] + ([("pure heads at the end (gamma 0.1)", fracs)] if fracs else [])
-    labels = [f"{r.task}\n{r.preset}, rot {r.rotary_dim}" for r in table.itertuples()]
+    labels = [f"{r.task}\n{r.preset}, rot {r.rotary_dim}, base {r.rope_base:g}" for r in table.itertuples()]
     fig, axes = plt.subplots(1, len(panels), figsize=(max(5.0, 1.6 * len(table)) * len(panels), 3.8), squeeze=False)
     x = np.arange(len(table))
     for ax, (title, columns) in zip(axes[0], panels):
@@ -208,7 +214,7 @@ def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = Non
                 try:
                     row = ray.get(ready[0])
                 except Exception as exc:  # noqa: BLE001 - a crashed worker fails this trial only
-                    row = {k: t[k] for k in ("name", "task", "preset", "seed", "rotary_dim")}
+                    row = {k: t[k] for k in TRIAL_KEYS}
                     row.update(status="failed", error=f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
                 rows[t["name"]] = row
                 if row["status"] == "ok":
