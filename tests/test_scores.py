@@ -94,7 +94,7 @@ def test_bad_inputs_are_posym_errors():
 import transformers  # noqa: E402
 from reference_scores import attention_rows, reference_model_scores  # noqa: E402
 
-from posym.scores import head_qk, hop_queries, iter_scores, score_model, summarize  # noqa: E402
+from posym.scores import head_qk, hop_queries, iter_scores, query_batches, score_model, summarize  # noqa: E402
 
 VOCAB = 40
 
@@ -245,6 +245,19 @@ def test_streaming_batches_and_determinism():
     whole = score_model(model, prompts)
     assert whole.equals(score_model(model, prompts))
     assert list(whole.columns) == ["prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps"]
+
+
+def test_query_batches_group_by_length_and_query():
+    prompts = [[1] * 5, [1] * 3, [1] * 5, [1] * 5, [1] * 3]
+    queries = [[4, 2], "last", [3], "all", [2]]
+    # written out: length 3 first ([1, 4]), then length 5 in batches of two ([0, 2], [3])
+    assert query_batches(prompts, queries, 2) == [
+        ([1, 4], {2: [0, 1]}), ([0, 2], {2: [0], 4: [0], 3: [1]}), ([3], {2: [0], 3: [0], 4: [0]})]
+    assert query_batches(prompts, "last", 8) == [([1, 4], {2: [0, 1]}), ([0, 2, 3], {4: [0, 1, 2]})]
+    with pytest.raises(PosymError, match="3 entries for 5 prompts"):
+        query_batches(prompts, [[2], [2], [2]], 2)
+    with pytest.raises(PosymError, match="prompt 1"):
+        query_batches(prompts, [[2], [3], [2], [2], [2]], 2)
 
 
 def test_head_qk_rebuilds_the_models_logits():

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from posym.errors import PosymError
-from posym.scores import BUDGET, as_batch, check_layers, head_qk, pair_planes, plan_queries, rotate, swap_scores
+from posym.scores import BUDGET, as_batch, check_layers, head_qk, pair_planes, query_batches, rotate, swap_scores
 
 # Table 1 of 2605: weighted-average frequency ID per layer of the paper-preset models (12 layers).
 PAPER_TABLE1 = {
@@ -93,42 +93,35 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
     prompts = [list(map(int, ids)) for ids in input_ids]
     if not prompts:
         raise PosymError("no prompts to analyse")
-    wanted, by_length = plan_queries(prompts, queries)
     frames = []
-    for length, group in sorted(by_length.items()):
-        for start in range(0, len(group), batch_size):
-            batch = group[start : start + batch_size]
-            captured = head_qk(model, as_batch(model, [prompts[k] for k in batch]), layers)
-            first = captured[layers[0]]
-            theta = plane_angles(first.cos[0], first.sin[0], first.pairing).cpu()  # [r/2]; tables live on the model's device
-            jobs: dict[int, list[int]] = {}
-            for row, k in enumerate(batch):
-                for p in wanted[k]:
-                    jobs.setdefault(p, []).append(row)
-            for layer, qk in captured.items():
-                channels = theta.shape[0] + (qk.q.shape[-1] > qk.cos.shape[-1])
-                ids = torch.arange(1, channels + 1) % (theta.shape[0] + 1)  # free channel -> ID 0
-                freq = torch.cat((theta, torch.zeros(channels - theta.shape[0], dtype=theta.dtype)))
-                for p, rows in jobs.items():
-                    step = max(1, BUDGET // (len(heads) * channels * (p + 1) ** 2))
-                    for lo in range(0, len(rows), step):
-                        chunk = rows[lo : lo + step]
-                        swapped = _channel_logits(qk, torch.tensor(chunk), heads, p)  # [G, H, C, n, n]
-                        clean = swapped.diagonal(dim1=-2, dim2=-1)  # [G, H, C, n]
-                        res = swap_scores(clean, swapped, tau=tau)
-                        shape = clean.shape[:-1]  # [G, H, C]
-                        frames.append(pd.DataFrame({
-                            "prompt": torch.tensor([batch[g] for g in chunk])[:, None, None].expand(shape).flatten(),
-                            "query": p, "layer": layer,
-                            "head": torch.tensor(heads)[None, :, None].expand(shape).flatten(),
-                            "channel": torch.arange(channels)[None, None].expand(shape).flatten(),
-                            "frequency_id": ids[None, None].expand(shape).flatten(),
-                            "frequency": freq[None, None].expand(shape).flatten(),
-                            "s_pos": res["s_pos"].flatten().cpu(), "s_sym": res["s_sym"].flatten().cpu(),
-                            "max_logit": clean.amax(-1).flatten().cpu(),
-                        }))
-            if progress is not None:
-                progress(len(batch))
+    for batch, jobs in query_batches(prompts, queries, batch_size):
+        captured = head_qk(model, as_batch(model, [prompts[k] for k in batch]), layers)
+        first = captured[layers[0]]
+        theta = plane_angles(first.cos[0], first.sin[0], first.pairing).cpu()  # [r/2], off the model's device
+        for layer, qk in captured.items():
+            channels = theta.shape[0] + (qk.q.shape[-1] > qk.cos.shape[-1])
+            ids = torch.arange(1, channels + 1) % (theta.shape[0] + 1)  # free channel -> ID 0
+            freq = torch.cat((theta, torch.zeros(channels - theta.shape[0], dtype=theta.dtype)))
+            for p, rows in jobs.items():
+                step = max(1, BUDGET // (len(heads) * channels * (p + 1) ** 2))
+                for lo in range(0, len(rows), step):
+                    chunk = rows[lo : lo + step]
+                    swapped = _channel_logits(qk, torch.tensor(chunk), heads, p)  # [G, H, C, n, n]
+                    clean = swapped.diagonal(dim1=-2, dim2=-1)  # [G, H, C, n]
+                    res = swap_scores(clean, swapped, tau=tau)
+                    shape = clean.shape[:-1]  # [G, H, C]
+                    frames.append(pd.DataFrame({
+                        "prompt": torch.tensor([batch[g] for g in chunk])[:, None, None].expand(shape).flatten(),
+                        "query": p, "layer": layer,
+                        "head": torch.tensor(heads)[None, :, None].expand(shape).flatten(),
+                        "channel": torch.arange(channels)[None, None].expand(shape).flatten(),
+                        "frequency_id": ids[None, None].expand(shape).flatten(),
+                        "frequency": freq[None, None].expand(shape).flatten(),
+                        "s_pos": res["s_pos"].flatten().cpu(), "s_sym": res["s_sym"].flatten().cpu(),
+                        "max_logit": clean.amax(-1).flatten().cpu(),
+                    }))
+        if progress is not None:
+            progress(len(batch))
     out = pd.concat(frames, ignore_index=True)
     return out.sort_values(["prompt", "query", "layer", "head", "channel"], ignore_index=True)[list(PLANE_COLUMNS)]
 

@@ -343,12 +343,12 @@ def resolve_queries(queries, length: int, where: str = "prompt") -> list[int]:
     return positions
 
 
-def plan_queries(prompts, queries) -> tuple[list[list[int]], dict[int, list[int]]]:
-    """Query positions of every prompt and the prompts grouped by length (batches need equal lengths).
+def query_batches(prompts, queries, batch_size: int) -> list[tuple[list[int], dict[int, list[int]]]]:
+    """Batches of equal-length prompts and, per batch, {query position: [rows of the batch]}.
 
     prompts: 1-D id sequences. queries: one spec for all prompts ("last", "all", positions) or one
-    per prompt (see `resolve_queries`). Returns (wanted[k] = positions of prompt k,
-    {length: [prompt indices]}).
+    per prompt (see `resolve_queries`); every spec is checked before any batch is returned. Batches
+    hold at most batch_size prompt indices, shortest prompts first.
     """
     per_prompt = isinstance(queries, (list, tuple)) and not all(isinstance(q, int) for q in queries)
     if per_prompt and len(queries) != len(prompts):
@@ -358,7 +358,17 @@ def plan_queries(prompts, queries) -> tuple[list[list[int]], dict[int, list[int]
     by_length: dict[int, list[int]] = {}
     for k, ids in enumerate(prompts):
         by_length.setdefault(len(ids), []).append(k)
-    return wanted, by_length
+    out = []
+    for length in sorted(by_length):
+        group = by_length[length]
+        for start in range(0, len(group), batch_size):
+            batch = group[start : start + batch_size]
+            jobs: dict[int, list[int]] = {}
+            for row, k in enumerate(batch):
+                for p in wanted[k]:
+                    jobs.setdefault(p, []).append(row)
+            out.append((batch, jobs))
+    return out
 
 
 # ---- scoring -------------------------------------------------------------------------------------
@@ -422,32 +432,25 @@ def iter_scores(
     prompts = [check_prompt(model, ids, f"prompt {k}") for k, ids in enumerate(input_ids)]
     if not prompts:
         raise PosymError("no prompts to score")
-    wanted, by_length = plan_queries(prompts, queries)
+    batches = query_batches(prompts, queries, batch_size)
     was_training = model.training
     model.eval()  # dropout off: the scores are of the deterministic model
     try:
-        for length in sorted(by_length):
-            group = by_length[length]
-            for start in range(0, len(group), batch_size):
-                batch = group[start : start + batch_size]
-                jobs: dict[int, list[int]] = {}
-                for row, k in enumerate(batch):
-                    for p in wanted[k]:
-                        jobs.setdefault(p, []).append(row)
-                records = []
+        for batch, jobs in batches:
+            records = []
 
-                def on_layer(layer, qk):
-                    for r in _score_layer(qk, jobs, dtype, tau=tau, blocks=blocks, compare=compare):
-                        r["layer"] = layer
-                        r["prompt"] = batch[r.pop("row")]
-                        records.append(r)
+            def on_layer(layer, qk):
+                for r in _score_layer(qk, jobs, dtype, tau=tau, blocks=blocks, compare=compare):
+                    r["layer"] = layer
+                    r["prompt"] = batch[r.pop("row")]
+                    records.append(r)
 
-                ids = torch.stack([prompts[k] for k in batch]).to(model.device)
-                _capture(model, ids, layers, on_layer)
-                frame = pd.DataFrame.from_records(records, columns=list(COLUMNS))
-                yield frame.sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
-                if progress is not None:
-                    progress(len(batch))
+            ids = torch.stack([prompts[k] for k in batch]).to(model.device)
+            _capture(model, ids, layers, on_layer)
+            frame = pd.DataFrame.from_records(records, columns=list(COLUMNS))
+            yield frame.sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
+            if progress is not None:
+                progress(len(batch))
     finally:
         model.train(was_training)
 
