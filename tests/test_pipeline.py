@@ -1,11 +1,11 @@
 """posym run: the whole pipeline end to end on a tiny configuration, done-files and resuming."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_runner import run_posym
 
 from posym import pipeline
 from posym.errors import PosymError
@@ -17,17 +17,6 @@ TINY = {
     "lengthgen": {"lengths": [17, 34], "factors": [1, 2], "n": 16},
     "theory": {"n0": [4], "samples": 200, "task_samples": 40, "curve_max_n": 8, "curve_freq_ids": [2]},
 }
-
-
-def _cli(monkeypatch, *args):
-    from posym.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["posym", *map(str, args)])
-    try:
-        main()
-    except SystemExit as exc:
-        return exc.code
-    return 0
 
 
 def _stamps(out: Path) -> dict:
@@ -54,7 +43,7 @@ def finished(tiny_config, tmp_path_factory):
 
     buffer = io.StringIO()
     with redirect_stdout(buffer):
-        code = _cli(mp, "run", "--config", tiny_config, "--out", out, "--workers", 2)
+        code = run_posym(mp, "run", "--config", tiny_config, "--out", out, "--workers", 2)
     mp.undo()
     return code, buffer.getvalue(), out
 
@@ -91,13 +80,13 @@ def test_run_end_to_end(finished):
 def test_rerun_recomputes_only_missing_stages(finished, tiny_config, monkeypatch, capsys):
     _, _, out = finished
     before = _stamps(out)
-    assert _cli(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
+    assert run_posym(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
     assert _stamps(out) == before  # nothing recomputed: done-files and checkpoints untouched
     # drop one stage's done-file (as if killed during it): only that stage runs again
     pipeline.done_path(out, "letter", "lengthgen").unlink()
     # and the train stage of number (killed after its last checkpoint): train resumes, nothing to redo
     pipeline.done_path(out, "number", "train").unlink()
-    assert _cli(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
+    assert run_posym(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
     after = _stamps(out)
     changed = {k for k in before if before[k] != after[k]}
     # train resumed from its last checkpoint (step 12 = max_steps): no checkpoint was rewritten
@@ -106,7 +95,7 @@ def test_rerun_recomputes_only_missing_stages(finished, tiny_config, monkeypatch
 
 def test_other_config_on_same_out_is_refused(finished, tiny_config, monkeypatch, capsys):
     _, _, out = finished
-    assert _cli(monkeypatch, "run", "--config", tiny_config, "--out", out, "--task", "number") == 2
+    assert run_posym(monkeypatch, "run", "--config", tiny_config, "--out", out, "--task", "number") == 2
     err = capsys.readouterr().err
     assert err.startswith("posym: error: ") and "different config" in err and err.count("\n") == 1
 
@@ -119,12 +108,12 @@ def test_bad_pipeline_configs(tmp_path, monkeypatch, capsys):
                           ("lengthgen: {protocol: nope}\n", "protocol must be one of"),
                           ("train: 5\n", "train must be a mapping")]:
         bad.write_text(text)
-        assert _cli(monkeypatch, "run", "--config", bad, "--out", tmp_path / "o") == 2
+        assert run_posym(monkeypatch, "run", "--config", bad, "--out", tmp_path / "o") == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # validated before anything is written
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
-    assert _cli(monkeypatch, "run", "--out", tmp_path / "full", "--preset", "quick") == 2
+    assert run_posym(monkeypatch, "run", "--out", tmp_path / "full", "--preset", "quick") == 2
     assert "holds no pipeline.yaml" in capsys.readouterr().err
 
 

@@ -2,13 +2,13 @@
 
 import base64
 import json
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from cli_runner import run_posym
 
 from posym import report
 from posym.errors import PosymError
@@ -173,20 +173,12 @@ def test_bad_inputs(tmp_path, monkeypatch, capsys):
         report.build_report([tmp_path / "empty"], tmp_path / "rep")
     with pytest.raises(PosymError, match="at least one"):
         report.build_report([], tmp_path / "rep")
-    from posym.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["posym", "report", str(tmp_path / "missing")])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    assert exc.value.code == 2
+    assert run_posym(monkeypatch, "report", tmp_path / "missing") == 2
     err = capsys.readouterr().err
     assert err.startswith("posym: error: ") and "is not a directory" in err
 
 
 def test_cli_report_default_out(tmp_path, monkeypatch, capsys):
-    from posym.cli import main
-
     run = make_run(tmp_path, "number")
-    monkeypatch.setattr(sys, "argv", ["posym", "report", str(run), str(make_theory(tmp_path))])
-    main()
+    assert run_posym(monkeypatch, "report", run, make_theory(tmp_path)) == 0
     assert f"report: {tmp_path / 'report' / 'report.html'}" in capsys.readouterr().out

@@ -2,11 +2,11 @@
 
 import json
 import statistics
-import sys
 
 import pandas as pd
 import pytest
 import yaml
+from cli_runner import run_posym
 
 from posym import sweep
 from posym.errors import PosymError
@@ -100,12 +100,7 @@ def test_two_trials_on_local_ray(local_ray, tmp_path, monkeypatch, capsys):
     blocker = out / "trials" / "number-quick-rot16-base500-seed1" / "junk"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("not a run")
-    from posym.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["posym", "sweep", str(path), "--out", str(out), "--max-concurrent", "1"])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    assert exc.value.code == 2
+    assert run_posym(monkeypatch, "sweep", path, "--out", out, "--max-concurrent", 1) == 2
     captured = capsys.readouterr()
     assert "trial number-quick-rot16-base500-seed1 failed" in captured.out and "1 of 2 trials failed" in captured.err
     rows = pd.read_parquet(out / "trials.parquet")
