@@ -232,7 +232,7 @@ def _frozen_unchanged(model, before: dict, heads) -> bool:
 
 
 def plot_conditions(table, stem, title: str) -> list[Path]:
-    """Left: accuracy per hop at the training length per condition; right: accuracy vs length."""
+    """Top: accuracy per hop at the training length per condition; bottom: accuracy vs length."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -246,8 +246,8 @@ def plot_conditions(table, stem, title: str) -> list[Path]:
     names = list(dict.fromkeys(table["name"]))
     base = table[table["factor"] == 1].set_index("name").loc[names]
     hops = ["acc"] + sorted(c for c in table.columns if c.startswith("acc_hop"))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(max(8.0, 0.55 * len(names) * len(hops) / 2 + 5), 4.2),
-                                      gridspec_kw={"width_ratios": [2, 1]})
+    fig, (left, right) = plt.subplots(2, 1, figsize=(min(16.0, max(7.0, 0.5 * len(names) + 3)), 8.5),
+                                      gridspec_kw={"height_ratios": [1, 1]})
     x = np.arange(len(names))
     width = 0.8 / len(hops)
     for k, column in enumerate(hops):
@@ -259,8 +259,11 @@ def plot_conditions(table, stem, title: str) -> list[Path]:
         rows = table[table["name"] == name].sort_values("length")
         right.plot(rows["length"], rows["acc"], marker="o", ms=3, lw=2.2 if name in ("none", "start") else 1,
                    color="black" if name in ("none", "start") else None, label=name)
+    lengths = sorted(table["length"].unique())
     right.set(xscale="log", ylim=(-0.02, 1.05), xlabel="sequence length (tokens)", ylabel="accuracy (all hops)")
-    right.legend(fontsize=6, ncol=2)
+    right.set_xticks(lengths, [str(k) for k in lengths], minor=False)
+    right.minorticks_off()
+    right.legend(fontsize=6, ncol=max(1, len(names) // 6), loc="upper right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, stem)
