@@ -180,7 +180,7 @@ BAD_INPUT = [
     slow("non-RoPE model (score)", ["score", "--model", "{z}/gpt2", "--out", "s.parquet"], "not a GPT-J model"),
     slow("prompt longer than the position table (llm)",
          ["llm-scores", "{z}/llama-short", "--text", "Alice likes red. " * 8, "--out", "o"], "only 16 positions"),
-    slow("length beyond the position table", ["lengthgen", "{z}/run", *LENGTHGEN[:2], "8,100", "--out", "o"],
+    slow("length beyond the position table", ["lengthgen", "{z}/run", "--protocol", "paper", "--lengths", "8,100", "--out", "o"],
          "exceeds the model's position table"),
     slow("output path not writable after the work",
          ["score", "--model", "{z}/run", "--n-prompts", "2", "--out", "{z}/a-file/s.parquet"], "cannot create directory"),
