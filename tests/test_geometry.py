@@ -14,7 +14,7 @@ from reference_scores import channel_dims, reference_swap_scores  # noqa: E402
 
 from posym import geometry  # noqa: E402
 from posym.errors import PosymError  # noqa: E402
-from posym.scores import head_qk, rotate  # noqa: E402
+from posym.qk import head_qk, rotate  # noqa: E402
 
 VOCAB = 40
 

@@ -71,7 +71,7 @@ def test_rope_variant_matches_reference_attention(variant):
 
 
 def test_band_restricted_model_has_zero_rotation_outside_its_band():
-    from posym.scores import head_qk
+    from posym.qk import head_qk
 
     config = _config(rope_bands=[[2, 3], [4, 4], [1, 4]], n_layer=3, nope_from=2)
     model = build_model(config, 20, seed=0).eval()

@@ -139,7 +139,7 @@ def test_llm_scores_end_to_end(models, kind, prompts, tmp_path, capsys, monkeypa
 def test_planes_match_the_loop_reference(models, kind, tmp_path):
     """planes.parquet of llm-scores (heads in two layers, query at the name) is the prompt mean of each
     channel's swap-by-swap reference scores and largest logit; the channels sum to HF's own logits."""
-    from posym.scores import head_qk, rotate
+    from posym.qk import head_qk, rotate
 
     loaded = llm.load_model(models[kind], device="cpu")
     prompts, chosen, tau = llm.binding_prompts(2, seed=7), [(1, 3), (0, 1), (1, 0)], 1e-2

@@ -94,7 +94,8 @@ def test_bad_inputs_are_posym_errors():
 import transformers  # noqa: E402
 from reference_scores import attention_rows, reference_model_scores  # noqa: E402
 
-from posym.scores import head_qk, hop_queries, iter_scores, query_batches, score_model, summarize  # noqa: E402
+from posym.qk import head_qk  # noqa: E402
+from posym.scores import hop_queries, iter_scores, query_batches, score_model, summarize  # noqa: E402
 
 VOCAB = 40
 
@@ -264,7 +265,7 @@ def test_head_qk_rebuilds_the_models_logits():
     model = tiny_model("gpt_neox")
     ids = _prompts([7])[0]
     qk = head_qk(model, [ids], layers=[1])[1]
-    from posym.scores import pair_planes, rotate
+    from posym.qk import pair_planes, rotate
 
     q = rotate(qk.q[0], qk.cos[0], qk.sin[0], qk.pairing)  # [H, T, d]
     k = rotate(qk.k[0], qk.cos[0], qk.sin[0], qk.pairing)

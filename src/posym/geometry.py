@@ -5,7 +5,7 @@ at angle theta_k per position; frequency ID k = 1 is the fastest plane) plus one
 from the dims RoPE leaves alone (partial rotary). For a query at position p and a key at position
 j the term of plane k is scale * (R_p q)_k . (R_j k_j)_k. Everything here is built from the scores
 engine's per-head pre-rotation queries/keys and the model's own rotary tables
-(`posym.scores.head_qk`), so it works on GPT-J (interleaved planes) and NeoX/Llama/Mistral/Qwen2
+(`posym.qk.head_qk`), so it works on GPT-J (interleaved planes) and NeoX/Llama/Mistral/Qwen2
 (half-split planes), partial rotary included.
 
 Definitions (what the numbers in Table 1 / Fig. 8 mean here):
@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 from posym.errors import PosymError
-from posym.scores import BUDGET, as_batch, check_layers, head_qk, pair_planes, query_batches, rotate, swap_scores
+from posym.qk import as_batch, check_layers, head_qk, pair_planes, rotate
+from posym.scores import BUDGET, query_batches, swap_scores
 
 # Table 1 of 2605: weighted-average frequency ID per layer of the paper-preset models (12 layers).
 PAPER_TABLE1 = {
