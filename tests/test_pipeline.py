@@ -54,7 +54,7 @@ def test_run_end_to_end(finished):
     for job in ("number", "letter"):
         for stage in pipeline.TASK_STAGES:
             done = json.loads(pipeline.done_path(out, job, stage).read_text())
-            assert done["job"] == job and done["stage"] == stage and done["seconds"] > 0
+            assert done["job"] == job and done["stage"] == stage and done["seconds"] > 0 and done["cpu_seconds"] > 0
         assert (out / job / "analysis" / "dynamics.parquet").is_file()
         assert (out / job / "analysis" / "frequency.parquet").is_file()
         assert (out / job / "lengthgen" / "lengthgen.json").is_file()

@@ -131,13 +131,15 @@ def mark_done(out: Path, job: str, stage: str, seconds: float, **info: Any) -> P
 
 
 def _stage(out: Path, job: str, stage: str, work: Callable[[], Any]) -> float:
-    """Run `work` unless the stage is done; mark it done; return the seconds it took (0 if skipped)."""
+    """Run `work` unless the stage is done; mark it done; return the seconds it took (0 if skipped).
+    The done-file also holds the stage's CPU seconds (this process, all threads): unlike wall time
+    they do not grow when other programs share the cores."""
     if is_done(out, job, stage):
         return 0.0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     work()
     seconds = time.perf_counter() - start
-    mark_done(out, job, stage, seconds)
+    mark_done(out, job, stage, seconds, cpu_seconds=round(time.process_time() - cpu, 2))
     return seconds
 
 

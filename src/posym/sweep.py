@@ -149,13 +149,11 @@ def aggregate(rows):
 def plot_aggregate(table, stem) -> list[Path]:
     """Mean final accuracy per hop (bars, std over seeds as error bars) for every grid setting, and
     the pure-head fractions if the trials ran dynamics."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    from posym.figures import save_figure
+    from posym.figures import pyplot, save_figure
+
+    plt = pyplot()
 
     hops = sorted(c[:-5] for c in table.columns if c.startswith("acc_hop") and c.endswith("_mean"))
     fracs = [c[:-5] for c in table.columns if c.startswith("frac_") and c.endswith("_mean")]
