@@ -357,15 +357,10 @@ def test_enospc_mid_write_leaves_no_file_and_one_line(tmp_path, monkeypatch):
 
 
 def cli(argv, capsys, monkeypatch) -> tuple[int, str]:
-    from posym.cli import main
+    """`posym ARGV` in-process (the ENOSPC patches live in this process): (exit code, stderr)."""
+    from cli_runner import run_posym
 
-    monkeypatch.setattr(sys, "argv", ["posym", *map(str, argv)])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err
+    return run_posym(monkeypatch, *argv), capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "npz"])
