@@ -323,3 +323,47 @@ def test_generator_agrees_with_checker_on_any_config(config, seed, start, n):
 def test_paper_split_sizes():
     assert SPLIT_SIZES == {"train": 432_000, "val": 2_400, "test": 45_600}
     assert math.isclose(sum(SPLIT_SIZES.values()), 480_000)
+
+
+# ---- slot markers ---------------------------------------------------------------------------------------
+
+
+def test_marker_vocabulary():
+    for task, plain, marked in [("number", 137, 1097), ("letter", 129, 641)]:
+        c = task_config(task, markers=True)
+        names = token_names(c)
+        assert c.marker_base == plain and c.vocab_size == len(names) == marked and len(set(names)) == marked
+        assert names[:plain] == token_names(task_config(task))
+    assert token_names(task_config("number", markers=True))[137] == "a@0"
+    assert token_names(task_config("letter", markers=True))[129 + 64 * 3 + 9] == "b2@3"
+    with pytest.raises(PosymError, match="markers must be true or false"):
+        TaskConfig("number", markers="yes")
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("extra", [0, 11])
+def test_marked_samples_are_the_plain_ones_with_slots(task, extra):
+    c = task_config(task, markers=True, extra_target=extra)
+    plain = replace(c, markers=False)
+    m, p = generate(c, 400, seed=4), generate(plain, 400, seed=4)
+    for f in ("hops", "chain", "answer_pos"):
+        np.testing.assert_array_equal(getattr(m, f), getattr(p, f))
+    marked_names, plain_names = token_names(c), token_names(plain)
+    T = c.target_size
+    for mids, pids, answer, apos, h, chain in zip(m.input_ids.tolist(), p.input_ids.tolist(), m.answer.tolist(),
+                                                  m.answer_pos.tolist(), m.hops.tolist(), m.chain.tolist()):
+        for j, (a, b) in enumerate(zip(mids, pids)):  # reference: token by token, through the names
+            if j < extra + T:
+                assert marked_names[a] == f"{plain_names[b]}@{(j - extra) % T}"
+            else:
+                assert a == b
+        assert answer == mids[apos] and marked_names[answer].startswith(plain_names[pids[apos]] + "@")
+        assert follow_chain(c, mids) == (answer, chain[: h + 1])
+        assert encode(c, decode(c, mids)) == mids
+
+
+def test_marked_letter_lookup_counts_marked_matches():
+    c = task_config("letter", markers=True)
+    assert follow_chain(c, encode(c, "e1@0 a2@1 b2@2 | ca hc | eh"))[1] == [5, 4, 3, 1]
+    with pytest.raises(ChainError, match="2 \\(1, 2\\) earlier matches"):
+        follow_chain(c, encode(c, "e1@0 a2@1 a3@2 | ca hc | eh"))

@@ -33,6 +33,21 @@ Token ids (PAD is always 0; `TaskConfig.vocab_size` counts it):
 - letter task, L = alphabet_size, R = int_range: target pair (letter x, number n), x in 0..L-1,
   n in 1..R, has id 1 + x*R + (n-1); pointer pair (x, y) has id 1 + L*R + x*L + y.
   Paper: pairs a1..h8 are 1..64, pairs aa..hh are 65..128, vocabulary 129 with PAD.
+- with markers: marked ids follow (see "Slot markers"); paper: number 137..1096, letter 129..640.
+
+Slot markers (`markers=True`, the seed summary's "explicit token markers"). Every target-window
+token (a symbol the chain can copy) carries its slot s = (p - extra_target) mod target_size, the
+place of position p in the effective target window (0..T-1), counted on cyclically into the extra
+tokens before it; it has the id of (plain token, s) in a range after the plain vocabulary:
+marker_base + s * S + (plain id - first symbol id), S = symbols per slot (number: A symbols; letter:
+the L*R (letter, number) pairs), text `<plain>@<s>` (`n@2`, `a2@4`). Nothing moves: positions,
+offsets, hop letters and chains are those of the unmarked sample with the same index, and the answer
+is the marked token at the answer position. Why slots: the number task's lookup "the token k places
+back" is positional; with slots the target of a 1-hop query k is also "the symbol marked slot
+(T + P - k) mod T", a lookup by content, so a symbolic head could do it (the letter task already is
+one; its marks are redundant information). Slots are cyclic so that length extension reuses marked
+ids seen in training (an extra token shares its slot with the effective-window token T places right).
+With markers off (the default) the generator is exactly the unmarked one (pinned by sha256 in tests).
 
 Layout with `extra_target` = E (length extension, SPEC 6): positions 0..E-1 hold extra target-window
 tokens (number task: random symbols; letter task: (non-hop letter, number) pairs), then the
@@ -107,6 +122,10 @@ class TaskConfig:
     extra_target: int = 0
     """Length extension (SPEC 6): extra target-window tokens placed BEFORE the effective target
     window; hop instructions, offsets and answers are unchanged, chain positions shift by this."""
+    markers: bool = False
+    """Slot markers (module docstring): every target-window token carries its slot (position in the
+    target window, cyclic over extra tokens) as a separate token id, so the "symbol to copy" role and
+    its slot are explicit in the token; positions and chains are unchanged."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -119,6 +138,8 @@ class TaskConfig:
         for name, low in [("target_size", 1), ("pretarget_size", 0), ("max_hops", 1),
                           ("alphabet_size", 1), ("int_range", 1), ("extra_target", 0)]:
             object.__setattr__(self, name, check_int(name, getattr(self, name), low))
+        if not isinstance(self.markers, (bool, np.bool_)):
+            raise PosymError(f"markers must be true or false, got {self.markers!r}")
         if self.max_hops > self.pretarget_size + 1:
             raise PosymError(
                 f"max_hops={self.max_hops} needs {self.max_hops - 1} distinct intermediate "
@@ -153,11 +174,23 @@ class TaskConfig:
         return PAD
 
     @property
-    def vocab_size(self) -> int:
-        """Number of token ids, PAD included (paper: number 137, letter 129)."""
+    def marker_base(self) -> int:
+        """First marked id = the plain vocabulary size, PAD included (paper: number 137, letter 129)."""
         if self.task == "number":
             return 1 + self.int_range + self.alphabet_size
         return 1 + self.alphabet_size * self.int_range + self.alphabet_size**2
+
+    @property
+    def symbol_ids(self) -> range:
+        """Plain ids of target-window tokens: symbols (number) or (letter, number) pairs (letter)."""
+        if self.task == "number":
+            return range(1 + self.int_range, 1 + self.int_range + self.alphabet_size)
+        return range(1, 1 + self.alphabet_size * self.int_range)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, PAD included (paper: number 137, letter 129; with markers 1097, 641)."""
+        return self.marker_base + (self.target_size * len(self.symbol_ids) if self.markers else 0)
 
     @property
     def target_start(self) -> int:
@@ -388,13 +421,27 @@ def generate(config: TaskConfig, n: int, seed: int, split: str = "train", start:
     build = _number if config.task == "number" else _letter
     base, answer, extra = build(config, key, index, hops, pos, values, chain)
     E = config.extra_target
+    input_ids = np.concatenate([extra, base], axis=1)  # [n, seq_len]
+    if config.markers:
+        input_ids = mark(config, input_ids)
+        answer = input_ids[np.arange(n), pos + E]
     return Samples(
-        input_ids=np.concatenate([extra, base], axis=1),  # [n, seq_len]
+        input_ids=input_ids,
         answer=answer,
         hops=hops,
         chain=np.where(chain >= 0, chain + E, -1),  # [n, H+1]
         answer_pos=pos + E,
     )
+
+
+def mark(config: TaskConfig, input_ids: np.ndarray) -> np.ndarray:
+    """Unmarked [n, seq_len] ids with every target-window token replaced by its slot-marked id."""
+    E, T, symbols = config.extra_target, config.target_size, config.symbol_ids
+    window = E + T
+    slot = (np.arange(window) - E) % T  # [E+T] cyclic slot of each target-window position
+    out = input_ids.copy()
+    out[:, :window] = config.marker_base + slot * len(symbols) + (input_ids[:, :window] - symbols.start)
+    return out
 
 
 def iter_batches(config: TaskConfig, batch_size: int, seed: int, split: str = "train",
@@ -430,6 +477,8 @@ def token_names(config: TaskConfig) -> tuple[str, ...]:
         letters = [chr(97 + x) for x in range(config.alphabet_size)]
         names += [f"{x}{v}" for x in letters for v in range(1, config.int_range + 1)]
         names += [x + y for x in letters for y in letters]
+    if config.markers:
+        names += [f"{names[i]}@{s}" for s in range(config.target_size) for i in config.symbol_ids]
     return tuple(names)
 
 
@@ -475,8 +524,11 @@ def _letter_tables(config: TaskConfig) -> tuple[np.ndarray, np.ndarray, np.ndarr
     first = np.full(config.vocab_size, -1, dtype=np.int64)
     second = np.full(config.vocab_size, -1, dtype=np.int64)
     ids = np.arange(1, 1 + L * R)
+    marked = np.arange(config.marker_base, config.vocab_size)  # empty without markers
     first[ids] = (ids - 1) // R
-    ptr = np.arange(1 + L * R, config.vocab_size)
+    first[marked] = (marked - config.marker_base) % (L * R) // R  # pair (letter, number) in a slot
+    ids = np.concatenate([ids, marked])
+    ptr = np.arange(1 + L * R, config.marker_base)
     first[ptr], second[ptr] = (ptr - 1 - L * R) // L, (ptr - 1 - L * R) % L
     is_target = np.zeros(config.vocab_size, dtype=bool)
     is_target[ids] = True
