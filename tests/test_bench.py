@@ -31,19 +31,34 @@ def models(tmp_path_factory):
 # ---- prompts ----------------------------------------------------------------------------------
 
 
+def _cases(prompt):
+    """(puzzle line, answer) of the three worked examples and the puzzle of a prompt's text."""
+    blocks = prompt.text.split("\n\n")
+    assert len(blocks) == 5 and blocks[-1].startswith("Puzzle: ") and blocks[-1].endswith("Answer:")
+    cases = [(b.split("\n")[0].split(": ")[1], b.split("Answer: ")[1]) for b in blocks[1:4]]
+    return cases + [(blocks[-1].split("\n")[0].split(": ")[1], prompt.answer)]
+
+
+@pytest.mark.parametrize("markers", [False, True])
 @pytest.mark.parametrize("task", ["number", "letter"])
-def test_bench_prompts_answer_is_the_one_hop_target(task):
-    """Re-solve every puzzle and worked example from its text alone (the obvious reference)."""
-    for prompt in bench.bench_prompts(task, 24, 10, seed=2):
-        blocks = prompt.text.split("\n\n")
-        assert len(blocks) == 5 and blocks[-1].startswith("Puzzle: ") and blocks[-1].endswith("Answer:")
-        cases = [(b.split("\n")[0].split(": ")[1], b.split("Answer: ")[1]) for b in blocks[1:4]]
-        cases.append((blocks[-1].split("\n")[0].split(": ")[1], prompt.answer))
-        for line, answer in cases:
+def test_bench_prompts_answer_is_the_one_hop_target(task, markers):
+    """Re-solve every puzzle and worked example from its text alone (the obvious reference); marked
+    prompts tag exactly the target window with places 0..23 and otherwise equal the plain ones."""
+    plain = bench.bench_prompts(task, 24, 10, seed=2)
+    for k, prompt in enumerate(bench.bench_prompts(task, 24, 10, seed=2, markers=markers)):
+        assert ("tagged with @" in prompt.text) == markers and prompt.meta["markers"] == markers
+        for (line, answer), (plain_line, plain_answer) in zip(_cases(prompt), _cases(plain[k])):
             tokens = line.split()
-            assert len(tokens) == 24 + 8 + 1
+            assert len(tokens) == 24 + 8 + 1 and answer == plain_answer
+            if markers:
+                assert [t.split("@")[1] for t in tokens[:24]] == [str(i) for i in range(24)]
+                assert not any("@" in t for t in tokens[24:])
+                tokens = [t.split("@")[0] for t in tokens]
+                assert " ".join(tokens) == plain_line
             if task == "number":
                 expected = tokens[len(tokens) - 1 - int(tokens[-1])]
+                if markers:  # the instruction's rule: the tag @(24 + 8) minus n
+                    assert line.split()[24 + 8 - int(tokens[-1])] == f"{expected}@{24 + 8 - int(tokens[-1])}"
             else:
                 expected, = [t for t in tokens[:-1] if t[0] == tokens[-1][1]]
             assert expected == answer
@@ -67,17 +82,20 @@ def test_answer_token_and_greedy_match_generate(models):
 
 def test_bench_summary_table_and_screening():
     frame = pd.DataFrame({
-        "task": ["letter"] * 6 + ["number"] * 2, "size": [16] * 6 + [12] * 2,
-        "run": [0, 0, 0, 1, 1, 1, 0, 0], "correct": [1, 1, 1, 1, 0, 0, 1, 0],
+        "task": ["letter"] * 8 + ["number"] * 2, "size": [16] * 8 + [12] * 2,
+        "variant": ["plain"] * 6 + ["marked"] * 2 + ["plain"] * 2,
+        "run": [0, 0, 0, 1, 1, 1, 0, 0, 0, 0], "correct": [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
     })
-    summary = bench.bench_summary(frame).set_index(["task", "size"])
-    assert summary.loc[("letter", 16), "acc_mean"] == pytest.approx((1 + 1 / 3) / 2)
-    assert summary.loc[("letter", 16), "acc_std"] == pytest.approx(np.std([1, 1 / 3]))
-    assert summary.loc[("letter", 16), "per_run"] == 3 and summary.loc[("number", 12), "runs"] == 1
-    screen = bench.screening(summary.reset_index())
+    summary = bench.bench_summary(frame).set_index(["task", "size", "variant"])
+    assert summary.loc[("letter", 16, "plain"), "acc_mean"] == pytest.approx((1 + 1 / 3) / 2)
+    assert summary.loc[("letter", 16, "plain"), "acc_std"] == pytest.approx(np.std([1, 1 / 3]))
+    assert summary.loc[("letter", 16, "plain"), "per_run"] == 3 and summary.loc[("number", 12, "plain"), "runs"] == 1
+    assert summary.loc[("letter", 16, "marked"), "acc_mean"] == 1.0
+    screen = bench.screening(summary.reset_index())  # the marked 1.0 does not count
     assert screen["passes"] is False and screen["accuracy"] == pytest.approx(2 / 3)
     table = bench.bench_table(summary.reset_index(), "tiny")
-    assert "| 12 | 0.50 ± 0.00 |  | 0.98 / 0.96 | 0.55 / 0.87 | 0.40 / 0.92 |" in table
+    assert "| 12 | plain | 0.50 ± 0.00 |  | 0.98 / 0.96 | 0.55 / 0.87 | 0.40 / 0.92 |" in table
+    assert "| 16 | marked |  | 1.00 ± 0.00 |  |  |  |" in table
     assert "fails (reported, not applied)" in table
 
 
@@ -176,6 +194,24 @@ def test_endpoint_errors_are_clear_and_keep_the_key_secret(models, mode, expect,
     message = str(caught.value)
     assert expect in message and "sk-secret-123" not in message
     assert f"after {hits} attempt" in message and server.hits == hits
+
+
+def test_markers_both_runs_the_variants_side_by_side(models, tmp_path, capsys, monkeypatch):
+    args = ["llm-bench", models["gptj"], "--device", "cpu", "--sizes", "12", "--runs", 1, "--n", 2]
+    code, out, err = run_cli([*args, "--markers", "both", "--out", tmp_path / "both"], capsys, monkeypatch)
+    assert code == 0, err
+    rows = pd.read_parquet(tmp_path / "both" / "bench.parquet")
+    assert len(rows) == 2 * 2 * 2 and rows.variant.tolist() == ["plain", "plain", "marked", "marked"] * 2
+    plain = rows[rows.variant == "plain"].reset_index()
+    assert plain.answer.tolist() == rows[rows.variant == "marked"].answer.tolist()  # the same puzzles
+    code, _, err = run_cli([*args, "--out", tmp_path / "off"], capsys, monkeypatch)
+    assert code == 0, err
+    off = pd.read_parquet(tmp_path / "off" / "bench.parquet")
+    assert off.predicted.tolist() == plain.predicted.tolist()  # --markers off is the plain half
+    assert "| 12 | marked |" in (tmp_path / "both" / "table.md").read_text()
+    assert "| 12 | marked |" not in (tmp_path / "off" / "table.md").read_text()
+    code, _, err = run_cli([*args, "--markers", "maybe"], capsys, monkeypatch)
+    assert code == 2 and "--markers must be off, on or both" in err
 
 
 def test_endpoint_needs_its_key_variable(monkeypatch, capsys):

@@ -7,6 +7,11 @@ standard-library HTTP with retries and backoff; the API key is read from an envi
 never stored, logged or echoed). `run_bench` / `write_bench` collect accuracy per task, size and run
 and write it beside the paper's Table 3 (`bench_table`, `plot_bench`); the paper's screening rule is
 reported (`screening`), never applied. Models load through `posym.llm`.
+
+Marked variant (`markers=True`, `posym llm-bench --markers on|both`): the same puzzles with every
+target-window token tagged `@<slot>`, its place in the line counting from 0 (`n@0 h@1 ...`), the text
+of `posym.tasks`' slot markers; one instruction sentence says what the tag means. The expected answer
+stays the untagged token, so both variants are scored on the same answers, side by side.
 """
 
 from __future__ import annotations
@@ -53,28 +58,47 @@ INSTRUCTIONS = {
 }
 
 
-def bench_prompts(task: str, size: int, n: int, *, seed: int = 0) -> list[Prompt]:
+MARKER_NOTE = {
+    "number": (
+        " Each symbol is tagged with @ and its place in the line, counting from 0, so the symbol n steps "
+        "to the left of the final token is the one tagged @{last} minus n. Reply without the tag."
+    ),
+    "letter": (
+        " Each of the first {target} tokens is tagged with @ and its place in the line, counting from 0; "
+        "the tag is not part of the token. Reply without the tag."
+    ),
+}
+
+
+def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool = False) -> list[Prompt]:
     """1-hop Appendix H prompts (our wording): instructions, three worked examples, then the puzzle.
 
     `size` is the target-window size; the pre-target window keeps the paper's 8 tokens. Puzzles
     come from the test split and worked examples from the train split, both of `seed` (= run).
+    `markers` tags the target-window tokens with their slot (module docstring); the puzzles, and
+    the answers (always untagged), are the same as without it.
     """
     from posym.tasks import decode, generate, task_config
 
     if task not in INSTRUCTIONS:
         raise PosymError(f"task must be number or letter, got {task!r}")
     extra = {"int_range": size + 8} if task == "number" else {}
-    config = task_config(task, target_size=size, max_hops=1, **extra)
+    config = task_config(task, target_size=size, max_hops=1, markers=bool(markers), **extra)
     puzzles = generate(config, n, seed, "test")
     examples = generate(config, 3 * n, seed, "train")
-    head = INSTRUCTIONS[task].format(target=size, pretarget=config.pretarget_size)
+    head = INSTRUCTIONS[task] + (MARKER_NOTE[task] if markers else "")
+    head = head.format(target=size, pretarget=config.pretarget_size, last=config.query_pos)
+
+    def answer(samples, i: int) -> str:  # the answer token without its slot tag
+        return decode(config, samples.answer[i: i + 1]).split("@")[0]
+
     prompts = []
     for i in range(n):
         shots = [f"Example {k + 1}: {decode(config, examples.input_ids[3 * i + k])}\n"
-                 f"Answer: {decode(config, examples.answer[3 * i + k: 3 * i + k + 1])}" for k in range(3)]
+                 f"Answer: {answer(examples, 3 * i + k)}" for k in range(3)]
         body = "\n\n".join([head, *shots, f"Puzzle: {decode(config, puzzles.input_ids[i])}\nAnswer:"])
-        answer = decode(config, puzzles.answer[i: i + 1])
-        prompts.append(Prompt(body, answer, None, {"set": task, "size": size, "index": i}))
+        prompts.append(Prompt(body, answer(puzzles, i), None,
+                              {"set": task, "size": size, "index": i, "markers": bool(markers)}))
     return prompts
 
 
@@ -184,28 +208,39 @@ def run_bench(
     sizes: Iterable[int] = BENCH_SIZES,
     runs: int = 5,
     n: int = 20,
+    markers: Iterable[bool] = (False,),
     progress: Callable[[int], None] | None = None,
 ):
-    """One row per question: task, size, run, index, answer, predicted, correct. Run r uses seed r."""
+    """One row per question: task, size, variant ("plain" or "marked", one per `markers` value), run,
+    index, answer, predicted, correct. Run r uses seed r, so both variants ask the same puzzles."""
     import pandas as pd
 
     rows = []
     for task in tasks:
         for size in sizes:
-            for run in range(runs):
-                for index, prompt in enumerate(bench_prompts(task, size, n, seed=run)):
-                    correct, predicted = judge(prompt)
-                    rows.append({"task": task, "size": size, "run": run, "index": index,
-                                 "answer": prompt.answer, "predicted": predicted, "correct": bool(correct)})
-                    if progress:
-                        progress(1)
+            for marked in markers:
+                for run in range(runs):
+                    for index, prompt in enumerate(bench_prompts(task, size, n, seed=run, markers=marked)):
+                        correct, predicted = judge(prompt)
+                        rows.append({"task": task, "size": size, "variant": VARIANTS[bool(marked)], "run": run,
+                                     "index": index, "answer": prompt.answer, "predicted": predicted,
+                                     "correct": bool(correct)})
+                        if progress:
+                            progress(1)
     return pd.DataFrame(rows)
 
 
+VARIANTS = {False: "plain", True: "marked"}
+"""Prompt variant name by `markers` value."""
+MARKER_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+"""`posym llm-bench --markers` values and the variants they run."""
+
+
 def bench_summary(frame):
-    """Accuracy per (task, size): mean and population std over runs, runs and questions per run."""
-    per_run = frame.groupby(["task", "size", "run"])["correct"].agg(acc="mean", questions="size").reset_index()
-    out = per_run.groupby(["task", "size"]).agg(
+    """Accuracy per (task, size, variant): mean and population std over runs, runs and questions per run."""
+    keys = ["task", "size", "variant"]
+    per_run = frame.groupby([*keys, "run"])["correct"].agg(acc="mean", questions="size").reset_index()
+    out = per_run.groupby(keys).agg(
         acc_mean=("acc", "mean"), acc_std=("acc", lambda a: float(a.std(ddof=0))),
         runs=("run", "count"), per_run=("questions", "first"),
     )
@@ -213,24 +248,28 @@ def bench_summary(frame):
 
 
 def screening(summary) -> dict:
-    """The paper's model filter (>= 85% on the letter task at size 16), reported, never applied."""
-    hit = summary[(summary.task == SCREEN_TASK) & (summary["size"] == SCREEN_SIZE)]
+    """The paper's model filter (>= 85% on the plain letter task at size 16), reported, never applied."""
+    hit = summary[(summary.task == SCREEN_TASK) & (summary["size"] == SCREEN_SIZE) & (summary.variant == "plain")]
     acc = float(hit.acc_mean.iloc[0]) if len(hit) else None
     return {"rule": f"acc >= {SCREEN_ACC} on the {SCREEN_TASK} task at size {SCREEN_SIZE}",
             "accuracy": acc, "passes": None if acc is None else acc >= SCREEN_ACC}
 
 
 def bench_table(summary, label: str) -> str:
-    """Markdown Table 3: our accuracy (mean +- std) beside the paper's models, number / letter."""
-    cell = {(r.task, r.size): f"{r.acc_mean:.2f} ± {r.acc_std:.2f}" for r in summary.itertuples()}
+    """Markdown Table 3: our accuracy (mean +- std) per prompt variant beside the paper's models
+    (plain prompts only), number / letter."""
+    cell = {(r.task, r.size, r.variant): f"{r.acc_mean:.2f} ± {r.acc_std:.2f}" for r in summary.itertuples()}
     models = list(PAPER_TABLE3)
-    head = f"| size | {label} number | {label} letter | " + " | ".join(f"{m} (paper) n / l" for m in models)
-    lines = [head + " |", "|" + " --- |" * (3 + len(models))]
+    head = (f"| size | variant | {label} number | {label} letter | "
+            + " | ".join(f"{m} (paper) n / l" for m in models))
+    lines = [head + " |", "|" + " --- |" * (4 + len(models))]
+    variants = [v for v in VARIANTS.values() if v in set(summary.variant)]
     for size in sorted(set(summary["size"])):
-        paper = [PAPER_TABLE3[m].get(size) for m in models]
-        paper_cells = [f"{p[0]:.2f} / {p[1]:.2f}" if p else "" for p in paper]
-        lines.append(f"| {size} | {cell.get(('number', size), '')} | {cell.get(('letter', size), '')} | "
-                     + " | ".join(paper_cells) + " |")
+        for variant in variants:
+            paper = [PAPER_TABLE3[m].get(size) if variant == "plain" else None for m in models]
+            paper_cells = [f"{p[0]:.2f} / {p[1]:.2f}" if p else "" for p in paper]
+            lines.append(f"| {size} | {variant} | {cell.get(('number', size, variant), '')} | "
+                         f"{cell.get(('letter', size, variant), '')} | " + " | ".join(paper_cells) + " |")
     screen = screening(summary)
     verdict = "not measured" if screen["passes"] is None else (
         f"{screen['accuracy']:.2f}, {'passes' if screen['passes'] else 'fails'}")
@@ -239,12 +278,14 @@ def bench_table(summary, label: str) -> str:
 
 
 def plot_bench(summary, label: str, stem: str | os.PathLike) -> list[Path]:
-    """Accuracy vs target-window size per task, ours with std bars, the paper's models dashed."""
+    """Accuracy vs target-window size per task, ours (per prompt variant) with std bars, the paper's
+    models dashed."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for k, (ax, task) in enumerate(zip(axes, ("number", "letter"))):
-        ours = summary[summary.task == task].sort_values("size")
-        ax.errorbar(ours["size"], ours.acc_mean, yerr=ours.acc_std, marker="o", capsize=3, label=label)
+        for variant, ours in summary[summary.task == task].sort_values("size").groupby("variant", sort=False):
+            ax.errorbar(ours["size"], ours.acc_mean, yerr=ours.acc_std, marker="o", capsize=3,
+                        label=label if variant == "plain" else f"{label} ({variant})")
         for model, table in PAPER_TABLE3.items():
             sizes = sorted(table)
             ax.plot(sizes, [table[s][k] for s in sizes], "--", marker="x", alpha=0.7, label=f"{model} (paper)")
@@ -278,14 +319,14 @@ def make_judge(model_dir, *, base_url=None, model_name=None, api_key_env=None, t
 
 
 def write_bench(judge, out_dir, *, label: str, tasks, sizes, runs: int, n: int, settings: dict,
-                progress=None) -> str:
+                markers: Iterable[bool] = (False,), progress=None) -> str:
     """Run the benchmark and write bench.parquet, summary.parquet, table.md, bench.png/svg, manifest.json."""
     from posym.io import manifest, write_json, write_parquet, write_text
 
     if runs < 1 or n < 1:
         raise PosymError(f"--runs and --n must be at least 1, got {runs} and {n}")
     out_dir = Path(out_dir)
-    frame = run_bench(judge, tasks=tasks, sizes=sizes, runs=runs, n=n, progress=progress)
+    frame = run_bench(judge, tasks=tasks, sizes=sizes, runs=runs, n=n, markers=markers, progress=progress)
     summary = bench_summary(frame)
     table = bench_table(summary, label)
     write_parquet(out_dir / "bench.parquet", frame)

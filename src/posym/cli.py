@@ -463,6 +463,8 @@ def llm_bench_cmd(
                                         "of Appendix H, 12,16,24,32,48,64,80,100,150,200,300)."),
     runs: int = typer.Option(5, help="Runs per task and size; run r draws fresh data with seed r."),
     n: int = typer.Option(20, help="Questions per run."),
+    markers: str = typer.Option("off", help="Prompt variant: 'off' (plain Appendix H prompts), 'on' (every "
+                                "target-window token tagged with its place, e.g. n@3) or 'both', side by side."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto (local model only)."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16 (local model only)."),
     allow_pickle: bool = typer.Option(False, help="Accept pickle weights (pytorch_model.bin) you trust."),
@@ -471,6 +473,9 @@ def llm_bench_cmd(
     """Appendix H accuracy (1-hop number/letter tasks, 3 worked examples) with the paper's Table 3 beside."""
     from posym import bench, llm
 
+    if markers not in bench.MARKER_CHOICES:
+        raise PosymError(f"--markers must be off, on or both, got {markers!r}")
+    variants = bench.MARKER_CHOICES[markers]
     judge, label = bench.make_judge(model_dir, base_url=base_url, model_name=model_name,
                                     api_key_env=api_key_env, timeout_s=timeout, retries=retries,
                                     device=device, dtype=dtype, allow_pickle=allow_pickle)
@@ -478,11 +483,11 @@ def llm_bench_cmd(
     size_list = llm.parse_list(sizes, int) if sizes else list(bench.BENCH_SIZES)
     out = out or Path("runs") / "llm-bench" / label
     settings = {"model": label, "tasks": task_list, "sizes": size_list, "runs": runs, "n": n,
-                "base_url": base_url, "dtype": dtype}
-    bar, advance = _progress_bar(len(task_list) * len(size_list) * runs * n, "asking questions")
+                "markers": markers, "base_url": base_url, "dtype": dtype}
+    bar, advance = _progress_bar(len(task_list) * len(size_list) * len(variants) * runs * n, "asking questions")
     with bar:
         table = bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
-                                  settings=settings, progress=advance)
+                                  settings=settings, markers=variants, progress=advance)
     print(table)
 
 
@@ -491,8 +496,9 @@ def llm_bench_cmd(
 
 @app.command("run")
 def run_command(
-    preset: str = typer.Option("quick", help="Training preset: 'quick' (~10 minutes for everything on 2 CPU "
-                               "cores), 'seed' or 'paper' (the paper's study; hours on a CPU, use --device cuda)."),
+    preset: Optional[str] = typer.Option(None, help="Training preset: 'quick' (the default; minutes for everything "
+                                         "on 2 CPU cores), 'seed' or 'paper' (the paper's study; hours on a CPU, use "
+                                         "--device cuda)."),
     task: Optional[list[str]] = typer.Option(None, help="Task to run: number and/or letter; repeat for several "
                                              "(default: both)."),
     out: Path = typer.Option(Path("runs/main"), help="Output directory: one run directory per task, theory/, "
@@ -517,8 +523,8 @@ def run_command(
 
     from posym import pipeline, report
 
-    flags = {"device": device, "workers": workers}
-    cfg = pipeline.resolve_pipeline(preset, task, config, {k: v for k, v in flags.items() if v is not None})
+    flags = {"preset": preset, "tasks": task or None, "device": device, "workers": workers}
+    cfg = pipeline.resolve_pipeline(config, {k: v for k, v in flags.items() if v is not None})
     console = Console()
     start = time.perf_counter()
     with Live(console=console, transient=True, refresh_per_second=2) as live:
