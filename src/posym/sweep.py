@@ -5,13 +5,20 @@ by posym.dynamics; a finished trial leaves a done-file (posym.pipeline's) holdin
 re-running a sweep skips finished trials and resumes interrupted ones from their last checkpoint.
 A trial that fails is reported with its error and does not stop the others.
 
-RoPE settings: `rotary_dims` (how many head dimensions are rotated; the rest are position-free) and
-`rope_bases` (Hugging Face GPT-J hard-codes 10,000; another base is posym.rope's variant, which
-posym's own loading applies and plain transformers loading ignores).
+RoPE settings: `rotary_dims` (how many head dimensions are rotated; the rest are position-free),
+`rope_bases` (Hugging Face GPT-J hard-codes 10,000), `rope_bands` (which frequency IDs rotate, one
+band for every layer or one per layer) and `nope_from` (layers from this index on get no rotation);
+all but rotary_dims are posym.rope's variant, which posym's own loading applies and plain
+transformers loading ignores. Every axis value is resolved against the preset's model: two values of
+one axis that are the same setting (rotary_dims null and the head dimension, rope_bands null and
+[[1, planes]], nope_from null and n_layer) are an error; a combination of axes that only repeats an
+earlier one (with nope_from 0 no layer rotates, so every band is the same NoPE model) runs once, under
+the first one's name. Trial names carry the effective setting: `-band<first>-<last>` (per layer:
+joined by `_`, NoPE layers left out) and `-nope<layer>` appear only when they differ from full RoPE.
 
 Outputs: trials.parquet (one row per trial: settings, status, error, final accuracy per hop and, with
 dynamics, the fraction of pure positional/symbolic heads at the end), aggregate.parquet (mean and std
-over seeds per task x preset x rotary_dim x rope_base), aggregate.png/svg and sweep.json.
+over seeds per task x preset x RoPE setting), aggregate.png/svg and sweep.json.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from posym.pipeline import done_path, is_done, mark_done
 
 SWEEP_JOB = "trial"
 """Stage name of the done-file of a trial."""
-TRIAL_KEYS = ("name", "task", "preset", "seed", "rotary_dim", "rope_base")
-"""The settings every trial row starts with."""
+TRIAL_KEYS = ("name", "task", "preset", "seed", "rotary_dim", "rope_base", "rope_bands", "nope_from")
+"""The settings every trial row starts with (rope_bands as its label, nope_from resolved)."""
+SETTING_KEYS = ["task", "preset", "rotary_dim", "rope_base", "rope_bands", "nope_from"]
+"""The columns a grid setting is identified by (the aggregate averages over seeds within one)."""
 
 
 @dataclass
@@ -47,6 +56,11 @@ class SweepConfig:
     """Head dimensions RoPE rotates (even); null = all of them (the paper)."""
     rope_bases: list[float] = field(default_factory=lambda: [10000.0])
     """RoPE bases (frequencies base^(-2(k-1)/rotary_dim)); the paper: 10,000."""
+    rope_bands: list[list[list[int]] | None] = field(default_factory=lambda: [None])
+    """Rotating frequency bands, each a model.rope_bands value: null = every plane, [[first, last]] =
+    frequency IDs first..last (1 = fastest) in every layer, or one [first, last] per layer."""
+    nope_from: list[int | None] = field(default_factory=lambda: [None])
+    """Layers with index >= this value get no rotation (NoPE); null = RoPE in every layer, 0 = NoPE."""
     train: dict = field(default_factory=dict)
     """Overrides of every trial's TrainConfig (e.g. {max_steps: 500, model: {n_layer: 4}})."""
     dynamics: bool = False
@@ -59,9 +73,9 @@ class SweepConfig:
     """CPUs of the local Ray instance (ignored with --address); null = all cores."""
 
     def __post_init__(self) -> None:
-        for name in ("tasks", "seeds", "presets", "rotary_dims", "rope_bases"):
+        for name in ("tasks", "seeds", "presets", "rotary_dims", "rope_bases", "rope_bands", "nope_from"):
             values = getattr(self, name)
-            if not values or len(set(values)) != len(values):
+            if not values or len({repr(v) for v in values}) != len(values):
                 raise PosymError(f"{name} must be a non-empty list without repeats, got {values}")
         if not isinstance(self.train, dict):
             raise PosymError(f"train must be a mapping of TrainConfig overrides, got {self.train!r}")
@@ -74,28 +88,71 @@ def load_sweep(path: str | Path) -> SweepConfig:
     return from_dict(SweepConfig, io.read_yaml(path), where=str(path))
 
 
-def trials(config: SweepConfig) -> list[dict]:
-    """The grid, one dict per trial: name, task, preset, seed, rotary_dim (resolved), rope_base and its TrainConfig
-    as a dict. Every config is resolved here, so a bad key fails before any trial starts."""
+def bands_label(model) -> str:
+    """The effective rotating bands of a ModelConfig: "all" (every plane wherever RoPE is on), "none"
+    (NoPE everywhere), "first-last" (one band in every rotating layer) or per rotating layer joined by "_"."""
+    from posym.rope import layer_bands
+
+    planes = model.resolved_rotary_dim // 2
+    bands = [b for b in layer_bands(model) if b is not None]  # NoPE layers have no band
+    if not bands:
+        return "none"
+    if all(b == (1, planes) for b in bands):
+        return "all"
+    labels = [f"{a}-{b}" for a, b in bands]
+    return labels[0] if len(set(labels)) == 1 else "_".join(labels)
+
+
+def _setting(cfg) -> tuple:
+    """(rotary dim, bands label, nope_from) of a resolved TrainConfig, defaults resolved."""
+    model = cfg.model
+    nope = model.n_layer if model.nope_from is None else model.nope_from
+    return model.resolved_rotary_dim, bands_label(model), nope
+
+
+def _resolve(config: SweepConfig, preset: str, task: str, seed: int, rope: dict):
+    """The TrainConfig of one trial: the sweep's train overrides, then the RoPE values in `rope`
+    (ModelConfig field -> value; None keeps the preset's or the train overrides' value)."""
     from posym.train import resolve_config
 
-    out = []
+    model = {**config.train.get("model", {}), **{k: v for k, v in rope.items() if v is not None}}
+    return resolve_config(preset, task, None, {**config.train, "seed": seed, "model": model})
+
+
+def _check_axis(config: SweepConfig, preset: str, task: str, axis: str, key: str) -> None:
+    """PosymError when two values of one RoPE axis resolve to the same setting for this preset."""
+    seen = {}
+    for value in getattr(config, axis):
+        setting = _setting(_resolve(config, preset, task, 0, {key: value}))
+        if setting in seen:
+            raise PosymError(f"the grid holds the same trial twice: {axis} lists {seen[setting]!r} and {value!r}, "
+                             f"which are the same setting for the {preset} preset")
+        seen[setting] = value
+
+
+def trials(config: SweepConfig) -> list[dict]:
+    """The grid, one dict per trial: name, task, preset, seed, the RoPE setting (rotary_dim and nope_from
+    resolved, rope_bands as `bands_label`), rope_base and its TrainConfig as a dict. Every config is
+    resolved here, so a bad key or band fails before any trial starts; see the module docstring for
+    repeated settings."""
+    out, names = [], set()
     for preset in config.presets:
         for task in config.tasks:
-            for rotary, base, seed in itertools.product(config.rotary_dims, config.rope_bases, config.seeds):
-                model = {**config.train.get("model", {}), "rope_base": base}
-                if rotary is not None:
-                    model["rotary_dim"] = rotary
-                cfg = resolve_config(preset, task, None, {**config.train, "seed": seed, "model": model})
-                rot = cfg.model.resolved_rotary_dim
-                out.append({"name": f"{task}-{preset}-rot{rot}-base{base:g}-seed{seed}", "task": task,
-                            "preset": preset, "seed": seed, "rotary_dim": rot, "rope_base": base,
-                            "config": to_dict(cfg)})
-    names = [t["name"] for t in out]
-    twins = sorted({n for n in names if names.count(n) > 1})
-    if twins:
-        raise PosymError(f"the grid holds the same trial twice ({twins[0]}): rotary_dims lists null and the head "
-                         "dimension, which are the same setting")
+            for axis, key in (("rotary_dims", "rotary_dim"), ("rope_bands", "rope_bands"), ("nope_from", "nope_from")):
+                _check_axis(config, preset, task, axis, key)
+            grid = itertools.product(config.rotary_dims, config.rope_bases, config.rope_bands, config.nope_from,
+                                     config.seeds)
+            for rotary, base, bands, nope, seed in grid:
+                cfg = _resolve(config, preset, task, seed, {"rotary_dim": rotary, "rope_base": base,
+                                                            "rope_bands": bands, "nope_from": nope})
+                rot, label, nope_layer = _setting(cfg)
+                name = (f"{task}-{preset}-rot{rot}-base{base:g}" + ("" if label in ("all", "none") else f"-band{label}")
+                        + ("" if nope_layer == cfg.model.n_layer else f"-nope{nope_layer}") + f"-seed{seed}")
+                if name in names:
+                    continue  # an earlier combination already is this model (e.g. any band with nope_from 0)
+                names.add(name)
+                out.append({"name": name, "task": task, "preset": preset, "seed": seed, "rotary_dim": rot,
+                            "rope_base": base, "rope_bands": label, "nope_from": nope_layer, "config": to_dict(cfg)})
     return out
 
 
@@ -132,11 +189,11 @@ def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads
 
 
 def aggregate(rows):
-    """Mean and std over seeds (successful trials) per task x preset x rotary_dim x rope_base, of the final
+    """Mean and std over seeds (successful trials) per grid setting (SETTING_KEYS), of the final
     accuracy (overall and per hop) and, when present, the pure-head fractions; `n_seeds` counts them."""
     ok = rows[rows.status == "ok"]
     metrics = [c for c in ok.columns if c == "acc" or c.startswith("acc_hop") or c.startswith("frac_")]
-    keys = ["task", "preset", "rotary_dim", "rope_base"]
+    keys = SETTING_KEYS
     if ok.empty:
         return ok[keys]
     grouped = ok.groupby(keys)
@@ -158,7 +215,9 @@ def plot_aggregate(table, stem) -> list[Path]:
     hops = sorted(c[:-5] for c in table.columns if c.startswith("acc_hop") and c.endswith("_mean"))
     fracs = [c[:-5] for c in table.columns if c.startswith("frac_") and c.endswith("_mean")]
     panels = [("final test accuracy", ["acc", *hops])] + ([("pure heads at the end (gamma 0.1)", fracs)] if fracs else [])
-    labels = [f"{r.task}\n{r.preset}, rot {r.rotary_dim}, base {r.rope_base:g}" for r in table.itertuples()]
+    varied = len(table[["rope_bands", "nope_from"]].drop_duplicates()) > 1  # say the band setting only then
+    labels = [f"{r.task}\n{r.preset}, rot {r.rotary_dim}, base {r.rope_base:g}"
+              + (f"\nbands {r.rope_bands}, NoPE from L{r.nope_from}" if varied else "") for r in table.itertuples()]
     fig, axes = plt.subplots(1, len(panels), figsize=(max(5.0, 1.6 * len(table)) * len(panels), 3.8), squeeze=False)
     x = np.arange(len(table))
     for ax, (title, columns) in zip(axes[0], panels):
