@@ -1,6 +1,7 @@
 """posym run: the whole pipeline end to end on a tiny configuration, done-files and resuming."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,6 @@ def test_run_end_to_end(finished):
 def test_rerun_recomputes_only_missing_stages(finished, tiny_config, monkeypatch, capsys):
     _, _, out = finished
     before = _stamps(out)
-    assert run_posym(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
-    assert _stamps(out) == before  # nothing recomputed: done-files and checkpoints untouched
     # drop one stage's done-file (as if killed during it): only that stage runs again
     pipeline.done_path(out, "letter", "lengthgen").unlink()
     # and the train stage of number (killed after its last checkpoint): train resumes, nothing to redo
@@ -89,8 +88,10 @@ def test_rerun_recomputes_only_missing_stages(finished, tiny_config, monkeypatch
     assert run_posym(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
     after = _stamps(out)
     changed = {k for k in before if before[k] != after[k]}
-    # train resumed from its last checkpoint (step 12 = max_steps): no checkpoint was rewritten
+    # every other stage was skipped (done-files and checkpoints untouched); train resumed from its
+    # last checkpoint (step 12 = max_steps), so no checkpoint was rewritten
     assert changed == {"letter-lengthgen.done.json", "number-train.done.json"}
+    assert len(before) == len(after) == 9 + 2 * 6  # 9 done-files; checkpoints 0, 1, 2, 4, 6, 12 per task
 
 
 def test_other_config_on_same_out_is_refused(finished, tiny_config, monkeypatch, capsys):
@@ -136,8 +137,56 @@ def test_stage_marks_done_only_after_success(tmp_path):
 
 def test_resolve_pipeline_layers(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text("seed: 3\ntrain: {max_steps: 7}\n")
-    config = pipeline.resolve_pipeline("seed", ["letter"], path, {"device": "cpu"})
+    path.write_text("seed: 3\npreset: paper\ntasks: [number]\ntrain: {max_steps: 7}\n")
+    assert pipeline.resolve_pipeline(path).preset == "paper"
+    assert pipeline.resolve_pipeline().preset == "quick"  # no file, no flags: the defaults
+    config = pipeline.resolve_pipeline(path, {"preset": "seed", "tasks": ["letter"], "device": "cpu"})  # flags win
     assert (config.preset, config.tasks, config.seed, config.device) == ("seed", ["letter"], 3, "cpu")
     cfg = pipeline.train_config(config, "letter")
     assert (cfg.preset, cfg.max_steps, cfg.seed, cfg.device, cfg.model.n_head) == ("seed", 7, 3, "cpu", 8)
+
+
+
+def _workers(pid: int) -> list[int]:
+    """Live pool workers (spawned `spawn_main` processes) whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_text(errors="ignore")
+        except (OSError, IndexError, ValueError):  # the process ended while we looked
+            continue
+        if parent == pid and "spawn_main" in cmdline and "tracker_fd" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="ignore")  # empty for a zombie
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_killed_run_leaves_no_worker(tiny_config, tmp_path):
+    """SIGKILL of `posym run` takes its worker processes with it (no orphan keeps writing)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "posym.cli", "run", "--config", str(tiny_config), "--out",
+                             str(tmp_path / "o"), "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = tmp_path / "o" / "number" / "config.yaml"  # written once a worker is inside its first job
+    deadline = time.time() + 60
+    while time.time() < deadline and not started.is_file():
+        time.sleep(0.2)
+    workers = _workers(proc.pid)
+    assert started.is_file() and len(workers) == 2, "the workers did not start"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(p) for p in workers):
+        time.sleep(0.2)
+    assert not [p for p in workers if _alive(p)]

@@ -88,15 +88,10 @@ class PipelineConfig:
             raise PosymError(f"workers must be a positive integer or null, got {self.workers}")
 
 
-def resolve_pipeline(preset: str = "quick", tasks: list[str] | None = None, config_file: str | Path | None = None,
-                     overrides: dict | None = None) -> PipelineConfig:
-    """Defaults, then the YAML file's keys, then `overrides` (CLI flags); each train config is
-    resolved once here so that a bad `train:` key fails before anything runs."""
-    data: dict[str, Any] = {"preset": preset}
-    if tasks:
-        data["tasks"] = list(tasks)
-    if config_file is not None:
-        data.update(io.read_yaml(config_file))
+def resolve_pipeline(config_file: str | Path | None = None, overrides: dict | None = None) -> PipelineConfig:
+    """Defaults, then the YAML file's keys, then `overrides` (CLI flags, e.g. preset, tasks); each
+    train config is resolved once here so that a bad `train:` key fails before anything runs."""
+    data: dict[str, Any] = io.read_yaml(config_file) if config_file is not None else {}
     data.update(overrides or {})
     config = from_dict(PipelineConfig, data, where=str(config_file or "pipeline config"))
     for task in config.tasks:
@@ -158,6 +153,18 @@ def _geometry(run_dir: Path, n_prompts: int, seed: int) -> None:
                 "tau": 1e-4, "seed": seed}
     geometry.run_geometry(model, ids, wanted, run_dir / "analysis", token_names=tasks.token_names(task),
                           paper_task=task.task, settings=settings)
+
+
+def _die_with_parent() -> None:
+    """Worker initializer: have Linux end this worker when the `posym run` process dies, so a killed
+    run leaves no orphan still writing into the output directory a re-run is about to use."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux/glibc: workers end when they next read their queue
+        pass
 
 
 def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
@@ -250,7 +257,8 @@ def run_pipeline(config: PipelineConfig, out: str | Path, *, bench: str | Path |
     seconds: dict[str, dict] = {}
     failures: dict[str, str] = {}
     # spawn, not fork: torch and OpenMP state must not be copied into the workers
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_die_with_parent)
+    with pool:
         futures = {pool.submit(theory_job, as_dict, str(out), threads) if job == THEORY else
                    pool.submit(task_job, as_dict, str(out), job, threads): job for job in jobs}
         pending = set(futures)
