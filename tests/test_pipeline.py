@@ -111,6 +111,8 @@ def test_bad_pipeline_configs(tmp_path, monkeypatch, capsys):
         bad.write_text(text)
         assert run_posym(monkeypatch, "run", "--config", bad, "--out", tmp_path / "o") == 2
         assert message in capsys.readouterr().err
+    assert run_posym(monkeypatch, "run", "--out", tmp_path / "o", "--bench", tmp_path) == 2
+    assert "is not a posym run, theory or llm-bench directory" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # validated before anything is written
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")

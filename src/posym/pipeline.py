@@ -249,6 +249,8 @@ def run_pipeline(config: PipelineConfig, out: str | Path, *, bench: str | Path |
 
     start = time.perf_counter()
     out = Path(out)
+    if bench is not None and (not Path(bench).is_dir() or report.kind_of(Path(bench)) != "bench"):
+        raise PosymError(f"--bench {bench} is not a posym llm-bench output directory (table.md, summary.parquet)")
     _prepare(config, out)
     jobs = [*config.tasks, THEORY]
     workers = config.workers or max(1, min(len(jobs), os.cpu_count() or 1))
