@@ -179,7 +179,8 @@ def test_killed_run_leaves_no_worker(tiny_config, tmp_path):
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "posym.cli", "run", "--config", str(tiny_config), "--out",
-                             str(tmp_path / "o"), "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             str(tmp_path / "o"), "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     started = tmp_path / "o" / "number" / "config.yaml"  # written once a worker is inside its first job
     deadline = time.time() + 60
     while time.time() < deadline and not started.is_file():

@@ -35,8 +35,10 @@ RUN_FIGURES = [
      "at hop queries, with normalised attention entropy."),
     ("analysis", "fig6_entropy", "Fig. 6", "The same scores and min-max normalised entropy at the last token."),
     ("analysis", "fig7_purity", "Fig. 7", "Cumulative number of heads that became pure for good, per gamma."),
-    ("analysis", "fig4b_qk_plane", "Fig. 4B", "Queries and keys of layer 1 on its dominant RoPE plane, before rotation."),
-    ("analysis", "fig8_frequency", "Fig. 8 / Table 1", "Use of every RoPE plane per layer and the weighted frequency ID."),
+    ("analysis", "fig4b_qk_plane", "Fig. 4B",
+     "Queries and keys of layer 1 on its dominant RoPE plane, before rotation."),
+    ("analysis", "fig8_frequency", "Fig. 8 / Table 1",
+     "Use of every RoPE plane per layer and the weighted frequency ID."),
     ("lengthgen", "fig5b", "Fig. 5B", "Accuracy against sequence length per hop count (extra target-window tokens)."),
 ]
 MISSING = {"analysis": "posym dynamics RUN_DIR and posym geometry RUN_DIR", "lengthgen": "posym lengthgen RUN_DIR"}
@@ -213,10 +215,12 @@ def _theory_section(theory_dir: Path, out_dir: Path) -> str:
     rows = [[r["head"], r["n0"], f"{r['theta']:.4g}", r["exact"], r["softmax_exact"], f"{r['delta_n0']:.3g}",
              f"{r['bound_n0']:.3g}", f"{r['beta_needed']:.4g}", f"{r['beta_lemma']:.4g}"] for r in result["summary"]]
     tasks = "; ".join(f"T_{k.capitalize()} on the {t['task']} task: s_pos {t['s_pos']:.3f}, s_sym {t['s_sym']:.3f}, "
-                      f"answer after h hops {t['softmax']['after_h']:.3f} (softmax)" for k, t in result["tasks"].items())
+                      f"answer after h hops {t['softmax']['after_h']:.3f} (softmax)"
+                      for k, t in result["tasks"].items())
     figure = _figure(theory_dir / "fig5a", out_dir, "theory-fig5a", "Fig. 5A",
                      "Discrepancy Delta(n) of T_Index and T_Retrieval (measured) against Theorem 3.2's bounds.",
-                     "Delta_Index(n) <= min(1 - cos theta, 2 pi^2 / n^2); Delta_Retrieval(n) <= 1 - cos(omega - n theta), "
+                     "Delta_Index(n) <= min(1 - cos theta, 2 pi^2 / n^2); "
+                     "Delta_Retrieval(n) <= 1 - cos(omega - n theta), "
                      "theta = 0.866 (ID 2) and 0.0027 (ID 42).")
     return ("<h2>Theory: constructions and discrepancy (Theorems 3.1, 3.2)</h2>" + _table(
         ["head", "n0", "theta", "exact (hard)", "exact (softmax)", "Delta(n0)", "bound", "beta needed",
