@@ -346,7 +346,7 @@ def test_marked_samples_are_the_plain_ones_with_slots(task, extra):
     c = task_config(task, markers=True, extra_target=extra)
     plain = replace(c, markers=False)
     m, p = generate(c, 400, seed=4), generate(plain, 400, seed=4)
-    for f in ("hops", "chain", "answer_pos"):
+    for f in ("answer", "hops", "chain", "answer_pos"):
         np.testing.assert_array_equal(getattr(m, f), getattr(p, f))
     marked_names, plain_names = token_names(c), token_names(plain)
     T = c.target_size
@@ -357,7 +357,7 @@ def test_marked_samples_are_the_plain_ones_with_slots(task, extra):
                 assert marked_names[a] == f"{plain_names[b]}@{(j - extra) % T}"
             else:
                 assert a == b
-        assert answer == mids[apos] and marked_names[answer].startswith(plain_names[pids[apos]] + "@")
+        assert answer == pids[apos] and marked_names[mids[apos]] == f"{plain_names[answer]}@{(apos - extra) % T}"
         assert follow_chain(c, mids) == (answer, chain[: h + 1])
         assert encode(c, decode(c, mids)) == mids
 

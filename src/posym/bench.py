@@ -89,8 +89,8 @@ def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool 
     head = INSTRUCTIONS[task] + (MARKER_NOTE[task] if markers else "")
     head = head.format(target=size, pretarget=config.pretarget_size, last=config.query_pos)
 
-    def answer(samples, i: int) -> str:  # the answer token without its slot tag
-        return decode(config, samples.answer[i: i + 1]).split("@")[0]
+    def answer(samples, i: int) -> str:  # the plain token, also with markers (posym.tasks)
+        return decode(config, samples.answer[i: i + 1])
 
     prompts = []
     for i in range(n):

@@ -41,8 +41,10 @@ place of position p in the effective target window (0..T-1), counted on cyclical
 tokens before it; it has the id of (plain token, s) in a range after the plain vocabulary:
 marker_base + s * S + (plain id - first symbol id), S = symbols per slot (number: A symbols; letter:
 the L*R (letter, number) pairs), text `<plain>@<s>` (`n@2`, `a2@4`). Nothing moves: positions,
-offsets, hop letters and chains are those of the unmarked sample with the same index, and the answer
-is the marked token at the answer position. Why slots: the number task's lookup "the token k places
+offsets, hop letters, chains and answers are those of the unmarked sample with the same index: the
+answer is the plain token (the symbol, without its slot), so marked and unmarked models are scored
+on the same answers (a first version answered with the marked token, 960 / 512 classes, and learned
+almost nothing in 1,000 quick steps; docs/results.md). Why slots: the number task's lookup "the token k places
 back" is positional; with slots the target of a 1-hop query k is also "the symbol marked slot
 (T + P - k) mod T", a lookup by content, so a symbolic head could do it (the letter task already is
 one; its marks are redundant information). Slots are cyclic so that length extension reuses marked
@@ -422,11 +424,8 @@ def generate(config: TaskConfig, n: int, seed: int, split: str = "train", start:
     base, answer, extra = build(config, key, index, hops, pos, values, chain)
     E = config.extra_target
     input_ids = np.concatenate([extra, base], axis=1)  # [n, seq_len]
-    if config.markers:
-        input_ids = mark(config, input_ids)
-        answer = input_ids[np.arange(n), pos + E]
     return Samples(
-        input_ids=input_ids,
+        input_ids=mark(config, input_ids) if config.markers else input_ids,
         answer=answer,
         hops=hops,
         chain=np.where(chain >= 0, chain + E, -1),  # [n, H+1]
@@ -442,6 +441,14 @@ def mark(config: TaskConfig, input_ids: np.ndarray) -> np.ndarray:
     out = input_ids.copy()
     out[:, :window] = config.marker_base + slot * len(symbols) + (input_ids[:, :window] - symbols.start)
     return out
+
+
+def unmark(config: TaskConfig, ids: np.ndarray) -> np.ndarray:
+    """Token ids with every slot-marked id replaced by its plain token (others unchanged)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    marked = ids >= config.marker_base
+    plain = config.symbol_ids.start + (ids - config.marker_base) % len(config.symbol_ids)
+    return np.where(marked, plain, ids)
 
 
 def iter_batches(config: TaskConfig, batch_size: int, seed: int, split: str = "train",
@@ -538,7 +545,8 @@ def _letter_tables(config: TaskConfig) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def follow_chain(config: TaskConfig, input_ids) -> tuple[int, list[int]]:
     """Follow the pointer chain from the last token using the tokens alone.
 
-    Returns (answer token id, positions from the query to the answer). Raises `ChainError` when
+    Returns (answer token id, positions from the query to the answer); with slot markers the answer
+    is the plain token the chain lands on, without its slot. Raises `ChainError` when
     the chain is not well defined: a non-pointer query, a jump before position 0, a PAD or unknown
     token, or (letter task) a lookup with no or several earlier matches.
     """
@@ -559,7 +567,7 @@ def follow_chain(config: TaskConfig, input_ids) -> tuple[int, list[int]]:
                 raise ChainError(f"the offset {ids[pos]} at position {pos} jumps before position 0")
             pos = nxt
             chain.append(pos)
-        return int(ids[pos]), chain
+        return int(unmark(config, ids[pos])), chain
     first, second, is_target = _letter_tables(config)
     if is_target[ids[pos]]:
         raise ChainError("the query is a (letter, number) token, not a (letter, letter) pointer")
@@ -573,4 +581,4 @@ def follow_chain(config: TaskConfig, input_ids) -> tuple[int, list[int]]:
                              f"{where} earlier matches")
         pos = int(matches[0])
         chain.append(pos)
-    return int(ids[pos]), chain
+    return int(unmark(config, ids[pos])), chain
