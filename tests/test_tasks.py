@@ -367,3 +367,16 @@ def test_marked_letter_lookup_counts_marked_matches():
     assert follow_chain(c, encode(c, "e1@0 a2@1 b2@2 | ca hc | eh"))[1] == [5, 4, 3, 1]
     with pytest.raises(ChainError, match="2 \\(1, 2\\) earlier matches"):
         follow_chain(c, encode(c, "e1@0 a2@1 a3@2 | ca hc | eh"))
+
+
+def test_data_command_writes_marked_samples(tmp_path, monkeypatch):
+    from cli_runner import run_posym
+
+    from posym.datasets import load_dataset
+
+    out = tmp_path / "marked.jsonl"
+    assert run_posym(monkeypatch, "data", "--task", "letter", "--n", 40, "--format", "jsonl", "--markers",
+                     "--out", out) == 0
+    config, samples = load_dataset(out)
+    assert config == task_config("letter", markers=True)
+    assert_same(samples, generate(config, 40, seed=0))

@@ -43,6 +43,8 @@ def data_command(
         None, help="Offsets 1..R (number task, paper 16) or numbers 1..R in target pairs (letter task, paper 8)."),
     extra_target: int = typer.Option(
         0, help="Length extension: extra target-window tokens before the effective target window."),
+    markers: bool = typer.Option(False, help="Slot markers: every target-window token carries its place in "
+                                 "the window as its own token (n@3); positions and answers are unchanged."),
 ) -> None:
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
     from rich.progress import Progress
@@ -51,7 +53,7 @@ def data_command(
 
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
                  alphabet_size=alphabet_size, int_range=int_range, extra_target=extra_target)
-    config = tasks.task_config(task, **{k: v for k, v in knobs.items() if v is not None})
+    config = tasks.task_config(task, markers=markers, **{k: v for k, v in knobs.items() if v is not None})
     with Progress(transient=True) as bar:
         job = bar.add_task(f"{task} task, {split}", total=n)
         path = datasets.save_dataset(config, n, seed, split, out, fmt,
