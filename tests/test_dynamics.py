@@ -3,11 +3,11 @@ rule), counts, composition, entropy normalisation, and `posym dynamics` end to e
 (scores checked against posym.scores on the same checkpoints, accuracy against metrics.parquet)."""
 
 import math
-import sys
 
 import pandas as pd
 import pytest
 
+from cli_runner import run_posym
 from posym import dynamics
 from posym.errors import PosymError
 
@@ -129,21 +129,10 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
     pd.testing.assert_frame_equal(table, again)
 
 
-def _cli(monkeypatch, *args):
-    from posym.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["posym", *map(str, args)])
-    try:
-        main()
-    except SystemExit as exc:
-        return exc.code
-    return 0
-
-
 def test_cli_dynamics_end_to_end(tiny_run, monkeypatch, capsys):
     import json
 
-    assert _cli(monkeypatch, "dynamics", tiny_run, "--n-prompts", 5) == 0
+    assert run_posym(monkeypatch, "dynamics", tiny_run, "--n-prompts", 5) == 0
     assert "checkpoints in" in capsys.readouterr().out
     out = tiny_run / "analysis"
     result = json.loads((out / "dynamics.json").read_text())
@@ -157,6 +146,6 @@ def test_cli_dynamics_end_to_end(tiny_run, monkeypatch, capsys):
 def test_bad_run_directories_are_posym_errors(tmp_path, monkeypatch, capsys):
     with pytest.raises(PosymError, match="no checkpoints"):
         dynamics.collect_dynamics(tmp_path)
-    assert _cli(monkeypatch, "dynamics", tmp_path / "missing") == 2
+    assert run_posym(monkeypatch, "dynamics", tmp_path / "missing") == 2
     err = capsys.readouterr().err
     assert err.startswith("posym: error:") and err.count("\n") == 1

@@ -2,13 +2,13 @@
 per-sample reference on a tiny trained run, files, figure and the CLI."""
 
 import math
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
+from cli_runner import run_posym
 from posym import lengthgen as lg
 from posym.errors import PosymError
 from posym.tasks import follow_chain, generate, task_config
@@ -147,25 +147,14 @@ def test_summary_longest_length_above_090():
     assert lg.summarize(table, task)["paper"]["longest_length_acc_ge_0.9"] is None
 
 
-def _cli(monkeypatch, *args):
-    from posym.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["posym", *map(str, args)])
-    try:
-        main()
-    except SystemExit as exc:
-        return exc.code
-    return 0
-
-
 def test_cli_lengthgen_and_too_long_error(tiny_run, tmp_path, monkeypatch, capsys):
-    code = _cli(monkeypatch, "lengthgen", tiny_run, "--lengths", "17,64", "--protocol", "paper", "--n", "8",
+    code = run_posym(monkeypatch, "lengthgen", tiny_run, "--lengths", "17,64", "--protocol", "paper", "--n", "8",
                 "--out", tmp_path / "lg")
     assert code == 0, capsys.readouterr()
     table = pd.read_parquet(tmp_path / "lg" / "lengthgen.parquet")
     assert sorted(table["length"].unique()) == [17, 64] and set(table["protocol"]) == {"paper"}
     capsys.readouterr()
-    code = _cli(monkeypatch, "lengthgen", tiny_run, "--lengths", f"17,{TINY_POSITIONS + 1}",
+    code = run_posym(monkeypatch, "lengthgen", tiny_run, "--lengths", f"17,{TINY_POSITIONS + 1}",
                 "--out", tmp_path / "bad")
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
