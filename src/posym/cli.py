@@ -562,8 +562,8 @@ def report_command(
 
 @app.command("sweep")
 def sweep_command(
-    config: Path = typer.Argument(..., help="Sweep YAML: tasks, seeds, presets, rotary_dims, rope_bases, train overrides, "
-                                  "dynamics, n_prompts, cpus_per_trial, num_cpus (see examples/sweep.yaml)."),
+    config: Path = typer.Argument(..., help="Sweep YAML: tasks, seeds, presets, rotary_dims, rope_bases, rope_bands, "
+                                  "nope_from, train overrides, dynamics, n_prompts, cpus_per_trial, num_cpus (see examples/sweep.yaml)."),
     address: Optional[str] = typer.Option(None, help="Address of an existing Ray cluster (e.g. 'auto' or "
                                           "'ray://host:10001'); default: start a local Ray instance."),
     out: Path = typer.Option(Path("runs/sweep"), help="Output directory: trials/<name> run directories, "
