@@ -155,9 +155,10 @@ def _geometry(run_dir: Path, n_prompts: int, seed: int) -> None:
                           paper_task=task.task, settings=settings)
 
 
-def _die_with_parent() -> None:
-    """Worker initializer: have Linux end this worker when the `posym run` process dies, so a killed
-    run leaves no orphan still writing into the output directory a re-run is about to use."""
+def die_with_parent() -> None:
+    """Have Linux end this worker process when its parent dies (`posym run`'s pool initializer; a
+    `posym sweep` trial in its Ray worker), so a killed run leaves no orphan still writing into the
+    output directory a re-run is about to use."""
     import ctypes
     import signal
 
@@ -259,7 +260,7 @@ def run_pipeline(config: PipelineConfig, out: str | Path, *, bench: str | Path |
     seconds: dict[str, dict] = {}
     failures: dict[str, str] = {}
     # spawn, not fork: torch and OpenMP state must not be copied into the workers
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_die_with_parent)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=die_with_parent)
     with pool:
         futures = {pool.submit(theory_job, as_dict, str(out), threads) if job == THEORY else
                    pool.submit(task_job, as_dict, str(out), job, threads): job for job in jobs}

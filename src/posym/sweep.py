@@ -32,7 +32,7 @@ from typing import Any, Callable
 from posym import io
 from posym.configs import from_dict, to_dict
 from posym.errors import PosymError
-from posym.pipeline import done_path, is_done, mark_done
+from posym.pipeline import die_with_parent, done_path, is_done, mark_done
 
 SWEEP_JOB = "trial"
 """Stage name of the done-file of a trial."""
@@ -188,6 +188,14 @@ def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads
     return row
 
 
+def _ray_trial(*args) -> dict:
+    """`run_trial` as a Ray task. Its worker first ties its life to its parent's, the raylet (which
+    dies with the `posym sweep` that started it): Ray workers lead their own sessions and would
+    otherwise train on, unwatched, into the trial directory a re-run resumes."""
+    die_with_parent()
+    return run_trial(*args)
+
+
 def aggregate(rows):
     """Mean and std over seeds (successful trials) per grid setting (SETTING_KEYS), of the final
     accuracy (overall and per hop) and, when present, the pure-head fractions; `n_seeds` counts them."""
@@ -256,7 +264,7 @@ def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = Non
                     num_cpus=config.num_cpus, include_dashboard=False, log_to_driver=False)
             except ConnectionError as exc:
                 raise PosymError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
-        remote = ray.remote(num_cpus=config.cpus_per_trial, max_retries=0)(run_trial)
+        remote = ray.remote(num_cpus=config.cpus_per_trial, max_retries=0)(_ray_trial)
         limit = max_concurrent or len(todo)
         queue, running = list(todo), {}
         try:
@@ -282,6 +290,8 @@ def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = Non
             if started:
                 ray.shutdown()
     frame = pd.DataFrame([rows[t["name"]] for t in grid])
+    # one column order whatever the rows' source (a done-file's JSON has sorted keys, a fresh row not)
+    frame = frame[[*TRIAL_KEYS, *sorted(set(frame.columns) - set(TRIAL_KEYS))]]
     table = aggregate(frame)
     io.write_parquet(out / "trials.parquet", frame)
     io.write_parquet(out / "aggregate.parquet", table)
