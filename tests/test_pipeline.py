@@ -7,17 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_runner import run_posym
+from tiny_runs import PIPELINE as TINY
 
 from posym import pipeline
 from posym.errors import PosymError
-
-TINY = {
-    "train": {"max_steps": 12, "checkpoint_every": 6, "eval_size": 48, "model": {"n_layer": 2, "n_embd": 32}},
-    "dynamics_prompts": 4,
-    "geometry_prompts": 4,
-    "lengthgen": {"lengths": [17, 34], "factors": [1, 2], "n": 16},
-    "theory": {"n0": [4], "samples": 200, "task_samples": 40, "curve_max_n": 8, "curve_freq_ids": [2]},
-}
 
 
 def _stamps(out: Path) -> dict:

@@ -123,8 +123,9 @@ def posym(args, cwd, **kw) -> subprocess.CompletedProcess:
 
 
 def start(args, cwd) -> subprocess.Popen:
+    """`posym ARGS` in the background, leading its own process group (so that a kill reaches its workers)."""
     return subprocess.Popen([*POSYM, *map(str, args)], cwd=cwd, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 # ---- bad input: the installed console script, exit 2, one line, nothing written ---------------------
@@ -207,15 +208,45 @@ def test_bad_input_is_one_line_exit_2_nothing_written(zoo, tmp_path, argv, messa
 # ---- crash safety: SIGKILL at fixed points, then re-run ----------------------------------------------
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children, their children, ...), read from Linux /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # the process ended while we looked
+            continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie has stopped running: it writes nothing more)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def kill_when(proc: subprocess.Popen, path: Path, delay: float = 0.0, timeout: float = 120.0) -> None:
-    """SIGKILL `proc` `delay` seconds after `path` appears; fail if it finished first."""
+    """SIGKILL the process group of `proc` (from `start`) `delay` seconds after `path` appears; fail if
+    it finished first. Returns once every process it had started is gone, wherever it moved (Ray's
+    workers lead their own sessions): none may live on and keep writing into the output."""
     deadline = time.time() + timeout
     while not path.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
     time.sleep(delay)
     assert proc.poll() is None, f"the process ended before the kill point {path.name}: {proc.stderr.read()[-2000:]}"
-    proc.send_signal(signal.SIGKILL)
+    family = descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    deadline = time.time() + 3  # SIGKILL needs no cooperation: ms, even on loaded cores
+    while time.time() < deadline and any(running(pid) for pid in family):
+        time.sleep(0.05)
+    assert not [pid for pid in family if running(pid)], "processes of the killed command live on"
 
 
 def assert_complete(directory: Path) -> list[str]:
@@ -328,6 +359,123 @@ def test_lengthgen_killed_leaves_only_whole_files_and_reruns_identically(referen
     lengthgen_into(reference, out)
     assert_same_tables(out, reference / "lengthgen")
     assert_complete(out)
+
+
+# `posym run`: one task on toy sizes, 2 worker processes (the train/dynamics/... chain and theory)
+RUN_STAGE_FILES = {"dynamics": "analysis/dynamics.json", "geometry": "analysis/geometry.json",
+                   "lengthgen": "lengthgen/lengthgen.json"}
+"""Per task stage: the file it writes last (under the task's run directory)."""
+
+
+@pytest.fixture(scope="module")
+def run_reference(tmp_path_factory) -> Path:
+    """An uninterrupted `posym run` of the tiny configuration (number task only) and its config file."""
+    from tiny_runs import PIPELINE
+
+    root = tmp_path_factory.mktemp("pipeline")
+    io.write_yaml(root / "tiny.yaml", {**PIPELINE, "tasks": ["number"]})
+    done = posym(["run", "--config", root / "tiny.yaml", "--out", root / "main", "--workers", 2], root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return root
+
+
+def assert_done_means_complete(out: Path) -> None:
+    """A stage's done-file exists only beside its complete outputs (the file each stage writes last,
+    every checkpoint up to max_steps, one metrics row per checkpoint)."""
+    from posym.pipeline import is_done
+
+    if is_done(out, "number", "train"):
+        steps = [s for s, _ in list_checkpoints(out / "number")]
+        assert steps[-1] == yaml.safe_load((out / "number" / "config.yaml").read_text())["max_steps"]
+        assert pd.read_parquet(out / "number" / "metrics.parquet").step.tolist() == steps
+    for stage, name in RUN_STAGE_FILES.items():
+        assert not is_done(out, "number", stage) or (out / "number" / name).is_file(), stage
+    assert not is_done(out, "theory", "theory") or (out / "theory" / "theory.json").is_file()
+
+
+KILL_RUN = [  # (the file whose appearance triggers the kill, a file the killed stage would write)
+    pytest.param("stages/number-train.done.json", "stages/number-dynamics.done.json", id="in-dynamics"),
+    pytest.param("number/checkpoints/step-00000006", "stages/number-train.done.json", id="in-train",
+                 marks=pytest.mark.slow),
+    pytest.param("report", "pipeline.json", id="in-report", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("point, unfinished", KILL_RUN)
+def test_run_killed_then_rerun_equals_uninterrupted(run_reference, tmp_path, point, unfinished):
+    out, reference = tmp_path / "main", run_reference / "main"
+    command = ["run", "--config", run_reference / "tiny.yaml", "--out", out, "--workers", 2]
+    kill_when(start(command, tmp_path), out / point)
+    visible = assert_complete(out)
+    assert_done_means_complete(out)
+    assert unfinished not in visible and "pipeline.json" not in visible  # pipeline.json: last, after the report
+    for _, checkpoint in list_checkpoints(out / "number"):
+        load_model(checkpoint)
+
+    rerun = posym(command, tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert_complete(out)
+    assert_done_means_complete(out)
+    tables = sorted(str(p.relative_to(reference)) for p in reference.rglob("*.parquet"))
+    assert len(tables) == 14 and tables == sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet"))
+    for name in tables:
+        drop = ["time"] if name.endswith("metrics.parquet") else []  # wall-clock stamps of training
+        pd.testing.assert_frame_equal(pd.read_parquet(out / name).drop(columns=drop),
+                                      pd.read_parquet(reference / name).drop(columns=drop), obj=name)
+    assert [s for s, _ in list_checkpoints(out / "number")] == [s for s, _ in list_checkpoints(reference / "number")]
+    for (_, a), (_, b) in zip(list_checkpoints(out / "number"), list_checkpoints(reference / "number")):
+        wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wb), a.name
+    assert sorted(p.name for p in (out / "report" / "figures").iterdir() if not p.name.startswith(".")) == \
+        sorted(p.name for p in (reference / "report" / "figures").iterdir())
+    assert (out / "report" / "report.html").stat().st_size > 0
+    summary = [json.dumps(json.loads((d / "pipeline.json").read_text())["summary"]).replace(str(d), "OUT")
+               for d in (out, reference)]  # as text: a NaN (retention of a zero accuracy) equals itself
+    assert summary[0] == summary[1]
+
+
+# `posym sweep`: two trials of the zoo's 96-step training on local Ray, one at a time
+def test_sweep_killed_then_rerun_skips_finished_trials_and_equals_uninterrupted(tmp_path):
+    from posym import sweep
+
+    path = tmp_path / "sweep.yaml"
+    io.write_yaml(path, {"tasks": ["number"], "seeds": [0, 1], "train": TRAIN, "num_cpus": 1})
+    config = sweep.load_sweep(path)
+    grid = sweep.trials(config)
+    out = tmp_path / "sweep"
+    first, second = (out / "trials" / t["name"] for t in grid)
+    command = ["sweep", path, "--out", out, "--max-concurrent", 1]
+    kill_when(start(command, tmp_path), second / "checkpoints" / "step-00000008")
+    assert_complete(out)
+    done = [sweep.done_path(out, t["name"], sweep.SWEEP_JOB) for t in grid]
+    assert done[0].is_file() and not done[1].is_file() and not (out / "trials.parquet").exists()
+    # the second trial's worker died with the sweep: it did not train on to the end unwatched
+    assert list_checkpoints(second)[-1][0] < TRAIN["max_steps"]
+    finished = {p: p.stat().st_mtime_ns for p in [done[0], *first.rglob("*")]}
+
+    rerun = posym(command, tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert finished == {p: p.stat().st_mtime_ns for p in [done[0], *first.rglob("*")]}  # not redone
+    assert_complete(out)
+
+    # the reference: the same trials in a plain loop, in this process, without Ray
+    threads = torch.get_num_threads()
+    try:
+        rows = pd.DataFrame([sweep.run_trial(t, str(tmp_path / "loop" / t["name"]), False, config.n_prompts, 1)
+                             for t in grid])
+    finally:
+        torch.set_num_threads(threads)  # run_trial sets the trial's thread count
+    assert rows.status.tolist() == ["ok", "ok"]
+    table = pd.read_parquet(out / "trials.parquet")
+    # columns: the settings, then the rest by name, whichever rows came from done-files (sorted JSON keys)
+    assert list(table.columns) == [*sweep.TRIAL_KEYS, *sorted(set(table.columns) - set(sweep.TRIAL_KEYS))]
+    drop = ["seconds"]  # wall-clock
+    pd.testing.assert_frame_equal(table.drop(columns=drop), rows.drop(columns=drop), check_like=True)
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "aggregate.parquet"), sweep.aggregate(rows))
+    for t in grid:
+        a, b = (list_checkpoints(d / t["name"])[-1][1] for d in (out / "trials", tmp_path / "loop"))
+        wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+        assert all(torch.equal(wa[k], wb[k]) for k in wb), t["name"]
 
 
 # ---- a disk that fills up mid-write (ENOSPC, simulated in-process) -------------------------------------

@@ -1,0 +1,13 @@
+"""Tiny configurations of whole-pipeline commands, shared by the tests that run them
+(importable from any test in tests/):  from tiny_runs import PIPELINE
+"""
+
+PIPELINE = {
+    "train": {"max_steps": 12, "checkpoint_every": 6, "eval_size": 48, "model": {"n_layer": 2, "n_embd": 32}},
+    "dynamics_prompts": 4,
+    "geometry_prompts": 4,
+    "lengthgen": {"lengths": [17, 34], "factors": [1, 2], "n": 16},
+    "theory": {"n0": [4], "samples": 200, "task_samples": 40, "curve_max_n": 8, "curve_freq_ids": [2]},
+}
+"""A `posym run --config` file's content: every stage on toy sizes (one task: ~20 s on 2 cores,
+most of it the worker processes' imports); checkpoints 0, 1, 2, 4, 6, 12."""
