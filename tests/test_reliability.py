@@ -1,8 +1,9 @@
 """Reliability across posym (docs/reliability.md lists every case and the test that proves it).
 
-- Crash safety: `posym train`, `posym dynamics` and `posym lengthgen` run as real processes and get
-  SIGKILL at fixed points (right after a file appears, i.e. inside the write sequence that follows);
-  every file left visible is complete, and re-running ends with exactly the uninterrupted results.
+- Crash safety: `posym train`, `dynamics`, `lengthgen`, `run` and `sweep` run as real processes and
+  get SIGKILL (their whole process group) at fixed points (right after a file appears, i.e. inside the
+  write sequence that follows); no process of theirs lives on, every file left visible is complete,
+  no done-file stands beside incomplete outputs, and re-running ends with the uninterrupted results.
 - Bad input: each case runs the installed `posym` console script and must answer with exit code 2,
   one stderr line starting "posym: error:", no traceback, and write nothing.
 - A disk that fills up mid-write (simulated with ENOSPC in-process): one-line error, no final file,
