@@ -18,6 +18,7 @@ from typing import Any
 
 from posym.errors import PosymError
 from posym.figures import pyplot, save_figure
+from posym.model import from_pretrained, resolve_device
 
 # Model types whose Hugging Face implementation applies rotary embeddings inside attention.
 ROPE_MODEL_TYPES = ("gptj", "gpt_neox", "llama", "mistral", "qwen2")
@@ -38,19 +39,6 @@ class LoadedModel:
     model_type: str
     max_positions: int
     device: str
-
-
-def resolve_device(device: str) -> str:
-    """'auto' -> cuda when available else cpu; 'cuda' without a GPU is a PosymError."""
-    import torch
-
-    if device not in ("auto", "cpu", "cuda"):
-        raise PosymError(f"device must be auto, cpu or cuda, got {device!r}")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise PosymError("--device cuda was asked for but torch sees no CUDA GPU")
-    return device
 
 
 def check_model_dir(model_dir: str | os.PathLike, *, allow_pickle: bool = False) -> dict:
@@ -101,7 +89,6 @@ def load_model(
     except (OSError, ValueError, KeyError) as exc:
         raise PosymError(f"cannot load the tokenizer of {model_dir}: {str(exc).splitlines()[0]}") from None
     # weights_only=True: even with --allow-pickle, torch's restricted unpickler refuses code objects.
-    from posym.model import from_pretrained
 
     model = from_pretrained(AutoModelForCausalLM, model_dir, dtype=dtypes[dtype], attn_implementation="eager",
                             use_safetensors=safetensors, weights_only=True)

@@ -198,6 +198,19 @@ def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path,
     return by_step[step], path
 
 
+def resolve_device(device: str) -> str:
+    """'auto' -> cuda when available else cpu; 'cuda' without a GPU is a PosymError."""
+    import torch
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise PosymError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PosymError("--device cuda was asked for but torch sees no CUDA GPU")
+    return device
+
+
 def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     """`loader.from_pretrained(path, **kwargs)`, a broken weights file (bad safetensors header, truncated or
     missing tensors) answered with one PosymError line naming `path` (shared by posym.model and posym.llm)."""

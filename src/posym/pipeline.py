@@ -174,13 +174,14 @@ def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
     from transformers.utils import logging as hf_logging
 
     from posym import dynamics, lengthgen, train
+    from posym.model import resolve_device
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(threads)
     config = from_dict(PipelineConfig, config_dict)
     out_path, run_dir = Path(out), Path(out) / task
     cfg = train_config(config, task)
-    lg = dataclasses.replace(config.lengthgen, device=train._resolve_device(config.device))
+    lg = dataclasses.replace(config.lengthgen, device=resolve_device(config.device))
     work = {
         "train": lambda: train.train(cfg, run_dir, resume=(run_dir / "config.yaml").is_file(), progress=False),
         "dynamics": lambda: dynamics.run_dynamics(run_dir, n_prompts=config.dynamics_prompts, seed=config.seed),

@@ -28,6 +28,7 @@ from posym.model import (
     checkpoint_name,
     list_checkpoints,
     read_checkpoint_meta,
+    resolve_device,
 )
 from posym.tasks import SPLIT_SIZES, TaskConfig, generate, task_config
 
@@ -324,16 +325,6 @@ def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):
     return np.concatenate([first.input_ids, rest.input_ids]), np.concatenate([first.answer, rest.answer])
 
 
-def _resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise PosymError("device cuda was requested but no CUDA GPU is available")
-    return name
-
-
 def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
     """Check the run directory; write config.yaml and manifest.json for a new run."""
     config_path = run_dir / "config.yaml"
@@ -364,7 +355,7 @@ def train(config: TrainConfig | None, run_dir: str | Path, *, resume: bool = Fal
     run_dir = Path(run_dir)
     config = _prepare_run_dir(config, run_dir, resume)
     chash = io.config_hash(to_dict(config))
-    device = _resolve_device(config.device)
+    device = resolve_device(config.device)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     task = config.task
