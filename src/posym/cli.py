@@ -23,6 +23,15 @@ app = typer.Typer(
 )
 
 
+def _progress_bar(total: int, what: str):
+    """A rich progress bar over `total` steps; returns (context manager, advance callback)."""
+    from rich.progress import Progress
+
+    bar = Progress(transient=True)
+    task = bar.add_task(what, total=total)
+    return bar, lambda k=1: bar.advance(task, k)
+
+
 # ---- commands: data (tasks) -------------------------------------------------------------------
 
 
@@ -47,17 +56,15 @@ def data_command(
                                  "the window as its own token (n@3); positions and answers are unchanged."),
 ) -> None:
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
-    from rich.progress import Progress
 
     from posym import datasets, tasks
 
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
                  alphabet_size=alphabet_size, int_range=int_range, extra_target=extra_target)
     config = tasks.task_config(task, markers=markers, **{k: v for k, v in knobs.items() if v is not None})
-    with Progress(transient=True) as bar:
-        job = bar.add_task(f"{task} task, {split}", total=n)
-        path = datasets.save_dataset(config, n, seed, split, out, fmt,
-                                     progress=lambda k: bar.advance(job, k))
+    bar, advance = _progress_bar(n, f"{task} task, {split}")
+    with bar:
+        path = datasets.save_dataset(config, n, seed, split, out, fmt, progress=advance)
     print(f"wrote {n} {task}-task sequences to {path} (manifest {datasets.manifest_path(path)})")
 
 # ---- commands: train / eval (model, train) ------------------------------------------------------
@@ -155,7 +162,6 @@ def score_command(
 ) -> None:
     """Positional and symbolic scores of every head (exact, one forward pass per prompt batch)."""
     from rich.console import Console
-    from rich.progress import Progress
     from rich.table import Table
 
     from posym import io, scores
@@ -176,10 +182,10 @@ def score_command(
                 "task": to_dict(task_config) if task_config is not None and not prompts else None,
                 "n_prompts": len(ids), "queries": queries or "file/last", "tau": tau, "blocks": blocks,
                 "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare}
-    with Progress(transient=True) as bar:
-        job = bar.add_task("scoring prompts", total=len(ids))
+    bar, advance = _progress_bar(len(ids), "scoring prompts")
+    with bar:
         frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare,
-                                    batch_size=batch_size, progress=lambda k: bar.advance(job, k))
+                                    batch_size=batch_size, progress=advance)
         rows = scores.write_scores(out, frames, io.manifest(settings, seed=seed, settings=settings,
                                                             hf_config=hf_model.config.to_dict()))
     import pandas as pd
@@ -207,17 +213,16 @@ def dynamics_command(
     """Scores of every head at every checkpoint with the accuracy, purity steps (gamma 0.1 and 0.05),
     cumulative purity counts, positional/symbolic composition, and Fig. 2A/2B/6/7."""
     from rich.console import Console
-    from rich.progress import Progress
     from rich.table import Table
 
     from posym import dynamics
     from posym.model import list_checkpoints
 
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
-    with Progress(transient=True) as bar:
-        job = bar.add_task("scoring checkpoints", total=total)
+    bar, advance = _progress_bar(total, "scoring checkpoints")
+    with bar:
         result = dynamics.run_dynamics(run_dir, out, n_prompts=n_prompts, seed=seed,
-                                       progress=lambda step: bar.advance(job))
+                                       progress=lambda step: advance())
     table = Table(title=f"heads at max accuracy (step {result['max_acc_step']}, acc {result['max_acc']:.3f}) "
                         "and at the end, hop queries")
     for column in ("gamma", "stage", "step", "positional", "symbolic", "mixed", "uniform"):
@@ -255,8 +260,6 @@ def geometry_command(
     (Table 1 / Fig. 8), per-plane positional/symbolic scores, and the q/k plane scatter (Fig. 4B)."""
     import json
 
-    from rich.progress import Progress
-
     from transformers.utils import logging as hf_logging
 
     from posym import geometry, model as posym_model, scores, tasks
@@ -286,12 +289,12 @@ def geometry_command(
     names = tasks.token_names(task_config) if task_config is not None and not prompts else None
     settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
                 "queries": queries, "tau": tau, "seed": seed}
-    with Progress(transient=True) as bar:
-        job = bar.add_task("scoring planes", total=len(ids))
+    bar, advance = _progress_bar(len(ids), "scoring planes")
+    with bar:
         result = geometry.run_geometry(hf_model, ids, wanted, out, tau=tau, plane_layer=plane_layer,
                                        plane_head=plane_head, example=example, token_names=names,
                                        paper_task=task_config.task if names else None, settings=settings,
-                                       progress=lambda k: bar.advance(job, k))
+                                       progress=advance)
     print("weighted frequency ID per layer: " + ", ".join(f"{v:.1f}" for v in result["weighted_id_per_layer"]))
     if result["paper_table1"]:
         print("paper Table 1 (12-layer model):  " + ", ".join(str(v) for v in result["paper_table1"]))
@@ -400,15 +403,6 @@ def lengthgen_command(
     console.print(f"wrote {out}/lengthgen.parquet, lengthgen.json, fig5b.png/svg")
 
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
-
-
-def _progress_bar(total: int, what: str):
-    """A rich progress bar over `total` steps; returns (context manager, advance callback)."""
-    from rich.progress import Progress
-
-    bar = Progress(transient=True)
-    task = bar.add_task(what, total=total)
-    return bar, lambda k=1: bar.advance(task, k)
 
 
 @app.command("llm-scores")
