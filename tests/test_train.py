@@ -198,6 +198,26 @@ def test_resume_after_a_checkpoint_is_exact(tmp_path):
         train(tiny(seed=1), cut, resume=True, progress=False)
 
 
+def test_stop_at_keeps_the_schedule_and_resume_finishes_the_same_run(tmp_path):
+    cfg = tiny()
+    full = train(cfg, tmp_path / "full", progress=False)
+    piece = train(cfg, tmp_path / "piece", progress=False, stop_at=6)  # 6 is not a regular checkpoint
+    assert [s for s, _ in list_checkpoints(piece)] == [0, 1, 2, 4, 6]
+    assert yaml.safe_load((piece / "config.yaml").read_text())["max_steps"] == 12  # the schedule is untouched
+    with pytest.raises(PosymError, match="already at step 6"):
+        train(None, piece, resume=True, progress=False, stop_at=5)
+    assert cli_exit(["train", "--resume", str(piece), "--stop-at", "10", "--no-progress"]) == 0
+    assert [s for s, _ in list_checkpoints(piece)] == [0, 1, 2, 4, 6, 8, 10]
+    train(None, piece, resume=True, progress=False)
+    assert_same_weights(list_checkpoints(full)[-1][1], list_checkpoints(piece)[-1][1])
+    shorter = train(tiny(max_steps=6), tmp_path / "shorter", progress=False)  # --steps 6 decays the lr sooner
+    with pytest.raises(AssertionError):
+        assert_same_weights(list_checkpoints(piece)[4][1], list_checkpoints(shorter)[-1][1])
+    with pytest.raises(PosymError, match="positive step"):
+        train(cfg, tmp_path / "never", progress=False, stop_at=0)
+    assert not (tmp_path / "never").exists()
+
+
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     cfg = tiny(max_steps=80, checkpoint_every=8)
     data = to_dict(cfg)

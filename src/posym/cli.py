@@ -83,6 +83,8 @@ def train_command(
     device: Optional[str] = typer.Option(None, help="cpu, cuda or auto (default: auto)."),
     resume: Optional[Path] = typer.Option(None, help="Continue this run directory from its latest checkpoint "
                                           "with its own config.yaml (other options are not allowed)."),
+    stop_at: Optional[int] = typer.Option(None, help="Stop after a checkpoint at this step, keeping the "
+                                          "schedule of the full run; --resume continues it (train in pieces)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Train a GPT-J on a multi-hop task, saving checkpoints, metrics.parquet and train.log in a run directory."""
@@ -93,13 +95,13 @@ def train_command(
                                           ("--steps", steps), ("--device", device)) if value is not None]
         if given:
             raise PosymError(f"--resume continues a run with its own config; drop {', '.join(given)}")
-        run_dir = train.train(None, resume, resume=True, progress=progress)
+        run_dir = train.train(None, resume, resume=True, progress=progress, stop_at=stop_at)
     else:
         if out is None:
             raise PosymError("give the new run directory with --out (or --resume RUN_DIR)")
         flags = {"seed": seed, "max_steps": steps, "device": device}
         cfg = train.resolve_config(preset, task, config, {k: v for k, v in flags.items() if v is not None})
-        run_dir = train.train(cfg, out, progress=progress)
+        run_dir = train.train(cfg, out, progress=progress, stop_at=stop_at)
     print(f"run directory: {run_dir}")
 
 
