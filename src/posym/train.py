@@ -214,6 +214,8 @@ def evaluate_checkpoint(
     """
     import dataclasses
 
+    from posym import lengthgen
+    from posym.lengthgen import LengthGenConfig
     from posym.model import load_model
 
     model, info = load_model(path, step=step, device=device)
@@ -232,8 +234,8 @@ def evaluate_checkpoint(
             )
         if cfg.seq_len > model.config.n_positions:
             raise PosymError(f"sequences of {cfg.seq_len} tokens exceed the model's {model.config.n_positions} positions")
-        batch = max(1, min(1000, 200_000 // cfg.seq_len))  # keeps attention memory bounded at long lengths
-        metrics = evaluate(model, cfg, n, seed, split, batch)
+        # the batch rule of posym lengthgen: bounded tokens per forward pass keep long lengths in memory
+        metrics = evaluate(model, cfg, n, seed, split, lengthgen.batch_size(cfg.seq_len, LengthGenConfig.max_tokens))
         rows.append({"checkpoint": str(info["path"]), "step": info["step"], "task": cfg.task,
                      "extra_target": extra, "seq_len": cfg.seq_len, **metrics})
     return rows
