@@ -8,6 +8,7 @@ visible under the final name.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -21,6 +22,35 @@ from typing import Any, Iterator
 import yaml
 
 from posym.errors import PosymError
+
+
+_HOST = platform.node().replace("-", "_") or "host"
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries of `path` that killed processes of this host left; return them.
+
+    Only names `atomic_path` made on this host whose writer pid no longer runs are touched.
+    """
+    path = Path(path)
+    removed = []
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.tmp-{glob.escape(_HOST)}-*"):
+        pid = leftover.name[len(f".{path.name}.tmp-{_HOST}-"):].split("-", 1)[0]
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        removed.append(leftover)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -37,7 +67,9 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         raise PosymError(f"cannot create directory {parent}: {exc.strerror}") from None
     if not os.access(parent, os.W_OK):
         raise PosymError(f"output directory {parent} is not writable")
-    prefix = f".{path.name}.tmp-"
+    # the writer's host and pid in the name let a later write of the same path tell a temporary that
+    # a killed process left behind from one that a live process is still writing
+    prefix = f".{path.name}.tmp-{_HOST}-{os.getpid()}-"
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent)) if is_dir else Path(
         tempfile.mktemp(prefix=prefix, dir=parent)
     )
@@ -51,6 +83,7 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
+        remove_stale_temporaries(path)
     except BaseException as exc:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
