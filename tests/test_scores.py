@@ -91,6 +91,7 @@ def test_bad_inputs_are_posym_errors():
 
 # ---- model level: fast path == re-running the layer once per swap --------------------------------
 
+import pandas as pd  # noqa: E402
 import transformers  # noqa: E402
 from reference_scores import attention_rows, reference_model_scores  # noqa: E402
 
@@ -246,6 +247,19 @@ def test_streaming_batches_and_determinism():
     whole = score_model(model, prompts)
     assert whole.equals(score_model(model, prompts))
     assert list(whole.columns) == ["prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps"]
+
+
+def test_chunks_of_one_row_and_one_head_give_the_same_scores(monkeypatch):
+    """A query too long for all heads at once is scored a few heads at a time (bounded memory)."""
+    import posym.scores
+
+    model = tiny_model("llama")  # 4 query heads sharing 2 key heads
+    prompts = _prompts([9, 9, 12], seed=2)
+    whole = score_model(model, prompts, "all")
+    monkeypatch.setattr(posym.scores, "BUDGET", 40)  # below one head's 55 swaps at the last query
+    chunked = score_model(model, prompts, "all")
+    pd.testing.assert_frame_equal(whole, chunked, check_exact=False, rtol=0, atol=1e-12)
+    _assert_matches_reference(model, prompts[2:], chunked[chunked["prompt"] == 2].assign(prompt=0), 1e-6)
 
 
 def test_query_batches_group_by_length_and_query():

@@ -183,26 +183,33 @@ BUDGET = 1 << 22
 
 
 def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> list[dict]:
-    """Scores of one layer for jobs {query position: [batch rows]}: vectorised over rows and heads."""
+    """Scores of one layer for jobs {query position: [batch rows]}: vectorised over rows and heads.
+
+    A chunk of rows x heads holds about BUDGET swaps: many rows at short queries, one row and a
+    few heads at a query thousands of tokens in (where one head alone has millions of swaps).
+    """
     out = []
     heads = qk.q.shape[1]
     for p, rows in jobs.items():
         n = p + 1
         swaps = max(1, math.comb(p, 2))
-        step = max(1, BUDGET // (swaps * heads))
-        for start in range(0, len(rows), step):
-            b = torch.tensor(rows[start : start + step], device=qk.q.device)
+        head_step = min(heads, max(1, BUDGET // swaps))
+        row_step = max(1, BUDGET // (swaps * head_step))
+        for start in range(0, len(rows), row_step):
+            b = torch.tensor(rows[start : start + row_step], device=qk.q.device)
             cos, sin = qk.cos[b, :n].to(dtype)[:, None], qk.sin[b, :n].to(dtype)[:, None]  # [G, 1, n, r]
-            q = rotate(qk.q[b, :, p].to(dtype), cos[:, :, p], sin[:, :, p], qk.pairing)  # [G, H, d]
-            # u[a] = R_a^T q_rot: then u[a] . k_b is the logit of content b placed at position a
-            u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, H, n, d]
-            swapped = qk.scale * u @ qk.k[b, :, :n].to(dtype).transpose(-1, -2)  # [G, H, n, n]
-            res = swap_scores(swapped.diagonal(dim1=-2, dim2=-1), swapped, **options)
-            pos, sym, ent = (res[key].tolist() for key in ("s_pos", "s_sym", "entropy"))  # [G][H]
-            for g, row in enumerate(b.tolist()):
-                for h in range(heads):
-                    out.append({"row": row, "query": p, "head": h, "s_pos": pos[g][h], "s_sym": sym[g][h],
-                                "entropy": ent[g][h], "n_swaps": res["n_swaps"]})
+            for h0 in range(0, heads, head_step):
+                hs = slice(h0, h0 + head_step)
+                q = rotate(qk.q[b, hs, p].to(dtype), cos[:, :, p], sin[:, :, p], qk.pairing)  # [G, h, d]
+                # u[a] = R_a^T q_rot: then u[a] . k_b is the logit of content b placed at position a
+                u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, h, n, d]
+                swapped = qk.scale * u @ qk.k[b, hs, :n].to(dtype).transpose(-1, -2)  # [G, h, n, n]
+                res = swap_scores(swapped.diagonal(dim1=-2, dim2=-1), swapped, **options)
+                pos, sym, ent = (res[key].tolist() for key in ("s_pos", "s_sym", "entropy"))  # [G][h]
+                for g, row in enumerate(b.tolist()):
+                    for i in range(len(pos[g])):
+                        out.append({"row": row, "query": p, "head": h0 + i, "s_pos": pos[g][i],
+                                    "s_sym": sym[g][i], "entropy": ent[g][i], "n_swaps": res["n_swaps"]})
     return out
 
 
