@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Train the `paper` preset on both tasks on one GPU (concurrently), then run dynamics, geometry and
-# length generalization on the runs, and pack the results (no intermediate checkpoints: they are
-# ~10 MB each) into $OUT/<task>.tgz. Usage: OUT=dir bash scripts/paper_gpu.sh [train-timeout-s]
+# Train the `paper` preset on both tasks on one GPU (concurrently), analyse them with
+# scripts/paper_analysis.sh (dynamics, geometry, length generalization, theory, report) and pack the
+# results (no intermediate checkpoints: ~10 MB each) into $OUT/<task>.tgz and $OUT/report.tgz. Usage: OUT=dir bash scripts/paper_gpu.sh [train-timeout-s]
 # The GPU image has transformers 5.17, which lacks what posym needs (GPT-J SDPA, the rope kwargs the
 # score hooks read): carry the pinned release as a wheel, fetched here with
 #   echo /.whl/ >> .git/info/exclude
@@ -21,16 +21,8 @@ for task in number letter; do
     > "$LOG/train-$task.log" 2>&1 &
 done
 wait
-for task in number letter; do
-  tail -3 "$LOG/train-$task.log"
-  timeout 90 python3 -m posym.cli dynamics runs/paper/$task > "$LOG/dyn-$task.log" 2>&1 &
-  timeout 90 python3 -m posym.cli lengthgen runs/paper/$task --device cuda > "$LOG/lg-$task.log" 2>&1 &
-done
-wait
-for task in number letter; do
-  timeout 60 python3 -m posym.cli geometry runs/paper/$task > "$LOG/geo-$task.log" 2>&1 &
-done
-wait
+for task in number letter; do tail -3 "$LOG/train-$task.log"; done
+POSYM="python3 -m posym.cli" timeout 600 bash scripts/paper_analysis.sh runs/paper cuda
 for task in number letter; do
   last=$(ls -d runs/paper/$task/checkpoints/step-* | sort | tail -1)
   # every file of the run but the checkpoints, plus the final weights (config.json, model.safetensors)
@@ -38,4 +30,5 @@ for task in number letter; do
   ls "$last"/config.json "$last"/model.safetensors "$last"/posym.json >> /tmp/files-$task
   tar czf "$OUT/$task.tgz" -T /tmp/files-$task "$LOG"/*-$task.log
 done
+tar czf "$OUT/report.tgz" runs/paper/theory runs/paper/report "$LOG"/theory.log "$LOG"/report.log
 ls -la "$OUT"
