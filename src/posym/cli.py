@@ -260,47 +260,21 @@ def geometry_command(
 ) -> None:
     """Per head and RoPE plane: frequency use (max logit the plane alone gives), weighted frequency ID
     (Table 1 / Fig. 8), per-plane positional/symbolic scores, and the q/k plane scatter (Fig. 4B)."""
-    import json
-
     from transformers.utils import logging as hf_logging
 
-    from posym import geometry, model as posym_model, scores, tasks
+    from posym import geometry
 
     hf_logging.disable_progress_bar()
-    config_json = path / "config.json"
-    try:
-        hf_config = json.loads(config_json.read_text(encoding="utf-8")) if config_json.is_file() else {"model_type": "gptj"}
-    except (OSError, json.JSONDecodeError):
-        raise PosymError(f"{config_json} is not valid JSON") from None
-    kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
-    if kind == "gptj":
-        hf_model, info = posym_model.load_model(path, step=step, device=device)
-        task_config, run_dir = info["task_config"], info["run_dir"]
-    else:
-        from posym import llm
-
-        if step is not None or out is None:
-            raise PosymError("--step and a default --out only apply to posym run directories; give --out")
-        hf_model, task_config, run_dir = llm.load_model(path, device=device).model, None, None
-    if out is None:
-        if run_dir is None:
-            raise PosymError("give --out: only a posym run directory has a default output directory")
-        out = Path(run_dir) / "analysis"
-    ids, wanted = scores.prompt_set(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
-                                    seed=seed, prompts_file=prompts, queries=queries)
-    names = tasks.token_names(task_config) if task_config is not None and not prompts else None
-    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
-                "queries": queries, "tau": tau, "seed": seed}
-    bar, advance = _progress_bar(len(ids), "scoring planes")
+    job = geometry.prepare(path, step=step, n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
+                           tau=tau, device=device, out=out)
+    bar, advance = _progress_bar(len(job["input_ids"]), "scoring planes")
     with bar:
-        result = geometry.run_geometry(hf_model, ids, wanted, out, tau=tau, plane_layer=plane_layer,
-                                       plane_head=plane_head, example=example, token_names=names,
-                                       paper_task=task_config.task if names else None, settings=settings,
+        result = geometry.run_geometry(**job, plane_layer=plane_layer, plane_head=plane_head, example=example,
                                        progress=advance)
     print("weighted frequency ID per layer: " + ", ".join(f"{v:.1f}" for v in result["weighted_id_per_layer"]))
     if result["paper_table1"]:
         print("paper Table 1 (12-layer model):  " + ", ".join(str(v) for v in result["paper_table1"]))
-    print(f"wrote {out}/planes.parquet, channels.parquet, frequency.parquet, qk_plane.parquet, geometry.json, "
+    print(f"wrote {job['out_dir']}/planes.parquet, channels.parquet, frequency.parquet, qk_plane.parquet, geometry.json, "
           "fig8_frequency and fig4b_qk_plane PNG+SVG")
 
 # ---- commands: theory / lengthgen ---------------------------------------------------------------

@@ -26,7 +26,8 @@ Public API
 - `frequency_use(planes)`: per head weighted_id, weighted_frequency, dominant_id, free_use.
 - `qk_projection(model, input_ids, layer, head, frequency_id)`: one prompt's queries and keys on
   one plane (Fig. 4B), before and after rotation.
-- `run_geometry(...)`: the `posym geometry` driver (Parquet tables, JSON summary, figures).
+- `prepare(path, ...)` loads a run, checkpoint or HF model directory and its prompts;
+  `run_geometry(**prepare(...))` is the `posym geometry` driver (Parquet tables, JSON summary, figures).
 """
 
 from __future__ import annotations
@@ -189,6 +190,47 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     frame.insert(1, "head", head)
     frame.insert(2, "frequency_id", frequency_id)
     return frame
+
+
+def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
+            queries: str = "last", tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
+    """Load what `posym geometry PATH` analyses: a posym run or checkpoint (its own task's test
+    prompts, or `prompts`) or a Hugging Face RoPE model directory (needs `prompts` and `out`).
+
+    Returns the keyword arguments of `run_geometry` but `progress` and the figure options: model,
+    input_ids, queries, out_dir, tau, token_names, paper_task and settings (recorded in geometry.json).
+    """
+    import json
+
+    from posym import model as posym_model, scores, tasks
+
+    path = Path(path)
+    config_json = path / "config.json"
+    try:
+        hf_config = json.loads(config_json.read_text(encoding="utf-8")) if config_json.is_file() else {"model_type": "gptj"}
+    except (OSError, json.JSONDecodeError):
+        raise PosymError(f"{config_json} is not valid JSON") from None
+    kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
+    if kind == "gptj":
+        model, info = posym_model.load_model(path, step=step, device=device)
+        task_config, run_dir, step = info["task_config"], info["run_dir"], info["step"]
+    else:
+        from posym import llm
+
+        if step is not None or out is None:
+            raise PosymError("--step and a default --out only apply to posym run directories; give --out")
+        model, task_config, run_dir = llm.load_model(path, device=device).model, None, None
+    if out is None:
+        if run_dir is None:
+            raise PosymError("give --out: only a posym run directory has a default output directory")
+        out = Path(run_dir) / "analysis"
+    ids, wanted = scores.prompt_set(model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+                                    seed=seed, prompts_file=prompts, queries=queries)
+    names = tasks.token_names(task_config) if task_config is not None and not prompts else None
+    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
+                "queries": queries, "tau": tau, "seed": seed}
+    return {"model": model, "input_ids": ids, "queries": wanted, "out_dir": Path(out), "tau": tau,
+            "token_names": names, "paper_task": task_config.task if names else None, "settings": settings}
 
 
 def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane_layer: int | None = None,

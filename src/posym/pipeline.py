@@ -141,20 +141,6 @@ def _stage(out: Path, job: str, stage: str, work: Callable[[], Any]) -> float:
 # ---- jobs (run in worker processes) -------------------------------------------------------------
 
 
-def _geometry(run_dir: Path, n_prompts: int, seed: int) -> None:
-    """`posym geometry RUN_DIR` on the last checkpoint, last-token queries, into RUN_DIR/analysis."""
-    from posym import geometry, scores, tasks
-    from posym.model import load_model
-
-    model, info = load_model(run_dir)
-    task = info["task_config"]
-    ids, wanted = scores.prompt_set(model, task_config=task, n_prompts=n_prompts, seed=seed, queries="last")
-    settings = {"model": str(run_dir), "step": info["step"], "n_prompts": n_prompts, "queries": "last",
-                "tau": 1e-4, "seed": seed}
-    geometry.run_geometry(model, ids, wanted, run_dir / "analysis", token_names=tasks.token_names(task),
-                          paper_task=task.task, settings=settings)
-
-
 def die_with_parent() -> None:
     """Have Linux end this worker process when its parent dies (`posym run`'s pool initializer; a
     `posym sweep` trial in its Ray worker), so a killed run leaves no orphan still writing into the
@@ -173,7 +159,7 @@ def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from posym import dynamics, lengthgen, train
+    from posym import dynamics, geometry, lengthgen, train
     from posym.model import resolve_device
 
     hf_logging.disable_progress_bar()
@@ -185,7 +171,8 @@ def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
     work = {
         "train": lambda: train.train(cfg, run_dir, resume=(run_dir / "config.yaml").is_file(), progress=False),
         "dynamics": lambda: dynamics.run_dynamics(run_dir, n_prompts=config.dynamics_prompts, seed=config.seed),
-        "geometry": lambda: _geometry(run_dir, config.geometry_prompts, config.seed),
+        "geometry": lambda: geometry.run_geometry(**geometry.prepare(run_dir, n_prompts=config.geometry_prompts,
+                                                                     seed=config.seed)),
         "lengthgen": lambda: lengthgen.run_lengthgen(run_dir, lg, run_dir / "lengthgen"),
     }
     return {stage: _stage(out_path, task, stage, work[stage]) for stage in TASK_STAGES}
