@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from cli_runner import run_posym
+from tiny_runs import train_tiny
 from posym import dynamics
 from posym.errors import PosymError
 
@@ -93,12 +94,7 @@ def test_normalised_entropy():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from posym import train
-
-    cfg = train.resolve_config("quick", "number", overrides={
-        "max_steps": 60, "checkpoint_every": 30, "eval_size": 100, "batch_size": 32,
-        "model": {"n_layer": 2, "n_embd": 32}})
-    return train.train(cfg, tmp_path_factory.mktemp("dyn") / "run", progress=False)
+    return train_tiny(tmp_path_factory.mktemp("dyn"), "number", steps=60, every=30, eval_size=100)
 
 
 def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):

@@ -11,6 +11,7 @@ import transformers
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from cli_runner import run_posym  # noqa: E402
 from reference_scores import channel_dims, reference_swap_scores  # noqa: E402
+from tiny_runs import train_tiny  # noqa: E402
 
 from posym import geometry  # noqa: E402
 from posym.errors import PosymError  # noqa: E402
@@ -183,12 +184,7 @@ def test_qk_projection_identical_keys_and_rotation():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from posym import train
-
-    cfg = train.resolve_config("quick", "letter", overrides={
-        "max_steps": 20, "checkpoint_every": 10, "eval_size": 64, "batch_size": 16,
-        "model": {"n_layer": 2, "n_embd": 32}})
-    return train.train(cfg, tmp_path_factory.mktemp("geo") / "run", progress=False)
+    return train_tiny(tmp_path_factory.mktemp("geo"), "letter", steps=20, every=10, batch_size=16)
 
 
 def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):

@@ -19,6 +19,7 @@ from posym.interventions import (
 )
 from posym.model import ModelConfig, build_model, load_model
 from posym.rope import layer_bands
+from tiny_runs import train_tiny
 
 
 def _config(**kw):
@@ -237,12 +238,8 @@ def test_parse_heads():
 
 
 def _tiny_run(tmp_path):
-    from posym.train import resolve_config, train
-
-    cfg = resolve_config("quick", "number", overrides={
-        "max_steps": 4, "checkpoint_every": 4, "batch_size": 8, "eval_size": 50, "weight_decay": 0.1,
-        "model": {"n_layer": 2, "n_head": 2, "n_embd": 16}})
-    return train(cfg, tmp_path / "run", progress=False)
+    return train_tiny(tmp_path, "number", steps=4, every=4, batch_size=8, eval_size=50, weight_decay=0.1,
+                      model={"n_head": 2, "n_embd": 16})
 
 
 def test_frozen_heads_stay_bit_identical_and_the_rest_trains(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cli_runner import run_posym
+from tiny_runs import train_tiny
 from posym import lengthgen as lg
 from posym.errors import PosymError
 from posym.tasks import follow_chain, generate, task_config
@@ -84,12 +85,8 @@ def test_discrepancy_bound_is_theorem_3_2_at_the_query_position():
 def tiny_run(tmp_path_factory):
     """150 steps of a 2-layer, width-32 number model whose position table ends at 256 tokens. Four
     symbols (chance 1/4) so that its accuracies are neither 0 nor 1 and differ by length and hop."""
-    from posym import train
-
-    cfg = train.resolve_config("quick", "number", overrides={
-        "max_steps": 150, "checkpoint_every": 150, "eval_size": 64, "batch_size": 32,
-        "task": {"alphabet_size": 4}, "model": {"n_layer": 2, "n_embd": 32, "n_positions": TINY_POSITIONS}})
-    return train.train(cfg, tmp_path_factory.mktemp("run") / "run", progress=False)
+    return train_tiny(tmp_path_factory.mktemp("run"), "number", steps=150, every=150,
+                      task_overrides={"alphabet_size": 4}, model={"n_positions": TINY_POSITIONS})
 
 
 def _reference_accuracy(run_dir, length, n, seed):

@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -33,7 +32,6 @@ import yaml
 from safetensors.torch import load_file
 
 from posym import io
-from posym.configs import to_dict
 from posym.errors import PosymError
 from posym.model import list_checkpoints, load_model
 from posym.train import resolve_config, train

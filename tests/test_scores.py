@@ -314,28 +314,15 @@ def test_bad_models_and_prompts_are_posym_errors():
 
 # ---- a trained posym checkpoint and the `posym score` command ------------------------------------
 
-import glob  # noqa: E402
 import json  # noqa: E402
 from cli_runner import run_posym  # noqa: E402
+from tiny_runs import train_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    """A trained posym run: the first of /work/quick-runs/*, else 200 steps of a 2-layer model."""
-    from posym.model import list_checkpoints
-
-    for run in sorted(glob.glob("/work/quick-runs/*")):
-        try:
-            if list_checkpoints(run):
-                return run
-        except PosymError:
-            continue
-    from posym import train
-
-    cfg = train.resolve_config("quick", "number", overrides={
-        "max_steps": 200, "checkpoint_every": 100, "eval_size": 200, "batch_size": 32,
-        "model": {"n_layer": 2, "n_embd": 32}})
-    return str(train.train(cfg, tmp_path_factory.mktemp("run") / "run", progress=False))
+    """200 steps of a 2-layer number model (built here: tests never read what a machine happens to hold)."""
+    return str(train_tiny(tmp_path_factory.mktemp("run"), "number", steps=200, every=100, eval_size=200))
 
 
 @pytest.mark.parametrize("dtype, tol, first", [(torch.float64, 1e-6, True), (torch.float32, 1e-4, False)])

@@ -38,7 +38,7 @@ def assert_same(a: Samples, b: Samples) -> None:
 
 def check_structure(config: TaskConfig, s: Samples) -> None:
     """Reference check from the task definition, row by row, without `follow_chain`."""
-    E, T, P = config.extra_target, config.target_size, config.pretarget_size
+    E, T = config.extra_target, config.target_size
     q = config.query_pos
     names = token_names(config)
     assert s.input_ids.shape == (len(s), config.seq_len) and s.input_ids.dtype == np.int64

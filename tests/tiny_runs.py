@@ -11,3 +11,16 @@ PIPELINE = {
 }
 """A `posym run --config` file's content: every stage on toy sizes (one task: ~20 s on 2 cores,
 most of it the worker processes' imports); checkpoints 0, 1, 2, 4, 6, 12."""
+
+
+def train_tiny(directory, task: str = "number", *, steps: int, every: int, eval_size: int = 64,
+               batch_size: int = 32, model: dict | None = None, task_overrides: dict | None = None, **train):
+    """A tiny `quick`-preset run trained into `directory`/run (2 layers x 1 head, width 32 unless
+    `model` says otherwise); returns the run directory."""
+    from posym.train import resolve_config, train as train_run
+
+    overrides = {"max_steps": steps, "checkpoint_every": every, "eval_size": eval_size, "batch_size": batch_size,
+                 "model": {"n_layer": 2, "n_embd": 32, **(model or {})}, **train}
+    if task_overrides:
+        overrides["task"] = task_overrides
+    return train_run(resolve_config("quick", task, overrides=overrides), directory / "run", progress=False)

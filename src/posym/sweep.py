@@ -27,7 +27,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from posym import io
 from posym.configs import from_dict, to_dict
