@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Analyse the two `paper` preset runs in RUNS/number and RUNS/letter (trained by scripts/paper_gpu.sh
-# or `posym train --preset paper [--stop-at STEP]`): dynamics, geometry and length generalization per
-# task (the two tasks side by side, one thread each), the theory checks with Fig. 5A drawn at the
+# or `posym train --preset paper [--stop-at STEP]`): dynamics, geometry, length generalization and
+# discrepancy by length per task (the two tasks side by side, one thread each), the theory checks with Fig. 5A drawn at the
 # number model's layer-2 weighted frequency ID (as the paper) and a symbolic layer's, and the report.
 # Usage: bash scripts/paper_analysis.sh RUNS [device]    (writes RUNS/theory, RUNS/report, RUNS/logs)
 set -eu
@@ -13,6 +13,7 @@ analyse() {  # one task: its three analyses, in order, each logged
   $POSYM dynamics "$RUNS/$1" > "$RUNS/logs/dynamics-$1.log" 2>&1
   $POSYM geometry "$RUNS/$1" > "$RUNS/logs/geometry-$1.log" 2>&1
   $POSYM lengthgen "$RUNS/$1" --device "$DEVICE" > "$RUNS/logs/lengthgen-$1.log" 2>&1
+  $POSYM discrepancy "$RUNS/$1" --device "$DEVICE" > "$RUNS/logs/discrepancy-$1.log" 2>&1
 }
 analyse number & a=$!
 analyse letter & b=$!

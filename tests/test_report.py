@@ -14,7 +14,8 @@ from posym import report
 from posym.errors import PosymError
 
 RUN_STEMS = [("analysis", s) for s in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity",
-                                      "fig4b_qk_plane", "fig8_frequency")] + [("lengthgen", "fig5b")]
+                                      "fig4b_qk_plane", "fig8_frequency")] + [("lengthgen", "fig5b"),
+                                                                              ("discrepancy", "fig_discrepancy")]
 
 
 def _png(path: Path, seed: int) -> None:
@@ -153,6 +154,7 @@ def test_absent_parts_are_named(tmp_path):
     check_offline(html)
     assert "Fig. 2A (letter): absent; run posym dynamics RUN_DIR and posym geometry RUN_DIR first" in html
     assert "Fig. 5B (letter): absent; run posym lengthgen RUN_DIR first" in html
+    assert "Theorem 3.2 on trained heads (letter)" not in html  # an optional extra is not named when absent
     assert "Fig. 5A and the constructions: absent" in html
     assert "Table 3 (real models): absent; no llm-bench result was given" in html
     assert "<img" not in html

@@ -93,45 +93,12 @@ def test_bad_inputs_are_posym_errors():
 
 import pandas as pd  # noqa: E402
 import transformers  # noqa: E402
+from tiny_models import KINDS, VOCAB, tiny_model  # noqa: E402
+from tiny_models import random_prompts as _prompts  # noqa: E402
 from reference_scores import attention_rows, reference_model_scores  # noqa: E402
 
 from posym.qk import head_qk  # noqa: E402
 from posym.scores import hop_queries, iter_scores, query_batches, score_model, summarize  # noqa: E402
-
-VOCAB = 40
-
-
-def tiny_model(kind: str, dtype=torch.float64, seed: int = 0):
-    """A random 2-layer model of `kind` with query/key weights scaled up so attention is peaked."""
-    torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, max_position_embeddings=64, attn_implementation="eager")
-    llama_like = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, **common)
-    config = {
-        "gptj": lambda: transformers.GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                                                rotary_dim=8, attn_implementation="eager"),
-        "gpt_neox": lambda: transformers.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                       intermediate_size=64, rotary_pct=0.5, attention_bias=True,
-                                                       **common),
-        # YaRN scales the rotary tables (attention_scaling != 1): R is not orthogonal there
-        "llama": lambda: transformers.LlamaConfig(rope_scaling={"rope_type": "yarn", "factor": 2.0,
-                                                                "original_max_position_embeddings": 32},
-                                                  **llama_like),
-        "mistral": lambda: transformers.MistralConfig(sliding_window=None, **llama_like),
-        "qwen2": lambda: transformers.Qwen2Config(**llama_like),
-    }[kind]()
-    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if any(part in name for part in ("q_proj", "k_proj", "query_key_value")):
-                param.mul_(8.0)
-    return model
-
-
-def _prompts(lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in lengths]
-
 
 def _assert_matches_reference(model, prompts, frame, tol, blocks=None, tau=1e-4):
     """Every (prompt, query, layer) of frame against the per-swap reference; returns the max error."""
@@ -146,9 +113,6 @@ def _assert_matches_reference(model, prompts, frame, tol, blocks=None, tau=1e-4)
                 worst = max(worst, err)
                 assert err <= tol, (prompt, query, layer, row["head"], col, row[col], r[col])
     return worst
-
-
-KINDS = ["gptj", "gpt_neox", "llama", "mistral", "qwen2"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -378,6 +378,50 @@ def lengthgen_command(
     console.print(view)
     console.print(f"wrote {out}/lengthgen.parquet, lengthgen.json, fig5b.png/svg")
 
+
+@app.command("discrepancy")
+def discrepancy_command(
+    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
+                                "directory, or a Hugging Face RoPE model directory (with --prompts and --out)."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step in a run directory."),
+    lengths: Optional[str] = typer.Option(None, help="Comma-separated sequence lengths a posym task is lengthened "
+                                          "to (extra target-window tokens; default the lengthgen paper protocol's)."),
+    n: int = typer.Option(64, "--n", help="Test questions per length (the same ones at every length)."),
+    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line), measured '
+                                           "at its own lengths; needed for non-posym models."),
+    queries: str = typer.Option("last", help="Query positions: last, hops (chain pointers) or all."),
+    seed: int = typer.Option(0, help="Seed of the test questions."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/discrepancy)."),
+) -> None:
+    """Discrepancy of every head by length (Definition 3.1 on trained or real heads): top-1 minus top-2
+    attention logit at the query; min (Delta), median and quantiles per layer, head and length."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+    from transformers.utils import logging as hf_logging
+
+    from posym import discrepancy
+    from posym.llm import parse_list
+
+    hf_logging.disable_progress_bar()
+    with Progress(transient=True) as bar:
+        job = bar.add_task("measuring gaps (prompts)", total=None)
+        result = discrepancy.run_discrepancy(
+            path, out, step=step, lengths=parse_list(lengths, int) if lengths else None, n=n, seed=seed,
+            prompts=prompts, queries=queries, device=device, progress=lambda k: bar.advance(job, k))
+    summary = result["summary"]
+    view = Table(title="median top-1 minus top-2 logit at the query, by layer (head 0) and length")
+    lengths_seen = sorted(summary["length"].unique())
+    for col in ["layer", *(str(v) for v in lengths_seen)]:
+        view.add_column(col, justify="right")
+    for layer, rows in summary[summary["head"] == 0].groupby("layer"):
+        median = rows.set_index("length")["gap_q50"]
+        view.add_row(f"L{layer}", *(f"{median[v]:.3g}" for v in lengths_seen))
+    Console().print(view)
+    print(f"wrote {result['out_dir']}/gaps.parquet, discrepancy.parquet, discrepancy.json, fig_discrepancy PNG+SVG")
+
+
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ Public API
 - `frequency_use(planes)`: per head weighted_id, weighted_frequency, dominant_id, free_use.
 - `qk_projection(model, input_ids, layer, head, frequency_id)`: one prompt's queries and keys on
   one plane (Fig. 4B), before and after rotation.
-- `prepare(path, ...)` loads a run, checkpoint or HF model directory and its prompts;
+- `load_analysable(path)` loads a run, checkpoint or HF model directory; `prepare(path, ...)` adds its prompts;
   `run_geometry(**prepare(...))` is the `posym geometry` driver (Parquet tables, JSON summary, figures).
 """
 
@@ -192,17 +192,13 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     return frame
 
 
-def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
-            queries: str = "last", tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
-    """Load what `posym geometry PATH` analyses: a posym run or checkpoint (its own task's test
-    prompts, or `prompts`) or a Hugging Face RoPE model directory (needs `prompts` and `out`).
-
-    Returns the keyword arguments of `run_geometry` but `progress` and the figure options: model,
-    input_ids, queries, out_dir, tau, token_names, paper_task and settings (recorded in geometry.json).
-    """
+def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=None) -> tuple:
+    """(model, task_config, out_dir, step) for a posym run or checkpoint (its task config, default
+    out_dir RUN_DIR/analysis, the loaded step) or a Hugging Face RoPE model directory (None, `out`,
+    None; `out` is required there and `step` must be None)."""
     import json
 
-    from posym import model as posym_model, scores, tasks
+    from posym import model as posym_model
 
     path = Path(path)
     config_json = path / "config.json"
@@ -224,12 +220,26 @@ def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 
         if run_dir is None:
             raise PosymError("give --out: only a posym run directory has a default output directory")
         out = Path(run_dir) / "analysis"
+    return model, task_config, Path(out), step
+
+
+def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
+            queries: str = "last", tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
+    """Load what `posym geometry PATH` analyses (`load_analysable`) and its prompts: the run's own
+    task's test prompts, or the JSONL file `prompts` (required for a Hugging Face model).
+
+    Returns the keyword arguments of `run_geometry` but `progress` and the figure options: model,
+    input_ids, queries, out_dir, tau, token_names, paper_task and settings (recorded in geometry.json).
+    """
+    from posym import scores, tasks
+
+    model, task_config, out, step = load_analysable(path, step=step, device=device, out=out)
     ids, wanted = scores.prompt_set(model, task_config=None if prompts else task_config, n_prompts=n_prompts,
                                     seed=seed, prompts_file=prompts, queries=queries)
     names = tasks.token_names(task_config) if task_config is not None and not prompts else None
     settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
                 "queries": queries, "tau": tau, "seed": seed}
-    return {"model": model, "input_ids": ids, "queries": wanted, "out_dir": Path(out), "tau": tau,
+    return {"model": model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
             "token_names": names, "paper_task": task_config.task if names else None, "settings": settings}
 
 
