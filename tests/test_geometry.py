@@ -11,38 +11,16 @@ import transformers
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from cli_runner import run_posym  # noqa: E402
 from reference_scores import channel_dims, reference_swap_scores  # noqa: E402
+from tiny_models import VOCAB, tiny_model  # noqa: E402
 from tiny_runs import train_tiny  # noqa: E402
 
 from posym import geometry  # noqa: E402
 from posym.errors import PosymError  # noqa: E402
 from posym.qk import head_qk, rotate  # noqa: E402
 
-VOCAB = 40
-
-
 def _model(kind: str, seed: int = 0):
-    """Tiny eager float64 models: GPT-J (interleaved, partial rotary), NeoX (half, partial), Llama
-    (half, full rotary, YaRN-scaled tables), with q/k scaled up so attention is peaked."""
-    torch.manual_seed(seed)
-    config = {
-        "gptj": lambda: transformers.GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                                                rotary_dim=8),
-        "gpt_neox": lambda: transformers.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                                                       num_attention_heads=2, intermediate_size=64, rotary_pct=0.5,
-                                                       max_position_embeddings=64),
-        "llama": lambda: transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                                  max_position_embeddings=64,
-                                                  rope_scaling={"rope_type": "yarn", "factor": 2.0,
-                                                                "original_max_position_embeddings": 32}),
-    }[kind]()
-    config._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if any(part in name for part in ("q_proj", "k_proj", "query_key_value")):
-                param.mul_(4.0)
-    return model
+    """Tiny eager float64 models (tests/tiny_models.py) with q/k scaled by 4: peaked, not one-hot."""
+    return tiny_model(kind, seed=seed, qk_scale=4.0)
 
 
 @pytest.mark.parametrize("kind", ["gptj", "gpt_neox", "llama"])

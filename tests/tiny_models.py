@@ -14,8 +14,9 @@ YaRN-scaled tables), Mistral and Qwen2 (GQA)."""
 VOCAB = 40
 
 
-def tiny_model(kind: str, dtype=torch.float64, seed: int = 0):
-    """A random 2-layer model of `kind` with query/key weights scaled up so attention is peaked."""
+def tiny_model(kind: str, dtype=torch.float64, seed: int = 0, qk_scale: float = 8.0):
+    """A random 2-layer model of `kind` (eager attention) with query/key weights multiplied by
+    `qk_scale` so that attention is peaked."""
     torch.manual_seed(seed)
     common = dict(vocab_size=VOCAB, max_position_embeddings=64, attn_implementation="eager")
     llama_like = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -37,7 +38,7 @@ def tiny_model(kind: str, dtype=torch.float64, seed: int = 0):
     with torch.no_grad():
         for name, param in model.named_parameters():
             if any(part in name for part in ("q_proj", "k_proj", "query_key_value")):
-                param.mul_(8.0)
+                param.mul_(qk_scale)
     return model
 
 
