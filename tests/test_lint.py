@@ -19,7 +19,7 @@ class _Collect:
 
 def test_pyflakes_finds_nothing():
     root = Path(__file__).resolve().parents[1]
-    files = sorted([*root.glob("src/posym/*.py"), *root.glob("tests/*.py"), *root.glob("benchmarks/*.py")])
+    files = sorted([*root.glob("src/posym/**/*.py"), *root.glob("tests/*.py"), *root.glob("benchmarks/*.py")])
     assert len(files) > 30
     out = _Collect()
     problems = sum(checkPath(str(f), Reporter(out, out)) for f in files)

@@ -1,0 +1,60 @@
+"""The `posym` command line: a thin Typer layer over the library modules.
+
+Every command turns user mistakes (`PosymError`) into one line on stderr and exit code 2.
+Heavy imports happen inside the commands so that `posym --help` stays fast. The commands live in
+`training` (data, train, eval), `analysis` (score, dynamics, geometry, theory, lengthgen,
+discrepancy), `models` (llm-scores, llm-bench) and `runs` (run, report, sweep, ablate, finetune);
+importing them registers them on `app`, in that order (the order of `posym --help`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from posym.errors import PosymError
+
+app = typer.Typer(
+    name="posym",
+    help="Positional versus symbolic attention heads in RoPE transformers (arXiv 2605.31558).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def progress_bar(total: int, what: str):
+    """A rich progress bar over `total` steps; returns (context manager, advance callback)."""
+    from rich.progress import Progress
+
+    bar = Progress(transient=True)
+    task = bar.add_task(what, total=total)
+    return bar, lambda k=1: bar.advance(task, k)
+
+
+def main() -> None:
+    """Console-script entry point: run the app, answering bad input with one line and exit 2."""
+    try:
+        app(standalone_mode=False)
+    except PosymError as exc:
+        print(f"posym: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("posym: aborted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:
+        # Click usage errors (bad option values, missing arguments) are user errors too. Typer
+        # bundles its own copy of click, so recognise them by shape rather than by class.
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            print(f"posym: error: {exc.format_message()}", file=sys.stderr)
+            sys.exit(2)
+        raise
+
+
+
+for _module in ("training", "analysis", "models", "runs"):
+    importlib.import_module(f"posym.cli.{_module}")

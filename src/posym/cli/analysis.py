@@ -1,0 +1,296 @@
+"""`posym score`, `dynamics`, `geometry`, `theory`, `lengthgen`, `discrepancy`: the analyses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from posym.cli import app, progress_bar
+from posym.errors import PosymError
+
+
+# ---- commands: score (scores) -------------------------------------------------------------------
+
+
+@app.command("score")
+def score_command(
+    model: Path = typer.Option(..., help="A checkpoint directory, or a run directory (latest checkpoint unless --step)."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step to score in a run directory."),
+    task: Optional[str] = typer.Option(None, help="Draw test-split prompts of this task: number or letter "
+                                       "(default: the checkpoint's own task config)."),
+    n_prompts: int = typer.Option(100, help="How many task prompts to score (the paper uses 100)."),
+    seed: int = typer.Option(0, help="Seed of the task prompts."),
+    prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file instead of a task: one "
+                                           '{"input_ids": [...], "queries": [...]} per line (posym data JSONL works).'),
+    queries: Optional[str] = typer.Option(None, help="Which query positions: last (the final token), hops (every "
+                                          "pointer token on the chain) or all (default: the file's queries, else last)."),
+    tau: float = typer.Option(1e-4, help="Temperature of the swap weights softmax(|D_i - D_j| / tau)."),
+    blocks: Optional[int] = typer.Option(None, help="Swap M contiguous key blocks and compare block means "
+                                         "(the 2511 variant) instead of single tokens."),
+    compare: str = typer.Option("probs", help="Compare attention probabilities (probs, the paper) or raw logits."),
+    gamma: float = typer.Option(0.1, help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
+                                "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma)."),
+    batch_size: int = typer.Option(64, help="Prompts of equal length per forward pass."),
+    out: Path = typer.Option(..., help="Output Parquet file (one row per prompt, query, layer, head); "
+                             "a JSON sidecar OUT.json records model, settings and versions."),
+) -> None:
+    """Positional and symbolic scores of every head (exact, one forward pass per prompt batch)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from posym import io, scores
+    from posym.configs import to_dict
+    from posym.model import load_model
+
+    if batch_size < 1 or n_prompts < 1:
+        raise PosymError("--batch-size and --n-prompts must be positive")
+    hf_model, info = load_model(model, step=step)
+    task_config = info["task_config"]
+    if task is not None and (task_config is None or task_config.task != task):
+        from posym.tasks import task_config as paper_task
+
+        task_config = paper_task(task)
+    ids, wanted = scores.prompt_set(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+                                    seed=seed, prompts_file=prompts, queries=queries)
+    settings = {"model": str(info["path"]), "step": info["step"], "prompts": str(prompts) if prompts else None,
+                "task": to_dict(task_config) if task_config is not None and not prompts else None,
+                "n_prompts": len(ids), "queries": queries or "file/last", "tau": tau, "blocks": blocks,
+                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare}
+    bar, advance = progress_bar(len(ids), "scoring prompts")
+    with bar:
+        frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare,
+                                    batch_size=batch_size, progress=advance)
+        rows = scores.write_scores(out, frames, io.manifest(settings, seed=seed, settings=settings,
+                                                            hf_config=hf_model.config.to_dict()))
+    import pandas as pd
+
+    summary = scores.summarize(pd.read_parquet(out, columns=["layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
+    table = Table(title=f"mean scores over {len(ids)} prompts (gamma = {gamma})")
+    for column in ("layer", "head", "s_pos", "s_sym", "entropy", "label"):
+        table.add_column(column, justify="left" if column == "label" else "right")
+    for r in summary.itertuples():
+        table.add_row(str(r.layer), str(r.head), f"{r.s_pos:.3f}", f"{r.s_sym:.3f}", f"{r.entropy:.3f}", r.label)
+    Console().print(table)
+    print(f"wrote {rows} rows to {out} (settings in {out}.json)")
+
+# ---- commands: dynamics / geometry --------------------------------------------------------------
+
+
+@app.command("dynamics")
+def dynamics_command(
+    run_dir: Path = typer.Argument(..., help="A posym run directory (checkpoints/step-* and metrics.parquet)."),
+    n_prompts: int = typer.Option(100, help="Test prompts scored at every checkpoint (the same ones each time; "
+                                  "the paper uses 100)."),
+    seed: int = typer.Option(0, help="Seed of the test prompts."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/analysis)."),
+) -> None:
+    """Scores of every head at every checkpoint with the accuracy, purity steps (gamma 0.1 and 0.05),
+    cumulative purity counts, positional/symbolic composition, and Fig. 2A/2B/6/7."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from posym import dynamics
+    from posym.model import list_checkpoints
+
+    total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
+    bar, advance = progress_bar(total, "scoring checkpoints")
+    with bar:
+        result = dynamics.run_dynamics(run_dir, out, n_prompts=n_prompts, seed=seed,
+                                       progress=lambda step: advance())
+    table = Table(title=f"heads at max accuracy (step {result['max_acc_step']}, acc {result['max_acc']:.3f}) "
+                        "and at the end, hop queries")
+    for column in ("gamma", "stage", "step", "positional", "symbolic", "mixed", "uniform"):
+        table.add_column(column, justify="right")
+    for r in result["composition"]:
+        if r["query_mode"] == "hops":
+            table.add_row(str(r["gamma"]), r["stage"], str(r["step"]),
+                          *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}" for k in ("positional", "symbolic", "mixed", "uniform")))
+    Console().print(table)
+    out_dir = out or Path(run_dir) / "analysis"
+    print(f"{len(result['steps'])} checkpoints in {result['seconds_total']:.1f} s; wrote {out_dir}/dynamics.parquet, "
+          "purity*.parquet, composition*.parquet, dynamics.json and fig2a/fig2b/fig6/fig7 PNG+SVG")
+
+
+@app.command("geometry")
+def geometry_command(
+    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
+                                "directory, or a Hugging Face RoPE model directory (with --prompts)."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step to analyse in a run directory."),
+    n_prompts: int = typer.Option(100, help="Test prompts of the checkpoint's own task to average over."),
+    seed: int = typer.Option(0, help="Seed of the test prompts."),
+    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line) instead '
+                                           "of task prompts; needed for non-posym models."),
+    queries: str = typer.Option("last", help="Query positions: last (the final token), hops (every pointer "
+                                "token of the chain) or all."),
+    tau: float = typer.Option(1e-4, help="Temperature of the swap weights of the per-plane scores."),
+    plane_layer: Optional[int] = typer.Option(None, help="Layer of the q/k plane figure (default 1, as Fig. 4B)."),
+    plane_head: int = typer.Option(0, help="Head of the q/k plane figure."),
+    example: int = typer.Option(0, help="Which prompt of the set the q/k plane figure shows."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/analysis for a run, "
+                                       "else required)."),
+) -> None:
+    """Per head and RoPE plane: frequency use (max logit the plane alone gives), weighted frequency ID
+    (Table 1 / Fig. 8), per-plane positional/symbolic scores, and the q/k plane scatter (Fig. 4B)."""
+    from transformers.utils import logging as hf_logging
+
+    from posym import geometry
+
+    hf_logging.disable_progress_bar()
+    job = geometry.prepare(path, step=step, n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
+                           tau=tau, device=device, out=out)
+    bar, advance = progress_bar(len(job["input_ids"]), "scoring planes")
+    with bar:
+        result = geometry.run_geometry(**job, plane_layer=plane_layer, plane_head=plane_head, example=example,
+                                       progress=advance)
+    print("weighted frequency ID per layer: " + ", ".join(f"{v:.1f}" for v in result["weighted_id_per_layer"]))
+    if result["paper_table1"]:
+        print("paper Table 1 (12-layer model):  " + ", ".join(str(v) for v in result["paper_table1"]))
+    print(f"wrote {job['out_dir']}/planes.parquet, channels.parquet, frequency.parquet, qk_plane.parquet, geometry.json, "
+          "fig8_frequency and fig4b_qk_plane PNG+SVG")
+
+# ---- commands: theory / lengthgen ---------------------------------------------------------------
+
+
+@app.command("theory")
+def theory_command(
+    n0: list[int] = typer.Option([8, 16, 32, 64], "--n0", help="Largest length to verify (query position n, "
+                                 "n + 1 tokens); every n <= n0 is checked. Repeat for several."),
+    out: Path = typer.Option(Path("results/theory"), help="Directory for theory.parquet, discrepancy.parquet, "
+                             "theory.json and fig5a.png/svg."),
+    index_freq_id: int = typer.Option(2, help="RoPE frequency ID of T_Index's plane (2: theta = 0.866)."),
+    retrieval_freq_id: int = typer.Option(42, help="RoPE frequency ID of T_Retrieval's plane (42: theta = "
+                                          "0.0027); it must satisfy theta < omega / (2 n0)."),
+    curve_freq_id: list[int] = typer.Option([2, 42], help="Frequency IDs drawn in the discrepancy figure "
+                                            "(e.g. a trained layer's weighted-average ID). Repeat for several."),
+    alphabet_size: int = typer.Option(8, help="Letters of T_Retrieval (omega = 2 pi / letters; paper: 8)."),
+    eps: float = typer.Option(0.01, help="Softmax criterion: beta must put >= 1 - eps on the right key."),
+    samples: int = typer.Option(100_000, help="Random Retrieval inputs per checked length when there are "
+                                "too many to enumerate."),
+    seed: int = typer.Option(0, help="Seed of the sampled inputs and task samples."),
+) -> None:
+    """Check the paper's T_Index / T_Retrieval heads: exactness per length, the inverse temperature softmax
+    needs, their positional/symbolic scores, and discrepancy against Theorem 3.2 (Fig. 5A)."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from posym import theory
+
+    config = theory.TheoryConfig(n0=n0, index_freq_id=index_freq_id, retrieval_freq_id=retrieval_freq_id,
+                                 curve_freq_ids=curve_freq_id, alphabet_size=alphabet_size, eps=eps,
+                                 samples=samples, seed=seed)
+    with Progress(transient=True) as bar:
+        job = bar.add_task("theory", total=4)
+        result = theory.run_theory(config, out, progress=lambda step: bar.update(job, description=step, advance=1))
+    table = Table(title=f"T_Index / T_Retrieval (argmax exact, beta for mass >= 1 - {eps})")
+    for col in ["head", "n0", "θ", "exact", "softmax", "Δ(n0)", "bound", "β needed", "β Lemma F.1"]:
+        table.add_column(col, justify="right")
+    for r in result["summary"]:
+        table.add_row(r["head"], str(r["n0"]), f"{r['theta']:.3g}", str(r["exact"]), str(r["softmax_exact"]),
+                      f"{r['delta_n0']:.3g}", f"{r['bound_n0']:.3g}", f"{r['beta_needed']:.4g}",
+                      f"{r['beta_lemma']:.4g}")
+    console = Console()
+    console.print(table)
+    for kind, t in result["tasks"].items():
+        console.print(f"T_{kind.capitalize()} on the {t['task']} task (beta {t['beta']:.4g}): s_pos "
+                      f"{t['s_pos']:.3f}, s_sym {t['s_sym']:.3f}; answer after h hops: hard "
+                      f"{t['hard']['after_h']:.3f}, softmax {t['softmax']['after_h']:.3f}")
+    console.print(f"wrote {out}/theory.parquet, discrepancy.parquet, theory.json, fig5a.png/svg")
+
+
+@app.command("lengthgen")
+def lengthgen_command(
+    run_dir: Path = typer.Argument(..., help="A run directory (latest checkpoint unless --step) or one checkpoint "
+                                   "directory written by posym train."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step to evaluate in a run directory."),
+    lengths: str = typer.Option("17,34,51,68,128,256,512,850,1024,2048", help="Paper protocol: comma-separated "
+                                "total sequence lengths in tokens (query included; training length 17)."),
+    factors: str = typer.Option("1,2,3,4", help="Seed protocol: comma-separated multiples of the training length "
+                                "(1 is the reference that retention divides by)."),
+    n: int = typer.Option(128, "--n", help="Test sequences per length (the same questions at every length)."),
+    protocol: str = typer.Option("both", help="paper (absolute lengths, accuracy), seed (1x-4x the training "
+                                 "length, retention) or both. Both lengthen with extra target-window tokens."),
+    seed: int = typer.Option(0, help="Seed of the test data."),
+    max_tokens: int = typer.Option(16384, help="Tokens per forward pass; bounds memory at long lengths."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Output directory for lengthgen.parquet, lengthgen.json and "
+                                       "fig5b.png/svg (default: RUN_DIR/lengthgen)."),
+) -> None:
+    """Accuracy against sequence length, per hop count (Fig. 5B): extra target-window tokens go before the
+    window that holds the answer, so the questions and answers stay the same and only the length grows."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from transformers.utils import logging as hf_logging
+
+    from posym import lengthgen
+    from posym.llm import parse_list
+
+    hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
+
+    config = lengthgen.LengthGenConfig(lengths=parse_list(lengths, int), factors=parse_list(factors, int),
+                                       protocol=protocol, n=n, seed=seed, max_tokens=max_tokens, device=device)
+    out = out or Path(run_dir) / "lengthgen"
+    with Progress(transient=True) as bar:
+        job = bar.add_task("evaluating lengths (tokens read)", total=None)
+        result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
+                                         progress=lambda done, total: bar.update(job, completed=done, total=total))
+    table = result["table"]
+    hops = sorted(h for h in table["hop"].unique() if h != lengthgen.ALL_HOPS)
+    view = Table(title=f"{result['summary']['task']} task, step {result['step']}: accuracy by length")
+    for col in ["protocol", "length", "factor", "all", *(f"hop {h}" for h in hops), "retention"]:
+        view.add_column(col, justify="right")
+    for (prot, length), rows in table.groupby(["protocol", "length"], sort=False):
+        acc = rows.set_index("hop")["acc"]
+        view.add_row(prot, str(length), f"{rows['factor'].iloc[0]:.2f}", f"{acc[lengthgen.ALL_HOPS]:.3f}",
+                     *(f"{acc[h]:.3f}" for h in hops), f"{rows.set_index('hop')['retention'][0]:.3f}")
+    console = Console()
+    console.print(view)
+    console.print(f"wrote {out}/lengthgen.parquet, lengthgen.json, fig5b.png/svg")
+
+
+@app.command("discrepancy")
+def discrepancy_command(
+    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
+                                "directory, or a Hugging Face RoPE model directory (with --prompts and --out)."),
+    step: Optional[int] = typer.Option(None, help="Checkpoint step in a run directory."),
+    lengths: Optional[str] = typer.Option(None, help="Comma-separated sequence lengths a posym task is lengthened "
+                                          "to (extra target-window tokens; default the lengthgen paper protocol's)."),
+    n: int = typer.Option(64, "--n", help="Test questions per length (the same ones at every length)."),
+    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line), measured '
+                                           "at its own lengths; needed for non-posym models."),
+    queries: str = typer.Option("last", help="Query positions: last, hops (chain pointers) or all."),
+    seed: int = typer.Option(0, help="Seed of the test questions."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/discrepancy)."),
+) -> None:
+    """Discrepancy of every head by length (Definition 3.1 on trained or real heads): top-1 minus top-2
+    attention logit at the query; min (Delta), median and quantiles per layer, head and length."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+    from transformers.utils import logging as hf_logging
+
+    from posym import discrepancy
+    from posym.llm import parse_list
+
+    hf_logging.disable_progress_bar()
+    with Progress(transient=True) as bar:
+        job = bar.add_task("measuring gaps (prompts)", total=None)
+        result = discrepancy.run_discrepancy(
+            path, out, step=step, lengths=parse_list(lengths, int) if lengths else None, n=n, seed=seed,
+            prompts=prompts, queries=queries, device=device, progress=lambda k: bar.advance(job, k))
+    summary = result["summary"]
+    view = Table(title="median top-1 minus top-2 logit at the query, by layer (head 0) and length")
+    lengths_seen = sorted(summary["length"].unique())
+    for col in ["layer", *(str(v) for v in lengths_seen)]:
+        view.add_column(col, justify="right")
+    for layer, rows in summary[summary["head"] == 0].groupby("layer"):
+        median = rows.set_index("length")["gap_q50"]
+        view.add_row(f"L{layer}", *(f"{median[v]:.3g}" for v in lengths_seen))
+    Console().print(view)
+    print(f"wrote {result['out_dir']}/gaps.parquet, discrepancy.parquet, discrepancy.json, fig_discrepancy PNG+SVG")
