@@ -52,11 +52,12 @@ def test_run_end_to_end(finished):
         assert (out / job / "analysis" / "dynamics.parquet").is_file()
         assert (out / job / "analysis" / "frequency.parquet").is_file()
         assert (out / job / "lengthgen" / "lengthgen.json").is_file()
+        assert (out / job / "discrepancy" / "discrepancy.json").is_file()
         assert "step 12" in (out / job / "train.log").read_text()
     assert pipeline.is_done(out, "theory", "theory") and (out / "theory" / "fig5a.png").is_file()
     html = (out / "report" / "report.html").read_text()
     for stem in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity", "fig4b_qk_plane",
-                 "fig8_frequency", "fig5b"):
+                 "fig8_frequency", "fig5b", "fig_discrepancy"):
         for task in ("number", "letter"):
             assert f"figures/{task}-{stem}.png" in html
             assert (out / "report" / "figures" / f"{task}-{stem}.svg").is_file()
@@ -84,7 +85,7 @@ def test_rerun_recomputes_only_missing_stages(finished, tiny_config, monkeypatch
     # every other stage was skipped (done-files and checkpoints untouched); train resumed from its
     # last checkpoint (step 12 = max_steps), so no checkpoint was rewritten
     assert changed == {"letter-lengthgen.done.json", "number-train.done.json"}
-    assert len(before) == len(after) == 9 + 2 * 6  # 9 done-files; checkpoints 0, 1, 2, 4, 6, 12 per task
+    assert len(before) == len(after) == 11 + 2 * 6  # 11 done-files; checkpoints 0, 1, 2, 4, 6, 12 per task
 
 
 def test_other_config_on_same_out_is_refused(finished, tiny_config, monkeypatch, capsys):

@@ -362,7 +362,7 @@ def test_lengthgen_killed_leaves_only_whole_files_and_reruns_identically(referen
 
 # `posym run`: one task on toy sizes, 2 worker processes (the train/dynamics/... chain and theory)
 RUN_STAGE_FILES = {"dynamics": "analysis/dynamics.json", "geometry": "analysis/geometry.json",
-                   "lengthgen": "lengthgen/lengthgen.json"}
+                   "lengthgen": "lengthgen/lengthgen.json", "discrepancy": "discrepancy/discrepancy.json"}
 """Per task stage: the file it writes last (under the task's run directory)."""
 
 
@@ -416,7 +416,7 @@ def test_run_killed_then_rerun_equals_uninterrupted(run_reference, tmp_path, poi
     assert_complete(out)
     assert_done_means_complete(out)
     tables = sorted(str(p.relative_to(reference)) for p in reference.rglob("*.parquet"))
-    assert len(tables) == 14 and tables == sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet"))
+    assert len(tables) == 16 and tables == sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet"))
     for name in tables:
         drop = ["time"] if name.endswith("metrics.parquet") else []  # wall-clock stamps of training
         pd.testing.assert_frame_equal(pd.read_parquet(out / name).drop(columns=drop),

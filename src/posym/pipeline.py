@@ -5,7 +5,8 @@ Layout of the output directory (default `runs/main/`):
 ```
 runs/main/
   pipeline.yaml          # the resolved PipelineConfig (a re-run must use the same one)
-  number/ letter/        # one posym run directory per task (posym.train), with analysis/ and lengthgen/
+  number/ letter/        # one posym run directory per task (posym.train), with analysis/, lengthgen/
+                         # and discrepancy/
   theory/                # posym.theory outputs (constructions, discrepancy, Fig. 5A)
   report/                # posym.report: report.html + every figure as PNG and SVG
   stages/<job>-<stage>.done.json   # one done-file per finished stage
@@ -14,8 +15,8 @@ Each stage writes its outputs first and its done-file last (atomically), so a ki
 exactly the stages without a done-file; training continues from its latest checkpoint with
 `posym.train`'s exact resume. The report is always rebuilt (seconds), so it reflects every input.
 
-Parallelism: one job per task (its train -> dynamics -> geometry -> lengthgen chain) plus the theory
-job run in a pool of `workers` spawned processes; with 2 workers on 2 cores the two quick trainings
+Parallelism: one job per task (its train -> dynamics -> geometry -> lengthgen -> discrepancy chain)
+plus the theory job run in a pool of `workers` spawned processes; with 2 workers on 2 cores the two quick trainings
 run side by side, each on one thread.
 """
 
@@ -34,7 +35,7 @@ from posym.errors import PosymError
 from posym.lengthgen import LengthGenConfig
 from posym.theory import TheoryConfig
 
-TASK_STAGES = ("train", "dynamics", "geometry", "lengthgen")
+TASK_STAGES = ("train", "dynamics", "geometry", "lengthgen", "discrepancy")
 """The stages of one task's job, in order."""
 THEORY = "theory"
 """Name of the job (and stage) that checks the paper's constructions."""
@@ -155,11 +156,11 @@ def die_with_parent() -> None:
 
 
 def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
-    """One task's chain: train (resuming), dynamics, geometry, lengthgen. Returns seconds per stage."""
+    """One task's chain: train (resuming), dynamics, geometry, lengthgen, discrepancy. Returns seconds per stage."""
     import torch
     from transformers.utils import logging as hf_logging
 
-    from posym import dynamics, geometry, lengthgen, train
+    from posym import discrepancy, dynamics, geometry, lengthgen, train
     from posym.model import resolve_device
 
     hf_logging.disable_progress_bar()
@@ -174,6 +175,9 @@ def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
         "geometry": lambda: geometry.run_geometry(**geometry.prepare(run_dir, n_prompts=config.geometry_prompts,
                                                                      seed=config.seed)),
         "lengthgen": lambda: lengthgen.run_lengthgen(run_dir, lg, run_dir / "lengthgen"),
+        # the paper-protocol lengths and questions of lengthgen, so the two read side by side
+        "discrepancy": lambda: discrepancy.run_discrepancy(run_dir, lengths=lg.lengths, n=lg.n, seed=config.seed,
+                                                           device=lg.device),
     }
     return {stage: _stage(out_path, task, stage, work[stage]) for stage in TASK_STAGES}
 
