@@ -107,7 +107,10 @@ def plot_gaps(summary, path_stem, *, title: str = "") -> list:
         top = float(summary["gap_q50"].max())
         ax.plot(lengths, [top * (lengths[0] / n) ** 2 for n in lengths], color="gray", ls="--", lw=1,
                 label="~ 1 / n^2")
-    ax.set(xscale="log", yscale="log", xlabel="sequence length (tokens)",
+    ax.set_xscale("log")
+    ax.set_xticks(lengths, [str(int(v)) for v in lengths], minor=False)
+    ax.minorticks_off()
+    ax.set(yscale="log", xlabel="sequence length (tokens)",
            ylabel="top-1 minus top-2 logit", title=title or "discrepancy by length: median (solid), min (dotted)")
     ax.legend(fontsize=7, ncol=2)
     return save_figure(fig, path_stem)
