@@ -117,13 +117,15 @@ def plot_gaps(summary, path_stem, *, title: str = "") -> list:
 
 
 def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None, n: int = 64, seed: int = 0,
-                    prompts=None, queries: str = "last", device: str = "cpu", progress=None) -> dict:
+                    prompts=None, queries: str = "last", max_tokens: int = 16384, device: str = "cpu",
+                    progress=None) -> dict:
     """`posym discrepancy PATH`: gaps of every head, per length.
 
     A posym run or checkpoint: its task's test questions (the same `n` at every length), lengthened
     to each of `lengths` by extra target-window tokens (the paper protocol of `posym lengthgen`).
     A Hugging Face model directory: the prompts of the JSONL file `prompts` as they are (their
-    lengths are the lengths). Writes gaps.parquet, discrepancy.parquet (summary), discrepancy.json
+    lengths are the lengths). A forward pass reads at most `max_tokens` tokens (eager attention
+    holds a [batch, heads, n, n] matrix per layer). Writes gaps.parquet, discrepancy.parquet (summary), discrepancy.json
     and fig_discrepancy PNG + SVG to out_dir (default RUN_DIR/discrepancy); returns the JSON dict
     plus "summary" (the discrepancy.parquet frame) and "out_dir".
     """
@@ -137,13 +139,16 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
 
     if queries not in ("last", "hops", "all"):
         raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
-    model, task, out, step = geometry.load_analysable(path, step=step, device=device, out=out_dir)
+    # gaps come from queries and keys (posym.qk), never from attention weights: the fast kernel serves
+    model, task, out, step = geometry.load_analysable(path, step=step, device=device, out=out_dir,
+                                                      attn_implementation="sdpa")
     out_dir = out.parent / "discrepancy" if out_dir is None else out  # a run's default: RUN_DIR/discrepancy
     if prompts is not None:  # any model: the file's prompts at their own lengths
         if lengths:
             raise PosymError("--lengths lengthens a posym task; a prompt file's prompts keep their own lengths")
         ids, wanted = prompt_set(model, prompts_file=prompts, queries=queries)
-        frame = head_gaps(model, ids, wanted, progress=progress)
+        batch = lengthgen.batch_size(max(len(x) for x in ids), max_tokens)
+        frame = head_gaps(model, ids, wanted, batch_size=batch, progress=progress)
         frame["length"] = frame["prompt"].map({k: len(x) for k, x in enumerate(ids)})
     elif task is None:
         raise PosymError("give --prompts: the model carries no posym task to lengthen")
@@ -155,7 +160,8 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
         for length in lengths:
             ids, wanted = prompt_set(model, task_config=lengthgen.extension(task, length), n_prompts=n, seed=seed,
                                      queries=queries)
-            parts.append(head_gaps(model, ids, wanted, progress=progress).assign(length=length))
+            batch = lengthgen.batch_size(length, max_tokens)
+            parts.append(head_gaps(model, ids, wanted, batch_size=batch, progress=progress).assign(length=length))
         frame = pd.concat(parts, ignore_index=True)
     summary = summarize_gaps(frame)
     write_parquet(out_dir / "gaps.parquet", frame)

@@ -192,10 +192,12 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     return frame
 
 
-def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=None) -> tuple:
+def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=None,
+                    attn_implementation: str = "eager") -> tuple:
     """(model, task_config, out_dir, step) for a posym run or checkpoint (its task config, default
     out_dir RUN_DIR/analysis, the loaded step) or a Hugging Face RoPE model directory (None, `out`,
-    None; `out` is required there and `step` must be None)."""
+    None; `out` is required there and `step` must be None). `attn_implementation` applies to posym
+    checkpoints ("sdpa" is faster where nothing reads attention weights)."""
     import json
 
     from posym import model as posym_model
@@ -208,7 +210,7 @@ def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=N
         raise PosymError(f"{config_json} is not valid JSON") from None
     kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
     if kind == "gptj":
-        model, info = posym_model.load_model(path, step=step, device=device)
+        model, info = posym_model.load_model(path, step=step, device=device, attn_implementation=attn_implementation)
         task_config, run_dir, step = info["task_config"], info["run_dir"], info["step"]
     else:
         from posym import llm

@@ -177,7 +177,7 @@ def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
         "lengthgen": lambda: lengthgen.run_lengthgen(run_dir, lg, run_dir / "lengthgen"),
         # the paper-protocol lengths and questions of lengthgen, so the two read side by side
         "discrepancy": lambda: discrepancy.run_discrepancy(run_dir, lengths=lg.lengths, n=lg.n, seed=config.seed,
-                                                           device=lg.device),
+                                                           max_tokens=lg.max_tokens, device=lg.device),
     }
     return {stage: _stage(out_path, task, stage, work[stage]) for stage in TASK_STAGES}
 

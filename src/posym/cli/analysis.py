@@ -265,6 +265,7 @@ def discrepancy_command(
                                            "at its own lengths; needed for non-posym models."),
     queries: str = typer.Option("last", help="Query positions: last, hops (chain pointers) or all."),
     seed: int = typer.Option(0, help="Seed of the test questions."),
+    max_tokens: int = typer.Option(16384, help="Tokens per forward pass; bounds memory at long lengths."),
     device: str = typer.Option("cpu", help="cpu or cuda."),
     out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/discrepancy)."),
 ) -> None:
@@ -283,7 +284,8 @@ def discrepancy_command(
         job = bar.add_task("measuring gaps (prompts)", total=None)
         result = discrepancy.run_discrepancy(
             path, out, step=step, lengths=parse_list(lengths, int) if lengths else None, n=n, seed=seed,
-            prompts=prompts, queries=queries, device=device, progress=lambda k: bar.advance(job, k))
+            prompts=prompts, queries=queries, max_tokens=max_tokens, device=device,
+            progress=lambda k: bar.advance(job, k))
     summary = result["summary"]
     view = Table(title="median top-1 minus top-2 logit at the query, by layer (head 0) and length")
     lengths_seen = sorted(summary["length"].unique())
