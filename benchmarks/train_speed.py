@@ -23,23 +23,16 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from posym.model import build_model  # noqa: E402
-from posym.train import lr_factor, make_optimizer, resolve_config, train_batch, train_step  # noqa: E402
+from posym.train import make_optimizer, optimizer_update, resolve_config, train_batch, train_step  # noqa: E402
 
 
 def plain_step(model, optimizer, config, step, ids, answer):
-    """The textbook Hugging Face step: labels -100 everywhere but the appended answer."""
-    for group in optimizer.param_groups:
-        group["lr"] = config.lr * lr_factor(step, config.warmup_steps, config.max_steps)
+    """The textbook Hugging Face loss (labels -100 everywhere but the appended answer, logits at
+    every position); the update after it is posym's own, so only the loss differs between the loops."""
     full = torch.cat([ids, answer[:, None]], dim=1)  # [B, seq + 1]
     labels = torch.full_like(full, -100)
     labels[:, -1] = answer
-    loss = model(input_ids=full, labels=labels).loss
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if config.grad_clip is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-    optimizer.step()
-    return loss.detach()
+    return optimizer_update(model, optimizer, config, step, model(input_ids=full, labels=labels).loss)
 
 
 def main() -> None:

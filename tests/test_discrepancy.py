@@ -8,8 +8,7 @@ import pytest
 import torch
 from cli_runner import run_posym
 from reference_scores import attention_rows
-from tiny_models import KINDS, tiny_model
-from tiny_models import random_prompts
+from tiny_models import KINDS, random_prompts, tiny_model
 from tiny_runs import train_tiny
 
 from posym.discrepancy import head_gaps, summarize_gaps

@@ -124,9 +124,9 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     A posym run or checkpoint: its task's test questions (the same `n` at every length), lengthened
     to each of `lengths` by extra target-window tokens (the paper protocol of `posym lengthgen`).
     A Hugging Face model directory: the prompts of the JSONL file `prompts` as they are (their
-    lengths are the lengths). A forward pass reads at most `max_tokens` tokens (eager attention
-    holds a [batch, heads, n, n] matrix per layer). Writes gaps.parquet, discrepancy.parquet (summary), discrepancy.json
-    and fig_discrepancy PNG + SVG to out_dir (default RUN_DIR/discrepancy); returns the JSON dict
+    lengths are the lengths). A forward pass reads at most `max_tokens` tokens (the eager attention
+    HF model directories load with holds a [batch, heads, n, n] matrix per layer). Writes
+    gaps.parquet, discrepancy.parquet (summary), discrepancy.json and fig_discrepancy PNG + SVG to out_dir (default RUN_DIR/discrepancy); returns the JSON dict
     plus "summary" (the discrepancy.parquet frame) and "out_dir".
     """
     import dataclasses

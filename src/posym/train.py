@@ -299,20 +299,26 @@ def make_optimizer(model, config: TrainConfig):
     return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
 
 
-def train_step(model, optimizer, config: TrainConfig, step: int, ids, answer):
-    """One optimizer update on a batch ([B, seq] ids, [B] answers); returns the (detached) loss."""
+def optimizer_update(model, optimizer, config: TrainConfig, step: int, loss):
+    """Backpropagate `loss` and take the AdamW step at the schedule's lr for `step` (gradients
+    clipped as configured); returns the detached loss."""
     import torch
-    import torch.nn.functional as F
 
     for group in optimizer.param_groups:
         group["lr"] = config.lr * lr_factor(step, config.warmup_steps, config.max_steps)
-    loss = F.cross_entropy(last_logits(model, ids), answer)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if config.grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
     optimizer.step()
     return loss.detach()
+
+
+def train_step(model, optimizer, config: TrainConfig, step: int, ids, answer):
+    """One optimizer update on a batch ([B, seq] ids, [B] answers); returns the (detached) loss."""
+    import torch.nn.functional as F
+
+    return optimizer_update(model, optimizer, config, step, F.cross_entropy(last_logits(model, ids), answer))
 
 
 def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):
