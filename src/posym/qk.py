@@ -54,6 +54,8 @@ class HeadQK:
     """'interleaved' (GPT-J: planes (2m, 2m+1)) or 'half' (NeoX/Llama: planes (m, m + rotary_dim/2))."""
     scale: float
     """Multiplier of the dot products (1/sqrt(head_dim) in all supported architectures)."""
+    softcap: float | None = None
+    """Attention-logit soft-capping (Gemma 2): the logit is softcap * tanh(raw / softcap); None = none."""
 
 
 def _rotate_pairs(x: Tensor, pairing: str) -> Tensor:
