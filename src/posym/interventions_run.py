@@ -14,7 +14,7 @@ from typing import Callable
 
 from posym.errors import PosymError
 from posym.interventions import (
-    HeadFreezer, ablated, fold_ablation, head_means, label_heads, select_heads,
+    LABEL_QUERIES, HeadFreezer, ablated, fold_ablation, head_means, label_heads, select_heads,
 )
 
 EACH_LAYER = "each"
@@ -107,7 +107,8 @@ def run_ablation(path, conditions: list[str], out_dir, *, modes=("zero", "mean")
 
     table = pd.DataFrame(rows)
     out_dir = Path(out_dir)
-    result = {"checkpoint": str(info["path"]), "step": info["step"], "task": task.task, "gamma": gamma,
+    result = {"checkpoint": str(info["path"]), "step": info["step"], "queries": LABEL_QUERIES, "task": task.task,
+              "gamma": gamma,
               "labels": labels.to_dict("records"), "conditions": {k: _head_text(v) for k, v in chosen.items()},
               "skipped": skipped, "mean_samples": mean_samples}
     if save is not None:
@@ -208,7 +209,8 @@ def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = Non
             save_model(fresh, info, Path(out_dir) / "models" / spec.replace(",", "_"),
                        {"finetune": {"frozen": _head_text(heads), "steps": steps, "lr": config.lr}})
     table = pd.DataFrame(rows)
-    result = {"checkpoint": str(info["path"]), "step": info["step"], "task": task.task, "lr": config.lr,
+    result = {"checkpoint": str(info["path"]), "step": info["step"], "queries": LABEL_QUERIES, "task": task.task,
+              "lr": config.lr,
               "steps": steps, "gamma": gamma, "labels": labels.to_dict("records"), "costs": costs, "skipped": skipped}
     return _write(Path(out_dir), "finetune", table, result,
                   f"{task.task} task, {Path(info['path']).name}: +{steps} fine-tuning steps, frozen heads")

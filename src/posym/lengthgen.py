@@ -287,6 +287,7 @@ def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None
     write_parquet(out_dir / "lengthgen.parquet", table)
     figures = plot(table, task, out_dir / "fig5b", title=f"{task.task} task, {Path(info['path']).name}")
     result = {"summary": summarize(table, task), "checkpoint": str(info["path"]), "step": info["step"],
+              "queries": "last (the answer token)",
               "figures": figures, "config": to_dict(config),
               "manifest": manifest(to_dict(config), seed=config.seed, task=to_dict(task))}
     write_json(out_dir / "lengthgen.json", result)
