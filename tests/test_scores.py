@@ -310,7 +310,7 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     from posym.scores import prompt_set
 
     out = tmp_path / "scores.parquet"
-    assert run_posym(monkeypatch, "score", "--model", trained_run, "--n-prompts", 5, "--seed", 2,
+    assert run_posym(monkeypatch, "score", trained_run, "--n", 5, "--seed", 2,
                 "--queries", "hops", "--batch-size", 2, "--out", out) == 0
     assert "label" in capsys.readouterr().out
     written = pd.read_parquet(out)
@@ -331,7 +331,7 @@ def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, caps
     good = tmp_path / "good.jsonl"
     good.write_text('{"input_ids": [1, 2, 3, 4, 5], "queries": [3, 4]}\n\n{"input_ids": [5, 4, 3], "chain": [2, 1, 0]}\n')
     out = tmp_path / "file.parquet"
-    assert run_posym(monkeypatch, "score", "--model", trained_run, "--prompts", good, "--blocks", 2, "--out", out) == 0
+    assert run_posym(monkeypatch, "score", trained_run, "--prompts", good, "--blocks", 2, "--out", out) == 0
     written = pd.read_parquet(out)
     assert sorted(set(zip(written["prompt"], written["query"]))) == [(0, 3), (0, 4), (1, 2)]
     capsys.readouterr()
@@ -346,7 +346,7 @@ def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, caps
     for text, message in cases:
         bad = tmp_path / "bad.jsonl"
         bad.write_text(text)
-        assert run_posym(monkeypatch, "score", "--model", trained_run, "--prompts", bad, "--queries", "hops",
+        assert run_posym(monkeypatch, "score", trained_run, "--prompts", bad, "--queries", "hops",
                     "--out", tmp_path / "bad.parquet") == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad.parquet").exists()
