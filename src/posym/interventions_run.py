@@ -115,7 +115,7 @@ def run_ablation(path, conditions: list[str], out_dir, *, modes=("zero", "mean")
         (spec, heads), mode = next(iter(chosen.items())), modes[0]
         fold_ablation(model, heads, mode, means)
         result["saved"] = str(save_model(model, info, save, {"ablation": {"heads": _head_text(heads), "mode": mode}}))
-    return _write(out_dir, "ablation", table, result, f"{task.task} task, {Path(info['path']).name}: head ablation")
+    return _write(out_dir, "ablation", table, result, f"{task.task} task, step {info['step']}: head ablation")
 
 
 def save_model(model, info: dict, out, extra: dict) -> Path:
@@ -213,7 +213,7 @@ def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = Non
               "lr": config.lr,
               "steps": steps, "gamma": gamma, "labels": labels.to_dict("records"), "costs": costs, "skipped": skipped}
     return _write(Path(out_dir), "finetune", table, result,
-                  f"{task.task} task, {Path(info['path']).name}: +{steps} fine-tuning steps, frozen heads")
+                  f"{task.task} task, step {info['step']}: +{steps} fine-tuning steps, frozen heads")
 
 
 def _frozen_unchanged(model, before: dict, heads) -> bool:

@@ -285,7 +285,7 @@ def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None
     table.insert(0, "step", info["step"])
     out_dir = Path(out_dir)
     write_parquet(out_dir / "lengthgen.parquet", table)
-    figures = plot(table, task, out_dir / "fig5b", title=f"{task.task} task, {Path(info['path']).name}")
+    figures = plot(table, task, out_dir / "fig5b", title=f"{task.task} task, step {info['step']}")
     result = {"summary": summarize(table, task), "checkpoint": str(info["path"]), "step": info["step"],
               "queries": "last (the answer token)",
               "figures": figures, "config": to_dict(config),
