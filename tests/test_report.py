@@ -147,10 +147,13 @@ def test_full_report(tmp_path, monkeypatch):
     assert "positional L0, symbolic L1-L2" in html  # gamma 0.1, end, hop queries only
     assert "acc &gt;= 0.9 up to 850 tokens; 4x retention 0.25" in html  # the largest factor, not the last key
     # heads of a layer averaged; 64 / 1 head = 32 planes; both scales and the uniform baseline
-    assert ('<td class="text">number (ours)</td><td class="num">32</td><td class="num">16.5 (0.50)</td>\n'
-            '<td class="num">1 (0.03)</td><td class="num">5 (0.16)</td><td class="num">15 (0.47)</td>') in html
-    assert ('<td class="text">number (paper)</td><td class="num">64</td><td class="num">32.5 (0.50)</td>\n'
-            '<td class="num">1 (0.02)</td><td class="num">2 (0.03)</td>') in html
+    assert "<th>number (ours)</th><th>letter (ours)</th><th>number (paper)</th><th>letter (paper)</th>" in html
+    assert ('<td class="text">planes</td><td class="num">32</td><td class="num">32</td><td class="num">64</td>'
+            in html)
+    assert ('<td class="text">uniform (planes + 1) / 2</td><td class="num">16.5 (0.52)</td><td class="num">16.5 '
+            '(0.52)</td><td class="num">32.5 (0.51)</td>') in html
+    assert ('<td class="text">L2</td><td class="num">15 (0.47)</td><td class="num">15 (0.47)</td>'
+            '<td class="num">2 (0.03)</td>') in html
     anchors = re.findall(r'<a href="#([^"]+)">', html)  # the contents list: every anchor has its target
     assert len(anchors) >= 6 and all(f'id="{a}"' in html for a in anchors)
     assert "config hash hash-number, seed 7" in html and "2027-01-15 08:00 UTC" in html  # provenance
@@ -196,3 +199,25 @@ def test_cli_report_default_out(tmp_path, monkeypatch, capsys):
     run = make_run(tmp_path, "number")
     assert run_posym(monkeypatch, "report", run, make_theory(tmp_path)) == 0
     assert f"report: {tmp_path / 'report' / 'report.html'}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_screenshots_at_desktop_and_narrow_width(tmp_path):
+    """scripts/screenshot_report.py renders the page in headless Chromium at 1400 and 800 px (~15 s)."""
+    import importlib.util
+
+    from PIL import Image
+
+    spec = importlib.util.spec_from_file_location("screenshot_report", Path(__file__).parents[1] / "scripts" /
+                                                  "screenshot_report.py")
+    shots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shots)
+    if shots.browser() is None:
+        pytest.skip("no chromium installed (apt-get install -y chromium)")
+    runs = [make_run(tmp_path, "number"), make_run(tmp_path, "letter")]
+    html = report.build_report([*runs, make_theory(tmp_path), make_bench(tmp_path)], tmp_path / "rep")
+    paths = shots.screenshots(html, tmp_path / "shots")
+    for width in (1400, 800):
+        mine = [p for p in paths if p.name.startswith(f"{width}-")]
+        assert mine and all(Image.open(p).width == width for p in mine)
+        assert sum(Image.open(p).height for p in mine) > 1500  # the whole page, not one screen

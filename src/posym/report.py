@@ -242,20 +242,24 @@ def _summary(summaries: list[dict]) -> dict:
 
 
 def _table1(summaries: list[dict]) -> dict | None:
-    """Table 1 rows, ours and the paper's: every cell 'ID (ID / planes)', with the uniform baseline."""
+    """Table 1 with one column per model (ours and the paper's) and one row per layer, every cell
+    'ID (ID / planes)', under rows for the planes and the uniform baseline (planes + 1) / 2."""
     measured = [s for s in summaries if s["weighted_id"]]
     if not measured:
         return None
+    columns = [(f"{s['task']} (ours)", s["weighted_id"], s.get("planes")) for s in measured]
+    columns += [(f"{t} (paper)", _paper_table1(t), PAPER_PLANES) for t in dict.fromkeys(s["task"] for s in measured)]
+    depth = max(len(ids) for _, ids, _ in columns)
 
-    def row(model: str, ids: list, planes: int | None) -> dict:
-        cells = [f"{v:g} ({v / planes:.2f})" if planes else f"{v:g}" for v in ids]
-        return {"model": model, "planes": planes or "n/a", "cells": cells + [""] * (depth - len(cells)),
-                "baseline": f"{(planes + 1) / 2:g} (0.50)" if planes else "n/a"}
+    def cell(value, planes) -> str:
+        return f"{value:g} ({value / planes:.2f})" if planes else f"{value:g}"
 
-    depth = max(max(len(s["weighted_id"]) for s in measured), 12)
-    rows = [row(f"{s['task']} (ours)", s["weighted_id"], s.get("planes")) for s in measured]
-    rows += [row(f"{t} (paper)", _paper_table1(t), PAPER_PLANES) for t in dict.fromkeys(s["task"] for s in measured)]
-    return {"layers": list(range(depth)), "rows": rows}
+    rows = [["planes", *(planes or "n/a" for _, _, planes in columns)],
+            ["uniform (planes + 1) / 2", *(cell((planes + 1) / 2, planes) if planes else "n/a"
+                                           for _, _, planes in columns)]]
+    rows += [[f"L{k}", *(cell(ids[k], planes) if k < len(ids) else "" for _, ids, planes in columns)]
+             for k in range(depth)]
+    return {"models": [name for name, _, _ in columns], "rows": rows}
 
 
 def _theory_section(theory_dir: Path, out_dir: Path) -> dict:
