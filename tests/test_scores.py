@@ -312,7 +312,8 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     out = tmp_path / "scores.parquet"
     assert run_posym(monkeypatch, "score", trained_run, "--n", 5, "--seed", 2,
                 "--queries", "hops", "--batch-size", 2, "--out", out) == 0
-    assert "label" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "label" in printed and "checkpoint: step 200 of " in printed and "queries: hops" in printed
     written = pd.read_parquet(out)
     model, info = load_model(trained_run)
     ids, wanted = prompt_set(model, task_config=info["task_config"], n_prompts=5, seed=2, queries="hops")
@@ -323,6 +324,7 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     sidecar = json.loads((tmp_path / "scores.parquet.json").read_text())
     assert sidecar["settings"]["tau"] == 1e-4 and sidecar["settings"]["variant"] == "single-token"
     assert sidecar["rows"] == len(expected) and "torch" in sidecar["versions"]
+    assert sidecar["settings"]["step"] == 200 and sidecar["settings"]["queries"] == "hops"  # what was scored
 
 
 def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, capsys):
