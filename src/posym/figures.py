@@ -83,11 +83,11 @@ def plot_layer_scores(table, max_step: int, stem: str | os.PathLike, *, title: s
         ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("step")
-    # one legend above the panels: inside a panel it would hide the curves it explains
+    # one legend under the panels: inside a panel it would hide the curves it explains
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
     if title:
-        fig.suptitle(title, y=1.06)
+        fig.suptitle(title)
     return save_figure(fig, stem)
 
 
@@ -164,7 +164,7 @@ def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> l
             g = projection[projection.role == role]
             ax.scatter(g[x], g[y], marker=marker, color=color, label=name, alpha=0.8)
             texts = [f"{token_names[t] if token_names is not None else t}@{p}" for t, p in zip(g.token, g.position)]
-            _thinned_labels(ax, zip(g[x], g[y]), texts, spread=0.08 * extent)
+            _thinned_labels(ax, zip(g[x], g[y]), texts, spread=0.12 * extent)
         ax.axhline(0, color="grey", lw=0.5)
         ax.axvline(0, color="grey", lw=0.5)
         ax.set_aspect("equal", adjustable="datalim")
