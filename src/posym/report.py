@@ -341,7 +341,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
                 + ([{"id": "summary", "title": "Summary"}] if summaries else [])
                 + ([{"id": "table1", "title": "Table 1: weighted frequency ID per layer"}] if table1 else [])
                 + [{"id": s["id"], "title": s["title"]} for s in sections])
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("posym", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     page = env.get_template("report.html.j2").render(
         title=title, contents=contents, provenance=_provenance(summaries),
