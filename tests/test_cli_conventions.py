@@ -127,3 +127,22 @@ def test_lists_accept_commas_and_repeats():
         values(["number,word"], option="--task", choices=Task)
     with pytest.raises(PosymError, match="--lengths"):
         values(["17,x"], int, option="--lengths")
+
+
+def test_documented_options_exist():
+    """Every `posym COMMAND ... --option` in the README, docs, scripts and examples names a real option
+    of that command, so a rename cannot leave the documentation behind."""
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    files = [root / "README.md", *(root / "docs").glob("*.md"), *(root / "scripts").glob("*.sh"),
+             *(root / "examples").glob("*.yaml")]
+    known = {name: {n for p in options(name) for n in option_names(p)} | {"--help"} for name in COMMANDS}
+    wrong = []
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            for command, rest in re.findall(r"(?:posym|\$POSYM|posym\.cli) ([a-z-]+)((?:(?!posym ).)*)", line):
+                if command in known:
+                    wrong += [f"{path.name}: posym {command} {flag}" for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
+                              if flag not in known[command]]
+    assert not wrong, wrong
