@@ -337,10 +337,13 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
         items=[{"absent": "Table 3 (real models): absent; no llm-bench result was given (run posym llm-bench "
                           "and pass its directory)."}])]
     table1 = _table1(summaries)
-    contents = ([{"id": "provenance", "title": "Provenance"}]
-                + ([{"id": "summary", "title": "Summary"}] if summaries else [])
-                + ([{"id": "table1", "title": "Table 1: weighted frequency ID per layer"}] if table1 else [])
-                + [{"id": s["id"], "title": s["title"]} for s in sections])
+    contents = ([{"id": "provenance", "title": "Provenance", "figures": []}]
+                + ([{"id": "summary", "title": "Summary", "figures": []}] if summaries else [])
+                + ([{"id": "table1", "title": "Table 1: weighted frequency ID per layer", "figures": []}]
+                   if table1 else [])
+                + [{"id": s["id"], "title": s["title"], "figures": [
+                    {"id": item["id"], "title": item["title"]} for item in s["items"] if "id" in item]}
+                   for s in sections])
     env = jinja2.Environment(loader=jinja2.PackageLoader("posym", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     page = env.get_template("report.html.j2").render(
