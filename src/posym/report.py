@@ -179,7 +179,7 @@ def _discrepancy_numbers(run_dir: Path) -> str:
         return ""
     low, high = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
     return (f"Ours: from {short} to {long} tokens the median gap shrinks {ratios[low]:.3g}x ({low}) to "
-            f"{ratios[high]:.3g}x ({high}); a 1 / n^2 rate would shrink it {(long / short) ** 2:.3g}x.")
+            f"{ratios[high]:.3g}x ({high}); a 1 / n^2 rate would shrink it {(long / short) ** 2:,.0f}x.")
 
 
 def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
