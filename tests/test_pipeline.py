@@ -9,7 +9,8 @@ import yaml
 from cli_runner import run_posym
 from tiny_runs import PIPELINE as TINY
 
-from posym import pipeline
+from posym import stages
+from posym.commands import pipeline
 from posym.errors import PosymError
 
 
@@ -54,7 +55,7 @@ def test_run_end_to_end(finished):
         assert (out / job / "lengthgen" / "lengthgen.json").is_file()
         assert (out / job / "discrepancy" / "discrepancy.json").is_file()
         assert "step 12" in (out / job / "train.log").read_text()
-    assert pipeline.is_done(out, "theory", "theory") and (out / "theory" / "fig5a.png").is_file()
+    assert stages.is_done(out, "theory", "theory") and (out / "theory" / "fig5a.png").is_file()
     html = (out / "report" / "report.html").read_text()
     for stem in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity", "fig4b_qk_plane",
                  "fig8_frequency", "fig5b", "fig_discrepancy"):
@@ -123,9 +124,9 @@ def test_stage_marks_done_only_after_success(tmp_path):
 
     with pytest.raises(PosymError):
         pipeline._stage(tmp_path, "number", "train", fail)
-    assert not pipeline.is_done(tmp_path, "number", "train")
+    assert not stages.is_done(tmp_path, "number", "train")
     assert pipeline._stage(tmp_path, "number", "train", lambda: calls.append("ok")) >= 0
-    assert pipeline.is_done(tmp_path, "number", "train")
+    assert stages.is_done(tmp_path, "number", "train")
     assert pipeline._stage(tmp_path, "number", "train", lambda: calls.append("again")) == 0.0
     assert calls == ["fail", "ok"]
     assert not list((tmp_path / "stages").glob(".*"))  # atomic: no temporary leftovers

@@ -2,7 +2,7 @@
 
 `pyplot()` gives headless matplotlib and `save_figure(fig, stem)` writes stem.png and stem.svg
 atomically; every module that draws (llm, bench, theory, lengthgen, ...) saves through it. The plot
-functions here take tables (the DataFrames `posym.dynamics` / `posym.geometry` write) and a path
+functions here take tables (the DataFrames `posym.commands.dynamics` / `posym.core.geometry` write) and a path
 stem, write stem.png and stem.svg, and return their paths, so reports can rebuild any figure from
 the Parquet files alone.
 """

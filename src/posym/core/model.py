@@ -1,28 +1,17 @@
-"""The GPT-J model posym trains and analyses: config, construction, checkpoints and loading.
+"""The GPT-J model posym trains and analyses: its config and its construction.
 
 A posym model is a plain Hugging Face `GPTJForCausalLM` (the paper's authors used the same class),
 so every checkpoint directory loads with `GPTJForCausalLM.from_pretrained` and nothing here is
-needed to read it back. What posym adds next to the weights of a checkpoint is `posym.json` (step,
-task config, model config and the test metrics at that step) and, for resuming, the trainer state
-(`trainer_state.safetensors` + `trainer_state.json`, written by `posym.train`).
-
-Checkpoint directories are named `step-%08d` under `<run>/checkpoints/`; anything else there (for
-example the temporary directory of a checkpoint being written) is ignored.
+needed to read it back. What posym adds next to the weights of a checkpoint (`posym.json` with
+the model config, which carries the RoPE variant) is read by `posym.loading`.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
+from posym.core.rope import apply_variant, check_variant
 from posym.errors import PosymError
-
-CHECKPOINTS = "checkpoints"
-CHECKPOINT_META = "posym.json"
-_CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
 
 
 @dataclass
@@ -39,10 +28,10 @@ class ModelConfig:
     """Head dimensions that RoPE rotates (even, <= head dim); None rotates all of them, as the paper."""
     rope_base: float = 10000.0
     """RoPE base (frequencies base^(-2(k-1)/rotary_dim)); GPT-J hard-codes 10,000, so another base is a
-    posym variant (posym.rope) that plain transformers loading ignores."""
+    posym variant (posym.core.rope) that plain transformers loading ignores."""
     rope_bands: list[list[int]] | None = None
     """RoPE variant: inclusive [first, last] frequency IDs (1 = fastest) that rotate, one band for every
-    layer or one per layer; other planes get no rotation. None rotates every plane (see posym.rope)."""
+    layer or one per layer; other planes get no rotation. None rotates every plane (see posym.core.rope)."""
     nope_from: int | None = None
     """RoPE variant: layers with index >= nope_from get no rotation at all (NoPE); None = RoPE everywhere."""
     n_positions: int = 8192
@@ -70,8 +59,6 @@ class ModelConfig:
             raise PosymError(
                 f"model.rotary_dim must be an even number between 2 and the head dimension {self.head_dim}, got {rot}"
             )
-        from posym.rope import check_variant
-
         check_variant(self)
         if not 0.0 <= self.dropout < 1.0:
             raise PosymError(f"model.dropout must be in [0, 1), got {self.dropout}")
@@ -137,65 +124,8 @@ def build_model(config: ModelConfig, vocab_size: int, seed: int, *, attn_impleme
         model.set_attn_implementation(attn_implementation)
     except ValueError:  # transformers < 5.2x has no SDPA path for GPT-J: keep eager (same maths)
         model.set_attn_implementation("eager")
-    from posym.rope import apply_variant
-
     apply_variant(model, config)
     return model.train()
-
-
-def checkpoint_name(step: int) -> str:
-    """Directory name of the checkpoint after `step` optimizer steps."""
-    return f"step-{step:08d}"
-
-
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """All complete checkpoints of a run as (step, directory), sorted by step."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _CHECKPOINT_RE.match(child.name)
-        if match and child.is_dir():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
-def read_checkpoint_meta(checkpoint_dir: str | Path) -> dict | None:
-    """The `posym.json` of a checkpoint (step, task, model, metrics), or None if it has none."""
-    path = Path(checkpoint_dir) / CHECKPOINT_META
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        raise PosymError(f"{path} is not valid JSON") from None
-
-
-def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, Path | None]:
-    """(checkpoint directory, run directory or None) for a run dir + step or a checkpoint dir."""
-    path = Path(path)
-    if not path.exists():
-        raise PosymError(f"{path} does not exist")
-    if not path.is_dir():
-        raise PosymError(f"{path} is not a directory (expected a run or checkpoint directory)")
-    if (path / "config.json").is_file():
-        if step is not None:
-            meta = read_checkpoint_meta(path) or {}
-            if meta.get("step") != step:
-                raise PosymError(f"{path} is a single checkpoint (step {meta.get('step')}), not step {step}")
-        parent = path.parent.parent
-        return path, parent if (parent / "config.yaml").is_file() and path.parent.name == CHECKPOINTS else None
-    checkpoints = list_checkpoints(path)
-    if not checkpoints:
-        raise PosymError(f"{path} holds neither a model (config.json) nor any checkpoints/step-* directory")
-    if step is None:
-        return checkpoints[-1][1], path
-    by_step = dict(checkpoints)
-    if step not in by_step:
-        steps = ", ".join(str(s) for s, _ in checkpoints)
-        raise PosymError(f"{path} has no checkpoint at step {step}; available steps: {steps}")
-    return by_step[step], path
 
 
 def resolve_device(device: str) -> str:
@@ -211,76 +141,3 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
-    """`loader.from_pretrained(path, **kwargs)`, a broken weights file (bad safetensors header, truncated or
-    missing tensors) answered with one PosymError line naming `path` (shared by posym.model and posym.llm)."""
-    from safetensors import SafetensorError
-
-    try:
-        return loader.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PosymError(f"cannot load the model in {path}: {first}") from None
-
-
-def load_model(
-    path: str | Path,
-    *,
-    step: int | None = None,
-    device: str = "cpu",
-    dtype: Any = None,
-    attn_implementation: str = "eager",
-) -> tuple[Any, dict]:
-    """Load a posym (or any GPT-J) checkpoint in eval mode: (model, info).
-
-    `path` is a checkpoint directory (a `save_pretrained` directory) or a run directory (then
-    `step` picks the checkpoint, default the latest). Eager attention is the default because the
-    analyses read attention probabilities and need the exact, float32-logit reference kernel.
-    info = {"path", "run_dir", "step", "task_config" (TaskConfig or None), "model_config"
-    (ModelConfig or None), "metrics" (dict or None)}.
-    """
-    import torch
-    from transformers import GPTJForCausalLM
-
-    from transformers.utils import logging as hf_logging
-
-    from posym.configs import from_dict
-
-    hf_logging.disable_progress_bar()  # a per-file "Loading weights" bar is noise for tiny models
-    ckpt, run_dir = resolve_checkpoint(path, step)
-    try:
-        hf_config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        raise PosymError(f"{ckpt / 'config.json'} is not valid JSON") from None
-    if not isinstance(hf_config, dict) or hf_config.get("model_type") != "gptj":
-        kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
-        raise PosymError(f"{ckpt} is not a GPT-J model (model_type {kind!r}); posym analyses GPT-J checkpoints")
-    if not (ckpt / "model.safetensors").is_file():
-        pickled = " (only pickle *.bin weights)" if any(ckpt.glob("*.bin")) else ""
-        raise PosymError(f"{ckpt} has no model.safetensors{pickled}; posym never loads pickled weights, because "
-                         "unpickling a file can run arbitrary code")
-    model = from_pretrained(GPTJForCausalLM, ckpt, use_safetensors=True, local_files_only=True,
-                            attn_implementation=attn_implementation,
-                            dtype=dtype if dtype is not None else torch.float32)
-    model.to(device).eval()
-
-    meta = read_checkpoint_meta(ckpt)
-    task_config = model_config = None
-    if meta is not None:
-        from posym.tasks import TaskConfig
-
-        task_config = from_dict(TaskConfig, meta.get("task"), where=f"{ckpt / CHECKPOINT_META}: task")
-        model_config = from_dict(ModelConfig, meta.get("model"), where=f"{ckpt / CHECKPOINT_META}: model")
-        from posym.rope import apply_variant
-
-        apply_variant(model, model_config)  # RoPE variants live in posym.json, not in config.json
-    match = _CHECKPOINT_RE.match(ckpt.name)
-    info = {
-        "path": ckpt,
-        "run_dir": run_dir,
-        "step": meta.get("step") if meta else (int(match.group(1)) if match else None),
-        "task_config": task_config,
-        "model_config": model_config,
-        "metrics": meta.get("metrics") if meta else None,
-    }
-    return model, info
