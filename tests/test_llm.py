@@ -12,6 +12,7 @@ from reference_scores import channel_dims, reference_swap_scores
 from tiny_llms import run_cli, save_model, tokenizer
 
 from posym import loading
+from posym.cli import parse_head_pairs
 from posym.commands import llm
 from posym.errors import PosymError
 
@@ -65,8 +66,8 @@ def test_missing_dir_and_bad_options(models, tmp_path):
     with pytest.raises(PosymError, match="float32 or bfloat16"):
         loading.load_hf_model(models["llama"], dtype="float16")
     with pytest.raises(PosymError, match="LAYER.HEAD"):
-        llm.parse_heads("1-2")
-    assert llm.parse_heads("0.1, 5.3") == [(0, 1), (5, 3)]
+        parse_head_pairs("1-2")
+    assert parse_head_pairs("0.1, 5.3") == [(0, 1), (5, 3)]
 
 
 def test_bfloat16_load(models):

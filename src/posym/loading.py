@@ -172,9 +172,11 @@ def load_checkpoint(
 # ---- Hugging Face model directories --------------------------------------------------------------
 
 
+# Model types whose Hugging Face implementation applies rotary embeddings inside attention.
 ROPE_MODEL_TYPES = ("gptj", "gpt_neox", "llama", "mistral", "qwen2")
 
 
+# Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 

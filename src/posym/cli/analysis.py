@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, progress_bar
+from posym.cli import app, parse_list, progress_bar
 from posym.errors import PosymError
 
 
@@ -229,7 +229,6 @@ def lengthgen_command(
     from transformers.utils import logging as hf_logging
 
     from posym.commands import lengthgen
-    from posym.commands.llm import parse_list
 
     hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
 
@@ -278,7 +277,6 @@ def discrepancy_command(
     from transformers.utils import logging as hf_logging
 
     from posym.commands import discrepancy
-    from posym.commands.llm import parse_list
 
     hf_logging.disable_progress_bar()
     with Progress(transient=True) as bar:

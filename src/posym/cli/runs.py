@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app
+from posym.cli import app, parse_list
 from posym.errors import PosymError
 
 
@@ -178,7 +178,6 @@ def ablate_command(
     from transformers.utils import logging as hf_logging
 
     from posym.commands.interventions import run_ablation
-    from posym.commands.llm import parse_list
 
     hf_logging.disable_progress_bar()
     out = out or Path(path) / "ablation"
@@ -218,7 +217,6 @@ def finetune_command(
     from transformers.utils import logging as hf_logging
 
     from posym.commands.interventions import run_finetune
-    from posym.commands.llm import parse_list
 
     hf_logging.disable_progress_bar()
     out = out or Path(path) / "finetune"

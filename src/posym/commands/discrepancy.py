@@ -60,7 +60,7 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     """
     if queries not in ("last", "hops", "all"):
         raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
-    # gaps come from queries and keys (posym.qk), never from attention weights: the fast kernel serves
+    # gaps come from queries and keys (posym.core.qk), never from attention weights: the fast kernel serves
     model, task, out, step = load_analysable(path, step=step, device=device, out=out_dir,
                                              attn_implementation="sdpa")
     out_dir = out.parent / "discrepancy" if out_dir is None else out  # a run's default: RUN_DIR/discrepancy

@@ -23,13 +23,6 @@ from posym.io import manifest, write_json, write_parquet
 from posym.loading import LoadedModel, Prompt, read_text_prompts, tokenize
 
 
-# Model types whose Hugging Face implementation applies rotary embeddings inside attention.
-# Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
-
-
-# ---- loading ------------------------------------------------------------------------------------
-
-
 # ---- prompts ------------------------------------------------------------------------------------
 
 
@@ -105,31 +98,6 @@ def plot_heads(heads, r: float, stem: str | os.PathLike) -> list[Path]:
 
 
 # ---- command drivers ----------------------------------------------------------------------------
-
-
-def parse_list(text: str, kind: type) -> list:
-    """'a,b,c' -> [kind(a), kind(b), kind(c)]; a bad item is a PosymError."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    try:
-        values = [kind(item) for item in items]
-    except ValueError:
-        raise PosymError(f"cannot read {text!r} as a comma-separated list of {kind.__name__} values") from None
-    if not values:
-        raise PosymError("an empty list was given")
-    return values
-
-
-def parse_heads(text: str | None) -> list[tuple[int, int]]:
-    """'0.1,5.3' -> [(0, 1), (5, 3)] (layer.head pairs)."""
-    if not text:
-        return []
-    heads = []
-    for item in parse_list(text, str):
-        layer, dot, head = item.partition(".")
-        if not (dot and layer.isdigit() and head.isdigit()):
-            raise PosymError(f"--heads wants LAYER.HEAD items like 3.1, got {item!r}")
-        heads.append((int(layer), int(head)))
-    return heads
 
 
 def _heads_by_layer(heads: list[tuple[int, int]]) -> dict[int, list[int]]:

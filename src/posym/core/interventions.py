@@ -15,7 +15,7 @@ input of `out_proj`: rows of q_proj/k_proj/v_proj and columns of out_proj.
   and Adam moments never see them), and after every optimizer step the frozen slices are copied back
   (AdamW's decoupled weight decay moves weights even at zero gradient): they stay bit-identical.
 
-Which heads: "positional" / "symbolic" / "mixed" pick by the label of `posym.core.scores.summarize`
+Which heads: "positional" / "symbolic" / "mixed" pick by the label of `posym.core.scores.summarize_heads`
 (scores at every hop query of test prompts of the checkpoint itself), "L.H,L.H" by index, "L" = every
 head of layer L. The experiment drivers (ablation table, fine-tune comparison) are in
 `posym.commands.interventions`.

@@ -3,8 +3,8 @@
 Hugging Face GPT-J builds ONE sin/cos table for every layer, as a non-persistent buffer with base
 10,000 that `from_pretrained` rebuilds. posym's variants live in `ModelConfig` (`rope_base`,
 `rope_bands`, `nope_from`, plus the existing `rotary_dim` for partial rotary) and are applied here
-whenever posym builds or loads a model (`posym.core.model.build_model` / `load_model`, which read the
-model config from `posym.json`):
+whenever posym builds or loads a model (`posym.core.model.build_model` / `posym.loading.load_checkpoint`,
+which reads the model config from `posym.json`):
 
 - a different base replaces the shared table (same formula as GPT-J, base^(-2(k-1)/rotary_dim));
 - a band or NoPE layer gets a forward pre-hook on its attention module that sets, in that layer's
@@ -13,7 +13,7 @@ model config from `posym.json`):
   every reader of the attention inputs (posym.core.scores, posym.core.geometry) sees the variant.
 
 Plain `transformers` loading of such a checkpoint IGNORES the variant (it has no field for it and
-rebuilds the base-10,000 table): load variant checkpoints with `posym.core.model.load_model`. Frequency
+rebuilds the base-10,000 table): load variant checkpoints with `posym.loading.load_checkpoint`. Frequency
 ID k (1 = fastest) is plane k - 1 of the rotated dims, as everywhere in posym.
 """
 
