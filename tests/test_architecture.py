@@ -91,6 +91,28 @@ def test_no_import_cycle():
     assert find_cycle(import_graph(PACKAGE)) is None
 
 
+def late_posym_imports(root: Path) -> list[str]:
+    """posym imports inside functions, outside the CLI (which imports lazily to keep --help fast)."""
+    found = []
+    for path in root.rglob("*.py"):
+        name = module_name(path, root)
+        if name == "posym.cli" or name.startswith("posym.cli."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    module = inner.module if isinstance(inner, ast.ImportFrom) else None
+                    names = [a.name for a in inner.names] if isinstance(inner, ast.Import) else [module or ""]
+                    if isinstance(inner, (ast.Import, ast.ImportFrom)) and any(
+                            n == "posym" or n.startswith("posym.") for n in names):
+                        found.append(f"{name}:{inner.lineno}")
+    return sorted(found)
+
+
+def test_posym_imports_sit_at_the_top():
+    assert late_posym_imports(PACKAGE) == []
+
+
 def test_the_core_holds_the_computation():
     graph = import_graph(PACKAGE)
     core = {name for name in graph if name.startswith(CORE + ".")}
@@ -116,6 +138,11 @@ def test_a_core_module_importing_a_command_fails(package_copy):
 def test_a_core_module_importing_loading_fails(package_copy):
     (package_copy / "core" / "bad.py").write_text("from posym import loading\n")
     assert layer_violations(import_graph(package_copy)) == ["posym.core.bad imports posym.loading"]
+
+
+def test_a_late_import_is_found(package_copy):
+    (package_copy / "commands" / "late.py").write_text("def f():\n    from posym import io\n")
+    assert late_posym_imports(package_copy) == ["posym.commands.late:2"]
 
 
 def test_a_cycle_hidden_by_a_late_import_is_found(package_copy):

@@ -62,7 +62,7 @@ def test_prompt_longer_than_positions_exit_2(models, capsys, monkeypatch):
 
 def test_missing_dir_and_bad_options(models, tmp_path):
     with pytest.raises(PosymError, match="config.json"):
-        llm.check_model_dir(tmp_path)
+        loading.check_model_dir(tmp_path)
     with pytest.raises(PosymError, match="float32 or bfloat16"):
         loading.load_hf_model(models["llama"], dtype="float16")
     with pytest.raises(PosymError, match="LAYER.HEAD"):

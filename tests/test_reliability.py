@@ -314,7 +314,7 @@ def test_train_killed_then_resumed_equals_uninterrupted(zoo, tmp_path, point, de
 def test_train_killed_between_last_checkpoint_and_metrics_resumes_complete(zoo, tmp_path, monkeypatch):
     """The narrowest window, hit deterministically: the final checkpoint is on disk, metrics.parquet
     not yet rewritten (a BaseException stands in for SIGKILL; nothing may catch it)."""
-    import posym.core.train as train_module
+    import posym.commands.train as train_module
 
     class Killed(BaseException):
         pass
@@ -546,7 +546,7 @@ def test_enospc_while_streaming_scores(zoo, tmp_path, capsys, monkeypatch):
 
 
 def test_enospc_during_a_checkpoint_then_resume_is_exact(zoo, tmp_path, monkeypatch):
-    import posym.core.train as train_module
+    import posym.commands.train as train_module
 
     original = train_module._save_trainer_state
 

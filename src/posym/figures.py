@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from posym.io import atomic_path
+
 
 def pyplot():
     """matplotlib.pyplot on the headless Agg backend (no display needed)."""
@@ -25,8 +27,6 @@ def pyplot():
 
 def save_figure(fig, stem: str | os.PathLike, *, dpi: int = 120) -> list[Path]:
     """Write `fig` as stem.png and stem.svg atomically (tight bounding box), close it, return the paths."""
-    from posym.io import atomic_path
-
     paths = []
     for fmt in ("png", "svg"):
         path = Path(f"{stem}.{fmt}")

@@ -36,12 +36,8 @@ from posym.io import atomic_path, write_json
 # ---- posym checkpoints and run directories -------------------------------------------------------
 
 
-CHECKPOINTS = "checkpoints"
-
-
-CHECKPOINT_META = "posym.json"
-
-
+CHECKPOINTS = "checkpoints"  # <run>/checkpoints/step-%08d/
+CHECKPOINT_META = "posym.json"  # what posym adds next to the weights of a checkpoint
 _CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
 
 
@@ -174,8 +170,6 @@ def load_checkpoint(
 
 # Model types whose Hugging Face implementation applies rotary embeddings inside attention.
 ROPE_MODEL_TYPES = ("gptj", "gpt_neox", "llama", "mistral", "qwen2")
-
-
 # Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 

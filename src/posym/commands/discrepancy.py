@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pandas as pd
-
 from posym.commands import lengthgen
 from posym.core.discrepancy import head_gaps, summarize_gaps
 from posym.errors import PosymError
@@ -58,6 +56,8 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     gaps.parquet, discrepancy.parquet (summary), discrepancy.json and fig_discrepancy PNG + SVG to out_dir (default RUN_DIR/discrepancy); returns the JSON dict
     plus "summary" (the discrepancy.parquet frame) and "out_dir".
     """
+    import pandas as pd
+
     if queries not in ("last", "hops", "all"):
         raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
     # gaps come from queries and keys (posym.core.qk), never from attention weights: the fast kernel serves

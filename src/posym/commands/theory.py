@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-import torch
-
 from posym.configs import to_dict
 from posym.core.constructions import construction_scores, index_head, multihop, retrieval_head, with_beta
 from posym.core.tasks import generate, task_config
@@ -47,6 +44,9 @@ def plot_discrepancy(curves: list[dict], path_stem) -> list:
 def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
     """Verify, score and plot; write theory.parquet, discrepancy.parquet, theory.json and fig5a.png/svg
     into `out_dir`. `progress(step_name)` is called before each step. Returns the JSON summary."""
+    import pandas as pd
+    import torch
+
     step = progress or (lambda name: None)
     out_dir = Path(out_dir)
     step("verifying the constructions at every length")
