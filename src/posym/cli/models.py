@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, progress_bar
+from posym.cli import app, parse_head_pairs, progress_bar
 from posym.cli.options import (Device, Dtype, Focus, OnOffBoth, Task, announce, device_option, list_option,
                                n_option, path_argument, values)
 
@@ -39,11 +39,12 @@ def llm_scores_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
 ) -> None:
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
-    from posym import llm
+    from posym import loading
+    from posym.commands import llm
 
     query, dtype = str(query), str(dtype)
-    loaded = llm.load_model(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
-    chosen = llm.prompt_set(prompts, text=text, n=n, size=size, seed=seed)
+    loaded = loading.load_hf_model(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
+    chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
     heads = ",".join(values(heads, option="--heads")) or None
     print(announce(path, None, query))
@@ -52,7 +53,7 @@ def llm_scores_cmd(
                 "dtype": dtype}
     bar, advance = progress_bar(len(chosen), "scoring prompts")
     with bar:
-        result = llm.write_scores(loaded, chosen, out, query=query, heads=llm.parse_heads(heads), tau=tau,
+        result = llm.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
                                   settings=settings, progress=advance)
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
 
@@ -82,7 +83,7 @@ def llm_bench_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-bench/<model>)."),
 ) -> None:
     """Appendix H accuracy (1-hop number/letter tasks, 3 worked examples) with the paper's Table 3 beside."""
-    from posym import bench
+    from posym.commands import bench
 
     markers, dtype = str(markers), str(dtype)
     variants = bench.MARKER_CHOICES[markers]

@@ -119,7 +119,7 @@ def device_option(what: str = ""):
 
 def device_of(device: Device) -> str:
     """The torch device an --device value names ('auto' resolved)."""
-    from posym.model import resolve_device
+    from posym.core.model import resolve_device
 
     return resolve_device(str(device))
 

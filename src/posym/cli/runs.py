@@ -42,7 +42,7 @@ def run_command(
     from rich.live import Live
     from rich.table import Table
 
-    from posym import pipeline, report
+    from posym.commands import pipeline, report
 
     flags = {"preset": preset and str(preset), "tasks": values(task, option="--task", choices=Task) or None,
              "device": device and str(device), "workers": workers}
@@ -74,7 +74,7 @@ def report_command(
 ) -> None:
     """One self-contained HTML page (figures inline, opens offline) with the analogues of the paper's
     Fig. 2, 4B, 5A/B, 6, 7, 8 and Tables 1 and 3, plus every figure as PNG and SVG."""
-    from posym import report
+    from posym.commands import report
 
     html_path = report.build_report(paths, out or Path(paths[0]).resolve().parent / "report", title=title)
     print(f"report: {html_path}")
@@ -103,7 +103,7 @@ def sweep_command(
         importlib.import_module("ray")  # the [sweep] extra
     except ImportError:
         raise PosymError("posym sweep runs on Ray, which is not installed: pip install 'posym-rope[sweep]'") from None
-    from posym import sweep
+    from posym.commands import sweep
 
     cfg = sweep.load_sweep(config)
     console = Console()
@@ -185,7 +185,7 @@ def ablate_command(
     from rich.status import Status
     from transformers.utils import logging as hf_logging
 
-    from posym.interventions_run import run_ablation
+    from posym.commands.interventions import run_ablation
 
     hf_logging.disable_progress_bar()
     out = out or Path(path) / "ablation"
@@ -228,7 +228,7 @@ def finetune_command(
     from rich.status import Status
     from transformers.utils import logging as hf_logging
 
-    from posym.interventions_run import run_finetune
+    from posym.commands.interventions import run_finetune
 
     hf_logging.disable_progress_bar()
     out = out or Path(path) / "finetune"

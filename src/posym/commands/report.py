@@ -7,17 +7,24 @@ Inputs are directories other commands wrote, recognised by their files:
 - an llm-bench directory (table.md and summary.parquet; posym llm-bench) for Table 3.
 Nothing is recomputed: the page shows what the Parquet/JSON/figure files hold, and names the command
 that would fill any gap. Figures are embedded as base64 PNG (no external CSS, JS, fonts or images),
-so the page opens offline; the PNG and SVG files are copied next to it under figures/.
+so the page opens offline; the PNG and SVG files are copied next to it under figures/. This module
+gathers plain data (sections, tables, figures, provenance); the Jinja2 template
+posym/templates/report.html.j2 lays it out (autoescaped).
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import json
+import os
+import platform
 import shutil
 from pathlib import Path
 
+import posym
 from posym import io
+from posym.core.geometry import PAPER_TABLE1
 from posym.errors import PosymError
 
 # Pure heads at gamma = 0.1 of the paper's 12-layer models (arXiv 2605.31558, Fig. 2B / 7).
@@ -226,8 +233,6 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
 
 
 def _paper_table1(task: str) -> list[int]:
-    from posym.geometry import PAPER_TABLE1
-
     return PAPER_TABLE1[task]
 
 
@@ -290,12 +295,6 @@ def _bench_section(bench_dir: Path, out_dir: Path, k: int) -> dict:
 
 def _provenance(summaries: list[dict]) -> dict[str, str]:
     """What a reader needs to trust or redo the page: versions, config hashes, seeds, date, machine."""
-    import datetime
-    import os
-    import platform
-
-    import posym
-
     epoch = os.environ.get("SOURCE_DATE_EPOCH")  # reproducible builds: a fixed date gives identical bytes
     now = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch
            else datetime.datetime.now(datetime.timezone.utc))
