@@ -81,7 +81,7 @@ def test_cli_writes_both_formats(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--task", "word"], "'word' is not one of 'number', 'letter'"),
-    (["--n", "-3"], "'--n': -3 is not in the range x>=1"),
+    (["--n", "-3"], "Invalid value for '--n': Input should be greater than or equal to 1"),
     (["--format", "csv"], "'csv' is not one of 'parquet', 'jsonl', 'npz'"),
     (["--split", "dev"], "'dev' is not one of 'train', 'val', 'test'"),
     (["--task", "letter", "--alphabet-size", "4"], "needs max_hops"),
