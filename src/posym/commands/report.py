@@ -218,7 +218,7 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
         "Fig. 7": f"Ours (end, hop queries): positional {s['positional']}, symbolic {s['symbolic']}.",
         "Fig. 8 / Table 1": f"Ours: {', '.join(str(v) for v in s['weighted_id'] or [])} "
                             f"({s['layers']} layers{f', {planes} planes' if planes else ''}).",
-        "Fig. 5B": f"Ours: {lengthgen_headline(s['lengthgen'])}.",
+        "Fig. 5B": f"Ours: {lengthgen_headline(s['lengthgen'])}." if s["lengthgen"] else "",
         "Theorem 3.2 on trained heads": _discrepancy_numbers(run_dir),
     }
     items = []
