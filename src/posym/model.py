@@ -163,13 +163,12 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 def read_checkpoint_meta(checkpoint_dir: str | Path) -> dict | None:
     """The `posym.json` of a checkpoint (step, task, model, metrics), or None if it has none."""
+    from posym.io import read_json_object
+
     path = Path(checkpoint_dir) / CHECKPOINT_META
     if not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        raise PosymError(f"{path} is not valid JSON") from None
+    return read_json_object(path)
 
 
 def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, Path | None]:
@@ -216,11 +215,25 @@ def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     missing tensors) answered with one PosymError line naming `path` (shared by posym.model and posym.llm)."""
     from safetensors import SafetensorError
 
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers' multi-line load report; the check below says it in one line
     try:
-        return loader.from_pretrained(path, **kwargs)
+        model, report = loader.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PosymError(f"cannot load the model in {path}: {first}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    # weights that config.json does not describe would be randomly initialised or silently dropped
+    for kind, what in (("missing_keys", "missing from"), ("unexpected_keys", "unexpected in"),
+                       ("mismatched_keys", "of another shape in")):
+        keys = sorted(k if isinstance(k, str) else k[0] for k in report.get(kind) or ())
+        if keys:
+            raise PosymError(f"config.json of {path} does not match its weights: {len(keys)} tensors are {what} the "
+                             f"weights file (first: {keys[0]}); was config.json edited or copied from another model?")
+    return model
 
 
 def load_model(

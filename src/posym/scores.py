@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from posym.errors import PosymError
+from posym.io import quote
 from posym.qk import HeadQK, capture, check_layers, check_prompt, rotate
 
 
@@ -309,14 +310,18 @@ def jsonl_records(path) -> list[tuple[int, object]]:
     path = Path(path)
     if not path.is_file():
         raise PosymError(f"prompt file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PosymError(f"prompt file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)") from None
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             records.append((number, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise PosymError(f"{path} line {number} is not valid JSON ({exc.msg})") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer beyond Python's digit limit
+            raise PosymError(f"{path} line {number} is not valid JSON ({getattr(exc, 'msg', exc)})") from None
     if not records:
         raise PosymError(f"prompt file {path} holds no prompts")
     return records
@@ -329,13 +334,15 @@ def read_prompts(path, model) -> list[dict]:
     prompts = []
     for number, record in jsonl_records(path):
         where = f"{path} line {number}"
-        if not isinstance(record, dict) or "input_ids" not in record:
+        if not isinstance(record, dict) or record.get("input_ids") is None:
             raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list")
         fields = {}
         for key in ("input_ids", "queries", "chain"):
             value = record.get(key)
             if value is not None and (not isinstance(value, list) or not all(type(v) is int for v in value)):
                 raise PosymError(f"{where}: {key} must be a list of integers")
+            if value is not None and not all(-2**63 <= v < 2**63 for v in value):  # beyond any tensor's integers
+                raise PosymError(f"{where}: {key} holds an integer out of range ({quote(max(value, key=abs))})")
             fields[key] = value
         ids = check_prompt(model, fields["input_ids"], where)
         if fields["queries"] is not None:

@@ -92,6 +92,9 @@ class TrainConfig:
             raise PosymError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.threads is not None and self.threads < 1:
             raise PosymError(f"threads must be a positive integer or null, got {self.threads}")
+        if self.model.n_positions < self.task.seq_len:
+            raise PosymError(f"model.n_positions ({self.model.n_positions}) must cover the task's "
+                             f"{self.task.seq_len}-token sequences")
 
 
 def _paper(task: TaskConfig) -> TrainConfig:
@@ -142,6 +145,55 @@ def resolve_config(
     if overrides:
         config = override(config, overrides)
     return config
+
+
+def memory_estimate(config: TrainConfig) -> int:
+    """Bytes training needs at least: float32 weights, gradients and AdamW's two moments, GPT-J's
+    rotary table (one per layer), the activations one training batch keeps for backward and those of
+    one evaluation batch. A lower bound (allocator slack and framework buffers come on top)."""
+    m, t = config.model, config.task
+    width, layers, seq = m.n_embd, m.n_layer, t.seq_len
+    params = (2 * t.vocab_size * width + layers * ((4 + 2 * m.mlp_ratio) * width * width + (m.mlp_ratio + 3) * width)
+              + 2 * width)
+    rotary = layers * m.n_positions * m.resolved_rotary_dim
+    activations = config.batch_size * seq * layers * ((8 + 2 * m.mlp_ratio) * width + 2 * m.n_head * seq)
+    evaluation = config.eval_batch_size * seq * ((4 + m.mlp_ratio) * width + m.n_head * seq)
+    return 4 * (4 * params + rotary + activations + evaluation)
+
+
+def machine_memory(device: str) -> int:
+    """Bytes of memory on `device`: the GPU's, else physical RAM (or the cgroup limit, if lower)."""
+    import os
+
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        return min(total, int(limit)) if limit.isdigit() else total
+    except OSError:
+        return total
+
+
+def check_resources(config: TrainConfig) -> str:
+    """Refuse (before anything is created) a config this machine cannot train: more memory than it has
+    or more threads than CPU cores. Returns the resolved device."""
+    import os
+
+    device = resolve_device(config.device)
+    cores = os.cpu_count() or 1
+    if config.threads is not None and config.threads > cores:
+        raise PosymError(f"threads: {config.threads} is more than this machine's {cores} CPU cores; "
+                         f"use at most {cores} (or null for torch's default)")
+    need, have = memory_estimate(config), machine_memory(device)
+    if need > have:
+        m = config.model
+        raise PosymError(f"this config needs at least {need / 2**30:,.1f} GiB to train (n_layer {m.n_layer}, n_embd "
+                         f"{m.n_embd}, n_positions {m.n_positions}, batch_size {config.batch_size}), more than the "
+                         f"{have / 2**30:,.1f} GiB of {device} memory here")
+    return device
 
 
 # ---- maths: schedule, loss, evaluation ---------------------------------------------------------
@@ -286,6 +338,49 @@ def _load_trainer_state(directory: Path, optimizer) -> int:
     return int(meta["step"])
 
 
+def _restore(model, optimizer, ckpt: Path, device: str) -> None:
+    """Load a checkpoint's weights and trainer state; a damaged file raises `_Damaged(file, reason)`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    steps = [(ckpt / "model.safetensors", lambda f: model.load_state_dict(load_file(str(f), device=device))),
+             (ckpt / TRAINER_JSON, lambda f: io.read_json_object(f)["param_groups"]),
+             (ckpt / TRAINER_TENSORS, lambda f: _load_trainer_state(ckpt, optimizer))]
+    for path, load in steps:
+        try:
+            load(path)
+        except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError, SafetensorError, PosymError) as exc:
+            raise _Damaged(path, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
+
+
+class _Damaged(Exception):
+    """A checkpoint file that cannot be read back (path, reason)."""
+
+
+def _resume_point(run_dir: Path, resumable: list[tuple[int, Path]], model, optimizer, device: str) -> tuple[int, Path]:
+    """Restore the newest resumable checkpoint; if one of its files is damaged, one PosymError naming the
+    file and the newest checkpoint that does load (the one to resume from once the damaged one is moved away)."""
+    step, ckpt = resumable[-1]
+    try:
+        _restore(model, optimizer, ckpt, device)
+        return step, ckpt
+    except _Damaged as damaged:
+        path, reason = damaged.args
+    intact = None
+    for _, older in reversed(resumable[:-1]):
+        try:
+            _restore(model, optimizer, older, device)
+            intact = older
+            break
+        except _Damaged:
+            continue
+    offer = (f"the newest intact checkpoint is {intact.name}: move {ckpt} (and any checkpoint after "
+             f"{intact.name}) out of {ckpt.parent}, then resume again" if intact is not None else
+             "no other checkpoint keeps its trainer state (set keep_trainer_state: true to keep them), so the run "
+             "cannot continue exactly; start it again")
+    raise PosymError(f"cannot resume {run_dir}: {path} is damaged ({reason}); {offer}")
+
+
 # ---- the loop -----------------------------------------------------------------------------------
 
 
@@ -334,8 +429,9 @@ def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):
     return np.concatenate([first.input_ids, rest.input_ids]), np.concatenate([first.answer, rest.answer])
 
 
-def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
-    """Check the run directory; write config.yaml and manifest.json for a new run."""
+def _run_config(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
+    """The config of the run: `config` for a new run, the run's config.yaml (which `config`, if given,
+    must equal) to resume. Reads only."""
     config_path = run_dir / "config.yaml"
     if resume:
         if not config_path.is_file():
@@ -346,11 +442,17 @@ def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) ->
         return stored
     if config is None:
         raise PosymError("a config is needed to start a new run")
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+    if run_dir.exists() and (not run_dir.is_dir() or any(p.name != io.LOCK for p in run_dir.iterdir())):
         raise PosymError(f"{run_dir} already exists and is not empty; pass --resume or choose another --out")
-    io.write_yaml(config_path, to_dict(config))
-    io.write_json(run_dir / "manifest.json", io.manifest(to_dict(config), seed=config.seed))
     return config
+
+
+def _kept(run_dir: Path) -> str:
+    """The Ctrl-C line of `posym train`: what is on disk and how to continue."""
+    steps = [s for s, _ in list_checkpoints(run_dir)]
+    if not steps:
+        return f"no checkpoint was finished in {run_dir}; `posym train --resume {run_dir}` starts it again"
+    return f"kept checkpoints up to step {steps[-1]} in {run_dir}; `posym train --resume {run_dir}` continues from there"
 
 
 def train(
@@ -364,15 +466,25 @@ def train(
     still decays towards max_steps), so a later resume continues the very same run: the way to train
     the 6,000-step `paper` preset on a CPU up to its maximal accuracy, or in pieces.
     """
-    import pandas as pd
-    import torch
-
     if stop_at is not None and stop_at < 1:
         raise PosymError(f"--stop-at must be a positive step, got {stop_at}")
     run_dir = Path(run_dir)
-    config = _prepare_run_dir(config, run_dir, resume)
+    config = _run_config(config, run_dir, resume)
+    device = check_resources(config)  # before the run directory exists: a refused config leaves nothing
+    with io.locked(run_dir), io.interruptible(lambda: _kept(run_dir)):
+        if not resume:
+            _run_config(config, run_dir, resume)  # again, under the lock: nobody started it meanwhile
+            io.write_yaml(run_dir / "config.yaml", to_dict(config))
+            io.write_json(run_dir / "manifest.json", io.manifest(to_dict(config), seed=config.seed))
+        return _train(config, run_dir, resume, progress, stop_at, device)
+
+
+def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, stop_at: int | None, device: str) -> Path:
+    """The body of `train`, run under the run directory's lock."""
+    import pandas as pd
+    import torch
+
     chash = io.config_hash(to_dict(config))
-    device = resolve_device(config.device)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     task = config.task
@@ -391,13 +503,10 @@ def train(
         for leftover in [*run_dir.glob(".*.tmp-*"), *run_dir.glob(f"{CHECKPOINTS}/.*")]:
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     if resume and resumable:
-        from safetensors.torch import load_file
-
         step, ckpt = resumable[-1]
         if stop_at is not None and step >= end:
             raise PosymError(f"{run_dir} is already at step {step}; nothing to do before step {end}")
-        model.load_state_dict(load_file(str(ckpt / "model.safetensors"), device=device))
-        _load_trainer_state(ckpt, optimizer)
+        step, ckpt = _resume_point(run_dir, resumable, model, optimizer, device)
         rows = [read_checkpoint_meta(p)["metrics"] for s, p in list_checkpoints(run_dir) if s <= step]
         log_lines.append(f"resumed at step {step} from {ckpt.name}")
     else:
