@@ -178,23 +178,30 @@ def _post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, 
     parts = urllib.parse.urlsplit(url)
     connection = (http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection)(
         parts.hostname, parts.port, timeout=timeout_s)
-    expired = threading.Event()
+    expired, sockets = threading.Event(), []  # the socket itself: a closing reply detaches it from the connection
 
     def expire() -> None:
         expired.set()
-        if connection.sock is not None:
+        for sock in sockets:
             try:
-                connection.sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
     timer = threading.Timer(timeout_s, expire)
     timer.start()
     try:
+        connection.connect()
+        sockets.append(connection.sock)
+        if expired.is_set():
+            raise TimeoutError
         connection.request("POST", parts.path + (f"?{parts.query}" if parts.query else ""), body, headers)
         reply = connection.getresponse()
-        return reply.status, reply.reason, reply.read(MAX_REPLY_BYTES)
-    except (OSError, http.client.HTTPException) as exc:
+        data = reply.read(MAX_REPLY_BYTES)
+        if expired.is_set():  # the shutdown ended the read early: what came is only part of the reply
+            raise TimeoutError
+        return reply.status, reply.reason, data
+    except (OSError, http.client.HTTPException) as exc:  # TimeoutError is an OSError
         if expired.is_set():
             raise TimeoutError(f"no whole reply within {timeout_s:g} s") from None
         raise OSError(str(exc) or type(exc).__name__) from None

@@ -157,6 +157,11 @@ def _overlap(output: Path, is_dir: bool, source: Path) -> Path | None:
             return source
         return next((source / e for e in os.listdir(source) if inside(source / e)), None)
     if source.is_dir() and _is_run_dir(source):
+        checkpoints = source / "checkpoints"
+        if checkpoints in output.parents:  # inside one checkpoint: that checkpoint's (model directory) rule
+            checkpoint = checkpoints / output.relative_to(checkpoints).parts[0]
+            if checkpoint != output and _is_model_dir(checkpoint):
+                return _overlap(output, is_dir, checkpoint)
         return next((source / name for name in RUN_FILES if inside(source / name)), None)
     return source if inside(source) else None
 

@@ -340,11 +340,13 @@ def _load_trainer_state(directory: Path, optimizer) -> int:
 
 def _restore(model, optimizer, ckpt: Path, device: str) -> None:
     """Load a checkpoint's weights and trainer state; a damaged file raises `_Damaged(file, reason)`."""
+    import json
+
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     steps = [(ckpt / "model.safetensors", lambda f: model.load_state_dict(load_file(str(f), device=device))),
-             (ckpt / TRAINER_JSON, lambda f: io.read_json_object(f)["param_groups"]),
+             (ckpt / TRAINER_JSON, lambda f: json.loads(f.read_text(encoding="utf-8"))["param_groups"]),
              (ckpt / TRAINER_TENSORS, lambda f: _load_trainer_state(ckpt, optimizer))]
     for path, load in steps:
         try:
@@ -374,11 +376,11 @@ def _resume_point(run_dir: Path, resumable: list[tuple[int, Path]], model, optim
             break
         except _Damaged:
             continue
-    offer = (f"the newest intact checkpoint is {intact.name}: move {ckpt} (and any checkpoint after "
+    offer = (f"the newest intact checkpoint is {intact.name}: move {ckpt.name} (and any checkpoint after "
              f"{intact.name}) out of {ckpt.parent}, then resume again" if intact is not None else
              "no other checkpoint keeps its trainer state (set keep_trainer_state: true to keep them), so the run "
              "cannot continue exactly; start it again")
-    raise PosymError(f"cannot resume {run_dir}: {path} is damaged ({reason}); {offer}")
+    raise PosymError(f"cannot resume {run_dir}: {path.relative_to(run_dir)} is damaged ({reason[:120]}); {offer}")
 
 
 # ---- the loop -----------------------------------------------------------------------------------
@@ -451,7 +453,7 @@ def _kept(run_dir: Path) -> str:
     """The Ctrl-C line of `posym train`: what is on disk and how to continue."""
     steps = [s for s, _ in list_checkpoints(run_dir)]
     if not steps:
-        return f"no checkpoint was finished in {run_dir}; `posym train --resume {run_dir}` starts it again"
+        return f"no checkpoint was finished, so nothing was kept in {run_dir}; the same command starts it again"
     return f"kept checkpoints up to step {steps[-1]} in {run_dir}; `posym train --resume {run_dir}` continues from there"
 
 
@@ -472,11 +474,18 @@ def train(
     config = _run_config(config, run_dir, resume)
     device = check_resources(config)  # before the run directory exists: a refused config leaves nothing
     with io.locked(run_dir), io.interruptible(lambda: _kept(run_dir)):
-        if not resume:
-            _run_config(config, run_dir, resume)  # again, under the lock: nobody started it meanwhile
-            io.write_yaml(run_dir / "config.yaml", to_dict(config))
-            io.write_json(run_dir / "manifest.json", io.manifest(to_dict(config), seed=config.seed))
-        return _train(config, run_dir, resume, progress, stop_at, device)
+        if resume:
+            return _train(config, run_dir, resume, progress, stop_at, device)
+        _run_config(config, run_dir, resume)  # again, under the lock: nobody started it meanwhile
+        started = [io.write_yaml(run_dir / "config.yaml", to_dict(config)),
+                   io.write_json(run_dir / "manifest.json", io.manifest(to_dict(config), seed=config.seed))]
+        try:
+            return _train(config, run_dir, resume, progress, stop_at, device)
+        except BaseException:
+            if not list_checkpoints(run_dir):  # a start that failed before its first checkpoint blocks nothing
+                for path in [*started, run_dir / "train.log", run_dir / "metrics.parquet", run_dir / CHECKPOINTS]:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            raise
 
 
 def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, stop_at: int | None, device: str) -> Path:
