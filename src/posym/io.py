@@ -147,23 +147,25 @@ def _is_run_dir(path: Path) -> bool:
 def _overlap(output: Path, is_dir: bool, source: Path) -> Path | None:
     """The part of input `source` that `output` (resolved) would be or lie inside, or None.
 
-    A model directory (config.json) is read whole: an output may not be it, replace or lie inside any of
-    its entries, or be a file directly in it (loaders read every file there); a new subdirectory is fine.
-    A run directory (config.yaml, checkpoints/) is read through RUN_FILES: outputs beside them are fine
-    (the analyses' defaults, RUN/analysis, RUN/lengthgen). Any other input is protected whole."""
+    A file input is protected whole. A run directory (config.yaml, checkpoints/) is read through RUN_FILES:
+    outputs beside them are fine (the analyses' defaults, RUN/analysis, RUN/lengthgen). Any other input
+    directory (a model directory, a theory or llm-bench output) is read as its files: an output may not be
+    it, replace or lie inside any of its entries, or be a file directly in it (loaders read every file
+    there); a new subdirectory is fine."""
     inside = lambda guarded: output == guarded or guarded in output.parents  # noqa: E731
-    if source.is_dir() and _is_model_dir(source):
-        if output == source or (output.parent == source and not is_dir):
-            return source
-        return next((source / e for e in os.listdir(source) if inside(source / e)), None)
-    if source.is_dir() and _is_run_dir(source):
+    if not source.is_dir():
+        return source if inside(source) else None
+    if _is_run_dir(source) and not _is_model_dir(source):
         checkpoints = source / "checkpoints"
         if checkpoints in output.parents:  # inside one checkpoint: that checkpoint's (model directory) rule
             checkpoint = checkpoints / output.relative_to(checkpoints).parts[0]
             if checkpoint != output and _is_model_dir(checkpoint):
                 return _overlap(output, is_dir, checkpoint)
         return next((source / name for name in RUN_FILES if inside(source / name)), None)
-    return source if inside(source) else None
+    # a model directory, or any other input directory (a theory or llm-bench output): read as its files
+    if output == source or (output.parent == source and not is_dir):
+        return source
+    return next((source / e for e in os.listdir(source) if inside(source / e)), None)
 
 
 def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bool = False,
@@ -209,7 +211,10 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
         raise PosymError(f"cannot create directory {directory}: {exc.strerror}") from None
     path = directory / LOCK
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise PosymError(f"cannot lock {directory}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -96,7 +96,7 @@ def resolve_pipeline(config_file: str | Path | None = None, overrides: dict | No
     data: dict[str, Any] = io.read_yaml(config_file) if config_file is not None else {}
     data.update(overrides or {})
     config = from_dict(PipelineConfig, data, where=str(config_file or "pipeline config"))
-    from posym.train import check_resources
+    from posym.resources import check_resources
 
     for task in config.tasks:
         check_resources(train_config(config, task))

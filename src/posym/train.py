@@ -28,8 +28,8 @@ from posym.model import (
     checkpoint_name,
     list_checkpoints,
     read_checkpoint_meta,
-    resolve_device,
 )
+from posym.resources import check_resources
 from posym.tasks import SPLIT_SIZES, TaskConfig, generate, task_config
 
 TRAINER_TENSORS = "trainer_state.safetensors"
@@ -145,55 +145,6 @@ def resolve_config(
     if overrides:
         config = override(config, overrides)
     return config
-
-
-def memory_estimate(config: TrainConfig) -> int:
-    """Bytes training needs at least: float32 weights, gradients and AdamW's two moments, GPT-J's
-    rotary table (one per layer), the activations one training batch keeps for backward and those of
-    one evaluation batch. A lower bound (allocator slack and framework buffers come on top)."""
-    m, t = config.model, config.task
-    width, layers, seq = m.n_embd, m.n_layer, t.seq_len
-    params = (2 * t.vocab_size * width + layers * ((4 + 2 * m.mlp_ratio) * width * width + (m.mlp_ratio + 3) * width)
-              + 2 * width)
-    rotary = layers * m.n_positions * m.resolved_rotary_dim
-    activations = config.batch_size * seq * layers * ((8 + 2 * m.mlp_ratio) * width + 2 * m.n_head * seq)
-    evaluation = config.eval_batch_size * seq * ((4 + m.mlp_ratio) * width + m.n_head * seq)
-    return 4 * (4 * params + rotary + activations + evaluation)
-
-
-def machine_memory(device: str) -> int:
-    """Bytes of memory on `device`: the GPU's, else physical RAM (or the cgroup limit, if lower)."""
-    import os
-
-    if device == "cuda":
-        import torch
-
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        return min(total, int(limit)) if limit.isdigit() else total
-    except OSError:
-        return total
-
-
-def check_resources(config: TrainConfig) -> str:
-    """Refuse (before anything is created) a config this machine cannot train: more memory than it has
-    or more threads than CPU cores. Returns the resolved device."""
-    import os
-
-    device = resolve_device(config.device)
-    cores = os.cpu_count() or 1
-    if config.threads is not None and config.threads > cores:
-        raise PosymError(f"threads: {config.threads} is more than this machine's {cores} CPU cores; "
-                         f"use at most {cores} (or null for torch's default)")
-    need, have = memory_estimate(config), machine_memory(device)
-    if need > have:
-        m = config.model
-        raise PosymError(f"this config needs at least {need / 2**30:,.1f} GiB to train (n_layer {m.n_layer}, n_embd "
-                         f"{m.n_embd}, n_positions {m.n_positions}, batch_size {config.batch_size}), more than the "
-                         f"{have / 2**30:,.1f} GiB of {device} memory here")
-    return device
 
 
 # ---- maths: schedule, loss, evaluation ---------------------------------------------------------
