@@ -29,9 +29,11 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from posym import bench, io
+from posym import io
+from posym.commands import bench
+from posym.commands.train import resolve_config, train
 from posym.errors import PosymError
-from posym.model import list_checkpoints, load_model
+from posym.loading import list_checkpoints, load_checkpoint
 
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
@@ -45,8 +47,6 @@ TRAIN = {"task": {"target_size": 4, "pretarget_size": 3, "max_hops": 2, "alphabe
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     """A 16-step run whose every checkpoint keeps its trainer state, and its config file."""
-    from posym.train import resolve_config, train
-
     root = tmp_path_factory.mktemp("guards")
     io.write_yaml(root / "train.yaml", {**TRAIN, "max_steps": 16, "checkpoint_every": 8, "keep_trainer_state": True})
     io.write_yaml(root / "full.yaml", TRAIN)
@@ -179,8 +179,6 @@ def interrupted(code: int, err: str, *needles: str) -> None:
 
 
 def test_ctrl_c_during_train_exits_130_says_what_was_kept_and_resume_continues(runs, tmp_path):
-    from posym.train import train
-
     out = tmp_path / "run"
     proc = start(["train", "--config", runs / "full.yaml", "--out", out, "--no-progress"], tmp_path)
     code, err = interrupt_when(proc, lambda: (out / "checkpoints" / "step-00000004").exists())
@@ -244,7 +242,7 @@ def test_config_json_that_disagrees_with_the_weights_is_one_line(runs, tmp_path,
     config = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(PosymError, match="config.json of .* does not match its weights"):
-        load_model(ckpt)
+        load_checkpoint(ckpt)
     code, err = cli(capsys, monkeypatch, "score", "--model", ckpt, "--n-prompts", 2, "--out", tmp_path / "s.parquet")
     one_line(code, err, "does not match its weights")
 
@@ -276,7 +274,7 @@ def test_resume_from_a_damaged_checkpoint_names_the_file_and_the_newest_intact_o
     shutil.move(latest, tmp_path / latest.name)  # as the message offers
     code, err = cli(capsys, monkeypatch, "train", "--resume", run, "--no-progress")
     assert code == 0, err
-    assert [s for s, _ in list_checkpoints(run)][-1] == 16 and load_model(run)[1]["step"] == 16
+    assert [s for s, _ in list_checkpoints(run)][-1] == 16 and load_checkpoint(run)[1]["step"] == 16
 
 
 def test_resume_without_any_intact_trainer_state_says_so(runs, tmp_path, capsys, monkeypatch):
@@ -372,7 +370,7 @@ def test_impossible_pipeline_config_creates_nothing(tmp_path, capsys, monkeypatc
 
 
 def test_a_start_that_fails_before_its_first_checkpoint_blocks_nothing(runs, tmp_path, monkeypatch):
-    import posym.train as train_module
+    import posym.commands.train as train_module
 
     def broken(*args, **kwargs):
         raise PosymError("evaluation failed")

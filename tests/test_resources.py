@@ -3,9 +3,9 @@
 import pytest
 
 from posym.errors import PosymError
-from posym.model import ModelConfig, build_model
+from posym.commands.train import resolve_config
+from posym.core.model import ModelConfig, build_model
 from posym.resources import check_resources, memory_estimate, parameter_count
-from posym.train import resolve_config
 
 
 @pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=1, n_embd=32), dict(n_layer=3, n_head=4, n_embd=48, mlp_ratio=2),

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import yaml
 
+import posym
 from posym.errors import Interrupted, PosymError
 
 
@@ -364,8 +365,6 @@ def versions() -> dict[str, str]:
     import numpy
     import torch
     import transformers
-
-    import posym
 
     return {
         "python": sys.version.split()[0],

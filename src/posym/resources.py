@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from posym.errors import PosymError
-from posym.model import resolve_device
+from posym.core.model import resolve_device
 
 
 def parameter_count(model, vocab_size: int) -> int:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app
+from posym.cli import app, parse_list
 from posym.errors import PosymError
 
 
@@ -41,7 +41,8 @@ def run_command(
     from rich.live import Live
     from rich.table import Table
 
-    from posym import io, pipeline, report
+    from posym import io
+    from posym.commands import pipeline, report
 
     io.check_output(out, inputs=[config, bench], is_dir=True)
     flags = {"preset": preset, "tasks": task or None, "device": device, "workers": workers}
@@ -73,7 +74,8 @@ def report_command(
 ) -> None:
     """One self-contained HTML page (figures inline, opens offline) with the analogues of the paper's
     Fig. 2, 4B, 5A/B, 6, 7, 8 and Tables 1 and 3, plus every figure as PNG and SVG."""
-    from posym import io, report
+    from posym import io
+    from posym.commands import report
 
     io.check_output(out, inputs=paths, is_dir=True)
     html_path = report.build_report(paths, out or Path(paths[0]).resolve().parent / "report", title=title)
@@ -97,7 +99,8 @@ def sweep_command(
     from rich.progress import Progress
     from rich.table import Table
 
-    from posym import io, sweep
+    from posym import io
+    from posym.commands import sweep
 
     io.check_output(out, inputs=[config], is_dir=True)
     cfg = sweep.load_sweep(config)
@@ -180,12 +183,10 @@ def ablate_command(
     from rich.status import Status
     from transformers.utils import logging as hf_logging
 
-    from posym.interventions_run import run_ablation
-    from posym.llm import parse_list
+    from posym import io
+    from posym.commands.interventions import run_ablation
 
     hf_logging.disable_progress_bar()
-    from posym import io
-
     out = io.check_output(out or Path(path) / "ablation", inputs=[path], is_dir=True)
     io.check_output(save, inputs=[path], is_dir=True, option="--save")
     with Status("scoring heads") as status:
@@ -223,12 +224,10 @@ def finetune_command(
     from rich.status import Status
     from transformers.utils import logging as hf_logging
 
-    from posym.interventions_run import run_finetune
-    from posym.llm import parse_list
+    from posym import io
+    from posym.commands.interventions import run_finetune
 
     hf_logging.disable_progress_bar()
-    from posym import io
-
     out = io.check_output(out or Path(path) / "finetune", inputs=[path], is_dir=True)
     with Status("scoring heads") as status:
         result = run_finetune(path, freeze, out, step=step, steps=steps, lr=lr, factors=parse_list(factors, int),

@@ -36,7 +36,9 @@ def data_command(
 ) -> None:
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
 
-    from posym import datasets, io, tasks
+    from posym import io
+    from posym.commands import datasets
+    from posym.core import tasks
 
     io.check_output(out)
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
@@ -68,7 +70,8 @@ def train_command(
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Train a GPT-J on a multi-hop task, saving checkpoints, metrics.parquet and train.log in a run directory."""
-    from posym import io, train
+    from posym import io
+    from posym.commands import train
 
     io.check_output(out, inputs=[config], is_dir=True)
     if resume is not None:
@@ -104,7 +107,8 @@ def eval_command(
     from rich.console import Console
     from rich.table import Table
 
-    from posym import io, train
+    from posym import io
+    from posym.commands import train
 
     io.check_output(out, inputs=[path])
     rows = train.evaluate_checkpoint(path, step=step, task=task, n=n, extra_targets=extra_target or [0],
