@@ -48,6 +48,7 @@ def score_command(
     from posym.configs import to_dict
     from posym.core import scores
 
+    io.check_output(out, inputs=[path, prompts])
     hf_model, info = loading.load_checkpoint(path, step=step, device=device_of(device))
     task_config = info["task_config"]
     queries = queries and str(queries)
@@ -97,10 +98,12 @@ def dynamics_command(
     from rich.console import Console
     from rich.table import Table
 
+    from posym import io
     from posym.commands import dynamics
     from posym.loading import list_checkpoints
 
     run_dir = path
+    io.check_output(out, inputs=[run_dir], is_dir=True)
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
     print(announce(run_dir, None, "hops and last") + f" (every checkpoint, {total})")
     bar, advance = progress_bar(total, "scoring checkpoints")
@@ -144,8 +147,10 @@ def geometry_command(
     (Table 1 / Fig. 8), per-plane positional/symbolic scores, and the q/k plane scatter (Fig. 4B)."""
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands import geometry
 
+    io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
     job = geometry.prepare(path, step=step, n_prompts=n, seed=seed, prompts=prompts, queries=str(queries),
                            tau=tau, device=device_of(device), out=out)
@@ -186,9 +191,11 @@ def theory_command(
     from rich.progress import Progress
     from rich.table import Table
 
+    from posym import io
     from posym.commands import theory
     from posym.core.theory import TheoryConfig
 
+    io.check_output(out, is_dir=True)
     config = TheoryConfig(n0=values(n0, int, option="--n0"), index_freq_id=index_freq_id,
                                  retrieval_freq_id=retrieval_freq_id,
                                  curve_freq_ids=values(curve_freq_id, int, option="--curve-freq-id"), alphabet_size=alphabet_size, eps=eps,
@@ -238,6 +245,7 @@ def lengthgen_command(
 
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands import lengthgen
 
     hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
@@ -246,7 +254,7 @@ def lengthgen_command(
     config = lengthgen.LengthGenConfig(lengths=values(lengths, int, option="--lengths"),
                                        factors=values(factors, int, option="--factors"), protocol=str(protocol),
                                        n=n, seed=seed, max_tokens=max_tokens, device=device_of(device))
-    out = out or Path(run_dir) / "lengthgen"
+    out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True)
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
         result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
@@ -289,8 +297,10 @@ def discrepancy_command(
     from rich.table import Table
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands import discrepancy
 
+    io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
     with Progress(transient=True) as bar:
         job = bar.add_task("measuring gaps (prompts)", total=None)

@@ -39,9 +39,10 @@ def llm_scores_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
 ) -> None:
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
-    from posym import loading
+    from posym import io, loading
     from posym.commands import llm
 
+    io.check_output(out, inputs=[path, prompts], is_dir=True)
     query, dtype = str(query), str(dtype)
     loaded = loading.load_hf_model(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
     chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
@@ -83,8 +84,10 @@ def llm_bench_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-bench/<model>)."),
 ) -> None:
     """Appendix H accuracy (1-hop number/letter tasks, 3 worked examples) with the paper's Table 3 beside."""
+    from posym import io
     from posym.commands import bench
 
+    io.check_output(out, inputs=[path], is_dir=True)
     markers, dtype = str(markers), str(dtype)
     variants = bench.MARKER_CHOICES[markers]
     task_list = values(task, option="--task", choices=Task)

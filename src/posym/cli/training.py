@@ -38,9 +38,11 @@ def data_command(
 ) -> None:
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
 
+    from posym import io
     from posym.commands import datasets
     from posym.core import tasks
 
+    io.check_output(out)
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
                  alphabet_size=alphabet_size, int_range=int_range, extra_target=extra_target)
     task, split, fmt = str(task), str(split), str(fmt)
@@ -72,8 +74,10 @@ def train_command(
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Train a GPT-J on a multi-hop task, saving checkpoints, metrics.parquet and train.log in a run directory."""
+    from posym import io
     from posym.commands import train
 
+    io.check_output(out, inputs=[config], is_dir=True)
     if resume is not None:
         given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
                                           ("--train-steps", train_steps), ("--device", device)) if value is not None]
@@ -109,6 +113,7 @@ def eval_command(
     from posym import io
     from posym.commands import train
 
+    io.check_output(out, inputs=[path])
     rows = train.evaluate_checkpoint(path, step=step, task=task and str(task), n=n, seed=seed, split=str(split),
                                      extra_targets=values(extra_target, int, option="--extra-target") or [0],
                                      device=device_of(device))
