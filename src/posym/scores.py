@@ -261,7 +261,7 @@ def write_scores(path, frames, sidecar: dict) -> int:
 
     from posym.io import atomic_path, write_json
 
-    schema = pa.schema([(c, pa.float64() if c in ("s_pos", "s_sym", "entropy") else pa.int64()) for c in COLUMNS])
+    schema = pa.schema([(c, pa.float64() if c in ("s_pos", "s_sym", "entropy", "bound") else pa.int64()) for c in COLUMNS])
     rows = 0
     with atomic_path(path) as tmp:
         with pq.ParquetWriter(tmp, schema) as writer:
