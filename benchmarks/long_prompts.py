@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from real_llm import gguf_path, load_smollm2, real_text_ids  # noqa: E402
 
 from posym.io import versions, write_json  # noqa: E402
-from posym.scores import score_model  # noqa: E402
+from posym.core.scores import score_model  # noqa: E402
 
 
 def _status(key: str) -> int:

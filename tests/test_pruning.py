@@ -12,9 +12,9 @@ import torch
 from reference_scores import reference_swap_scores
 from tiny_models import KINDS, random_prompts, tiny_model
 
-from posym import pruning
-from posym.qk import HeadQK
-from posym.scores import score_model
+from posym.core import pruning
+from posym.core.qk import HeadQK
+from posym.core.scores import score_model
 
 UNIT = HeadQK(q=None, k=None, cos=None, sin=None, pairing="half", scale=1.0)
 

@@ -8,10 +8,10 @@ import torch
 import transformers
 from tiny_models import KINDS, VOCAB, random_prompts, tiny_model
 
-from posym import geometry, swaps
+from posym.core import geometry, swaps
 from posym.errors import PosymError
-from posym.qk import HeadQK, head_qk, rotate
-from posym.swaps import query_batches
+from posym.core.qk import HeadQK, head_qk, rotate
+from posym.core.swaps import query_batches
 
 
 def _hand_made(softcap=None, seed=0, n=7, d=6):

@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from posym.errors import PosymError
-from posym import swaps
-from posym.qk import HeadQK
+from posym.core import swaps
+from posym.core.qk import HeadQK
 
 SPARSE_LIMIT = 0.25
 """A row is pruned when it keeps at most this fraction of its swaps; above it, dense is cheaper."""

@@ -1,83 +1,25 @@
-"""Discrepancy (Definition 3.1 of 2605) of the heads of trained and real models, by length.
+"""`posym discrepancy`: the gaps of every head by sequence length, as files (Definition 3.1 of 2605).
 
-Per input, a head's discrepancy at a query is the gap between its largest and second-largest
-attention logit over the keys the query sees (the pre-softmax logits the model itself computes,
-scale included). Theorem 3.2 says why positional heads stop generalizing: the best gap a purely
-positional (RoPE Index) head can keep shrinks like 2 pi^2 / n^2 as the sequence grows, while a
-symbolic (Retrieval) head's need not. This module measures that on any head the scores engine
-supports, from one forward pass per batch (the clean logits of the swapped-logit engine
-`posym.swaps`, never `output_attentions`: post-softmax weights underflow in trained models).
-
-Statistics per (layer, head, sequence length), as `posym.theory.gap_stats` for the constructions: `delta` =
-the minimum gap over inputs (the worst-case margin, the quantity Theorem 3.2 bounds; see
-`posym.theory`), `gap_max`, `gap_mean` and the 5 / 50 / 95 % quantiles. On trained heads the median
-is the telling curve: one unlucky input sets the minimum.
-
-- `head_gaps(model, input_ids, queries)`: one row per (prompt, query, layer, head): gap, top_key.
-- `summarize_gaps(frame)`: the statistics per (layer, head, sequence length).
-- `run_discrepancy(path, out_dir, ...)`: `posym discrepancy` (a posym run at several lengths via the
-  paper protocol's extra target tokens, or any model on a prompt file): Parquet, JSON, figure.
+The gaps themselves are `posym.core.discrepancy` (one forward pass per batch); this module loads
+the model (`posym.loading`), lengthens a posym task with the `posym lengthgen` protocol or reads a
+prompt file, and writes gaps.parquet, discrepancy.parquet, discrepancy.json and the figure.
 """
 
 from __future__ import annotations
 
-import torch
+import dataclasses
 
+from posym.commands import lengthgen
+from posym.core.discrepancy import head_gaps, summarize_gaps
 from posym.errors import PosymError
-from posym.swaps import clean_logits, scan
-from posym.theory import gap_stats
-
-GAP_COLUMNS = ("prompt", "query", "keys", "layer", "head", "gap", "top_key", "top_logit")
-
-
-def head_gaps(model, input_ids, queries=None, *, layers: list[int] | None = None, batch_size: int = 64,
-              progress=None):
-    """Largest minus second-largest attention logit of every head at every query (float64 maths).
-
-    input_ids: 1-D id sequences; queries: "last" (default), "all" or per prompt a list of positions
-    (see `posym.swaps.query_batches`). Returns a DataFrame with GAP_COLUMNS: keys = query + 1 (the
-    keys it sees), top_key = the position of its largest logit, top_logit that logit.
-    progress: optional callable(number of prompts just finished).
-    """
-    import pandas as pd
-
-
-    def layer_gaps(layer, qk, jobs):
-        found = []
-        heads = list(range(qk.q.shape[1]))
-        for p, rows in jobs.items():
-            logits = clean_logits(qk, torch.tensor(rows), heads, p)  # [G, H, n]
-            top = logits.topk(2, dim=-1)  # values, indices [G, H, 2]
-            gap = (top.values[..., 0] - top.values[..., 1]).tolist()  # [G][H]
-            key, best = top.indices[..., 0].tolist(), top.values[..., 0].tolist()
-            found += [(row, p, layer, h, gap[g][h], key[g][h], best[g][h]) for g, row in enumerate(rows) for h in heads]
-        return found
-
-    records = []
-    for batch, results in scan(model, input_ids, queries, layer_gaps, layers=layers, batch_size=batch_size,
-                               progress=progress):
-        records += [{"prompt": batch[row], "query": p, "keys": p + 1, "layer": layer, "head": h, "gap": gap,
-                     "top_key": key, "top_logit": best}
-                    for found in results for row, p, layer, h, gap, key, best in found]
-    frame = pd.DataFrame.from_records(records, columns=list(GAP_COLUMNS))
-    return frame.sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
-
-
-def summarize_gaps(frame, by=("layer", "head", "length")):
-    """`posym.theory.gap_stats` of the gaps per group (default: per head and sequence length)."""
-    import pandas as pd
-
-    rows = [{**dict(zip(by, key if isinstance(key, tuple) else (key,))),
-             **gap_stats(torch.tensor(group["gap"].to_numpy(), dtype=torch.float64))}
-            for key, group in frame.groupby(list(by), sort=True)]
-    return pd.DataFrame(rows)
+from posym.figures import pyplot, save_figure
+from posym.io import manifest, write_json, write_parquet
+from posym.loading import load_analysable, score_prompts
 
 
 def plot_gaps(summary, path_stem, *, title: str = "") -> list:
     """Median gap (line) and Delta = minimum gap (dotted) vs sequence length per layer (its head 0),
     log-log, with a 1 / n^2 guide (Theorem 3.2's Index rate); PNG + SVG."""
-    from posym.figures import pyplot, save_figure
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     layers = sorted(summary.layer.unique())
@@ -114,24 +56,18 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     gaps.parquet, discrepancy.parquet (summary), discrepancy.json and fig_discrepancy PNG + SVG to out_dir (default RUN_DIR/discrepancy); returns the JSON dict
     plus "summary" (the discrepancy.parquet frame) and "out_dir".
     """
-    import dataclasses
-
     import pandas as pd
-
-    from posym import geometry, lengthgen
-    from posym.io import manifest, write_json, write_parquet
-    from posym.scores import prompt_set
 
     if queries not in ("last", "hops", "all"):
         raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
-    # gaps come from queries and keys (posym.qk), never from attention weights: the fast kernel serves
-    model, task, out, step = geometry.load_analysable(path, step=step, device=device, out=out_dir,
-                                                      attn_implementation="sdpa")
+    # gaps come from queries and keys (posym.core.qk), never from attention weights: the fast kernel serves
+    model, task, out, step = load_analysable(path, step=step, device=device, out=out_dir,
+                                             attn_implementation="sdpa")
     out_dir = out.parent / "discrepancy" if out_dir is None else out  # a run's default: RUN_DIR/discrepancy
     if prompts is not None:  # any model: the file's prompts at their own lengths
         if lengths:
             raise PosymError("--lengths lengthens a posym task; a prompt file's prompts keep their own lengths")
-        ids, wanted = prompt_set(model, prompts_file=prompts, queries=queries)
+        ids, wanted = score_prompts(model, prompts_file=prompts, queries=queries)
         batch = lengthgen.batch_size(max(len(x) for x in ids), max_tokens)
         frame = head_gaps(model, ids, wanted, batch_size=batch, progress=progress)
         frame["length"] = frame["prompt"].map({k: len(x) for k, x in enumerate(ids)})
@@ -143,7 +79,7 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
                        model.config.n_positions)  # every length is checked before any pass
         parts = []
         for length in lengths:
-            ids, wanted = prompt_set(model, task_config=lengthgen.extension(task, length), n_prompts=n, seed=seed,
+            ids, wanted = score_prompts(model, task_config=lengthgen.extension(task, length), n_prompts=n, seed=seed,
                                      queries=queries)
             batch = lengthgen.batch_size(length, max_tokens)
             parts.append(head_gaps(model, ids, wanted, batch_size=batch, progress=progress).assign(length=length))

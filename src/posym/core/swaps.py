@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from posym.errors import PosymError
-from posym.qk import HeadQK, capture, check_layers, check_prompt, pair_planes, rotate
+from posym.core.qk import HeadQK, capture, check_layers, check_prompt, pair_planes, rotate
 
 BUDGET = 1 << 22
 """Float64 elements of one vectorised chunk (~32 MB): callers size their chunks of rows, heads, channels
