@@ -18,7 +18,7 @@ READS_A_MODEL = {"score", "eval", "dynamics", "geometry", "lengthgen", "discrepa
                  "llm-scores", "llm-bench", "convert"}
 """Commands whose input is a model or run: it is the positional PATH."""
 CHOICE_OPTIONS = {"--task", "--queries", "--query", "--device", "--preset", "--split", "--format", "--compare",
-                  "--protocol", "--dtype", "--markers", "--mode"}
+                  "--protocol", "--dtype", "--markers", "--mode", "--exact"}
 """Options with a fixed set of values: help and completion must list them."""
 INTERNAL_WORDS = ("SPEC", "seed summary", "2511 variant")
 

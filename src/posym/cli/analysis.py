@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from posym.cli import app, progress_bar
-from posym.cli.options import (Compare, Device, Protocol, Queries, Task, announce, device_of, device_option,
+from posym.cli.options import (Compare, Device, Exactness, Protocol, Queries, Task, announce, device_of, device_option,
                                list_option, n_option, path_argument, step_option, values)
 
 
@@ -33,6 +33,10 @@ def score_command(
                                          "(the block variant of arXiv 2511.11579) instead of single tokens."),
     compare: Compare = typer.Option(Compare.probs, help="Compare attention probabilities (probs, the paper) or "
                                     "raw logits."),
+    epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
+                                  "weights: each score lies within 2 * EPSILON of weighing every swap."),
+    exact: Exactness = typer.Option(Exactness.pruned, help="pruned (the EPSILON bound) or dense (weigh every "
+                                    "swap: the reference, O(n^2) per head and query)."),
     gamma: float = typer.Option(0.1, help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
                                 "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma)."),
     batch_size: int = typer.Option(64, min=1, help="Prompts of equal length per forward pass."),
@@ -52,7 +56,7 @@ def score_command(
     hf_model, info = loading.load_checkpoint(path, step=step, device=device_of(device))
     task_config = info["task_config"]
     queries = queries and str(queries)
-    compare = str(compare)
+    compare, exact = str(compare), str(exact)
     if task is not None and (task_config is None or task_config.task != task):
         from posym.core.tasks import task_config as paper_task
 
@@ -65,11 +69,12 @@ def score_command(
                 "prompts": str(prompts) if prompts else None,
                 "task": to_dict(task_config) if task_config is not None and not prompts else None,
                 "n": len(ids), "queries": used, "tau": tau, "blocks": blocks,
-                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare}
+                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare,
+                "epsilon": epsilon, "exact": exact}
     bar, advance = progress_bar(len(ids), "scoring prompts")
     with bar:
-        frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare,
-                                    batch_size=batch_size, progress=advance)
+        frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare, epsilon=epsilon,
+                                    exact=exact, batch_size=batch_size, progress=advance)
         rows = loading.write_score_parquet(out, frames, io.manifest(settings, seed=seed, settings=settings,
                                                             hf_config=hf_model.config.to_dict()))
     import pandas as pd

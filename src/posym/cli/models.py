@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from posym.cli import app, parse_head_pairs, progress_bar
-from posym.cli.options import (Device, Dtype, Focus, OnOffBoth, Task, announce, device_option, list_option,
+from posym.cli.options import (Device, Dtype, Exactness, Focus, OnOffBoth, Task, announce, device_option, list_option,
                                n_option, path_argument, values)
 
 
@@ -31,6 +31,10 @@ def llm_scores_cmd(
                                              "e.g. 0.1,5.3.", item="L.H"),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights (1e-4: the swap that moves "
                               "most attention dominates)."),
+    epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
+                                  "weights: each score lies within 2 * EPSILON of weighing every swap."),
+    exact: Exactness = typer.Option(Exactness.pruned, help="pruned (the EPSILON bound) or dense (weigh every "
+                                    "swap: the reference, O(n^2) per head and query)."),
     seed: int = typer.Option(0, help="Seed of the built-in prompt sets."),
     device: Device = device_option(),
     dtype: Dtype = typer.Option(Dtype.float32, help="Weight precision."),
@@ -43,19 +47,20 @@ def llm_scores_cmd(
     from posym.commands import llm
 
     io.check_output(out, inputs=[path, prompts], is_dir=True)
-    query, dtype = str(query), str(dtype)
+    query, dtype, exact = str(query), str(dtype), str(exact)
     loaded = loading.load_hf_model(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
     chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
     heads = ",".join(values(heads, option="--heads")) or None
     print(announce(path, None, query))
     settings = {"model_dir": str(path), "checkpoint": str(path), "step": None, "prompts": prompts, "text": text,
-                "n": n, "size": size, "query": query, "queries": query, "heads": heads, "tau": tau, "seed": seed,
+                "n": n, "size": size, "query": query, "queries": query, "heads": heads, "tau": tau, "epsilon": epsilon,
+                "exact": exact, "seed": seed,
                 "dtype": dtype}
     bar, advance = progress_bar(len(chosen), "scoring prompts")
     with bar:
         result = llm.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
-                                  settings=settings, progress=advance)
+                                  epsilon=epsilon, exact=exact, settings=settings, progress=advance)
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
 
 

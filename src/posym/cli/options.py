@@ -84,6 +84,11 @@ class OnOffBoth(enum.StrEnum):
     both = "both"
 
 
+class Exactness(enum.StrEnum):
+    pruned = "pruned"
+    dense = "dense"
+
+
 class AblationMode(enum.StrEnum):
     zero = "zero"
     mean = "mean"
