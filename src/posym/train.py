@@ -15,7 +15,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from posym import io
 from posym.configs import from_dict, override, to_dict
@@ -67,6 +67,10 @@ class TrainConfig:
     """Save (and evaluate) every this many steps; steps 0, 1, 2, 4, 8, ... below it and the final step too."""
     eval_size: int = 2000
     """Test-split samples evaluated at every checkpoint (always the same ones)."""
+    val_size: int = 0
+    """Validation-split samples also evaluated at every checkpoint (columns val_acc, val_loss, ...),
+    from which `--step best` picks the checkpoint, as the authors' trainer keeps its best checkpoint by
+    validation accuracy; 0 = none (runs from before this field; `posym.checkpoints` computes them)."""
     eval_batch_size: int = 1000
     """Sequences per forward pass during evaluation."""
     seed: int = 0
@@ -75,6 +79,9 @@ class TrainConfig:
     """cpu, cuda or auto (cuda when available)."""
     threads: int | None = None
     """torch CPU threads for training; null keeps torch's default."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """fp32, or bf16: forward and loss under torch.autocast(bfloat16) (weights, AdamW moments and
+    evaluation stay fp32; CPUs with AVX-512 BF16/AMX and GPUs); docs/results.md compares the two."""
     keep_trainer_state: bool = False
     """Keep optimizer/RNG state in every checkpoint; by default only the latest keeps it (saves disk)."""
 
@@ -84,6 +91,8 @@ class TrainConfig:
         for name in ("max_steps", "batch_size", "checkpoint_every", "eval_size", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise PosymError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if not 0 <= self.val_size <= SPLIT_SIZES["val"]:
+            raise PosymError(f"val_size must be between 0 and the val split's {SPLIT_SIZES['val']}, got {self.val_size}")
         if self.warmup_steps < 0 or self.lr <= 0 or self.weight_decay < 0:
             raise PosymError("warmup_steps and weight_decay must be >= 0 and lr > 0")
         if self.grad_clip is not None and self.grad_clip <= 0:
@@ -96,7 +105,7 @@ class TrainConfig:
 
 def _paper(task: TaskConfig) -> TrainConfig:
     """SPEC section 2: 12 x 1 head, width 128, AdamW 1e-4, 750 warmup, batch 192, 6,000 steps."""
-    return TrainConfig(preset="paper", task=task, model=ModelConfig())
+    return TrainConfig(preset="paper", task=task, model=ModelConfig(), val_size=2000)
 
 
 def _seed(task: TaskConfig) -> TrainConfig:
@@ -104,7 +113,7 @@ def _seed(task: TaskConfig) -> TrainConfig:
     return TrainConfig(
         preset="seed", task=task, model=ModelConfig(n_layer=6, n_head=8, n_embd=128),
         lr=5e-4, betas=[0.9, 0.999], warmup_steps=300, max_steps=4000, batch_size=128,
-        checkpoint_every=250,
+        checkpoint_every=250, val_size=2000,
     )
 
 
@@ -122,7 +131,7 @@ def _quick(task: TaskConfig) -> TrainConfig:
         # exact GELU: faster than gelu_new on CPU
         model=ModelConfig(n_layer=8, n_head=1, n_embd=64, activation="gelu", dropout=0.1),
         lr=1e-3, betas=[0.9, 0.999], warmup_steps=100, max_steps=steps, batch_size=64,
-        checkpoint_every=250, eval_size=1000, threads=1,  # one thread: these matrices are too small to split
+        checkpoint_every=250, eval_size=1000, val_size=1000, threads=1,  # one thread: these matrices are too small to split
     )
 
 
@@ -315,10 +324,23 @@ def optimizer_update(model, optimizer, config: TrainConfig, step: int, loss):
 
 
 def train_step(model, optimizer, config: TrainConfig, step: int, ids, answer):
-    """One optimizer update on a batch ([B, seq] ids, [B] answers); returns the (detached) loss."""
+    """One optimizer update on a batch ([B, seq] ids, [B] answers); returns the (detached) loss.
+
+    With precision bf16 the forward pass and the loss run under bfloat16 autocast (matmuls in bf16,
+    softmax/LayerNorm/cross-entropy in fp32, as torch's autocast lists say); the backward pass
+    follows the forward's dtypes and AdamW updates the fp32 weights. No loss scaling: bf16 has fp32's
+    exponent range.
+    """
+    import contextlib
+
+    import torch
     import torch.nn.functional as F
 
-    return optimizer_update(model, optimizer, config, step, F.cross_entropy(last_logits(model, ids), answer))
+    autocast = (torch.autocast(ids.device.type, dtype=torch.bfloat16) if config.precision == "bf16"
+                else contextlib.nullcontext())
+    with autocast:
+        loss = F.cross_entropy(last_logits(model, ids).float(), answer)
+    return optimizer_update(model, optimizer, config, step, loss)
 
 
 def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):
@@ -334,6 +356,17 @@ def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):
     return np.concatenate([first.input_ids, rest.input_ids]), np.concatenate([first.answer, rest.answer])
 
 
+LEGACY_DEFAULTS = {"val_size": 0, "precision": "fp32"}
+"""Fields added to TrainConfig after runs existed, with the value that reproduces those runs."""
+
+
+def run_hash(config: TrainConfig) -> str:
+    """The config hash of a run, leaving out LEGACY_DEFAULTS fields at their legacy value, so a run
+    started before a field existed keeps its hash when resumed by newer code."""
+    data = {k: v for k, v in to_dict(config).items() if LEGACY_DEFAULTS.get(k, ...) != v}
+    return io.config_hash(data)
+
+
 def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
     """Check the run directory; write config.yaml and manifest.json for a new run."""
     config_path = run_dir / "config.yaml"
@@ -341,7 +374,7 @@ def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) ->
         if not config_path.is_file():
             raise PosymError(f"cannot resume: {run_dir} is not a posym run directory (no config.yaml)")
         stored = from_dict(TrainConfig, io.read_yaml(config_path), where=str(config_path))
-        if config is not None and io.config_hash(to_dict(config)) != io.config_hash(to_dict(stored)):
+        if config is not None and run_hash(config) != run_hash(stored):
             raise PosymError(f"cannot resume {run_dir} with a different config than its config.yaml")
         return stored
     if config is None:
@@ -349,7 +382,8 @@ def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) ->
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise PosymError(f"{run_dir} already exists and is not empty; pass --resume or choose another --out")
     io.write_yaml(config_path, to_dict(config))
-    io.write_json(run_dir / "manifest.json", io.manifest(to_dict(config), seed=config.seed))
+    io.write_json(run_dir / "manifest.json", {**io.manifest(to_dict(config), seed=config.seed),
+                                              "config_hash": run_hash(config)})
     return config
 
 
@@ -371,7 +405,7 @@ def train(
         raise PosymError(f"--stop-at must be a positive step, got {stop_at}")
     run_dir = Path(run_dir)
     config = _prepare_run_dir(config, run_dir, resume)
-    chash = io.config_hash(to_dict(config))
+    chash = run_hash(config)
     device = resolve_device(config.device)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -412,6 +446,9 @@ def train(
 
     def checkpoint(step: int, train_loss: float) -> dict:
         metrics = evaluate(model, task, config.eval_size, config.seed, "test", config.eval_batch_size)
+        if config.val_size:
+            val = evaluate(model, task, config.val_size, config.seed, "val", config.eval_batch_size)
+            metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics = {"step": step, **metrics, "train_loss": train_loss, "time": time.time()}
         previous = list_checkpoints(run_dir)
         with io.atomic_path(run_dir / "checkpoints" / checkpoint_name(step), is_dir=True) as tmp:

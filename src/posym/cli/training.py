@@ -60,6 +60,8 @@ def train_command(
     seed: Optional[int] = typer.Option(None, help="Seed of initialisation, dropout and data (default: the preset's, 0)."),
     steps: Optional[int] = typer.Option(None, help="Optimizer steps (default: the preset's)."),
     device: Optional[str] = typer.Option(None, help="cpu, cuda or auto (default: auto)."),
+    precision: Optional[str] = typer.Option(None, help="fp32 (default, exact) or bf16 (forward and loss under "
+                                            "bfloat16 autocast; docs/results.md compares them)."),
     resume: Optional[Path] = typer.Option(None, help="Continue this run directory from its latest checkpoint "
                                           "with its own config.yaml (other options are not allowed)."),
     stop_at: Optional[int] = typer.Option(None, help="Stop after a checkpoint at this step, keeping the "
@@ -71,14 +73,15 @@ def train_command(
 
     if resume is not None:
         given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
-                                          ("--steps", steps), ("--device", device)) if value is not None]
+                                          ("--steps", steps), ("--device", device),
+                                          ("--precision", precision)) if value is not None]
         if given:
             raise PosymError(f"--resume continues a run with its own config; drop {', '.join(given)}")
         run_dir = train.train(None, resume, resume=True, progress=progress, stop_at=stop_at)
     else:
         if out is None:
             raise PosymError("give the new run directory with --out (or --resume RUN_DIR)")
-        flags = {"seed": seed, "max_steps": steps, "device": device}
+        flags = {"seed": seed, "max_steps": steps, "device": device, "precision": precision}
         cfg = train.resolve_config(preset, task, config, {k: v for k, v in flags.items() if v is not None})
         run_dir = train.train(cfg, out, progress=progress, stop_at=stop_at)
     print(f"run directory: {run_dir}")
