@@ -172,14 +172,19 @@ def read_checkpoint_meta(checkpoint_dir: str | Path) -> dict | None:
         raise PosymError(f"{path} is not valid JSON") from None
 
 
-def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, Path | None]:
-    """(checkpoint directory, run directory or None) for a run dir + step or a checkpoint dir."""
+def resolve_checkpoint(path: str | Path, step: int | str | None = None, *, device: str = "cpu") -> tuple[Path, Path | None]:
+    """(checkpoint directory, run directory or None) for a run dir + step or a checkpoint dir.
+
+    step "best" is the run's best checkpoint by validation accuracy (`posym.checkpoints.best_step`,
+    evaluating on `device` the checkpoints that recorded none)."""
     path = Path(path)
     if not path.exists():
         raise PosymError(f"{path} does not exist")
     if not path.is_dir():
         raise PosymError(f"{path} is not a directory (expected a run or checkpoint directory)")
     if (path / "config.json").is_file():
+        if step == "best":
+            raise PosymError(f"--step best needs a run directory; {path} is a single checkpoint")
         if step is not None:
             meta = read_checkpoint_meta(path) or {}
             if meta.get("step") != step:
@@ -191,6 +196,10 @@ def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path,
         raise PosymError(f"{path} holds neither a model (config.json) nor any checkpoints/step-* directory")
     if step is None:
         return checkpoints[-1][1], path
+    if step == "best":
+        from posym.checkpoints import best_step
+
+        step = best_step(path, device=device)
     by_step = dict(checkpoints)
     if step not in by_step:
         steps = ", ".join(str(s) for s, _ in checkpoints)
@@ -226,7 +235,7 @@ def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
 def load_model(
     path: str | Path,
     *,
-    step: int | None = None,
+    step: int | str | None = None,
     device: str = "cpu",
     dtype: Any = None,
     attn_implementation: str = "eager",
@@ -234,8 +243,9 @@ def load_model(
     """Load a posym (or any GPT-J) checkpoint in eval mode: (model, info).
 
     `path` is a checkpoint directory (a `save_pretrained` directory) or a run directory (then
-    `step` picks the checkpoint, default the latest). Eager attention is the default because the
-    analyses read attention probabilities and need the exact, float32-logit reference kernel.
+    `step` picks the checkpoint, default the latest; "best" the best by validation accuracy). Eager
+    attention is the default because the analyses read attention probabilities and need the exact,
+    float32-logit reference kernel.
     info = {"path", "run_dir", "step", "task_config" (TaskConfig or None), "model_config"
     (ModelConfig or None), "metrics" (dict or None)}.
     """
@@ -247,7 +257,7 @@ def load_model(
     from posym.configs import from_dict
 
     hf_logging.disable_progress_bar()  # a per-file "Loading weights" bar is noise for tiny models
-    ckpt, run_dir = resolve_checkpoint(path, step)
+    ckpt, run_dir = resolve_checkpoint(path, step, device=device)
     try:
         hf_config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from posym.cli import app, progress_bar
+from posym.checkpoints import parse_step
 from posym.errors import PosymError
 
 
@@ -17,7 +18,9 @@ from posym.errors import PosymError
 @app.command("score")
 def score_command(
     model: Path = typer.Option(..., help="A checkpoint directory, or a run directory (latest checkpoint unless --step)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to score in a run directory."),
+    step: Optional[str] = typer.Option(
+        None, help="Checkpoint step to score in a run directory, or 'best' (the best by validation accuracy)."
+    ),
     task: Optional[str] = typer.Option(None, help="Draw test-split prompts of this task: number or letter "
                                        "(default: the checkpoint's own task config)."),
     n_prompts: int = typer.Option(100, help="How many task prompts to score (the paper uses 100)."),
@@ -46,7 +49,7 @@ def score_command(
 
     if batch_size < 1 or n_prompts < 1:
         raise PosymError("--batch-size and --n-prompts must be positive")
-    hf_model, info = load_model(model, step=step)
+    hf_model, info = load_model(model, step=parse_step(step))
     task_config = info["task_config"]
     if task is not None and (task_config is None or task_config.task != task):
         from posym.tasks import task_config as paper_task
@@ -117,7 +120,9 @@ def dynamics_command(
 def geometry_command(
     path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
                                 "directory, or a Hugging Face RoPE model directory (with --prompts)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to analyse in a run directory."),
+    step: Optional[str] = typer.Option(
+        None, help="Checkpoint step to analyse in a run directory, or 'best' (the best by validation accuracy)."
+    ),
     n_prompts: int = typer.Option(100, help="Test prompts of the checkpoint's own task to average over."),
     seed: int = typer.Option(0, help="Seed of the test prompts."),
     prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line) instead '
@@ -139,7 +144,7 @@ def geometry_command(
     from posym import geometry
 
     hf_logging.disable_progress_bar()
-    job = geometry.prepare(path, step=step, n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
+    job = geometry.prepare(path, step=parse_step(step), n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
                            tau=tau, device=device, out=out)
     bar, advance = progress_bar(len(job["input_ids"]), "scoring planes")
     with bar:
@@ -205,7 +210,9 @@ def theory_command(
 def lengthgen_command(
     run_dir: Path = typer.Argument(..., help="A run directory (latest checkpoint unless --step) or one checkpoint "
                                    "directory written by posym train."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to evaluate in a run directory."),
+    step: Optional[str] = typer.Option(
+        None, help="Checkpoint step to evaluate in a run directory, or 'best' (the best by validation accuracy)."
+    ),
     lengths: str = typer.Option("17,34,51,68,128,256,512,850,1024,2048", help="Paper protocol: comma-separated "
                                 "total sequence lengths in tokens (query included; training length 17)."),
     factors: str = typer.Option("1,2,3,4", help="Seed protocol: comma-separated multiples of the training length "
@@ -237,7 +244,7 @@ def lengthgen_command(
     out = out or Path(run_dir) / "lengthgen"
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
-        result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
+        result = lengthgen.run_lengthgen(run_dir, config, out, step=parse_step(step),
                                          progress=lambda done, total: bar.update(job, completed=done, total=total))
     table = result["table"]
     hops = sorted(h for h in table["hop"].unique() if h != lengthgen.ALL_HOPS)
@@ -257,7 +264,9 @@ def lengthgen_command(
 def discrepancy_command(
     path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
                                 "directory, or a Hugging Face RoPE model directory (with --prompts and --out)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step in a run directory."),
+    step: Optional[str] = typer.Option(
+        None, help="Checkpoint step in a run directory, or 'best' (the best by validation accuracy)."
+    ),
     lengths: Optional[str] = typer.Option(None, help="Comma-separated sequence lengths a posym task is lengthened "
                                           "to (extra target-window tokens; default the lengthgen paper protocol's)."),
     n: int = typer.Option(64, "--n", help="Test questions per length (the same ones at every length)."),
@@ -283,7 +292,7 @@ def discrepancy_command(
     with Progress(transient=True) as bar:
         job = bar.add_task("measuring gaps (prompts)", total=None)
         result = discrepancy.run_discrepancy(
-            path, out, step=step, lengths=parse_list(lengths, int) if lengths else None, n=n, seed=seed,
+            path, out, step=parse_step(step), lengths=parse_list(lengths, int) if lengths else None, n=n, seed=seed,
             prompts=prompts, queries=queries, max_tokens=max_tokens, device=device,
             progress=lambda k: bar.advance(job, k))
     summary = result["summary"]

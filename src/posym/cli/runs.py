@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from posym.cli import app
+from posym.checkpoints import parse_step
 from posym.errors import PosymError
 
 
@@ -158,7 +159,9 @@ def ablate_command(
     heads: list[str] = typer.Option(..., "--heads", help=_HEADS_HELP),
     mode: Optional[list[str]] = typer.Option(None, "--mode", help="zero (head output := 0) and/or mean (:= its mean "
                                              "output on train data); repeat for both (default both)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step in a run directory."),
+    step: Optional[str] = typer.Option(
+        None, help="Checkpoint step in a run directory, or 'best' (the best by validation accuracy)."
+    ),
     factors: str = typer.Option("1,2,4", help="Lengths to evaluate, as comma-separated multiples of the training "
                                 "length (extra target-window tokens, as posym lengthgen)."),
     n: int = typer.Option(1000, "--n", help="Test sequences per length."),
@@ -183,7 +186,7 @@ def ablate_command(
     hf_logging.disable_progress_bar()
     out = out or Path(path) / "ablation"
     with Status("scoring heads") as status:
-        result = run_ablation(path, heads, out, modes=tuple(mode or ("zero", "mean")), step=step,
+        result = run_ablation(path, heads, out, modes=tuple(mode or ("zero", "mean")), step=parse_step(step),
                               factors=parse_list(factors, int), n=n, seed=seed, n_prompts=n_prompts, gamma=gamma,
                               save=save, device=device, progress=lambda text: status.update(f"evaluating {text}"))
     console = Console()
@@ -202,7 +205,9 @@ def finetune_command(
                                      "(train everything, the reference) or any --heads value of posym ablate."),
     steps: int = typer.Option(300, help="Fine-tuning steps per condition (linear decay from --lr to 0)."),
     lr: Optional[float] = typer.Option(None, help="Peak learning rate (default: the run's)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to start from (default: the latest)."),
+    step: Optional[str] = typer.Option(
+        None, help="Checkpoint step to start from (default: the latest), or 'best' (the best by validation accuracy)."
+    ),
     factors: str = typer.Option("1,2,4", help="Lengths to evaluate, as multiples of the training length."),
     n: int = typer.Option(1000, "--n", help="Test sequences per length."),
     gamma: float = typer.Option(0.1, help="Purity threshold of the positional/symbolic labels."),
@@ -223,7 +228,7 @@ def finetune_command(
     hf_logging.disable_progress_bar()
     out = out or Path(path) / "finetune"
     with Status("scoring heads") as status:
-        result = run_finetune(path, freeze, out, step=step, steps=steps, lr=lr, factors=parse_list(factors, int),
+        result = run_finetune(path, freeze, out, step=parse_step(step), steps=steps, lr=lr, factors=parse_list(factors, int),
                               n=n, seed=seed, gamma=gamma, save_models=save_models, device=device,
                               progress=lambda text: status.update(text))
     costs = {k: [f"{c['steps_per_s']:.1f}", f"{c['trainable_params']:,}", str(c["frozen_unchanged"])]

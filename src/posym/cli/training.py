@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from posym.cli import app, progress_bar
+from posym.checkpoints import parse_step
 from posym.errors import PosymError
 
 
@@ -91,7 +92,9 @@ def train_command(
 def eval_command(
     path: Path = typer.Argument(..., help="A run directory (uses its latest checkpoint unless --step) or one "
                                 "checkpoint directory."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to evaluate in a run directory."),
+    step: Optional[str] = typer.Option(
+        None, help="Checkpoint step to evaluate in a run directory, or 'best' (the best by validation accuracy)."
+    ),
     task: Optional[str] = typer.Option(None, help="Task to evaluate on (default: the checkpoint's own task config)."),
     n: int = typer.Option(2000, "--n", help="Test sequences per evaluation."),
     extra_target: Optional[list[int]] = typer.Option(None, help="Extra target-window tokens before the "
@@ -107,7 +110,7 @@ def eval_command(
 
     from posym import io, train
 
-    rows = train.evaluate_checkpoint(path, step=step, task=task, n=n, extra_targets=extra_target or [0],
+    rows = train.evaluate_checkpoint(path, step=parse_step(step), task=task, n=n, extra_targets=extra_target or [0],
                                      seed=seed, split=split, device=device)
     table = Table(title=f"{rows[0]['task']} task, {rows[0]['checkpoint']}")
     keys = [k for k in rows[0] if k in ("extra_target", "seq_len", "loss") or k.startswith("acc")]
@@ -118,3 +121,24 @@ def eval_command(
     Console().print(table)
     if out is not None:
         io.write_json(out, rows)
+
+
+@app.command("validate")
+def validate_command(
+    run_dir: Path = typer.Argument(..., help="A posym run directory."),
+    n: Optional[int] = typer.Option(None, "--n", help="Val-split samples for checkpoints that recorded none "
+                                    "(default: the whole split, 2,400)."),
+    device: str = typer.Option("cpu", help="cpu or cuda."),
+) -> None:
+    """Validation accuracy of every checkpoint (recorded in training, else computed and cached in
+    RUN_DIR/validation.parquet) and the best step by validation, which `--step best` selects."""
+    from posym import checkpoints
+    from posym.model import list_checkpoints
+
+    total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
+    bar, advance = progress_bar(total, "validating checkpoints")
+    with bar:
+        result = checkpoints.run_validation(run_dir, n=n, device=device, progress=lambda step: advance())
+    print(f"best step by validation: {result['best_step']} (val acc {result['best_val_acc']:.4f}, "
+          f"test acc {result['test_acc_at_best']:.4f}); best step by test: {result['best_test_step']}; "
+          f"wrote {Path(run_dir) / 'validation.json'}")
