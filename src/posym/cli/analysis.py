@@ -110,10 +110,18 @@ def dynamics_command(
         if r["query_mode"] == "hops":
             table.add_row(str(r["gamma"]), r["stage"], str(r["step"]),
                           *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}" for k in ("positional", "symbolic", "mixed", "uniform")))
+    roles = Table(title="by query role at max accuracy, gamma 0.1 (label of the mean; docs: posym.dynamics)")
+    for column in ("query mode", "positional", "symbolic", "mixed"):
+        roles.add_column(column, justify="right")
+    for r in result["composition"]:
+        if r["gamma"] == 0.1 and r["stage"] == "max_acc":
+            roles.add_row(r["query_mode"], *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}"
+                                             for k in ("positional", "symbolic", "mixed")))
     Console().print(table)
+    Console().print(roles)
     out_dir = out or Path(run_dir) / "analysis"
     print(f"{len(result['steps'])} checkpoints in {result['seconds_total']:.1f} s; wrote {out_dir}/dynamics.parquet, "
-          "purity*.parquet, composition*.parquet, dynamics.json and fig2a/fig2b/fig6/fig7 PNG+SVG")
+          "purity*.parquet, composition*.parquet, dynamics.json and fig2a/fig2b/fig6/fig7/fig7_roles PNG+SVG")
 
 
 @app.command("geometry")
@@ -150,9 +158,12 @@ def geometry_command(
     with bar:
         result = geometry.run_geometry(**job, plane_layer=plane_layer, plane_head=plane_head, example=example,
                                        progress=advance)
-    print("weighted frequency ID per layer: " + ", ".join(f"{v:.1f}" for v in result["weighted_id_per_layer"]))
+    print(f"weighted frequency ID per layer, by weighting ({result['planes']} planes, uniform baseline "
+          f"(planes + 1) / 2 = {result['uniform_id']:g}; posym.geometry defines each):")
+    for name, values in result["weightings"].items():
+        print(f"  {name:<10}" + ", ".join(f"{v:.1f}" for v in values))
     if result["paper_table1"]:
-        print("paper Table 1 (12-layer model):  " + ", ".join(str(v) for v in result["paper_table1"]))
+        print("  paper     " + ", ".join(str(v) for v in result["paper_table1"]) + "  (Table 1, 12 layers, 64 planes)")
     print(f"wrote {job['out_dir']}/planes.parquet, channels.parquet, frequency.parquet, qk_plane.parquet, geometry.json, "
           "fig8_frequency and fig4b_qk_plane PNG+SVG")
 
