@@ -14,7 +14,7 @@ from posym import report
 from posym.errors import PosymError
 
 RUN_STEMS = [("analysis", s) for s in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity",
-                                      "fig4b_qk_plane", "fig8_frequency")] + [("lengthgen", "fig5b"),
+                                      "fig7_roles", "fig4b_qk_plane", "fig8_frequency")] + [("lengthgen", "fig5b"),
                                                                               ("discrepancy", "fig_discrepancy")]
 
 
@@ -46,8 +46,9 @@ def make_run(root: Path, task: str, *, analysed: bool = True) -> Path:
                  "layers_symbolic": "L1-L2"} for g in (0.1, 0.05) for st in ("max_acc", "end") for q in ("hops", "last")]
         (run / "analysis").mkdir()
         pd.DataFrame(rows).to_parquet(run / "analysis" / "composition_summary.parquet")
-        pd.DataFrame({"layer": [0, 1, 2, 2], "head": [0, 0, 0, 1], "weighted_id": [1.0, 5.0, 10.0, 20.0]}).to_parquet(
-            run / "analysis" / "frequency.parquet")
+        pd.DataFrame({"layer": [0, 1, 2, 2], "head": [0, 0, 0, 1], "weighted_id": [1.0, 5.0, 10.0, 20.0],
+                      "weighted_id_linear": [1.0, 5.0, 10.0, 20.0], "weighted_id_floor": [1.0, 2.0, 3.0, 3.0],
+                      "planes": 32, "uniform_id": 16.5}).to_parquet(run / "analysis" / "frequency.parquet")
         (run / "lengthgen").mkdir()
         (run / "lengthgen" / "lengthgen.json").write_text(json.dumps({"summary": {
             "task": task, "paper": {"acc": {"17": 1.0}, "longest_length_acc_ge_0.9": 850},
@@ -142,7 +143,10 @@ def test_full_report(tmp_path):
     assert "first step with &gt;= 95% per hop: 1 hop 10, 2 hops 20" in html
     assert "positional L0, symbolic L1-L2" in html  # gamma 0.1, end, hop queries only
     assert "acc &gt;= 0.9 up to 850 tokens; 4x retention 0.25" in html  # the largest factor, not the last key
-    assert "<td>number (ours)</td><td>1.0</td><td>5.0</td><td>15.0</td>" in html  # heads of a layer averaged
+    # heads of a layer averaged, one row per weighting with the planes and the uniform baseline
+    assert "<td>number (ours, linear)</td><td>1.0</td><td>5.0</td><td>15.0</td>" in html
+    assert "<td>number (ours, floor)</td><td>1.0</td><td>2.0</td><td>3.0</td>" in html
+    assert "<td>32</td><td>16.5</td>" in html and "<td>64</td><td>32.5</td>" in html
     assert "<td>number (paper)</td><td>1</td><td>2</td>" in html
     assert "class=\"absent\"" not in html
     # the same inputs give the same bytes (headless, deterministic)

@@ -35,6 +35,10 @@ RUN_FIGURES = [
      "at hop queries, with normalised attention entropy."),
     ("analysis", "fig6_entropy", "Fig. 6", "The same scores and min-max normalised entropy at the last token."),
     ("analysis", "fig7_purity", "Fig. 7", "Cumulative number of heads that became pure for good, per gamma."),
+    ("analysis", "fig7_roles", "Fig. 7 by query role",
+     "Scores per layer at the max-accuracy step (chosen on validation) for the all-hops mean and each pointer "
+     "role (last token, pointer into the target window, inner pointers), and the fraction of prompts on which "
+     "the head is pure (gamma 0.1)."),
     ("analysis", "fig4b_qk_plane", "Fig. 4B",
      "Queries and keys of layer 1 on its dominant RoPE plane, before rotation."),
     ("analysis", "fig8_frequency", "Fig. 8 / Table 1",
@@ -104,7 +108,11 @@ def run_summary(run_dir: str | Path) -> dict:
         out["frac_positional"], out["frac_symbolic"] = float(row.frac_positional), float(row.frac_symbolic)
     freq = run_dir / "analysis" / "frequency.parquet"
     if freq.is_file():
-        out["weighted_id"] = pd.read_parquet(freq).groupby("layer").weighted_id.mean().round(1).tolist()
+        per_layer = pd.read_parquet(freq).groupby("layer").mean(numeric_only=True)
+        out["weighted_id"] = per_layer.weighted_id.round(1).tolist()
+        out["weightings"] = {c[len("weighted_id_"):]: per_layer[c].round(1).tolist()
+                             for c in per_layer if c.startswith("weighted_id_")}  # runs analysed before: none
+        out["planes"] = int(per_layer.planes.max()) if "planes" in per_layer else None
     lengthgen = _read_json(run_dir / "lengthgen" / "lengthgen.json")
     if lengthgen is not None:
         out["lengthgen"] = lengthgen["summary"]
@@ -165,6 +173,7 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[str, dict]:
                    f"positional {pos}, symbolic {sym} (12 layers).",
         "Fig. 6": "entropy falls as heads become pure.",
         "Fig. 7": f"pure heads at gamma 0.1: positional {pos}, symbolic {sym}; {SEED_LAYERS}.",
+        "Fig. 7 by query role": "which query positions the paper scored is not stated.",
         "Fig. 4B": "number model, layer 1: keys cluster in one direction, queries fan out by the offset they encode.",
         "Fig. 8 / Table 1": "weighted frequency ID per layer " + ", ".join(
             str(v) for v in _paper_table1(task)) + " (12 layers, 64 planes).",
@@ -209,12 +218,20 @@ def _summary_tables(summaries: list[dict]) -> str:
     table1 = [s for s in summaries if s["weighted_id"]]
     if table1:
         depth = max(max(len(s["weighted_id"]) for s in table1), 12)
-        rows = [[f"{s['task']} (ours)", *s["weighted_id"], *[""] * (depth - len(s["weighted_id"]))] for s in table1]
-        rows += [[f"{t} (paper)", *_paper_table1(t)] for t in dict.fromkeys(s["task"] for s in table1)]
-        out += ("<h2>Table 1: weighted frequency ID per layer</h2><p>Sum of k w_k / sum of w_k over RoPE planes k, "
-                "w_k = max(largest logit the plane alone contributes, 0), averaged over prompts (posym.geometry). "
-                "The paper's models have 12 layers and 64 planes; a quick model has fewer of both.</p>"
-                + _table(["model", *[f"L{k}" for k in range(depth)]], rows))
+        rows = []
+        for s in table1:
+            by_name = s.get("weightings") or {"linear": s["weighted_id"]}
+            planes = s.get("planes")
+            rows += [[f"{s['task']} (ours, {name})", *values, *[""] * (depth - len(values)), _fmt(planes),
+                      _fmt((planes + 1) / 2 if planes else None, 1)] for name, values in by_name.items()]
+        rows += [[f"{t} (paper)", *_paper_table1(t), 64, 32.5] for t in dict.fromkeys(s["task"] for s in table1)]
+        out += ("<h2>Table 1: weighted frequency ID per layer</h2><p>Sum of k w_k / sum of w_k over RoPE planes k "
+                "for each weighting w of posym.geometry (linear: max(use, 0); dominant: the plane of largest use; "
+                "floor: use minus the head's median plane use, clipped at 0; sharpened: softmax of the uses), "
+                "use = largest logit the plane alone contributes, averaged over prompts. Equal weights give the "
+                "uniform baseline (planes + 1) / 2. The paper's models have 12 layers and 64 planes; a quick "
+                "model has fewer of both.</p>"
+                + _table(["model", *[f"L{k}" for k in range(depth)], "planes", "uniform"], rows))
     return out
 
 
