@@ -49,8 +49,10 @@ def main() -> None:
     parser.add_argument("--compare", choices=("plain", "bf16"), default="plain",
                         help="plain: posym vs a plain HF loop; bf16: posym fp32 vs posym bf16 autocast")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the preset's)")
     args = parser.parse_args()
-    config = resolve_config(args.preset, args.task, overrides={"device": args.device})
+    overrides = {"device": args.device, **({"threads": args.threads} if args.threads else {})}
+    config = resolve_config(args.preset, args.task, overrides=overrides)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     batches = [tuple(torch.as_tensor(a).to(args.device)

@@ -70,7 +70,8 @@ class TrainConfig:
     val_size: int = 0
     """Validation-split samples also evaluated at every checkpoint (columns val_acc, val_loss, ...),
     from which `--step best` picks the checkpoint, as the authors' trainer keeps its best checkpoint by
-    validation accuracy; 0 = none (runs from before this field; `posym.checkpoints` computes them)."""
+    validation accuracy (presets paper and seed: the whole split, 2,400); 0 = none (runs from before
+    this field; `posym.checkpoints` computes them from the checkpoints)."""
     eval_batch_size: int = 1000
     """Sequences per forward pass during evaluation."""
     seed: int = 0
@@ -105,7 +106,7 @@ class TrainConfig:
 
 def _paper(task: TaskConfig) -> TrainConfig:
     """SPEC section 2: 12 x 1 head, width 128, AdamW 1e-4, 750 warmup, batch 192, 6,000 steps."""
-    return TrainConfig(preset="paper", task=task, model=ModelConfig(), val_size=2000)
+    return TrainConfig(preset="paper", task=task, model=ModelConfig(), val_size=SPLIT_SIZES["val"])
 
 
 def _seed(task: TaskConfig) -> TrainConfig:
@@ -113,7 +114,7 @@ def _seed(task: TaskConfig) -> TrainConfig:
     return TrainConfig(
         preset="seed", task=task, model=ModelConfig(n_layer=6, n_head=8, n_embd=128),
         lr=5e-4, betas=[0.9, 0.999], warmup_steps=300, max_steps=4000, batch_size=128,
-        checkpoint_every=250, val_size=2000,
+        checkpoint_every=250, val_size=SPLIT_SIZES["val"],
     )
 
 
