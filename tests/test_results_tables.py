@@ -1,0 +1,38 @@
+"""The committed tables behind docs/results.md's issue-18 section, read back: columns, ranges, the
+claims the text makes from them, and a few rows recomputed with the code that wrote them."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from posym.constructions import index_head
+from posym.tasks import TaskConfig
+from posym.theory import check_length, frequency_angle, index_bound, index_inputs
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def test_theorem32_max_vs_min_table():
+    table = pd.read_parquet(RESULTS / "theorem32_max_vs_min.parquet")
+    assert {"head", "n", "theta", "bound", "symbols", "input_set", "gap_max", "delta", "correct", "inputs",
+            "ok_max", "ok_min"} <= set(table.columns)
+    for head in ("index", "retrieval"):
+        assert table[table["head"] == head].n.tolist() == list(range(1, 65))
+    assert (table.delta <= table.gap_max).all() and (table.delta > 0).all() and (table.correct == 1.0).all()
+    assert (table.ok_max == (table.gap_max <= table.bound + 1e-12)).all()
+    # the claims of docs/results.md: with the minimum (posym's Delta) both bounds hold at every length;
+    # with the maximum T_Index breaks at n = 8-12 and 29-56, T_Retrieval at every length 1..64
+    assert table.ok_min.all()
+    index, retrieval = table[table["head"] == "index"], table[table["head"] == "retrieval"]
+    assert index[~index.ok_max].n.tolist() == [*range(8, 13), *range(29, 57)]
+    assert retrieval[~retrieval.ok_max].n.tolist() == list(range(1, 65))
+    assert (index.input_set == "exhaustive").all()
+    # recomputed: T_Index on every input at two lengths, one inside and one outside the failures
+    num = TaskConfig("number", int_range=64)
+    theta = frequency_angle(2)
+    for n in (10, 57):
+        stats = check_length(index_head(num, theta), num, index_inputs(num, n, 0))
+        row = index[index.n == n].iloc[0]
+        assert (row.gap_max, row.delta) == pytest.approx((stats["gap_max"], stats["delta"]), abs=1e-9)
+        assert row.bound == pytest.approx(index_bound(theta, n))
