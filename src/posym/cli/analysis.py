@@ -111,12 +111,12 @@ def dynamics_command(
             table.add_row(str(r["gamma"]), r["stage"], str(r["step"]),
                           *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}" for k in ("positional", "symbolic", "mixed", "uniform")))
     roles = Table(title="by query role at max accuracy, gamma 0.1 (label of the mean; docs: posym.dynamics)")
-    for column in ("query mode", "positional", "symbolic", "mixed"):
+    for column in ("query mode", "positional", "symbolic", "mixed", "uniform"):
         roles.add_column(column, justify="right")
     for r in result["composition"]:
         if r["gamma"] == 0.1 and r["stage"] == "max_acc":
             roles.add_row(r["query_mode"], *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}"
-                                             for k in ("positional", "symbolic", "mixed")))
+                                             for k in ("positional", "symbolic", "mixed", "uniform")))
     Console().print(table)
     Console().print(roles)
     out_dir = out or Path(run_dir) / "analysis"
