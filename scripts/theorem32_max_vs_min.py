@@ -20,9 +20,9 @@ import pandas as pd
 import torch
 
 from posym import io
-from posym.constructions import index_head, retrieval_head
-from posym.tasks import TaskConfig
-from posym.theory import (check_length, frequency_angle, hardest_inputs, index_bound, index_inputs,
+from posym.core.constructions import index_head, retrieval_head
+from posym.core.tasks import TaskConfig
+from posym.core.theory import (check_length, frequency_angle, hardest_inputs, index_bound, index_inputs,
                           retrieval_bound, retrieval_inputs)
 
 INDEX_ID, RETRIEVAL_ID, LETTERS = 2, 42, 8

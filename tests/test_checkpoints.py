@@ -10,10 +10,10 @@ import pytest
 
 from cli_runner import run_posym
 from tiny_runs import train_tiny
-from posym import checkpoints
+from posym.commands import validate as checkpoints
+from posym.core.tasks import SPLIT_SIZES
 from posym.errors import PosymError
-from posym.model import CHECKPOINT_META, list_checkpoints, resolve_checkpoint
-from posym.tasks import SPLIT_SIZES
+from posym.loading import CHECKPOINT_META, list_checkpoints, resolve_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,8 @@ def test_best_step_is_the_earliest_validation_maximum_not_the_test_one(tiny_run,
     metrics.to_parquet(run / "metrics.parquet")
     result = checkpoints.run_validation(run)
     assert (result["best_step"], result["best_test_step"], result["test_acc_at_best"]) == (16, 40, 0.0)
-    assert resolve_checkpoint(run, "best")[0].name == "step-00000016"
+    assert resolve_checkpoint(run, checkpoints.resolve_step(run, "best"))[0].name == "step-00000016"
+    assert checkpoints.resolve_step(run, 20) == 20 and checkpoints.resolve_step(run, None) is None
 
 
 def test_step_best_in_commands(tiny_run, tmp_path, monkeypatch, capsys):
@@ -87,7 +88,7 @@ def test_bad_steps_are_posym_errors(tiny_run, monkeypatch, capsys):
             checkpoints.parse_step(bad)
     single = list_checkpoints(tiny_run)[-1][1]
     with pytest.raises(PosymError, match="needs a run directory"):
-        resolve_checkpoint(single, "best")
+        checkpoints.resolve_step(single, "best")
     assert run_posym(monkeypatch, "eval", tiny_run, "--step", "lastest") == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("posym: error: --step") and "\n" not in err

@@ -7,8 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, progress_bar
-from posym.checkpoints import parse_step
+from posym.cli import app, checkpoint_step, parse_list, progress_bar
 from posym.errors import PosymError
 
 
@@ -43,20 +42,20 @@ def score_command(
     from rich.console import Console
     from rich.table import Table
 
-    from posym import io, scores
+    from posym import io, loading
     from posym.configs import to_dict
-    from posym.model import load_model
+    from posym.core import scores
 
     if batch_size < 1 or n_prompts < 1:
         raise PosymError("--batch-size and --n-prompts must be positive")
-    hf_model, info = load_model(model, step=parse_step(step))
+    hf_model, info = loading.load_checkpoint(model, step=checkpoint_step(model, step))
     task_config = info["task_config"]
     if task is not None and (task_config is None or task_config.task != task):
-        from posym.tasks import task_config as paper_task
+        from posym.core.tasks import task_config as paper_task
 
         task_config = paper_task(task)
-    ids, wanted = scores.prompt_set(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
-                                    seed=seed, prompts_file=prompts, queries=queries)
+    ids, wanted = loading.score_prompts(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+                                        seed=seed, prompts_file=prompts, queries=queries)
     settings = {"model": str(info["path"]), "step": info["step"], "prompts": str(prompts) if prompts else None,
                 "task": to_dict(task_config) if task_config is not None and not prompts else None,
                 "n_prompts": len(ids), "queries": queries or "file/last", "tau": tau, "blocks": blocks,
@@ -65,11 +64,11 @@ def score_command(
     with bar:
         frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare,
                                     batch_size=batch_size, progress=advance)
-        rows = scores.write_scores(out, frames, io.manifest(settings, seed=seed, settings=settings,
+        rows = loading.write_score_parquet(out, frames, io.manifest(settings, seed=seed, settings=settings,
                                                             hf_config=hf_model.config.to_dict()))
     import pandas as pd
 
-    summary = scores.summarize(pd.read_parquet(out, columns=["layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
+    summary = scores.summarize_heads(pd.read_parquet(out, columns=["layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
     table = Table(title=f"mean scores over {len(ids)} prompts (gamma = {gamma})")
     for column in ("layer", "head", "s_pos", "s_sym", "entropy", "label"):
         table.add_column(column, justify="left" if column == "label" else "right")
@@ -94,8 +93,8 @@ def dynamics_command(
     from rich.console import Console
     from rich.table import Table
 
-    from posym import dynamics
-    from posym.model import list_checkpoints
+    from posym.commands import dynamics
+    from posym.loading import list_checkpoints
 
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
     bar, advance = progress_bar(total, "scoring checkpoints")
@@ -110,7 +109,7 @@ def dynamics_command(
         if r["query_mode"] == "hops":
             table.add_row(str(r["gamma"]), r["stage"], str(r["step"]),
                           *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}" for k in ("positional", "symbolic", "mixed", "uniform")))
-    roles = Table(title="by query role at max accuracy, gamma 0.1 (label of the mean; docs: posym.dynamics)")
+    roles = Table(title="by query role at max accuracy, gamma 0.1 (label of the mean; docs: posym.commands.dynamics)")
     for column in ("query mode", "positional", "symbolic", "mixed", "uniform"):
         roles.add_column(column, justify="right")
     for r in result["composition"]:
@@ -149,17 +148,17 @@ def geometry_command(
     (Table 1 / Fig. 8), per-plane positional/symbolic scores, and the q/k plane scatter (Fig. 4B)."""
     from transformers.utils import logging as hf_logging
 
-    from posym import geometry
+    from posym.commands import geometry
 
     hf_logging.disable_progress_bar()
-    job = geometry.prepare(path, step=parse_step(step), n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
+    job = geometry.prepare(path, step=checkpoint_step(path, step, device), n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
                            tau=tau, device=device, out=out)
     bar, advance = progress_bar(len(job["input_ids"]), "scoring planes")
     with bar:
         result = geometry.run_geometry(**job, plane_layer=plane_layer, plane_head=plane_head, example=example,
                                        progress=advance)
     print(f"weighted frequency ID per layer, by weighting ({result['planes']} planes, uniform baseline "
-          f"(planes + 1) / 2 = {result['uniform_id']:g}; posym.geometry defines each):")
+          f"(planes + 1) / 2 = {result['uniform_id']:g}; posym.core.geometry defines each):")
     for name, values in result["weightings"].items():
         print(f"  {name:<10}" + ", ".join(f"{v:.1f}" for v in values))
     if result["paper_table1"]:
@@ -193,9 +192,10 @@ def theory_command(
     from rich.progress import Progress
     from rich.table import Table
 
-    from posym import theory
+    from posym.commands import theory
+    from posym.core.theory import TheoryConfig
 
-    config = theory.TheoryConfig(n0=n0, index_freq_id=index_freq_id, retrieval_freq_id=retrieval_freq_id,
+    config = TheoryConfig(n0=n0, index_freq_id=index_freq_id, retrieval_freq_id=retrieval_freq_id,
                                  curve_freq_ids=curve_freq_id, alphabet_size=alphabet_size, eps=eps,
                                  samples=samples, seed=seed)
     with Progress(transient=True) as bar:
@@ -245,8 +245,7 @@ def lengthgen_command(
 
     from transformers.utils import logging as hf_logging
 
-    from posym import lengthgen
-    from posym.llm import parse_list
+    from posym.commands import lengthgen
 
     hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
 
@@ -255,7 +254,7 @@ def lengthgen_command(
     out = out or Path(run_dir) / "lengthgen"
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
-        result = lengthgen.run_lengthgen(run_dir, config, out, step=parse_step(step),
+        result = lengthgen.run_lengthgen(run_dir, config, out, step=checkpoint_step(run_dir, step, device),
                                          progress=lambda done, total: bar.update(job, completed=done, total=total))
     table = result["table"]
     hops = sorted(h for h in table["hop"].unique() if h != lengthgen.ALL_HOPS)
@@ -296,14 +295,13 @@ def discrepancy_command(
     from rich.table import Table
     from transformers.utils import logging as hf_logging
 
-    from posym import discrepancy
-    from posym.llm import parse_list
+    from posym.commands import discrepancy
 
     hf_logging.disable_progress_bar()
     with Progress(transient=True) as bar:
         job = bar.add_task("measuring gaps (prompts)", total=None)
         result = discrepancy.run_discrepancy(
-            path, out, step=parse_step(step), lengths=parse_list(lengths, int) if lengths else None, n=n, seed=seed,
+            path, out, step=checkpoint_step(path, step, device), lengths=parse_list(lengths, int) if lengths else None, n=n, seed=seed,
             prompts=prompts, queries=queries, max_tokens=max_tokens, device=device,
             progress=lambda k: bar.advance(job, k))
     summary = result["summary"]

@@ -7,8 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, progress_bar
-from posym.checkpoints import parse_step
+from posym.cli import app, checkpoint_step, progress_bar
 from posym.errors import PosymError
 
 
@@ -37,7 +36,8 @@ def data_command(
 ) -> None:
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
 
-    from posym import datasets, tasks
+    from posym.commands import datasets
+    from posym.core import tasks
 
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
                  alphabet_size=alphabet_size, int_range=int_range, extra_target=extra_target)
@@ -70,7 +70,7 @@ def train_command(
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Train a GPT-J on a multi-hop task, saving checkpoints, metrics.parquet and train.log in a run directory."""
-    from posym import train
+    from posym.commands import train
 
     if resume is not None:
         given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
@@ -108,9 +108,10 @@ def eval_command(
     from rich.console import Console
     from rich.table import Table
 
-    from posym import io, train
+    from posym import io
+    from posym.commands import train
 
-    rows = train.evaluate_checkpoint(path, step=parse_step(step), task=task, n=n, extra_targets=extra_target or [0],
+    rows = train.evaluate_checkpoint(path, step=checkpoint_step(path, step, device), task=task, n=n, extra_targets=extra_target or [0],
                                      seed=seed, split=split, device=device)
     table = Table(title=f"{rows[0]['task']} task, {rows[0]['checkpoint']}")
     keys = [k for k in rows[0] if k in ("extra_target", "seq_len", "loss") or k.startswith("acc")]
@@ -132,13 +133,13 @@ def validate_command(
 ) -> None:
     """Validation accuracy of every checkpoint (recorded in training, else computed and cached in
     RUN_DIR/validation.parquet) and the best step by validation, which `--step best` selects."""
-    from posym import checkpoints
-    from posym.model import list_checkpoints
+    from posym.commands import validate
+    from posym.loading import list_checkpoints
 
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
     bar, advance = progress_bar(total, "validating checkpoints")
     with bar:
-        result = checkpoints.run_validation(run_dir, n=n, device=device, progress=lambda step: advance())
+        result = validate.run_validation(run_dir, n=n, device=device, progress=lambda step: advance())
     print(f"best step by validation: {result['best_step']} (val acc {result['best_val_acc']:.4f}, "
           f"test acc {result['test_acc_at_best']:.4f}); best step by test: {result['best_test_step']}; "
           f"wrote {Path(run_dir) / 'validation.json'}")

@@ -5,7 +5,7 @@ layer at a time, `capture`) returns the pre-rotation queries q and keys k of eve
 outputs, grouped-query keys repeated per query head) and the cos/sin tables and plane pairing the
 model itself rotates with, from one forward pass that stops after the last requested layer.
 `rotate` applies RoPE (or its transpose) and `pair_planes` splits vectors into RoPE planes, so
-`posym.scores` (swap scores) and `posym.geometry` (per-plane scores) compute any logit exactly.
+`posym.core.scores` (swap scores) and `posym.core.geometry` (per-plane scores) compute any logit exactly.
 
 Supported: GPT-J (interleaved planes, partial rotary_dim), GPT-NeoX/Pythia (half-split, partial
 rotary, fused qkv), Llama, Mistral, Qwen2 (half-split, grouped-query attention, the configured rope

@@ -5,7 +5,7 @@ at angle theta_k per position; frequency ID k = 1 is the fastest plane) plus one
 from the dims RoPE leaves alone (partial rotary). For a query at position p and a key at position
 j the term of plane k is scale * (R_p q)_k . (R_j k_j)_k. Everything here is built from the scores
 engine's per-head pre-rotation queries/keys and the model's own rotary tables
-(`posym.qk.head_qk`), so it works on GPT-J (interleaved planes) and NeoX/Llama/Mistral/Qwen2
+(`posym.core.qk.head_qk`), so it works on GPT-J (interleaved planes) and NeoX/Llama/Mistral/Qwen2
 (half-split planes), partial rotary included.
 
 Definitions (what the numbers in Table 1 / Fig. 8 mean here):
@@ -27,7 +27,7 @@ Definitions (what the numbers in Table 1 / Fig. 8 mean here):
     each plane would get if the planes competed like keys in attention (equal uses: uniform).
   The linear weighting also gives weighted_frequency (the same average of theta_k, radians).
 - per-plane scores: each channel scored as its own head (softmax of its own logits, swap scores of
-  `posym.scores.swap_scores`), the frequency-resolved analysis of 2511.
+  `posym.core.scores.swap_scores`), the frequency-resolved analysis of 2511.
 
 Public API
 - `plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau=1e-4)`: one row per
@@ -36,19 +36,16 @@ Public API
   free_use, planes, uniform_id; `weighted_ids(ids, use)` the weightings of one head.
 - `qk_projection(model, input_ids, layer, head, frequency_id)`: one prompt's queries and keys on
   one plane (Fig. 4B), before and after rotation.
-- `load_analysable(path)` loads a run, checkpoint or HF model directory; `prepare(path, ...)` adds its prompts;
-  `run_geometry(**prepare(...))` is the `posym geometry` driver (Parquet tables, JSON summary, figures).
+`posym geometry` (loading, Parquet tables, JSON summary, figures) is `posym.commands.geometry`.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
+from posym.core.qk import as_batch, check_layers, head_qk, pair_planes, rotate
+from posym.core.scores import BUDGET, query_batches, swap_scores
 from posym.errors import PosymError
-from posym.qk import as_batch, check_layers, head_qk, pair_planes, rotate
-from posym.scores import BUDGET, query_batches, swap_scores
 
 # Table 1 of 2605: weighted-average frequency ID per layer of the paper-preset models (12 layers).
 PAPER_TABLE1 = {
@@ -238,102 +235,3 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     return frame
 
 
-def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=None,
-                    attn_implementation: str = "eager") -> tuple:
-    """(model, task_config, out_dir, step) for a posym run or checkpoint (its task config, default
-    out_dir RUN_DIR/analysis, the loaded step) or a Hugging Face RoPE model directory (None, `out`,
-    None; `out` is required there and `step` must be None). `attn_implementation` applies to posym
-    checkpoints ("sdpa" is faster where nothing reads attention weights)."""
-    import json
-
-    from posym import model as posym_model
-
-    path = Path(path)
-    config_json = path / "config.json"
-    try:
-        hf_config = json.loads(config_json.read_text(encoding="utf-8")) if config_json.is_file() else {"model_type": "gptj"}
-    except (OSError, json.JSONDecodeError):
-        raise PosymError(f"{config_json} is not valid JSON") from None
-    kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
-    if kind == "gptj":
-        model, info = posym_model.load_model(path, step=step, device=device, attn_implementation=attn_implementation)
-        task_config, run_dir, step = info["task_config"], info["run_dir"], info["step"]
-    else:
-        from posym import llm
-
-        if step is not None or out is None:
-            raise PosymError("--step and a default --out only apply to posym run directories; give --out")
-        model, task_config, run_dir = llm.load_model(path, device=device).model, None, None
-    if out is None:
-        if run_dir is None:
-            raise PosymError("give --out: only a posym run directory has a default output directory")
-        out = Path(run_dir) / "analysis"
-    return model, task_config, Path(out), step
-
-
-def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
-            queries: str = "last", tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
-    """Load what `posym geometry PATH` analyses (`load_analysable`) and its prompts: the run's own
-    task's test prompts, or the JSONL file `prompts` (required for a Hugging Face model).
-
-    Returns the keyword arguments of `run_geometry` but `progress` and the figure options: model,
-    input_ids, queries, out_dir, tau, token_names, paper_task and settings (recorded in geometry.json).
-    """
-    from posym import scores, tasks
-
-    model, task_config, out, step = load_analysable(path, step=step, device=device, out=out)
-    ids, wanted = scores.prompt_set(model, task_config=None if prompts else task_config, n_prompts=n_prompts,
-                                    seed=seed, prompts_file=prompts, queries=queries)
-    names = tasks.token_names(task_config) if task_config is not None and not prompts else None
-    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
-                "queries": queries, "tau": tau, "seed": seed}
-    return {"model": model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
-            "token_names": names, "paper_task": task_config.task if names else None, "settings": settings}
-
-
-def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane_layer: int | None = None,
-                 plane_head: int = 0, example: int = 0, token_names=None, paper_task: str | None = None,
-                 settings: dict, progress=None) -> dict:
-    """Write planes.parquet (per-prompt channel rows), channels.parquet (channel means),
-    frequency.parquet (per head, Table 1), qk_plane.parquet (prompt `example` on the dominant plane
-    of plane_layer/plane_head;
-    plane_layer None = layer 1 as in the paper's Fig. 4B, or 0 for a 1-layer model), geometry.json and fig8_frequency / fig4b_qk_plane PNG+SVG to out_dir.
-
-    token_names: optional id -> text table for the figure labels; paper_task: "number"/"letter" to
-    draw the paper's Table 1 beside ours. Returns the summary dict.
-    """
-    from posym import figures
-    from posym.io import manifest, write_json, write_parquet
-
-    n_layers = len(check_layers(model, None))
-    plane_layer = min(1, n_layers - 1) if plane_layer is None else plane_layer
-    if not 0 <= plane_layer < n_layers:
-        raise PosymError(f"--plane-layer must lie in 0..{n_layers - 1}, got {plane_layer}")
-    if not 0 <= example < len(input_ids):
-        raise PosymError(f"--example must lie in 0..{len(input_ids) - 1} (the prompt set), got {example}")
-    out_dir = Path(out_dir)
-    planes = plane_scores(model, input_ids, queries, tau=tau, progress=progress)
-    means = channel_means(planes)
-    heads = frequency_use(means)
-    chosen = heads[(heads.layer == plane_layer) & (heads["head"] == plane_head)]
-    if chosen.empty:
-        raise PosymError(f"--plane-head {plane_head} does not exist in layer {plane_layer}")
-    dominant = int(chosen.dominant_id.iloc[0])
-    projection = qk_projection(model, input_ids[example], plane_layer, plane_head, dominant)
-    write_parquet(out_dir / "planes.parquet", planes)
-    write_parquet(out_dir / "channels.parquet", means)
-    write_parquet(out_dir / "frequency.parquet", heads)
-    write_parquet(out_dir / "qk_plane.parquet", projection)
-    paper = PAPER_TABLE1.get(paper_task) if paper_task else None
-    paths = figures.plot_frequency_use(means, heads, out_dir / "fig8_frequency", paper=paper)
-    paths += figures.plot_qk_plane(projection, out_dir / "fig4b_qk_plane", token_names=token_names)
-    per_layer = heads.groupby("layer").mean(numeric_only=True)
-    summary = {**manifest(settings, seed=settings.get("seed")),
-               "weighted_id_per_layer": per_layer.weighted_id.round(2).tolist(),
-               "weightings": {name: per_layer[f"weighted_id_{name}"].round(2).tolist() for name in WEIGHTINGS},
-               "planes": int(heads.planes.max()), "uniform_id": float(heads.uniform_id.max()),
-               "paper_table1": paper, "plane_figure": {"layer": plane_layer, "head": plane_head,
-                                                       "frequency_id": dominant, "prompt": example},
-               "figures": [str(p) for p in paths]}
-    write_json(out_dir / "geometry.json", summary)
-    return summary

@@ -19,7 +19,9 @@ import shutil
 from pathlib import Path
 
 from posym import io
+from posym.core.geometry import PAPER_TABLE1
 from posym.errors import PosymError
+
 
 SEED_LAYERS = "seed summary: ~40% positional / 60% symbolic (number), > 90% symbolic (letter)"
 # Pure heads at gamma = 0.1 of the paper's 12-layer models (SPEC 4).
@@ -200,8 +202,6 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[str, dict]:
 
 
 def _paper_table1(task: str) -> list[int]:
-    from posym.geometry import PAPER_TABLE1
-
     return PAPER_TABLE1[task]
 
 
@@ -226,8 +226,8 @@ def _summary_tables(summaries: list[dict]) -> str:
                       _fmt((planes + 1) / 2 if planes else None, 1)] for name, values in by_name.items()]
         rows += [[f"{t} (paper)", *_paper_table1(t), 64, 32.5] for t in dict.fromkeys(s["task"] for s in table1)]
         out += ("<h2>Table 1: weighted frequency ID per layer</h2><p>Sum of k w_k / sum of w_k over RoPE planes k "
-                "for each weighting w of posym.geometry (linear: max(use, 0); dominant: the plane of largest use; "
-                "floor: use minus the head's median plane use, clipped at 0; sharpened: softmax of the uses), "
+                "for each weighting w of posym.core.geometry (linear: max(use, 0); dominant: the plane of largest "
+                "use; floor: use minus the head's median plane use, clipped at 0; sharpened: softmax of the uses), "
                 "use = largest logit the plane alone contributes, averaged over prompts. Equal weights give the "
                 "uniform baseline (planes + 1) / 2. The paper's models have 12 layers and 64 planes; a quick "
                 "model has fewer of both.</p>"

@@ -1,5 +1,5 @@
-"""Checkpoint selection by validation accuracy: the authors' trainer keeps its best checkpoint by
-validation accuracy, so the "max-accuracy step" of the analyses is chosen on the val split, never
+"""`posym validate` and `--step best`: checkpoint selection by validation accuracy. The authors'
+trainer keeps its best checkpoint by validation accuracy, so the "max-accuracy step" of the analyses is chosen on the val split, never
 on the test split the results are reported on.
 
 `validation_table(run_dir)` gives one row per checkpoint: step, val_acc, val_loss, val_acc_hop1..H,
@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from posym import io
+from posym.core.tasks import SPLIT_SIZES
+from posym.core.train import evaluate
 from posym.errors import PosymError
+from posym.loading import CHECKPOINTS, list_checkpoints, load_checkpoint, read_checkpoint_meta
 
 VALIDATION = "validation.parquet"
 BEST = "best"
@@ -48,11 +52,6 @@ def validation_table(run_dir, *, n: int | None = None, device: str = "cpu", prog
     optional callable(step) after each computed checkpoint."""
     import pandas as pd
 
-    from posym import io
-    from posym.model import list_checkpoints, load_model, read_checkpoint_meta
-    from posym.tasks import SPLIT_SIZES
-    from posym.train import evaluate
-
     run_dir = Path(run_dir)
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints:
@@ -72,7 +71,7 @@ def validation_table(run_dir, *, n: int | None = None, device: str = "cpu", prog
         elif step in cached.index:
             rows.append({"step": step, **cached.loc[step].to_dict()})
         else:
-            model, info = load_model(path, device=device, attn_implementation="sdpa")
+            model, info = load_checkpoint(path, device=device, attn_implementation="sdpa")
             if info["task_config"] is None:
                 raise PosymError(f"{path} has no posym.json task config; cannot evaluate it on the val split")
             # the run's own seed: the val samples training records for runs with val_size > 0
@@ -89,6 +88,17 @@ def validation_table(run_dir, *, n: int | None = None, device: str = "cpu", prog
     return table
 
 
+def resolve_step(path, step: int | str | None, *, device: str = "cpu") -> int | None:
+    """`step` as the commands take it: "best" becomes the best step of the run directory `path`
+    (`best_step`), anything else is returned as it is."""
+    if step != BEST:
+        return step
+    path = Path(path)
+    if (path / "config.json").is_file() or not (path / CHECKPOINTS).is_dir():
+        raise PosymError(f"--step best needs a run directory with checkpoints; {path} is not one")
+    return best_step(path, device=device)
+
+
 def best_step(run_dir, *, device: str = "cpu") -> int:
     """The earliest checkpoint step with the highest validation accuracy."""
     table = validation_table(run_dir, device=device)
@@ -100,8 +110,6 @@ def run_validation(run_dir, *, n: int | None = None, device: str = "cpu", progre
     """`posym validate`: the validation table, with test accuracy beside it, the best step by
     validation and the best step by test (for comparison only); writes RUN_DIR/validation.json."""
     import pandas as pd
-
-    from posym import io
 
     run_dir = Path(run_dir)
     table = validation_table(run_dir, n=n, device=device, progress=progress)

@@ -1,0 +1,275 @@
+"""`posym train` / `posym eval`: run directories, the exact-resume training loop, checkpoint evaluation.
+
+The maths of a step (schedule, loss on the last position, AdamW update, the batch of a step) and
+the evaluation are `posym.core.train`; this module owns the files: config.yaml and manifest.json of
+a run, checkpoints (weights + posym.json + the trainer state that makes a resumed run end
+bit-identical to an uninterrupted one on the same machine), metrics.parquet and train.log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from posym import io
+from posym.commands import lengthgen
+from posym.configs import from_dict, override, to_dict
+from posym.core.model import build_model, resolve_device
+from posym.core.tasks import task_config
+from posym.core.train import (PRESETS, TrainConfig, checkpoint_steps, evaluate, make_optimizer, to_tensor,
+                              train_batch, train_step)
+from posym.errors import PosymError
+from posym.loading import (CHECKPOINT_META, CHECKPOINTS, checkpoint_name, list_checkpoints, load_checkpoint,
+                            read_checkpoint_meta)
+
+TRAINER_TENSORS = "trainer_state.safetensors"
+TRAINER_JSON = "trainer_state.json"
+
+
+def resolve_config(
+    preset: str, task: str, config_file: str | Path | None = None, overrides: dict | None = None
+) -> TrainConfig:
+    """The preset for `task`, then the YAML file's keys, then `overrides` (e.g. CLI flags) on top."""
+    if preset not in PRESETS:
+        raise PosymError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    config = PRESETS[preset](task_config(task))
+    if config_file is not None:
+        config = override(config, io.read_yaml(config_file), where=str(config_file))
+    if overrides:
+        config = override(config, overrides)
+    return config
+
+
+def evaluate_checkpoint(
+    path: str | Path, *, step: int | None = None, task: str | None = None, n: int = 2000,
+    extra_targets: list[int] = (0,), seed: int = 0, split: str = "test", device: str = "cpu",
+) -> list[dict]:
+    """`evaluate` one checkpoint on its own task config (or the paper's `task`) per extra_target.
+
+    Each row: checkpoint, step, task, extra_target, seq_len and the `evaluate` metrics.
+    """
+    model, info = load_checkpoint(path, step=step, device=device)
+    if task is not None:
+        base = task_config(task)
+    elif info["task_config"] is not None:
+        base = info["task_config"]
+    else:
+        raise PosymError(f"{info['path']} has no posym.json with its task; pass --task number or --task letter")
+    rows = []
+    for extra in extra_targets:
+        cfg = dataclasses.replace(base, extra_target=extra)
+        if cfg.vocab_size > model.config.vocab_size:
+            raise PosymError(
+                f"the {cfg.task} task needs {cfg.vocab_size} token ids but the model has {model.config.vocab_size}"
+            )
+        if cfg.seq_len > model.config.n_positions:
+            raise PosymError(f"sequences of {cfg.seq_len} tokens exceed the model's {model.config.n_positions} positions")
+        # the batch rule of posym lengthgen: bounded tokens per forward pass keep long lengths in memory
+        metrics = evaluate(model, cfg, n, seed, split, lengthgen.batch_size(cfg.seq_len, lengthgen.LengthGenConfig.max_tokens))
+        rows.append({"checkpoint": str(info["path"]), "step": info["step"], "task": cfg.task,
+                     "extra_target": extra, "seq_len": cfg.seq_len, **metrics})
+    return rows
+
+
+def _save_trainer_state(directory: Path, optimizer, step: int, config_hash: str) -> None:
+    """Optimizer moments and RNG states as safetensors, scalars as JSON."""
+    import torch
+    from safetensors.torch import save_file
+
+    state = optimizer.state_dict()
+    tensors = {"rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    for index, slots in state["state"].items():
+        for name, value in slots.items():
+            tensors[f"optimizer.{index}.{name}"] = value.detach().cpu().contiguous()
+    save_file(tensors, str(directory / TRAINER_TENSORS))
+    io.write_json(
+        directory / TRAINER_JSON,
+        {"step": step, "config_hash": config_hash, "param_groups": state["param_groups"]},
+    )
+
+
+def _load_trainer_state(directory: Path, optimizer) -> int:
+    """Restore optimizer and RNG from a checkpoint; return its step."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(directory / TRAINER_TENSORS))
+    meta = json.loads((directory / TRAINER_JSON).read_text(encoding="utf-8"))
+    slots: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, index, name = key.split(".", 2)
+            slots.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda_states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states)
+    return int(meta["step"])
+
+
+LEGACY_DEFAULTS = {"val_size": 0, "precision": "fp32"}
+"""Fields added to TrainConfig after runs existed, with the value that reproduces those runs."""
+
+
+def run_hash(config: TrainConfig) -> str:
+    """The config hash of a run, leaving out LEGACY_DEFAULTS fields at their legacy value, so a run
+    started before a field existed keeps its hash when resumed by newer code."""
+    data = {k: v for k, v in to_dict(config).items() if LEGACY_DEFAULTS.get(k, ...) != v}
+    return io.config_hash(data)
+
+
+def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
+    """Check the run directory; write config.yaml and manifest.json for a new run."""
+    config_path = run_dir / "config.yaml"
+    if resume:
+        if not config_path.is_file():
+            raise PosymError(f"cannot resume: {run_dir} is not a posym run directory (no config.yaml)")
+        stored = from_dict(TrainConfig, io.read_yaml(config_path), where=str(config_path))
+        if config is not None and run_hash(config) != run_hash(stored):
+            raise PosymError(f"cannot resume {run_dir} with a different config than its config.yaml")
+        return stored
+    if config is None:
+        raise PosymError("a config is needed to start a new run")
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise PosymError(f"{run_dir} already exists and is not empty; pass --resume or choose another --out")
+    io.write_yaml(config_path, to_dict(config))
+    io.write_json(run_dir / "manifest.json", {**io.manifest(to_dict(config), seed=config.seed),
+                                              "config_hash": run_hash(config)})
+    return config
+
+
+def train(
+    config: TrainConfig | None, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
+    stop_at: int | None = None,
+) -> Path:
+    """Train (or, with resume=True, continue) the run in `run_dir`; return `run_dir`.
+
+    With resume, `config` may be None (the run's config.yaml is used) and must otherwise equal it.
+    `stop_at` ends the session after a checkpoint at that step without touching the schedule (the lr
+    still decays towards max_steps), so a later resume continues the very same run: the way to train
+    the 6,000-step `paper` preset on a CPU up to its maximal accuracy, or in pieces.
+    """
+    import pandas as pd
+    import torch
+
+    if stop_at is not None and stop_at < 1:
+        raise PosymError(f"--stop-at must be a positive step, got {stop_at}")
+    run_dir = Path(run_dir)
+    config = _prepare_run_dir(config, run_dir, resume)
+    chash = run_hash(config)
+    device = resolve_device(config.device)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    task = config.task
+
+    model = build_model(config.model, task.vocab_size, config.seed).to(device)
+    optimizer = make_optimizer(model, config)
+    end = config.max_steps if stop_at is None else min(stop_at, config.max_steps)
+    saves = set(checkpoint_steps(config.max_steps, config.checkpoint_every)) | {end}
+    log_path = run_dir / "train.log"
+    log_lines = log_path.read_text(encoding="utf-8").splitlines() if resume and log_path.is_file() else []
+    rows: list[dict] = []
+
+    step = 0
+    resumable = [(s, p) for s, p in list_checkpoints(run_dir) if (p / TRAINER_TENSORS).is_file()]
+    if resume:  # temporary files of writes a kill interrupted (never visible under final names)
+        for leftover in [*run_dir.glob(".*.tmp-*"), *run_dir.glob(f"{CHECKPOINTS}/.*")]:
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    if resume and resumable:
+        from safetensors.torch import load_file
+
+        step, ckpt = resumable[-1]
+        if stop_at is not None and step >= end:
+            raise PosymError(f"{run_dir} is already at step {step}; nothing to do before step {end}")
+        model.load_state_dict(load_file(str(ckpt / "model.safetensors"), device=device))
+        _load_trainer_state(ckpt, optimizer)
+        rows = [read_checkpoint_meta(p)["metrics"] for s, p in list_checkpoints(run_dir) if s <= step]
+        log_lines.append(f"resumed at step {step} from {ckpt.name}")
+    else:
+        torch.manual_seed(config.seed)
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(config.seed)
+
+    def write_metrics() -> None:
+        frame = pd.DataFrame(rows)  # rows read back from posym.json have sorted keys: fix the order
+        first = ["step", "loss", "acc"] + [f"acc_hop{h}" for h in range(1, task.max_hops + 1)]
+        io.write_parquet(run_dir / "metrics.parquet", frame[first + sorted(set(frame.columns) - set(first))])
+
+    def checkpoint(step: int, train_loss: float) -> dict:
+        metrics = evaluate(model, task, config.eval_size, config.seed, "test", config.eval_batch_size)
+        if config.val_size:
+            val = evaluate(model, task, config.val_size, config.seed, "val", config.eval_batch_size)
+            metrics.update({f"val_{k}": v for k, v in val.items()})
+        metrics = {"step": step, **metrics, "train_loss": train_loss, "time": time.time()}
+        previous = list_checkpoints(run_dir)
+        with io.atomic_path(run_dir / "checkpoints" / checkpoint_name(step), is_dir=True) as tmp:
+            model.save_pretrained(tmp)
+            io.write_json(tmp / CHECKPOINT_META, {
+                "step": step, "seed": config.seed, "config_hash": chash,
+                "task": to_dict(task), "model": to_dict(config.model), "metrics": metrics,
+            })
+            _save_trainer_state(tmp, optimizer, step, chash)
+        if not config.keep_trainer_state:
+            for s, old in previous:  # only the newest checkpoint needs to be resumable
+                for name in (TRAINER_TENSORS, TRAINER_JSON):
+                    if s != step:  # a checkpoint rewritten at this step is the new one
+                        (old / name).unlink(missing_ok=True)
+        rows.append(metrics)
+        write_metrics()
+        hop_text = " ".join(f"{k[4:]}={v:.3f}" for k, v in metrics.items() if k.startswith("acc_hop"))
+        log_lines.append(
+            f"step {step} train_loss {train_loss:.4f} test_loss {metrics['loss']:.4f} "
+            f"acc {metrics['acc']:.4f} {hop_text}"
+        )
+        io.write_text(log_path, "\n".join(log_lines) + "\n")
+        return metrics
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if not resume or not resumable:
+        log_lines.append(f"training {config.preset} on {task.task}: {config.max_steps} steps on {device}")
+        last = checkpoint(0, float("nan"))
+    else:
+        last = rows[-1]
+        write_metrics()  # a kill between the latest checkpoint and metrics.parquet left it a row short
+    if end < config.max_steps:
+        log_lines.append(f"stopping at step {end} of {config.max_steps} (--stop-at); --resume continues")
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = [
+        TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]} steps/s"),
+        TextColumn("loss {task.fields[loss]}"), TextColumn("acc {task.fields[acc]}"), TimeRemainingColumn(),
+    ]
+    model.train()
+    window_loss = torch.zeros((), device=device)  # summed on device: no sync per step
+    window_steps, t0, t0_step = 0, time.perf_counter(), step
+    with Progress(*columns, disable=not progress, transient=False) as bar:
+        bar_task = bar.add_task(
+            "train", total=config.max_steps, completed=step, rate="-", loss="-", acc=f"{last['acc']:.3f}"
+        )
+        while step < end:
+            ids, answer = train_batch(task, step, config.batch_size, config.seed)
+            loss = train_step(model, optimizer, config, step, to_tensor(ids, device), to_tensor(answer, device))
+            step += 1
+            window_loss += loss
+            window_steps += 1
+            if step in saves:
+                last = checkpoint(step, (window_loss / window_steps).item())
+                window_loss.zero_()
+                window_steps = 0
+            if progress and (step % 10 == 0 or step == end):
+                rate = (step - t0_step) / max(1e-9, time.perf_counter() - t0)
+                bar.update(bar_task, completed=step, rate=f"{rate:.1f}", loss=f"{loss.item():.3f}",
+                           acc=f"{last['acc']:.3f}")
+    return run_dir
