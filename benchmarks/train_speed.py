@@ -12,7 +12,7 @@ load from other processes hits both alike.
 Prints steps/s of each and the ratio posym / plain (must be >= 1.0).
 
 With --compare bf16 the two loops are posym's step in fp32 and with precision bf16 (forward and
-loss under bfloat16 autocast; posym.train.train_step), same model, batches and alternation; it
+loss under bfloat16 autocast; posym.core.train.train_step), same model, batches and alternation; it
 prints the ratio bf16 / fp32 (> 1: bf16 is faster here). `--device cuda` times on a GPU.
 """
 

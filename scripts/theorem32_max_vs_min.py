@@ -3,7 +3,7 @@ wording) and as the MINIMUM (posym's Delta, what Lemma F.1 needs): which lengths
 
 For each length n = 1..N (query at position n) and each construction of `posym theory`'s Fig. 5A
 (T_Index on frequency ID 2, theta = 0.866; T_Retrieval on ID 42, theta = 0.0027, 8 letters), the
-largest and the smallest top-1 minus top-2 logit gap over the inputs of `posym.theory`: T_Index on
+largest and the smallest top-1 minus top-2 logit gap over the inputs of `posym.core.theory`: T_Index on
 every (query token, pointed-to token), T_Retrieval on every valid input where there are at most
 `--limit`, else `--samples` random ones plus the hardest (so its max is a lower bound of the true
 max: a row that breaks the bound with it breaks it for certain). Writes a small Parquet table
@@ -30,7 +30,7 @@ INDEX_ID, RETRIEVAL_ID, LETTERS = 2, 42, 8
 
 def rows(max_n: int, *, limit: int, samples: int, seed: int = 0) -> list[dict]:
     """One row per (head, n): theta, bound, symbols (T_Index: offsets 1..R = max(16, max_n), as
-    `posym.theory.discrepancy_curve`; T_Retrieval: letters), gap_max, delta (the min), correct,
+    `posym.core.theory.discrepancy_curve`; T_Retrieval: letters), gap_max, delta (the min), correct,
     inputs, input_set, ok_max, ok_min (the gap within Theorem 3.2's bound)."""
     th_i, th_r = frequency_angle(INDEX_ID), frequency_angle(RETRIEVAL_ID)
     num = TaskConfig("number", int_range=max(16, max_n))

@@ -102,7 +102,7 @@ ROLE_STYLES = {"hops": ("black", "all hops"), "last": ("tab:green", "last token"
 def plot_roles(heads, gamma: float, stem: str | os.PathLike) -> list[Path]:
     """Fig. 7 by query role: per layer (heads averaged), s_pos, s_sym and the fraction of prompts on
     which the head is pure (positional solid, symbolic dashed) for the all-hops mean and each role;
-    `heads` is one step's `posym.dynamics.composition` rows at one gamma."""
+    `heads` is one step's `posym.commands.dynamics.composition` rows at one gamma."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), sharex=True)
     step = int(heads.step.iloc[0])

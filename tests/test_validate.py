@@ -1,4 +1,4 @@
-"""posym.checkpoints: validation accuracy recorded in training equals the one computed from the
+"""posym.commands.validate: validation accuracy recorded in training equals the one computed from the
 checkpoints, the best step is the earliest maximum on validation (not test), and `--step best`
 selects it in the commands that take --step."""
 
