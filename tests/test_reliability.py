@@ -49,7 +49,7 @@ ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_H
 TRAIN = {"task": {"target_size": 4, "pretarget_size": 3, "max_hops": 2, "alphabet_size": 4, "int_range": 7},
          "model": {"n_layer": 2, "n_head": 1, "n_embd": 32, "dropout": 0.1, "n_positions": 64},
          "lr": 3e-3, "warmup_steps": 3, "max_steps": 96, "batch_size": 8, "checkpoint_every": 16,
-         "eval_size": 24, "eval_batch_size": 12, "threads": 1, "device": "cpu"}
+         "eval_size": 24, "val_size": 24, "eval_batch_size": 12, "threads": 1, "device": "cpu"}
 DYNAMICS = ["--n", "8"]
 LENGTHGEN = ["--protocol", "paper", "--lengths", "8,24,64", "--n", "32"]
 

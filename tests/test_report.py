@@ -15,7 +15,7 @@ from posym.commands import report
 from posym.errors import PosymError
 
 RUN_STEMS = [("analysis", s) for s in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity",
-                                      "fig4b_qk_plane", "fig8_frequency")] + [("lengthgen", "fig5b"),
+                                      "fig7_roles", "fig4b_qk_plane", "fig8_frequency")] + [("lengthgen", "fig5b"),
                                                                               ("discrepancy", "fig_discrepancy")]
 
 
@@ -49,8 +49,9 @@ def make_run(root: Path, task: str, *, analysed: bool = True) -> Path:
                  "layers_symbolic": "L1-L2"} for g in (0.1, 0.05) for st in ("max_acc", "end") for q in ("hops", "last")]
         (run / "analysis").mkdir()
         pd.DataFrame(rows).to_parquet(run / "analysis" / "composition_summary.parquet")
-        pd.DataFrame({"layer": [0, 1, 2, 2], "head": [0, 0, 0, 1], "weighted_id": [1.0, 5.0, 10.0, 20.0]}).to_parquet(
-            run / "analysis" / "frequency.parquet")
+        pd.DataFrame({"layer": [0, 1, 2, 2], "head": [0, 0, 0, 1], "weighted_id": [1.0, 5.0, 10.0, 20.0],
+                      "weighted_id_linear": [1.0, 5.0, 10.0, 20.0], "weighted_id_floor": [1.0, 2.0, 3.0, 3.0],
+                      "planes": 32, "uniform_id": 16.5}).to_parquet(run / "analysis" / "frequency.parquet")
         (run / "lengthgen").mkdir()
         (run / "lengthgen" / "lengthgen.json").write_text(json.dumps({"summary": {
             "task": task, "paper": {"acc": {"17": 1.0}, "longest_length_acc_ge_0.9": 850},
@@ -146,14 +147,15 @@ def test_full_report(tmp_path, monkeypatch):
     assert "first step with &gt;= 95% per hop: 1 hop 10, 2 hops 20" in html
     assert "positional L0, symbolic L1-L2" in html  # gamma 0.1, end, hop queries only
     assert "acc &gt;= 0.9 up to 850 tokens; 4x retention 0.25" in html  # the largest factor, not the last key
-    # heads of a layer averaged; 64 / 1 head = 32 planes; both scales and the uniform baseline
-    assert "<th>number (ours)</th><th>letter (ours)</th><th>number (paper)</th><th>letter (paper)</th>" in html
-    assert ('<td class="text">planes</td><td class="num">32</td><td class="num">32</td><td class="num">64</td>'
-            in html)
-    assert ('<td class="text">uniform (planes + 1) / 2</td><td class="num">16.5 (0.52)</td><td class="num">16.5 '
-            '(0.52)</td><td class="num">32.5 (0.51)</td>') in html
-    assert ('<td class="text">L2</td><td class="num">15 (0.47)</td><td class="num">15 (0.47)</td>'
-            '<td class="num">2 (0.03)</td>') in html
+    # heads of a layer averaged, one column per weighting; 64 / 1 head = 32 planes; both scales and the
+    # uniform baseline
+    assert ("<th>number (ours, linear)</th><th>number (ours, floor)</th><th>letter (ours, linear)</th>"
+            "<th>letter (ours, floor)</th><th>number (paper)</th><th>letter (paper)</th>") in html
+    assert ('<td class="text">planes</td>' + '<td class="num">32</td>' * 4 + '<td class="num">64</td>') in html
+    assert ('<td class="text">uniform (planes + 1) / 2</td>' + '<td class="num">16.5 (0.52)</td>' * 4
+            + '<td class="num">32.5 (0.51)</td>') in html
+    assert ('<td class="text">L2</td>' + '<td class="num">15 (0.47)</td><td class="num">3 (0.09)</td>' * 2
+            + '<td class="num">2 (0.03)</td>') in html
     anchors = re.findall(r'<a href="#([^"]+)">', html)  # the contents list: every anchor has its target
     assert len(anchors) >= 6 and all(f'id="{a}"' in html for a in anchors)
     assert "config hash hash-number, seed 7" in html and "2027-01-15 08:00 UTC" in html  # provenance

@@ -109,6 +109,37 @@ def plot_purity(counts, max_step: int, stem: str | os.PathLike) -> list[Path]:
     return save_figure(fig, stem)
 
 
+ROLE_STYLES = {"hops": ("black", "all hops"), "last": ("tab:green", "last token"),
+               "target": ("tab:purple", "pointer into target"), "inner": ("tab:brown", "inner pointers")}
+
+
+def plot_roles(heads, gamma: float, stem: str | os.PathLike) -> list[Path]:
+    """Fig. 7 by query role: per layer (heads averaged), s_pos, s_sym and the fraction of prompts on
+    which the head is pure (positional solid, symbolic dashed) for the all-hops mean and each role;
+    `heads` is one step's `posym.commands.dynamics.composition` rows at one gamma."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), sharex=True)
+    step = int(heads.step.iloc[0])
+    for mode, (color, name) in ROLE_STYLES.items():
+        g = heads[heads.query_mode == mode].groupby("layer")[["s_pos", "s_sym", "pure_positional",
+                                                               "pure_symbolic"]].mean()
+        if g.empty:
+            continue
+        axes[0].plot(g.index, g.s_pos, "o-", color=color, label=name)
+        axes[1].plot(g.index, g.s_sym, "o-", color=color, label=name)
+        axes[2].plot(g.index, g.pure_positional, "o-", color=color, label=f"{name}, positional")
+        axes[2].plot(g.index, g.pure_symbolic, "s--", color=color, label=f"{name}, symbolic")
+    axes[0].set(title=f"positional score (step {step})", ylabel="s_pos", ylim=(-0.05, 1.05))
+    axes[1].set(title="symbolic score", ylabel="s_sym", ylim=(-0.05, 1.05))
+    axes[2].set(title=f"prompts on which the head is pure (gamma {gamma})", ylabel="fraction", ylim=(-0.05, 1.05))
+    for ax in axes:
+        ax.set_xlabel("layer")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0].legend(fontsize=7)
+    axes[2].legend(fontsize=6, ncol=2)
+    return save_figure(fig, stem)
+
+
 def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None, paper_planes: int = 64) -> list[Path]:
     """Fig. 8: use (mean max logit) of each rotary plane per layer as a heat map, and the weighted
     frequency ID per layer divided by the number of planes (so models of different widths share one

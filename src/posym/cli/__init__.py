@@ -63,6 +63,15 @@ def progress_bar(total: int, what: str):
     return bar, lambda k=1: bar.advance(task, k)
 
 
+def checkpoint_step(path, text: str | None, device: str = "cpu") -> int | None:
+    """A --step value for the run or checkpoint at `path`: None, an integer step, or "best", the run's
+    best step by validation accuracy (`posym.commands.validate`, evaluating on `device` the
+    checkpoints that recorded none)."""
+    from posym.commands import validate
+
+    return validate.resolve_step(path, validate.parse_step(text), device=device)
+
+
 def parse_list(text: str, kind: type) -> list:
     """'a,b,c' -> [kind(a), kind(b), kind(c)]; a bad item is a PosymError."""
     items = [item.strip() for item in text.split(",") if item.strip()]

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, progress_bar
+from posym.cli import app, checkpoint_step, progress_bar
 from posym.cli.options import (Compare, Device, Exactness, Protocol, Queries, Task, announce, device_of, device_option,
                                list_option, n_option, path_argument, step_option, values)
 
@@ -18,7 +18,7 @@ from posym.cli.options import (Compare, Device, Exactness, Protocol, Queries, Ta
 @app.command("score")
 def score_command(
     path: Path = path_argument(),
-    step: Optional[int] = step_option(),
+    step: Optional[str] = step_option(),
     task: Optional[Task] = typer.Option(None, help="Draw test-split prompts of this task (default: the checkpoint's "
                                         "own task config)."),
     n: int = n_option(100, "How many task prompts to score (the paper uses 100)."),
@@ -53,7 +53,7 @@ def score_command(
     from posym.core import scores
 
     io.check_output(out, inputs=[path, prompts])
-    hf_model, info = loading.load_checkpoint(path, step=step, device=device_of(device))
+    hf_model, info = loading.load_checkpoint(path, step=checkpoint_step(path, step, device_of(device)), device=device_of(device))
     task_config = info["task_config"]
     queries = queries and str(queries)
     compare, exact = str(compare), str(exact)
@@ -123,17 +123,25 @@ def dynamics_command(
         if r["query_mode"] == "hops":
             table.add_row(str(r["gamma"]), r["stage"], str(r["step"]),
                           *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}" for k in ("positional", "symbolic", "mixed", "uniform")))
+    roles = Table(title="by query role at max accuracy, gamma 0.1 (label of the mean; docs: posym.commands.dynamics)")
+    for column in ("query mode", "positional", "symbolic", "mixed", "uniform"):
+        roles.add_column(column, justify="right")
+    for r in result["composition"]:
+        if r["gamma"] == 0.1 and r["stage"] == "max_acc":
+            roles.add_row(r["query_mode"], *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}"
+                                             for k in ("positional", "symbolic", "mixed", "uniform")))
     Console().print(table)
+    Console().print(roles)
     out_dir = out or Path(run_dir) / "analysis"
     print(f"{len(result['steps'])} checkpoints in {result['seconds_total']:.1f} s; wrote {out_dir}/dynamics.parquet, "
-          "purity*.parquet, composition*.parquet, dynamics.json and fig2a/fig2b/fig6/fig7 PNG+SVG")
+          "purity*.parquet, composition*.parquet, dynamics.json and fig2a/fig2b/fig6/fig7/fig7_roles PNG+SVG")
 
 
 @app.command("geometry")
 def geometry_command(
     path: Path = path_argument("A posym run directory (latest checkpoint unless --step), a checkpoint "
                                "directory, or a Hugging Face RoPE model directory (with --prompts)."),
-    step: Optional[int] = step_option(),
+    step: Optional[str] = step_option(),
     n: int = n_option(100, "Test prompts of the checkpoint's own task to average over."),
     seed: int = typer.Option(0, help="Seed of the test prompts."),
     prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line) instead '
@@ -157,16 +165,19 @@ def geometry_command(
 
     io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
-    job = geometry.prepare(path, step=step, n_prompts=n, seed=seed, prompts=prompts, queries=str(queries),
+    job = geometry.prepare(path, step=checkpoint_step(path, step, device_of(device)), n_prompts=n, seed=seed, prompts=prompts, queries=str(queries),
                            tau=tau, device=device_of(device), out=out)
     print(announce(path, job["settings"]["step"], queries))
     bar, advance = progress_bar(len(job["input_ids"]), "scoring planes")
     with bar:
         result = geometry.run_geometry(**job, plane_layer=plane_layer, plane_head=plane_head, example=example,
                                        progress=advance)
-    print("weighted frequency ID per layer: " + ", ".join(f"{v:.1f}" for v in result["weighted_id_per_layer"]))
+    print(f"weighted frequency ID per layer, by weighting ({result['planes']} planes, uniform baseline "
+          f"(planes + 1) / 2 = {result['uniform_id']:g}; posym.core.geometry defines each):")
+    for name, ids in result["weightings"].items():
+        print(f"  {name:<10}" + ", ".join(f"{v:.1f}" for v in ids))
     if result["paper_table1"]:
-        print("paper Table 1 (12-layer model):  " + ", ".join(str(v) for v in result["paper_table1"]))
+        print("  paper     " + ", ".join(str(v) for v in result["paper_table1"]) + "  (Table 1, 12 layers, 64 planes)")
     print(f"wrote {job['out_dir']}/planes.parquet, channels.parquet, frequency.parquet, qk_plane.parquet, geometry.json, "
           "fig8_frequency and fig4b_qk_plane PNG+SVG")
 
@@ -227,7 +238,7 @@ def theory_command(
 @app.command("lengthgen")
 def lengthgen_command(
     path: Path = path_argument(),
-    step: Optional[int] = step_option(),
+    step: Optional[str] = step_option(),
     lengths: list[str] = list_option(["17,34,51,68,128,256,512,850,1024,2048"], "Paper protocol: total sequence "
                                      "lengths in tokens (query included; training length 17)."),
     factors: list[str] = list_option(["1,2,3,4"], "Fixed-multiple protocol: multiples of the training length (1 is "
@@ -262,7 +273,7 @@ def lengthgen_command(
     out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True)
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
-        result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
+        result = lengthgen.run_lengthgen(run_dir, config, out, step=checkpoint_step(run_dir, step, device_of(device)),
                                          progress=lambda done, total: bar.update(job, completed=done, total=total))
     print(announce(result["checkpoint"], result["step"], "last (the answer token)"))
     table = result["table"]
@@ -283,7 +294,7 @@ def lengthgen_command(
 def discrepancy_command(
     path: Path = path_argument("A posym run directory (latest checkpoint unless --step), a checkpoint "
                                "directory, or a Hugging Face RoPE model directory (with --prompts and --out)."),
-    step: Optional[int] = step_option(),
+    step: Optional[str] = step_option(),
     lengths: Optional[list[str]] = list_option(None, "Sequence lengths a posym task is lengthened to (extra "
                                                "target-window tokens; default the lengthgen paper protocol's)."),
     n: int = n_option(64, "Test questions per length (the same ones at every length)."),
@@ -310,7 +321,7 @@ def discrepancy_command(
     with Progress(transient=True) as bar:
         job = bar.add_task("measuring gaps (prompts)", total=None)
         result = discrepancy.run_discrepancy(
-            path, out, step=step, lengths=values(lengths, int, option="--lengths") or None, n=n, seed=seed,
+            path, out, step=checkpoint_step(path, step, device_of(device)), lengths=values(lengths, int, option="--lengths") or None, n=n, seed=seed,
             prompts=prompts, queries=str(queries), max_tokens=max_tokens, device=device_of(device),
             progress=lambda k: bar.advance(job, k))
     print(announce(result["settings"]["model"], result["settings"]["step"], queries))

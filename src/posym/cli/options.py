@@ -33,6 +33,11 @@ class Task(enum.StrEnum):
     letter = "letter"
 
 
+class Precision(enum.StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
 class Queries(enum.StrEnum):
     last = "last"
     hops = "hops"
@@ -110,7 +115,8 @@ def path_argument(help: str = PATH_HELP + ".", default=...):
 
 
 def step_option():
-    return typer.Option(None, "--step", help="Checkpoint step of a run directory (default: the latest).")
+    return typer.Option(None, "--step", metavar="STEP|best", help="Checkpoint step of a run directory (default: "
+                        "the latest), or best: the best by validation accuracy (posym validate).")
 
 
 def n_option(default: int, what: str):

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app
+from posym.cli import app, checkpoint_step
 from posym.cli.options import (AblationMode, Device, Preset, Task, announce, device_of, device_option, list_option,
                                n_option, path_argument, step_option, values)
 from posym.errors import PosymError
@@ -172,7 +172,7 @@ def ablate_command(
     heads: list[str] = typer.Option(..., "--heads", metavar="HEADS", help=_HEADS_HELP),
     mode: list[str] = list_option(["zero,mean"], "zero (head output := 0) and/or mean (:= its mean output on "
                                   "train data).", choices=AblationMode),
-    step: Optional[int] = step_option(),
+    step: Optional[str] = step_option(),
     factors: list[str] = list_option(["1,2,4"], "Lengths to evaluate, as multiples of the training length (extra "
                                      "target-window tokens, as posym lengthgen)."),
     n: int = n_option(1000, "Test sequences per length."),
@@ -199,7 +199,7 @@ def ablate_command(
     io.check_output(save, inputs=[path], is_dir=True, option="--save")
     with Status("scoring heads") as status:
         result = run_ablation(path, heads, out, modes=tuple(values(mode, option="--mode", choices=AblationMode)),
-                              step=step, factors=values(factors, int, option="--factors"), n=n, seed=seed,
+                              step=checkpoint_step(path, step, device_of(device)), factors=values(factors, int, option="--factors"), n=n, seed=seed,
                               n_prompts=label_prompts, gamma=gamma, save=save, device=device_of(device),
                               progress=lambda text: status.update(f"evaluating {text}"))
     console = Console()
@@ -221,7 +221,7 @@ def finetune_command(
     train_steps: int = typer.Option(300, "--train-steps", min=1, help="Fine-tuning optimizer steps per condition "
                                     "(linear decay from --lr to 0)."),
     lr: Optional[float] = typer.Option(None, help="Peak learning rate (default: the run's)."),
-    step: Optional[int] = step_option(),
+    step: Optional[str] = step_option(),
     factors: list[str] = list_option(["1,2,4"], "Lengths to evaluate, as multiples of the training length."),
     n: int = n_option(1000, "Test sequences per length."),
     gamma: float = typer.Option(0.1, help="Purity threshold of the positional/symbolic labels."),
@@ -242,7 +242,7 @@ def finetune_command(
     hf_logging.disable_progress_bar()
     out = io.check_output(out or Path(path) / "finetune", inputs=[path], is_dir=True)
     with Status("scoring heads") as status:
-        result = run_finetune(path, freeze, out, step=step, steps=train_steps, lr=lr,
+        result = run_finetune(path, freeze, out, step=checkpoint_step(path, step, device_of(device)), steps=train_steps, lr=lr,
                               factors=values(factors, int, option="--factors"), n=n, seed=seed, gamma=gamma,
                               save_models=save_models, device=device_of(device),
                               progress=lambda text: status.update(text))

@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, progress_bar
-from posym.cli.options import (Device, Format, OnOff, Preset, Split, Task, announce, device_of, device_option,
+from posym.cli import app, checkpoint_step, progress_bar
+from posym.cli.options import (Device, Format, OnOff, Precision, Preset, Split, Task, announce, device_of, device_option,
                                list_option, n_option, path_argument, step_option, values)
 from posym.errors import PosymError
 
@@ -67,6 +67,8 @@ def train_command(
     train_steps: Optional[int] = typer.Option(None, "--train-steps", min=1, help="Optimizer steps (default: the preset's)."),
     device: Optional[Device] = typer.Option(None, help="auto (cuda when available), cpu or cuda (default: the "
                                             "--config file's, else auto)."),
+    precision: Optional[Precision] = typer.Option(None, help="fp32 (default, exact) or bf16 (forward and loss under "
+                                                  "bfloat16 autocast; docs/results.md compares them)."),
     resume: Optional[Path] = typer.Option(None, help="Continue this run directory from its latest checkpoint "
                                           "with its own config.yaml (other options are not allowed)."),
     stop_at: Optional[int] = typer.Option(None, help="Stop after a checkpoint at this step, keeping the "
@@ -80,14 +82,16 @@ def train_command(
     io.check_output(out, inputs=[config], is_dir=True)
     if resume is not None:
         given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
-                                          ("--train-steps", train_steps), ("--device", device)) if value is not None]
+                                          ("--train-steps", train_steps), ("--device", device),
+                                          ("--precision", precision)) if value is not None]
         if given:
             raise PosymError(f"--resume continues a run with its own config; drop {', '.join(given)}")
         run_dir = train.train(None, resume, resume=True, progress=progress, stop_at=stop_at)
     else:
         if out is None:
             raise PosymError("give the new run directory with --out (or --resume RUN_DIR)")
-        flags = {"seed": seed, "max_steps": train_steps, "device": device and str(device)}
+        flags = {"seed": seed, "max_steps": train_steps, "device": device and str(device),
+                 "precision": precision and str(precision)}
         cfg = train.resolve_config(str(preset), str(task), config, {k: v for k, v in flags.items() if v is not None})
         run_dir = train.train(cfg, out, progress=progress, stop_at=stop_at)
     print(f"run directory: {run_dir}")
@@ -96,7 +100,7 @@ def train_command(
 @app.command("eval")
 def eval_command(
     path: Path = path_argument(),
-    step: Optional[int] = step_option(),
+    step: Optional[str] = step_option(),
     task: Optional[Task] = typer.Option(None, help="Task to evaluate on (default: the checkpoint's own task config)."),
     n: int = n_option(2000, "Test sequences per evaluation."),
     extra_target: Optional[list[str]] = list_option(["0"], "Extra target-window tokens before the effective "
@@ -114,7 +118,7 @@ def eval_command(
     from posym.commands import train
 
     io.check_output(out, inputs=[path])
-    rows = train.evaluate_checkpoint(path, step=step, task=task and str(task), n=n, seed=seed, split=str(split),
+    rows = train.evaluate_checkpoint(path, step=checkpoint_step(path, step, device_of(device)), task=task and str(task), n=n, seed=seed, split=str(split),
                                      extra_targets=values(extra_target, int, option="--extra-target") or [0],
                                      device=device_of(device))
     print(announce(rows[0]["checkpoint"], rows[0].get("step"), "last (the answer token)"))
@@ -129,3 +133,24 @@ def eval_command(
         settings = {"checkpoint": rows[0]["checkpoint"], "step": rows[0].get("step"), "queries": "last",
                     "n": n, "split": str(split)}
         io.write_json(out, {**io.manifest(settings, seed=seed), **settings, "rows": rows})
+
+
+@app.command("validate")
+def validate_command(
+    path: Path = path_argument("A posym run directory."),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="Val-split samples for checkpoints that recorded "
+                                    "none (default: the whole split, 2,400)."),
+    device: Device = device_option(),
+) -> None:
+    """Validation accuracy of every checkpoint (recorded in training, else computed and cached in
+    PATH/validation.parquet) and the best step by validation, which `--step best` selects."""
+    from posym.commands import validate
+    from posym.loading import list_checkpoints
+
+    total = len(list_checkpoints(path)) if Path(path).is_dir() else 0
+    bar, advance = progress_bar(total, "validating checkpoints")
+    with bar:
+        result = validate.run_validation(path, n=n, device=device_of(device), progress=lambda step: advance())
+    print(f"best step by validation: {result['best_step']} (val acc {result['best_val_acc']:.4f}, "
+          f"test acc {result['test_acc_at_best']:.4f}); best step by test: {result['best_test_step']}; "
+          f"wrote {Path(path) / 'validation.json'}")

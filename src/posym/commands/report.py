@@ -45,6 +45,10 @@ RUN_FIGURES = [
      "at hop queries, with normalised attention entropy."),
     ("analysis", "fig6_entropy", "Fig. 6", "The same scores and min-max normalised entropy at the last token."),
     ("analysis", "fig7_purity", "Fig. 7", "Cumulative number of heads that became pure for good, per gamma."),
+    ("analysis", "fig7_roles", "Fig. 7 by query role",
+     "Scores per layer at the max-accuracy step (chosen on validation) for the all-hops mean and each pointer "
+     "role (last token, pointer into the target window, inner pointers), and the fraction of prompts on which "
+     "the head is pure (gamma 0.1)."),
     ("analysis", "fig4b_qk_plane", "Fig. 4B",
      "Queries and keys of one prompt on the dominant RoPE plane of one head, before rotation (what the q/k "
      "projections write) and after RoPE rotated each by its position."),
@@ -109,7 +113,10 @@ def run_summary(run_dir: str | Path) -> dict:
         out["frac_positional"], out["frac_symbolic"] = float(row.frac_positional), float(row.frac_symbolic)
     freq = run_dir / "analysis" / "frequency.parquet"
     if freq.is_file():
-        out["weighted_id"] = io.read_parquet(freq).groupby("layer").weighted_id.mean().round(1).tolist()
+        per_layer = io.read_parquet(freq).groupby("layer").mean(numeric_only=True)
+        out["weighted_id"] = per_layer.weighted_id.round(1).tolist()
+        out["weightings"] = {c[len("weighted_id_"):]: per_layer[c].round(1).tolist()
+                             for c in per_layer if c.startswith("weighted_id_")}  # runs analysed before: none
     out["planes"] = _rope_planes(config["model"])
     out["manifest"] = _read_json(run_dir / "manifest.json")
     lengthgen = _read_json(run_dir / "lengthgen" / "lengthgen.json")
@@ -198,6 +205,7 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
                    f"positional {pos}, symbolic {sym} (12 layers).",
         "Fig. 6": "entropy falls as heads become pure.",
         "Fig. 7": f"pure heads at gamma 0.1: positional {pos}, symbolic {sym} (12 layers); {SMALL_MODEL_PURE}.",
+        "Fig. 7 by query role": "which query positions the paper scored is not stated.",
         "Fig. 4B": ("number model, layer 1: keys cluster in one direction, queries fan out by the offset they "
                     "encode (the Index construction)." if task == "number" else
                     "the paper draws this figure for the number model only; a symbolic head is expected to "
@@ -245,12 +253,14 @@ def _summary(summaries: list[dict]) -> dict:
 
 
 def _table1(summaries: list[dict]) -> dict | None:
-    """Table 1 with one column per model (ours and the paper's) and one row per layer, every cell
+    """Table 1 with one column per model and weighting of posym.core.geometry (ours) or per model (the
+    paper's) and one row per layer, every cell
     'ID (ID / planes)', under rows for the planes and the uniform baseline (planes + 1) / 2."""
     measured = [s for s in summaries if s["weighted_id"]]
     if not measured:
         return None
-    columns = [(f"{s['task']} (ours)", s["weighted_id"], s.get("planes")) for s in measured]
+    columns = [(f"{s['task']} (ours, {name})", ids, s.get("planes")) for s in measured
+               for name, ids in (s.get("weightings") or {"linear": s["weighted_id"]}).items()]
     columns += [(f"{t} (paper)", _paper_table1(t), PAPER_PLANES) for t in dict.fromkeys(s["task"] for s in measured)]
     depth = max(len(ids) for _, ids, _ in columns)
 
