@@ -59,7 +59,7 @@ def head_gaps(model, input_ids, queries=None, *, layers: list[int] | None = None
                     cos, sin = qk.cos[b, : p + 1].double(), qk.sin[b, : p + 1].double()  # [G, n, r]
                     q = rotate(qk.q[b, :, p].double(), cos[:, None, p], sin[:, None, p], qk.pairing)  # [G, H, d]
                     k = rotate(qk.k[b, :, : p + 1].double(), cos[:, None], sin[:, None], qk.pairing)  # [G, H, n, d]
-                    logits = qk.scale * (k @ q[..., None])[..., 0]  # [G, H, n]
+                    logits = qk.cap(qk.scale * (k @ q[..., None])[..., 0])  # [G, H, n]
                     top = logits.topk(2, dim=-1)  # values, indices [G, H, 2]
                     gap = (top.values[..., 0] - top.values[..., 1]).tolist()  # [G][H]
                     key, best = top.indices[..., 0].tolist(), top.values[..., 0].tolist()

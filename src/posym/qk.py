@@ -58,6 +58,10 @@ class HeadQK:
     softcap: float | None = None
     """Attention-logit soft-capping (Gemma 2): the logit is softcap * tanh(raw / softcap); None = none."""
 
+    def cap(self, logits: Tensor) -> Tensor:
+        """The logits the model attends with: softcap * tanh(raw / softcap), or raw when uncapped."""
+        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
+
 
 def _rotate_pairs(x: Tensor, pairing: str) -> Tensor:
     """J x: each RoPE plane (x1, x2) -> (-x2, x1) (rotate_every_two or rotate_half)."""

@@ -203,7 +203,7 @@ def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> li
                 q = rotate(qk.q[b, hs, p].to(dtype), cos[:, :, p], sin[:, :, p], qk.pairing)  # [G, h, d]
                 # u[a] = R_a^T q_rot: then u[a] . k_b is the logit of content b placed at position a
                 u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, h, n, d]
-                swapped = qk.scale * u @ qk.k[b, hs, :n].to(dtype).transpose(-1, -2)  # [G, h, n, n]
+                swapped = qk.cap(qk.scale * u @ qk.k[b, hs, :n].to(dtype).transpose(-1, -2))  # [G, h, n, n]
                 res = swap_scores(swapped.diagonal(dim1=-2, dim2=-1), swapped, **options)
                 pos, sym, ent = (res[key].tolist() for key in ("s_pos", "s_sym", "entropy"))  # [G][h]
                 for g, row in enumerate(b.tolist()):
