@@ -11,7 +11,7 @@ import torch
 from reference_scores import channel_dims, reference_swap_scores
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import llm
+from posym import llm, sources
 from posym.errors import PosymError
 
 
@@ -46,9 +46,9 @@ def test_bad_model_dirs_exit_2(models, kind, reason, capsys, monkeypatch):
 
 def test_pickle_weights_load_only_with_flag(models):
     with pytest.raises(PosymError, match="pickle"):
-        llm.load_model(models["pickle"], device="cpu")
-    legacy = llm.load_model(models["pickle"], device="cpu", allow_pickle=True)
-    same = llm.load_model(models["llama"], device="cpu")  # same seed, same weights, safetensors
+        sources.load(models["pickle"], device="cpu")
+    legacy = sources.load(models["pickle"], device="cpu", allow_pickle=True)
+    same = sources.load(models["llama"], device="cpu")  # same seed, same weights, safetensors
     for a, b in zip(legacy.model.parameters(), same.model.parameters()):
         assert torch.equal(a, b)
 
@@ -60,16 +60,16 @@ def test_prompt_longer_than_positions_exit_2(models, capsys, monkeypatch):
 
 def test_missing_dir_and_bad_options(models, tmp_path):
     with pytest.raises(PosymError, match="config.json"):
-        llm.check_model_dir(tmp_path)
-    with pytest.raises(PosymError, match="float32 or bfloat16"):
-        llm.load_model(models["llama"], dtype="float16")
+        sources.check_model_dir(tmp_path)
+    with pytest.raises(PosymError, match="float32, bfloat16 or float64"):
+        sources.load(models["llama"], dtype="float16")
     with pytest.raises(PosymError, match="LAYER.HEAD"):
         llm.parse_heads("1-2")
     assert llm.parse_heads("0.1, 5.3") == [(0, 1), (5, 3)]
 
 
 def test_bfloat16_load(models):
-    loaded = llm.load_model(models["qwen2"], device="cpu", dtype="bfloat16")
+    loaded = sources.load(models["qwen2"], device="cpu", dtype="bfloat16")
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
 
 
@@ -98,7 +98,7 @@ def test_jsonl_prompts(tmp_path):
 
 
 def test_name_query_is_final_token_of_the_name(models):
-    loaded = llm.load_model(models["llama"], device="cpu")
+    loaded = sources.load(models["llama"], device="cpu")
     prompt = llm.binding_prompts(1, seed=5)[0]
     ids = loaded.tokenizer(prompt.text).input_ids
     position = llm.query_position(loaded, prompt, "name")
@@ -141,7 +141,7 @@ def test_planes_match_the_loop_reference(models, kind, tmp_path):
     channel's swap-by-swap reference scores and largest logit; the channels sum to HF's own logits."""
     from posym.qk import head_qk, rotate
 
-    loaded = llm.load_model(models[kind], device="cpu")
+    loaded = sources.load(models[kind], device="cpu")
     prompts, chosen, tau = llm.binding_prompts(2, seed=7), [(1, 3), (0, 1), (1, 0)], 1e-2
     llm.write_scores(loaded, prompts, tmp_path, query="name", heads=chosen, tau=tau, settings={"seed": 0})
     planes = pd.read_parquet(tmp_path / "planes.parquet")

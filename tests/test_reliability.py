@@ -583,22 +583,22 @@ def test_no_module_unpickles():
 
 
 def test_loaders_never_call_torch_load_on_safetensors_models(zoo, monkeypatch):
-    from posym import llm
+    from posym import sources
 
     def refuse(*args, **kwargs):
         raise AssertionError("torch.load was called")
 
     monkeypatch.setattr(torch, "load", refuse)
     load_model(zoo / "run")
-    llm.load_model(zoo / "llama-short", device="cpu")
+    sources.load(zoo / "llama-short", device="cpu")
     with pytest.raises(PosymError, match="never loads pickled weights, because unpickling"):
         load_model(zoo / "gptj-pickle")
     with pytest.raises(PosymError, match="only has pickle weights.*--allow-pickle"):
-        llm.load_model(zoo / "llama-pickle", device="cpu")
+        sources.load(zoo / "llama-pickle", device="cpu")
 
 
 def test_allow_pickle_uses_the_restricted_unpickler(zoo, monkeypatch):
-    from posym import llm
+    from posym import sources
 
     seen = []
     original = torch.load
@@ -608,5 +608,5 @@ def test_allow_pickle_uses_the_restricted_unpickler(zoo, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", spy)
-    llm.load_model(zoo / "llama-pickle", device="cpu", allow_pickle=True)
+    sources.load(zoo / "llama-pickle", device="cpu", allow_pickle=True)
     assert seen and all(flag is True for flag in seen)

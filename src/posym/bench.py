@@ -27,7 +27,8 @@ from typing import Callable, Iterable
 
 from posym.errors import PosymError
 from posym.figures import pyplot, save_figure
-from posym.llm import LoadedModel, Prompt, encode, load_model
+from posym.llm import Prompt, encode
+from posym.sources import LoadedModel, load
 
 BENCH_SIZES = (12, 16, 24, 32, 48, 64, 80, 100, 150, 200, 300)
 # Table 3 of 2605 (accuracy number / letter) at target-window sizes 12, 32, 100, 300.
@@ -314,7 +315,9 @@ def make_judge(model_dir, *, base_url=None, model_name=None, api_key_env=None, t
         endpoint = Endpoint(base_url, model_name, api_key_env, timeout_s=timeout_s, retries=retries)
         _api_key(endpoint)  # fail before the first question if the variable is missing
         return (lambda prompt: endpoint_correct(endpoint, prompt)), model_name.replace("/", "_")
-    loaded = load_model(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
+    loaded = load(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
+    if not loaded.has_tokenizer:
+        raise PosymError(f"{loaded.name} has no tokenizer; llm-bench asks its questions as text")
     return (lambda prompt: local_correct(loaded, prompt)), loaded.name
 
 

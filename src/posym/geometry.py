@@ -26,7 +26,7 @@ Public API
 - `frequency_use(planes)`: per head weighted_id, weighted_frequency, dominant_id, free_use.
 - `qk_projection(model, input_ids, layer, head, frequency_id)`: one prompt's queries and keys on
   one plane (Fig. 4B), before and after rotation.
-- `load_analysable(path)` loads a run, checkpoint or HF model directory; `prepare(path, ...)` adds its prompts;
+- `load_analysable(path)` loads any model spec (`posym.sources`); `prepare(path, ...)` adds its prompts;
   `run_geometry(**prepare(...))` is the `posym geometry` driver (Parquet tables, JSON summary, figures).
 """
 
@@ -194,54 +194,41 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
 
 def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=None,
                     attn_implementation: str = "eager") -> tuple:
-    """(model, task_config, out_dir, step) for a posym run or checkpoint (its task config, default
-    out_dir RUN_DIR/analysis, the loaded step) or a Hugging Face RoPE model directory (None, `out`,
-    None; `out` is required there and `step` must be None). `attn_implementation` applies to posym
-    checkpoints ("sdpa" is faster where nothing reads attention weights)."""
-    import json
+    """(LoadedModel, out_dir) for any model spec (`posym.sources`): a posym run or checkpoint (its task
+    config and step in `loaded.info`; default out_dir RUN_DIR/analysis), the embedded smollm2-135m, a
+    GGUF file or a Hugging Face directory (`out` required). `attn_implementation` applies to posym
+    checkpoints ("sdpa" is faster where nothing reads attention weights); other models load eager."""
+    from posym import sources
 
-    from posym import model as posym_model
-
-    path = Path(path)
-    config_json = path / "config.json"
-    try:
-        hf_config = json.loads(config_json.read_text(encoding="utf-8")) if config_json.is_file() else {"model_type": "gptj"}
-    except (OSError, json.JSONDecodeError):
-        raise PosymError(f"{config_json} is not valid JSON") from None
-    kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
-    if kind == "gptj":
-        model, info = posym_model.load_model(path, step=step, device=device, attn_implementation=attn_implementation)
-        task_config, run_dir, step = info["task_config"], info["run_dir"], info["step"]
-    else:
-        from posym import llm
-
-        if step is not None or out is None:
-            raise PosymError("--step and a default --out only apply to posym run directories; give --out")
-        model, task_config, run_dir = llm.load_model(path, device=device).model, None, None
+    source = sources.resolve(path)
+    kernel = attn_implementation if source.kind == "posym" else "eager"
+    loaded = sources.load(path, step=step, device=device, attn_implementation=kernel)
     if out is None:
-        if run_dir is None:
+        if loaded.info.get("run_dir") is None:
             raise PosymError("give --out: only a posym run directory has a default output directory")
-        out = Path(run_dir) / "analysis"
-    return model, task_config, Path(out), step
+        out = Path(loaded.info["run_dir"]) / "analysis"
+    return loaded, Path(out)
 
 
 def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
-            queries: str = "last", tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
+            queries: str | None = None, tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
     """Load what `posym geometry PATH` analyses (`load_analysable`) and its prompts: the run's own
-    task's test prompts, or the JSONL file `prompts` (required for a Hugging Face model).
+    task's test prompts, or the JSONL file `prompts` (token ids, or text for the model's tokenizer;
+    required for other models). queries: last, hops, all or None (a file's own "queries", else last).
 
     Returns the keyword arguments of `run_geometry` but `progress` and the figure options: model,
     input_ids, queries, out_dir, tau, token_names, paper_task and settings (recorded in geometry.json).
     """
     from posym import scores, tasks
 
-    model, task_config, out, step = load_analysable(path, step=step, device=device, out=out)
-    ids, wanted = scores.prompt_set(model, task_config=None if prompts else task_config, n_prompts=n_prompts,
-                                    seed=seed, prompts_file=prompts, queries=queries)
+    loaded, out = load_analysable(path, step=step, device=device, out=out)
+    task_config, step = loaded.info.get("task_config"), loaded.info.get("step")
+    ids, wanted = scores.prompt_set(loaded.model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+                                    seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
     names = tasks.token_names(task_config) if task_config is not None and not prompts else None
     settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
-                "queries": queries, "tau": tau, "seed": seed}
-    return {"model": model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
+                "queries": queries or "file/last", "tau": tau, "seed": seed}
+    return {"model": loaded.model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
             "token_names": names, "paper_task": task_config.task if names else None, "settings": settings}
 
 

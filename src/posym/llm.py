@@ -1,7 +1,8 @@
-"""Real Hugging Face models: loading, prompt sets and head scores (`posym llm-scores`).
+"""Real models: prompt sets and head scores (`posym llm-scores`).
 
-SPEC section 7. `load_model` opens a local causal-LM directory (RoPE models only, safetensors unless
-the user opts in), the prompt builders render the binding task of arXiv 2511.11579 (and, through
+SPEC section 7. Models come from `posym.sources.load` (the embedded smollm2-135m, a GGUF file, a
+Hugging Face directory or a posym run; RoPE models only, safetensors unless the user opts in); the
+prompt builders render the binding task of arXiv 2511.11579 (and, through
 `posym.bench`, the 1-hop number/letter tasks of Appendix H) as text for the model's own tokenizer,
 and `write_scores` runs the exact head scores of `posym.scores` on them, plus the per-plane scores of
 `posym.geometry` for chosen heads. The Appendix H benchmark itself lives in `posym.bench`.
@@ -9,7 +10,6 @@ and `write_scores` runs the exact head scores of `posym.scores` on them, plus th
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from dataclasses import dataclass, field
@@ -18,83 +18,10 @@ from typing import Any
 
 from posym.errors import PosymError
 from posym.figures import pyplot, save_figure
-from posym.model import from_pretrained, resolve_device
-
-# Model types whose Hugging Face implementation applies rotary embeddings inside attention.
-ROPE_MODEL_TYPES = ("gptj", "gpt_neox", "llama", "mistral", "qwen2")
-# Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+from posym.sources import LoadedModel
 
 
-# ---- loading ------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoadedModel:
-    """A causal LM ready for scoring: eager attention, eval mode, on its device."""
-
-    model: Any
-    tokenizer: Any
-    name: str
-    model_type: str
-    max_positions: int
-    device: str
-
-
-def check_model_dir(model_dir: str | os.PathLike, *, allow_pickle: bool = False) -> dict:
-    """Validate a model directory without loading weights; return its config.json as a dict."""
-    path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        raise PosymError(f"{path} is not a Hugging Face model directory (no config.json)")
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PosymError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
-    model_type = config.get("model_type")
-    if model_type not in ROPE_MODEL_TYPES:
-        raise PosymError(
-            f"{path} holds a {model_type!r} model, which posym cannot score: head scores need rotary "
-            f"position embeddings (RoPE) in one of {', '.join(ROPE_MODEL_TYPES)}"
-        )
-    if not any(path.glob("*.safetensors")):
-        if not any(path.glob("*.bin")):
-            raise PosymError(f"{path} has no weights (no *.safetensors file)")
-        if not allow_pickle:
-            raise PosymError(
-                f"{path} only has pickle weights (*.bin); unpickling can run arbitrary code, so posym "
-                "reads safetensors only: convert the weights, or pass --allow-pickle if you trust the file"
-            )
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise PosymError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
-    return config
-
-
-def load_model(
-    model_dir: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", allow_pickle: bool = False
-) -> LoadedModel:
-    """Load a local RoPE causal LM and its tokenizer with eager attention (so scores can read it)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if dtype not in dtypes:
-        raise PosymError(f"dtype must be float32 or bfloat16, got {dtype!r}")
-    config = check_model_dir(model_dir, allow_pickle=allow_pickle)
-    device = resolve_device(device)
-    safetensors = any(Path(model_dir).glob("*.safetensors"))
-    hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError, KeyError) as exc:
-        raise PosymError(f"cannot load the tokenizer of {model_dir}: {str(exc).splitlines()[0]}") from None
-    # weights_only=True: even with --allow-pickle, torch's restricted unpickler refuses code objects.
-
-    model = from_pretrained(AutoModelForCausalLM, model_dir, dtype=dtypes[dtype], attn_implementation="eager",
-                            use_safetensors=safetensors, weights_only=True)
-    model.eval().to(device)
-    max_positions = getattr(model.config, "max_position_embeddings", None) or config.get("n_positions")
-    return LoadedModel(model, tokenizer, Path(model_dir).name, config["model_type"], int(max_positions), device)
+# ---- encoding -----------------------------------------------------------------------------------
 
 
 def encode(loaded: LoadedModel, text: str):

