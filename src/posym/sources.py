@@ -10,7 +10,8 @@ A model spec is any of
 - a posym run directory or checkpoint (a GPT-J with `posym.json`; `posym.model.load_model` restores
   its task config and RoPE variant).
 
-`resolve(spec)` says which, `model_type(source)` reads the architecture without loading weights,
+`resolve(spec)` says which, `model_type(source)` reads the architecture without loading weights
+(`gguf_header` reads a GGUF header in milliseconds and refuses a truncated file),
 `check_rope` refuses models posym cannot score before any weight is read, `load(spec, ...)` returns a
 `LoadedModel` (eager attention by default, eval mode; the tokenizer is read on first use) and
 `convert(spec, out)` writes a plain Hugging Face directory (safetensors + tokenizer) other tools read.
@@ -102,16 +103,90 @@ def _require_gguf() -> None:
             raise PosymError(f"reading GGUF files needs the gguf extra ({module} is not installed): {GGUF_EXTRA}")
 
 
-def gguf_config(path: Path) -> dict:
-    """The transformers config dict a GGUF file's metadata describes (no tensor is read)."""
-    _require_gguf()
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
 
-    try:
-        return load_gguf_checkpoint(str(path), return_tensors=False)["config"]
-    except (ValueError, KeyError, IndexError, TypeError, OSError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PosymError(f"{path} is not a readable GGUF model (truncated or corrupt?): {first}") from None
+
+class _Short(Exception):
+    """The file ended inside the GGUF header."""
+
+
+def gguf_header(path: Path) -> dict:
+    """The general.* metadata of a GGUF file, read from its header in milliseconds (transformers' own
+    reader parses every field, the 49k-token vocabulary included, in tens of seconds), after checking
+    that the file holds every tensor byte the header declares: a truncated or corrupt file is a
+    PosymError before anything else happens."""
+    import math
+    import struct
+
+    _require_gguf()
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    have = path.stat().st_size
+    with open(path, "rb") as f:
+        def read(fmt: str):
+            data = f.read(struct.calcsize(fmt))
+            if len(data) < struct.calcsize(fmt):
+                raise _Short
+            return struct.unpack(fmt, data)[0]
+
+        def string() -> bytes:
+            length = read("<Q")
+            if length > have - f.tell():  # a corrupt length: never allocate more than the file holds
+                raise _Short
+            return f.read(length)
+
+        def value(kind: int, keep: bool):
+            if kind == _GGUF_STRING:
+                return string().decode("utf-8", "replace")
+            if kind == _GGUF_ARRAY:
+                item, count = read("<I"), read("<Q")
+                if item in _GGUF_SCALARS and not keep:  # skip a numeric array (the size check catches a short one)
+                    f.seek(count * struct.calcsize(_GGUF_SCALARS[item]), 1)
+                    return None
+                return [value(item, keep) for _ in range(count)]
+            return read(_GGUF_SCALARS[kind])
+
+        try:
+            if f.read(4) != b"GGUF":
+                raise PosymError(f"{path} is not a GGUF file (no GGUF magic number)")
+            read("<I")  # format version
+            n_tensors, n_fields = read("<Q"), read("<Q")
+            meta = {}
+            for _ in range(n_fields):
+                key = string().decode("utf-8", "replace")
+                got = value(read("<I"), key.startswith("general."))
+                if key.startswith("general."):
+                    meta[key] = got
+            end = 0
+            for _ in range(n_tensors):
+                string()  # tensor name
+                dims = [read("<Q") for _ in range(read("<I"))]
+                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(read("<I"))]
+                end = max(end, read("<Q") + math.prod(dims) // block * size)
+        except (_Short, KeyError, ValueError, struct.error):
+            raise PosymError(f"{path} is not a readable GGUF model: its header is truncated or corrupt") from None
+        alignment = int(meta.get("general.alignment", 32))
+        needed = -(-f.tell() // alignment) * alignment + end
+    if have < needed:
+        raise PosymError(f"{path} is truncated: its header declares {needed:,} bytes of tensors and metadata, "
+                         f"the file holds {have:,}")
+    return meta
+
+
+def gguf_model_type(path: Path) -> str:
+    """The transformers model_type a GGUF file loads as (transformers' own renames of llama.cpp names)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    meta = gguf_header(path)
+    arch = str(meta.get("general.architecture"))
+    kind = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}.get(arch, arch)
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES and kind not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise PosymError(f"{path} holds a GGUF model of architecture {arch!r}, which transformers "
+                         f"{_transformers_version()} cannot read")
+    if "llama" in arch and "mistral" in str(meta.get("general.name", "")).lower():
+        return "mistral"
+    return kind
 
 
 def _config_json(path: Path) -> dict:
@@ -127,7 +202,7 @@ def _config_json(path: Path) -> dict:
 def model_type(source: Source) -> str | None:
     """The transformers model_type of a source (a posym run: gptj), read without loading weights."""
     if source.kind == "gguf":
-        return gguf_config(source.path).get("model_type")
+        return gguf_model_type(source.path)
     if not (source.path / "config.json").is_file():
         return "gptj"  # a posym run directory: its checkpoints are GPT-J
     return _config_json(source.path).get("model_type")
@@ -260,41 +335,93 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
             loaded._tokenizer_loader = _tokenizer_loader(info["path"])
         return loaded
     if source.kind == "gguf":
-        config = gguf_config(source.path)
-        check_rope(config.get("model_type"), str(source.path))
-        directory, extra = source.path.parent, {"gguf_file": source.path.name}
+        check_rope(gguf_model_type(source.path), str(source.path))
+        model = _gguf_model(source.path, dtypes[dtype], attn_implementation)
+        tokenizer = _gguf_tokenizer(source.path)
+        config = {}
     else:
         config = check_model_dir(source.path, allow_pickle=allow_pickle)
         safetensors = any(source.path.glob("*.safetensors"))
         # weights_only=True: even with --allow-pickle, torch's restricted unpickler refuses code objects
-        directory, extra = source.path, {"use_safetensors": safetensors, "weights_only": True}
-    model = posym_model.from_pretrained(AutoModelForCausalLM, directory, dtype=dtypes[dtype],
-                                        attn_implementation=attn_implementation, **extra)
+        model = posym_model.from_pretrained(AutoModelForCausalLM, source.path, dtype=dtypes[dtype],
+                                            attn_implementation=attn_implementation, use_safetensors=safetensors,
+                                            weights_only=True)
+        has_tokenizer = any((source.path / name).is_file() for name in TOKENIZER_FILES)
+        tokenizer = _tokenizer_loader(source.path) if has_tokenizer else None
     model.eval().to(device)
     max_positions = getattr(model.config, "max_position_embeddings", None) or config.get("n_positions")
     loaded = LoadedModel(model, source.name, model.config.model_type, int(max_positions), device, source)
-    if source.kind == "gguf":
-        loaded._tokenizer_loader = _tokenizer_loader(directory, gguf_file=source.path.name)
-    elif any((directory / name).is_file() for name in TOKENIZER_FILES):
-        loaded._tokenizer_loader = _tokenizer_loader(directory)
+    loaded._tokenizer_loader = tokenizer
     return loaded
 
 
-def convert(spec: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write the model of `spec` (typically a GGUF file) as a plain Hugging Face directory at `out`:
-    config.json, model.safetensors (float32, dequantized), the tokenizer and conversion.json (source,
-    versions). Written to a temporary sibling and renamed, so `out` is whole or absent."""
-    from posym.io import atomic_path, manifest, write_json
+# A GGUF file is read and dequantized once per process (tens of seconds for SmolLM2-135M: transformers
+# parses every metadata field twice and dequantizes in numpy); later loads copy the model in memory.
+_GGUF_MODELS: dict = {}
+_GGUF_TOKENIZERS: dict = {}
 
+
+def _gguf_key(path: Path) -> tuple:
+    stat = path.stat()
+    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
+
+
+def _gguf_model(path: Path, dtype, attn_implementation: str):
+    """A fresh copy of the model in a GGUF file (read once per process, see _GGUF_MODELS)."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    key = (*_gguf_key(path), dtype, attn_implementation)
+    if key not in _GGUF_MODELS:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                         attn_implementation=attn_implementation)
+        except (ValueError, KeyError, IndexError, TypeError, OSError, RuntimeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PosymError(f"cannot load the GGUF model {path}: {first}") from None
+        _GGUF_MODELS.clear()  # one model at a time: a second file replaces the first
+        _GGUF_MODELS[key] = model.eval()
+    return copy.deepcopy(_GGUF_MODELS[key])
+
+
+def _gguf_tokenizer(path: Path):
+    """A loader of the tokenizer a GGUF file carries (read once per process)."""
+    def read():
+        key = _gguf_key(path)
+        if key not in _GGUF_TOKENIZERS:
+            _GGUF_TOKENIZERS.clear()
+            _GGUF_TOKENIZERS[key] = _tokenizer_loader(path.parent, gguf_file=path.name)()
+        return _GGUF_TOKENIZERS[key]
+    return read
+
+
+def _new_dir(out: str | os.PathLike) -> Path:
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PosymError(f"{out} already exists and is not an empty directory")
-    loaded = load(spec)
+    return out
+
+
+def save_hf(loaded: LoadedModel, out: str | os.PathLike, *, spec: str | os.PathLike | None = None) -> Path:
+    """Write a loaded model as a plain Hugging Face directory at `out` (a new or empty directory):
+    config.json, model.safetensors (its dtype; GGUF weights dequantized), the tokenizer if it has one,
+    and conversion.json (source, versions). Written to a temporary sibling and renamed, so `out` is
+    whole or absent."""
+    from posym.io import atomic_path, manifest, write_json
+
+    out = _new_dir(out)
     tokenizer = loaded.tokenizer if loaded.has_tokenizer else None
     with atomic_path(out, is_dir=True) as tmp:
         loaded.model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        write_json(tmp / "conversion.json", manifest({"source": str(loaded.source.path), "spec": str(spec),
-                                                      "model_type": loaded.model_type}))
+        settings = {"spec": str(spec or loaded.source.path), "source": str(loaded.source.path),
+                    "model_type": loaded.model_type}
+        write_json(tmp / "conversion.json", {**settings, **manifest(settings)})
     return out
+
+
+def convert(spec: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """`posym convert`: load any model spec (typically a GGUF file or smollm2-135m) and `save_hf` it."""
+    return save_hf(load(spec), _new_dir(out), spec=spec)  # the output is checked before the long load
