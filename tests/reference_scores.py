@@ -137,13 +137,15 @@ def attention_rows(model, ids, layer, swap=None, own=False):
     return RECORDED[0][0]
 
 
-def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, own=False):
+def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, own=False, rows=None):
     """Per-head scores of one (prompt, query, layer) by re-running the layer once per swap
-    (own: read the model's own eager attention weights, see `attention_rows`)."""
+    (own: read the model's own eager attention weights, see `attention_rows`; rows: another
+    function (model, ids, layer, swap) -> [heads, T, T], e.g. for TransformerLens models)."""
+    rows = rows or (lambda m, i, layer_, swap=None: attention_rows(m, i, layer_, swap, own=own))
     ids = list(ids[: query + 1])  # the query sees keys 0..query; later tokens cannot matter
-    clean = attention_rows(model, ids, layer, own=own)[:, query, : query + 1]  # [heads, n]
+    clean = rows(model, ids, layer)[:, query, : query + 1]  # [heads, n]
     swaps = reference_blocks(query, blocks)
-    after = [attention_rows(model, ids, layer, s, own=own)[:, query, : query + 1] for s in swaps]
+    after = [rows(model, ids, layer, s)[:, query, : query + 1] for s in swaps]
     out = []
     for h in range(clean.shape[0]):
         s_pos, s_sym = _scores_from_rows(clean[h].double(), [r[h].double() for r in after], swaps, tau)

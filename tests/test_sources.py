@@ -173,3 +173,10 @@ def test_convert_writes_a_plain_hugging_face_directory(models, tmp_path, capsys,
     assert json.loads((tmp_path / "copy" / "conversion.json").read_text())["model_type"] == "llama"
     code, _, err = run_cli(["convert", models["llama"], "--out", tmp_path / "copy"], capsys, monkeypatch)
     assert code == 2 and "not an empty directory" in err
+
+
+def test_ablate_says_it_needs_a_posym_run(models, tmp_path, capsys, monkeypatch):
+    for model in (_gguf(tmp_path / "m.gguf", "llama"), models["llama"]):
+        code, _, err = run_cli(["ablate", model, "--heads", "0.0", "--out", tmp_path / "out"], capsys, monkeypatch)
+        assert code == 2 and "intervene on posym runs" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from posym.errors import PosymError
+from posym.interop import scorable
 from posym.qk import capture, check_layers, check_prompt, rotate
 from posym.scores import query_batches
 from posym.theory import gap_stats
@@ -42,6 +43,7 @@ def head_gaps(model, input_ids, queries=None, *, layers: list[int] | None = None
     """
     import pandas as pd
 
+    model = scorable(model)  # nnsight / TransformerLens models too (posym.interop)
     layers = check_layers(model, layers)
     prompts = [check_prompt(model, ids, f"prompt {k}") for k, ids in enumerate(input_ids)]
     if not prompts:

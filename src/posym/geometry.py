@@ -5,8 +5,9 @@ at angle theta_k per position; frequency ID k = 1 is the fastest plane) plus one
 from the dims RoPE leaves alone (partial rotary). For a query at position p and a key at position
 j the term of plane k is scale * (R_p q)_k . (R_j k_j)_k. Everything here is built from the scores
 engine's per-head pre-rotation queries/keys and the model's own rotary tables
-(`posym.qk.head_qk`), so it works on GPT-J (interleaved planes) and NeoX/Llama/Mistral/Qwen2
-(half-split planes), partial rotary included.
+(`posym.qk.head_qk`), so it works on every family `posym.qk` supports (interleaved or half-split
+planes, partial rotary included). Soft-capped models (Gemma 2): the channels split the raw logit,
+before the cap, which is the only quantity that is a sum over planes.
 
 Definitions (what the numbers in Table 1 / Fig. 8 mean here):
 - channel logits: plane k's own contribution to the query's logits over keys 0..p.
@@ -37,6 +38,7 @@ from pathlib import Path
 import torch
 
 from posym.errors import PosymError
+from posym.interop import scorable
 from posym.qk import as_batch, check_layers, head_qk, pair_planes, rotate
 from posym.scores import BUDGET, query_batches, swap_scores
 
@@ -87,6 +89,7 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
     """
     import pandas as pd
 
+    model = scorable(model)  # nnsight / TransformerLens models too (posym.interop)
     layers = check_layers(model, layers)
     n_heads = model.config.num_attention_heads
     heads = list(range(n_heads)) if heads is None else sorted(set(heads))

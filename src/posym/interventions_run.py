@@ -49,7 +49,13 @@ def _measure_rows(model, task, lengths, n: int, seed: int, **labels) -> list[dic
 
 def _load(path, step, device):
     from posym.model import load_model
+    from posym.sources import resolve
 
+    source = resolve(path)
+    if source.kind != "posym":
+        raise PosymError(f"ablate and finetune intervene on posym runs (a GPT-J trained on a task); {path} is a "
+                         f"{'GGUF' if source.kind == 'gguf' else 'Hugging Face'} model: analyse it with score, "
+                         "llm-scores, geometry or discrepancy")
     model, info = load_model(path, step=step, device=device, attn_implementation="sdpa")
     if info["task_config"] is None:
         raise PosymError(f"{info['path']} has no posym.json with its task config; interventions need a posym model")

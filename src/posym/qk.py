@@ -174,7 +174,7 @@ def _pre_rotation(state: dict, kind) -> tuple:
     return q, k, cos, sin, q_post, k_post
 
 
-def _pairing(q, cos, sin, q_post, kind, layer) -> str:
+def pairing_of(q, cos, sin, q_post, kind, layer) -> str:
     """The plane layout under which rotate(q) reproduces the model's own rotated queries."""
     cos, sin = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)  # [B, 1, T, r]
     scale = q_post.abs().max().clamp_min(torch.finfo(q_post.dtype).tiny)
@@ -192,8 +192,10 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
 
     Works on any model whose attention rotates with its modeling module's `apply_rotary_pos_emb` and
     calls a kernel from `ALL_ATTENTION_FUNCTIONS` (module docstring); each layer's rotation is checked
-    against the model's own (`_pairing`), its scale, soft-cap and sliding window read from the kernel call.
+    against the model's own (`pairing_of`), its scale, soft-cap and sliding window read from the kernel call.
     """
+    if hasattr(model, "posym_capture"):  # a model from another library (posym.interop)
+        return model.posym_capture(ids, layers, on_layer)
     kind = _kind(model)
     state: dict = {"layer": None, "rope": [], "kernel": None}
     handles = []
@@ -212,7 +214,7 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
             if window is not None and ids.shape[1] > window:
                 raise PosymError(f"{ids.shape[1]} tokens exceed layer {layer}'s sliding window ({window}); "
                                  "scores need every key visible")
-            pairing = _pairing(q, cos, sin, q_post, kind, layer)
+            pairing = pairing_of(q, cos, sin, q_post, kind, layer)
             heads = q.shape[1]
             k = k.repeat_interleave(heads // k.shape[1], dim=1)  # GQA: query head h reads key head h // groups
             batch = q.shape[0]  # the tables come as [1, T, r] when every prompt starts at position 0
@@ -242,7 +244,7 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
 
 def check_layers(model, layers) -> list[int]:
     """Sorted distinct layer indices of `model` (None = every layer), or a PosymError for bad ones."""
-    total = len(_decoder_layers(model))
+    total = model.config.num_hidden_layers
     if layers is None:
         return list(range(total))
     layers = sorted(set(layers))
@@ -261,6 +263,9 @@ def head_qk(model, input_ids, layers: list[int] | None = None) -> dict[int, Head
         kj = pair_planes(rotate(qk.k[0, 0, j], qk.cos[0, j], qk.sin[0, j], qk.pairing), qk.pairing, r)
         per_plane = qk.scale * (qp * kj).sum(-1)      # [r / 2], sums to the logit (+ the unrotated dims)
     """
+    from posym.interop import scorable
+
+    model = scorable(model)
     ids = as_batch(model, input_ids)
     out: dict[int, HeadQK] = {}
     capture(model, ids, check_layers(model, layers), lambda layer, qk: out.__setitem__(layer, qk))

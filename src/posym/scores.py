@@ -25,8 +25,9 @@ Public API
 - `summarize(frame, gamma=0.1)`: per (layer, head) mean scores and a label.
 - `BUDGET` caps the elements of one vectorised chunk (here and in geometry).
 
-The queries, keys and rotary tables come from `posym.qk` (GPT-J, GPT-NeoX/Pythia, Llama, Mistral,
-Qwen2; others, e.g. GPT-2 without RoPE, are a PosymError). Numbers are computed in float64 from the
+The queries, keys and rotary tables come from `posym.qk` (every RoPE family it lists; nnsight and
+TransformerLens models through `posym.interop`; a model without RoPE, e.g. GPT-2, is a PosymError);
+swapped logits are soft-capped as the model caps them (Gemma 2). Numbers are computed in float64 from the
 model's tensors; the model itself is not changed.
 """
 
@@ -38,6 +39,7 @@ import torch
 from torch import Tensor
 
 from posym.errors import PosymError
+from posym.interop import scorable
 from posym.qk import HeadQK, capture, check_layers, check_prompt, rotate
 
 
@@ -238,6 +240,7 @@ def iter_scores(
     import pandas as pd
 
     swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau, compare=compare)  # validates tau/compare early
+    model = scorable(model)  # nnsight / TransformerLens models too (posym.interop)
     layers = check_layers(model, layers)
     prompts = [check_prompt(model, ids, f"prompt {k}") for k, ids in enumerate(input_ids)]
     if not prompts:
