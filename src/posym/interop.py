@@ -3,7 +3,8 @@
 `scorable(model)` is what `posym.scores.score_model`, `posym.geometry.plane_scores` and
 `posym.discrepancy.head_gaps` call first, so any of these works as their `model` argument:
 - a transformers causal LM (returned as is);
-- an nnsight `LanguageModel` (optional extra `posym[nnsight]`): the transformers model it wraps;
+- an nnsight `LanguageModel` (optional extra `posym[nnsight]`): the transformers model it wraps
+  (nnsight only traces it; posym's own capture reads it);
 - a TransformerLens `HookedTransformer` with rotary embeddings (optional extra `posym[lens]`):
   wrapped as a `LensModel`, whose capture reads each layer's pre-rotation queries and keys
   (hook_q / hook_k), checks them against the rotated ones (hook_rot_q: the plane layout is read off,
@@ -23,14 +24,19 @@ import torch
 from posym.errors import PosymError
 
 
-def _is(model, package: str, name: str) -> bool:
-    return any(c.__name__ == name and c.__module__.split(".")[0] == package for c in type(model).__mro__)
+def _is(model, package: str, name: str | None = None) -> bool:
+    return any(c.__module__.split(".")[0] == package and name in (None, c.__name__) for c in type(model).__mro__)
 
 
 def scorable(model):
     """The object posym's engines read: the model itself, nnsight's wrapped model, or a LensModel."""
-    if _is(model, "nnsight", "LanguageModel"):
-        return model._model  # nnsight keeps the transformers model it traces here
+    if _is(model, "nnsight"):
+        # nnsight (LanguageModel, TransformersModel) keeps the module it traces in _module; read it from
+        # __dict__, past nnsight's attribute proxy
+        inner = model.__dict__.get("_module", model.__dict__.get("_model"))
+        if inner is None:
+            raise PosymError(f"this nnsight {type(model).__name__} holds no model posym can read")
+        return scorable(inner)
     if _is(model, "transformer_lens", "HookedTransformer"):
         return LensModel(model)
     return model

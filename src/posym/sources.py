@@ -380,6 +380,12 @@ def _gguf_model(path: Path, dtype, attn_implementation: str):
         except (ValueError, KeyError, IndexError, TypeError, OSError, RuntimeError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PosymError(f"cannot load the GGUF model {path}: {first}") from None
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:  # transformers marks GGUF models as quantized (save_pretrained refuses them)
+            if not all(p.dtype.is_floating_point for p in model.parameters()):
+                raise PosymError(f"transformers kept {path} quantized (GGUF matmul kernels are installed); posym "
+                                 "needs plain weights: load it where the `kernels` package is absent")
+            quantizer.remove_quantization_config(model)  # the weights are plain dequantized tensors
         _GGUF_MODELS.clear()  # one model at a time: a second file replaces the first
         _GGUF_MODELS[key] = model.eval()
     return copy.deepcopy(_GGUF_MODELS[key])
