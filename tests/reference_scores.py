@@ -123,18 +123,29 @@ def attention_rows(model, ids, layer, swap=None, own=False):
             return (hidden, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": hidden}
 
+    def stop(module, args, output):
+        raise _Recorded  # later layers cannot change this one's attention
+
     previous = model.config._attn_implementation
     model.set_attn_implementation("posym_reference")
-    handle = decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True)
+    handles = [decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True),
+               decoder_layers(model)[layer].register_forward_hook(stop)]
     RECORDED.clear()
     TARGET.update(layer=layer, own=own)
     try:
         with torch.no_grad():
             model(torch.tensor([ids]))
+    except _Recorded:
+        pass
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         model.set_attn_implementation(previous)
     return RECORDED[0][0]
+
+
+class _Recorded(Exception):
+    """Ends a reference pass once the target layer has run."""
 
 
 def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, own=False, rows=None):

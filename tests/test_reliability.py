@@ -142,7 +142,7 @@ def slow(name: str, argv: list[str], message: str):
 BAD_INPUT = [
     # (case, argv with {z} = the zoo; outputs are relative, so they would land in the case's own cwd)
     slow("missing model directory", ["score", "--model", "{z}/missing", "--out", "s.parquet"], "does not exist"),
-    slow("empty model directory", ["score", "--model", "{z}/empty", "--out", "s.parquet"], "neither a model"),
+    slow("empty model directory", ["score", "--model", "{z}/empty", "--out", "s.parquet"], "holds no model"),
     case("corrupt safetensors (posym checkpoint)", ["eval", "{z}/corrupt", "--n", "8", "--out", "e.json"],
          "cannot load the model"),
     case("corrupt safetensors (llm)", ["llm-scores", "{z}/llama-corrupt", "--n", "1", "--out", "o"],
