@@ -153,7 +153,7 @@ def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, o
     (own: read the model's own eager attention weights, see `attention_rows`; rows: another
     function (model, ids, layer, swap) -> [heads, T, T], e.g. for TransformerLens models)."""
     rows = rows or (lambda m, i, layer_, swap=None: attention_rows(m, i, layer_, swap, own=own))
-    ids = list(ids[: query + 1])  # the query sees keys 0..query; later tokens cannot matter
+    ids = list(ids)  # the whole prompt, as the fast path runs it (the same shapes: the same float rounding upstream)
     clean = rows(model, ids, layer)[:, query, : query + 1]  # [heads, n]
     swaps = reference_blocks(query, blocks)
     after = [rows(model, ids, layer, s)[:, query, : query + 1] for s in swaps]

@@ -1,6 +1,7 @@
-"""Every RoPE family beyond the first five (tests/tiny_models.py FAMILIES): posym's scores, gaps and
-per-plane logits against the per-swap reference that re-runs the decoder layer with two residual
-vectors exchanged (tests/reference_scores.py), on tiny random-init models built from configs."""
+"""Every RoPE family (tests/tiny_models.py KINDS and FAMILIES): posym's scores and gaps against the
+per-swap reference that re-runs the decoder layer with two residual vectors exchanged
+(tests/reference_scores.py), on tiny random-init models built from configs; the first five families'
+other engines are tested in test_scores, test_geometry and test_discrepancy."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _worst(model, prompts, frame, **options) -> float:
     return worst
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("kind", KINDS + FAMILIES)
 def test_scores_equal_the_per_swap_reference(kind):
     """float64: the reference recomputes the attention row in float64 from the layer's own rotated
     q/k (<= 1e-9); float32: the reference reads the model's own eager attention weights (<= 1e-4)."""
