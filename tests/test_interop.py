@@ -16,7 +16,8 @@ from posym.geometry import plane_scores
 from posym.scores import score_model
 
 # nnsight 0.8 suggests TransformersModel, TransformerLens 3.x announces TransformerBridge: the classes tested here
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore:LanguageModel is deprecated")]
 
 
 def test_nnsight_language_model_scores_as_its_transformers_model():
