@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
 
-from posym.model import ModelConfig, build_model  # noqa: E402
-from posym.scores import prompt_set, score_model  # noqa: E402
-from posym.tasks import task_config  # noqa: E402
+from posym.core.model import ModelConfig, build_model  # noqa: E402
+from posym.core.scores import score_model, task_prompts  # noqa: E402
+from posym.core.tasks import task_config  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
         for layer in model.transformer.h:
             layer.attn.q_proj.weight.mul_(20.0)
             layer.attn.k_proj.weight.mul_(20.0)
-    ids, hops = prompt_set(model, task_config=task, n_prompts=args.prompts, seed=0, queries="hops")
+    ids, hops = task_prompts(task, args.prompts, 0, queries="hops")
     layers = model.config.n_layer
     swaps = sum(math.comb(q, 2) for qs in hops for q in qs) * layers
 

@@ -22,8 +22,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from posym.model import build_model  # noqa: E402
-from posym.train import make_optimizer, optimizer_update, resolve_config, train_batch, train_step  # noqa: E402
+from posym.core.model import build_model  # noqa: E402
+from posym.commands.train import resolve_config  # noqa: E402
+from posym.core.train import make_optimizer, optimizer_update, train_batch, train_step  # noqa: E402
 
 
 def plain_step(model, optimizer, config, step, ids, answer):

@@ -1,4 +1,4 @@
-"""posym.bench and the llm-bench command: Appendix H prompts, the local and endpoint judges, Table 3.
+"""posym.commands.bench and the llm-bench command: Appendix H prompts, the local and endpoint judges, Table 3.
 
 Models are tiny random-init Hugging Face directories (tests/tiny_llms.py). The endpoint client is
 exercised against a real HTTP server on 127.0.0.1.
@@ -17,7 +17,8 @@ import pytest
 import torch
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import bench, llm, sources
+from posym import sources
+from posym.commands import bench
 from posym.errors import PosymError
 
 
@@ -74,7 +75,7 @@ def test_answer_token_and_greedy_match_generate(models):
         target = bench.answer_token(loaded.tokenizer, prompt.text, prompt.answer)
         assert loaded.tokenizer.decode([target]) == prompt.answer
         correct, predicted = bench.local_correct(loaded, prompt)
-        ids = llm.encode(loaded, prompt.text)
+        ids = sources.tokenize(loaded, prompt.text)
         greedy = loaded.model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)[0, -1]
         assert predicted == loaded.tokenizer.decode([int(greedy)])
         assert correct == (int(greedy) == target)
@@ -126,7 +127,7 @@ class _Server:
                 if outer.mode == "sleep":
                     time.sleep(outer.delay)
                 text = body["messages"][0]["content"]
-                ids = llm.encode(outer.loaded, text)
+                ids = sources.tokenize(outer.loaded, text)
                 with torch.no_grad():
                     token = int(outer.loaded.model(input_ids=ids).logits[0, -1].argmax())
                 reply = outer.loaded.tokenizer.decode([token])

@@ -1,4 +1,4 @@
-"""Tests of posym.constructions: T_Index and T_Retrieval against loop references of the functions
+"""Tests of posym.core.constructions: T_Index and T_Retrieval against loop references of the functions
 and of the head (explicit one-hot matrices), exhaustively on small inputs; multi-hop composition;
 swap logits and construction scores; the impossibility counterexamples."""
 
@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from posym import constructions as C
-from posym import theory as T
-from posym.tasks import TaskConfig, generate, task_config
+from posym.core import constructions as C
+from posym.core import theory as T
+from posym.core.tasks import TaskConfig, generate, task_config
 
 TINY_NUM = TaskConfig("number", target_size=2, pretarget_size=2, max_hops=2, alphabet_size=3, int_range=4)
 TINY_LET = TaskConfig("letter", target_size=2, pretarget_size=2, max_hops=2, alphabet_size=3, int_range=1)

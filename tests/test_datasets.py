@@ -1,16 +1,19 @@
-"""posym.datasets and `posym data`: save/load round trips in every format, manifests and hashes, bad
+"""posym.commands.datasets and `posym data`: save/load round trips in every format, manifests and hashes, bad
 input, the CLI."""
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from test_tasks import assert_same
 
-from posym.datasets import load_dataset, manifest_path, save_dataset
+import posym
+from posym.commands.datasets import load_dataset, manifest_path, save_dataset
 from posym.errors import PosymError
-from posym.tasks import encode, follow_chain, generate, task_config
+from posym.core.tasks import encode, follow_chain, generate, task_config
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "npz"])
@@ -84,11 +87,11 @@ def test_cli_writes_both_formats(tmp_path):
     (["--task", "letter", "--alphabet-size", "4"], "needs max_hops"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, message):
-    posym = Path("/tmp/venv/bin/posym")
-    if not posym.exists():
-        pytest.skip("the posym console script is not installed in /tmp/venv")
-    proc = subprocess.run([str(posym), "data", "--out", str(tmp_path / "x.parquet"), *args],
-                          capture_output=True, text=True, timeout=60)
+    # a real process (the exit code and stderr a shell sees), with the interpreter and posym of this test run
+    source = str(Path(posym.__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "posym", "data", "--out", str(tmp_path / "x.parquet"), *args],
+                          capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("posym: error: ") and message in lines[0], proc.stderr

@@ -1,4 +1,4 @@
-"""posym.discrepancy: gaps of trained and real heads equal the model's own attention, by length."""
+"""posym.core.discrepancy: gaps of trained and real heads equal the model's own attention, by length."""
 
 import json
 import math
@@ -11,7 +11,7 @@ from reference_scores import attention_rows
 from tiny_models import KINDS, random_prompts, tiny_model
 from tiny_runs import train_tiny
 
-from posym.discrepancy import head_gaps, summarize_gaps
+from posym.core.discrepancy import head_gaps, summarize_gaps
 
 
 @pytest.mark.parametrize("kind", KINDS)

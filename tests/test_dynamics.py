@@ -1,6 +1,6 @@
-"""posym.dynamics: the purity rule on hand-made score tables (against a brute-force reading of the
+"""posym.commands.dynamics: the purity rule on hand-made score tables (against a brute-force reading of the
 rule), counts, composition, entropy normalisation, and `posym dynamics` end to end on a tiny run
-(scores checked against posym.scores on the same checkpoints, accuracy against metrics.parquet)."""
+(scores checked against posym.core.scores on the same checkpoints, accuracy against metrics.parquet)."""
 
 import math
 
@@ -9,7 +9,7 @@ import pytest
 
 from cli_runner import run_posym
 from tiny_runs import train_tiny
-from posym import dynamics
+from posym.commands import dynamics
 from posym.errors import PosymError
 
 # (s_pos, s_sym) giving each label at gamma 0.1 AND 0.05, and one that is pure only at gamma 0.1
@@ -98,8 +98,8 @@ def tiny_run(tmp_path_factory):
 
 
 def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
-    from posym.model import list_checkpoints, load_model
-    from posym.scores import prompt_set, score_model
+    from posym.core.scores import score_model
+    from posym.loading import list_checkpoints, load_checkpoint, score_prompts
 
     table, per_prompt = dynamics.collect_dynamics(tiny_run, n_prompts=8, seed=3)
     steps = [s for s, _ in list_checkpoints(tiny_run)]
@@ -108,10 +108,10 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
     metrics = pd.read_parquet(tiny_run / "metrics.parquet").set_index("step")
     for step, g in table.groupby("step"):
         assert (g.acc == metrics.acc[step]).all() and (g.acc_hop4 == metrics.acc_hop4[step]).all()
-    # the scores of one checkpoint, recomputed directly with posym.scores
+    # the scores of one checkpoint, recomputed directly with posym.core.scores
     step = 60
-    model, info = load_model(tiny_run, step=step)
-    ids, hops = prompt_set(model, task_config=info["task_config"], n_prompts=8, seed=3, queries="hops")
+    model, info = load_checkpoint(tiny_run, step=step)
+    ids, hops = score_prompts(model, task_config=info["task_config"], n_prompts=8, seed=3, queries="hops")
     direct = score_model(model, ids, hops)
     last = direct[direct["query"] == 16].groupby("layer").s_pos.mean()
     hop_means = direct.groupby(["layer", "prompt"]).s_sym.mean().groupby("layer").mean()

@@ -11,11 +11,11 @@ import transformers
 from reference_scores import attention_rows, reference_model_scores
 from tiny_models import FAMILIES, KINDS, random_prompts, tiny_model
 
-from posym.discrepancy import head_gaps
+from posym.core.discrepancy import head_gaps
 from posym.errors import PosymError
-from posym.geometry import plane_angles
-from posym.qk import head_qk, rotate
-from posym.scores import score_model
+from posym.core.geometry import plane_angles
+from posym.core.qk import head_qk, rotate
+from posym.core.scores import score_model
 from posym.sources import check_rope
 
 

@@ -1,4 +1,4 @@
-"""posym.geometry: per-plane scores against a channel-by-channel loop, frequency use on hand-made
+"""posym.core.geometry: per-plane scores against a channel-by-channel loop, frequency use on hand-made
 tables and heads, q/k projections, and `posym geometry` end to end on a tiny trained run."""
 
 import math
@@ -14,9 +14,9 @@ from reference_scores import channel_dims, reference_swap_scores  # noqa: E402
 from tiny_models import VOCAB, tiny_model  # noqa: E402
 from tiny_runs import train_tiny  # noqa: E402
 
-from posym import geometry  # noqa: E402
+from posym.core import geometry  # noqa: E402
 from posym.errors import PosymError  # noqa: E402
-from posym.qk import head_qk, rotate  # noqa: E402
+from posym.core.qk import head_qk, rotate  # noqa: E402
 
 def _model(kind: str, seed: int = 0):
     """Tiny eager float64 models (tests/tiny_models.py) with q/k scaled by 4: peaked, not one-hot."""

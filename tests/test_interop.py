@@ -1,4 +1,4 @@
-"""posym.interop: an nnsight LanguageModel and a TransformerLens HookedTransformer with rotary
+"""posym.core.interop: an nnsight LanguageModel and a TransformerLens HookedTransformer with rotary
 embeddings, scored from Python (tiny models built from configs; skipped without the optional extras)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from reference_scores import reference_model_scores
 from tiny_llms import tokenizer
 from tiny_models import random_prompts, tiny_model
 
-from posym.discrepancy import head_gaps
+from posym.core.discrepancy import head_gaps
 from posym.errors import PosymError
-from posym.geometry import plane_scores
-from posym.scores import score_model
+from posym.core.geometry import plane_scores
+from posym.core.scores import score_model
 
 # nnsight 0.8 suggests TransformersModel, TransformerLens 3.x announces TransformerBridge: the classes tested here
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -1,4 +1,4 @@
-"""Interventions: RoPE variants (posym.rope), head ablation/pruning and frozen fine-tuning.
+"""Interventions: RoPE variants (posym.core.rope), head ablation/pruning and frozen fine-tuning.
 
 References: RoPE variants against attention recomputed from the weights with the rotation angles
 written out; ablation hooks against the folded (saved) weights and head means against A @ V; a
@@ -14,11 +14,12 @@ import torch
 
 from posym.configs import from_dict, to_dict
 from posym.errors import PosymError
-from posym.interventions import (
+from posym.core.interventions import (
     HeadFreezer, ablated, fold_ablation, head_means, parse_heads, select_heads,
 )
-from posym.model import ModelConfig, build_model, load_model
-from posym.rope import layer_bands
+from posym.core.model import ModelConfig, build_model
+from posym.loading import load_checkpoint
+from posym.core.rope import layer_bands
 from tiny_runs import train_tiny
 
 
@@ -72,7 +73,7 @@ def test_rope_variant_matches_reference_attention(variant):
 
 
 def test_band_restricted_model_has_zero_rotation_outside_its_band():
-    from posym.qk import head_qk
+    from posym.core.qk import head_qk
 
     config = _config(rope_bands=[[2, 3], [4, 4], [1, 4]], n_layer=3, nope_from=2)
     model = build_model(config, 20, seed=0).eval()
@@ -90,7 +91,7 @@ def test_band_restricted_model_has_zero_rotation_outside_its_band():
 def test_variant_is_restored_by_load_model_and_ignored_by_plain_transformers(tmp_path):
     from transformers import GPTJForCausalLM
 
-    from posym.tasks import task_config
+    from posym.core.tasks import task_config
 
     config = _config(rope_bands=[[1, 2]], nope_from=1)
     model = build_model(config, 137, seed=0).eval()
@@ -100,7 +101,7 @@ def test_variant_is_restored_by_load_model_and_ignored_by_plain_transformers(tmp
     ids = torch.arange(1, 18)[None]
     with torch.no_grad():
         want = model(ids).logits
-        mine = load_model(tmp_path)[0](ids).logits
+        mine = load_checkpoint(tmp_path)[0](ids).logits
         plain = GPTJForCausalLM.from_pretrained(tmp_path).eval()(ids).logits
     torch.testing.assert_close(mine, want, atol=1e-6, rtol=0)
     assert (plain - want).abs().max() > 50 * (mine - want).abs().max() + 5e-5  # init weights are small
@@ -167,10 +168,10 @@ def _lookups(model, ids):
 
 
 def test_handmade_heads_are_labelled_and_ablation_breaks_only_their_lookup():
-    from posym.scores import score_model, summarize
+    from posym.core.scores import score_model, summarize_heads
 
     model, ids = _handmade(), _prompts()
-    labels = summarize(score_model(model, ids, "last"))
+    labels = summarize_heads(score_model(model, ids, "last"))
     assert labels["label"].tolist() == ["positional", "symbolic"]
     assert select_heads("positional", model, labels) == [(0, 0)]
     assert select_heads("symbolic", model, labels) == [(0, 1)]
@@ -244,14 +245,14 @@ def _tiny_run(tmp_path):
 
 def test_frozen_heads_stay_bit_identical_and_the_rest_trains(tmp_path):
     from posym.configs import override
-    from posym.interventions_run import finetune
-    from posym.train import TrainConfig
+    from posym.commands.interventions import finetune
+    from posym.core.train import TrainConfig
     from posym import io
 
     run = _tiny_run(tmp_path)
     cfg = override(from_dict(TrainConfig, io.read_yaml(run / "config.yaml")), {"lr": 1e-2})
     for restore in (True, False):
-        model, info = load_model(run)
+        model, info = load_checkpoint(run)
         before = {k: v.clone() for k, v in model.state_dict().items()}
         if not restore:  # without the copy-back, weight decay alone moves the frozen weights
             HeadFreezer.restore, saved = (lambda self: None), HeadFreezer.restore
@@ -286,7 +287,7 @@ def test_cli_ablate_and_finetune_end_to_end(tmp_path):
     assert saved["conditions"] == {"1.0": "1.0"} and (tmp_path / "abl" / "ablation.png").is_file()
     pruned = GPTJForCausalLM.from_pretrained(tmp_path / "pruned")
     assert pruned.transformer.h[1].attn.out_proj.weight[:, :8].abs().max() == 0
-    model, _ = load_model(tmp_path / "pruned")  # posym loads it too (posym.json carries the task)
+    model, _ = load_checkpoint(tmp_path / "pruned")  # posym loads it too (posym.json carries the task)
     result = runner.invoke(app, ["finetune", str(run), "--freeze", "none", "--freeze", "0", "--steps", "3",
                                  "--n", "40", "--out", str(tmp_path / "ft")])
     assert result.exit_code == 0, result.output

@@ -1,4 +1,4 @@
-"""posym.lengthgen: extension keeps answers, planning and its errors, the batched evaluation against a
+"""posym.commands.lengthgen: extension keeps answers, planning and its errors, the batched evaluation against a
 per-sample reference on a tiny trained run, files, figure and the CLI."""
 
 import math
@@ -10,9 +10,9 @@ import torch
 
 from cli_runner import run_posym
 from tiny_runs import train_tiny
-from posym import lengthgen as lg
+from posym.commands import lengthgen as lg
 from posym.errors import PosymError
-from posym.tasks import follow_chain, generate, task_config
+from posym.core.tasks import follow_chain, generate, task_config
 
 TINY_POSITIONS = 256
 
@@ -91,9 +91,9 @@ def tiny_run(tmp_path_factory):
 
 def _reference_accuracy(run_dir, length, n, seed):
     """Slow, obvious path: one sequence at a time through the full forward (all positions' logits)."""
-    from posym.model import load_model
+    from posym.loading import load_checkpoint
 
-    model, info = load_model(run_dir, dtype=torch.float64)  # eager attention, float64
+    model, info = load_checkpoint(run_dir, dtype=torch.float64)  # eager attention, float64
     s = generate(lg.extension(info["task_config"], length), n, seed, "test")
     with torch.no_grad():
         pred = np.array([model(input_ids=torch.as_tensor(ids)[None]).logits[0, -1].argmax().item()
@@ -139,9 +139,9 @@ def test_summary_longest_length_above_090():
     task = task_config("letter")
     table = pd.DataFrame({"protocol": "paper", "hop": 0, "length": [17, 34, 68, 128],
                           "acc": [1.0, 0.95, 0.5, 0.97], "factor": 1.0, "retention": 1.0})
-    assert lg.summarize(table, task)["paper"]["longest_length_acc_ge_0.9"] == 34  # no credit for 128
+    assert lg.summarize_protocols(table, task)["paper"]["longest_length_acc_ge_0.9"] == 34  # no credit for 128
     table["acc"] = [0.8, 0.95, 0.95, 0.95]
-    assert lg.summarize(table, task)["paper"]["longest_length_acc_ge_0.9"] is None
+    assert lg.summarize_protocols(table, task)["paper"]["longest_length_acc_ge_0.9"] is None
 
 
 def test_cli_lengthgen_and_too_long_error(tiny_run, tmp_path, monkeypatch, capsys):

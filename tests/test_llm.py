@@ -1,4 +1,4 @@
-"""posym.llm and the llm-scores command on tiny random-init models built in the test (tests/tiny_llms.py)."""
+"""posym.commands.llm and the llm-scores command on tiny random-init models built in the test (tests/tiny_llms.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import torch
 from reference_scores import channel_dims, reference_swap_scores
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import llm, sources
+from posym import loading, sources
+from posym.cli import parse_head_pairs
+from posym.commands import llm
 from posym.errors import PosymError
 
 
@@ -64,8 +66,8 @@ def test_missing_dir_and_bad_options(models, tmp_path):
     with pytest.raises(PosymError, match="float32, bfloat16 or float64"):
         sources.load(models["llama"], dtype="float16")
     with pytest.raises(PosymError, match="LAYER.HEAD"):
-        llm.parse_heads("1-2")
-    assert llm.parse_heads("0.1, 5.3") == [(0, 1), (5, 3)]
+        parse_head_pairs("1-2")
+    assert parse_head_pairs("0.1, 5.3") == [(0, 1), (5, 3)]
 
 
 def test_bfloat16_load(models):
@@ -90,11 +92,11 @@ def test_binding_prompts_are_consistent_and_seeded():
 def test_jsonl_prompts(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"text": "Alice likes red", "focus": "Alice"}\n\n{"text": "x y z", "answer": "w"}\n')
-    first, second = llm.read_jsonl(path)
+    first, second = loading.read_text_prompts(path)
     assert (first.focus, second.answer) == ("Alice", "w")
     path.write_text('{"txt": "oops"}\n')
     with pytest.raises(PosymError, match="line 1"):
-        llm.read_jsonl(path)
+        loading.read_text_prompts(path)
 
 
 def test_name_query_is_final_token_of_the_name(models):
@@ -139,7 +141,7 @@ def test_llm_scores_end_to_end(models, kind, prompts, tmp_path, capsys, monkeypa
 def test_planes_match_the_loop_reference(models, kind, tmp_path):
     """planes.parquet of llm-scores (heads in two layers, query at the name) is the prompt mean of each
     channel's swap-by-swap reference scores and largest logit; the channels sum to HF's own logits."""
-    from posym.qk import head_qk, rotate
+    from posym.core.qk import head_qk, rotate
 
     loaded = sources.load(models[kind], device="cpu")
     prompts, chosen, tau = llm.binding_prompts(2, seed=7), [(1, 3), (0, 1), (1, 0)], 1e-2
@@ -147,7 +149,7 @@ def test_planes_match_the_loop_reference(models, kind, tmp_path):
     planes = pd.read_parquet(tmp_path / "planes.parquet")
     expected = []
     for prompt in prompts:
-        ids = llm.encode(loaded, prompt.text)
+        ids = sources.tokenize(loaded, prompt.text)
         p = llm.query_position(loaded, prompt, "name")
         with torch.no_grad():
             attentions = loaded.model(input_ids=ids, output_attentions=True).attentions

@@ -1,4 +1,4 @@
-"""posym.model: GPT-J construction, checkpoint discovery and the safe loader."""
+"""posym.core.model: GPT-J construction, checkpoint discovery and the safe loader."""
 
 import json
 
@@ -7,7 +7,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPTJForCausalLM
 
 from posym.errors import PosymError
-from posym.model import ModelConfig, build_model, gptj_config, list_checkpoints, load_model
+from posym.core.model import ModelConfig, build_model, gptj_config
+from posym.loading import list_checkpoints, load_checkpoint
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, dropout=0.1)
 
@@ -58,41 +59,41 @@ def test_list_and_load_checkpoints(tmp_path):
     run, model = _fake_run(tmp_path, [8, 0, 2])
     assert [s for s, _ in list_checkpoints(run)] == [0, 2, 8]
     assert list_checkpoints(tmp_path / "nothing") == []
-    loaded, info = load_model(run)
+    loaded, info = load_checkpoint(run)
     assert info["path"].name == "step-00000008" and info["step"] == 8 and info["run_dir"] == run
     assert info["task_config"] is None and not loaded.training
     x = torch.randint(1, 20, (3, 7))
     assert torch.allclose(loaded(x).logits, model.eval()(x).logits, atol=1e-6)
-    _, info = load_model(run, step=2)
+    _, info = load_checkpoint(run, step=2)
     assert info["step"] == 2
     with pytest.raises(PosymError, match="available steps: 0, 2, 8"):
-        load_model(run, step=5)
-    _, info = load_model(run / "checkpoints" / "step-00000000")
+        load_checkpoint(run, step=5)
+    _, info = load_checkpoint(run / "checkpoints" / "step-00000000")
     assert info["run_dir"] == run and info["step"] == 0
 
 
 def test_loader_rejects_bad_directories(tmp_path):
     with pytest.raises(PosymError, match="does not exist"):
-        load_model(tmp_path / "missing")
+        load_checkpoint(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
     with pytest.raises(PosymError, match="neither a model"):
-        load_model(tmp_path / "empty")
+        load_checkpoint(tmp_path / "empty")
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20))
     gpt2.save_pretrained(tmp_path / "gpt2")
     with pytest.raises(PosymError, match="not a GPT-J model"):
-        load_model(tmp_path / "gpt2")
+        load_checkpoint(tmp_path / "gpt2")
     build_model(TINY, 20, 0).save_pretrained(tmp_path / "corrupt")
     (tmp_path / "corrupt" / "model.safetensors").write_bytes(b"\x00garbage" * 10)
     with pytest.raises(PosymError, match="cannot load"):
-        load_model(tmp_path / "corrupt")
+        load_checkpoint(tmp_path / "corrupt")
     (tmp_path / "corrupt" / "model.safetensors").unlink()
     (tmp_path / "corrupt" / "pytorch_model.bin").write_bytes(b"pickle")
     with pytest.raises(PosymError, match="never loads pickled"):
-        load_model(tmp_path / "corrupt")
+        load_checkpoint(tmp_path / "corrupt")
     (tmp_path / "badjson").mkdir()
     (tmp_path / "badjson" / "config.json").write_text("{not json")
     with pytest.raises(PosymError, match="not valid JSON"):
-        load_model(tmp_path / "badjson")
+        load_checkpoint(tmp_path / "badjson")
 
 
 def test_plain_transformers_reads_a_posym_checkpoint(tmp_path):

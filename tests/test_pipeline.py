@@ -9,7 +9,8 @@ import yaml
 from cli_runner import run_posym
 from tiny_runs import PIPELINE as TINY
 
-from posym import pipeline
+from posym import stages
+from posym.commands import pipeline
 from posym.errors import PosymError
 
 
@@ -47,14 +48,14 @@ def test_run_end_to_end(finished):
     assert code == 0
     for job in ("number", "letter"):
         for stage in pipeline.TASK_STAGES:
-            done = json.loads(pipeline.done_path(out, job, stage).read_text())
+            done = json.loads(stages.done_path(out, job, stage).read_text())
             assert done["job"] == job and done["stage"] == stage and done["seconds"] > 0 and done["cpu_seconds"] > 0
         assert (out / job / "analysis" / "dynamics.parquet").is_file()
         assert (out / job / "analysis" / "frequency.parquet").is_file()
         assert (out / job / "lengthgen" / "lengthgen.json").is_file()
         assert (out / job / "discrepancy" / "discrepancy.json").is_file()
         assert "step 12" in (out / job / "train.log").read_text()
-    assert pipeline.is_done(out, "theory", "theory") and (out / "theory" / "fig5a.png").is_file()
+    assert stages.is_done(out, "theory", "theory") and (out / "theory" / "fig5a.png").is_file()
     html = (out / "report" / "report.html").read_text()
     for stem in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity", "fig4b_qk_plane",
                  "fig8_frequency", "fig5b", "fig_discrepancy"):
@@ -76,9 +77,9 @@ def test_rerun_recomputes_only_missing_stages(finished, tiny_config, monkeypatch
     _, _, out = finished
     before = _stamps(out)
     # drop one stage's done-file (as if killed during it): only that stage runs again
-    pipeline.done_path(out, "letter", "lengthgen").unlink()
+    stages.done_path(out, "letter", "lengthgen").unlink()
     # and the train stage of number (killed after its last checkpoint): train resumes, nothing to redo
-    pipeline.done_path(out, "number", "train").unlink()
+    stages.done_path(out, "number", "train").unlink()
     assert run_posym(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
     after = _stamps(out)
     changed = {k for k in before if before[k] != after[k]}
@@ -123,9 +124,9 @@ def test_stage_marks_done_only_after_success(tmp_path):
 
     with pytest.raises(PosymError):
         pipeline._stage(tmp_path, "number", "train", fail)
-    assert not pipeline.is_done(tmp_path, "number", "train")
+    assert not stages.is_done(tmp_path, "number", "train")
     assert pipeline._stage(tmp_path, "number", "train", lambda: calls.append("ok")) >= 0
-    assert pipeline.is_done(tmp_path, "number", "train")
+    assert stages.is_done(tmp_path, "number", "train")
     assert pipeline._stage(tmp_path, "number", "train", lambda: calls.append("again")) == 0.0
     assert calls == ["fail", "ok"]
     assert not list((tmp_path / "stages").glob(".*"))  # atomic: no temporary leftovers

@@ -19,9 +19,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posym.model import ModelConfig, build_model
-from posym.scores import score_model, swap_scores
-from posym.tasks import decode, encode, follow_chain, generate, task_config, token_names
+from posym.core.model import ModelConfig, build_model
+from posym.core.scores import score_model, swap_scores
+from posym.core.tasks import decode, encode, follow_chain, generate, task_config, token_names
 
 FAST = settings(max_examples=60, deadline=None)
 MODEL = settings(max_examples=15, deadline=None)

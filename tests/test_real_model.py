@@ -15,7 +15,7 @@ from reference_scores import reference_model_scores
 from tiny_llms import run_cli
 
 from posym import sources
-from posym.scores import score_model
+from posym.core.scores import score_model
 
 TEXTS = ["Alice likes red. Bob likes blue. Carol likes green. What colour does Bob like? Bob likes",
          "Emma has a cat. Jack has a dog. What does Jack have? Jack has a"]

@@ -9,7 +9,7 @@
 - A disk that fills up mid-write (simulated with ENOSPC in-process): one-line error, no final file,
   no temporary left behind; a training run resumes exactly after it.
 - No unpickling: no loader calls torch.load on safetensors models; pickle-only directories are
-  refused (posym.model always, posym.llm unless allow_pickle, then with weights_only=True).
+  refused (posym.core.model always, posym.commands.llm unless allow_pickle, then with weights_only=True).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from safetensors.torch import load_file
 
 from posym import io
 from posym.errors import PosymError
-from posym.model import list_checkpoints, load_model
-from posym.train import resolve_config, train
+from posym.commands.train import resolve_config, train
+from posym.loading import list_checkpoints, load_checkpoint
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "posym"
 _SCRIPT = Path(sys.executable).with_name("posym")
@@ -101,7 +101,7 @@ def zoo(tmp_path_factory) -> Path:
 
 def lengthgen_into(zoo: Path, out: Path) -> None:
     """`posym lengthgen RUN --out OUT` with LENGTHGEN's settings, in-process."""
-    from posym.lengthgen import LengthGenConfig, run_lengthgen
+    from posym.commands.lengthgen import LengthGenConfig, run_lengthgen
 
     run_lengthgen(zoo / "run", LengthGenConfig(protocol="paper", lengths=[8, 24, 64], n=32), out)
 
@@ -109,7 +109,7 @@ def lengthgen_into(zoo: Path, out: Path) -> None:
 @pytest.fixture(scope="module")
 def reference(zoo) -> Path:
     """Uninterrupted dynamics and lengthgen outputs of the zoo's run."""
-    from posym.dynamics import run_dynamics
+    from posym.commands.dynamics import run_dynamics
 
     run_dynamics(zoo / "run", zoo / "dynamics", n_prompts=8)
     lengthgen_into(zoo, zoo / "lengthgen")
@@ -295,7 +295,7 @@ def test_train_killed_then_resumed_equals_uninterrupted(zoo, tmp_path, point, de
                   "--no-progress"], tmp_path)
     kill_when(proc, run / point, delay)
     for _, checkpoint in list_checkpoints(run):
-        load_model(checkpoint)  # every visible checkpoint is a whole, loadable model
+        load_checkpoint(checkpoint)  # every visible checkpoint is a whole, loadable model
     assert "checkpoints/step-00000096/model.safetensors" not in assert_complete(run)
 
     resumed = posym(["train", "--resume", run, "--no-progress"], tmp_path)
@@ -314,7 +314,7 @@ def test_train_killed_then_resumed_equals_uninterrupted(zoo, tmp_path, point, de
 def test_train_killed_between_last_checkpoint_and_metrics_resumes_complete(zoo, tmp_path, monkeypatch):
     """The narrowest window, hit deterministically: the final checkpoint is on disk, metrics.parquet
     not yet rewritten (a BaseException stands in for SIGKILL; nothing may catch it)."""
-    import posym.train as train_module
+    import posym.commands.train as train_module
 
     class Killed(BaseException):
         pass
@@ -340,7 +340,7 @@ def test_train_killed_between_last_checkpoint_and_metrics_resumes_complete(zoo, 
 
 @pytest.mark.parametrize("point", ["fig6_entropy.png", pytest.param("dynamics.parquet", marks=pytest.mark.slow)])
 def test_dynamics_killed_leaves_only_whole_files_and_reruns_identically(reference, tmp_path, point):
-    from posym.dynamics import run_dynamics
+    from posym.commands.dynamics import run_dynamics
 
     out = tmp_path / "analysis"
     kill_when(start(["dynamics", reference / "run", "--out", out, *DYNAMICS], tmp_path), out / point)
@@ -381,7 +381,7 @@ def run_reference(tmp_path_factory) -> Path:
 def assert_done_means_complete(out: Path) -> None:
     """A stage's done-file exists only beside its complete outputs (the file each stage writes last,
     every checkpoint up to max_steps, one metrics row per checkpoint)."""
-    from posym.pipeline import is_done
+    from posym.stages import is_done
 
     if is_done(out, "number", "train"):
         steps = [s for s, _ in list_checkpoints(out / "number")]
@@ -409,7 +409,7 @@ def test_run_killed_then_rerun_equals_uninterrupted(run_reference, tmp_path, poi
     assert_done_means_complete(out)
     assert unfinished not in visible and "pipeline.json" not in visible  # pipeline.json: last, after the report
     for _, checkpoint in list_checkpoints(out / "number"):
-        load_model(checkpoint)
+        load_checkpoint(checkpoint)
 
     rerun = posym(command, tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
@@ -435,7 +435,7 @@ def test_run_killed_then_rerun_equals_uninterrupted(run_reference, tmp_path, poi
 
 # `posym sweep`: two trials of the zoo's 96-step training on local Ray, one at a time
 def test_sweep_killed_then_rerun_skips_finished_trials_and_equals_uninterrupted(tmp_path):
-    from posym import sweep
+    from posym.commands import sweep
 
     path = tmp_path / "sweep.yaml"
     io.write_yaml(path, {"tasks": ["number"], "seeds": [0, 1], "train": TRAIN, "num_cpus": 1})
@@ -546,7 +546,7 @@ def test_enospc_while_streaming_scores(zoo, tmp_path, capsys, monkeypatch):
 
 
 def test_enospc_during_a_checkpoint_then_resume_is_exact(zoo, tmp_path, monkeypatch):
-    import posym.train as train_module
+    import posym.commands.train as train_module
 
     original = train_module._save_trainer_state
 
@@ -589,10 +589,10 @@ def test_loaders_never_call_torch_load_on_safetensors_models(zoo, monkeypatch):
         raise AssertionError("torch.load was called")
 
     monkeypatch.setattr(torch, "load", refuse)
-    load_model(zoo / "run")
+    load_checkpoint(zoo / "run")
     sources.load(zoo / "llama-short", device="cpu")
     with pytest.raises(PosymError, match="never loads pickled weights, because unpickling"):
-        load_model(zoo / "gptj-pickle")
+        load_checkpoint(zoo / "gptj-pickle")
     with pytest.raises(PosymError, match="only has pickle weights.*--allow-pickle"):
         sources.load(zoo / "llama-pickle", device="cpu")
 

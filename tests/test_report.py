@@ -10,7 +10,7 @@ import pytest
 import yaml
 from cli_runner import run_posym
 
-from posym import report
+from posym.commands import report
 from posym.errors import PosymError
 
 RUN_STEMS = [("analysis", s) for s in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity",

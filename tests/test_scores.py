@@ -1,4 +1,4 @@
-"""Tests of posym.scores: the pure swap maths against a loop-per-swap reference, then the model
+"""Tests of posym.core.scores: the pure swap maths against a loop-per-swap reference, then the model
 fast path against re-running the layer once per swap (tests/reference_scores.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from reference_scores import reference_blocks, reference_swap_scores
 
 from posym.errors import PosymError
-from posym.scores import swap_scores
+from posym.core.scores import swap_scores
 
 
 def _random_row(n, gen, scale=3.0, batch=()):
@@ -97,8 +97,8 @@ from tiny_models import KINDS, VOCAB, tiny_model  # noqa: E402
 from tiny_models import random_prompts as _prompts  # noqa: E402
 from reference_scores import attention_rows, reference_model_scores  # noqa: E402
 
-from posym.qk import head_qk  # noqa: E402
-from posym.scores import hop_queries, iter_scores, query_batches, score_model, summarize  # noqa: E402
+from posym.core.qk import head_qk  # noqa: E402
+from posym.core.scores import hop_queries, iter_scores, query_batches, score_model, summarize_heads  # noqa: E402
 
 def _assert_matches_reference(model, prompts, frame, tol, blocks=None, tau=1e-4):
     """Every (prompt, query, layer) of frame against the per-swap reference; returns the max error."""
@@ -181,7 +181,7 @@ def test_hand_made_heads_get_their_labels():
     for name, model in [("positional", positional), ("symbolic", symbolic), ("uniform", uniform)]:
         frame = score_model(model, prompts, "all")
         got[name] = frame
-        assert summarize(frame)["label"].tolist() == [name]
+        assert summarize_heads(frame)["label"].tolist() == [name]
     assert got["positional"]["s_pos"].min() == pytest.approx(1.0, abs=1e-12)
     assert got["positional"]["s_sym"].mean() < 0.5
     assert got["symbolic"]["s_sym"].min() == pytest.approx(1.0, abs=1e-12)
@@ -194,13 +194,13 @@ def test_summarize_means_and_thresholds():
 
     frame = pd.DataFrame({"layer": [0, 0, 1, 1, 2, 2], "head": [0] * 6, "s_pos": [1.0, 0.9, 0.5, 0.7, 0.05, 0.0],
                           "s_sym": [0.0, 0.1, 0.9, 0.95, 1.0, 0.95], "entropy": [1.0] * 6})
-    out = summarize(frame)
+    out = summarize_heads(frame)
     assert out["s_pos"].tolist() == pytest.approx([0.95, 0.6, 0.025])
     assert out["rows"].tolist() == [2, 2, 2]
     assert out["label"].tolist() == ["positional", "mixed", "symbolic"]
-    assert summarize(frame, gamma=0.45)["label"].tolist() == ["positional", "uniform", "symbolic"]
+    assert summarize_heads(frame, gamma=0.45)["label"].tolist() == ["positional", "uniform", "symbolic"]
     with pytest.raises(PosymError, match="gamma"):
-        summarize(frame, gamma=0.6)
+        summarize_heads(frame, gamma=0.6)
 
 
 def test_streaming_batches_and_determinism():
@@ -215,12 +215,12 @@ def test_streaming_batches_and_determinism():
 
 def test_chunks_of_one_row_and_one_head_give_the_same_scores(monkeypatch):
     """A query too long for all heads at once is scored a few heads at a time (bounded memory)."""
-    import posym.scores
+    import posym.core.scores
 
     model = tiny_model("llama")  # 4 query heads sharing 2 key heads
     prompts = _prompts([9, 9, 12], seed=2)
     whole = score_model(model, prompts, "all")
-    monkeypatch.setattr(posym.scores, "BUDGET", 40)  # below one head's 55 swaps at the last query
+    monkeypatch.setattr(posym.core.scores, "BUDGET", 40)  # below one head's 55 swaps at the last query
     chunked = score_model(model, prompts, "all")
     pd.testing.assert_frame_equal(whole, chunked, check_exact=False, rtol=0, atol=1e-12)
     _assert_matches_reference(model, prompts[2:], chunked[chunked["prompt"] == 2].assign(prompt=0), 1e-6)
@@ -243,7 +243,7 @@ def test_head_qk_rebuilds_the_models_logits():
     model = tiny_model("gpt_neox")
     ids = _prompts([7])[0]
     qk = head_qk(model, [ids], layers=[1])[1]
-    from posym.qk import pair_planes, rotate
+    from posym.core.qk import pair_planes, rotate
 
     q = rotate(qk.q[0], qk.cos[0], qk.sin[0], qk.pairing)  # [H, T, d]
     k = rotate(qk.k[0], qk.cos[0], qk.sin[0], qk.pairing)
@@ -291,11 +291,10 @@ def trained_run(tmp_path_factory):
 
 @pytest.mark.parametrize("dtype, tol, first", [(torch.float64, 1e-6, True), (torch.float32, 1e-4, False)])
 def test_trained_checkpoint_hops_match_reference(trained_run, dtype, tol, first):
-    from posym.model import load_model
-    from posym.scores import prompt_set
+    from posym.loading import load_checkpoint, score_prompts
 
-    model, info = load_model(trained_run, dtype=dtype)
-    ids, wanted = prompt_set(model, task_config=info["task_config"], n_prompts=2, seed=5, queries="hops")
+    model, info = load_checkpoint(trained_run, dtype=dtype)
+    ids, wanted = score_prompts(model, task_config=info["task_config"], n_prompts=2, seed=5, queries="hops")
     wanted = [w[-2:] for w in wanted]  # the reference costs C(q, 2) model runs per query: two hops each
     layers = [0, model.config.n_layer - 1] if first else [model.config.n_layer - 1]
     frame = score_model(model, ids, wanted, layers=layers)
@@ -306,16 +305,15 @@ def test_trained_checkpoint_hops_match_reference(trained_run, dtype, tol, first)
 def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch, capsys):
     import pandas as pd
 
-    from posym.model import load_model
-    from posym.scores import prompt_set
+    from posym.loading import load_checkpoint, score_prompts
 
     out = tmp_path / "scores.parquet"
     assert run_posym(monkeypatch, "score", "--model", trained_run, "--n-prompts", 5, "--seed", 2,
                 "--queries", "hops", "--batch-size", 2, "--out", out) == 0
     assert "label" in capsys.readouterr().out
     written = pd.read_parquet(out)
-    model, info = load_model(trained_run)
-    ids, wanted = prompt_set(model, task_config=info["task_config"], n_prompts=5, seed=2, queries="hops")
+    model, info = load_checkpoint(trained_run)
+    ids, wanted = score_prompts(model, task_config=info["task_config"], n_prompts=5, seed=2, queries="hops")
     expected = score_model(model, ids, wanted)  # one batch of 5: float32 rounding differs from batches of 2
     pd.testing.assert_frame_equal(written, expected, check_exact=False, rtol=0, atol=1e-4)
     assert written[["prompt", "query", "layer", "head", "n_swaps"]].equals(

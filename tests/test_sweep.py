@@ -9,7 +9,7 @@ import pytest
 import yaml
 from cli_runner import run_posym
 
-from posym import sweep
+from posym.commands import sweep
 from posym.errors import PosymError
 
 TINY_TRAIN = {"max_steps": 4, "checkpoint_every": 2, "eval_size": 16, "model": {"n_layer": 1, "n_embd": 16}}
@@ -57,10 +57,10 @@ def test_example_files_are_valid():
 
 
 def test_rope_band_grid_against_layer_bands():
-    """Every combination of the RoPE axes, compared through posym.rope.layer_bands (the reference):
+    """Every combination of the RoPE axes, compared through posym.core.rope.layer_bands (the reference):
     trials are pairwise different models, and every combination is one of them."""
-    from posym.model import ModelConfig
-    from posym.rope import layer_bands
+    from posym.core.model import ModelConfig
+    from posym.core.rope import layer_bands
 
     bands, nopes = [None, [[1, 8]], [[1, 4], [5, 8]]], [None, 0, 1]
     config = sweep.SweepConfig(tasks=["number"], seeds=[0], rope_bands=bands, nope_from=nopes,

@@ -1,4 +1,4 @@
-"""posym.tasks: worked examples, chain checker, exact balance, determinism, knobs (files: test_datasets.py)."""
+"""posym.core.tasks: worked examples, chain checker, exact balance, determinism, knobs (files: test_datasets.py)."""
 
 import math
 from dataclasses import replace
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posym.datasets import content_hash
+from posym.commands.datasets import content_hash
 from posym.errors import PosymError
-from posym.tasks import (
+from posym.core.tasks import (
     SPLIT_SIZES,
     TASKS,
     ChainError,
@@ -372,7 +372,7 @@ def test_marked_letter_lookup_counts_marked_matches():
 def test_data_command_writes_marked_samples(tmp_path, monkeypatch):
     from cli_runner import run_posym
 
-    from posym.datasets import load_dataset
+    from posym.commands.datasets import load_dataset
 
     out = tmp_path / "marked.jsonl"
     assert run_posym(monkeypatch, "data", "--task", "letter", "--n", 40, "--format", "jsonl", "--markers",

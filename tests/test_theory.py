@@ -1,4 +1,4 @@
-"""Tests of posym.theory: the hardest inputs and the beta search against exhaustive sets, Theorem
+"""Tests of posym.core.theory: the hardest inputs and the beta search against exhaustive sets, Theorem
 3.2's bounds on a grid, gap statistics and errors; files and CLI of `posym theory`."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from posym import constructions as C
-from posym import theory as T
+from posym.core import constructions as C
+from posym.commands import theory as theory_command
+from posym.core import theory as T
 from posym.cli import app
 from posym.errors import PosymError
-from posym.tasks import TaskConfig, task_config
+from posym.core.tasks import TaskConfig, task_config
 
 
 # ---- discrepancy, bounds and beta -----------------------------------------------------------------
@@ -111,7 +112,7 @@ def test_gap_stats_and_errors():
 
 def test_run_theory_writes_everything(tmp_path):
     config = T.TheoryConfig(n0=[3, 6], samples=2000, task_samples=60, curve_max_n=12, curve_freq_ids=[2, 42])
-    result = T.run_theory(config, tmp_path)
+    result = theory_command.run_theory(config, tmp_path)
     for name in ("theory.parquet", "discrepancy.parquet", "theory.json", "fig5a.png", "fig5a.svg"):
         assert (tmp_path / name).stat().st_size > 0
     assert json.loads((tmp_path / "theory.json").read_text())["summary"] == result["summary"]

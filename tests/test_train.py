@@ -1,4 +1,4 @@
-"""posym.train: schedule, loss, evaluation, run directory, exact resume, CLI errors, learning."""
+"""posym.core.train: schedule, loss, evaluation, run directory, exact resume, CLI errors, learning."""
 
 import os
 import shutil
@@ -18,19 +18,18 @@ from transformers import get_linear_schedule_with_warmup
 from posym import cli
 from posym.configs import to_dict
 from posym.errors import PosymError
-from posym.model import ModelConfig, build_model, list_checkpoints, load_model
-from posym.tasks import SPLIT_SIZES, generate, task_config
-from posym.train import (
-    TRAINER_TENSORS,
+from posym.commands.train import TRAINER_TENSORS, resolve_config, train
+from posym.core.model import ModelConfig, build_model
+from posym.core.tasks import SPLIT_SIZES, generate, task_config
+from posym.core.train import (
     TrainConfig,
     checkpoint_steps,
     evaluate,
     last_logits,
     lr_factor,
-    resolve_config,
-    train,
     train_batch,
 )
+from posym.loading import list_checkpoints, load_checkpoint
 
 SMALL_TASK = dict(target_size=4, pretarget_size=3, max_hops=2, alphabet_size=4, int_range=7)
 
@@ -153,7 +152,7 @@ def test_run_directory_layout_and_plain_reload(tmp_path):
     assert {"step", "loss", "acc", "acc_hop1", "acc_hop2", "train_loss"} <= set(metrics.columns)
     # only the latest checkpoint keeps the optimizer/RNG state
     assert [s for s, p in list_checkpoints(run) if (p / TRAINER_TENSORS).exists()] == [12]
-    model, info = load_model(run)
+    model, info = load_checkpoint(run)
     assert info["step"] == 12 and info["task_config"] == cfg.task and info["model_config"] == cfg.model
     assert info["metrics"]["acc"] == metrics.acc.iloc[-1]
     from transformers import GPTJForCausalLM
@@ -237,7 +236,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     done = [s for s, _ in list_checkpoints(run)]
     assert 8 in done and 80 not in done, f"kill came at a bad moment: {done}"
     for _, path in list_checkpoints(run):  # every visible checkpoint is complete
-        load_model(path)
+        load_checkpoint(path)
     assert cli_exit(["train", "--resume", str(run), "--no-progress"]) == 0
     reference = train(resolve_config("quick", "number", tmp_path / "tiny.yaml"), tmp_path / "ref", progress=False)
     assert_same_weights(list_checkpoints(reference)[-1][1], list_checkpoints(run)[-1][1])

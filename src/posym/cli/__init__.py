@@ -34,6 +34,31 @@ def progress_bar(total: int, what: str):
     return bar, lambda k=1: bar.advance(task, k)
 
 
+def parse_list(text: str, kind: type) -> list:
+    """'a,b,c' -> [kind(a), kind(b), kind(c)]; a bad item is a PosymError."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    try:
+        values = [kind(item) for item in items]
+    except ValueError:
+        raise PosymError(f"cannot read {text!r} as a comma-separated list of {kind.__name__} values") from None
+    if not values:
+        raise PosymError("an empty list was given")
+    return values
+
+
+def parse_head_pairs(text: str | None) -> list[tuple[int, int]]:
+    """'0.1,5.3' -> [(0, 1), (5, 3)] (layer.head pairs)."""
+    if not text:
+        return []
+    heads = []
+    for item in parse_list(text, str):
+        layer, dot, head = item.partition(".")
+        if not (dot and layer.isdigit() and head.isdigit()):
+            raise PosymError(f"--heads wants LAYER.HEAD items like 3.1, got {item!r}")
+        heads.append((int(layer), int(head)))
+    return heads
+
+
 def main() -> None:
     """Console-script entry point: run the app, answering bad input with one line and exit 2."""
     try:
@@ -53,7 +78,6 @@ def main() -> None:
             print(f"posym: error: {exc.format_message()}", file=sys.stderr)
             sys.exit(2)
         raise
-
 
 
 for _module in ("training", "analysis", "models", "runs"):

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, progress_bar
+from posym.cli import app, parse_list, progress_bar
 from posym.errors import PosymError
 
 
@@ -46,19 +46,20 @@ def score_command(
     from rich.console import Console
     from rich.table import Table
 
-    from posym import io, scores, sources
+    from posym import io, loading, sources
     from posym.configs import to_dict
+    from posym.core import scores
 
     if batch_size < 1 or n_prompts < 1:
         raise PosymError("--batch-size and --n-prompts must be positive")
     loaded = sources.load(model, step=step, device=device)
     hf_model, task_config = loaded.model, loaded.info.get("task_config")
     if task is not None and (task_config is None or task_config.task != task):
-        from posym.tasks import task_config as paper_task
+        from posym.core.tasks import task_config as paper_task
 
         task_config = paper_task(task)
-    ids, wanted = scores.prompt_set(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
-                                    seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
+    ids, wanted = loading.score_prompts(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+                                        seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
     settings = {"model": str(loaded.info.get("path", loaded.source.path)), "step": loaded.info.get("step"),
                 "prompts": str(prompts) if prompts else None,
                 "task": to_dict(task_config) if task_config is not None and not prompts else None,
@@ -68,11 +69,11 @@ def score_command(
     with bar:
         frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare,
                                     batch_size=batch_size, progress=advance)
-        rows = scores.write_scores(out, frames, io.manifest(settings, seed=seed, settings=settings,
+        rows = loading.write_score_parquet(out, frames, io.manifest(settings, seed=seed, settings=settings,
                                                             hf_config=hf_model.config.to_dict()))
     import pandas as pd
 
-    summary = scores.summarize(pd.read_parquet(out, columns=["layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
+    summary = scores.summarize_heads(pd.read_parquet(out, columns=["layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
     table = Table(title=f"mean scores over {len(ids)} prompts (gamma = {gamma})")
     for column in ("layer", "head", "s_pos", "s_sym", "entropy", "label"):
         table.add_column(column, justify="left" if column == "label" else "right")
@@ -97,8 +98,8 @@ def dynamics_command(
     from rich.console import Console
     from rich.table import Table
 
-    from posym import dynamics
-    from posym.model import list_checkpoints
+    from posym.commands import dynamics
+    from posym.loading import list_checkpoints
 
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
     bar, advance = progress_bar(total, "scoring checkpoints")
@@ -141,7 +142,7 @@ def geometry_command(
     (Table 1 / Fig. 8), per-plane positional/symbolic scores, and the q/k plane scatter (Fig. 4B)."""
     from transformers.utils import logging as hf_logging
 
-    from posym import geometry
+    from posym.commands import geometry
 
     hf_logging.disable_progress_bar()
     job = geometry.prepare(path, step=step, n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
@@ -182,9 +183,10 @@ def theory_command(
     from rich.progress import Progress
     from rich.table import Table
 
-    from posym import theory
+    from posym.commands import theory
+    from posym.core.theory import TheoryConfig
 
-    config = theory.TheoryConfig(n0=n0, index_freq_id=index_freq_id, retrieval_freq_id=retrieval_freq_id,
+    config = TheoryConfig(n0=n0, index_freq_id=index_freq_id, retrieval_freq_id=retrieval_freq_id,
                                  curve_freq_ids=curve_freq_id, alphabet_size=alphabet_size, eps=eps,
                                  samples=samples, seed=seed)
     with Progress(transient=True) as bar:
@@ -232,8 +234,7 @@ def lengthgen_command(
 
     from transformers.utils import logging as hf_logging
 
-    from posym import lengthgen
-    from posym.llm import parse_list
+    from posym.commands import lengthgen
 
     hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
 
@@ -281,8 +282,7 @@ def discrepancy_command(
     from rich.table import Table
     from transformers.utils import logging as hf_logging
 
-    from posym import discrepancy
-    from posym.llm import parse_list
+    from posym.commands import discrepancy
 
     hf_logging.disable_progress_bar()
     with Progress(transient=True) as bar:

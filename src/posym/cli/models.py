@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, progress_bar
+from posym.cli import app, parse_head_pairs, parse_list, progress_bar
 from posym.errors import PosymError
 
 
@@ -39,18 +39,17 @@ def llm_scores_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
 ) -> None:
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
-    from posym import llm
+    from posym import sources
+    from posym.commands import llm
 
-    from posym.sources import load
-
-    loaded = load(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
-    chosen = llm.prompt_set(prompts, text=text, n=n, size=size, seed=seed)
+    loaded = sources.load(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
+    chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
     settings = {"model_dir": str(model_dir), "prompts": prompts, "text": text, "n": n, "size": size,
                 "query": query, "heads": heads, "tau": tau, "seed": seed, "dtype": dtype}
     bar, advance = progress_bar(len(chosen), "scoring prompts")
     with bar:
-        result = llm.write_scores(loaded, chosen, out, query=query, heads=llm.parse_heads(heads), tau=tau,
+        result = llm.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
                                   settings=settings, progress=advance)
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
 
@@ -79,7 +78,7 @@ def llm_bench_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-bench/<model>)."),
 ) -> None:
     """Appendix H accuracy (1-hop number/letter tasks, 3 worked examples) with the paper's Table 3 beside."""
-    from posym import bench, llm
+    from posym.commands import bench
 
     if markers not in bench.MARKER_CHOICES:
         raise PosymError(f"--markers must be off, on or both, got {markers!r}")
@@ -87,8 +86,8 @@ def llm_bench_cmd(
     judge, label = bench.make_judge(model_dir, base_url=base_url, model_name=model_name,
                                     api_key_env=api_key_env, timeout_s=timeout, retries=retries,
                                     device=device, dtype=dtype, allow_pickle=allow_pickle)
-    task_list = llm.parse_list(tasks, str)
-    size_list = llm.parse_list(sizes, int) if sizes else list(bench.BENCH_SIZES)
+    task_list = parse_list(tasks, str)
+    size_list = parse_list(sizes, int) if sizes else list(bench.BENCH_SIZES)
     out = out or Path("runs") / "llm-bench" / label
     settings = {"model": label, "tasks": task_list, "sizes": size_list, "runs": runs, "n": n,
                 "markers": markers, "base_url": base_url, "dtype": dtype}

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app
+from posym.cli import app, parse_list
 from posym.errors import PosymError
 
 
@@ -41,7 +41,7 @@ def run_command(
     from rich.live import Live
     from rich.table import Table
 
-    from posym import pipeline, report
+    from posym.commands import pipeline, report
 
     flags = {"preset": preset, "tasks": task or None, "device": device, "workers": workers}
     cfg = pipeline.resolve_pipeline(config, {k: v for k, v in flags.items() if v is not None})
@@ -72,7 +72,7 @@ def report_command(
 ) -> None:
     """One self-contained HTML page (figures inline, opens offline) with the analogues of the paper's
     Fig. 2, 4B, 5A/B, 6, 7, 8 and Tables 1 and 3, plus every figure as PNG and SVG."""
-    from posym import report
+    from posym.commands import report
 
     html_path = report.build_report(paths, out or Path(paths[0]).resolve().parent / "report", title=title)
     print(f"report: {html_path}")
@@ -95,7 +95,7 @@ def sweep_command(
     from rich.progress import Progress
     from rich.table import Table
 
-    from posym import sweep
+    from posym.commands import sweep
 
     cfg = sweep.load_sweep(config)
     console = Console()
@@ -177,8 +177,7 @@ def ablate_command(
     from rich.status import Status
     from transformers.utils import logging as hf_logging
 
-    from posym.interventions_run import run_ablation
-    from posym.llm import parse_list
+    from posym.commands.interventions import run_ablation
 
     hf_logging.disable_progress_bar()
     out = out or Path(path) / "ablation"
@@ -217,8 +216,7 @@ def finetune_command(
     from rich.status import Status
     from transformers.utils import logging as hf_logging
 
-    from posym.interventions_run import run_finetune
-    from posym.llm import parse_list
+    from posym.commands.interventions import run_finetune
 
     hf_logging.disable_progress_bar()
     out = out or Path(path) / "finetune"

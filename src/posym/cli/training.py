@@ -36,7 +36,8 @@ def data_command(
 ) -> None:
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
 
-    from posym import datasets, tasks
+    from posym.commands import datasets
+    from posym.core import tasks
 
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
                  alphabet_size=alphabet_size, int_range=int_range, extra_target=extra_target)
@@ -67,7 +68,7 @@ def train_command(
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Train a GPT-J on a multi-hop task, saving checkpoints, metrics.parquet and train.log in a run directory."""
-    from posym import train
+    from posym.commands import train
 
     if resume is not None:
         given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
@@ -102,7 +103,8 @@ def eval_command(
     from rich.console import Console
     from rich.table import Table
 
-    from posym import io, train
+    from posym import io
+    from posym.commands import train
 
     rows = train.evaluate_checkpoint(path, step=step, task=task, n=n, extra_targets=extra_target or [0],
                                      seed=seed, split=split, device=device)

@@ -9,24 +9,24 @@ that is q_rot . R_a k_b * scale = (R_a^T q_rot) . k_b * scale (k_b the pre-rotat
 
 Three lines from a notebook:
 
-    from posym.scores import score_model, summarize
+    from posym.core.scores import score_model, summarize_heads
     frame = score_model(model, [[17, 3, 9, 2, 5, 1]], queries="last")   # any supported HF causal LM
-    print(summarize(frame))                                             # mean s_pos/s_sym + label
+    print(summarize_heads(frame))                                       # mean s_pos/s_sym + label
 
 Public API
 - `swap_scores(clean, swapped, tau=1e-4, blocks=None, compare="probs")`: the pure maths for one query
-  (`posym.constructions` builds `clean`/`swapped` for its heads).
+  (`posym.core.constructions` builds `clean`/`swapped` for its heads).
 - `score_model(model, input_ids, queries=None, ...)`: a DataFrame with one row per (prompt, query,
   layer, head); `iter_scores` yields the same rows in batches (streamed to Parquet by `posym score`).
 - `hop_queries(chain)`: the pointer positions of a task chain; `resolve_queries` / `query_batches`
   turn query specs into positions and equal-length batches (geometry batches the same way);
-  `prompt_set` builds `posym score`'s prompts (task samples or a JSONL file, `read_prompts`,
-  `jsonl_records`) and `write_scores` streams to Parquet.
-- `summarize(frame, gamma=0.1)`: per (layer, head) mean scores and a label.
+  `task_prompts` draws test-split task prompts with their queries (`queries_for`); prompt files
+  and Parquet output are `posym.loading`'s.
+- `summarize_heads(frame, gamma=0.1)`: per (layer, head) mean scores and a label.
 - `BUDGET` caps the elements of one vectorised chunk (here and in geometry).
 
-The queries, keys and rotary tables come from `posym.qk` (every RoPE family it lists; nnsight and
-TransformerLens models through `posym.interop`; a model without RoPE, e.g. GPT-2, is a PosymError);
+The queries, keys and rotary tables come from `posym.core.qk` (every RoPE family it lists; nnsight and
+TransformerLens models through `posym.core.interop`; a model without RoPE, e.g. GPT-2, is a PosymError);
 swapped logits are soft-capped as the model caps them (Gemma 2). Numbers are computed in float64 from the
 model's tensors; the model itself is not changed.
 """
@@ -39,8 +39,9 @@ import torch
 from torch import Tensor
 
 from posym.errors import PosymError
-from posym.interop import scorable
-from posym.qk import HeadQK, capture, check_layers, check_prompt, rotate
+from posym.core.interop import scorable
+from posym.core.qk import HeadQK, capture, check_layers, check_prompt, rotate
+from posym.core.tasks import TaskConfig, generate
 
 
 def _pair_blocks(keys: int, blocks: int | None) -> tuple[Tensor, Tensor]:
@@ -240,7 +241,7 @@ def iter_scores(
     import pandas as pd
 
     swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau, compare=compare)  # validates tau/compare early
-    model = scorable(model)  # nnsight / TransformerLens models too (posym.interop)
+    model = scorable(model)  # nnsight / TransformerLens models too (posym.core.interop)
     layers = check_layers(model, layers)
     prompts = [check_prompt(model, ids, f"prompt {k}") for k, ids in enumerate(input_ids)]
     if not prompts:
@@ -275,7 +276,7 @@ def score_model(model, input_ids, queries=None, **options):
     return pd.concat(list(iter_scores(model, input_ids, queries, **options)), ignore_index=True)
 
 
-def summarize(frame, gamma: float = 0.1):
+def summarize_heads(frame, gamma: float = 0.1):
     """Per (layer, head): prompt-mean s_pos, s_sym, entropy, row count and a label.
 
     Labels on the means (gamma = 0.1 is the paper's purity threshold, footnote 3 of 2605):
@@ -301,99 +302,36 @@ def summarize(frame, gamma: float = 0.1):
 # ---- files: prompt JSONL in, Parquet out ---------------------------------------------------------
 
 
-def jsonl_records(path) -> list[tuple[int, object]]:
-    """The parsed non-blank lines of a JSONL prompt file, each with its line number (from 1).
+# ---- prompt sets: which queries of which prompts -------------------------------------------------
 
-    A missing file, a line that is not JSON or a file without records is a PosymError; what a
-    record must hold is the caller's to check (`read_prompts` here, `posym.llm.read_jsonl`)."""
-    import json
-    from pathlib import Path
-
-    path = Path(path)
-    if not path.is_file():
-        raise PosymError(f"prompt file {path} does not exist")
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append((number, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise PosymError(f"{path} line {number} is not valid JSON ({exc.msg})") from None
-    if not records:
-        raise PosymError(f"prompt file {path} holds no prompts")
-    return records
+QUERY_MODES = ("last", "all", "hops")
 
 
-def read_prompts(path, model, encode=None) -> list[dict]:
-    """A prompt file: one JSON object per line with "input_ids" (or "text", encoded by `encode`, the
-    model's tokenizer) and optional "queries" (positions) and "chain" (posym data JSONL); returns
-    [{"input_ids", "queries", "chain"}] (None when absent). Every problem is a PosymError naming the line."""
-    prompts = []
-    for number, record in jsonl_records(path):
-        where = f"{path} line {number}"
-        if isinstance(record, dict) and "input_ids" not in record and isinstance(record.get("text"), str):
-            if encode is None:
-                raise PosymError(f"{where} is text, but this model has no tokenizer; give \"input_ids\"")
-            record = {**record, "input_ids": encode(record["text"])}
-        if not isinstance(record, dict) or "input_ids" not in record:
-            raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list or a \"text\" string")
-        fields = {}
-        for key in ("input_ids", "queries", "chain"):
-            value = record.get(key)
-            if value is not None and (not isinstance(value, list) or not all(type(v) is int for v in value)):
-                raise PosymError(f"{where}: {key} must be a list of integers")
-            fields[key] = value
-        ids = check_prompt(model, fields["input_ids"], where)
-        if fields["queries"] is not None:
-            resolve_queries(fields["queries"], len(ids), where)
-        prompts.append({**fields, "input_ids": ids.tolist()})
-    return prompts
-
-
-def write_scores(path, frames, sidecar: dict) -> int:
-    """Stream score DataFrames into one Parquet file (temp name, renamed at the end) and write the
-    JSON sidecar `path`.json; returns the number of rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from posym.io import atomic_path, write_json
-
-    schema = pa.schema([(c, pa.float64() if c in ("s_pos", "s_sym", "entropy") else pa.int64()) for c in COLUMNS])
-    rows = 0
-    with atomic_path(path) as tmp:
-        with pq.ParquetWriter(tmp, schema) as writer:
-            for frame in frames:
-                writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False))
-                rows += len(frame)
-    write_json(f"{path}.json", {**sidecar, "rows": rows})
-    return rows
-
-
-def prompt_set(model, *, task_config=None, n_prompts=100, seed=0, prompts_file=None, queries=None, encode=None):
-    """(input_ids, per-prompt queries) for `posym score`, `geometry` and `discrepancy`: test-split task
-    samples or a prompt file (text lines encoded by `encode`, the model's tokenizer; see `read_prompts`).
-
-    queries: "last", "all", "hops" (needs chains: task samples or a "chain" on every file line) or
-    None (a file's own "queries" where given, else the last token).
-    """
-    if queries not in (None, "last", "all", "hops"):
+def check_query_mode(queries) -> None:
+    """`queries` must be None (each prompt's own, else the last token) or one of QUERY_MODES."""
+    if queries not in (None, *QUERY_MODES):
         raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
-    if prompts_file is not None:
-        records = read_prompts(prompts_file, model, encode)
-    else:
-        from posym.tasks import generate
 
-        if task_config is None:
-            raise PosymError("give --task or --prompts: the model carries no posym task config")
-        samples = generate(task_config, n_prompts, seed, split="test")
-        records = [{"input_ids": ids.tolist(), "queries": None, "chain": chain.tolist()}
-                   for ids, chain in zip(samples.input_ids, samples.chain)]
+
+def queries_for(records: list[dict], queries=None) -> list:
+    """Per-prompt query specs of prompt records ({"queries", "chain"}, None when absent).
+
+    queries: "last", "all", "hops" (needs a chain on every record) or None (a record's own
+    "queries" where given, else the last token).
+    """
+    check_query_mode(queries)
     if queries == "hops":
         missing = [k for k, r in enumerate(records) if r["chain"] is None]
         if missing:
             raise PosymError(f"--queries hops needs a chain for every prompt; prompt {missing[0]} has none")
-        wanted = [hop_queries(r["chain"]) for r in records]
-    else:
-        wanted = [queries or r["queries"] or "last" for r in records]
-    return [r["input_ids"] for r in records], wanted
+        return [hop_queries(r["chain"]) for r in records]
+    return [queries or r["queries"] or "last" for r in records]
+
+
+def task_prompts(task_config: TaskConfig, n_prompts: int = 100, seed: int = 0, queries=None):
+    """(input_ids, per-prompt queries) of `n_prompts` test-split task samples (queries as `queries_for`)."""
+    check_query_mode(queries)
+    samples = generate(task_config, n_prompts, seed, split="test")
+    records = [{"input_ids": ids.tolist(), "queries": None, "chain": chain.tolist()}
+               for ids, chain in zip(samples.input_ids, samples.chain)]
+    return [r["input_ids"] for r in records], queries_for(records, queries)

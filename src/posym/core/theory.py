@@ -1,7 +1,7 @@
-"""Discrepancy, inverse temperature and exactness of the constructions, and `posym theory` (SPEC 5).
+"""Discrepancy, inverse temperature and exactness of the constructions (SPEC 5).
 
 The heads themselves (T_Index, T_Retrieval, the functions they compute, composition, swap scores)
-are in `posym.constructions`; this module measures them. Length n means: the query sits at
+are in `posym.core.constructions`; this module measures them. Length n means: the query sits at
 position n and sees keys 0..n (n + 1 tokens).
 
 Discrepancy (Definition 3.1): per input, the gap between the largest and the second-largest logit
@@ -17,7 +17,8 @@ mean and quantiles too.)
   the needed beta exactly (`hardest_inputs`, `needed_beta`);
 - `check_length`: hard-attention exactness, gaps and the softmax at a given beta on one length;
 - Theorem 3.2's bounds (`index_bound`, `retrieval_bound`) and measured curves (`discrepancy_curve`);
-- `run_theory(TheoryConfig(...), out_dir)`: the `posym theory` report (tables, JSON, Fig. 5A).
+- `verify(TheoryConfig(...))` and `summarize_lengths`: every check of `posym theory` (whose tables,
+  JSON and Fig. 5A are written by `posym.commands.theory`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posym.constructions import (Head, apply, attention_logits, construction_scores, index_head, letter_of,
-                                 multihop, retrieval, retrieval_head, selective_index, with_beta)
+from posym.core.constructions import (Head, apply, attention_logits, index_head, letter_of, retrieval, retrieval_head,
+                                      selective_index)
+from posym.core.tasks import TaskConfig
 from posym.errors import PosymError
-from posym.tasks import TaskConfig
 
 
 def frequency_angle(freq_id: int, *, base: float = 10_000.0, rotary_dim: int = 128) -> float:
@@ -253,7 +254,7 @@ def discrepancy_curve(theta: float, ns, *, alphabet_size: int = 8) -> list[dict]
     return rows
 
 
-# ---- the report: `posym theory` ----------------------------------------------------------------------
+# ---- every check of `posym theory` ---------------------------------------------------------------------
 
 
 @dataclass
@@ -334,7 +335,7 @@ def verify(config: TheoryConfig) -> list[dict]:
     return rows
 
 
-def summarize(rows: list[dict], n0: list[int]) -> list[dict]:
+def summarize_lengths(rows: list[dict], n0: list[int]) -> list[dict]:
     """Per (head, n0): exact on every length <= n0, the beta needed for all of them and Lemma F.1's."""
     out = []
     for kind in HEADS:
@@ -350,75 +351,3 @@ def summarize(rows: list[dict], n0: list[int]) -> list[dict]:
     return out
 
 
-def plot_discrepancy(curves: list[dict], path_stem) -> list:
-    """Fig. 5A: measured Delta(n) and Theorem 3.2's bounds, one panel per theta; PNG + SVG."""
-    from posym.figures import pyplot, save_figure
-
-    plt = pyplot()
-    thetas = sorted({r["theta"] for r in curves if r["theta"] > 0}, reverse=True)
-    fig, axes = plt.subplots(1, len(thetas), figsize=(5 * len(thetas), 3.8), squeeze=False)
-    for ax, theta in zip(axes[0], thetas):
-        for kind, color in [("index", "tab:blue"), ("retrieval", "tab:orange")]:
-            sub = [r for r in curves if r["head"] == kind and r["theta"] == theta and r["valid"]]
-            if sub:
-                n = [r["n"] for r in sub]
-                ax.plot(n, [r["delta"] for r in sub], color=color, label=f"T_{kind.capitalize()} measured")
-                ax.plot(n, [r["bound"] for r in sub], color=color, ls="--", label=f"T_{kind.capitalize()} bound")
-        nope = [r for r in curves if r["head"] == "retrieval" and r["theta"] == 0]
-        if nope:
-            ax.plot([r["n"] for r in nope], [r["delta"] for r in nope], color="gray", ls=":",
-                    label="T_Retrieval, NoPE (theta = 0)")
-        ax.set(yscale="log", xlabel="length n (query position)", ylabel="discrepancy Delta(n)",
-               title=f"theta = {theta:.4g}")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return save_figure(fig, path_stem, dpi=150)
-
-
-def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
-    """Verify, score and plot; write theory.parquet, discrepancy.parquet, theory.json and fig5a.png/svg
-    into `out_dir`. `progress(step_name)` is called before each step. Returns the JSON summary."""
-    from pathlib import Path
-
-    import pandas as pd
-
-    from posym.configs import to_dict
-    from posym.io import manifest, write_json, write_parquet
-    from posym.tasks import generate, task_config
-
-    step = progress or (lambda name: None)
-    out_dir = Path(out_dir)
-    step("verifying the constructions at every length")
-    rows = verify(config)
-    summary = summarize(rows, config.n0)
-    step("composing hops and scoring the heads on task samples")
-    tasks = {}
-    for kind, task in [("index", "number"), ("retrieval", "letter")]:
-        cfg = task_config(task) if task == "number" else task_config(task, alphabet_size=config.alphabet_size)
-        s = generate(cfg, config.task_samples, config.seed, "test")
-        ids, ans, hops = (torch.as_tensor(a) for a in (s.input_ids, s.answer, s.hops))
-        freq = config.index_freq_id if kind == "index" else config.retrieval_freq_id
-        head = (index_head if kind == "index" else retrieval_head)(
-            cfg, frequency_angle(freq, base=config.rope_base, rotary_dim=config.rotary_dim))
-        n = cfg.seq_len - 1
-        beta = max(needed_beta(head, cfg, m, config.eps)[0] for m in range(1, n + 1))
-        soft = with_beta(head, beta)
-        tasks[kind] = {"task": task, "beta": beta, **construction_scores(soft, ids),
-                       "hard": multihop(head, cfg, ids, ans, hops),
-                       "softmax": multihop(soft, cfg, ids, ans, hops, hard=False)}
-    step("measuring discrepancy curves")
-    curves = []
-    ns = range(1, config.curve_max_n + 1)
-    for freq in config.curve_freq_ids:
-        theta = frequency_angle(freq, base=config.rope_base, rotary_dim=config.rotary_dim)
-        curves += [{**r, "freq_id": freq} for r in discrepancy_curve(theta, ns, alphabet_size=config.alphabet_size)]
-    curves += [{**r, "freq_id": 0} for r in discrepancy_curve(0.0, ns, alphabet_size=config.alphabet_size)
-               if r["head"] == "retrieval"]
-    step("writing tables and figure")
-    write_parquet(out_dir / "theory.parquet", pd.DataFrame(rows))
-    write_parquet(out_dir / "discrepancy.parquet", pd.DataFrame(curves))
-    figures = plot_discrepancy(curves, out_dir / "fig5a")
-    result = {"summary": summary, "tasks": tasks, "figures": [str(p) for p in figures],
-              "manifest": manifest(to_dict(config), seed=config.seed)}
-    write_json(out_dir / "theory.json", result)
-    return result

@@ -1,17 +1,17 @@
 """Models already in memory in other interpretability libraries: nnsight and TransformerLens.
 
-`scorable(model)` is what `posym.scores.score_model`, `posym.geometry.plane_scores` and
-`posym.discrepancy.head_gaps` call first, so any of these works as their `model` argument:
+`scorable(model)` is what `posym.core.scores.score_model`, `posym.core.geometry.plane_scores` and
+`posym.core.discrepancy.head_gaps` call first, so any of these works as their `model` argument:
 - a transformers causal LM (returned as is);
 - an nnsight `LanguageModel` (optional extra `posym[nnsight]`): the transformers model it wraps
   (nnsight only traces it; posym's own capture reads it);
 - a TransformerLens `HookedTransformer` with rotary embeddings (optional extra `posym[lens]`):
   wrapped as a `LensModel`, whose capture reads each layer's pre-rotation queries and keys
   (hook_q / hook_k), checks them against the rotated ones (hook_rot_q: the plane layout is read off,
-  as in `posym.qk`), and takes the layer's own rotary tables, scale (1 / attn_scale) and soft-cap.
+  as in `posym.core.qk`), and takes the layer's own rotary tables, scale (1 / attn_scale) and soft-cap.
 
     from transformer_lens import HookedTransformer
-    from posym.scores import score_model
+    from posym.core.scores import score_model
     frame = score_model(HookedTransformer(cfg), [[1, 5, 9, 2, 7]])
 """
 
@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import torch
 
+from posym.core.qk import HeadQK, pairing_of
 from posym.errors import PosymError
 
 
@@ -62,9 +63,7 @@ class LensModel(torch.nn.Module):
         return self.lens.cfg.device
 
     def posym_capture(self, ids, layers: list[int], on_layer) -> None:
-        """`posym.qk.capture` for TransformerLens: one pass stopping after the last requested layer."""
-        from posym.qk import HeadQK, pairing_of
-
+        """`posym.core.qk.capture` for TransformerLens: one pass stopping after the last requested layer."""
         seen: dict = {}
 
         def keep(tensor, hook):

@@ -1,133 +1,32 @@
-"""Training a GPT-J on a multi-hop task: presets, the exact-resume training loop, evaluation.
+"""`posym train` / `posym eval`: run directories, the exact-resume training loop, checkpoint evaluation.
 
-The loop is the paper's recipe (SPEC section 2): AdamW, linear warmup then linear decay (the
-schedule of Hugging Face `get_linear_schedule_with_warmup`, computed here as a pure function of the
-step), loss on the last position only. Batch t is train-split samples [t*B, (t+1)*B) (wrapping
-around the split), so the data needs no RNG state; dropout draws from torch's global RNG, which
-every checkpoint saves. Resuming restores weights, optimizer moments, RNG and step, so a resumed
-run ends bit-identical to an uninterrupted one on the same machine.
+The maths of a step (schedule, loss on the last position, AdamW update, the batch of a step) and
+the evaluation are `posym.core.train`; this module owns the files: config.yaml and manifest.json of
+a run, checkpoints (weights + posym.json + the trainer state that makes a resumed run end
+bit-identical to an uninterrupted one on the same machine), metrics.parquet and train.log.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from posym import io
+from posym.commands import lengthgen
 from posym.configs import from_dict, override, to_dict
+from posym.core.model import build_model, resolve_device
+from posym.core.tasks import task_config
+from posym.core.train import (PRESETS, TrainConfig, checkpoint_steps, evaluate, make_optimizer, to_tensor,
+                              train_batch, train_step)
 from posym.errors import PosymError
-from posym.model import (
-    CHECKPOINT_META,
-    CHECKPOINTS,
-    ModelConfig,
-    build_model,
-    checkpoint_name,
-    list_checkpoints,
-    read_checkpoint_meta,
-    resolve_device,
-)
-from posym.tasks import SPLIT_SIZES, TaskConfig, generate, task_config
+from posym.loading import (CHECKPOINT_META, CHECKPOINTS, checkpoint_name, list_checkpoints, load_checkpoint,
+                            read_checkpoint_meta)
 
 TRAINER_TENSORS = "trainer_state.safetensors"
 TRAINER_JSON = "trainer_state.json"
-
-
-@dataclass
-class TrainConfig:
-    """Everything that determines a training run (written to `<run>/config.yaml`)."""
-
-    preset: str
-    """Name of the preset this config started from (paper, seed, quick); informational."""
-    task: TaskConfig
-    """The task (number or letter, window sizes, hops, split sizes)."""
-    model: ModelConfig
-    """The GPT-J shape."""
-    lr: float = 1e-4
-    """Peak learning rate of AdamW."""
-    betas: list[float] = field(default_factory=lambda: [0.95, 0.999])
-    """AdamW (beta1, beta2)."""
-    eps: float = 1e-8
-    """AdamW epsilon."""
-    weight_decay: float = 1e-4
-    """AdamW decoupled weight decay, applied to weight matrices and embeddings but not to biases or
-    LayerNorm parameters (as the Hugging Face Trainer the authors used)."""
-    grad_clip: float | None = 1.0
-    """Clip the global gradient norm to this value (the Hugging Face Trainer default); null = off."""
-    warmup_steps: int = 750
-    """Steps of linear warmup from 0 to lr; afterwards lr decays linearly to 0 at max_steps."""
-    max_steps: int = 6000
-    """Optimizer steps in total."""
-    batch_size: int = 192
-    """Sequences per optimizer step (the paper: 64 per GPU x 3 GPUs)."""
-    checkpoint_every: int = 500
-    """Save (and evaluate) every this many steps; steps 0, 1, 2, 4, 8, ... below it and the final step too."""
-    eval_size: int = 2000
-    """Test-split samples evaluated at every checkpoint (always the same ones)."""
-    eval_batch_size: int = 1000
-    """Sequences per forward pass during evaluation."""
-    seed: int = 0
-    """Seed of the initialisation, the dropout stream and the data."""
-    device: str = "auto"
-    """cpu, cuda or auto (cuda when available)."""
-    threads: int | None = None
-    """torch CPU threads for training; null keeps torch's default."""
-    keep_trainer_state: bool = False
-    """Keep optimizer/RNG state in every checkpoint; by default only the latest keeps it (saves disk)."""
-
-    def __post_init__(self) -> None:
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise PosymError(f"betas must be two numbers in [0, 1), got {self.betas}")
-        for name in ("max_steps", "batch_size", "checkpoint_every", "eval_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise PosymError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.warmup_steps < 0 or self.lr <= 0 or self.weight_decay < 0:
-            raise PosymError("warmup_steps and weight_decay must be >= 0 and lr > 0")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise PosymError(f"grad_clip must be positive or null, got {self.grad_clip}")
-        if self.device not in ("cpu", "cuda", "auto"):
-            raise PosymError(f"device must be cpu, cuda or auto, got {self.device!r}")
-        if self.threads is not None and self.threads < 1:
-            raise PosymError(f"threads must be a positive integer or null, got {self.threads}")
-
-
-def _paper(task: TaskConfig) -> TrainConfig:
-    """SPEC section 2: 12 x 1 head, width 128, AdamW 1e-4, 750 warmup, batch 192, 6,000 steps."""
-    return TrainConfig(preset="paper", task=task, model=ModelConfig())
-
-
-def _seed(task: TaskConfig) -> TrainConfig:
-    """The seed summary's GPT-J: 6 layers x 8 heads, width 128, with a faster optimisation."""
-    return TrainConfig(
-        preset="seed", task=task, model=ModelConfig(n_layer=6, n_head=8, n_embd=128),
-        lr=5e-4, betas=[0.9, 0.999], warmup_steps=300, max_steps=4000, batch_size=128,
-        checkpoint_every=250,
-    )
-
-
-def _quick(task: TaskConfig) -> TrainConfig:
-    """Small enough to train on 2 CPU cores in minutes and still reach >= 95% on every hop.
-
-    Dropout 0.1 (the paper's) matters for the head analysis: without it the number model reaches
-    100% with no pure head (every layer mixed; docs/results.md), with it layers 1-2 end positional
-    and 3-7 symbolic, as in the paper. It slows the letter task, which gets 3,000 steps (0.85 at
-    2,000, 1.00 from 2,750); the number task is at 1.00 by 1,500 of its 1,750.
-    """
-    steps = 1750 if task.task == "number" else 3000
-    return TrainConfig(
-        preset="quick", task=task,
-        # exact GELU: faster than gelu_new on CPU
-        model=ModelConfig(n_layer=8, n_head=1, n_embd=64, activation="gelu", dropout=0.1),
-        lr=1e-3, betas=[0.9, 0.999], warmup_steps=100, max_steps=steps, batch_size=64,
-        checkpoint_every=250, eval_size=1000, threads=1,  # one thread: these matrices are too small to split
-    )
-
-
-PRESETS: dict[str, Callable[[TaskConfig], TrainConfig]] = {"paper": _paper, "seed": _seed, "quick": _quick}
-"""Preset name -> builder of its TrainConfig for a task config."""
 
 
 def resolve_config(
@@ -144,66 +43,6 @@ def resolve_config(
     return config
 
 
-# ---- maths: schedule, loss, evaluation ---------------------------------------------------------
-
-
-def lr_factor(step: int, warmup_steps: int, max_steps: int) -> float:
-    """Multiplier of the peak lr for the update after `step` completed steps (HF linear schedule)."""
-    if step < warmup_steps:
-        return step / max(1, warmup_steps)
-    return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
-
-
-def checkpoint_steps(max_steps: int, every: int) -> list[int]:
-    """0, the powers of two below `every`, every multiple of `every`, and `max_steps`."""
-    early = [0] + [2**k for k in range(int(math.log2(every)) + 1) if 2**k < every]
-    regular = list(range(every, max_steps + 1, every))
-    return sorted({s for s in early + regular if s <= max_steps} | {max_steps})
-
-
-def last_logits(model, input_ids):
-    """Next-token logits after the last position only: lm_head on one hidden vector per row."""
-    hidden = model.transformer(input_ids=input_ids).last_hidden_state  # [batch, seq, embd]
-    return model.lm_head(hidden[:, -1])  # [batch, vocab]
-
-
-def _to_tensor(array, device):
-    import torch
-
-    return torch.as_tensor(array, dtype=torch.long).to(device)
-
-
-def evaluate(model, task_cfg: TaskConfig, n: int, seed: int, split: str = "test", batch_size: int = 1000) -> dict:
-    """Accuracy overall and per hop count, and mean cross-entropy, of the next token after the prompt.
-
-    Keys: "acc", "loss", "n", "acc_hop1" .. "acc_hop{max_hops}" (NaN for a hop count with no sample).
-    The model's train/eval mode is restored afterwards.
-    """
-    import torch
-    import torch.nn.functional as F
-
-    samples = generate(task_cfg, n, seed, split=split)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    correct, losses = [], []
-    with torch.no_grad():
-        for lo in range(0, n, batch_size):
-            ids = _to_tensor(samples.input_ids[lo : lo + batch_size], device)  # [b, seq]
-            answer = _to_tensor(samples.answer[lo : lo + batch_size], device)  # [b]
-            logits = last_logits(model, ids).float()  # [b, vocab]
-            losses.append(F.cross_entropy(logits, answer, reduction="none").cpu())
-            correct.append((logits.argmax(-1) == answer).cpu())
-    model.train(was_training)
-    correct_t = torch.cat(correct).double()  # [n]
-    hops = torch.as_tensor(samples.hops)  # [n]
-    out = {"n": n, "loss": torch.cat(losses).mean().item(), "acc": correct_t.mean().item()}
-    for h in range(1, task_cfg.max_hops + 1):
-        mask = hops == h
-        out[f"acc_hop{h}"] = correct_t[mask].mean().item() if mask.any() else float("nan")
-    return out
-
-
 def evaluate_checkpoint(
     path: str | Path, *, step: int | None = None, task: str | None = None, n: int = 2000,
     extra_targets: list[int] = (0,), seed: int = 0, split: str = "test", device: str = "cpu",
@@ -212,13 +51,7 @@ def evaluate_checkpoint(
 
     Each row: checkpoint, step, task, extra_target, seq_len and the `evaluate` metrics.
     """
-    import dataclasses
-
-    from posym import lengthgen
-    from posym.lengthgen import LengthGenConfig
-    from posym.model import load_model
-
-    model, info = load_model(path, step=step, device=device)
+    model, info = load_checkpoint(path, step=step, device=device)
     if task is not None:
         base = task_config(task)
     elif info["task_config"] is not None:
@@ -235,13 +68,10 @@ def evaluate_checkpoint(
         if cfg.seq_len > model.config.n_positions:
             raise PosymError(f"sequences of {cfg.seq_len} tokens exceed the model's {model.config.n_positions} positions")
         # the batch rule of posym lengthgen: bounded tokens per forward pass keep long lengths in memory
-        metrics = evaluate(model, cfg, n, seed, split, lengthgen.batch_size(cfg.seq_len, LengthGenConfig.max_tokens))
+        metrics = evaluate(model, cfg, n, seed, split, lengthgen.batch_size(cfg.seq_len, lengthgen.LengthGenConfig.max_tokens))
         rows.append({"checkpoint": str(info["path"]), "step": info["step"], "task": cfg.task,
                      "extra_target": extra, "seq_len": cfg.seq_len, **metrics})
     return rows
-
-
-# ---- trainer state: optimizer + RNG, without pickle --------------------------------------------
 
 
 def _save_trainer_state(directory: Path, optimizer, step: int, config_hash: str) -> None:
@@ -284,54 +114,6 @@ def _load_trainer_state(directory: Path, optimizer) -> int:
     if cuda_states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda_states)
     return int(meta["step"])
-
-
-# ---- the loop -----------------------------------------------------------------------------------
-
-
-def make_optimizer(model, config: TrainConfig):
-    """AdamW with weight decay on matrices/embeddings only (biases and LayerNorms are 1-D)."""
-    import torch
-
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
-
-
-def optimizer_update(model, optimizer, config: TrainConfig, step: int, loss):
-    """Backpropagate `loss` and take the AdamW step at the schedule's lr for `step` (gradients
-    clipped as configured); returns the detached loss."""
-    import torch
-
-    for group in optimizer.param_groups:
-        group["lr"] = config.lr * lr_factor(step, config.warmup_steps, config.max_steps)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if config.grad_clip is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-    optimizer.step()
-    return loss.detach()
-
-
-def train_step(model, optimizer, config: TrainConfig, step: int, ids, answer):
-    """One optimizer update on a batch ([B, seq] ids, [B] answers); returns the (detached) loss."""
-    import torch.nn.functional as F
-
-    return optimizer_update(model, optimizer, config, step, F.cross_entropy(last_logits(model, ids), answer))
-
-
-def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):
-    """Samples [step*B, (step+1)*B) of the train split, wrapping around it (pure function of step)."""
-    import numpy as np
-
-    n_train = SPLIT_SIZES["train"]
-    start = (step * batch_size) % n_train
-    first = generate(task, min(batch_size, n_train - start), seed, split="train", start=start)
-    if len(first.answer) == batch_size:
-        return first.input_ids, first.answer
-    rest = generate(task, batch_size - len(first.answer), seed, split="train", start=0)
-    return np.concatenate([first.input_ids, rest.input_ids]), np.concatenate([first.answer, rest.answer])
 
 
 def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
@@ -463,7 +245,7 @@ def train(
         )
         while step < end:
             ids, answer = train_batch(task, step, config.batch_size, config.seed)
-            loss = train_step(model, optimizer, config, step, _to_tensor(ids, device), _to_tensor(answer, device))
+            loss = train_step(model, optimizer, config, step, to_tensor(ids, device), to_tensor(answer, device))
             step += 1
             window_loss += loss
             window_steps += 1

@@ -3,17 +3,17 @@
 Hugging Face GPT-J builds ONE sin/cos table for every layer, as a non-persistent buffer with base
 10,000 that `from_pretrained` rebuilds. posym's variants live in `ModelConfig` (`rope_base`,
 `rope_bands`, `nope_from`, plus the existing `rotary_dim` for partial rotary) and are applied here
-whenever posym builds or loads a model (`posym.model.build_model` / `load_model`, which read the
-model config from `posym.json`):
+whenever posym builds or loads a model (`posym.core.model.build_model` / `posym.loading.load_checkpoint`,
+which reads the model config from `posym.json`):
 
 - a different base replaces the shared table (same formula as GPT-J, base^(-2(k-1)/rotary_dim));
 - a band or NoPE layer gets a forward pre-hook on its attention module that sets, in that layer's
   copy of the table, angle 0 (cos 1, sin 0) for every plane outside the band: those planes then
   pass through unrotated, exactly as NoPE. The hook edits the `position_embeddings` argument, so
-  every reader of the attention inputs (posym.scores, posym.geometry) sees the variant.
+  every reader of the attention inputs (posym.core.scores, posym.core.geometry) sees the variant.
 
 Plain `transformers` loading of such a checkpoint IGNORES the variant (it has no field for it and
-rebuilds the base-10,000 table): load variant checkpoints with `posym.model.load_model`. Frequency
+rebuilds the base-10,000 table): load variant checkpoints with `posym.loading.load_checkpoint`. Frequency
 ID k (1 = fastest) is plane k - 1 of the rotated dims, as everywhere in posym.
 """
 
@@ -27,7 +27,7 @@ from posym.errors import PosymError
 def layer_bands(config) -> list[tuple[int, int] | None]:
     """Per layer, the inclusive (first, last) frequency IDs that rotate; None = no rotation (NoPE).
 
-    `config` is a `posym.model.ModelConfig`; without bands every layer rotates all its planes.
+    `config` is a `posym.core.model.ModelConfig`; without bands every layer rotates all its planes.
     """
     planes = config.resolved_rotary_dim // 2
     if config.rope_bands is None:

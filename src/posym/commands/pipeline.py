@@ -5,15 +5,15 @@ Layout of the output directory (default `runs/main/`):
 ```
 runs/main/
   pipeline.yaml          # the resolved PipelineConfig (a re-run must use the same one)
-  number/ letter/        # one posym run directory per task (posym.train), with analysis/, lengthgen/
+  number/ letter/        # one posym run directory per task (posym.core.train), with analysis/, lengthgen/
                          # and discrepancy/
-  theory/                # posym.theory outputs (constructions, discrepancy, Fig. 5A)
-  report/                # posym.report: report.html + every figure as PNG and SVG
+  theory/                # posym.core.theory outputs (constructions, discrepancy, Fig. 5A)
+  report/                # posym.commands.report: report.html + every figure as PNG and SVG
   stages/<job>-<stage>.done.json   # one done-file per finished stage
 ```
 Each stage writes its outputs first and its done-file last (atomically), so a killed run re-runs
 exactly the stages without a done-file; training continues from its latest checkpoint with
-`posym.train`'s exact resume. The report is always rebuilt (seconds), so it reflects every input.
+`posym.core.train`'s exact resume. The report is always rebuilt (seconds), so it reflects every input.
 
 Parallelism: one job per task (its train -> dynamics -> geometry -> lengthgen -> discrepancy chain)
 plus the theory job run in a pool of `workers` spawned processes; with 2 workers on 2 cores the two quick trainings
@@ -30,10 +30,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from posym import io
+from posym.commands import discrepancy, dynamics, geometry, lengthgen, report, theory, train
+from posym.commands.lengthgen import LengthGenConfig
 from posym.configs import from_dict, to_dict
+from posym.core.model import resolve_device
+from posym.core.theory import TheoryConfig
+from posym.core.train import PRESETS
 from posym.errors import PosymError
-from posym.lengthgen import LengthGenConfig
-from posym.theory import TheoryConfig
+from posym.loading import list_checkpoints
+from posym.stages import die_with_parent, is_done, mark_done
+
 
 TASK_STAGES = ("train", "dynamics", "geometry", "lengthgen", "discrepancy")
 """The stages of one task's job, in order."""
@@ -46,7 +52,7 @@ class PipelineConfig:
     """What `posym run` computes (written to `<out>/pipeline.yaml`)."""
 
     preset: str = "quick"
-    """Training preset of posym.train: quick (minutes on a CPU), seed or paper."""
+    """Training preset of posym.core.train: quick (minutes on a CPU), seed or paper."""
     tasks: list[str] = field(default_factory=lambda: ["number", "letter"])
     """Tasks to train and analyse, each in its own run directory `<out>/<task>`."""
     seed: int = 0
@@ -57,21 +63,19 @@ class PipelineConfig:
     """Overrides of the preset's TrainConfig fields (nested: {model: {n_layer: 4}}), as `--config` of
     posym train; unknown keys are errors."""
     dynamics_prompts: int = 100
-    """Test prompts scored at every checkpoint by posym.dynamics (the paper: 100)."""
+    """Test prompts scored at every checkpoint by posym.commands.dynamics (the paper: 100)."""
     geometry_prompts: int = 100
-    """Test prompts of the per-plane analysis of the last checkpoint (posym.geometry)."""
+    """Test prompts of the per-plane analysis of the last checkpoint (posym.core.geometry)."""
     lengthgen: LengthGenConfig = field(default_factory=lambda: LengthGenConfig(n=64))
     """Length-generalization settings (lengths, factors, questions per length); its device follows
     `device`. 64 questions per length (posym lengthgen: 128) keep a quick run within 10 minutes on 2
     cores: the 1,024- and 2,048-token lengths dominate the whole analysis."""
     theory: TheoryConfig = field(default_factory=TheoryConfig)
-    """Constructions and discrepancy checks of posym.theory (task-independent, run once)."""
+    """Constructions and discrepancy checks of posym.core.theory (task-independent, run once)."""
     workers: int | None = None
     """Processes running jobs side by side; None = one per job up to the number of CPU cores."""
 
     def __post_init__(self) -> None:
-        from posym.train import PRESETS
-
         if self.preset not in PRESETS:
             raise PosymError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):
@@ -102,28 +106,10 @@ def resolve_pipeline(config_file: str | Path | None = None, overrides: dict | No
 
 def train_config(config: PipelineConfig, task: str):
     """The TrainConfig of `task`: the preset, the `train` overrides, then the pipeline's seed/device."""
-    from posym.train import resolve_config
-
-    return resolve_config(config.preset, task, None, {**config.train, "seed": config.seed, "device": config.device})
+    return train.resolve_config(config.preset, task, None, {**config.train, "seed": config.seed, "device": config.device})
 
 
-# ---- done-files ----------------------------------------------------------------------------------
-
-
-def done_path(out: Path, job: str, stage: str) -> Path:
-    """Where the done-file of `stage` of `job` (a task name or "theory") lives."""
-    return Path(out) / "stages" / f"{job}-{stage}.done.json"
-
-
-def is_done(out: Path, job: str, stage: str) -> bool:
-    """Whether `stage` of `job` finished (its done-file exists)."""
-    return done_path(out, job, stage).is_file()
-
-
-def mark_done(out: Path, job: str, stage: str, seconds: float, **info: Any) -> Path:
-    """Write the done-file of a stage (atomically, after its outputs)."""
-    return io.write_json(done_path(out, job, stage), {"job": job, "stage": stage, "seconds": round(seconds, 2),
-                                                      "finished": time.time(), **info})
+# ---- stages -------------------------------------------------------------------------------------
 
 
 def _stage(out: Path, job: str, stage: str, work: Callable[[], Any]) -> float:
@@ -142,26 +128,10 @@ def _stage(out: Path, job: str, stage: str, work: Callable[[], Any]) -> float:
 # ---- jobs (run in worker processes) -------------------------------------------------------------
 
 
-def die_with_parent() -> None:
-    """Have Linux end this worker process when its parent dies (`posym run`'s pool initializer; a
-    `posym sweep` trial in its Ray worker), so a killed run leaves no orphan still writing into the
-    output directory a re-run is about to use."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux/glibc: workers end when they next read their queue
-        pass
-
-
 def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
     """One task's chain: train (resuming), dynamics, geometry, lengthgen, discrepancy. Returns seconds per stage."""
     import torch
     from transformers.utils import logging as hf_logging
-
-    from posym import discrepancy, dynamics, geometry, lengthgen, train
-    from posym.model import resolve_device
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(threads)
@@ -183,10 +153,8 @@ def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
 
 
 def theory_job(config_dict: dict, out: str, threads: int) -> dict:
-    """The constructions and discrepancy checks (posym.theory) into `<out>/theory`."""
+    """The constructions and discrepancy checks (posym.core.theory) into `<out>/theory`."""
     import torch
-
-    from posym import theory
 
     torch.set_num_threads(threads)
     config = from_dict(PipelineConfig, config_dict)
@@ -213,8 +181,6 @@ def _prepare(config: PipelineConfig, out: Path) -> None:
 
 def job_status(config: PipelineConfig, out: Path, job: str) -> str:
     """One line on where a job stands, read from its files (done-files, checkpoints)."""
-    from posym.model import list_checkpoints
-
     if job == THEORY:
         return "theory: done" if is_done(out, THEORY, THEORY) else "theory: constructions and discrepancy"
     for stage in TASK_STAGES:
@@ -237,8 +203,6 @@ def run_pipeline(config: PipelineConfig, out: str | Path, *, bench: str | Path |
     """
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from multiprocessing import get_context
-
-    from posym import report
 
     start = time.perf_counter()
     out = Path(out)

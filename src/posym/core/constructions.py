@@ -28,7 +28,7 @@ e_sigma + 2 e_symbol, which only a readout turns back into one token).
 Also here: the functions the heads must compute (`selective_index`, `retrieval`), multi-hop
 composition on task samples (`multihop`) and the heads' swap scores (`construction_scores`).
 Their discrepancy, the inverse temperature they need and the `posym theory` report live in
-`posym.theory`.
+`posym.core.theory`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from posym.core.scores import swap_scores
+from posym.core.tasks import TaskConfig
 from posym.errors import PosymError
-from posym.tasks import TaskConfig
 
 
 def _rotate(vec: Tensor, angle: Tensor) -> Tensor:
@@ -239,9 +240,7 @@ def swap_logits(head: Head, ids: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def construction_scores(head: Head, ids: Tensor, *, tau: float = 1e-4) -> dict[str, float]:
-    """Mean positional / symbolic swap scores (SPEC 3, `posym.scores.swap_scores`) of the last token."""
-    from posym.scores import swap_scores
-
+    """Mean positional / symbolic swap scores (SPEC 3, `posym.core.scores.swap_scores`) of the last token."""
     clean, swapped = swap_logits(head, ids)
     out = swap_scores(clean, swapped, tau=tau)
     return {"s_pos": out["s_pos"].mean().item(), "s_sym": out["s_sym"].mean().item()}

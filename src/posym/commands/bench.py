@@ -6,11 +6,11 @@ worked examples) as text, a judge answers each one: the greedy next token of a l
 standard-library HTTP with retries and backoff; the API key is read from an environment variable and
 never stored, logged or echoed). `run_bench` / `write_bench` collect accuracy per task, size and run
 and write it beside the paper's Table 3 (`bench_table`, `plot_bench`); the paper's screening rule is
-reported (`screening`), never applied. Models load through `posym.llm`.
+reported (`screening`), never applied. Models load through `posym.commands.llm`.
 
 Marked variant (`markers=True`, `posym llm-bench --markers on|both`): the same puzzles with every
 target-window token tagged `@<slot>`, its place in the line counting from 0 (`n@0 h@1 ...`), the text
-of `posym.tasks`' slot markers; one instruction sentence says what the tag means. The expected answer
+of `posym.core.tasks`' slot markers; one instruction sentence says what the tag means. The expected answer
 stays the untagged token, so both variants are scored on the same answers, side by side.
 """
 
@@ -25,10 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from posym.core.tasks import decode, generate, task_config
 from posym.errors import PosymError
 from posym.figures import pyplot, save_figure
-from posym.llm import Prompt, encode
-from posym.sources import LoadedModel, load
+from posym.io import manifest, write_json, write_parquet, write_text
+from posym.loading import Prompt
+from posym.sources import LoadedModel, load, tokenize
+
 
 BENCH_SIZES = (12, 16, 24, 32, 48, 64, 80, 100, 150, 200, 300)
 # Table 3 of 2605 (accuracy number / letter) at target-window sizes 12, 32, 100, 300.
@@ -79,8 +82,6 @@ def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool 
     `markers` tags the target-window tokens with their slot (module docstring); the puzzles, and
     the answers (always untagged), are the same as without it.
     """
-    from posym.tasks import decode, generate, task_config
-
     if task not in INSTRUCTIONS:
         raise PosymError(f"task must be number or letter, got {task!r}")
     extra = {"int_range": size + 8} if task == "number" else {}
@@ -90,7 +91,7 @@ def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool 
     head = INSTRUCTIONS[task] + (MARKER_NOTE[task] if markers else "")
     head = head.format(target=size, pretarget=config.pretarget_size, last=config.query_pos)
 
-    def answer(samples, i: int) -> str:  # the plain token, also with markers (posym.tasks)
+    def answer(samples, i: int) -> str:  # the plain token, also with markers (posym.core.tasks)
         return decode(config, samples.answer[i: i + 1])
 
     prompts = []
@@ -120,7 +121,7 @@ def local_correct(loaded: LoadedModel, prompt: Prompt) -> tuple[bool, str]:
     """Greedy next token of a local model vs the answer's first token: (correct, predicted text)."""
     import torch
 
-    ids = encode(loaded, prompt.text)  # [1, T]
+    ids = tokenize(loaded, prompt.text)  # [1, T]
     with torch.no_grad():
         logits = loaded.model(input_ids=ids).logits[0, -1]  # [vocab]
     predicted = int(logits.argmax())
@@ -324,8 +325,6 @@ def make_judge(model_dir, *, base_url=None, model_name=None, api_key_env=None, t
 def write_bench(judge, out_dir, *, label: str, tasks, sizes, runs: int, n: int, settings: dict,
                 markers: Iterable[bool] = (False,), progress=None) -> str:
     """Run the benchmark and write bench.parquet, summary.parquet, table.md, bench.png/svg, manifest.json."""
-    from posym.io import manifest, write_json, write_parquet, write_text
-
     if runs < 1 or n < 1:
         raise PosymError(f"--runs and --n must be at least 1, got {runs} and {n}")
     out_dir = Path(out_dir)

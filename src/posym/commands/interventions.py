@@ -1,7 +1,7 @@
 """Experiment drivers of `posym ablate` and `posym finetune` (the head operations are in
-`posym.interventions`): accuracy per hop and accuracy against length for each condition.
+`posym.core.interventions`): accuracy per hop and accuracy against length for each condition.
 
-Accuracy against length is `posym.lengthgen.measure` (the paper protocol: extra target-window
+Accuracy against length is `posym.commands.lengthgen.measure` (the paper protocol: extra target-window
 tokens before the effective window; the same questions at every length), so the first length, the
 training length, is also the accuracy-per-hop table.
 """
@@ -12,10 +12,19 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from posym import io
+from posym.commands.lengthgen import LengthGenConfig, measure
+from posym.configs import from_dict, override, to_dict
+from posym.core.interventions import (HeadFreezer, ablated, fold_ablation, head_means, head_slice, label_heads,
+                                      select_heads)
+from posym.core.tasks import generate
+from posym.core.train import TrainConfig, make_optimizer, to_tensor, train_batch, train_step
 from posym.errors import PosymError
-from posym.interventions import (
-    HeadFreezer, ablated, fold_ablation, head_means, label_heads, select_heads,
-)
+from posym.figures import save_figure
+from posym.io import atomic_path, write_json, write_parquet
+from posym.loading import CHECKPOINT_META, load_checkpoint
+from posym.sources import resolve
+
 
 EACH_LAYER = "each"
 """Condition keyword: one condition per layer (every head of that layer)."""
@@ -39,32 +48,25 @@ def _lengths(task, factors: list[int]) -> list[int]:
 
 
 def _measure_rows(model, task, lengths, n: int, seed: int, **labels) -> list[dict]:
-    """One row per length: the labels, length, factor and `posym.train.evaluate`'s metrics."""
-    from posym.lengthgen import LengthGenConfig, measure
-
+    """One row per length: the labels, length, factor and `posym.core.train.evaluate`'s metrics."""
     config = LengthGenConfig(lengths=lengths, protocol="paper", n=n, seed=seed, device=str(model.device))
     return [{**labels, "length": length, "factor": length / task.seq_len, **metrics}
             for length, metrics in measure(model, task, lengths, config).items()]
 
 
 def _load(path, step, device):
-    from posym.model import load_model
-    from posym.sources import resolve
-
     source = resolve(path)
     if source.kind != "posym":
         raise PosymError(f"ablate and finetune intervene on posym runs (a GPT-J trained on a task); {path} is a "
                          f"{'GGUF' if source.kind == 'gguf' else 'Hugging Face'} model: analyse it with score, "
                          "llm-scores, geometry or discrepancy")
-    model, info = load_model(path, step=step, device=device, attn_implementation="sdpa")
+    model, info = load_checkpoint(path, step=step, device=device, attn_implementation="sdpa")
     if info["task_config"] is None:
         raise PosymError(f"{info['path']} has no posym.json with its task config; interventions need a posym model")
     return model, info
 
 
 def _write(out_dir: Path, name: str, table, result: dict, title: str) -> dict:
-    from posym.io import write_json, write_parquet
-
     write_parquet(out_dir / f"{name}.parquet", table)
     result["figures"] = [str(p) for p in plot_conditions(table, out_dir / name, title)]
     write_json(out_dir / f"{name}.json", result)
@@ -81,8 +83,6 @@ def run_ablation(path, conditions: list[str], out_dir, *, modes=("zero", "mean")
     label no head carries is reported under "skipped". Writes ablation.parquet/json/png/svg to
     out_dir; `save` writes the single (condition, mode) pruned model as a plain GPT-J checkpoint.
     """
-    from posym.tasks import generate
-
     if not conditions:
         raise PosymError("give at least one set of heads to ablate (--heads)")
     model, info = _load(path, step, device)
@@ -126,10 +126,6 @@ def run_ablation(path, conditions: list[str], out_dir, *, modes=("zero", "mean")
 def save_model(model, info: dict, out, extra: dict) -> Path:
     """Save `model` as a plain GPT-J checkpoint directory with a posym.json (the source checkpoint's
     task and model config plus `extra`), so every posym command and `transformers` load it."""
-    from posym.configs import to_dict
-    from posym.io import atomic_path, write_json
-    from posym.model import CHECKPOINT_META
-
     meta = {"step": info["step"], "task": to_dict(info["task_config"]), "source": str(info["path"]), **extra}
     if info["model_config"] is not None:
         meta["model"] = to_dict(info["model_config"])
@@ -144,9 +140,6 @@ def finetune(model, task, config, heads, *, start: int, steps: int) -> dict:
     `steps`) on train batches start, start+1, ... with `heads` frozen; returns cost figures."""
     import torch
 
-    from posym.configs import override
-    from posym.train import _to_tensor, make_optimizer, train_batch, train_step
-
     config = override(config, {"max_steps": steps, "warmup_steps": 0})
     freezer = HeadFreezer(model, heads)
     total = sum(p.numel() for p in model.parameters())
@@ -158,7 +151,7 @@ def finetune(model, task, config, heads, *, start: int, steps: int) -> dict:
     try:
         for t in range(steps):
             ids, answer = train_batch(task, start + t, config.batch_size, config.seed)
-            train_step(model, optimizer, config, t, _to_tensor(ids, device), _to_tensor(answer, device))
+            train_step(model, optimizer, config, t, to_tensor(ids, device), to_tensor(answer, device))
             freezer.restore()
     finally:
         freezer.remove()
@@ -177,10 +170,6 @@ def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = Non
     accuracy per hop and per length, steps/s and trainable parameters. Writes finetune.* to out_dir."""
     import pandas as pd
     import torch
-
-    from posym import io
-    from posym.configs import from_dict, override
-    from posym.train import TrainConfig
 
     model, info = _load(path, step, device)
     if info["run_dir"] is None:
@@ -224,11 +213,9 @@ def _frozen_unchanged(model, before: dict, heads) -> bool:
     """Whether every frozen q/k/v row and out_proj column equals its value before fine-tuning, bit for bit."""
     import torch
 
-    from posym.interventions import _span
-
     state = model.state_dict()
     for layer, h in heads:
-        span = _span(model, (layer, h))
+        span = head_slice(model, (layer, h))
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             key = f"transformer.h.{layer}.attn.{name}.weight"
             index = (slice(None), span) if name == "out_proj" else (span, slice(None))
@@ -244,8 +231,6 @@ def plot_conditions(table, stem, title: str) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-
-    from posym.figures import save_figure
 
     keys = [c for c in ("condition", "mode") if c in table.columns]
     table = table.assign(name=table[keys].astype(str).agg(" / ".join, axis=1).str.replace(" / none", ""))

@@ -1,7 +1,7 @@
 """Learning dynamics of a training run: head scores at every checkpoint, purity, composition (SPEC 3-4).
 
 `collect_dynamics` scores every head of every checkpoint on one fixed prompt set (test split, seed
-fixed, the same prompts at every step) with `posym.scores`, at two kinds of query position:
+fixed, the same prompts at every step) with `posym.core.scores`, at two kinds of query position:
 - "hops": every pointer token of the chain (the query and each intermediate hop), each seeing only
   the keys before it; a prompt's score is the mean over its hop queries;
 - "last": the last token (the query) only.
@@ -9,7 +9,7 @@ A head's score at a step is the mean over prompts (the paper: 100 prompts per ch
 with that checkpoint's test accuracy (overall and per hop count) from the run's metrics.parquet.
 
 Purity rule (footnote 3 of 2605, made exact here). At threshold gamma a head's label at a step is
-the label `posym.scores.summarize` gives its prompt-mean scores: positional if s_pos >= 1 - gamma and
+the label `posym.core.scores.summarize_heads` gives its prompt-mean scores: positional if s_pos >= 1 - gamma and
 s_sym <= gamma, symbolic if s_sym >= 1 - gamma and s_pos <= gamma (uniform if both >= 1 - gamma,
 mixed otherwise). The head's kind is its label at the LAST checkpoint when that is positional or
 symbolic (else "none"), and `pure_from` is the first checkpoint step from which its label equals
@@ -25,7 +25,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from posym import figures
+from posym.core.scores import score_model, summarize_heads, task_prompts
 from posym.errors import PosymError
+from posym.io import manifest, write_json, write_parquet
+from posym.loading import list_checkpoints, load_checkpoint
+
 
 GAMMAS = (0.1, 0.05)
 QUERY_MODES = ("hops", "last")
@@ -36,8 +41,6 @@ def _score_checkpoint(model, ids, hops):
     """Per-prompt rows of one checkpoint for both query modes (one scoring pass: the last token is
     the first pointer of every chain, so "last" rows are a subset of "hops" rows)."""
     import pandas as pd
-
-    from posym.scores import score_model
 
     frame = score_model(model, ids, hops)
     last = frame["query"].to_numpy() == frame["prompt"].map(lambda k: len(ids[k]) - 1).to_numpy()
@@ -56,9 +59,6 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
     mean over its hop queries). progress: optional callable(step) after each checkpoint.
     """
     import pandas as pd
-
-    from posym.model import list_checkpoints, load_model
-    from posym.scores import prompt_set
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -79,12 +79,11 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per checkpoint would drown ours
     parts, ids = [], None
     for step, path in checkpoints:
-        model, info = load_model(path, dtype=None)
+        model, info = load_checkpoint(path, dtype=None)
         if info["task_config"] is None:
             raise PosymError(f"{path} has no posym.json task config; dynamics needs posym training checkpoints")
         if ids is None:  # one prompt set for every checkpoint: the task config never changes within a run
-            ids, hops = prompt_set(model, task_config=info["task_config"], n_prompts=n_prompts, seed=seed,
-                                   queries="hops")
+            ids, hops = task_prompts(info["task_config"], n_prompts, seed, queries="hops")
         parts.append(_score_checkpoint(model, ids, hops).assign(step=step))
         if progress is not None:
             progress(step)
@@ -109,16 +108,14 @@ def normalised_entropy(table):
 
 
 def label(table, gammas=GAMMAS):
-    """`table` plus a column label_g{gamma} per gamma: each row's `posym.scores.summarize` label."""
+    """`table` plus a column label_g{gamma} per gamma: each row's `posym.core.scores.summarize_heads` label."""
     import pandas as pd
-
-    from posym.scores import summarize
 
     out = table.copy()
     for gamma in gammas:
         parts = []
         for keys, group in table.groupby(["step", "query_mode"]):
-            parts.append(summarize(group, gamma)[["layer", "head", "label"]].assign(step=keys[0], query_mode=keys[1]))
+            parts.append(summarize_heads(group, gamma)[["layer", "head", "label"]].assign(step=keys[0], query_mode=keys[1]))
         labels = pd.concat(parts).rename(columns={"label": f"label_g{gamma}"})
         out = out.merge(labels, on=["step", "query_mode", "layer", "head"], how="left")
     return out
@@ -211,9 +208,6 @@ def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, 
     purity_counts.parquet, composition.parquet, composition_summary.parquet, dynamics.json and the
     figures fig2a_accuracy, fig2b_scores (hop queries), fig6_entropy (last token), fig7_purity
     (PNG + SVG) to out_dir (default RUN_DIR/analysis). Returns the dynamics.json dict."""
-    from posym import figures
-    from posym.io import manifest, write_json, write_parquet
-
     start = time.perf_counter()
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "analysis"

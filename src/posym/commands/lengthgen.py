@@ -18,10 +18,10 @@ length is 8 + 8 + 1 = 17.
   every symbol would move), so only the extra window lengthens both tasks with the tokens the model
   was trained on.
 
-Each distinct length is evaluated once (with `posym.train.evaluate`) and shared by both protocols.
+Each distinct length is evaluated once (with `posym.core.train.evaluate`) and shared by both protocols.
 Batches are bounded by `max_tokens` tokens per forward pass, so memory stays bounded at any length.
 Theorem 3.2's discrepancy bound of the task's head (number: T_Index, letter: T_Retrieval, from
-`posym.theory`) at each length can be drawn next to the accuracies.
+`posym.core.theory`) at each length can be drawn next to the accuracies.
 """
 
 from __future__ import annotations
@@ -32,8 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from posym.configs import to_dict
+from posym.core.tasks import TaskConfig, generate
+from posym.core.theory import frequency_angle, index_bound, retrieval_bound
+from posym.core.train import evaluate
 from posym.errors import PosymError
-from posym.tasks import TaskConfig
+from posym.figures import pyplot, save_figure
+from posym.io import manifest, write_json, write_parquet
+from posym.loading import load_checkpoint
+
 
 PROTOCOLS = ("paper", "seed", "both")
 PAPER_LENGTHS = [17, 34, 51, 68, 128, 256, 512, 850, 1024, 2048]
@@ -125,8 +132,6 @@ def discrepancy_bound(task: TaskConfig, length: int, config: LengthGenConfig) ->
     """Theorem 3.2's bound on the discrepancy of the task's head with its query at position
     length - 1 (number: T_Index, letter: T_Retrieval); NaN where the letter bound's condition
     n theta < omega / 2 fails."""
-    from posym.theory import frequency_angle, index_bound, retrieval_bound
-
     n = length - 1
     if task.task == "number":
         return index_bound(frequency_angle(config.index_freq_id), n)
@@ -139,7 +144,7 @@ def discrepancy_bound(task: TaskConfig, length: int, config: LengthGenConfig) ->
 def protocol_table(measured: dict[int, dict], task: TaskConfig, points: list[tuple[str, int, float]],
                    hop_counts: dict[int, int], config: LengthGenConfig):
     """Long table, one row per (protocol, length, hop), hop 0 = all hops; `measured[length]` holds
-    `posym.train.evaluate`'s metrics. Retention = acc / acc at the training length (same hop), NaN
+    `posym.core.train.evaluate`'s metrics. Retention = acc / acc at the training length (same hop), NaN
     when the training length was not measured."""
     import pandas as pd
 
@@ -160,7 +165,7 @@ def protocol_table(measured: dict[int, dict], task: TaskConfig, points: list[tup
     return pd.DataFrame(rows)
 
 
-def summarize(table, task: TaskConfig) -> dict:
+def summarize_protocols(table, task: TaskConfig) -> dict:
     """Headline numbers: paper protocol, the longest length whose all-hop accuracy stays >= 0.9 (and
     every accuracy); seed protocol, all-hop accuracy and retention per factor."""
     out = {"task": task.task, "train_length": task.seq_len}
@@ -186,12 +191,10 @@ def summarize(table, task: TaskConfig) -> dict:
 
 def measure(model, task: TaskConfig, lengths: list[int], config: LengthGenConfig,
             progress: Callable[[int], None] | None = None) -> dict[int, dict]:
-    """`posym.train.evaluate` at every length (ascending), batches bounded by tokens.
+    """`posym.core.train.evaluate` at every length (ascending), batches bounded by tokens.
 
     `progress(tokens)` is called after each length with the n * length tokens it read.
     """
-    from posym.train import evaluate
-
     measured = {}
     for length in sorted(set(lengths)):
         cfg = extension(task, length)
@@ -205,8 +208,6 @@ def measure(model, task: TaskConfig, lengths: list[int], config: LengthGenConfig
 def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
     """Fig. 5B: accuracy vs length per hop (log x, the discrepancy bound on the right axis) and, for
     the seed protocol, retention vs length factor per hop. PNG + SVG; returns the paths."""
-    from posym.figures import pyplot, save_figure
-
     plt = pyplot()
     protocols = [p for p in ("paper", "seed") if (table["protocol"] == p).any()]
     fig, axes = plt.subplots(1, len(protocols), figsize=(5.5 * len(protocols), 4), squeeze=False)
@@ -259,12 +260,7 @@ def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None
     Returns what lengthgen.json holds plus the table (a DataFrame) under "table"."""
     import numpy as np
 
-    from posym.configs import to_dict
-    from posym.io import manifest, write_json, write_parquet
-    from posym.model import load_model
-    from posym.tasks import generate
-
-    model, info = load_model(run_dir, step=step, device=config.device, attn_implementation="sdpa")
+    model, info = load_checkpoint(run_dir, step=step, device=config.device, attn_implementation="sdpa")
     task = info["task_config"]
     if task is None:
         raise PosymError(f"{info['path']} has no posym.json with its task config; lengthgen needs a posym run")
@@ -286,7 +282,7 @@ def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None
     out_dir = Path(out_dir)
     write_parquet(out_dir / "lengthgen.parquet", table)
     figures = plot(table, task, out_dir / "fig5b", title=f"{task.task} task, {Path(info['path']).name}")
-    result = {"summary": summarize(table, task), "checkpoint": str(info["path"]), "step": info["step"],
+    result = {"summary": summarize_protocols(table, task), "checkpoint": str(info["path"]), "step": info["step"],
               "figures": figures, "config": to_dict(config),
               "manifest": manifest(to_dict(config), seed=config.seed, task=to_dict(task))}
     write_json(out_dir / "lengthgen.json", result)

@@ -5,7 +5,7 @@ layer at a time, `capture`) returns the pre-rotation queries q and keys k of eve
 outputs, grouped-query keys repeated per query head) and the cos/sin tables and plane pairing the
 model itself rotates with, from one forward pass that stops after the last requested layer.
 `rotate` applies RoPE (or its transpose) and `pair_planes` splits vectors into RoPE planes, so
-`posym.scores` (swap scores) and `posym.geometry` (per-plane scores) compute any logit exactly.
+`posym.core.scores` (swap scores) and `posym.core.geometry` (per-plane scores) compute any logit exactly.
 
 Supported: any transformers causal LM whose attention rotates queries and keys with its modeling
 module's `apply_rotary_pos_emb` and calls its kernel through `ALL_ATTENTION_FUNCTIONS` (one general
@@ -16,7 +16,7 @@ scale (Gemma 2's query_pre_attn_scalar, Granite's attention multiplier), its sof
 sliding window; the plane layout (half-split or interleaved) is read off the layer's own rotation,
 which must be reproduced to float rounding. Tested: GPT-J, GPT-NeoX, Llama, Mistral, Qwen2, Qwen3,
 Gemma, Gemma 2, Gemma 3 (text), Phi-3, OLMo 2, StableLM, Starcoder2, Granite, Mixtral, Qwen2-MoE,
-Qwen3-MoE, Cohere, Phi. Not decomposable: DeepSeek V2/V3 (decoupled RoPE, `posym.sources`).
+Qwen3-MoE, Cohere, Phi. Not decomposable: DeepSeek V2/V3 and Kimi K2 (decoupled RoPE; `check_rope` says so).
 Models without RoPE (e.g. GPT-2) are a PosymError. Sliding windows: prompts must fit in every
 layer's window (all keys visible), else a PosymError; `check_prompt` / `as_batch` validate ids
 (vocabulary, positions, sliding window) and `check_layers` layer indices before any pass.
@@ -24,6 +24,7 @@ layer's window (all keys visible), else a PosymError; `check_prompt` / `as_batch
 
 from __future__ import annotations
 
+import importlib
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +33,14 @@ import torch
 from torch import Tensor
 
 from posym.errors import PosymError
+
+
+# Model types with rotary embeddings that the per-head decomposition cannot express, and why.
+UNDECOMPOSABLE = {
+    kind: "its multi-head latent attention rotates a separate, head-shared key slice (decoupled RoPE) "
+          "that posym cannot split into per-head pre-rotation queries and keys"
+    for kind in ("deepseek_v2", "deepseek_v3", "kimi_k2")
+}
 
 
 @dataclass
@@ -91,6 +100,33 @@ def pair_planes(x: Tensor, pairing: str, rotary_dim: int) -> Tensor:
     return torch.stack((head[..., : rotary_dim // 2], head[..., rotary_dim // 2 :]), dim=-1)
 
 
+def modeling_module(kind: str | None):
+    """The transformers modeling module of a model type, or None if transformers has none."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+    if kind not in CONFIG_MAPPING_NAMES:
+        return None
+    name = model_type_to_module_name(kind)
+    try:
+        return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ImportError:
+        return None
+
+
+def check_rope(kind: str | None, where: str) -> None:
+    """A PosymError unless models of type `kind` rotate queries and keys in the form posym decomposes."""
+    import transformers
+
+    if kind in UNDECOMPOSABLE:
+        raise PosymError(f"{where} holds a {kind!r} model, which has rotary embeddings but {UNDECOMPOSABLE[kind]}")
+    module = modeling_module(kind)
+    if module is None:
+        raise PosymError(f"{where} holds a {kind!r} model, which transformers {transformers.__version__} does not implement")
+    if not hasattr(module, "apply_rotary_pos_emb"):
+        raise PosymError(f"{where} holds a {kind!r} model, which posym cannot score: head scores need rotary "
+                         "position embeddings (RoPE) and this architecture has none")
+
+
 def _decoder_layers(model):
     """The decoder layers of a causal LM (or of its base model): the ModuleList `layers` or `h`."""
     for owner in (getattr(model, "base_model", model), model):
@@ -124,8 +160,6 @@ def _spying(model, state: dict):
     `ALL_ATTENTION_FUNCTIONS` for append what they receive to state["rope"] / state["kernel"] while
     state["layer"] is set (by the attention pre-hooks of `capture`)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    from posym.sources import check_rope
 
     check_rope(_kind(model), "this model")
     module = sys.modules[type(_attention(_decoder_layers(model)[0])).__module__]
@@ -194,7 +228,7 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
     calls a kernel from `ALL_ATTENTION_FUNCTIONS` (module docstring); each layer's rotation is checked
     against the model's own (`pairing_of`), its scale, soft-cap and sliding window read from the kernel call.
     """
-    if hasattr(model, "posym_capture"):  # a model from another library (posym.interop)
+    if hasattr(model, "posym_capture"):  # a model from another library (posym.core.interop)
         return model.posym_capture(ids, layers, on_layer)
     kind = _kind(model)
     state: dict = {"layer": None, "rope": [], "kernel": None}
@@ -263,9 +297,6 @@ def head_qk(model, input_ids, layers: list[int] | None = None) -> dict[int, Head
         kj = pair_planes(rotate(qk.k[0, 0, j], qk.cos[0, j], qk.sin[0, j], qk.pairing), qk.pairing, r)
         per_plane = qk.scale * (qp * kj).sum(-1)      # [r / 2], sums to the logit (+ the unrotated dims)
     """
-    from posym.interop import scorable
-
-    model = scorable(model)
     ids = as_batch(model, input_ids)
     out: dict[int, HeadQK] = {}
     capture(model, ids, check_layers(model, layers), lambda layer, qk: out.__setitem__(layer, qk))

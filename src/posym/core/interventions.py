@@ -15,10 +15,10 @@ input of `out_proj`: rows of q_proj/k_proj/v_proj and columns of out_proj.
   and Adam moments never see them), and after every optimizer step the frozen slices are copied back
   (AdamW's decoupled weight decay moves weights even at zero gradient): they stay bit-identical.
 
-Which heads: "positional" / "symbolic" / "mixed" pick by the label of `posym.scores.summarize`
+Which heads: "positional" / "symbolic" / "mixed" pick by the label of `posym.core.scores.summarize_heads`
 (scores at every hop query of test prompts of the checkpoint itself), "L.H,L.H" by index, "L" = every
 head of layer L. The experiment drivers (ablation table, fine-tune comparison) are in
-`posym.interventions_run`.
+`posym.commands.interventions`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Iterator
 
 import torch
 
+from posym.core.scores import score_model, summarize_heads, task_prompts
 from posym.errors import PosymError
 
 Head = tuple[int, int]
@@ -60,12 +61,10 @@ def parse_heads(spec: str, n_layer: int, n_head: int) -> list[Head]:
 
 
 def label_heads(model, task_config, *, n_prompts: int = 100, seed: int = 0, gamma: float = 0.1):
-    """`posym.scores.summarize` of the model's scores at every hop query of `n_prompts` test prompts
-    (the dynamics "hops" mode): one row per (layer, head) with s_pos, s_sym and label."""
-    from posym.scores import prompt_set, score_model, summarize
-
-    ids, queries = prompt_set(model, task_config=task_config, n_prompts=n_prompts, seed=seed, queries="hops")
-    return summarize(score_model(model, ids, queries), gamma=gamma)
+    """`posym.core.scores.summarize_heads` of the model's scores at every hop query of `n_prompts` test
+    prompts (the dynamics "hops" mode): one row per (layer, head) with s_pos, s_sym and label."""
+    ids, queries = task_prompts(task_config, n_prompts, seed, queries="hops")
+    return summarize_heads(score_model(model, ids, queries), gamma=gamma)
 
 
 def select_heads(spec: str, model, labels=None) -> list[Head]:
@@ -78,7 +77,7 @@ def select_heads(spec: str, model, labels=None) -> list[Head]:
     return parse_heads(spec, model.config.n_layer, model.config.n_head)
 
 
-def _span(model, head: Head) -> slice:
+def head_slice(model, head: Head) -> slice:
     """Dims of `head` in its layer's attention output (the input of out_proj)."""
     layer, h = head
     n_layer, n_head = model.config.n_layer, model.config.n_head
@@ -105,7 +104,7 @@ def head_means(model, input_ids, heads: list[Head], batch_size: int = 256) -> di
         def hook(module, args):
             for head in heads:
                 if head[0] == layer:  # args[0]: [batch, T, n_embd], the heads' concatenated outputs
-                    part = args[0][..., _span(model, head)].double().sum((0, 1))  # [head_dim]
+                    part = args[0][..., head_slice(model, head)].double().sum((0, 1))  # [head_dim]
                     sums[head] = sums.get(head, 0) + part
         return hook
 
@@ -140,14 +139,14 @@ def ablated(model, heads: list[Head], mode: str = "zero", means: dict | None = N
     _check_mode(mode, means)
     by_layer: dict[int, list[Head]] = {}
     for head in heads:
-        _span(model, head)  # validates the index
+        head_slice(model, head)  # validates the index
         by_layer.setdefault(head[0], []).append(head)
 
     def replace(layer_heads: list[Head]):
         def hook(module, args):
             out = args[0].clone()  # [batch, T, n_embd]
             for head in layer_heads:
-                out[..., _span(model, head)] = 0.0 if mode == "zero" else means[head].to(out)
+                out[..., head_slice(model, head)] = 0.0 if mode == "zero" else means[head].to(out)
             return (out, *args[1:])
         return hook
 
@@ -165,7 +164,7 @@ def fold_ablation(model, heads: list[Head], mode: str = "zero", means: dict | No
     _check_mode(mode, means)
     with torch.no_grad():
         for head in heads:
-            layer, span = head[0], _span(model, head)
+            layer, span = head[0], head_slice(model, head)
             block = model.transformer.h[layer]
             weight = block.attn.out_proj.weight  # [n_embd, n_embd]: columns = attention-output dims
             if mode == "mean":
@@ -190,7 +189,7 @@ class HeadFreezer:
         self._handles = []
         masks: dict[int, dict[str, torch.Tensor]] = {}
         for head in self.heads:
-            layer, span = head[0], _span(model, head)
+            layer, span = head[0], head_slice(model, head)
             attn = _attn(model, layer)
             for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
                 weight = getattr(attn, name).weight  # [out, in]

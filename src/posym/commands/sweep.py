@@ -1,14 +1,14 @@
 """`posym sweep`: a grid of training runs (tasks x seeds x presets x RoPE settings) executed with Ray.
 
-Every trial is a normal posym run directory `<out>/trials/<name>` (posym.train), optionally followed
-by posym.dynamics; a finished trial leaves a done-file (posym.pipeline's) holding its result row, so
+Every trial is a normal posym run directory `<out>/trials/<name>` (posym.core.train), optionally followed
+by posym.commands.dynamics; a finished trial leaves a done-file (posym.commands.pipeline's) holding its result row, so
 re-running a sweep skips finished trials and resumes interrupted ones from their last checkpoint.
 A trial that fails is reported with its error and does not stop the others.
 
 RoPE settings: `rotary_dims` (how many head dimensions are rotated; the rest are position-free),
 `rope_bases` (Hugging Face GPT-J hard-codes 10,000), `rope_bands` (which frequency IDs rotate, one
 band for every layer or one per layer) and `nope_from` (layers from this index on get no rotation);
-all but rotary_dims are posym.rope's variant, which posym's own loading applies and plain
+all but rotary_dims are posym.core.rope's variant, which posym's own loading applies and plain
 transformers loading ignores. Every axis value is resolved against the preset's model: two values of
 one axis that are the same setting (rotary_dims null and the head dimension, rope_bands null and
 [[1, planes]], nope_from null and n_layer) are an error; a combination of axes that only repeats an
@@ -30,9 +30,14 @@ from pathlib import Path
 from typing import Callable
 
 from posym import io
+from posym.commands import dynamics as dyn, train
 from posym.configs import from_dict, to_dict
+from posym.core.rope import layer_bands
+from posym.core.train import TrainConfig
 from posym.errors import PosymError
-from posym.pipeline import die_with_parent, done_path, is_done, mark_done
+from posym.figures import pyplot, save_figure
+from posym.stages import die_with_parent, done_path, is_done, mark_done
+
 
 SWEEP_JOB = "trial"
 """Stage name of the done-file of a trial."""
@@ -51,7 +56,7 @@ class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     """Training seeds; the aggregate table averages over them."""
     presets: list[str] = field(default_factory=lambda: ["quick"])
-    """Training presets of posym.train (quick, seed, paper)."""
+    """Training presets of posym.core.train (quick, seed, paper)."""
     rotary_dims: list[int | None] = field(default_factory=lambda: [None])
     """Head dimensions RoPE rotates (even); null = all of them (the paper)."""
     rope_bases: list[float] = field(default_factory=lambda: [10000.0])
@@ -64,7 +69,7 @@ class SweepConfig:
     train: dict = field(default_factory=dict)
     """Overrides of every trial's TrainConfig (e.g. {max_steps: 500, model: {n_layer: 4}})."""
     dynamics: bool = False
-    """Also run posym.dynamics on every trial and aggregate its pure-head fractions."""
+    """Also run posym.commands.dynamics on every trial and aggregate its pure-head fractions."""
     n_prompts: int = 100
     """Test prompts per checkpoint of the dynamics analysis."""
     cpus_per_trial: int = 1
@@ -91,8 +96,6 @@ def load_sweep(path: str | Path) -> SweepConfig:
 def bands_label(model) -> str:
     """The effective rotating bands of a ModelConfig: "all" (every plane wherever RoPE is on), "none"
     (NoPE everywhere), "first-last" (one band in every rotating layer) or per rotating layer joined by "_"."""
-    from posym.rope import layer_bands
-
     planes = model.resolved_rotary_dim // 2
     bands = [b for b in layer_bands(model) if b is not None]  # NoPE layers have no band
     if not bands:
@@ -113,10 +116,8 @@ def _setting(cfg) -> tuple:
 def _resolve(config: SweepConfig, preset: str, task: str, seed: int, rope: dict):
     """The TrainConfig of one trial: the sweep's train overrides, then the RoPE values in `rope`
     (ModelConfig field -> value; None keeps the preset's or the train overrides' value)."""
-    from posym.train import resolve_config
-
     model = {**config.train.get("model", {}), **{k: v for k, v in rope.items() if v is not None}}
-    return resolve_config(preset, task, None, {**config.train, "seed": seed, "model": model})
+    return train.resolve_config(preset, task, None, {**config.train, "seed": seed, "model": model})
 
 
 def _check_axis(config: SweepConfig, preset: str, task: str, axis: str, key: str) -> None:
@@ -165,9 +166,6 @@ def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads
         import pandas as pd
         import torch
 
-        from posym import dynamics as dyn, train
-        from posym.train import TrainConfig
-
         torch.set_num_threads(threads)
         run_path = Path(run_dir)
         cfg = from_dict(TrainConfig, trial["config"])
@@ -215,8 +213,6 @@ def plot_aggregate(table, stem) -> list[Path]:
     """Mean final accuracy per hop (bars, std over seeds as error bars) for every grid setting, and
     the pure-head fractions if the trials ran dynamics."""
     import numpy as np
-
-    from posym.figures import pyplot, save_figure
 
     plt = pyplot()
 

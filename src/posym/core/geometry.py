@@ -5,7 +5,7 @@ at angle theta_k per position; frequency ID k = 1 is the fastest plane) plus one
 from the dims RoPE leaves alone (partial rotary). For a query at position p and a key at position
 j the term of plane k is scale * (R_p q)_k . (R_j k_j)_k. Everything here is built from the scores
 engine's per-head pre-rotation queries/keys and the model's own rotary tables
-(`posym.qk.head_qk`), so it works on every family `posym.qk` supports (interleaved or half-split
+(`posym.core.qk.head_qk`), so it works on every family `posym.core.qk` supports (interleaved or half-split
 planes, partial rotary included). Soft-capped models (Gemma 2): the channels split the raw logit,
 before the cap, which is the only quantity that is a sum over planes.
 
@@ -19,7 +19,7 @@ Definitions (what the numbers in Table 1 / Fig. 8 mean here):
   gets weight 0; the position-free channel has no frequency ID and is reported as `free_use`).
   The weighted frequency (radians per position) is the same average of theta_k.
 - per-plane scores: each channel scored as its own head (softmax of its own logits, swap scores of
-  `posym.scores.swap_scores`), the frequency-resolved analysis of 2511.
+  `posym.core.scores.swap_scores`), the frequency-resolved analysis of 2511.
 
 Public API
 - `plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau=1e-4)`: one row per
@@ -27,20 +27,17 @@ Public API
 - `frequency_use(planes)`: per head weighted_id, weighted_frequency, dominant_id, free_use.
 - `qk_projection(model, input_ids, layer, head, frequency_id)`: one prompt's queries and keys on
   one plane (Fig. 4B), before and after rotation.
-- `load_analysable(path)` loads any model spec (`posym.sources`); `prepare(path, ...)` adds its prompts;
-  `run_geometry(**prepare(...))` is the `posym geometry` driver (Parquet tables, JSON summary, figures).
+`posym geometry` (loading, Parquet tables, JSON summary, figures) is `posym.commands.geometry`.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
+from posym.core.interop import scorable
+from posym.core.qk import as_batch, check_layers, head_qk, pair_planes, rotate
+from posym.core.scores import BUDGET, query_batches, swap_scores
 from posym.errors import PosymError
-from posym.interop import scorable
-from posym.qk import as_batch, check_layers, head_qk, pair_planes, rotate
-from posym.scores import BUDGET, query_batches, swap_scores
 
 # Table 1 of 2605: weighted-average frequency ID per layer of the paper-preset models (12 layers).
 PAPER_TABLE1 = {
@@ -89,7 +86,7 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
     """
     import pandas as pd
 
-    model = scorable(model)  # nnsight / TransformerLens models too (posym.interop)
+    model = scorable(model)  # nnsight / TransformerLens models too (posym.core.interop)
     layers = check_layers(model, layers)
     n_heads = model.config.num_attention_heads
     heads = list(range(n_heads)) if heads is None else sorted(set(heads))
@@ -172,6 +169,7 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     """
     import pandas as pd
 
+    model = scorable(model)
     qk = head_qk(model, as_batch(model, [input_ids]), [layer])[layer]
     r = qk.cos.shape[-1]
     if not 1 <= frequency_id <= r // 2:
@@ -195,86 +193,3 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     return frame
 
 
-def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=None,
-                    attn_implementation: str = "eager") -> tuple:
-    """(LoadedModel, out_dir) for any model spec (`posym.sources`): a posym run or checkpoint (its task
-    config and step in `loaded.info`; default out_dir RUN_DIR/analysis), the embedded smollm2-135m, a
-    GGUF file or a Hugging Face directory (`out` required). `attn_implementation` applies to posym
-    checkpoints ("sdpa" is faster where nothing reads attention weights); other models load eager."""
-    from posym import sources
-
-    source = sources.resolve(path)
-    kernel = attn_implementation if source.kind == "posym" else "eager"
-    loaded = sources.load(path, step=step, device=device, attn_implementation=kernel)
-    if out is None:
-        if loaded.info.get("run_dir") is None:
-            raise PosymError("give --out: only a posym run directory has a default output directory")
-        out = Path(loaded.info["run_dir"]) / "analysis"
-    return loaded, Path(out)
-
-
-def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
-            queries: str | None = None, tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
-    """Load what `posym geometry PATH` analyses (`load_analysable`) and its prompts: the run's own
-    task's test prompts, or the JSONL file `prompts` (token ids, or text for the model's tokenizer;
-    required for other models). queries: last, hops, all or None (a file's own "queries", else last).
-
-    Returns the keyword arguments of `run_geometry` but `progress` and the figure options: model,
-    input_ids, queries, out_dir, tau, token_names, paper_task and settings (recorded in geometry.json).
-    """
-    from posym import scores, tasks
-
-    loaded, out = load_analysable(path, step=step, device=device, out=out)
-    task_config, step = loaded.info.get("task_config"), loaded.info.get("step")
-    ids, wanted = scores.prompt_set(loaded.model, task_config=None if prompts else task_config, n_prompts=n_prompts,
-                                    seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
-    names = tasks.token_names(task_config) if task_config is not None and not prompts else None
-    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
-                "queries": queries or "file/last", "tau": tau, "seed": seed}
-    return {"model": loaded.model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
-            "token_names": names, "paper_task": task_config.task if names else None, "settings": settings}
-
-
-def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane_layer: int | None = None,
-                 plane_head: int = 0, example: int = 0, token_names=None, paper_task: str | None = None,
-                 settings: dict, progress=None) -> dict:
-    """Write planes.parquet (per-prompt channel rows), channels.parquet (channel means),
-    frequency.parquet (per head, Table 1), qk_plane.parquet (prompt `example` on the dominant plane
-    of plane_layer/plane_head;
-    plane_layer None = layer 1 as in the paper's Fig. 4B, or 0 for a 1-layer model), geometry.json and fig8_frequency / fig4b_qk_plane PNG+SVG to out_dir.
-
-    token_names: optional id -> text table for the figure labels; paper_task: "number"/"letter" to
-    draw the paper's Table 1 beside ours. Returns the summary dict.
-    """
-    from posym import figures
-    from posym.io import manifest, write_json, write_parquet
-
-    n_layers = len(check_layers(model, None))
-    plane_layer = min(1, n_layers - 1) if plane_layer is None else plane_layer
-    if not 0 <= plane_layer < n_layers:
-        raise PosymError(f"--plane-layer must lie in 0..{n_layers - 1}, got {plane_layer}")
-    if not 0 <= example < len(input_ids):
-        raise PosymError(f"--example must lie in 0..{len(input_ids) - 1} (the prompt set), got {example}")
-    out_dir = Path(out_dir)
-    planes = plane_scores(model, input_ids, queries, tau=tau, progress=progress)
-    means = channel_means(planes)
-    heads = frequency_use(means)
-    chosen = heads[(heads.layer == plane_layer) & (heads["head"] == plane_head)]
-    if chosen.empty:
-        raise PosymError(f"--plane-head {plane_head} does not exist in layer {plane_layer}")
-    dominant = int(chosen.dominant_id.iloc[0])
-    projection = qk_projection(model, input_ids[example], plane_layer, plane_head, dominant)
-    write_parquet(out_dir / "planes.parquet", planes)
-    write_parquet(out_dir / "channels.parquet", means)
-    write_parquet(out_dir / "frequency.parquet", heads)
-    write_parquet(out_dir / "qk_plane.parquet", projection)
-    paper = PAPER_TABLE1.get(paper_task) if paper_task else None
-    paths = figures.plot_frequency_use(means, heads, out_dir / "fig8_frequency", paper=paper)
-    paths += figures.plot_qk_plane(projection, out_dir / "fig4b_qk_plane", token_names=token_names)
-    per_layer = heads.groupby("layer").weighted_id.mean()
-    summary = {**manifest(settings, seed=settings.get("seed")), "weighted_id_per_layer": per_layer.round(2).tolist(),
-               "paper_table1": paper, "plane_figure": {"layer": plane_layer, "head": plane_head,
-                                                       "frequency_id": dominant, "prompt": example},
-               "figures": [str(p) for p in paths]}
-    write_json(out_dir / "geometry.json", summary)
-    return summary

@@ -3,52 +3,30 @@
 SPEC section 7. Models come from `posym.sources.load` (the embedded smollm2-135m, a GGUF file, a
 Hugging Face directory or a posym run; RoPE models only, safetensors unless the user opts in); the
 prompt builders render the binding task of arXiv 2511.11579 (and, through
-`posym.bench`, the 1-hop number/letter tasks of Appendix H) as text for the model's own tokenizer,
-and `write_scores` runs the exact head scores of `posym.scores` on them, plus the per-plane scores of
-`posym.geometry` for chosen heads. The Appendix H benchmark itself lives in `posym.bench`.
+`posym.commands.bench`, the 1-hop number/letter tasks of Appendix H) as text for the model's own
+tokenizer, and `write_scores` runs the exact head scores of `posym.core.scores` on them, plus the
+per-plane scores of `posym.core.geometry` for chosen heads. The Appendix H benchmark itself lives in
+`posym.commands.bench`.
 """
 
 from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from posym.commands.bench import bench_prompts
+from posym.core.geometry import plane_scores
+from posym.core.scores import score_model, summarize_heads
 from posym.errors import PosymError
 from posym.figures import pyplot, save_figure
-from posym.sources import LoadedModel
-
-
-# ---- encoding -----------------------------------------------------------------------------------
-
-
-def encode(loaded: LoadedModel, text: str):
-    """Token ids of `text` as a [1, T] tensor on the model's device; too long or too short is an error."""
-    import torch
-
-    ids = loaded.tokenizer(text).input_ids
-    if len(ids) > loaded.max_positions:
-        raise PosymError(
-            f"a prompt has {len(ids)} tokens but {loaded.name} has only {loaded.max_positions} positions"
-        )
-    if len(ids) < 3:
-        raise PosymError(f"a prompt needs at least 3 tokens to swap two keys before the query: {text!r}")
-    return torch.tensor([ids], device=loaded.device)  # [1, T]
+from posym.io import manifest, write_json, write_parquet
+from posym.loading import Prompt, read_text_prompts
+from posym.sources import LoadedModel, tokenize
 
 
 # ---- prompts ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt: its text, the expected continuation and where to query it."""
-
-    text: str
-    answer: str | None = None
-    focus: str | None = None  # substring whose LAST occurrence's final token is the 'name' query
-    meta: dict = field(default_factory=dict)
 
 
 NAMES = ("Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Irene", "Jack", "Laura", "Mark")
@@ -67,22 +45,6 @@ def binding_prompts(n: int, *, n_facts: int = 4, seed: int = 0) -> list[Prompt]:
         facts = " ".join(f"{a} likes {c}." for a, c in zip(names, colours))
         text = f"{facts} What colour does {names[asked]} like? {names[asked]} likes"
         prompts.append(Prompt(text, colours[asked], names[asked], {"set": "binding", "index": i}))
-    return prompts
-
-
-def read_jsonl(path: str | os.PathLike) -> list[Prompt]:
-    """Prompts from a JSONL file: one object per line with "text" and optional "answer" and "focus"."""
-    from posym.scores import jsonl_records
-
-    path = Path(path)
-    prompts = []
-    for number, obj in jsonl_records(path):
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-            raise PosymError(f'{path} line {number} must be an object with a "text" string')
-        unknown = sorted(set(obj) - {"text", "answer", "focus"})
-        if unknown:
-            raise PosymError(f"{path} line {number} has unknown key {unknown[0]!r} (text, answer, focus)")
-        prompts.append(Prompt(obj["text"], obj.get("answer"), obj.get("focus"), {"set": path.name, "index": number}))
     return prompts
 
 
@@ -106,7 +68,7 @@ def query_position(loaded: LoadedModel, prompt: Prompt, query: str) -> int:
 def layer_summary(heads) -> tuple[Any, float]:
     """Per-layer medians of the head scores, and Pearson r between the s_pos and s_sym maps over heads.
 
-    `heads` has one row per (layer, head) with prompt-mean s_pos and s_sym (posym.scores.summarize).
+    `heads` has one row per (layer, head) with prompt-mean s_pos and s_sym (posym.core.scores.summarize_heads).
     r is NaN when either map is constant (e.g. every head exactly uniform).
     """
     layers = heads.groupby("layer").agg(
@@ -141,31 +103,6 @@ def plot_heads(heads, r: float, stem: str | os.PathLike) -> list[Path]:
 # ---- command drivers ----------------------------------------------------------------------------
 
 
-def parse_list(text: str, kind: type) -> list:
-    """'a,b,c' -> [kind(a), kind(b), kind(c)]; a bad item is a PosymError."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    try:
-        values = [kind(item) for item in items]
-    except ValueError:
-        raise PosymError(f"cannot read {text!r} as a comma-separated list of {kind.__name__} values") from None
-    if not values:
-        raise PosymError("an empty list was given")
-    return values
-
-
-def parse_heads(text: str | None) -> list[tuple[int, int]]:
-    """'0.1,5.3' -> [(0, 1), (5, 3)] (layer.head pairs)."""
-    if not text:
-        return []
-    heads = []
-    for item in parse_list(text, str):
-        layer, dot, head = item.partition(".")
-        if not (dot and layer.isdigit() and head.isdigit()):
-            raise PosymError(f"--heads wants LAYER.HEAD items like 3.1, got {item!r}")
-        heads.append((int(layer), int(head)))
-    return heads
-
-
 def _heads_by_layer(heads: list[tuple[int, int]]) -> dict[int, list[int]]:
     """(layer, head) pairs -> {layer: [heads]} in ascending order."""
     out: dict[int, list[int]] = {}
@@ -174,7 +111,7 @@ def _heads_by_layer(heads: list[tuple[int, int]]) -> dict[int, list[int]]:
     return out
 
 
-def prompt_set(name: str, *, text: str | None = None, n: int = 20, size: int = 12, seed: int = 0) -> list[Prompt]:
+def llm_prompts(name: str, *, text: str | None = None, n: int = 20, size: int = 12, seed: int = 0) -> list[Prompt]:
     """--text, a built-in set (binding, number, letter) or a JSONL file, as Prompts."""
     if text is not None:
         return [Prompt(text, meta={"set": "text", "index": 0})]
@@ -183,11 +120,9 @@ def prompt_set(name: str, *, text: str | None = None, n: int = 20, size: int = 1
     if name == "binding":
         return binding_prompts(n, seed=seed)
     if name in ("number", "letter"):
-        from posym.bench import bench_prompts  # bench builds on this module, so import it late
-
         return bench_prompts(name, size, n, seed=seed)
     if name.endswith(".jsonl") or Path(name).is_file():
-        return read_jsonl(name)
+        return read_text_prompts(name)
     raise PosymError(f"--prompts must be binding, number, letter or a JSONL file, got {name!r}")
 
 
@@ -211,25 +146,21 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
     """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
 
     Files: scores.parquet (prompt, query, layer, head, s_pos, s_sym, entropy, n_swaps), heads.parquet
-    (prompt means and labels, posym.scores.summarize), layers.parquet (per-layer medians),
+    (prompt means and labels, posym.core.scores.summarize_heads), layers.parquet (per-layer medians),
     planes.parquet (prompt-mean per-plane scores of --heads), heads.png/svg, planes.png/svg,
     summary.json (manifest, Pearson r, per-layer medians). Returns the summary dict.
     """
     import pandas as pd
-
-    from posym.geometry import plane_scores
-    from posym.io import manifest, write_json, write_parquet
-    from posym.scores import score_model, summarize
 
     config = loaded.model.config
     for layer, head in heads:
         if not (layer < config.num_hidden_layers and head < config.num_attention_heads):
             raise PosymError(f"--heads {layer}.{head} does not exist: the model has {config.num_hidden_layers} "
                              f"layers of {config.num_attention_heads} heads")
-    ids = [encode(loaded, p.text)[0] for p in prompts]  # checks every length before any work
+    ids = [tokenize(loaded, p.text)[0] for p in prompts]  # checks every length before any work
     queries = [[query_position(loaded, p, query)] for p in prompts]
     frame = score_model(loaded.model, ids, queries, tau=tau, progress=progress)
-    head_means = summarize(frame)
+    head_means = summarize_heads(frame)
     layers, r = layer_summary(head_means)
     out_dir = Path(out_dir)
     write_parquet(out_dir / "scores.parquet", frame)
@@ -237,7 +168,7 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
     write_parquet(out_dir / "layers.parquet", layers)
     plot_heads(head_means, r, out_dir / "heads")
     if heads:
-        # one pass per chosen layer scores all of its chosen heads (posym.geometry's channel engine)
+        # one pass per chosen layer scores all of its chosen heads (posym.core.geometry's channel engine)
         per_prompt = pd.concat([plane_scores(loaded.model, ids, queries, layers=[layer], heads=chosen, tau=tau)
                                 for layer, chosen in _heads_by_layer(heads).items()])
         planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id"], as_index=False)[

@@ -19,7 +19,9 @@ import shutil
 from pathlib import Path
 
 from posym import io
+from posym.core.geometry import PAPER_TABLE1
 from posym.errors import PosymError
+
 
 SEED_LAYERS = "seed summary: ~40% positional / 60% symbolic (number), > 90% symbolic (letter)"
 # Pure heads at gamma = 0.1 of the paper's 12-layer models (SPEC 4).
@@ -191,8 +193,6 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[str, dict]:
 
 
 def _paper_table1(task: str) -> list[int]:
-    from posym.geometry import PAPER_TABLE1
-
     return PAPER_TABLE1[task]
 
 
@@ -212,7 +212,7 @@ def _summary_tables(summaries: list[dict]) -> str:
         rows = [[f"{s['task']} (ours)", *s["weighted_id"], *[""] * (depth - len(s["weighted_id"]))] for s in table1]
         rows += [[f"{t} (paper)", *_paper_table1(t)] for t in dict.fromkeys(s["task"] for s in table1)]
         out += ("<h2>Table 1: weighted frequency ID per layer</h2><p>Sum of k w_k / sum of w_k over RoPE planes k, "
-                "w_k = max(largest logit the plane alone contributes, 0), averaged over prompts (posym.geometry). "
+                "w_k = max(largest logit the plane alone contributes, 0), averaged over prompts (posym.core.geometry). "
                 "The paper's models have 12 layers and 64 planes; a quick model has fewer of both.</p>"
                 + _table(["model", *[f"L{k}" for k in range(depth)]], rows))
     return out

@@ -1,6 +1,6 @@
 """Task datasets on disk: parquet, jsonl or npz files with a JSON manifest (SPEC section 1).
 
-`save_dataset(config, n, seed, split, out, fmt)` generates samples with `posym.tasks.generate` and
+`save_dataset(config, n, seed, split, out, fmt)` generates samples with `posym.core.tasks.generate` and
 writes them atomically with a manifest next to them (`manifest_path`: OUT.manifest.json, holding the
 task config, seed, split, format, versions and the `content_hash` of the ids); `load_dataset(path)`
 reads any of the three formats back into (TaskConfig, Samples) and refuses a file whose ids do not
@@ -18,8 +18,11 @@ from typing import Callable
 
 import numpy as np
 
+from posym import io
+from posym.configs import from_dict
+from posym.core.tasks import SAMPLE_FIELDS, Samples, TaskConfig, check_int, concat, generate, iter_batches, texts
 from posym.errors import PosymError
-from posym.tasks import SAMPLE_FIELDS, Samples, TaskConfig, check_int, concat, generate, iter_batches, texts
+
 
 FORMATS = ("parquet", "jsonl", "npz")
 
@@ -48,8 +51,6 @@ def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | P
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from posym import io
 
     check_int("n", n, 0)
     if fmt not in FORMATS:
@@ -116,8 +117,6 @@ def load_dataset(path: str | Path) -> tuple[TaskConfig, Samples]:
 
     The ids are checked against the manifest's content hash, so a damaged file is an error.
     """
-    from posym.configs import from_dict
-
     path = Path(path)
     mpath = manifest_path(path)
     if not path.is_file() or not mpath.is_file():

@@ -1,0 +1,101 @@
+"""`posym discrepancy`: the gaps of every head by sequence length, as files (Definition 3.1 of 2605).
+
+The gaps themselves are `posym.core.discrepancy` (one forward pass per batch); this module loads
+the model (`posym.sources`: any model spec), lengthens a posym task with the `posym lengthgen` protocol or reads a
+prompt file, and writes gaps.parquet, discrepancy.parquet, discrepancy.json and the figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from posym.commands import lengthgen
+from posym.core.discrepancy import head_gaps, summarize_gaps
+from posym.errors import PosymError
+from posym.figures import pyplot, save_figure
+from posym.io import manifest, write_json, write_parquet
+from posym.loading import score_prompts
+from posym.sources import load_analysable
+
+
+def plot_gaps(summary, path_stem, *, title: str = "") -> list:
+    """Median gap (line) and Delta = minimum gap (dotted) vs sequence length per layer (its head 0),
+    log-log, with a 1 / n^2 guide (Theorem 3.2's Index rate); PNG + SVG."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    layers = sorted(summary.layer.unique())
+    colors = plt.get_cmap("viridis")([0.1 + 0.8 * i / max(1, len(layers) - 1) for i in range(len(layers))])
+    for color, layer in zip(colors, layers):
+        sub = summary[(summary.layer == layer) & (summary["head"] == 0)].sort_values("length")
+        ax.plot(sub["length"], sub["gap_q50"].clip(lower=1e-6), color=color, marker="o", ms=3, lw=1.3,
+                label=f"L{layer}")
+        ax.plot(sub["length"], sub["delta"].clip(lower=1e-6), color=color, ls=":", lw=1)
+    lengths = sorted(summary["length"].unique())
+    if len(lengths) > 1:
+        top = float(summary["gap_q50"].max())
+        ax.plot(lengths, [top * (lengths[0] / n) ** 2 for n in lengths], color="gray", ls="--", lw=1,
+                label="~ 1 / n^2")
+    ax.set_xscale("log")
+    ax.set_xticks(lengths, [str(int(v)) for v in lengths], minor=False)
+    ax.minorticks_off()
+    ax.set(yscale="log", xlabel="sequence length (tokens)",
+           ylabel="top-1 minus top-2 logit", title=title or "discrepancy by length: median (solid), min (dotted)")
+    ax.legend(fontsize=7, ncol=2)
+    return save_figure(fig, path_stem)
+
+
+def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None, n: int = 64, seed: int = 0,
+                    prompts=None, queries: str | None = None, max_tokens: int = 16384, device: str = "cpu",
+                    progress=None) -> dict:
+    """`posym discrepancy PATH`: gaps of every head, per length.
+
+    A posym run or checkpoint: its task's test questions (the same `n` at every length), lengthened
+    to each of `lengths` by extra target-window tokens (the paper protocol of `posym lengthgen`).
+    Any other model (`posym.sources`: smollm2-135m, GGUF, Hugging Face directory): the prompts of the
+    JSONL file `prompts` as they are (token ids or text; their lengths are the lengths; queries None =
+    the file's own "queries", else the last token). A forward pass reads at most `max_tokens` tokens (the eager attention
+    HF model directories load with holds a [batch, heads, n, n] matrix per layer). Writes
+    gaps.parquet, discrepancy.parquet (summary), discrepancy.json and fig_discrepancy PNG + SVG to out_dir (default RUN_DIR/discrepancy); returns the JSON dict
+    plus "summary" (the discrepancy.parquet frame) and "out_dir".
+    """
+    import pandas as pd
+
+    if queries not in (None, "last", "hops", "all"):
+        raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
+    # gaps come from queries and keys (posym.core.qk), never from attention weights: the fast kernel serves
+    loaded, out = load_analysable(path, step=step, device=device, out=out_dir, attn_implementation="sdpa")
+    model, task, step = loaded.model, loaded.info.get("task_config"), loaded.info.get("step")
+    out_dir = out.parent / "discrepancy" if out_dir is None else out  # a run's default: RUN_DIR/discrepancy
+    if prompts is not None:  # any model: the file's prompts at their own lengths
+        if lengths:
+            raise PosymError("--lengths lengthens a posym task; a prompt file's prompts keep their own lengths")
+        ids, wanted = score_prompts(model, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
+        batch = lengthgen.batch_size(max(len(x) for x in ids), max_tokens)
+        frame = head_gaps(model, ids, wanted, batch_size=batch, progress=progress)
+        frame["length"] = frame["prompt"].map({k: len(x) for k, x in enumerate(ids)})
+    elif task is None:
+        raise PosymError("give --prompts: the model carries no posym task to lengthen")
+    else:  # a posym model: the same n test questions, lengthened by extra target tokens
+        lengths = sorted(set(lengths or lengthgen.LengthGenConfig().lengths))
+        lengthgen.plan(task, dataclasses.replace(lengthgen.LengthGenConfig(), lengths=lengths, protocol="paper"),
+                       model.config.n_positions)  # every length is checked before any pass
+        parts = []
+        for length in lengths:
+            ids, wanted = score_prompts(model, task_config=lengthgen.extension(task, length), n_prompts=n, seed=seed,
+                                     queries=queries)
+            batch = lengthgen.batch_size(length, max_tokens)
+            parts.append(head_gaps(model, ids, wanted, batch_size=batch, progress=progress).assign(length=length))
+        frame = pd.concat(parts, ignore_index=True)
+    summary = summarize_gaps(frame)
+    write_parquet(out_dir / "gaps.parquet", frame)
+    write_parquet(out_dir / "discrepancy.parquet", summary)
+    paths = plot_gaps(summary, out_dir / "fig_discrepancy")
+    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None,
+                "queries": queries or "file/last",
+                "lengths": sorted(int(v) for v in frame["length"].unique()), "n": n, "seed": seed}
+    result = {**manifest(settings, seed=seed), "settings": settings, "task": task.task if task else None,
+              "median_gap": {f"L{int(r.layer)}H{int(r.head)}@{int(r.length)}": round(float(r.gap_q50), 6)
+                             for r in summary.itertuples()},
+              "figures": [str(p) for p in paths]}
+    write_json(out_dir / "discrepancy.json", result)
+    return {**result, "summary": summary, "out_dir": out_dir}

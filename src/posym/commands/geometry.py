@@ -1,0 +1,83 @@
+"""`posym geometry`: RoPE frequency use and per-plane scores of a trained or real model, as files.
+
+Loads any model spec (`posym.sources`: a posym run/checkpoint, smollm2-135m, a GGUF file, a Hugging
+Face directory), computes with
+`posym.core.geometry` (plane scores, channel means, frequency use, the q/k plane projection) and
+writes planes/channels/frequency/qk_plane.parquet, geometry.json and the Fig. 8 / Fig. 4B figures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posym import figures
+from posym.core.geometry import PAPER_TABLE1, channel_means, frequency_use, plane_scores, qk_projection
+from posym.core.qk import check_layers
+from posym.core.tasks import token_names
+from posym.errors import PosymError
+from posym.io import manifest, write_json, write_parquet
+from posym.loading import score_prompts
+from posym.sources import load_analysable
+
+
+def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
+            queries: str | None = None, tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
+    """Load what `posym geometry PATH` analyses (`posym.sources.load_analysable`) and its prompts: the
+    run's own task's test prompts, or the JSONL file `prompts` (token ids, or text for the model's
+    tokenizer; required for other models). queries: last, hops, all or None (a file's own
+    "queries", else the last token).
+
+    Returns the keyword arguments of `run_geometry` but `progress` and the figure options: model,
+    input_ids, queries, out_dir, tau, token_names, paper_task and settings (recorded in geometry.json).
+    """
+    loaded, out = load_analysable(path, step=step, device=device, out=out)
+    task_config, step = loaded.info.get("task_config"), loaded.info.get("step")
+    ids, wanted = score_prompts(loaded.model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+                                seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
+    names = token_names(task_config) if task_config is not None and not prompts else None
+    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
+                "queries": queries or "file/last", "tau": tau, "seed": seed}
+    return {"model": loaded.model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
+            "token_names": names, "paper_task": task_config.task if names else None, "settings": settings}
+
+
+def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane_layer: int | None = None,
+                 plane_head: int = 0, example: int = 0, token_names=None, paper_task: str | None = None,
+                 settings: dict, progress=None) -> dict:
+    """Write planes.parquet (per-prompt channel rows), channels.parquet (channel means),
+    frequency.parquet (per head, Table 1), qk_plane.parquet (prompt `example` on the dominant plane
+    of plane_layer/plane_head;
+    plane_layer None = layer 1 as in the paper's Fig. 4B, or 0 for a 1-layer model), geometry.json and fig8_frequency / fig4b_qk_plane PNG+SVG to out_dir.
+
+    token_names: optional id -> text table for the figure labels; paper_task: "number"/"letter" to
+    draw the paper's Table 1 beside ours. Returns the summary dict.
+    """
+    n_layers = len(check_layers(model, None))
+    plane_layer = min(1, n_layers - 1) if plane_layer is None else plane_layer
+    if not 0 <= plane_layer < n_layers:
+        raise PosymError(f"--plane-layer must lie in 0..{n_layers - 1}, got {plane_layer}")
+    if not 0 <= example < len(input_ids):
+        raise PosymError(f"--example must lie in 0..{len(input_ids) - 1} (the prompt set), got {example}")
+    out_dir = Path(out_dir)
+    planes = plane_scores(model, input_ids, queries, tau=tau, progress=progress)
+    means = channel_means(planes)
+    heads = frequency_use(means)
+    chosen = heads[(heads.layer == plane_layer) & (heads["head"] == plane_head)]
+    if chosen.empty:
+        raise PosymError(f"--plane-head {plane_head} does not exist in layer {plane_layer}")
+    dominant = int(chosen.dominant_id.iloc[0])
+    projection = qk_projection(model, input_ids[example], plane_layer, plane_head, dominant)
+    write_parquet(out_dir / "planes.parquet", planes)
+    write_parquet(out_dir / "channels.parquet", means)
+    write_parquet(out_dir / "frequency.parquet", heads)
+    write_parquet(out_dir / "qk_plane.parquet", projection)
+    paper = PAPER_TABLE1.get(paper_task) if paper_task else None
+    paths = figures.plot_frequency_use(means, heads, out_dir / "fig8_frequency", paper=paper)
+    paths += figures.plot_qk_plane(projection, out_dir / "fig4b_qk_plane", token_names=token_names)
+    per_layer = heads.groupby("layer").weighted_id.mean()
+    summary = {**manifest(settings, seed=settings.get("seed")), "weighted_id_per_layer": per_layer.round(2).tolist(),
+               "paper_table1": paper, "plane_figure": {"layer": plane_layer, "head": plane_head,
+                                                       "frequency_id": dominant, "prompt": example},
+               "figures": [str(p) for p in paths]}
+    write_json(out_dir / "geometry.json", summary)
+    return summary

@@ -1,0 +1,272 @@
+"""Everything that touches files on the way in or out of an analysis: one place for paths and formats.
+
+- posym checkpoints and run directories: `<run>/checkpoints/step-%08d/` (a `save_pretrained`
+  directory plus `posym.json`: step, task config, model config and the test metrics at that step);
+  `list_checkpoints`, `resolve_checkpoint`, `read_checkpoint_meta`, `load_checkpoint`. Anything else
+  under checkpoints/ (for example the temporary directory of a checkpoint being written) is ignored.
+- Every other model format (the embedded smollm2-135m, GGUF files, Hugging Face directories) and
+  the one entry point that opens any of them, posym runs included, is `posym.sources`, built on this.
+- Prompt files (JSONL): token prompts for `posym score` / geometry / discrepancy
+  (`read_token_prompts`, `score_prompts`; a line may hold "text" for the model's tokenizer instead
+  of "input_ids") and text prompts for real models (`read_text_prompts`), both parsed by `jsonl_records`.
+- Score tables streamed to Parquet: `write_score_parquet`.
+
+Nothing here computes a score; the maths lives in `posym.core`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posym.configs import from_dict
+from posym.core.model import ModelConfig
+from posym.core.rope import apply_variant
+from posym.core.qk import check_prompt
+from posym.core.scores import COLUMNS, check_query_mode, queries_for, resolve_queries, task_prompts
+from posym.core.tasks import TaskConfig
+from posym.errors import PosymError
+from posym.io import atomic_path, write_json
+
+
+# ---- posym checkpoints and run directories -------------------------------------------------------
+
+
+CHECKPOINTS = "checkpoints"  # <run>/checkpoints/step-%08d/
+CHECKPOINT_META = "posym.json"  # what posym adds next to the weights of a checkpoint
+_CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
+
+
+def checkpoint_name(step: int) -> str:
+    """Directory name of the checkpoint after `step` optimizer steps."""
+    return f"step-{step:08d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """All complete checkpoints of a run as (step, directory), sorted by step."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _CHECKPOINT_RE.match(child.name)
+        if match and child.is_dir():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def read_checkpoint_meta(checkpoint_dir: str | Path) -> dict | None:
+    """The `posym.json` of a checkpoint (step, task, model, metrics), or None if it has none."""
+    path = Path(checkpoint_dir) / CHECKPOINT_META
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise PosymError(f"{path} is not valid JSON") from None
+
+
+def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, Path | None]:
+    """(checkpoint directory, run directory or None) for a run dir + step or a checkpoint dir."""
+    path = Path(path)
+    if not path.exists():
+        raise PosymError(f"{path} does not exist")
+    if not path.is_dir():
+        raise PosymError(f"{path} is not a directory (expected a run or checkpoint directory)")
+    if (path / "config.json").is_file():
+        if step is not None:
+            meta = read_checkpoint_meta(path) or {}
+            if meta.get("step") != step:
+                raise PosymError(f"{path} is a single checkpoint (step {meta.get('step')}), not step {step}")
+        parent = path.parent.parent
+        return path, parent if (parent / "config.yaml").is_file() and path.parent.name == CHECKPOINTS else None
+    checkpoints = list_checkpoints(path)
+    if not checkpoints:
+        raise PosymError(f"{path} holds neither a model (config.json) nor any checkpoints/step-* directory")
+    if step is None:
+        return checkpoints[-1][1], path
+    by_step = dict(checkpoints)
+    if step not in by_step:
+        steps = ", ".join(str(s) for s, _ in checkpoints)
+        raise PosymError(f"{path} has no checkpoint at step {step}; available steps: {steps}")
+    return by_step[step], path
+
+
+def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
+    """`loader.from_pretrained(path, **kwargs)`, a broken weights file (bad safetensors header, truncated or
+    missing tensors) answered with one PosymError line naming `path` (shared by `load_checkpoint` and `posym.sources.load`)."""
+    from safetensors import SafetensorError
+
+    try:
+        return loader.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PosymError(f"cannot load the model in {path}: {first}") from None
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    step: int | None = None,
+    device: str = "cpu",
+    dtype: Any = None,
+    attn_implementation: str = "eager",
+) -> tuple[Any, dict]:
+    """Load a posym (or any GPT-J) checkpoint in eval mode: (model, info).
+
+    `path` is a checkpoint directory (a `save_pretrained` directory) or a run directory (then
+    `step` picks the checkpoint, default the latest). Eager attention is the default because the
+    analyses read attention probabilities and need the exact, float32-logit reference kernel.
+    info = {"path", "run_dir", "step", "task_config" (TaskConfig or None), "model_config"
+    (ModelConfig or None), "metrics" (dict or None)}.
+    """
+    import torch
+    from transformers import GPTJForCausalLM
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a per-file "Loading weights" bar is noise for tiny models
+    ckpt, run_dir = resolve_checkpoint(path, step)
+    try:
+        hf_config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise PosymError(f"{ckpt / 'config.json'} is not valid JSON") from None
+    if not isinstance(hf_config, dict) or hf_config.get("model_type") != "gptj":
+        kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
+        raise PosymError(f"{ckpt} is not a GPT-J model (model_type {kind!r}); posym analyses GPT-J checkpoints")
+    if not (ckpt / "model.safetensors").is_file():
+        pickled = " (only pickle *.bin weights)" if any(ckpt.glob("*.bin")) else ""
+        raise PosymError(f"{ckpt} has no model.safetensors{pickled}; posym never loads pickled weights, because "
+                         "unpickling a file can run arbitrary code")
+    model = from_pretrained(GPTJForCausalLM, ckpt, use_safetensors=True, local_files_only=True,
+                            attn_implementation=attn_implementation,
+                            dtype=dtype if dtype is not None else torch.float32)
+    model.to(device).eval()
+
+    meta = read_checkpoint_meta(ckpt)
+    task_config = model_config = None
+    if meta is not None:
+        task_config = from_dict(TaskConfig, meta.get("task"), where=f"{ckpt / CHECKPOINT_META}: task")
+        model_config = from_dict(ModelConfig, meta.get("model"), where=f"{ckpt / CHECKPOINT_META}: model")
+        apply_variant(model, model_config)  # RoPE variants live in posym.json, not in config.json
+    match = _CHECKPOINT_RE.match(ckpt.name)
+    info = {
+        "path": ckpt,
+        "run_dir": run_dir,
+        "step": meta.get("step") if meta else (int(match.group(1)) if match else None),
+        "task_config": task_config,
+        "model_config": model_config,
+        "metrics": meta.get("metrics") if meta else None,
+    }
+    return model, info
+
+
+# ---- prompt files (JSONL) and score tables (Parquet) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: its text, the expected continuation and where to query it."""
+
+    text: str
+    answer: str | None = None
+    focus: str | None = None  # substring whose LAST occurrence's final token is the 'name' query
+    meta: dict = field(default_factory=dict)
+
+
+def read_text_prompts(path: str | os.PathLike) -> list[Prompt]:
+    """Prompts from a JSONL file: one object per line with "text" and optional "answer" and "focus"."""
+    path = Path(path)
+    prompts = []
+    for number, obj in jsonl_records(path):
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise PosymError(f'{path} line {number} must be an object with a "text" string')
+        unknown = sorted(set(obj) - {"text", "answer", "focus"})
+        if unknown:
+            raise PosymError(f"{path} line {number} has unknown key {unknown[0]!r} (text, answer, focus)")
+        prompts.append(Prompt(obj["text"], obj.get("answer"), obj.get("focus"), {"set": path.name, "index": number}))
+    return prompts
+
+
+def jsonl_records(path) -> list[tuple[int, object]]:
+    """The parsed non-blank lines of a JSONL prompt file, each with its line number (from 1).
+
+    A missing file, a line that is not JSON or a file without records is a PosymError; what a
+    record must hold is the caller's to check (`read_token_prompts`, `read_text_prompts`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PosymError(f"prompt file {path} does not exist")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise PosymError(f"{path} line {number} is not valid JSON ({exc.msg})") from None
+    if not records:
+        raise PosymError(f"prompt file {path} holds no prompts")
+    return records
+
+
+def read_token_prompts(path, model, encode=None) -> list[dict]:
+    """A prompt file: one JSON object per line with "input_ids" (or "text", encoded by `encode`, the
+    model's tokenizer) and optional "queries" (positions) and "chain" (posym data JSONL); returns
+    [{"input_ids", "queries", "chain"}] (None when absent). Every problem is a PosymError naming the line."""
+    prompts = []
+    for number, record in jsonl_records(path):
+        where = f"{path} line {number}"
+        if isinstance(record, dict) and "input_ids" not in record and isinstance(record.get("text"), str):
+            if encode is None:
+                raise PosymError(f"{where} is text, but this model has no tokenizer; give \"input_ids\"")
+            record = {**record, "input_ids": encode(record["text"])}
+        if not isinstance(record, dict) or "input_ids" not in record:
+            raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list or a \"text\" string")
+        fields = {}
+        for key in ("input_ids", "queries", "chain"):
+            value = record.get(key)
+            if value is not None and (not isinstance(value, list) or not all(type(v) is int for v in value)):
+                raise PosymError(f"{where}: {key} must be a list of integers")
+            fields[key] = value
+        ids = check_prompt(model, fields["input_ids"], where)
+        if fields["queries"] is not None:
+            resolve_queries(fields["queries"], len(ids), where)
+        prompts.append({**fields, "input_ids": ids.tolist()})
+    return prompts
+
+
+def write_score_parquet(path, frames, sidecar: dict) -> int:
+    """Stream score DataFrames into one Parquet file (temp name, renamed at the end) and write the
+    JSON sidecar `path`.json; returns the number of rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(c, pa.float64() if c in ("s_pos", "s_sym", "entropy") else pa.int64()) for c in COLUMNS])
+    rows = 0
+    with atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, schema) as writer:
+            for frame in frames:
+                writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False))
+                rows += len(frame)
+    write_json(f"{path}.json", {**sidecar, "rows": rows})
+    return rows
+
+
+def score_prompts(model, *, task_config=None, n_prompts=100, seed=0, prompts_file=None, queries=None, encode=None):
+    """(input_ids, per-prompt queries) for `posym score`, geometry and discrepancy: test-split task
+    samples or a prompt file (text lines encoded by `encode`, the model's tokenizer).
+
+    queries: "last", "all", "hops" (needs chains: task samples or a "chain" on every file line) or
+    None (a file's own "queries" where given, else the last token).
+    """
+    check_query_mode(queries)
+    if prompts_file is not None:
+        records = read_token_prompts(prompts_file, model, encode)
+        return [r["input_ids"] for r in records], queries_for(records, queries)
+    if task_config is None:
+        raise PosymError("give --task or --prompts: the model carries no posym task config")
+    return task_prompts(task_config, n_prompts, seed, queries)
