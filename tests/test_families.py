@@ -16,6 +16,7 @@ from posym.errors import PosymError
 from posym.core.geometry import plane_angles
 from posym.core.qk import head_qk, rotate
 from posym.core.scores import score_model
+from posym.core.swaps import soft_capped
 from posym.sources import check_rope
 
 
@@ -54,7 +55,7 @@ def test_captured_logits_and_gaps_are_the_models_own(kind):
     for layer, qk in head_qk(model, [ids]).items():
         q = rotate(qk.q[0], qk.cos[0], qk.sin[0], qk.pairing)  # [H, T, d]
         k = rotate(qk.k[0], qk.cos[0], qk.sin[0], qk.pairing)
-        logits = qk.cap(qk.scale * q @ k.transpose(-1, -2)) + torch.full((7, 7), float("-inf")).triu(1)
+        logits = soft_capped(qk.scale * q @ k.transpose(-1, -2), qk.softcap) + torch.full((7, 7), float("-inf")).triu(1)
         probs = attention_rows(model, ids, layer)  # [H, T, T]
         torch.testing.assert_close(torch.softmax(logits, -1), probs, atol=1e-12, rtol=0)
         for r in gaps[gaps.layer == layer].itertuples():

@@ -35,6 +35,10 @@ def score_command(
     blocks: Optional[int] = typer.Option(None, help="Swap M contiguous key blocks and compare block means "
                                          "(the 2511 variant) instead of single tokens."),
     compare: str = typer.Option("probs", help="Compare attention probabilities (probs, the paper) or raw logits."),
+    epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
+                                  "weights: each score lies within 2 * EPSILON of weighing every swap."),
+    exact: str = typer.Option("pruned", help="pruned (default, the EPSILON bound) or dense (weigh every swap: "
+                              "the reference, O(n^2) per head and query)."),
     gamma: float = typer.Option(0.1, help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
                                 "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma)."),
     batch_size: int = typer.Option(64, help="Prompts of equal length per forward pass."),
@@ -50,6 +54,7 @@ def score_command(
     from posym.configs import to_dict
     from posym.core import scores
 
+    io.check_output(out, inputs=[model, prompts])
     if batch_size < 1 or n_prompts < 1:
         raise PosymError("--batch-size and --n-prompts must be positive")
     loaded = sources.load(model, step=step, device=device)
@@ -64,11 +69,12 @@ def score_command(
                 "prompts": str(prompts) if prompts else None,
                 "task": to_dict(task_config) if task_config is not None and not prompts else None,
                 "n_prompts": len(ids), "queries": queries or "file/last", "tau": tau, "blocks": blocks,
-                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare}
+                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare,
+                "epsilon": epsilon, "exact": exact}
     bar, advance = progress_bar(len(ids), "scoring prompts")
     with bar:
-        frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare,
-                                    batch_size=batch_size, progress=advance)
+        frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare, epsilon=epsilon,
+                                    exact=exact, batch_size=batch_size, progress=advance)
         rows = loading.write_score_parquet(out, frames, io.manifest(settings, seed=seed, settings=settings,
                                                             hf_config=hf_model.config.to_dict()))
     import pandas as pd
@@ -98,9 +104,11 @@ def dynamics_command(
     from rich.console import Console
     from rich.table import Table
 
+    from posym import io
     from posym.commands import dynamics
     from posym.loading import list_checkpoints
 
+    io.check_output(out, inputs=[run_dir], is_dir=True)
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
     bar, advance = progress_bar(total, "scoring checkpoints")
     with bar:
@@ -142,8 +150,10 @@ def geometry_command(
     (Table 1 / Fig. 8), per-plane positional/symbolic scores, and the q/k plane scatter (Fig. 4B)."""
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands import geometry
 
+    io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
     job = geometry.prepare(path, step=step, n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
                            tau=tau, device=device, out=out)
@@ -183,9 +193,11 @@ def theory_command(
     from rich.progress import Progress
     from rich.table import Table
 
+    from posym import io
     from posym.commands import theory
     from posym.core.theory import TheoryConfig
 
+    io.check_output(out, is_dir=True)
     config = TheoryConfig(n0=n0, index_freq_id=index_freq_id, retrieval_freq_id=retrieval_freq_id,
                                  curve_freq_ids=curve_freq_id, alphabet_size=alphabet_size, eps=eps,
                                  samples=samples, seed=seed)
@@ -234,13 +246,14 @@ def lengthgen_command(
 
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands import lengthgen
 
     hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
 
     config = lengthgen.LengthGenConfig(lengths=parse_list(lengths, int), factors=parse_list(factors, int),
                                        protocol=protocol, n=n, seed=seed, max_tokens=max_tokens, device=device)
-    out = out or Path(run_dir) / "lengthgen"
+    out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True)
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
         result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
@@ -282,8 +295,10 @@ def discrepancy_command(
     from rich.table import Table
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands import discrepancy
 
+    io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
     with Progress(transient=True) as bar:
         job = bar.add_task("measuring gaps (prompts)", total=None)

@@ -31,6 +31,10 @@ def llm_scores_cmd(
                                         "LAYER.HEAD,... e.g. 0.1,5.3."),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights (1e-4: the swap that moves "
                               "most attention dominates)."),
+    epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
+                                  "weights: each score lies within 2 * EPSILON of weighing every swap."),
+    exact: str = typer.Option("pruned", help="pruned (default, the EPSILON bound) or dense (weigh every swap: "
+                              "the reference, O(n^2) per head and query)."),
     seed: int = typer.Option(0, help="Seed of the built-in prompt sets."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto (cuda when available)."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float64 weights."),
@@ -39,18 +43,20 @@ def llm_scores_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
 ) -> None:
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
-    from posym import sources
+    from posym import io, sources
     from posym.commands import llm
 
+    io.check_output(out, inputs=[model_dir, prompts], is_dir=True)
     loaded = sources.load(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
     chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
     settings = {"model_dir": str(model_dir), "prompts": prompts, "text": text, "n": n, "size": size,
-                "query": query, "heads": heads, "tau": tau, "seed": seed, "dtype": dtype}
+                "query": query, "heads": heads, "tau": tau, "epsilon": epsilon, "exact": exact, "seed": seed,
+                "dtype": dtype}
     bar, advance = progress_bar(len(chosen), "scoring prompts")
     with bar:
         result = llm.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
-                                  settings=settings, progress=advance)
+                                  epsilon=epsilon, exact=exact, settings=settings, progress=advance)
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
 
 
@@ -78,8 +84,10 @@ def llm_bench_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-bench/<model>)."),
 ) -> None:
     """Appendix H accuracy (1-hop number/letter tasks, 3 worked examples) with the paper's Table 3 beside."""
+    from posym import io
     from posym.commands import bench
 
+    io.check_output(out, inputs=[model_dir], is_dir=True)
     if markers not in bench.MARKER_CHOICES:
         raise PosymError(f"--markers must be off, on or both, got {markers!r}")
     variants = bench.MARKER_CHOICES[markers]

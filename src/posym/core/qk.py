@@ -67,10 +67,6 @@ class HeadQK:
     softcap: float | None = None
     """Attention-logit soft-capping (Gemma 2): the logit is softcap * tanh(raw / softcap); None = none."""
 
-    def cap(self, logits: Tensor) -> Tensor:
-        """The logits the model attends with: softcap * tanh(raw / softcap), or raw when uncapped."""
-        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
-
 
 def _rotate_pairs(x: Tensor, pairing: str) -> Tensor:
     """J x: each RoPE plane (x1, x2) -> (-x2, x1) (rotate_every_two or rotate_half)."""
@@ -227,6 +223,7 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
     Works on any model whose attention rotates with its modeling module's `apply_rotary_pos_emb` and
     calls a kernel from `ALL_ATTENTION_FUNCTIONS` (module docstring); each layer's rotation is checked
     against the model's own (`pairing_of`), its scale, soft-cap and sliding window read from the kernel call.
+    The pass runs in eval mode (no dropout) and the model's training flag is restored afterwards.
     """
     if hasattr(model, "posym_capture"):  # a model from another library (posym.core.interop)
         return model.posym_capture(ids, layers, on_layer)
@@ -261,6 +258,8 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
         return hook
 
     decoder = _decoder_layers(model)
+    was_training = model.training
+    model.eval()  # dropout off: whoever calls, the numbers are those of the deterministic model
     try:
         with _spying(model, state):
             for layer in layers:
@@ -274,6 +273,7 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
     finally:
         for handle in handles:
             handle.remove()
+        model.train(was_training)
 
 
 def check_layers(model, layers) -> list[int]:
