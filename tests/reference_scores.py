@@ -21,20 +21,27 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import eager_mask
 
 RECORDED: list[torch.Tensor] = []
-TARGET = {"layer": None}
+TARGET = {"layer": None, "own": False}
 
 
 def _recording_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Plain attention in the input dtype that records its weights [batch, heads, q, k], in the
     target layer only; every other layer runs the model's own eager kernel, so the residual stream
-    entering the target layer is exactly the one the fast path's forward pass sees."""
-    if module.layer_idx != TARGET["layer"]:
-        eager = sys.modules[type(module).__module__].eager_attention_forward
-        return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    entering the target layer is exactly the one the fast path's forward pass sees. With
+    TARGET["own"] the target layer runs the model's own eager kernel too and its weights are recorded
+    (float32 softmax in most families)."""
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    if module.layer_idx != TARGET["layer"] or TARGET["own"]:
+        out = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        if module.layer_idx == TARGET["layer"]:
+            RECORDED.append(out[1].detach())
+        return out
     groups = query.shape[1] // key.shape[1]  # grouped-query attention: each key head serves `groups`
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
     logits = query @ key.transpose(2, 3) * scaling  # [batch, heads, q, k]
+    if kwargs.get("softcap") is not None:  # Gemma 2: logits soft-capped before the softmax
+        logits = kwargs["softcap"] * torch.tanh(logits / kwargs["softcap"])
     t = logits.shape[-1]
     causal = torch.ones(t, t, dtype=torch.bool, device=logits.device).tril()
     logits = logits.masked_fill(~causal, float("-inf"))  # written out: no trust in the mask plumbing
@@ -96,15 +103,16 @@ def channel_dims(pairing: str, rotary: int, head_dim: int) -> list[list[int]]:
 
 
 def decoder_layers(model):
-    """The decoder layers of the five supported architectures."""
-    base = getattr(model, "transformer", None) or getattr(model, "gpt_neox", None) or model.model
+    """The decoder layers of a causal LM: its base model's `layers` (or GPT-J's `h`)."""
+    base = model.base_model
     return base.h if hasattr(base, "h") else base.layers
 
 
-def attention_rows(model, ids, layer, swap=None):
+def attention_rows(model, ids, layer, swap=None, own=False):
     """Attention weights [heads, T, T] of `layer` on prompt `ids` after exchanging the residual
-    vectors entering that layer at the positions swap = (A, B) (lists, element-wise); the model must
-    use eager attention (as the fast path's forward pass)."""
+    vectors entering that layer at the positions swap = (A, B) (lists, element-wise): recomputed in
+    the model's dtype from the layer's own rotated queries and keys, or with own=True the weights of
+    the model's own eager kernel."""
 
     def exchange(module, args, kwargs):
         hidden = (args[0] if args else kwargs["hidden_states"]).clone()  # [1, T, width]
@@ -115,26 +123,40 @@ def attention_rows(model, ids, layer, swap=None):
             return (hidden, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": hidden}
 
+    def stop(module, args, output):
+        raise _Recorded  # later layers cannot change this one's attention
+
     previous = model.config._attn_implementation
     model.set_attn_implementation("posym_reference")
-    handle = decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True)
+    handles = [decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True),
+               decoder_layers(model)[layer].register_forward_hook(stop)]
     RECORDED.clear()
-    TARGET["layer"] = layer
+    TARGET.update(layer=layer, own=own)
     try:
         with torch.no_grad():
             model(torch.tensor([ids]))
+    except _Recorded:
+        pass
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         model.set_attn_implementation(previous)
     return RECORDED[0][0]
 
 
-def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None):
-    """Per-head scores of one (prompt, query, layer) by re-running the layer once per swap."""
-    ids = list(ids[: query + 1])  # the query sees keys 0..query; later tokens cannot matter
-    clean = attention_rows(model, ids, layer)[:, query, : query + 1]  # [heads, n]
+class _Recorded(Exception):
+    """Ends a reference pass once the target layer has run."""
+
+
+def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, own=False, rows=None):
+    """Per-head scores of one (prompt, query, layer) by re-running the layer once per swap
+    (own: read the model's own eager attention weights, see `attention_rows`; rows: another
+    function (model, ids, layer, swap) -> [heads, T, T], e.g. for TransformerLens models)."""
+    rows = rows or (lambda m, i, layer_, swap=None: attention_rows(m, i, layer_, swap, own=own))
+    ids = list(ids)  # the whole prompt, as the fast path runs it (the same shapes: the same float rounding upstream)
+    clean = rows(model, ids, layer)[:, query, : query + 1]  # [heads, n]
     swaps = reference_blocks(query, blocks)
-    after = [attention_rows(model, ids, layer, s)[:, query, : query + 1] for s in swaps]
+    after = [rows(model, ids, layer, s)[:, query, : query + 1] for s in swaps]
     out = []
     for h in range(clean.shape[0]):
         s_pos, s_sym = _scores_from_rows(clean[h].double(), [r[h].double() for r in after], swaps, tau)

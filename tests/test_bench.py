@@ -17,7 +17,7 @@ import pytest
 import torch
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import loading
+from posym import sources
 from posym.commands import bench
 from posym.errors import PosymError
 
@@ -70,12 +70,12 @@ def test_bench_prompts_answer_is_the_one_hop_target(task, markers):
 
 def test_answer_token_and_greedy_match_generate(models):
     """local_correct's argmax equals HF generate's first greedy token (the obvious reference)."""
-    loaded = loading.load_hf_model(models["gptj"], device="cpu")
+    loaded = sources.load(models["gptj"], device="cpu")
     for prompt in bench.bench_prompts("letter", 12, 3, seed=1):
         target = bench.answer_token(loaded.tokenizer, prompt.text, prompt.answer)
         assert loaded.tokenizer.decode([target]) == prompt.answer
         correct, predicted = bench.local_correct(loaded, prompt)
-        ids = loading.tokenize(loaded, prompt.text)
+        ids = sources.tokenize(loaded, prompt.text)
         greedy = loaded.model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)[0, -1]
         assert predicted == loaded.tokenizer.decode([int(greedy)])
         assert correct == (int(greedy) == target)
@@ -127,7 +127,7 @@ class _Server:
                 if outer.mode == "sleep":
                     time.sleep(outer.delay)
                 text = body["messages"][0]["content"]
-                ids = loading.tokenize(outer.loaded, text)
+                ids = sources.tokenize(outer.loaded, text)
                 with torch.no_grad():
                     token = int(outer.loaded.model(input_ids=ids).logits[0, -1].argmax())
                 reply = outer.loaded.tokenizer.decode([token])
@@ -155,7 +155,7 @@ class _Server:
 
 def test_endpoint_bench_equals_local_bench(models, tmp_path, capsys, monkeypatch):
     """The same tiny model answers through HTTP and locally: identical predictions, both via the CLI."""
-    loaded = loading.load_hf_model(models["llama"], device="cpu")
+    loaded = sources.load(models["llama"], device="cpu")
     server = _Server(loaded)
     monkeypatch.setenv("TINY_KEY", "sk-secret-123")
     common = ["--sizes", "12,16", "--runs", 2, "--n", 3]
@@ -183,7 +183,7 @@ def test_endpoint_bench_equals_local_bench(models, tmp_path, capsys, monkeypatch
 
 @pytest.mark.parametrize("mode,expect,hits", [("401", "HTTP 401", 1), ("500", "HTTP 500", 3), ("sleep", "no reply", 3)])
 def test_endpoint_errors_are_clear_and_keep_the_key_secret(models, mode, expect, hits, monkeypatch):
-    server = _Server(loading.load_hf_model(models["llama"], device="cpu"), mode=mode, delay=1.0)
+    server = _Server(sources.load(models["llama"], device="cpu"), mode=mode, delay=1.0)
     monkeypatch.setenv("TINY_KEY", "sk-secret-123")
     endpoint = bench.Endpoint(server.url, "tiny", "TINY_KEY", timeout_s=0.3, retries=2, backoff_s=0.01)
     try:

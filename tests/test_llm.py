@@ -11,7 +11,7 @@ import torch
 from reference_scores import channel_dims, reference_swap_scores
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import loading
+from posym import loading, sources
 from posym.cli import parse_head_pairs
 from posym.commands import llm
 from posym.errors import PosymError
@@ -48,9 +48,9 @@ def test_bad_model_dirs_exit_2(models, kind, reason, capsys, monkeypatch):
 
 def test_pickle_weights_load_only_with_flag(models):
     with pytest.raises(PosymError, match="pickle"):
-        loading.load_hf_model(models["pickle"], device="cpu")
-    legacy = loading.load_hf_model(models["pickle"], device="cpu", allow_pickle=True)
-    same = loading.load_hf_model(models["llama"], device="cpu")  # same seed, same weights, safetensors
+        sources.load(models["pickle"], device="cpu")
+    legacy = sources.load(models["pickle"], device="cpu", allow_pickle=True)
+    same = sources.load(models["llama"], device="cpu")  # same seed, same weights, safetensors
     for a, b in zip(legacy.model.parameters(), same.model.parameters()):
         assert torch.equal(a, b)
 
@@ -62,16 +62,16 @@ def test_prompt_longer_than_positions_exit_2(models, capsys, monkeypatch):
 
 def test_missing_dir_and_bad_options(models, tmp_path):
     with pytest.raises(PosymError, match="config.json"):
-        loading.check_model_dir(tmp_path)
-    with pytest.raises(PosymError, match="float32 or bfloat16"):
-        loading.load_hf_model(models["llama"], dtype="float16")
+        sources.check_model_dir(tmp_path)
+    with pytest.raises(PosymError, match="float32, bfloat16 or float64"):
+        sources.load(models["llama"], dtype="float16")
     with pytest.raises(PosymError, match="LAYER.HEAD"):
         parse_head_pairs("1-2")
     assert parse_head_pairs("0.1, 5.3") == [(0, 1), (5, 3)]
 
 
 def test_bfloat16_load(models):
-    loaded = loading.load_hf_model(models["qwen2"], device="cpu", dtype="bfloat16")
+    loaded = sources.load(models["qwen2"], device="cpu", dtype="bfloat16")
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
 
 
@@ -100,7 +100,7 @@ def test_jsonl_prompts(tmp_path):
 
 
 def test_name_query_is_final_token_of_the_name(models):
-    loaded = loading.load_hf_model(models["llama"], device="cpu")
+    loaded = sources.load(models["llama"], device="cpu")
     prompt = llm.binding_prompts(1, seed=5)[0]
     ids = loaded.tokenizer(prompt.text).input_ids
     position = llm.query_position(loaded, prompt, "name")
@@ -143,13 +143,13 @@ def test_planes_match_the_loop_reference(models, kind, tmp_path):
     channel's swap-by-swap reference scores and largest logit; the channels sum to HF's own logits."""
     from posym.core.qk import head_qk, rotate
 
-    loaded = loading.load_hf_model(models[kind], device="cpu")
+    loaded = sources.load(models[kind], device="cpu")
     prompts, chosen, tau = llm.binding_prompts(2, seed=7), [(1, 3), (0, 1), (1, 0)], 1e-2
     llm.write_scores(loaded, prompts, tmp_path, query="name", heads=chosen, tau=tau, settings={"seed": 0})
     planes = pd.read_parquet(tmp_path / "planes.parquet")
     expected = []
     for prompt in prompts:
-        ids = loading.tokenize(loaded, prompt.text)
+        ids = sources.tokenize(loaded, prompt.text)
         p = llm.query_position(loaded, prompt, "name")
         with torch.no_grad():
             attentions = loaded.model(input_ids=ids, output_attentions=True).attentions

@@ -142,7 +142,7 @@ def slow(name: str, argv: list[str], message: str):
 BAD_INPUT = [
     # (case, argv with {z} = the zoo; outputs are relative, so they would land in the case's own cwd)
     slow("missing model directory", ["score", "{z}/missing", "--out", "s.parquet"], "does not exist"),
-    slow("empty model directory", ["score", "{z}/empty", "--out", "s.parquet"], "neither a model"),
+    slow("empty model directory", ["score", "{z}/empty", "--out", "s.parquet"], "holds no model"),
     case("corrupt safetensors (posym checkpoint)", ["eval", "{z}/corrupt", "--n", "8", "--out", "e.json"],
          "cannot load the model"),
     case("corrupt safetensors (llm)", ["llm-scores", "{z}/llama-corrupt", "--n", "1", "--out", "o"],
@@ -584,22 +584,22 @@ def test_no_module_unpickles():
 
 
 def test_loaders_never_call_torch_load_on_safetensors_models(zoo, monkeypatch):
-    from posym import loading
+    from posym import sources
 
     def refuse(*args, **kwargs):
         raise AssertionError("torch.load was called")
 
     monkeypatch.setattr(torch, "load", refuse)
     load_checkpoint(zoo / "run")
-    loading.load_hf_model(zoo / "llama-short", device="cpu")
+    sources.load(zoo / "llama-short", device="cpu")
     with pytest.raises(PosymError, match="never loads pickled weights, because unpickling"):
         load_checkpoint(zoo / "gptj-pickle")
     with pytest.raises(PosymError, match="only has pickle weights.*--allow-pickle"):
-        loading.load_hf_model(zoo / "llama-pickle", device="cpu")
+        sources.load(zoo / "llama-pickle", device="cpu")
 
 
 def test_allow_pickle_uses_the_restricted_unpickler(zoo, monkeypatch):
-    from posym import loading
+    from posym import sources
 
     seen = []
     original = torch.load
@@ -609,5 +609,5 @@ def test_allow_pickle_uses_the_restricted_unpickler(zoo, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", spy)
-    loading.load_hf_model(zoo / "llama-pickle", device="cpu", allow_pickle=True)
+    sources.load(zoo / "llama-pickle", device="cpu", allow_pickle=True)
     assert seen and all(flag is True for flag in seen)

@@ -4,11 +4,11 @@
   directory plus `posym.json`: step, task config, model config and the test metrics at that step);
   `list_checkpoints`, `resolve_checkpoint`, `read_checkpoint_meta`, `load_checkpoint`. Anything else
   under checkpoints/ (for example the temporary directory of a checkpoint being written) is ignored.
-- Hugging Face RoPE model directories (safetensors unless the user opts in): `check_model_dir`,
-  `load_hf_model` -> `LoadedModel`, `tokenize`; `load_analysable` opens either kind.
+- Every other model format (the embedded smollm2-135m, GGUF files, Hugging Face directories) and
+  the one entry point that opens any of them, posym runs included, is `posym.sources`, built on this.
 - Prompt files (JSONL): token prompts for `posym score` / geometry / discrepancy
-  (`read_token_prompts`, `score_prompts`) and text prompts for real models (`read_text_prompts`),
-  both parsed by `jsonl_records`.
+  (`read_token_prompts`, `score_prompts`; a line may hold "text" for the model's tokenizer instead
+  of "input_ids") and text prompts for real models (`read_text_prompts`), both parsed by `jsonl_records`.
 - Score tables streamed to Parquet: `write_score_parquet`.
 
 Nothing here computes a score; the maths lives in `posym.core`.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from posym.configs import from_dict
-from posym.core.model import ModelConfig, resolve_device
+from posym.core.model import ModelConfig
 from posym.core.rope import apply_variant
 from posym.core.qk import check_prompt
 from posym.core.scores import COLUMNS, check_query_mode, queries_for, task_prompts
@@ -97,7 +97,7 @@ def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path,
 def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     """`loader.from_pretrained(path, **kwargs)`, a broken weights file (bad safetensors header, truncated or
     missing tensors, a config.json that disagrees with the weights) answered with one PosymError line naming
-    `path` (shared by `load_checkpoint` and `load_hf_model`)."""
+    `path` (shared by `load_checkpoint` and `posym.sources.load`)."""
     from safetensors import SafetensorError
     from transformers.utils import logging as hf_logging
 
@@ -177,124 +177,6 @@ def load_checkpoint(
     return model, info
 
 
-# ---- Hugging Face model directories --------------------------------------------------------------
-
-
-# Model types whose Hugging Face implementation applies rotary embeddings inside attention.
-ROPE_MODEL_TYPES = ("gptj", "gpt_neox", "llama", "mistral", "qwen2")
-# Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
-
-
-@dataclass
-class LoadedModel:
-    """A causal LM ready for scoring: eager attention, eval mode, on its device."""
-
-    model: Any
-    tokenizer: Any
-    name: str
-    model_type: str
-    max_positions: int
-    device: str
-
-
-def check_model_dir(model_dir: str | os.PathLike, *, allow_pickle: bool = False) -> dict:
-    """Validate a model directory without loading weights; return its config.json as a dict."""
-    path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        raise PosymError(f"{path} is not a Hugging Face model directory (no config.json)")
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PosymError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
-    model_type = config.get("model_type")
-    if model_type not in ROPE_MODEL_TYPES:
-        raise PosymError(
-            f"{path} holds a {model_type!r} model, which posym cannot score: head scores need rotary "
-            f"position embeddings (RoPE) in one of {', '.join(ROPE_MODEL_TYPES)}"
-        )
-    if not any(path.glob("*.safetensors")):
-        if not any(path.glob("*.bin")):
-            raise PosymError(f"{path} has no weights (no *.safetensors file)")
-        if not allow_pickle:
-            raise PosymError(
-                f"{path} only has pickle weights (*.bin); unpickling can run arbitrary code, so posym "
-                "reads safetensors only: convert the weights, or pass --allow-pickle if you trust the file"
-            )
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise PosymError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
-    return config
-
-
-def load_hf_model(
-    model_dir: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", allow_pickle: bool = False
-) -> LoadedModel:
-    """Load a local RoPE causal LM and its tokenizer with eager attention (so scores can read it)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if dtype not in dtypes:
-        raise PosymError(f"dtype must be float32 or bfloat16, got {dtype!r}")
-    config = check_model_dir(model_dir, allow_pickle=allow_pickle)
-    device = resolve_device(device)
-    safetensors = any(Path(model_dir).glob("*.safetensors"))
-    hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError, KeyError) as exc:
-        raise PosymError(f"cannot load the tokenizer of {model_dir}: {str(exc).splitlines()[0]}") from None
-    # weights_only=True: even with --allow-pickle, torch's restricted unpickler refuses code objects.
-
-    model = from_pretrained(AutoModelForCausalLM, model_dir, dtype=dtypes[dtype], attn_implementation="eager",
-                            use_safetensors=safetensors, weights_only=True)
-    model.eval().to(device)
-    max_positions = getattr(model.config, "max_position_embeddings", None) or config.get("n_positions")
-    return LoadedModel(model, tokenizer, Path(model_dir).name, config["model_type"], int(max_positions), device)
-
-
-def tokenize(loaded: LoadedModel, text: str):
-    """Token ids of `text` as a [1, T] tensor on the model's device; too long or too short is an error."""
-    import torch
-
-    ids = loaded.tokenizer(text).input_ids
-    if len(ids) > loaded.max_positions:
-        raise PosymError(
-            f"a prompt has {len(ids)} tokens but {loaded.name} has only {loaded.max_positions} positions"
-        )
-    if len(ids) < 3:
-        raise PosymError(f"a prompt needs at least 3 tokens to swap two keys before the query: {text!r}")
-    return torch.tensor([ids], device=loaded.device)  # [1, T]
-
-
-def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=None,
-                    attn_implementation: str = "eager") -> tuple:
-    """(model, task_config, out_dir, step) for a posym run or checkpoint (its task config, default
-    out_dir RUN_DIR/analysis, the loaded step) or a Hugging Face RoPE model directory (None, `out`,
-    None; `out` is required there and `step` must be None). `attn_implementation` applies to posym
-    checkpoints ("sdpa" is faster where nothing reads attention weights)."""
-    path = Path(path)
-    config_json = path / "config.json"
-    try:
-        hf_config = json.loads(config_json.read_text(encoding="utf-8")) if config_json.is_file() else {"model_type": "gptj"}
-    except (OSError, json.JSONDecodeError):
-        raise PosymError(f"{config_json} is not valid JSON") from None
-    kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
-    if kind == "gptj":
-        model, info = load_checkpoint(path, step=step, device=device, attn_implementation=attn_implementation)
-        task_config, run_dir, step = info["task_config"], info["run_dir"], info["step"]
-    else:
-        if step is not None or out is None:
-            raise PosymError("--step and a default --out only apply to posym run directories; give --out")
-        model, task_config, run_dir = load_hf_model(path, device=device).model, None, None
-    if out is None:
-        if run_dir is None:
-            raise PosymError("give --out: only a posym run directory has a default output directory")
-        out = Path(run_dir) / "analysis"
-    return model, task_config, Path(out), step
-
-
 # ---- prompt files (JSONL) and score tables (Parquet) ---------------------------------------------
 
 
@@ -347,15 +229,19 @@ def jsonl_records(path) -> list[tuple[int, object]]:
     return records
 
 
-def read_token_prompts(path, model) -> list[dict]:
-    """A prompt file: one JSON object per line with "input_ids" and optional "queries" (positions)
-    and "chain" (posym data JSONL); returns [{"input_ids", "queries", "chain"}] (None when absent).
-    Every problem is a PosymError naming the line."""
+def read_token_prompts(path, model, encode=None) -> list[dict]:
+    """A prompt file: one JSON object per line with "input_ids" (or "text", encoded by `encode`, the
+    model's tokenizer) and optional "queries" (positions) and "chain" (posym data JSONL); returns
+    [{"input_ids", "queries", "chain"}] (None when absent). Every problem is a PosymError naming the line."""
     prompts = []
     for number, record in jsonl_records(path):
         where = f"{path} line {number}"
+        if isinstance(record, dict) and record.get("input_ids") is None and isinstance(record.get("text"), str):
+            if encode is None:
+                raise PosymError(f"{where} is text, but this model has no tokenizer; give \"input_ids\"")
+            record = {**record, "input_ids": encode(record["text"])}
         if not isinstance(record, dict) or record.get("input_ids") is None:
-            raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list")
+            raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list or a \"text\" string")
         fields = {}
         for key in ("input_ids", "queries", "chain"):
             value = record.get(key)
@@ -388,15 +274,16 @@ def write_score_parquet(path, frames, sidecar: dict) -> int:
     return rows
 
 
-def score_prompts(model, *, task_config=None, n_prompts=100, seed=0, prompts_file=None, queries=None):
-    """(input_ids, per-prompt queries) for `posym score`: test-split task samples or a prompt file.
+def score_prompts(model, *, task_config=None, n_prompts=100, seed=0, prompts_file=None, queries=None, encode=None):
+    """(input_ids, per-prompt queries) for `posym score`, geometry and discrepancy: test-split task
+    samples or a prompt file (text lines encoded by `encode`, the model's tokenizer).
 
     queries: "last", "all", "hops" (needs chains: task samples or a "chain" on every file line) or
     None (a file's own "queries" where given, else the last token).
     """
     check_query_mode(queries)
     if prompts_file is not None:
-        records = read_token_prompts(prompts_file, model)
+        records = read_token_prompts(prompts_file, model, encode)
         return [r["input_ids"] for r in records], queries_for(records, queries)
     if task_config is None:
         raise PosymError("give --task or --prompts: the model carries no posym task config")

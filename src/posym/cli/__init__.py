@@ -3,7 +3,7 @@
 Every command turns user mistakes (`PosymError`) into one line on stderr and exit code 2.
 Heavy imports happen inside the commands so that `posym --help` stays fast. The commands live in
 `training` (data, train, eval), `analysis` (score, dynamics, geometry, theory, lengthgen,
-discrepancy), `models` (llm-scores, llm-bench) and `runs` (run, report, sweep, ablate, finetune);
+discrepancy), `models` (llm-scores, llm-bench, convert) and `runs` (run, report, sweep, ablate, finetune);
 importing them registers them on `app`, in that order (the order of `posym --help`).
 """
 

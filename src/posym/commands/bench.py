@@ -27,7 +27,8 @@ from posym.core.tasks import decode, generate, task_config
 from posym.errors import PosymError
 from posym.figures import pyplot, save_figure
 from posym.io import manifest, write_json, write_parquet, write_text
-from posym.loading import LoadedModel, Prompt, load_hf_model, tokenize
+from posym.loading import Prompt
+from posym.sources import LoadedModel, load, tokenize
 
 
 BENCH_SIZES = (12, 16, 24, 32, 48, 64, 80, 100, 150, 200, 300)
@@ -390,7 +391,9 @@ def make_judge(model_dir, *, base_url=None, model_name=None, api_key_env=None, t
         endpoint = Endpoint(base_url, model_name, api_key_env, timeout_s=timeout_s, retries=retries)
         _api_key(endpoint)  # fail before the first question if the variable is missing
         return (lambda prompt: endpoint_correct(endpoint, prompt)), model_name.replace("/", "_")
-    loaded = load_hf_model(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
+    loaded = load(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
+    if not loaded.has_tokenizer:
+        raise PosymError(f"{loaded.name} has no tokenizer; llm-bench asks its questions as text")
     return (lambda prompt: local_correct(loaded, prompt)), loaded.name
 
 

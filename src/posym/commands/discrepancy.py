@@ -1,7 +1,7 @@
 """`posym discrepancy`: the gaps of every head by sequence length, as files (Definition 3.1 of 2605).
 
 The gaps themselves are `posym.core.discrepancy` (one forward pass per batch); this module loads
-the model (`posym.loading`), lengthens a posym task with the `posym lengthgen` protocol or reads a
+the model (`posym.sources`: any model spec), lengthens a posym task with the `posym lengthgen` protocol or reads a
 prompt file, and writes gaps.parquet, discrepancy.parquet, discrepancy.json and the figure.
 """
 
@@ -14,7 +14,8 @@ from posym.core.discrepancy import head_gaps, summarize_gaps
 from posym.errors import PosymError
 from posym.figures import pyplot, save_figure, spaced_tick_labels
 from posym.io import manifest, write_json, write_parquet
-from posym.loading import load_analysable, score_prompts
+from posym.loading import score_prompts
+from posym.sources import load_analysable
 
 
 def plot_gaps(summary, path_stem, *, title: str = "") -> list:
@@ -46,30 +47,31 @@ def plot_gaps(summary, path_stem, *, title: str = "") -> list:
 
 
 def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None, n: int = 64, seed: int = 0,
-                    prompts=None, queries: str = "last", max_tokens: int = 16384, device: str = "cpu",
+                    prompts=None, queries: str | None = None, max_tokens: int = 16384, device: str = "cpu",
                     progress=None) -> dict:
     """`posym discrepancy PATH`: gaps of every head, per length.
 
     A posym run or checkpoint: its task's test questions (the same `n` at every length), lengthened
     to each of `lengths` by extra target-window tokens (the paper protocol of `posym lengthgen`).
-    A Hugging Face model directory: the prompts of the JSONL file `prompts` as they are (their
-    lengths are the lengths). A forward pass reads at most `max_tokens` tokens (the eager attention
+    Any other model (`posym.sources`: smollm2-135m, GGUF, Hugging Face directory): the prompts of the
+    JSONL file `prompts` as they are (token ids or text; their lengths are the lengths; queries None =
+    the file's own "queries", else the last token). A forward pass reads at most `max_tokens` tokens (the eager attention
     HF model directories load with holds a [batch, heads, n, n] matrix per layer). Writes
     gaps.parquet, discrepancy.parquet (summary), discrepancy.json and fig_discrepancy PNG + SVG to out_dir (default RUN_DIR/discrepancy); returns the JSON dict
     plus "summary" (the discrepancy.parquet frame) and "out_dir".
     """
     import pandas as pd
 
-    if queries not in ("last", "hops", "all"):
+    if queries not in (None, "last", "hops", "all"):
         raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
     # gaps come from queries and keys (posym.core.qk), never from attention weights: the fast kernel serves
-    model, task, out, step = load_analysable(path, step=step, device=device, out=out_dir,
-                                             attn_implementation="sdpa")
+    loaded, out = load_analysable(path, step=step, device=device, out=out_dir, attn_implementation="sdpa")
+    model, task, step = loaded.model, loaded.info.get("task_config"), loaded.info.get("step")
     out_dir = out.parent / "discrepancy" if out_dir is None else out  # a run's default: RUN_DIR/discrepancy
     if prompts is not None:  # any model: the file's prompts at their own lengths
         if lengths:
             raise PosymError("--lengths lengthens a posym task; a prompt file's prompts keep their own lengths")
-        ids, wanted = score_prompts(model, prompts_file=prompts, queries=queries)
+        ids, wanted = score_prompts(model, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
         batch = lengthgen.batch_size(max(len(x) for x in ids), max_tokens)
         frame = head_gaps(model, ids, wanted, batch_size=batch, progress=progress)
         frame["length"] = frame["prompt"].map({k: len(x) for k, x in enumerate(ids)})
@@ -90,7 +92,8 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     write_parquet(out_dir / "gaps.parquet", frame)
     write_parquet(out_dir / "discrepancy.parquet", summary)
     paths = plot_gaps(summary, out_dir / "fig_discrepancy")
-    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "queries": queries,
+    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None,
+                "queries": queries or "file/last",
                 "lengths": sorted(int(v) for v in frame["length"].unique()), "n": n, "seed": seed}
     result = {**manifest(settings, seed=seed), "settings": settings, "task": task.task if task else None,
               "median_gap": {f"L{int(r.layer)}H{int(r.head)}@{int(r.length)}": round(float(r.gap_q50), 6)

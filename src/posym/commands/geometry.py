@@ -1,6 +1,7 @@
 """`posym geometry`: RoPE frequency use and per-plane scores of a trained or real model, as files.
 
-Loads a posym run/checkpoint or a Hugging Face RoPE model (`posym.loading`), computes with
+Loads any model spec (`posym.sources`: a posym run/checkpoint, smollm2-135m, a GGUF file, a Hugging
+Face directory), computes with
 `posym.core.geometry` (plane scores, channel means, frequency use, the q/k plane projection) and
 writes planes/channels/frequency/qk_plane.parquet, geometry.json and the Fig. 8 / Fig. 4B figures.
 """
@@ -15,24 +16,28 @@ from posym.core.qk import check_layers
 from posym.core.tasks import token_names
 from posym.errors import PosymError
 from posym.io import manifest, write_json, write_parquet
-from posym.loading import load_analysable, score_prompts
+from posym.loading import score_prompts
+from posym.sources import load_analysable
 
 
 def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
-            queries: str = "last", tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
-    """Load what `posym geometry PATH` analyses (`load_analysable`) and its prompts: the run's own
-    task's test prompts, or the JSONL file `prompts` (required for a Hugging Face model).
+            queries: str | None = None, tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
+    """Load what `posym geometry PATH` analyses (`posym.sources.load_analysable`) and its prompts: the
+    run's own task's test prompts, or the JSONL file `prompts` (token ids, or text for the model's
+    tokenizer; required for other models). queries: last, hops, all or None (a file's own
+    "queries", else the last token).
 
     Returns the keyword arguments of `run_geometry` but `progress` and the figure options: model,
     input_ids, queries, out_dir, tau, token_names, paper_task and settings (recorded in geometry.json).
     """
-    model, task_config, out, step = load_analysable(path, step=step, device=device, out=out)
-    ids, wanted = score_prompts(model, task_config=None if prompts else task_config, n_prompts=n_prompts,
-                                seed=seed, prompts_file=prompts, queries=queries)
+    loaded, out = load_analysable(path, step=step, device=device, out=out)
+    task_config, step = loaded.info.get("task_config"), loaded.info.get("step")
+    ids, wanted = score_prompts(loaded.model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+                                seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
     names = token_names(task_config) if task_config is not None and not prompts else None
     settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
-                "queries": queries, "tau": tau, "seed": seed}
-    return {"model": model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
+                "queries": queries or "file/last", "tau": tau, "seed": seed}
+    return {"model": loaded.model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
             "token_names": names, "paper_task": task_config.task if names else None, "settings": settings}
 
 

@@ -23,6 +23,7 @@ from posym.errors import PosymError
 from posym.figures import save_figure
 from posym.io import atomic_path, write_json, write_parquet
 from posym.loading import CHECKPOINT_META, load_checkpoint
+from posym.sources import resolve
 
 
 EACH_LAYER = "each"
@@ -54,6 +55,11 @@ def _measure_rows(model, task, lengths, n: int, seed: int, **labels) -> list[dic
 
 
 def _load(path, step, device):
+    source = resolve(path)
+    if source.kind != "posym":
+        raise PosymError(f"ablate and finetune intervene on posym runs (a GPT-J trained on a task); {path} is a "
+                         f"{'GGUF' if source.kind == 'gguf' else 'Hugging Face'} model: analyse it with score, "
+                         "llm-scores, geometry or discrepancy")
     model, info = load_checkpoint(path, step=step, device=device, attn_implementation="sdpa")
     if info["task_config"] is None:
         raise PosymError(f"{info['path']} has no posym.json with its task config; interventions need a posym model")

@@ -1,10 +1,12 @@
-"""Real Hugging Face models: prompt sets and head scores (`posym llm-scores`).
+"""Real models: prompt sets and head scores (`posym llm-scores`).
 
-SPEC section 7. `posym.loading.load_hf_model` opens a local causal-LM directory (RoPE models only,
-safetensors unless the user opts in), the prompt builders here render the binding task of arXiv 2511.11579 (and, through
-`posym.commands.bench`, the 1-hop number/letter tasks of Appendix H) as text for the model's own tokenizer,
-and `write_scores` runs the exact head scores of `posym.core.scores` on them, plus the per-plane scores of
-`posym.core.geometry` for chosen heads. The Appendix H benchmark itself lives in `posym.commands.bench`.
+SPEC section 7. Models come from `posym.sources.load` (the embedded smollm2-135m, a GGUF file, a
+Hugging Face directory or a posym run; RoPE models only, safetensors unless the user opts in); the
+prompt builders render the binding task of arXiv 2511.11579 (and, through
+`posym.commands.bench`, the 1-hop number/letter tasks of Appendix H) as text for the model's own
+tokenizer, and `write_scores` runs the exact head scores of `posym.core.scores` on them, plus the
+per-plane scores of `posym.core.geometry` for chosen heads. The Appendix H benchmark itself lives in
+`posym.commands.bench`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from posym.core.scores import score_model, summarize_heads
 from posym.errors import PosymError
 from posym.figures import pyplot, save_figure
 from posym.io import manifest, write_json, write_parquet
-from posym.loading import LoadedModel, Prompt, read_text_prompts, tokenize
+from posym.loading import Prompt, read_text_prompts
+from posym.sources import LoadedModel, tokenize
 
 
 # ---- prompts ------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ at angle theta_k per position; frequency ID k = 1 is the fastest plane) plus one
 from the dims RoPE leaves alone (partial rotary). For a query at position p and a key at position
 j the term of plane k is scale * (R_p q)_k . (R_j k_j)_k. Everything here is built from the swapped-
 logit engine (`posym.core.swaps`: per-head pre-rotation queries/keys and the model's own rotary
-tables from `posym.core.qk`), so it works on GPT-J (interleaved planes) and NeoX/Llama/Mistral/Qwen2
-(half-split planes), partial rotary included.
+tables from `posym.core.qk`), so it works on every family `posym.core.qk` supports (interleaved or
+half-split planes, partial rotary included).
 
 Definitions (what the numbers in Table 1 / Fig. 8 mean here):
 - channel logits: plane k's own contribution to the query's logits over keys 0..p.
@@ -44,6 +44,7 @@ from __future__ import annotations
 import torch
 
 from posym.core import swaps
+from posym.core.interop import scorable
 from posym.core.qk import as_batch, check_layers, head_qk, pair_planes, rotate
 from posym.core.scores import swap_scores
 from posym.errors import PosymError
@@ -77,6 +78,7 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
     """
     import pandas as pd
 
+    model = scorable(model)  # nnsight / TransformerLens models too (posym.core.interop)
     layers = check_layers(model, layers)
     n_heads = model.config.num_attention_heads
     heads = list(range(n_heads)) if heads is None else sorted(set(heads))
@@ -195,6 +197,7 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     """
     import pandas as pd
 
+    model = scorable(model)
     qk = head_qk(model, as_batch(model, [input_ids]), [layer])[layer]
     r = qk.cos.shape[-1]
     if not 1 <= frequency_id <= r // 2:

@@ -7,15 +7,26 @@ model itself rotates with, from one forward pass that stops after the last reque
 `rotate` applies RoPE (or its transpose) and `pair_planes` splits vectors into RoPE planes, so
 `posym.core.scores` (swap scores) and `posym.core.geometry` (per-plane scores) compute any logit exactly.
 
-Supported: GPT-J (interleaved planes, partial rotary_dim), GPT-NeoX/Pythia (half-split, partial
-rotary, fused qkv), Llama, Mistral, Qwen2 (half-split, grouped-query attention, the configured rope
-scaling via the model's own rotary tables). Others (e.g. GPT-2, no RoPE) are a PosymError.
-`check_prompt` / `as_batch` validate ids (vocabulary, positions, sliding window) and
-`check_layers` layer indices before any pass.
+Supported: any transformers causal LM whose attention rotates queries and keys with its modeling
+module's `apply_rotary_pos_emb` and calls its kernel through `ALL_ATTENTION_FUNCTIONS` (one general
+capture, no table per family): `capture` spies on both during the pass, so it gets the pre-rotation
+rotary dims (after any q/k norm: Qwen3, OLMo 2, Gemma 3), the pass-through dims (partial rotary:
+GPT-NeoX, Phi-3, StableLM, GPT-J), the layer's own cos/sin (Gemma 3's local and global bases), its
+scale (Gemma 2's query_pre_attn_scalar, Granite's attention multiplier), its soft-cap (Gemma 2) and
+sliding window; the plane layout (half-split or interleaved) is read off the layer's own rotation,
+which must be reproduced to float rounding. Tested: GPT-J, GPT-NeoX, Llama, Mistral, Qwen2, Qwen3,
+Gemma, Gemma 2, Gemma 3 (text), Phi-3, OLMo 2, StableLM, Starcoder2, Granite, Mixtral, Qwen2-MoE,
+Qwen3-MoE, Cohere, Phi. Not decomposable: DeepSeek V2/V3 and Kimi K2 (decoupled RoPE; `check_rope` says so).
+Models without RoPE (e.g. GPT-2) are a PosymError. Sliding windows: prompts must fit in every
+layer's window (all keys visible), else a PosymError; `check_prompt` / `as_batch` validate ids
+(vocabulary, positions, sliding window) and `check_layers` layer indices before any pass.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,13 +35,11 @@ from torch import Tensor
 from posym.errors import PosymError
 
 
-_ARCHS = {
-    # model_type: (base model attribute, layers attribute, attention attribute, pairing)
-    "gptj": ("transformer", "h", "attn", "interleaved"),
-    "gpt_neox": ("gpt_neox", "layers", "attention", "half"),
-    "llama": ("model", "layers", "self_attn", "half"),
-    "mistral": ("model", "layers", "self_attn", "half"),
-    "qwen2": ("model", "layers", "self_attn", "half"),
+# Model types with rotary embeddings that the per-head decomposition cannot express, and why.
+UNDECOMPOSABLE = {
+    kind: "its multi-head latent attention rotates a separate, head-shared key slice (decoupled RoPE) "
+          "that posym cannot split into per-head pre-rotation queries and keys"
+    for kind in ("deepseek_v2", "deepseek_v3", "kimi_k2")
 }
 
 
@@ -53,7 +62,8 @@ class HeadQK:
     pairing: str
     """'interleaved' (GPT-J: planes (2m, 2m+1)) or 'half' (NeoX/Llama: planes (m, m + rotary_dim/2))."""
     scale: float
-    """Multiplier of the dot products (1/sqrt(head_dim) in all supported architectures)."""
+    """Multiplier of the dot products: the layer's own `scaling` (usually 1/sqrt(head_dim); Gemma 2:
+    query_pre_attn_scalar^-1/2; Granite: attention_multiplier)."""
     softcap: float | None = None
     """Attention-logit soft-capping (Gemma 2): the logit is softcap * tanh(raw / softcap); None = none."""
 
@@ -86,78 +96,178 @@ def pair_planes(x: Tensor, pairing: str, rotary_dim: int) -> Tensor:
     return torch.stack((head[..., : rotary_dim // 2], head[..., rotary_dim // 2 :]), dim=-1)
 
 
-def _arch(model) -> tuple:
-    kind = getattr(model.config, "model_type", None)
-    if kind not in _ARCHS:
-        raise PosymError(
-            f"model type {kind!r} is not supported (scores need rotary embeddings); "
-            f"supported: {', '.join(sorted(_ARCHS))}"
-        )
-    return _ARCHS[kind]
+def modeling_module(kind: str | None):
+    """The transformers modeling module of a model type, or None if transformers has none."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+    if kind not in CONFIG_MAPPING_NAMES:
+        return None
+    name = model_type_to_module_name(kind)
+    try:
+        return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ImportError:
+        return None
 
 
-def _layers(model):
-    base, layers, _, _ = _arch(model)
-    return getattr(getattr(model, base), layers)
+def check_rope(kind: str | None, where: str) -> None:
+    """A PosymError unless models of type `kind` rotate queries and keys in the form posym decomposes."""
+    import transformers
+
+    if kind in UNDECOMPOSABLE:
+        raise PosymError(f"{where} holds a {kind!r} model, which has rotary embeddings but {UNDECOMPOSABLE[kind]}")
+    module = modeling_module(kind)
+    if module is None:
+        raise PosymError(f"{where} holds a {kind!r} model, which transformers {transformers.__version__} does not implement")
+    if not hasattr(module, "apply_rotary_pos_emb"):
+        raise PosymError(f"{where} holds a {kind!r} model, which posym cannot score: head scores need rotary "
+                         "position embeddings (RoPE) and this architecture has none")
+
+
+def _decoder_layers(model):
+    """The decoder layers of a causal LM (or of its base model): the ModuleList `layers` or `h`."""
+    for owner in (getattr(model, "base_model", model), model):
+        for name in ("layers", "h"):
+            layers = getattr(owner, name, None)
+            if isinstance(layers, torch.nn.ModuleList):
+                return layers
+    raise PosymError(f"cannot find the decoder layers of a {_kind(model)!r} model")
+
+
+def _attention(layer_module):
+    """The attention module of one decoder layer."""
+    for name in ("self_attn", "attn", "attention"):
+        module = getattr(layer_module, name, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    raise PosymError(f"cannot find the attention module of {type(layer_module).__name__}")
+
+
+def _kind(model) -> str | None:
+    return getattr(model.config, "model_type", None)
 
 
 class _Done(Exception):
     """Raised from a hook once the last requested layer is captured: the rest of the pass is skipped."""
 
 
+@contextmanager
+def _spying(model, state: dict):
+    """Within: the modeling module's `apply_rotary_pos_emb` and the attention kernel every layer asks
+    `ALL_ATTENTION_FUNCTIONS` for append what they receive to state["rope"] / state["kernel"] while
+    state["layer"] is set (by the attention pre-hooks of `capture`)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    check_rope(_kind(model), "this model")
+    module = sys.modules[type(_attention(_decoder_layers(model)[0])).__module__]
+    rotary, interface = module.apply_rotary_pos_emb, ALL_ATTENTION_FUNCTIONS.get_interface
+
+    def rotary_spy(*args, **kwargs):
+        if state["layer"] is not None:
+            state["rope"].append(args)
+        return rotary(*args, **kwargs)
+
+    def get_interface(implementation, default):
+        kernel = interface(implementation, default)
+
+        def kernel_spy(attn, query, key, *args, **kwargs):
+            if state["layer"] is not None:
+                state["kernel"] = (query, key, kwargs)
+            return kernel(attn, query, key, *args, **kwargs)
+        return kernel_spy
+
+    module.apply_rotary_pos_emb, ALL_ATTENTION_FUNCTIONS.get_interface = rotary_spy, get_interface
+    try:
+        yield
+    finally:
+        module.apply_rotary_pos_emb = rotary
+        del ALL_ATTENTION_FUNCTIONS.get_interface  # the instance attribute: the class method again
+
+
+def _pre_rotation(state: dict, kind) -> tuple:
+    """(q, k [B, H or KVH, T, d] before rotation, cos, sin [B|1, T, r]) from one layer's spied calls.
+
+    The kernel receives the rotated heads (q/k norms applied, non-rotary dims passed through); the
+    rotary function received the pre-rotation rotary dims. Standard form: one call (q, k, cos, sin) on
+    [B, H, T, >= r]; GPT-J form: two calls (k then q) of (x [B, T, H, r], sin, cos [B, T, r / 2])."""
+    calls, (q_post, k_post, _) = state["rope"], state["kernel"]
+    if len(calls) == 1 and len(calls[0]) >= 4:
+        q_in, k_in, cos, sin = calls[0][:4]
+    elif len(calls) == 2 and all(len(c) == 3 for c in calls):
+        (k_in, sin, cos), (q_in, _, _) = calls
+        q_in, k_in = q_in.transpose(1, 2), k_in.transpose(1, 2)
+        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)  # one value per plane
+    else:
+        raise PosymError(f"a {kind!r} layer calls apply_rotary_pos_emb in a form posym does not know")
+    r = cos.shape[-1]
+    q = torch.cat((q_in[..., :r], q_post[..., r:]), dim=-1)  # the non-rotary dims pass through RoPE
+    k = torch.cat((k_in[..., :r], k_post[..., r:]), dim=-1)
+    return q, k, cos, sin, q_post, k_post
+
+
+def pairing_of(q, cos, sin, q_post, kind, layer) -> str:
+    """The plane layout under which rotate(q) reproduces the model's own rotated queries."""
+    cos, sin = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)  # [B, 1, T, r]
+    scale = q_post.abs().max().clamp_min(torch.finfo(q_post.dtype).tiny)
+    tol = max(1e-5, 4 * torch.finfo(q_post.dtype).eps)
+    for pairing in ("half", "interleaved"):
+        if float((rotate(q, cos, sin, pairing) - q_post).abs().max() / scale) <= tol:
+            return pairing
+    raise PosymError(f"layer {layer} of this {kind!r} model rotates its queries differently from RoPE on "
+                     "half-split or interleaved planes of the leading head dims; posym cannot decompose it")
+
+
 def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
     """One forward pass over ids [batch, T]; calls on_layer(layer, HeadQK) inside the pass, one layer
     at a time, so only one layer's queries and keys are alive at once (`head_qk` keeps them all).
-    The pass runs in eval mode (no dropout) and the model's training flag is restored afterwards."""
-    base, _, attn_name, pairing = _arch(model)
-    kind = model.config.model_type
-    found: dict = {}
+
+    Works on any model whose attention rotates with its modeling module's `apply_rotary_pos_emb` and
+    calls a kernel from `ALL_ATTENTION_FUNCTIONS` (module docstring); each layer's rotation is checked
+    against the model's own (`pairing_of`), its scale, soft-cap and sliding window read from the kernel call.
+    The pass runs in eval mode (no dropout) and the model's training flag is restored afterwards.
+    """
+    if hasattr(model, "posym_capture"):  # a model from another library (posym.core.interop)
+        return model.posym_capture(ids, layers, on_layer)
+    kind = _kind(model)
+    state: dict = {"layer": None, "rope": [], "kernel": None}
     handles = []
 
-    def grab(key):
-        def hook(module, args, output):
-            found[key] = output
+    def pre(layer):
+        def hook(module, args, kwargs):
+            state.update(layer=layer, rope=[], kernel=None)
         return hook
-
-    def pre(module, args, kwargs):
-        found["rope"] = kwargs["position_embeddings"]
 
     def post(layer):
         def hook(module, args, output):
-            heads = model.config.num_attention_heads
-            if kind == "gpt_neox":  # fused projection: per head [q | k | v]
-                qkv = found.pop("qkv").unflatten(-1, (heads, 3 * attn.head_size))  # [B, T, H, 3d]
-                q, k, _ = qkv.chunk(3, dim=-1)
-            else:
-                q = found.pop("q").unflatten(-1, (heads, -1))  # [B, T, H, d]
-                k = found.pop("k").unflatten(-1, (-1, q.shape[-1]))  # [B, T, KVH, d]
-            k = k.repeat_interleave(heads // k.shape[2], dim=2)  # GQA: query head h reads key head h // groups
-            first, second = found.pop("rope")
-            cos, sin = (second, first) if kind == "gptj" else (first, second)  # GPT-J passes (sin, cos)
-            if kind == "gptj":  # GPT-J tables hold one value per plane; its planes are interleaved
-                cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+            state["layer"] = None
+            q, k, cos, sin, q_post, _ = _pre_rotation(state, kind)
+            options = state["kernel"][2]
+            window = options.get("sliding_window")
+            if window is not None and ids.shape[1] > window:
+                raise PosymError(f"{ids.shape[1]} tokens exceed layer {layer}'s sliding window ({window}); "
+                                 "scores need every key visible")
+            pairing = pairing_of(q, cos, sin, q_post, kind, layer)
+            heads = q.shape[1]
+            k = k.repeat_interleave(heads // k.shape[1], dim=1)  # GQA: query head h reads key head h // groups
             batch = q.shape[0]  # the tables come as [1, T, r] when every prompt starts at position 0
-            cos, sin = cos.expand(batch, -1, -1), sin.expand(batch, -1, -1)
-            qk = HeadQK(q.transpose(1, 2), k.transpose(1, 2), cos, sin, pairing, float(module.scaling))
+            scale = options.get("scaling")
+            qk = HeadQK(q, k, cos.expand(batch, -1, -1), sin.expand(batch, -1, -1), pairing,
+                        float(q.shape[-1] ** -0.5 if scale is None else scale), options.get("softcap"))
             on_layer(layer, qk)
             if layer == layers[-1]:
                 raise _Done
         return hook
 
+    decoder = _decoder_layers(model)
     was_training = model.training
     model.eval()  # dropout off: whoever calls, the numbers are those of the deterministic model
     try:
-        for layer in layers:
-            attn = getattr(_layers(model)[layer], attn_name)
-            handles.append(attn.register_forward_pre_hook(pre, with_kwargs=True))
-            handles.append(attn.register_forward_hook(post(layer)))
-            if kind == "gpt_neox":
-                handles.append(attn.query_key_value.register_forward_hook(grab("qkv")))
-            else:
-                handles.append(attn.q_proj.register_forward_hook(grab("q")))
-                handles.append(attn.k_proj.register_forward_hook(grab("k")))
-        with torch.inference_mode():
-            getattr(model, base)(input_ids=ids, use_cache=False)
+        with _spying(model, state):
+            for layer in layers:
+                attn = _attention(decoder[layer])
+                handles.append(attn.register_forward_pre_hook(pre(layer), with_kwargs=True))
+                handles.append(attn.register_forward_hook(post(layer)))
+            with torch.inference_mode():
+                getattr(model, "base_model", model)(input_ids=ids, use_cache=False)
     except _Done:
         pass
     finally:
@@ -168,7 +278,7 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
 
 def check_layers(model, layers) -> list[int]:
     """Sorted distinct layer indices of `model` (None = every layer), or a PosymError for bad ones."""
-    total = len(_layers(model))
+    total = model.config.num_hidden_layers
     if layers is None:
         return list(range(total))
     layers = sorted(set(layers))

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from posym.errors import PosymError
+from posym.core.interop import scorable
 from posym.core.qk import HeadQK, capture, check_layers, check_prompt, pair_planes, rotate
 
 BUDGET = 1 << 22
@@ -81,7 +82,10 @@ def scan(model, input_ids, queries, work, *, layers=None, batch_size: int = 64, 
     input_ids: 1-D id sequences; queries: see `query_batches`; batch: the prompt indices of the
     batch; jobs: {query position: [rows of the batch]}. Every prompt, query and layer is checked
     before the first pass. progress: optional callable(number of prompts just finished).
+    model: a transformers model, an nnsight LanguageModel or a TransformerLens HookedTransformer
+    (`posym.core.interop.scorable`).
     """
+    model = scorable(model)
     layers = check_layers(model, layers)
     prompts = [check_prompt(model, ids, f"prompt {k}") for k, ids in enumerate(input_ids)]
     if not prompts:

