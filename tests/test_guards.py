@@ -156,8 +156,11 @@ def test_outputs_beside_inputs_are_allowed(runs, tmp_path):
 
 def start(args, cwd: Path) -> subprocess.Popen:
     """`python -m posym ARGS` leading its own process group (so that SIGINT reaches every process of it)."""
+    # SIGINT back to its default first: a test run started in the background (`pytest &`) inherits it
+    # ignored, and Python then never raises KeyboardInterrupt
     return subprocess.Popen([sys.executable, "-m", "posym", *map(str, args)], cwd=cwd, env=ENV, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 180) -> tuple[int, str]:
