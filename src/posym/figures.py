@@ -1,63 +1,72 @@
 """Figures of the dynamics and geometry analyses, and the package's one figure writer.
 
-`pyplot()` gives headless matplotlib and `save_figure(fig, stem)` writes stem.png and stem.svg
-atomically; every module that draws (llm, bench, theory, lengthgen, ...) saves through it. The plot
-functions here take tables (the DataFrames `posym.commands.dynamics` / `posym.core.geometry` write) and a path
-stem, write stem.png and stem.svg, and return their paths, so reports can rebuild any figure from
-the Parquet files alone.
+Every plot function of the package (here, and in llm, bench, theory, lengthgen, ...) returns a
+`matplotlib.figure.Figure` and writes nothing: saving is the caller's choice, `save_figure(fig,
+stem)` writes stem.png and stem.svg atomically (the commands use it). Figures are built with
+`subplots` on a plain `Figure`, not through pyplot: nothing switches or even reads the user's
+backend, a notebook shows the returned figure, and headless runs need no display. The plot
+functions here take tables (the DataFrames `posym.commands.dynamics` / `posym.core.geometry`
+write), so reports can rebuild any figure from the Parquet files alone.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from posym.io import atomic_path
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def pyplot():
-    """matplotlib.pyplot on the headless Agg backend (no display needed)."""
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize=None, **kwargs):
+    """(figure, axes) like `matplotlib.pyplot.subplots`, on a `Figure` pyplot never sees (its
+    canvas renders PNG and SVG headless; the global backend is left alone)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def colormap(name: str):
+    """The matplotlib colormap `name` (from the registry; no pyplot)."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return matplotlib.colormaps[name]
 
 
 def save_figure(fig, stem: str | os.PathLike, *, dpi: int = 120) -> list[Path]:
-    """Write `fig` as stem.png and stem.svg atomically (tight bounding box), close it, return the paths."""
+    """Write `fig` as stem.png and stem.svg atomically (tight bounding box), return the paths."""
     paths = []
     for fmt in ("png", "svg"):
         path = Path(f"{stem}.{fmt}")
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
         paths.append(path)
-    pyplot().close(fig)
     return paths
 
 
-def plot_accuracy(table, max_step: int, stem: str | os.PathLike) -> list[Path]:
+def plot_accuracy(table, max_step: int) -> Figure:
     """Fig. 2A: test accuracy overall and per hop count over steps, a vertical line at max accuracy."""
-    plt = pyplot()
     acc = table.groupby("step").first().sort_index()
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, ax = subplots(figsize=(6.5, 3.6))
     ax.plot(acc.index, acc.acc, "k-", lw=2, label="all hops")
     for column in sorted(c for c in acc.columns if c.startswith("acc_hop")):
         ax.plot(acc.index, acc[column], "o-", ms=3, label=f"{column[7:]} hop{'s' if column[7:] != '1' else ''}")
     ax.axvline(max_step, color="grey", ls="--", label=f"max accuracy (step {max_step})")
     ax.set(xlabel="training step", ylabel="test accuracy", ylim=(-0.02, 1.02))
     ax.legend(fontsize=8)
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_layer_scores(table, max_step: int, stem: str | os.PathLike, *, title: str = "") -> list[Path]:
+def plot_layer_scores(table, max_step: int, *, title: str = "") -> Figure:
     """Fig. 2B / 6: s_pos, s_sym and normalised entropy over steps, one panel per (layer, head)."""
-    plt = pyplot()
     heads = list(table.groupby(["layer", "head"]))
     cols = min(4, len(heads))
     rows = -(-len(heads) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.2 * rows), sharex=True, sharey=True, squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(3.2 * cols, 2.2 * rows), sharex=True, sharey=True, squeeze=False)
     for ax, ((layer, head), g) in zip(axes.flat, heads):
         g = g.sort_values("step")
         ax.plot(g.step, g.s_pos, "-", color="tab:blue", label="s_pos")
@@ -74,15 +83,14 @@ def plot_layer_scores(table, max_step: int, stem: str | os.PathLike, *, title: s
         ax.set_xlabel("step")
     if title:
         fig.suptitle(title)
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_purity(counts, max_step: int, stem: str | os.PathLike) -> list[Path]:
+def plot_purity(counts, max_step: int) -> Figure:
     """Fig. 7: cumulative counts of heads pure for good (positional, symbolic) over steps, per gamma,
     at hop queries (solid) and the last token (dotted)."""
-    plt = pyplot()
     gammas = sorted(counts.gamma.unique(), reverse=True)
-    fig, axes = plt.subplots(1, len(gammas), figsize=(5 * len(gammas), 3.4), sharey=True, squeeze=False)
+    fig, axes = subplots(1, len(gammas), figsize=(5 * len(gammas), 3.4), sharey=True, squeeze=False)
     for ax, gamma in zip(axes[0], gammas):
         for mode, style in (("hops", "-"), ("last", ":")):
             g = counts[(counts.gamma == gamma) & (counts.query_mode == mode)].sort_values("step")
@@ -92,18 +100,17 @@ def plot_purity(counts, max_step: int, stem: str | os.PathLike) -> list[Path]:
         ax.set(title=f"gamma = {gamma}", xlabel="step")
     axes[0, 0].set_ylabel("pure heads (cumulative)")
     axes[0, 0].legend(fontsize=7)
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None) -> list[Path]:
+def plot_frequency_use(channels, heads, *, paper=None) -> Figure:
     """Fig. 8: use (mean max logit) of each rotary plane per layer as a heat map, and the weighted
     frequency ID per layer beside the paper's Table 1 (`paper`: one number per layer) if given."""
     import numpy as np
 
-    plt = pyplot()
     rotary = channels[channels.frequency_id > 0]
     grid = rotary.groupby(["layer", "frequency_id"]).use.mean().unstack("frequency_id")  # [layers, planes]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.35 * len(grid) + 2.5), width_ratios=[3, 1.3])
+    fig, (left, right) = subplots(1, 2, figsize=(11, 0.35 * len(grid) + 2.5), width_ratios=[3, 1.3])
     image = left.imshow(grid.to_numpy().clip(min=0), aspect="auto", origin="lower", cmap="viridis",
                         extent=(0.5, grid.shape[1] + 0.5, -0.5, len(grid) - 0.5))
     fig.colorbar(image, ax=left, label="use (mean max logit, clipped at 0)")
@@ -118,13 +125,12 @@ def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None) 
     right.set(xlabel="weighted frequency ID", ylabel="layer", xlim=(0, top + 1))
     right.yaxis.get_major_locator().set_params(integer=True)
     right.legend(fontsize=8)
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> list[Path]:
+def plot_qk_plane(projection, *, token_names=None) -> Figure:
     """Fig. 4B: pre-rotation queries and keys of one prompt on one plane, labelled by token."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = subplots(figsize=(5, 5))
     for role, marker, color, name in (("key", "s", "tab:orange", "keys"), ("query", "o", "tab:blue", "queries")):
         g = projection[projection.role == role]
         ax.scatter(g.x, g.y, marker=marker, color=color, label=name, alpha=0.8)
@@ -139,4 +145,4 @@ def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> l
     ax.set(title=f"layer {first.layer} head {first['head']}, plane ID {first.frequency_id} (before rotation)",
            xlabel="plane coordinate 1", ylabel="plane coordinate 2")
     ax.legend(fontsize=8)
-    return save_figure(fig, stem)
+    return fig

@@ -12,18 +12,17 @@ import dataclasses
 from posym.commands import lengthgen
 from posym.core.discrepancy import head_gaps, summarize_gaps
 from posym.errors import PosymError
-from posym.figures import pyplot, save_figure
+from posym.figures import colormap, save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.loading import load_analysable, score_prompts
 
 
-def plot_gaps(summary, path_stem, *, title: str = "") -> list:
+def plot_gaps(summary, *, title: str = ""):
     """Median gap (line) and Delta = minimum gap (dotted) vs sequence length per layer (its head 0),
     log-log, with a 1 / n^2 guide (Theorem 3.2's Index rate); PNG + SVG."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = subplots(figsize=(6.5, 4.2))
     layers = sorted(summary.layer.unique())
-    colors = plt.get_cmap("viridis")([0.1 + 0.8 * i / max(1, len(layers) - 1) for i in range(len(layers))])
+    colors = colormap("viridis")([0.1 + 0.8 * i / max(1, len(layers) - 1) for i in range(len(layers))])
     for color, layer in zip(colors, layers):
         sub = summary[(summary.layer == layer) & (summary["head"] == 0)].sort_values("length")
         ax.plot(sub["length"], sub["gap_q50"].clip(lower=1e-6), color=color, marker="o", ms=3, lw=1.3,
@@ -40,7 +39,7 @@ def plot_gaps(summary, path_stem, *, title: str = "") -> list:
     ax.set(yscale="log", xlabel="sequence length (tokens)",
            ylabel="top-1 minus top-2 logit", title=title or "discrepancy by length: median (solid), min (dotted)")
     ax.legend(fontsize=7, ncol=2)
-    return save_figure(fig, path_stem)
+    return fig
 
 
 def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None, n: int = 64, seed: int = 0,
@@ -87,7 +86,7 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     summary = summarize_gaps(frame)
     write_parquet(out_dir / "gaps.parquet", frame)
     write_parquet(out_dir / "discrepancy.parquet", summary)
-    paths = plot_gaps(summary, out_dir / "fig_discrepancy")
+    paths = save_figure(plot_gaps(summary), out_dir / "fig_discrepancy")
     settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "queries": queries,
                 "lengths": sorted(int(v) for v in frame["length"].unique()), "n": n, "seed": seed}
     result = {**manifest(settings, seed=seed), "settings": settings, "task": task.task if task else None,

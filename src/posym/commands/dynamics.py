@@ -3,15 +3,17 @@
 `collect_dynamics` scores every head of every checkpoint on one fixed prompt set (test split, seed
 fixed, the same prompts at every step) with `posym.core.scores`, at two kinds of query position:
 - "hops": every pointer token of the chain (the query and each intermediate hop), each seeing only
-  the keys before it; a prompt's score is the mean over its hop queries;
+  the keys before it;
 - "last": the last token (the query) only.
-A head's score at a step is the mean over prompts (the paper: 100 prompts per checkpoint), joined
-with that checkpoint's test accuracy (overall and per hop count) from the run's metrics.parquet.
+A head's score at a step is `posym.core.scores.head_scores`, the prompt-mean rule (a prompt's score
+is the mean over its queries, the head's the mean over prompts; the paper: 100 prompts per
+checkpoint), joined with that checkpoint's test accuracy (overall and per hop count) from the run's
+metrics.parquet. `posym ablate` labels heads by the same rule, so both agree on every head.
 
 Purity rule (footnote 3 of 2605, made exact here). At threshold gamma a head's label at a step is
-the label `posym.core.scores.summarize_heads` gives its prompt-mean scores: positional if s_pos >= 1 - gamma and
-s_sym <= gamma, symbolic if s_sym >= 1 - gamma and s_pos <= gamma (uniform if both >= 1 - gamma,
-mixed otherwise). The head's kind is its label at the LAST checkpoint when that is positional or
+`posym.core.scores.head_labels` of its scores, in column `label_column(gamma)` (label_gamma_0p1):
+positional if s_pos >= 1 - gamma and s_sym <= gamma, symbolic if s_sym >= 1 - gamma and s_pos <=
+gamma (uniform if both >= 1 - gamma, mixed otherwise). The head's kind is its label at the LAST checkpoint when that is positional or
 symbolic (else "none"), and `pure_from` is the first checkpoint step from which its label equals
 that kind at every later checkpoint ("stays pure"; NaN for kind none). Cumulative purity counts
 (Fig. 7): at each step, the heads of each kind whose pure_from <= step; `*_now` columns count the
@@ -26,7 +28,7 @@ import time
 from pathlib import Path
 
 from posym import figures
-from posym.core.scores import score_model, summarize_heads, task_prompts
+from posym.core.scores import head_labels, head_scores, label_column, prompt_scores, score_model, task_prompts
 from posym.errors import PosymError
 from posym.io import manifest, write_json, write_parquet
 from posym.loading import list_checkpoints, load_checkpoint
@@ -44,17 +46,15 @@ def _score_checkpoint(model, ids, hops):
 
     frame = score_model(model, ids, hops)
     last = frame["query"].to_numpy() == frame["prompt"].map(lambda k: len(ids[k]) - 1).to_numpy()
-    per_prompt = frame.groupby(["prompt", "layer", "head"], as_index=False)[["s_pos", "s_sym", "entropy"]].mean()
-    return pd.concat([per_prompt.assign(query_mode="hops"),
-                      frame[last][["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]].assign(query_mode="last")],
-                     ignore_index=True)
+    return pd.concat([prompt_scores(frame).assign(query_mode="hops"),
+                      prompt_scores(frame[last]).assign(query_mode="last")], ignore_index=True)
 
 
 def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=None):
     """(table, per_prompt) for every checkpoint of `run_dir`.
 
     table: one row per (step, query_mode, layer, head): prompt-mean s_pos, s_sym, entropy,
-    entropy_norm, label_g{gamma} for GAMMAS, and the checkpoint's loss, acc, acc_hop1..H.
+    entropy_norm, label_column(gamma) for GAMMAS, and the checkpoint's loss, acc, acc_hop1..H.
     per_prompt: step, query_mode, prompt, layer, head, s_pos, s_sym, entropy (hops: the prompt's
     mean over its hop queries). progress: optional callable(step) after each checkpoint.
     """
@@ -88,9 +88,9 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
         if progress is not None:
             progress(step)
     per_prompt = pd.concat(parts, ignore_index=True)[
-        ["step", "query_mode", "prompt", "layer", "head", "s_pos", "s_sym", "entropy"]]
-    table = per_prompt.groupby(["step", "query_mode", "layer", "head"], as_index=False)[
-        ["s_pos", "s_sym", "entropy"]].mean()
+        ["step", "query_mode", "prompt", "layer", "head", "s_pos", "s_sym", "entropy", "queries"]]
+    table = head_scores(per_prompt, keys=("step", "query_mode")).drop(columns=["prompts", "rows"])
+    per_prompt = per_prompt.drop(columns="queries")
     table["entropy_norm"] = normalised_entropy(table)
     table = label(table, GAMMAS)
     acc_columns = ["loss", "acc"] + [c for c in metrics.columns if c.startswith("acc_hop")]
@@ -108,16 +108,10 @@ def normalised_entropy(table):
 
 
 def label(table, gammas=GAMMAS):
-    """`table` plus a column label_g{gamma} per gamma: each row's `posym.core.scores.summarize_heads` label."""
-    import pandas as pd
-
+    """`table` plus a column `label_column(gamma)` per gamma: each row's `head_labels` label."""
     out = table.copy()
     for gamma in gammas:
-        parts = []
-        for keys, group in table.groupby(["step", "query_mode"]):
-            parts.append(summarize_heads(group, gamma)[["layer", "head", "label"]].assign(step=keys[0], query_mode=keys[1]))
-        labels = pd.concat(parts).rename(columns={"label": f"label_g{gamma}"})
-        out = out.merge(labels, on=["step", "query_mode", "layer", "head"], how="left")
+        out[label_column(gamma)] = head_labels(out.s_pos, out.s_sym, gamma)
     return out
 
 
@@ -128,7 +122,7 @@ def purity(table, gammas=GAMMAS):
 
     rows = []
     for gamma in gammas:
-        column = f"label_g{gamma}"
+        column = label_column(gamma)
         labelled = table if column in table.columns else label(table, [gamma])
         for (mode, layer, head), g in labelled.sort_values("step").groupby(["query_mode", "layer", "head"]):
             labels, steps = g[column].tolist(), g.step.tolist()
@@ -150,7 +144,7 @@ def purity_counts(table, pure):
     rows = []
     steps = sorted(table.step.unique())
     for (gamma, mode), heads in pure.groupby(["gamma", "query_mode"]):
-        column = f"label_g{gamma}"
+        column = label_column(gamma)
         for step in steps:
             now = table[(table.step == step) & (table.query_mode == mode)]
             row = {"gamma": gamma, "query_mode": mode, "step": step, "heads": len(heads)}
@@ -188,7 +182,7 @@ def composition(table, max_step: int, gammas=GAMMAS):
     stages = {"max_acc": max_step, "end": int(table.step.max())}
     heads, summary = [], []
     for gamma in gammas:
-        column = f"label_g{gamma}"
+        column = label_column(gamma)
         for stage, step in stages.items():
             at = table[table.step == step]
             for mode, g in at.groupby("query_mode"):
@@ -220,12 +214,13 @@ def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, 
     for name, frame in [("dynamics", table), ("dynamics_prompts", per_prompt), ("purity", pure),
                         ("purity_counts", counts), ("composition", heads), ("composition_summary", summary)]:
         write_parquet(out_dir / f"{name}.parquet", frame)
-    paths = figures.plot_accuracy(table, best, out_dir / "fig2a_accuracy")
-    paths += figures.plot_layer_scores(table[table.query_mode == "hops"], best, out_dir / "fig2b_scores",
-                                       title="scores at hop queries")
-    paths += figures.plot_layer_scores(table[table.query_mode == "last"], best, out_dir / "fig6_entropy",
-                                       title="scores and normalised entropy at the last token")
-    paths += figures.plot_purity(counts, best, out_dir / "fig7_purity")
+    paths = figures.save_figure(figures.plot_accuracy(table, best), out_dir / "fig2a_accuracy")
+    paths += figures.save_figure(figures.plot_layer_scores(table[table.query_mode == "hops"], best,
+                                                           title="scores at hop queries"), out_dir / "fig2b_scores")
+    paths += figures.save_figure(figures.plot_layer_scores(
+        table[table.query_mode == "last"], best, title="scores and normalised entropy at the last token"),
+        out_dir / "fig6_entropy")
+    paths += figures.save_figure(figures.plot_purity(counts, best), out_dir / "fig7_purity")
     settings = {"run_dir": str(run_dir), "n_prompts": n_prompts, "seed": seed, "query_modes": list(QUERY_MODES),
                 "gammas": list(GAMMAS)}
     result = {
