@@ -16,7 +16,8 @@ input of `out_proj`: rows of q_proj/k_proj/v_proj and columns of out_proj.
   (AdamW's decoupled weight decay moves weights even at zero gradient): they stay bit-identical.
 
 Which heads: "positional" / "symbolic" / "mixed" pick by the label of `posym.core.scores.summarize_heads`
-(scores at every hop query of test prompts of the checkpoint itself), "L.H,L.H" by index, "L" = every
+(the prompt-mean scores at every hop query of test prompts of the checkpoint itself: the rule and
+the numbers of `posym dynamics`' hop-query table), "L.H,L.H" by index, "L" = every
 head of layer L. The experiment drivers (ablation table, fine-tune comparison) are in
 `posym.commands.interventions`.
 """
@@ -62,7 +63,8 @@ def parse_heads(spec: str, n_layer: int, n_head: int) -> list[Head]:
 
 def label_heads(model, task_config, *, n_prompts: int = 100, seed: int = 0, gamma: float = 0.1):
     """`posym.core.scores.summarize_heads` of the model's scores at every hop query of `n_prompts` test
-    prompts (the dynamics "hops" mode): one row per (layer, head) with s_pos, s_sym and label."""
+    prompts (the dynamics "hops" mode, the same prompt-mean rule): one row per (layer, head) with
+    s_pos, s_sym and label."""
     ids, queries = task_prompts(task_config, n_prompts, seed, queries="hops")
     return summarize_heads(score_model(model, ids, queries), gamma=gamma)
 
