@@ -223,6 +223,8 @@ def test_head_score_is_the_mean_over_prompts_of_each_prompts_query_mean():
     assert head_scores(per_prompt).equals(head_scores(frame))  # per-prompt tables give the same
     assert label_column(0.1) == "label_gamma_0p1" and label_column(0.05) == "label_gamma_0p05"
     assert label_column(0.05).isidentifier()
+    with pytest.raises(PosymError, match="need the columns prompt"):
+        summarize_heads(frame.drop(columns="prompt"))
 
 
 def test_text_prompts_use_the_tokenizer_and_hops_need_chains():

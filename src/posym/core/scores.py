@@ -342,6 +342,9 @@ def head_scores(frame, keys=()):
     keys: columns that split the table further (e.g. ("step", "query_mode") in dynamics).
     Returns per (*keys, layer, head): s_pos, s_sym, entropy, prompts (count) and rows (query rows).
     """
+    missing = sorted({*keys, "prompt", "layer", "head", *SCORE_COLUMNS} - set(frame.columns))
+    if missing:
+        raise PosymError(f"score rows need the columns {', '.join(missing)} (as score_model writes them)")
     if "queries" not in frame.columns:
         frame = prompt_scores(frame, keys)
     return frame.groupby([*keys, "layer", "head"], as_index=False).agg(
