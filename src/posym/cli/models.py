@@ -30,6 +30,10 @@ def llm_scores_cmd(
                                         "LAYER.HEAD,... e.g. 0.1,5.3."),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights (1e-4: the swap that moves "
                               "most attention dominates)."),
+    epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
+                                  "weights: each score lies within 2 * EPSILON of weighing every swap."),
+    exact: str = typer.Option("pruned", help="pruned (default, the EPSILON bound) or dense (weigh every swap: "
+                              "the reference, O(n^2) per head and query)."),
     seed: int = typer.Option(0, help="Seed of the built-in prompt sets."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto (cuda when available)."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16 weights."),
@@ -46,11 +50,12 @@ def llm_scores_cmd(
     chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
     settings = {"model_dir": str(model_dir), "prompts": prompts, "text": text, "n": n, "size": size,
-                "query": query, "heads": heads, "tau": tau, "seed": seed, "dtype": dtype}
+                "query": query, "heads": heads, "tau": tau, "epsilon": epsilon, "exact": exact, "seed": seed,
+                "dtype": dtype}
     bar, advance = progress_bar(len(chosen), "scoring prompts")
     with bar:
         result = llm.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
-                                  settings=settings, progress=advance)
+                                  epsilon=epsilon, exact=exact, settings=settings, progress=advance)
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
 
 

@@ -136,10 +136,12 @@ def plot_planes(planes):
 
 
 def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: str = "last",
-                 heads: list[tuple[int, int]] = (), tau: float = 1e-4, settings: dict, progress=None) -> dict:
+                 heads: list[tuple[int, int]] = (), tau: float = 1e-4, epsilon: float = 1e-12, exact: str = "pruned",
+                 settings: dict, progress=None) -> dict:
     """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
 
-    Files: scores.parquet (prompt, query, layer, head, s_pos, s_sym, entropy, n_swaps), heads.parquet
+    Files: scores.parquet (prompt, query, layer, head, s_pos, s_sym, entropy, n_swaps, kept, bound;
+    epsilon/exact: see `posym.core.scores.iter_scores`), heads.parquet
     (prompt means and labels, posym.core.scores.summarize_heads), layers.parquet (per-layer medians),
     planes.parquet (prompt-mean per-plane scores of --heads), heads.png/svg, planes.png/svg,
     summary.json (manifest, Pearson r, per-layer medians). Returns the summary dict.
@@ -153,7 +155,7 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
                              f"layers of {config.num_attention_heads} heads")
     ids = [tokenize(loaded, p.text)[0] for p in prompts]  # checks every length before any work
     queries = [[query_position(loaded, p, query)] for p in prompts]
-    frame = score_model(loaded.model, ids, queries, tau=tau, progress=progress)
+    frame = score_model(loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, progress=progress)
     head_means = summarize_heads(frame)
     layers, r = layer_summary(head_means)
     out_dir = Path(out_dir)

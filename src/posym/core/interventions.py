@@ -30,12 +30,11 @@ from typing import Iterator
 
 import torch
 
-from posym.core.scores import score_model, summarize_heads, task_prompts
+from posym.core.scores import LABELS, score_model, summarize_heads, task_prompts
 from posym.errors import PosymError
 
 Head = tuple[int, int]
 """(layer, head) index of one attention head."""
-LABELS = ("positional", "symbolic", "mixed", "uniform")
 _INDEX_RE = re.compile(r"^(\d+)(?:\.(\d+))?$")
 
 
