@@ -155,7 +155,7 @@ def test_ablate_and_dynamics_give_every_head_the_same_scores_and_label(tiny_run)
 def test_cli_dynamics_end_to_end(tiny_run, monkeypatch, capsys):
     import json
 
-    assert run_posym(monkeypatch, "dynamics", tiny_run, "--n-prompts", 5) == 0
+    assert run_posym(monkeypatch, "dynamics", tiny_run, "--n", 5) == 0
     assert "checkpoints in" in capsys.readouterr().out
     out = tiny_run / "analysis"
     result = json.loads((out / "dynamics.json").read_text())
