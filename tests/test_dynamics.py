@@ -11,6 +11,7 @@ from cli_runner import run_posym
 from tiny_runs import train_tiny
 from posym.commands import dynamics
 from posym.core.tasks import generate
+from posym.core.scores import label_column
 from posym.errors import PosymError
 
 # (s_pos, s_sym) giving each label at gamma 0.1 AND 0.05, and one that is pure only at gamma 0.1
@@ -56,7 +57,7 @@ def test_purity_rule_on_hand_made_table():
         kind, start = expected[r.gamma][r.layer]
         assert r.kind == kind
         assert (math.isnan(r.pure_from) if start is None else r.pure_from == start)
-        labels = table[table.layer == r.layer].sort_values("step")[f"label_g{r.gamma}"].tolist()
+        labels = table[table.layer == r.layer].sort_values("step")[label_column(r.gamma)].tolist()
         ref_kind, ref_start = _brute_force(labels, STEPS)
         assert r.kind == ref_kind and (r.pure_from == ref_start or (math.isnan(ref_start) and math.isnan(r.pure_from)))
 
@@ -142,9 +143,9 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
     for layer in (0, 1):
         o = own.loc[layer]
         expected = sum(1 for r in o.itertuples() if r.s_pos >= 0.9 and r.s_sym <= 0.1) / len(o)
-        assert at.loc[("hops", layer), "pure_positional_g0.1"] == pytest.approx(expected, abs=1e-12)
+        assert at.loc[("hops", layer), "pure_positional_gamma_0p1"] == pytest.approx(expected, abs=1e-12)
         expected = sum(1 for r in o.itertuples() if r.s_sym >= 0.95 and r.s_pos <= 0.05) / len(o)
-        assert at.loc[("hops", layer), "pure_symbolic_g0.05"] == pytest.approx(expected, abs=1e-12)
+        assert at.loc[("hops", layer), "pure_symbolic_gamma_0p05"] == pytest.approx(expected, abs=1e-12)
     prompts_per_mode = per_prompt[per_prompt.step == step].groupby("query_mode").prompt.nunique()
     hop_counts = [int((c >= 0).sum()) - 1 for c in chains]
     assert prompts_per_mode.to_dict() == {"hops": 8, "last": 8, "target": sum(h >= 2 for h in hop_counts),
@@ -152,6 +153,32 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
     assert table.entropy_norm.between(0, 1).all()
     again, _ = dynamics.collect_dynamics(tiny_run, n_prompts=8, seed=3)
     pd.testing.assert_frame_equal(table, again)
+
+
+def test_ablate_and_dynamics_give_every_head_the_same_scores_and_label(tiny_run):
+    """`posym ablate` labels (core.interventions.label_heads) and dynamics' hop-query table use one
+    rule, the prompt mean: equal scores to 1e-12 and equal labels at both paper gammas. The prompts
+    have 1 to 4 hops, so the pooled row mean the old summarize used differs from the prompt mean."""
+    from posym.core.interventions import label_heads
+    from posym.core.scores import score_model
+    from posym.core.tasks import generate
+    from posym.loading import load_checkpoint
+
+    table, _ = dynamics.collect_dynamics(tiny_run, n_prompts=8, seed=3)
+    model, info = load_checkpoint(tiny_run, step=60)
+    at = table[(table.step == 60) & (table.query_mode == "hops")].set_index(["layer", "head"])
+    for gamma in dynamics.GAMMAS:
+        labels = label_heads(model, info["task_config"], n_prompts=8, seed=3, gamma=gamma).set_index(["layer", "head"])
+        assert list(labels.index) == list(at.index)
+        assert labels.s_pos.to_numpy() == pytest.approx(at.s_pos.to_numpy(), abs=1e-12)
+        assert labels.s_sym.to_numpy() == pytest.approx(at.s_sym.to_numpy(), abs=1e-12)
+        assert labels.label.tolist() == at[label_column(gamma)].tolist()
+    # score_model takes the task samples themselves at their hop queries, as `posym score --queries hops`
+    samples = generate(info["task_config"], 8, 3, split="test")
+    frame = score_model(model, samples, "hops")
+    assert len(set(frame.groupby("prompt").size())) > 1  # prompts differ in their number of hop queries
+    pooled = frame.groupby("layer").s_pos.mean().to_numpy()
+    assert abs(pooled - at.s_pos.to_numpy()).max() > 1e-9  # so the rule matters on this run
 
 
 def test_cli_dynamics_end_to_end(tiny_run, monkeypatch, capsys):

@@ -192,15 +192,60 @@ def test_hand_made_heads_get_their_labels():
 def test_summarize_means_and_thresholds():
     import pandas as pd
 
-    frame = pd.DataFrame({"layer": [0, 0, 1, 1, 2, 2], "head": [0] * 6, "s_pos": [1.0, 0.9, 0.5, 0.7, 0.05, 0.0],
+    frame = pd.DataFrame({"prompt": [0, 1] * 3, "layer": [0, 0, 1, 1, 2, 2], "head": [0] * 6,
+                          "s_pos": [1.0, 0.9, 0.5, 0.7, 0.05, 0.0],
                           "s_sym": [0.0, 0.1, 0.9, 0.95, 1.0, 0.95], "entropy": [1.0] * 6})
     out = summarize_heads(frame)
     assert out["s_pos"].tolist() == pytest.approx([0.95, 0.6, 0.025])
-    assert out["rows"].tolist() == [2, 2, 2]
+    assert out["rows"].tolist() == [2, 2, 2] and out["prompts"].tolist() == [2, 2, 2]
     assert out["label"].tolist() == ["positional", "mixed", "symbolic"]
     assert summarize_heads(frame, gamma=0.45)["label"].tolist() == ["positional", "uniform", "symbolic"]
     with pytest.raises(PosymError, match="gamma"):
         summarize_heads(frame, gamma=0.6)
+
+
+def test_head_score_is_the_mean_over_prompts_of_each_prompts_query_mean():
+    import pandas as pd
+
+    from posym.core.scores import head_scores, label_column, prompt_scores
+
+    # prompt 0: one query at s_pos 1; prompt 1: three queries at 0.85 -> prompt means 1 and 0.85.
+    frame = pd.DataFrame({"prompt": [0, 1, 1, 1], "query": [16, 16, 12, 9], "layer": 0, "head": 0,
+                          "s_pos": [1.0, 0.85, 0.85, 0.85], "s_sym": 0.0, "entropy": [1.0, 2.0, 3.0, 4.0]})
+    per_prompt = prompt_scores(frame)
+    assert per_prompt.s_pos.tolist() == [1.0, 0.85] and per_prompt.queries.tolist() == [1, 3]
+    head = head_scores(frame).iloc[0]
+    assert head.s_pos == pytest.approx(0.925, abs=1e-15) and head.entropy == pytest.approx(2.0)
+    assert (head.prompts, head.rows) == (2, 4)
+    assert frame.s_pos.mean() == pytest.approx(0.8875)  # the pooled row mean, which posym does not use
+    # the label flips between the two rules at gamma 0.1: positional by prompt mean, mixed pooled
+    assert summarize_heads(frame, 0.1).label.tolist() == ["positional"]
+    assert head_scores(per_prompt).equals(head_scores(frame))  # per-prompt tables give the same
+    assert label_column(0.1) == "label_gamma_0p1" and label_column(0.05) == "label_gamma_0p05"
+    assert label_column(0.05).isidentifier()
+    with pytest.raises(PosymError, match="need the columns prompt"):
+        summarize_heads(frame.drop(columns="prompt"))
+
+
+def test_text_prompts_use_the_tokenizer_and_hops_need_chains():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "[UNK] alice bob likes red blue".split()
+    raw = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]")
+    model = tiny_model("llama")
+    text = "alice likes red bob likes blue"
+    assert tokenizer(text).input_ids == [1, 3, 4, 2, 3, 5]
+    by_text = score_model(model, [text, [5, 4, 3, 2]], "all", tokenizer=tokenizer)
+    assert by_text.equals(score_model(model, [[1, 3, 4, 2, 3, 5], [5, 4, 3, 2]], "all"))
+    with pytest.raises(PosymError, match="tokenizer"):
+        score_model(model, [text])
+    with pytest.raises(PosymError, match="chains"):
+        score_model(model, [[1, 2, 3, 4]], "hops")
+    hops = score_model(model, [[1, 2, 3, 4, 5, 6]], "hops", chains=[[5, 3, 2, -1]])
+    assert sorted(hops["query"].unique()) == [3, 5]
 
 
 def test_streaming_batches_and_determinism():

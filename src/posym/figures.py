@@ -1,39 +1,50 @@
 """Figures of the dynamics and geometry analyses, and the package's one figure writer.
 
-`pyplot()` gives headless matplotlib and `save_figure(fig, stem)` writes stem.png and stem.svg
-atomically; every module that draws (llm, bench, theory, lengthgen, ...) saves through it. The plot
-functions here take tables (the DataFrames `posym.commands.dynamics` / `posym.core.geometry` write) and a path
-stem, write stem.png and stem.svg, and return their paths, so reports can rebuild any figure from
-the Parquet files alone.
+Every plot function of the package (here, and in llm, bench, theory, lengthgen, ...) returns a
+`matplotlib.figure.Figure` and writes nothing: saving is the caller's choice, `save_figure(fig,
+stem)` writes stem.png and stem.svg atomically (the commands use it). Figures are built with
+`subplots` on a plain `Figure`, not through pyplot: nothing switches or even reads the user's
+backend, a notebook shows the returned figure, and headless runs need no display. The plot
+functions here take tables (the DataFrames `posym.commands.dynamics` / `posym.core.geometry`
+write), so reports can rebuild any figure from the Parquet files alone.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from posym.io import atomic_path
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def pyplot():
-    """matplotlib.pyplot on the headless Agg backend (no display needed)."""
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize=None, **kwargs):
+    """(figure, axes) like `matplotlib.pyplot.subplots`, on a `Figure` pyplot never sees (its
+    canvas renders PNG and SVG headless; the global backend is left alone)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def colormap(name: str):
+    """The matplotlib colormap `name` (from the registry; no pyplot)."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return matplotlib.colormaps[name]
 
 
 def save_figure(fig, stem: str | os.PathLike, *, dpi: int = 120) -> list[Path]:
-    """Write `fig` as stem.png and stem.svg atomically (tight bounding box), close it, return the paths."""
+    """Write `fig` as stem.png and stem.svg atomically (tight bounding box), return the paths."""
     paths = []
     for fmt in ("png", "svg"):
         path = Path(f"{stem}.{fmt}")
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
         paths.append(path)
-    pyplot().close(fig)
     return paths
 
 
@@ -49,27 +60,25 @@ def spaced_tick_labels(values, *, min_ratio: float = 1.35) -> list[str]:
     return [str(int(v)) if k in kept else "" for k, v in enumerate(values)]
 
 
-def plot_accuracy(table, max_step: int, stem: str | os.PathLike) -> list[Path]:
+def plot_accuracy(table, max_step: int) -> Figure:
     """Fig. 2A: test accuracy overall and per hop count over steps, a vertical line at max accuracy."""
-    plt = pyplot()
     acc = table.groupby("step").first().sort_index()
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, ax = subplots(figsize=(6.5, 3.6))
     ax.plot(acc.index, acc.acc, "k-", lw=2, label="all hops")
     for column in sorted(c for c in acc.columns if c.startswith("acc_hop")):
         ax.plot(acc.index, acc[column], "o-", ms=3, label=f"{column[7:]} hop{'s' if column[7:] != '1' else ''}")
     ax.axvline(max_step, color="grey", ls="--", label=f"max accuracy (step {max_step})")
     ax.set(xlabel="training step", ylabel="test accuracy", ylim=(-0.02, 1.02))
     ax.legend(fontsize=8)
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_layer_scores(table, max_step: int, stem: str | os.PathLike, *, title: str = "") -> list[Path]:
+def plot_layer_scores(table, max_step: int, *, title: str = "") -> Figure:
     """Fig. 2B / 6: s_pos, s_sym and normalised entropy over steps, one panel per (layer, head)."""
-    plt = pyplot()
     heads = list(table.groupby(["layer", "head"]))
     cols = min(4, len(heads))
     rows = -(-len(heads) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.2 * rows), sharex=True, sharey=True, squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(3.2 * cols, 2.2 * rows), sharex=True, sharey=True, squeeze=False)
     for ax, ((layer, head), g) in zip(axes.flat, heads):
         g = g.sort_values("step")
         ax.plot(g.step, g.s_pos, "-", color="tab:blue", label="s_pos")
@@ -88,15 +97,14 @@ def plot_layer_scores(table, max_step: int, stem: str | os.PathLike, *, title: s
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_purity(counts, max_step: int, stem: str | os.PathLike) -> list[Path]:
+def plot_purity(counts, max_step: int) -> Figure:
     """Fig. 7: cumulative counts of heads pure for good (positional, symbolic) over steps, per gamma,
     at hop queries (solid) and the last token (dotted)."""
-    plt = pyplot()
     gammas = sorted(counts.gamma.unique(), reverse=True)
-    fig, axes = plt.subplots(1, len(gammas), figsize=(5 * len(gammas), 3.4), sharey=True, squeeze=False)
+    fig, axes = subplots(1, len(gammas), figsize=(5 * len(gammas), 3.4), sharey=True, squeeze=False)
     for ax, gamma in zip(axes[0], gammas):
         for mode, style in (("hops", "-"), ("last", ":")):
             g = counts[(counts.gamma == gamma) & (counts.query_mode == mode)].sort_values("step")
@@ -106,19 +114,18 @@ def plot_purity(counts, max_step: int, stem: str | os.PathLike) -> list[Path]:
         ax.set(title=f"gamma = {gamma}", xlabel="step")
     axes[0, 0].set_ylabel("pure heads (cumulative)")
     axes[0, 0].legend(fontsize=7)
-    return save_figure(fig, stem)
+    return fig
 
 
 ROLE_STYLES = {"hops": ("black", "all hops"), "last": ("tab:green", "last token"),
                "target": ("tab:purple", "pointer into target"), "inner": ("tab:brown", "inner pointers")}
 
 
-def plot_roles(heads, gamma: float, stem: str | os.PathLike) -> list[Path]:
+def plot_roles(heads, gamma: float) -> Figure:
     """Fig. 7 by query role: per layer (heads averaged), s_pos, s_sym and the fraction of prompts on
     which the head is pure (positional solid, symbolic dashed) for the all-hops mean and each role;
     `heads` is one step's `posym.commands.dynamics.composition` rows at one gamma."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), sharex=True)
+    fig, axes = subplots(1, 3, figsize=(14, 3.6), sharex=True)
     step = int(heads.step.iloc[0])
     for mode, (color, name) in ROLE_STYLES.items():
         g = heads[heads.query_mode == mode].groupby("layer")[["s_pos", "s_sym", "pure_positional",
@@ -137,21 +144,20 @@ def plot_roles(heads, gamma: float, stem: str | os.PathLike) -> list[Path]:
         ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0].legend(fontsize=7)
     axes[2].legend(fontsize=6, ncol=2)
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None, paper_planes: int = 64) -> list[Path]:
+def plot_frequency_use(channels, heads, *, paper=None, paper_planes: int = 64) -> Figure:
     """Fig. 8: use (mean max logit) of each rotary plane per layer as a heat map, and the weighted
     frequency ID per layer divided by the number of planes (so models of different widths share one
     axis) beside the paper's Table 1 (`paper`: one number per layer, out of `paper_planes`) and the
     uniform baseline (planes + 1) / 2 (every plane used alike)."""
     import numpy as np
 
-    plt = pyplot()
     rotary = channels[channels.frequency_id > 0]
     grid = rotary.groupby(["layer", "frequency_id"]).use.mean().unstack("frequency_id")  # [layers, planes]
     planes = grid.shape[1]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.35 * len(grid) + 2.5), width_ratios=[3, 1.4])
+    fig, (left, right) = subplots(1, 2, figsize=(11, 0.35 * len(grid) + 2.5), width_ratios=[3, 1.4])
     image = left.imshow(grid.to_numpy().clip(min=0), aspect="auto", origin="lower", cmap="viridis",
                         extent=(0.5, planes + 0.5, -0.5, len(grid) - 0.5))
     fig.colorbar(image, ax=left, label="use (mean max logit, clipped at 0)")
@@ -166,7 +172,7 @@ def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None, 
     right.set(xlabel="weighted frequency ID / planes", ylabel="layer", xlim=(0, 1))
     right.yaxis.get_major_locator().set_params(integer=True)
     right.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    return save_figure(fig, stem)
+    return fig
 
 
 def _thinned_labels(ax, points, texts, *, spread: float, fontsize: int = 7) -> None:
@@ -181,14 +187,13 @@ def _thinned_labels(ax, points, texts, *, spread: float, fontsize: int = 7) -> N
             placed.append((x, y))
 
 
-def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> list[Path]:
+def plot_qk_plane(projection, *, token_names=None) -> Figure:
     """Fig. 4B: one prompt's queries and keys on one RoPE plane, before rotation (what the q/k
     projections write) and after RoPE rotated each by its own position (what the dot product sees),
     labelled token@position where labels do not overlap."""
     import numpy as np
 
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 5))
+    fig, axes = subplots(1, 2, figsize=(10, 5))
     for ax, (x, y, when) in zip(axes, (("x", "y", "before rotation"), ("x_rot", "y_rot", "after rotation"))):
         extent = float(np.abs(projection[[x, y]].to_numpy()).max()) or 1.0
         for role, marker, color, name in (("key", "s", "tab:orange", "keys"), ("query", "o", "tab:blue", "queries")):
@@ -203,4 +208,4 @@ def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> l
     axes[0].legend(fontsize=8)
     first = projection.iloc[0]
     fig.suptitle(f"layer {first.layer} head {first['head']}, RoPE plane ID {first.frequency_id}")
-    return save_figure(fig, stem)
+    return fig

@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 
 from posym.core.tasks import decode, generate, task_config
 from posym.errors import PosymError
-from posym.figures import pyplot, save_figure
+from posym.figures import save_figure, subplots
 from posym.io import manifest, write_json, write_parquet, write_text
 from posym.loading import Prompt
 from posym.sources import LoadedModel, load, tokenize
@@ -354,11 +354,10 @@ def bench_table(summary, label: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_bench(summary, label: str, stem: str | os.PathLike) -> list[Path]:
+def plot_bench(summary, label: str):
     """Accuracy vs target-window size per task, ours (per prompt variant) with std bars, the paper's
     models dashed."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for k, (ax, task) in enumerate(zip(axes, ("number", "letter"))):
         for variant, ours in summary[summary.task == task].sort_values("size").groupby("variant", sort=False):
             ax.errorbar(ours["size"], ours.acc_mean, yerr=ours.acc_std, marker="o", capsize=3,
@@ -372,7 +371,7 @@ def plot_bench(summary, label: str, stem: str | os.PathLike) -> list[Path]:
         ax.minorticks_off()
     axes[0].set_ylabel("accuracy")
     axes[1].legend(fontsize=8)
-    return save_figure(fig, stem)
+    return fig
 
 
 # ---- command drivers ----------------------------------------------------------------------------
@@ -409,6 +408,6 @@ def write_bench(judge, out_dir, *, label: str, tasks, sizes, runs: int, n: int, 
     write_parquet(out_dir / "bench.parquet", frame)
     write_parquet(out_dir / "summary.parquet", summary)
     write_text(out_dir / "table.md", table)
-    plot_bench(summary, label, out_dir / "bench")
+    save_figure(plot_bench(summary, label), out_dir / "bench")
     write_json(out_dir / "manifest.json", manifest(settings, seed=None, screening=screening(summary)))
     return table

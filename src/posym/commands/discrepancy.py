@@ -12,20 +12,19 @@ import dataclasses
 from posym.commands import lengthgen
 from posym.core.discrepancy import head_gaps, summarize_gaps
 from posym.errors import PosymError
-from posym.figures import pyplot, save_figure, spaced_tick_labels
+from posym.figures import colormap, save_figure, spaced_tick_labels, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.loading import score_prompts
 from posym.sources import load_analysable
 
 
-def plot_gaps(summary, path_stem, *, title: str = "") -> list:
+def plot_gaps(summary, *, title: str = ""):
     """Median gap (line) and Delta = minimum gap (dotted) vs sequence length per layer (its head 0),
     log-log, with a 1 / n^2 guide (Theorem 3.2's Index rate); PNG + SVG."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.6))
+    fig, ax = subplots(figsize=(7, 4.6))
     layers = sorted(summary.layer.unique())
     # a qualitative palette and a marker per layer: neighbouring layers stay apart (a sequential map does not)
-    colors = plt.get_cmap("tab10" if len(layers) <= 10 else "tab20")(range(len(layers)))
+    colors = colormap("tab10" if len(layers) <= 10 else "tab20")(range(len(layers)))
     markers = "osD^vP*Xhp<>"
     for k, (color, layer) in enumerate(zip(colors, layers)):
         sub = summary[(summary.layer == layer) & (summary["head"] == 0)].sort_values("length")
@@ -43,7 +42,7 @@ def plot_gaps(summary, path_stem, *, title: str = "") -> list:
     ax.set(yscale="log", xlabel="sequence length (tokens)",
            ylabel="top-1 minus top-2 logit", title=title or "discrepancy by length: median (solid), min (dotted)")
     ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    return save_figure(fig, path_stem)
+    return fig
 
 
 def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None, n: int = 64, seed: int = 0,
@@ -91,7 +90,7 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     summary = summarize_gaps(frame)
     write_parquet(out_dir / "gaps.parquet", frame)
     write_parquet(out_dir / "discrepancy.parquet", summary)
-    paths = plot_gaps(summary, out_dir / "fig_discrepancy")
+    paths = save_figure(plot_gaps(summary), out_dir / "fig_discrepancy")
     settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None,
                 "queries": queries or "file/last",
                 "lengths": sorted(int(v) for v in frame["length"].unique()), "n": n, "seed": seed}

@@ -10,17 +10,19 @@ fixed, the same prompts at every step) with `posym.core.scores`, at these query 
   counts as "last"); "inner", the pointers p_1 .. p_{H-2} into the pre-target window (chains of
   >= 3 hops). A prompt's role score is the mean over its queries of that role; prompts without one
   are left out of that role's mean.
-A head's score at a step is the mean over prompts (the paper: 100 prompts per checkpoint), joined
+A head's score at a step is `posym.core.scores.head_scores`, the prompt-mean rule (a prompt's score
+is the mean over its queries, the head's the mean over prompts; the paper: 100 prompts per
+checkpoint; `posym ablate` labels heads by the same rule, so both agree on every head), joined
 with that checkpoint's test accuracy (overall and per hop count) from the run's metrics.parquet and
 its validation accuracy (`posym.commands.validate`). Beside the label of the mean,
-pure_positional_g{gamma} and pure_symbolic_g{gamma} are the fractions of prompts whose own
+pure_column(kind, gamma) (pure_positional_gamma_0p1, ...) are the fractions of prompts whose own
 (prompt-mean) scores get that label under the same rule: a head whose mean is pure can still be
 impure on some prompts, and one whose mean is mixed can be pure on each prompt of two kinds.
 
 Purity rule (footnote 3 of 2605, made exact here). At threshold gamma a head's label at a step is
-the label `posym.core.scores.summarize_heads` gives its prompt-mean scores: positional if s_pos >= 1 - gamma and
-s_sym <= gamma, symbolic if s_sym >= 1 - gamma and s_pos <= gamma (uniform if both >= 1 - gamma,
-mixed otherwise). The head's kind is its label at the LAST checkpoint when that is positional or
+`posym.core.scores.head_labels` of its scores, in column `label_column(gamma)` (label_gamma_0p1):
+positional if s_pos >= 1 - gamma and s_sym <= gamma, symbolic if s_sym >= 1 - gamma and s_pos <=
+gamma (uniform if both >= 1 - gamma, mixed otherwise). The head's kind is its label at the LAST checkpoint when that is positional or
 symbolic (else "none"), and `pure_from` is the first checkpoint step from which its label equals
 that kind at every later checkpoint ("stays pure"; NaN for kind none). Cumulative purity counts
 (Fig. 7): at each step, the heads of each kind whose pure_from <= step; `*_now` columns count the
@@ -37,7 +39,7 @@ from pathlib import Path
 
 from posym import figures
 from posym.commands.validate import validation_table
-from posym.core.scores import score_model, summarize_heads, task_prompts
+from posym.core.scores import head_labels, head_scores, label_column, prompt_scores, score_model, task_prompts
 from posym.errors import PosymError
 from posym.io import manifest, read_parquet, write_json, write_parquet
 from posym.loading import list_checkpoints, load_checkpoint
@@ -66,17 +68,15 @@ def _score_checkpoint(model, ids, hops):
     frame = score_model(model, ids, hops)
     roles = query_roles(hops)
     frame["query_mode"] = [roles[key] for key in zip(frame["prompt"], frame["query"])]
-    columns = ["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]
-    by_role = frame.groupby(["query_mode", "prompt", "layer", "head"], as_index=False)[columns[3:]].mean()
-    per_prompt = frame.groupby(["prompt", "layer", "head"], as_index=False)[columns[3:]].mean()
-    return pd.concat([per_prompt.assign(query_mode="hops"), by_role], ignore_index=True)
+    return pd.concat([prompt_scores(frame).assign(query_mode="hops"), prompt_scores(frame, keys=("query_mode",))],
+                     ignore_index=True)
 
 
 def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=None):
     """(table, per_prompt) for every checkpoint of `run_dir`.
 
     table: one row per (step, query_mode, layer, head): prompt-mean s_pos, s_sym, entropy,
-    entropy_norm, label_g{gamma} for GAMMAS, and the checkpoint's loss, acc, acc_hop1..H.
+    entropy_norm, label_column(gamma) for GAMMAS, and the checkpoint's loss, acc, acc_hop1..H.
     per_prompt: step, query_mode, prompt, layer, head, s_pos, s_sym, entropy (hops: the prompt's
     mean over its hop queries). progress: optional callable(step) after each checkpoint.
     """
@@ -110,9 +110,10 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
         if progress is not None:
             progress(step)
     per_prompt = pd.concat(parts, ignore_index=True)[
-        ["step", "query_mode", "prompt", "layer", "head", "s_pos", "s_sym", "entropy"]]
+        ["step", "query_mode", "prompt", "layer", "head", "s_pos", "s_sym", "entropy", "queries"]]
     keys = ["step", "query_mode", "layer", "head"]
-    table = per_prompt.groupby(keys, as_index=False)[["s_pos", "s_sym", "entropy"]].mean()
+    table = head_scores(per_prompt, keys=("step", "query_mode")).drop(columns=["prompts", "rows"])
+    per_prompt = per_prompt.drop(columns="queries")
     table["entropy_norm"] = normalised_entropy(table)
     table = label(table, GAMMAS).merge(prompt_purity(per_prompt, GAMMAS), on=keys, how="left")
     acc_columns = ["loss", "acc"] + [c for c in metrics.columns if c.startswith("acc_hop")]
@@ -122,14 +123,20 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
     return table, per_prompt
 
 
+def pure_column(kind: str, gamma: float) -> str:
+    """The column of the fraction of prompts on which a head is pure of `kind` at `gamma`
+    (pure_positional_gamma_0p1: a Python identifier, like `label_column`)."""
+    return label_column(gamma).replace("label_", f"pure_{kind}_", 1)
+
+
 def prompt_purity(per_prompt, gammas=GAMMAS):
-    """Per (step, query_mode, layer, head): pure_positional_g{gamma} and pure_symbolic_g{gamma}, the
-    fractions of prompts whose own scores `posym.scores.summarize`'s rule labels so."""
+    """Per (step, query_mode, layer, head): pure_column("positional", gamma) and pure_column("symbolic", gamma), the
+    fractions of prompts whose own scores `posym.core.scores.head_labels` labels so."""
     frame = per_prompt[["step", "query_mode", "layer", "head"]].copy()
     for gamma in gammas:
         hi, lo = 1 - gamma, gamma
-        frame[f"pure_positional_g{gamma}"] = ((per_prompt.s_pos >= hi) & (per_prompt.s_sym <= lo)).astype(float)
-        frame[f"pure_symbolic_g{gamma}"] = ((per_prompt.s_sym >= hi) & (per_prompt.s_pos <= lo)).astype(float)
+        frame[pure_column("positional", gamma)] = ((per_prompt.s_pos >= hi) & (per_prompt.s_sym <= lo)).astype(float)
+        frame[pure_column("symbolic", gamma)] = ((per_prompt.s_sym >= hi) & (per_prompt.s_pos <= lo)).astype(float)
     return frame.groupby(["step", "query_mode", "layer", "head"], as_index=False).mean()
 
 
@@ -143,16 +150,10 @@ def normalised_entropy(table):
 
 
 def label(table, gammas=GAMMAS):
-    """`table` plus a column label_g{gamma} per gamma: each row's `posym.core.scores.summarize_heads` label."""
-    import pandas as pd
-
+    """`table` plus a column `label_column(gamma)` per gamma: each row's `head_labels` label."""
     out = table.copy()
     for gamma in gammas:
-        parts = []
-        for keys, group in table.groupby(["step", "query_mode"]):
-            parts.append(summarize_heads(group, gamma)[["layer", "head", "label"]].assign(step=keys[0], query_mode=keys[1]))
-        labels = pd.concat(parts).rename(columns={"label": f"label_g{gamma}"})
-        out = out.merge(labels, on=["step", "query_mode", "layer", "head"], how="left")
+        out[label_column(gamma)] = head_labels(out.s_pos, out.s_sym, gamma)
     return out
 
 
@@ -163,7 +164,7 @@ def purity(table, gammas=GAMMAS):
 
     rows = []
     for gamma in gammas:
-        column = f"label_g{gamma}"
+        column = label_column(gamma)
         labelled = table if column in table.columns else label(table, [gamma])
         for (mode, layer, head), g in labelled.sort_values("step").groupby(["query_mode", "layer", "head"]):
             labels, steps = g[column].tolist(), g.step.tolist()
@@ -185,7 +186,7 @@ def purity_counts(table, pure):
     rows = []
     steps = sorted(table.step.unique())
     for (gamma, mode), heads in pure.groupby(["gamma", "query_mode"]):
-        column = f"label_g{gamma}"
+        column = label_column(gamma)
         for step in steps:
             now = table[(table.step == step) & (table.query_mode == mode)]
             row = {"gamma": gamma, "query_mode": mode, "step": step, "heads": len(heads)}
@@ -223,11 +224,11 @@ def composition(table, max_step: int, gammas=GAMMAS):
     stages = {"max_acc": max_step, "end": int(table.step.max())}
     heads, summary = [], []
     for gamma in gammas:
-        column = f"label_g{gamma}"
+        column = label_column(gamma)
         for stage, step in stages.items():
             at = table[table.step == step]
             for mode, g in at.groupby("query_mode"):
-                pure = [c for c in (f"pure_positional_g{gamma}", f"pure_symbolic_g{gamma}") if c in g]
+                pure = [c for c in (pure_column("positional", gamma), pure_column("symbolic", gamma)) if c in g]
                 heads.append(g[["layer", "head", "s_pos", "s_sym", column, *pure]]
                              .rename(columns={column: "label", **{c: c.rsplit("_g", 1)[0] for c in pure}})
                              .assign(gamma=gamma, stage=stage, step=step, query_mode=mode))
@@ -257,14 +258,15 @@ def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, 
     for name, frame in [("dynamics", table), ("dynamics_prompts", per_prompt), ("purity", pure),
                         ("purity_counts", counts), ("composition", heads), ("composition_summary", summary)]:
         write_parquet(out_dir / f"{name}.parquet", frame)
-    paths = figures.plot_accuracy(table, best, out_dir / "fig2a_accuracy")
-    paths += figures.plot_layer_scores(table[table.query_mode == "hops"], best, out_dir / "fig2b_scores",
-                                       title="scores at hop queries")
-    paths += figures.plot_layer_scores(table[table.query_mode == "last"], best, out_dir / "fig6_entropy",
-                                       title="scores and normalised entropy at the last token")
-    paths += figures.plot_purity(counts, best, out_dir / "fig7_purity")
-    paths += figures.plot_roles(heads[(heads.stage == "max_acc") & (heads.gamma == GAMMAS[0])], GAMMAS[0],
-                                out_dir / "fig7_roles")
+    paths = figures.save_figure(figures.plot_accuracy(table, best), out_dir / "fig2a_accuracy")
+    paths += figures.save_figure(figures.plot_layer_scores(table[table.query_mode == "hops"], best,
+                                                           title="scores at hop queries"), out_dir / "fig2b_scores")
+    paths += figures.save_figure(figures.plot_layer_scores(
+        table[table.query_mode == "last"], best, title="scores and normalised entropy at the last token"),
+        out_dir / "fig6_entropy")
+    paths += figures.save_figure(figures.plot_purity(counts, best), out_dir / "fig7_purity")
+    paths += figures.save_figure(figures.plot_roles(heads[(heads.stage == "max_acc") & (heads.gamma == GAMMAS[0])],
+                                                    GAMMAS[0]), out_dir / "fig7_roles")
     settings = {"run_dir": str(run_dir), "n_prompts": n_prompts, "seed": seed, "query_modes": list(QUERY_MODES),
                 "gammas": list(GAMMAS)}
     result = {

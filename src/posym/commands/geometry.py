@@ -72,8 +72,9 @@ def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane
     write_parquet(out_dir / "frequency.parquet", heads)
     write_parquet(out_dir / "qk_plane.parquet", projection)
     paper = PAPER_TABLE1.get(paper_task) if paper_task else None
-    paths = figures.plot_frequency_use(means, heads, out_dir / "fig8_frequency", paper=paper)
-    paths += figures.plot_qk_plane(projection, out_dir / "fig4b_qk_plane", token_names=token_names)
+    paths = figures.save_figure(figures.plot_frequency_use(means, heads, paper=paper), out_dir / "fig8_frequency")
+    paths += figures.save_figure(figures.plot_qk_plane(projection, token_names=token_names),
+                                 out_dir / "fig4b_qk_plane")
     per_layer = heads.groupby("layer").mean(numeric_only=True)
     summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings,
                "weighted_id_per_layer": per_layer.weighted_id.round(2).tolist(),

@@ -20,7 +20,7 @@ from posym.core.interventions import (LABEL_QUERIES, HeadFreezer, ablated, fold_
 from posym.core.tasks import generate
 from posym.core.train import TrainConfig, make_optimizer, to_tensor, train_batch, train_step
 from posym.errors import PosymError
-from posym.figures import save_figure
+from posym.figures import save_figure, subplots
 from posym.io import atomic_path, write_json, write_parquet
 from posym.loading import CHECKPOINT_META, load_checkpoint
 from posym.sources import resolve
@@ -68,7 +68,7 @@ def _load(path, step, device):
 
 def _write(out_dir: Path, name: str, table, result: dict, title: str) -> dict:
     write_parquet(out_dir / f"{name}.parquet", table)
-    result["figures"] = [str(p) for p in plot_conditions(table, out_dir / name, title)]
+    result["figures"] = [str(p) for p in save_figure(plot_conditions(table, title), out_dir / name)]
     write_json(out_dir / f"{name}.json", result)
     return {**result, "table": table}
 
@@ -226,12 +226,8 @@ def _frozen_unchanged(model, before: dict, heads) -> bool:
     return True
 
 
-def plot_conditions(table, stem, title: str) -> list[Path]:
+def plot_conditions(table, title: str):
     """Top: accuracy per hop at the training length per condition; bottom: accuracy vs length."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     keys = [c for c in ("condition", "mode") if c in table.columns]
@@ -239,7 +235,7 @@ def plot_conditions(table, stem, title: str) -> list[Path]:
     names = list(dict.fromkeys(table["name"]))
     base = table[table["factor"] == 1].set_index("name").loc[names]
     hops = ["acc"] + sorted(c for c in table.columns if c.startswith("acc_hop"))
-    fig, (left, right) = plt.subplots(2, 1, figsize=(min(16.0, max(7.0, 0.5 * len(names) + 3)), 8.5),
+    fig, (left, right) = subplots(2, 1, figsize=(min(16.0, max(7.0, 0.5 * len(names) + 3)), 8.5),
                                       gridspec_kw={"height_ratios": [1, 1]})
     x = np.arange(len(names))
     width = 0.8 / len(hops)
@@ -259,5 +255,5 @@ def plot_conditions(table, stem, title: str) -> list[Path]:
     right.legend(fontsize=6, ncol=max(1, len(names) // 6), loc="upper right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return save_figure(fig, stem)
+    return fig
 

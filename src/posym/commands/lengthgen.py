@@ -37,7 +37,7 @@ from posym.core.tasks import TaskConfig, generate
 from posym.core.theory import frequency_angle, index_bound, retrieval_bound
 from posym.core.train import evaluate
 from posym.errors import PosymError
-from posym.figures import pyplot, save_figure
+from posym.figures import colormap, save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.loading import load_checkpoint
 
@@ -205,14 +205,13 @@ def measure(model, task: TaskConfig, lengths: list[int], config: LengthGenConfig
     return measured
 
 
-def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
+def plot(table, task: TaskConfig, *, title: str = ""):
     """Fig. 5B: accuracy vs length per hop (log x, the discrepancy bound on the right axis) and, for
     the seed protocol, retention vs length factor per hop. PNG + SVG; returns the paths."""
-    plt = pyplot()
     protocols = [p for p in ("paper", "seed") if (table["protocol"] == p).any()]
-    fig, axes = plt.subplots(1, len(protocols), figsize=(5.5 * len(protocols), 4), squeeze=False)
+    fig, axes = subplots(1, len(protocols), figsize=(5.5 * len(protocols), 4), squeeze=False)
     hops = [ALL_HOPS, *range(1, task.max_hops + 1)]
-    colors = plt.get_cmap("viridis")(
+    colors = colormap("viridis")(
         [0.15 + 0.7 * i / max(1, task.max_hops - 1) for i in range(task.max_hops)])
     for ax, protocol in zip(axes[0], protocols):
         twin_lines = []  # the bound's line on the right axis joins the left axis' legend
@@ -250,7 +249,7 @@ def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
         ax.legend(handles + twin_lines, labels + [line.get_label() for line in twin_lines], loc="best", fontsize=7)
     fig.suptitle(title or f"{task.task} task: length generalization", fontsize=10)
     fig.tight_layout()
-    return [str(path) for path in save_figure(fig, path_stem, dpi=150)]
+    return fig
 
 
 def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None = None,
@@ -281,7 +280,8 @@ def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None
     table.insert(0, "step", info["step"])
     out_dir = Path(out_dir)
     write_parquet(out_dir / "lengthgen.parquet", table)
-    figures = plot(table, task, out_dir / "fig5b", title=f"{task.task} task, step {info['step']}")
+    figure = plot(table, task, title=f"{task.task} task, step {info['step']}")
+    figures = [str(path) for path in save_figure(figure, out_dir / "fig5b", dpi=150)]
     result = {"summary": summarize_protocols(table, task), "checkpoint": str(info["path"]), "step": info["step"],
               "queries": "last (the answer token)",
               "figures": figures, "config": to_dict(config),

@@ -11,7 +11,6 @@ per-plane scores of `posym.core.geometry` for chosen heads. The Appendix H bench
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from posym.commands.bench import bench_prompts
 from posym.core.geometry import plane_scores
 from posym.core.scores import score_model, summarize_heads
 from posym.errors import PosymError
-from posym.figures import pyplot, save_figure
+from posym.figures import save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.loading import Prompt, read_text_prompts
 from posym.sources import LoadedModel, tokenize
@@ -79,13 +78,12 @@ def layer_summary(heads) -> tuple[Any, float]:
     return layers, r
 
 
-def plot_heads(heads, r: float, stem: str | os.PathLike) -> list[Path]:
+def plot_heads(heads, r: float):
     """Layer x head heatmaps of s_pos and s_sym, and the positional-symbolic plane (one dot per head)."""
     import numpy as np
 
-    plt = pyplot()
     n_layers, n_heads = int(heads.layer.max()) + 1, int(heads["head"].max()) + 1
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1, 1, 1.1]})
+    fig, axes = subplots(1, 3, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1, 1, 1.1]})
     for ax, key in zip(axes, ("s_pos", "s_sym")):
         grid = np.full((n_layers, n_heads), np.nan)  # [layers, heads]
         grid[heads.layer.to_numpy(), heads["head"].to_numpy()] = heads[key].to_numpy()
@@ -97,7 +95,7 @@ def plot_heads(heads, r: float, stem: str | os.PathLike) -> list[Path]:
     axes[2].set(xlabel="s_pos", ylabel="s_sym", title=f"heads (Pearson r = {r:.2f})", xlim=(-0.05, 1.05),
                 ylim=(-0.05, 1.05))
     fig.colorbar(dots, ax=axes[2], label="layer")
-    return save_figure(fig, stem)
+    return fig
 
 
 # ---- command drivers ----------------------------------------------------------------------------
@@ -126,11 +124,10 @@ def llm_prompts(name: str, *, text: str | None = None, n: int = 20, size: int = 
     raise PosymError(f"--prompts must be binding, number, letter or a JSONL file, got {name!r}")
 
 
-def plot_planes(planes, stem: str | os.PathLike) -> list[Path]:
+def plot_planes(planes):
     """Per chosen head: s_pos and s_sym of every RoPE plane vs frequency ID (x = 0: position-free dims)."""
-    plt = pyplot()
     chosen = list(planes.groupby(["layer", "head"]))
-    fig, axes = plt.subplots(len(chosen), 1, figsize=(8, 2.6 * len(chosen)), squeeze=False)
+    fig, axes = subplots(len(chosen), 1, figsize=(8, 2.6 * len(chosen)), squeeze=False)
     for ax, ((layer, head), rows) in zip(axes[:, 0], chosen):
         rows = rows.sort_values("frequency_id")
         ax.plot(rows.frequency_id, rows.s_pos, "o-", ms=3, label="s_pos")
@@ -138,7 +135,7 @@ def plot_planes(planes, stem: str | os.PathLike) -> list[Path]:
         ax.set(title=f"layer {layer} head {head}", ylabel="score", ylim=(-0.05, 1.05))
     axes[-1, 0].set_xlabel("frequency ID (1 = fastest plane; 0 = non-rotary dims)")
     axes[0, 0].legend(fontsize=8)
-    return save_figure(fig, stem)
+    return fig
 
 
 def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: str = "last",
@@ -168,7 +165,7 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
     write_parquet(out_dir / "scores.parquet", frame)
     write_parquet(out_dir / "heads.parquet", head_means)
     write_parquet(out_dir / "layers.parquet", layers)
-    plot_heads(head_means, r, out_dir / "heads")
+    save_figure(plot_heads(head_means, r), out_dir / "heads")
     if heads:
         # one pass per chosen layer scores all of its chosen heads (posym.core.geometry's channel engine)
         per_prompt = pd.concat([plane_scores(loaded.model, ids, queries, layers=[layer], heads=chosen, tau=tau)
@@ -176,7 +173,7 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
         planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id"], as_index=False)[
             ["s_pos", "s_sym", "max_logit"]].mean()
         write_parquet(out_dir / "planes.parquet", planes)
-        plot_planes(planes, out_dir / "planes")
+        save_figure(plot_planes(planes), out_dir / "planes")
     summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings, "model_type": loaded.model_type,
                "prompts": len(prompts), "pearson_r": r, "layers": layers.to_dict("records")}
     write_json(out_dir / "summary.json", summary)

@@ -35,7 +35,7 @@ from posym.configs import from_dict, to_dict
 from posym.core.rope import layer_bands
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
-from posym.figures import pyplot, save_figure
+from posym.figures import save_figure, subplots
 from posym.stages import die_with_parent, done_path, is_done, mark_done
 
 
@@ -209,12 +209,11 @@ def aggregate(rows):
     return table.reset_index()
 
 
-def plot_aggregate(table, stem) -> list[Path]:
+def plot_aggregate(table):
     """Mean final accuracy per hop (bars, std over seeds as error bars) for every grid setting, and
     the pure-head fractions if the trials ran dynamics."""
     import numpy as np
 
-    plt = pyplot()
 
     hops = sorted(c[:-5] for c in table.columns if c.startswith("acc_hop") and c.endswith("_mean"))
     fracs = [c[:-5] for c in table.columns if c.startswith("frac_") and c.endswith("_mean")]
@@ -222,7 +221,7 @@ def plot_aggregate(table, stem) -> list[Path]:
     varied = len(table[["rope_bands", "nope_from"]].drop_duplicates()) > 1  # say the band setting only then
     labels = [f"{r.task}\n{r.preset}, rot {r.rotary_dim}, base {r.rope_base:g}"
               + (f"\nbands {r.rope_bands}, NoPE from L{r.nope_from}" if varied else "") for r in table.itertuples()]
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(5.0, 1.6 * len(table)) * len(panels), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(panels), figsize=(max(5.0, 1.6 * len(table)) * len(panels), 3.8), squeeze=False)
     x = np.arange(len(table))
     for ax, (title, columns) in zip(axes[0], panels):
         width = 0.8 / len(columns)
@@ -232,7 +231,7 @@ def plot_aggregate(table, stem) -> list[Path]:
         ax.set_xticks(x, labels, fontsize=8)
         ax.set(ylim=(0, 1.05), title=f"{title}, mean ± std over seeds")
         ax.legend(fontsize=7)
-    return save_figure(fig, stem)
+    return fig
 
 
 def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = None, max_concurrent: int | None = None,
@@ -291,7 +290,7 @@ def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = Non
     table = aggregate(frame)
     io.write_parquet(out / "trials.parquet", frame)
     io.write_parquet(out / "aggregate.parquet", table)
-    figures = [str(p) for p in plot_aggregate(table, out / "aggregate")] if len(table) else []
+    figures = [str(p) for p in save_figure(plot_aggregate(table), out / "aggregate")] if len(table) else []
     failed = frame[frame.status != "ok"][["name", "error"]].to_dict("records")
     result = {**io.manifest(to_dict(config)), "config": to_dict(config), "trials": len(grid), "failed": failed,
               "figures": figures}

@@ -14,15 +14,14 @@ from posym.core.constructions import construction_scores, index_head, multihop, 
 from posym.core.tasks import generate, task_config
 from posym.core.theory import (TheoryConfig, discrepancy_curve, frequency_angle, needed_beta, summarize_lengths,
                                verify)
-from posym.figures import pyplot, save_figure
+from posym.figures import save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
 
 
-def plot_discrepancy(curves: list[dict], path_stem) -> list:
-    """Fig. 5A: measured Delta(n) and Theorem 3.2's bounds, one panel per theta; PNG + SVG."""
-    plt = pyplot()
+def plot_discrepancy(curves: list[dict]):
+    """Fig. 5A: measured Delta(n) and Theorem 3.2's bounds, one panel per theta."""
     thetas = sorted({r["theta"] for r in curves if r["theta"] > 0}, reverse=True)
-    fig, axes = plt.subplots(1, len(thetas), figsize=(5 * len(thetas), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(thetas), figsize=(5 * len(thetas), 3.8), squeeze=False)
     for ax, theta in zip(axes[0], thetas):
         for kind, color in [("index", "tab:blue"), ("retrieval", "tab:orange")]:
             sub = [r for r in curves if r["head"] == kind and r["theta"] == theta and r["valid"]]
@@ -38,7 +37,7 @@ def plot_discrepancy(curves: list[dict], path_stem) -> list:
                title=f"theta = {theta:.4g}")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return save_figure(fig, path_stem, dpi=150)
+    return fig
 
 
 def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
@@ -78,7 +77,7 @@ def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
     step("writing tables and figure")
     write_parquet(out_dir / "theory.parquet", pd.DataFrame(rows))
     write_parquet(out_dir / "discrepancy.parquet", pd.DataFrame(curves))
-    figures = plot_discrepancy(curves, out_dir / "fig5a")
+    figures = save_figure(plot_discrepancy(curves), out_dir / "fig5a", dpi=150)
     result = {"summary": summary, "tasks": tasks, "figures": [str(p) for p in figures],
               "manifest": manifest(to_dict(config), seed=config.seed)}
     write_json(out_dir / "theory.json", result)

@@ -16,7 +16,8 @@ input of `out_proj`: rows of q_proj/k_proj/v_proj and columns of out_proj.
   (AdamW's decoupled weight decay moves weights even at zero gradient): they stay bit-identical.
 
 Which heads: "positional" / "symbolic" / "mixed" pick by the label of `posym.core.scores.summarize_heads`
-(scores at every hop query of test prompts of the checkpoint itself), "L.H,L.H" by index, "L" = every
+(the prompt-mean scores at every hop query of test prompts of the checkpoint itself: the rule and
+the numbers of `posym dynamics`' hop-query table), "L.H,L.H" by index, "L" = every
 head of layer L. The experiment drivers (ablation table, fine-tune comparison) are in
 `posym.commands.interventions`.
 """
@@ -29,12 +30,11 @@ from typing import Iterator
 
 import torch
 
-from posym.core.scores import score_model, summarize_heads, task_prompts
+from posym.core.scores import LABELS, score_model, summarize_heads, task_prompts
 from posym.errors import PosymError
 
 Head = tuple[int, int]
 """(layer, head) index of one attention head."""
-LABELS = ("positional", "symbolic", "mixed", "uniform")
 _INDEX_RE = re.compile(r"^(\d+)(?:\.(\d+))?$")
 
 
@@ -66,7 +66,8 @@ LABEL_QUERIES = "hops"
 
 def label_heads(model, task_config, *, n_prompts: int = 100, seed: int = 0, gamma: float = 0.1):
     """`posym.core.scores.summarize_heads` of the model's scores at every hop query of `n_prompts` test
-    prompts (the dynamics "hops" mode): one row per (layer, head) with s_pos, s_sym and label."""
+    prompts (the dynamics "hops" mode, the same prompt-mean rule): one row per (layer, head) with
+    s_pos, s_sym and label."""
     ids, queries = task_prompts(task_config, n_prompts, seed, queries=LABEL_QUERIES)
     return summarize_heads(score_model(model, ids, queries), gamma=gamma)
 

@@ -11,18 +11,25 @@ Three lines from a notebook:
 
     from posym.core.scores import score_model, summarize_heads
     frame = score_model(model, [[17, 3, 9, 2, 5, 1]], queries="last")   # any supported HF causal LM
-    print(summarize_heads(frame))                                       # mean s_pos/s_sym + label
+    print(summarize_heads(frame))                # prompt-mean s_pos/s_sym + label (`head_scores`)
+
+Task prompts at their hop queries, or text with the model's tokenizer:
+
+    frame = score_model(model, generate(task_config, 100, seed=0, split="test"), queries="hops")
+    frame = score_model(model, ["Alice likes red. Bob likes blue. Bob likes"], tokenizer=tokenizer)
 
 Public API
 - `swap_scores(clean, swapped, tau=1e-4, blocks=None, compare="probs")`: the pure maths for one query
   (`posym.core.constructions` builds `clean`/`swapped` for its heads).
 - `score_model(model, input_ids, queries=None, ...)`: a DataFrame with one row per (prompt, query,
-  layer, head); `iter_scores` yields the same rows in batches (streamed to Parquet by `posym score`).
+  layer, head); `iter_scores` yields the same rows in batches (streamed to Parquet by `posym score`);
+  `prompt_inputs` accepts ids, task samples (queries="hops") or text with a tokenizer.
 - `hop_queries(chain)`: the pointer positions of a task chain (`posym.core.swaps.resolve_queries` /
   `query_batches` turn query specs into positions and equal-length batches);
   `task_prompts` draws test-split task prompts with their queries (`queries_for`); prompt files
   and Parquet output are `posym.loading`'s.
-- `summarize_heads(frame, gamma=0.1)`: per (layer, head) mean scores and a label.
+- `head_scores(frame)`: the score of a head over a prompt set (the prompt-mean rule: hops averaged
+  within each prompt, then prompts); `head_labels` the purity labels; `summarize_heads` both.
 
 The queries, keys and rotary tables come from `posym.core.qk` (GPT-J, GPT-NeoX/Pythia, Llama, Mistral,
 Qwen2; others, e.g. GPT-2 without RoPE, are a PosymError) through the swapped-logit engine
@@ -41,7 +48,7 @@ from posym.errors import PosymError
 from posym.core import swaps
 from posym.core.pruning import block_items, item_values, pair_cosines, score_rows
 from posym.core.qk import HeadQK
-from posym.core.tasks import TaskConfig, generate
+from posym.core.tasks import Samples, TaskConfig, generate
 
 
 def swap_scores(
@@ -127,11 +134,40 @@ def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> di
     return out
 
 
+def prompt_inputs(prompts, queries=None, *, chains=None, tokenizer=None) -> tuple[list, object]:
+    """(id sequences, query specs) of the prompts `score_model` accepts, as `query_batches` takes them.
+
+    prompts: id sequences, a 2-D array, task samples (`posym.core.tasks.Samples`, which carry their
+    chains) or text, tokenized with `tokenizer` (the model's own, as `posym score` does: special
+    tokens included). queries: as `resolve_queries`, or "hops": the pointer tokens of each prompt's
+    chain (`hop_queries`; chains from the samples or `chains`, one per prompt).
+    """
+    if isinstance(prompts, Samples):
+        chains = prompts.chain if chains is None else chains
+        prompts = prompts.input_ids
+    ids = []
+    for k, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise PosymError(f"prompt {k} is text: pass tokenizer= (the model's tokenizer) to score text")
+            prompt = tokenizer(prompt).input_ids
+        ids.append(prompt)
+    if queries == "hops":
+        if chains is None:
+            raise PosymError('queries="hops" needs chains: pass task samples (posym.core.tasks.generate) or chains=')
+        if len(chains) != len(ids):
+            raise PosymError(f"chains has {len(chains)} entries for {len(ids)} prompts")
+        queries = [hop_queries(chain) for chain in chains]
+    return ids, queries
+
+
 def iter_scores(
     model,
     input_ids,
     queries=None,
     *,
+    chains=None,
+    tokenizer=None,
     tau: float = 1e-4,
     blocks: int | None = None,
     compare: str = "probs",
@@ -144,8 +180,10 @@ def iter_scores(
 ):
     """Yield DataFrames of scores (columns COLUMNS), one per batch of equal-length prompts.
 
-    input_ids: a list of 1-D id sequences (lengths may differ) or a 2-D [n, T] array.
-    queries: "last" (default), "all", or per prompt a list of positions (e.g. `hop_queries(chain)`).
+    input_ids: a list of 1-D id sequences (lengths may differ), a 2-D [n, T] array, task samples, or
+    texts with `tokenizer` (see `prompt_inputs`).
+    queries: "last" (default), "all", "hops" (task prompts: samples or `chains`), or per prompt a
+    list of positions (e.g. `hop_queries(chain)`).
     tau, blocks, compare: see `swap_scores`. layers: layer indices (default all).
     exact: "pruned" (default) weighs only the swaps that carry all but `epsilon` of the swap
         weights, so each row's s_pos and s_sym lie within its `bound` (<= 2 epsilon) of the dense
@@ -158,6 +196,7 @@ def iter_scores(
     import pandas as pd
 
     swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau, compare=compare)  # validates tau/compare early
+    input_ids, queries = prompt_inputs(input_ids, queries, chains=chains, tokenizer=tokenizer)
     if exact not in ("pruned", "dense"):
         raise PosymError(f"exact must be 'pruned' or 'dense', got {exact!r}")
     if not 0 < epsilon < 1:
@@ -181,26 +220,77 @@ def score_model(model, input_ids, queries=None, **options):
     return pd.concat(list(iter_scores(model, input_ids, queries, **options)), ignore_index=True)
 
 
-def summarize_heads(frame, gamma: float = 0.1):
-    """Per (layer, head): prompt-mean s_pos, s_sym, entropy, row count and a label.
+# ---- the score of a head over a prompt set ------------------------------------------------------
 
-    Labels on the means (gamma = 0.1 is the paper's purity threshold, footnote 3 of 2605):
-    uniform if both scores >= 1 - gamma; positional if s_pos >= 1 - gamma and s_sym <= gamma;
-    symbolic if s_sym >= 1 - gamma and s_pos <= gamma; mixed otherwise.
+SCORE_COLUMNS = ("s_pos", "s_sym", "entropy")
+LABELS = ("positional", "symbolic", "mixed", "uniform")
+
+
+def prompt_scores(frame, keys=()):
+    """Step 1 of the prompt-mean rule: per (*keys, prompt, layer, head) the mean of s_pos, s_sym and
+    entropy over that prompt's query rows (its hop queries, every position, or its one last token),
+    and `queries`, the number of rows averaged."""
+    group = [*keys, "prompt", "layer", "head"]
+    return frame.groupby(group, as_index=False).agg(
+        **{c: (c, "mean") for c in SCORE_COLUMNS}, queries=("s_pos", "size"))
+
+
+def head_scores(frame, keys=()):
+    """The score of a head over a prompt set, by the PROMPT-MEAN rule used everywhere in posym.
+
+    A prompt's score is the mean over its query rows (`prompt_scores`); a head's score is the mean
+    of its prompts' scores, so every prompt weighs the same whatever its number of queries (a 4-hop
+    prompt has four hop queries, a 1-hop prompt one). This is SPEC section 3: "a head's score over a
+    prompt set = mean over prompts", the paper's figures (mean over 100 prompts per checkpoint).
+    A pooled mean over all (prompt, query) rows would weigh long chains more and can move a head
+    near the purity threshold across it.
+
+    frame: score rows (columns prompt, layer, head, s_pos, s_sym, entropy; more rows per prompt
+    allowed, e.g. `score_model` output, or one row per prompt, e.g. `prompt_scores` output).
+    keys: columns that split the table further (e.g. ("step", "query_mode") in dynamics).
+    Returns per (*keys, layer, head): s_pos, s_sym, entropy, prompts (count) and rows (query rows).
     """
-    import numpy as np
+    missing = sorted({*keys, "prompt", "layer", "head", *SCORE_COLUMNS} - set(frame.columns))
+    if missing:
+        raise PosymError(f"score rows need the columns {', '.join(missing)} (as score_model writes them)")
+    if "queries" not in frame.columns:
+        frame = prompt_scores(frame, keys)
+    return frame.groupby([*keys, "layer", "head"], as_index=False).agg(
+        **{c: (c, "mean") for c in SCORE_COLUMNS}, prompts=("prompt", "size"), rows=("queries", "sum"))
 
+
+def check_gamma(gamma: float) -> None:
+    """gamma, the purity threshold, must lie in (0, 0.5)."""
     if not 0 < gamma < 0.5:
         raise PosymError(f"gamma must lie in (0, 0.5), got {gamma}")
-    out = frame.groupby(["layer", "head"], as_index=False).agg(
-        s_pos=("s_pos", "mean"), s_sym=("s_sym", "mean"), entropy=("entropy", "mean"), rows=("s_pos", "size")
-    )
+
+
+def head_labels(s_pos, s_sym, gamma: float = 0.1):
+    """Labels of heads with scores s_pos, s_sym (arrays) at purity threshold gamma (footnote 3 of
+    2605; the paper shows 0.1 and 0.05): uniform if both >= 1 - gamma; positional if s_pos >= 1 -
+    gamma and s_sym <= gamma; symbolic if s_sym >= 1 - gamma and s_pos <= gamma; mixed otherwise."""
+    import numpy as np
+
+    check_gamma(gamma)
+    s_pos, s_sym = np.asarray(s_pos), np.asarray(s_sym)
     hi, lo = 1 - gamma, gamma
-    out["label"] = np.select(
-        [(out.s_pos >= hi) & (out.s_sym >= hi), (out.s_pos >= hi) & (out.s_sym <= lo), (out.s_sym >= hi) & (out.s_pos <= lo)],
+    return np.select(
+        [(s_pos >= hi) & (s_sym >= hi), (s_pos >= hi) & (s_sym <= lo), (s_sym >= hi) & (s_pos <= lo)],
         ["uniform", "positional", "symbolic"],
         default="mixed",
     )
+
+
+def label_column(gamma: float) -> str:
+    """The column holding labels at threshold gamma: label_gamma_0p1 for 0.1 (an identifier)."""
+    return "label_gamma_" + f"{gamma:g}".replace(".", "p").replace("-", "m")
+
+
+def summarize_heads(frame, gamma: float = 0.1):
+    """Per (layer, head): `head_scores` (the prompt-mean rule) and `label` (`head_labels`)."""
+    check_gamma(gamma)
+    out = head_scores(frame)
+    out["label"] = head_labels(out.s_pos, out.s_sym, gamma)
     return out
 
 
