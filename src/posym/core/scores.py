@@ -75,6 +75,7 @@ def swap_scores(
     tau: float = 1e-4,
     blocks: int | None = None,
     compare: str = "probs",
+    exclude_keys=(),
 ) -> dict[str, Tensor | int]:
     """Positional and symbolic scores of one query row (computed in float64).
 
@@ -86,7 +87,11 @@ def swap_scores(
         block means (2511; see `_pair_blocks`).
     compare: "probs" compares softmax probabilities (the paper); "logits" puts the raw logits in
         v, v' and the swap weights instead.
-    Returns s_pos [...], s_sym [...], entropy [...] (nats, of softmax(clean)), n_swaps (int).
+    exclude_keys: key positions that never move (e.g. 0, an attention sink): swaps touching them are
+        dropped, while they keep their share of the softmax. Positions past the query are ignored.
+    Returns s_pos [...], s_sym [...], entropy [...] (nats, of softmax(clean)), n_swaps (int), and the
+    sink view of the clean row: attn_first [...] (attention on key 0), top_key [...] (position of the
+    largest attention) and attn_top [...] (its attention).
     """
     if compare not in ("probs", "logits"):
         raise PosymError(f"compare must be 'probs' or 'logits', got {compare!r}")
@@ -103,6 +108,12 @@ def swap_scores(
     entropy = -(log_d.exp() * log_d).sum(-1)  # [...]
 
     a, b = _pair_blocks(n - 1, blocks)  # [swaps, size] each
+    fixed = torch.tensor(sorted({int(k) for k in exclude_keys if 0 <= int(k) < n - 1}), dtype=torch.long)
+    if len(fixed):
+        keep = ~(torch.isin(a, fixed).any(-1) | torch.isin(b, fixed).any(-1))  # [swaps]
+        a, b = a[keep], b[keep]
+        if not len(a):
+            raise PosymError(f"excluding key positions {fixed.tolist()} leaves no swap for a query with {n - 1} keys")
     old_a, old_b = clean[..., a], clean[..., b]  # [..., swaps, size]
     new_a, new_b = swapped[..., a, b], swapped[..., b, a]  # [..., swaps, size]: a now holds b's content
     if compare == "logits":
@@ -120,7 +131,9 @@ def swap_scores(
     alpha = torch.softmax(gap / tau, dim=-1)  # [..., swaps]
     s_pos = (alpha * _cosine(w0, w1, v0, v1)).sum(-1)  # [...]
     s_sym = (alpha * _cosine(w0, w1, v1, v0)).sum(-1)  # [...]
-    return {"s_pos": s_pos, "s_sym": s_sym, "entropy": entropy, "n_swaps": a.shape[0]}
+    top = log_d.max(-1)
+    return {"s_pos": s_pos, "s_sym": s_sym, "entropy": entropy, "n_swaps": a.shape[0],
+            "attn_first": log_d[..., 0].exp(), "top_key": top.indices, "attn_top": top.values.exp()}
 
 
 # ---- queries -------------------------------------------------------------------------------------
@@ -177,10 +190,15 @@ def query_batches(prompts, queries, batch_size: int) -> list[tuple[list[int], di
 
 # ---- scoring -------------------------------------------------------------------------------------
 
-COLUMNS = ("prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps")
+COLUMNS = ("prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps", "attn_first", "top_key",
+           "attn_top")
+FLOAT_COLUMNS = ("s_pos", "s_sym", "entropy", "attn_first", "attn_top")
 # Float64 elements of one vectorised swap tensor (~32 MB): callers size their chunks of rows, heads
 # and channels so that one chunk's [.., n, n] logits stay under it.
 BUDGET = 1 << 22
+
+
+ROW_KEYS = ("s_pos", "s_sym", "entropy", "attn_first", "top_key", "attn_top")
 
 
 def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> list[dict]:
@@ -206,11 +224,11 @@ def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> li
                 u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, h, n, d]
                 swapped = qk.scale * u @ qk.k[b, hs, :n].to(dtype).transpose(-1, -2)  # [G, h, n, n]
                 res = swap_scores(swapped.diagonal(dim1=-2, dim2=-1), swapped, **options)
-                pos, sym, ent = (res[key].tolist() for key in ("s_pos", "s_sym", "entropy"))  # [G][h]
+                per_head = {key: res[key].tolist() for key in ROW_KEYS}  # {key: [G][h]}
                 for g, row in enumerate(b.tolist()):
-                    for i in range(len(pos[g])):
-                        out.append({"row": row, "query": p, "head": h0 + i, "s_pos": pos[g][i],
-                                    "s_sym": sym[g][i], "entropy": ent[g][i], "n_swaps": res["n_swaps"]})
+                    for i in range(len(per_head["s_pos"][g])):
+                        out.append({"row": row, "query": p, "head": h0 + i, "n_swaps": res["n_swaps"],
+                                    **{key: values[g][i] for key, values in per_head.items()}})
     return out
 
 
@@ -222,6 +240,7 @@ def iter_scores(
     tau: float = 1e-4,
     blocks: int | None = None,
     compare: str = "probs",
+    exclude_keys=(),
     layers: list[int] | None = None,
     batch_size: int = 64,
     dtype: torch.dtype = torch.float64,
@@ -231,7 +250,7 @@ def iter_scores(
 
     input_ids: a list of 1-D id sequences (lengths may differ) or a 2-D [n, T] array.
     queries: "last" (default), "all", or per prompt a list of positions (e.g. `hop_queries(chain)`).
-    tau, blocks, compare: see `swap_scores`. layers: layer indices (default all).
+    tau, blocks, compare, exclude_keys: see `swap_scores`. layers: layer indices (default all).
     dtype: precision of the score maths (float64 default: tau = 1e-4 amplifies rounding).
     progress: optional callable(number of prompts just finished).
     One forward pass per batch; the attention maps are never materialised.
@@ -251,7 +270,8 @@ def iter_scores(
             records = []
 
             def on_layer(layer, qk):
-                for r in _score_layer(qk, jobs, dtype, tau=tau, blocks=blocks, compare=compare):
+                for r in _score_layer(qk, jobs, dtype, tau=tau, blocks=blocks, compare=compare,
+                                      exclude_keys=exclude_keys):
                     r["layer"] = layer
                     r["prompt"] = batch[r.pop("row")]
                     records.append(r)
@@ -274,7 +294,8 @@ def score_model(model, input_ids, queries=None, **options):
 
 
 def summarize_heads(frame, gamma: float = 0.1):
-    """Per (layer, head): prompt-mean s_pos, s_sym, entropy, row count and a label.
+    """Per (layer, head): prompt-mean s_pos, s_sym, entropy, row count (and attn_first, attn_top when
+    the frame has them) and a label.
 
     Labels on the means (gamma = 0.1 is the paper's purity threshold, footnote 3 of 2605):
     uniform if both scores >= 1 - gamma; positional if s_pos >= 1 - gamma and s_sym <= gamma;
@@ -284,9 +305,10 @@ def summarize_heads(frame, gamma: float = 0.1):
 
     if not 0 < gamma < 0.5:
         raise PosymError(f"gamma must lie in (0, 0.5), got {gamma}")
+    sinks = {key: (key, "mean") for key in ("attn_first", "attn_top") if key in frame.columns}
     out = frame.groupby(["layer", "head"], as_index=False).agg(
-        s_pos=("s_pos", "mean"), s_sym=("s_sym", "mean"), entropy=("entropy", "mean"), rows=("s_pos", "size")
-    )
+        s_pos=("s_pos", "mean"), s_sym=("s_sym", "mean"), entropy=("entropy", "mean"), rows=("s_pos", "size"),
+        **sinks)
     hi, lo = 1 - gamma, gamma
     out["label"] = np.select(
         [(out.s_pos >= hi) & (out.s_sym >= hi), (out.s_pos >= hi) & (out.s_sym <= lo), (out.s_sym >= hi) & (out.s_pos <= lo)],
