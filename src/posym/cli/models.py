@@ -30,6 +30,10 @@ def llm_scores_cmd(
                                         "LAYER.HEAD,... e.g. 0.1,5.3."),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights (1e-4: the swap that moves "
                               "most attention dominates)."),
+    exclude_keys: Optional[str] = typer.Option(None, help="Also score with these key positions left out of "
+                                               "the swaps, e.g. 0 (the attention sink), or 'auto' (positions "
+                                               "that are the top key of at least half the rows); written "
+                                               "beside the plain scores."),
     seed: int = typer.Option(0, help="Seed of the built-in prompt sets."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto (cuda when available)."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16 weights."),
@@ -45,12 +49,15 @@ def llm_scores_cmd(
     chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
     settings = {"model_dir": str(model_dir), "prompts": prompts, "text": text, "n": n, "size": size,
-                "query": query, "heads": heads, "tau": tau, "seed": seed, "dtype": dtype}
-    bar, advance = progress_bar(len(chosen), "scoring prompts")
+                "query": query, "heads": heads, "tau": tau, "exclude_keys": exclude_keys, "seed": seed, "dtype": dtype}
+    excluded = exclude_keys if exclude_keys in (None, "auto") else parse_list(exclude_keys, int)
+    bar, advance = progress_bar(len(chosen) * (1 if exclude_keys is None else 2), "scoring prompts")
     with bar:
         result = llm.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
-                                  settings=settings, progress=advance)
+                                  exclude_keys=excluded, settings=settings, progress=advance)
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
+    if "excluded_keys" in result:
+        print(f"excluding keys {result['excluded_keys']}: {result['label_changes']} heads change label")
 
 
 @app.command("llm-bench")
@@ -95,3 +102,37 @@ def llm_bench_cmd(
         table = bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
                                   settings=settings, markers=variants, progress=advance)
     print(table)
+
+
+@app.command("llm-study")
+def llm_study_cmd(
+    model: Optional[Path] = typer.Argument(None, help="Local Hugging Face model directory (RoPE models)."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-study/<model>); re-running "
+                                       "with the same directory skips the finished stages."),
+    config: Optional[Path] = typer.Option(None, help="YAML file of StudyConfig fields (see OUT/study.yaml)."),
+    stages: Optional[str] = typer.Option(None, help="Comma-separated stages to run (default all): scores, "
+                                         "profile, frequency, discrepancy, bench, ablation."),
+    device: str = typer.Option("cpu", help="cpu, cuda, or auto."),
+) -> None:
+    """The lens of 2511.11579 and 2605.31558 on one real model: six resumable stages and report.html."""
+    from posym import configs, io, loading
+    from posym.commands import study
+
+    settings = configs.from_dict(study.StudyConfig, io.read_yaml(config) if config else {},
+                                 where=str(config or "study config"))
+    only = parse_list(stages, str) if stages else None
+    for stage in only or ():
+        if stage not in study.STAGES:
+            raise PosymError(f"unknown stage {stage!r}; choose from {', '.join(study.STAGES)}")
+    if model is None:
+        raise PosymError("give a model directory (the embedded SmolLM2 default arrives with posym.sources)")
+    loaded = loading.load_hf_model(model, device=device)
+    out = out or Path("runs") / "llm-study" / loaded.name
+    steps = study.stage_steps(settings)
+    bar, advance = progress_bar(sum(steps[s] for s in only or study.STAGES), "llm-study")
+    with bar:
+        timings = study.run_study(loaded, out, settings, settings={"model": str(model), "device": device},
+                                  progress=advance, only=only)
+    for stage, seconds in timings.items():
+        print(f"{stage:12s} {seconds if seconds == 'done' else f'{seconds:.1f} s'}")
+    print(f"wrote {out / 'report.html'}")

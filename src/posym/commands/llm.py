@@ -17,6 +17,7 @@ from typing import Any
 from posym.commands.bench import bench_prompts
 from posym.core.geometry import plane_scores
 from posym.core.scores import score_model, summarize_heads
+from posym.core.study import find_sinks, sink_changes
 from posym.errors import PosymError
 from posym.figures import pyplot, save_figure
 from posym.io import manifest, write_json, write_parquet
@@ -139,11 +140,15 @@ def plot_planes(planes, stem: str | os.PathLike) -> list[Path]:
 
 
 def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: str = "last",
-                 heads: list[tuple[int, int]] = (), tau: float = 1e-4, settings: dict, progress=None) -> dict:
+                 heads: list[tuple[int, int]] = (), tau: float = 1e-4, exclude_keys=None, settings: dict,
+                 progress=None) -> dict:
     """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
 
-    Files: scores.parquet (prompt, query, layer, head, s_pos, s_sym, entropy, n_swaps), heads.parquet
-    (prompt means and labels, posym.core.scores.summarize_heads), layers.parquet (per-layer medians),
+    Files: scores.parquet (posym.core.scores.COLUMNS: scores and the sink view, attention on key 0 and
+    on the top key), heads.parquet (prompt means and labels, posym.core.scores.summarize_heads),
+    prompts.parquet (index, text, answer, input_ids, query position and token), layers.parquet
+    (per-layer medians), with exclude_keys (positions, or "auto": `posym.core.study.find_sinks`) also
+    scores_excluded.parquet and sinks.parquet (each head's label with and without them),
     planes.parquet (prompt-mean per-plane scores of --heads), heads.png/svg, planes.png/svg,
     summary.json (manifest, Pearson r, per-layer medians). Returns the summary dict.
     """
@@ -160,8 +165,19 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
     head_means = summarize_heads(frame)
     layers, r = layer_summary(head_means)
     out_dir = Path(out_dir)
+    extra = {}
+    if exclude_keys is not None:
+        keys = find_sinks(frame) if exclude_keys == "auto" else list(exclude_keys)
+        excluded = score_model(loaded.model, ids, queries, tau=tau, exclude_keys=keys, progress=progress)
+        changes = sink_changes(head_means, summarize_heads(excluded))
+        write_parquet(out_dir / "scores_excluded.parquet", excluded)
+        write_parquet(out_dir / "sinks.parquet", changes)
+        extra = {"excluded_keys": keys, "label_changes": int(changes.changed.sum())}
     write_parquet(out_dir / "scores.parquet", frame)
     write_parquet(out_dir / "heads.parquet", head_means)
+    write_parquet(out_dir / "prompts.parquet", pd.DataFrame([
+        {"prompt": k, "text": p.text, "answer": p.answer, "input_ids": i.tolist(), "query": q[0],
+         "query_token": loaded.tokenizer.decode([int(i[q[0]])])} for k, (p, i, q) in enumerate(zip(prompts, ids, queries))]))
     write_parquet(out_dir / "layers.parquet", layers)
     plot_heads(head_means, r, out_dir / "heads")
     if heads:
@@ -172,7 +188,7 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
             ["s_pos", "s_sym", "max_logit"]].mean()
         write_parquet(out_dir / "planes.parquet", planes)
         plot_planes(planes, out_dir / "planes")
-    summary = {**manifest(settings, seed=settings.get("seed")), "model_type": loaded.model_type,
-               "prompts": len(prompts), "pearson_r": r, "layers": layers.to_dict("records")}
+    summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings, "model_type": loaded.model_type,
+               "prompts": len(prompts), "pearson_r": r, "layers": layers.to_dict("records"), **extra}
     write_json(out_dir / "summary.json", summary)
     return summary
