@@ -125,12 +125,18 @@ def llm_prompts(name: str, *, text: str | None = None, n: int = 20, size: int = 
 
 
 def plot_planes(planes, stem: str | os.PathLike) -> list[Path]:
-    """Per chosen head: s_pos and s_sym of every RoPE plane vs frequency ID (x = 0: position-free dims)."""
+    """Per chosen head: s_pos and s_sym of every RoPE plane vs frequency ID (x = 0: position-free dims),
+    over grey bars of each plane's use (its largest logit contribution at the query, prompt mean)."""
     plt = pyplot()
     chosen = list(planes.groupby(["layer", "head"]))
     fig, axes = plt.subplots(len(chosen), 1, figsize=(8, 2.6 * len(chosen)), squeeze=False)
     for ax, ((layer, head), rows) in zip(axes[:, 0], chosen):
         rows = rows.sort_values("frequency_id")
+        use = ax.twinx()  # how much each plane can move the logits: a plane with no use has no say
+        use.bar(rows.frequency_id, rows.max_logit, color="grey", alpha=0.3, width=0.8)
+        use.set_ylabel("use (max logit)", fontsize=8)
+        ax.set_zorder(use.get_zorder() + 1)
+        ax.patch.set_visible(False)
         ax.plot(rows.frequency_id, rows.s_pos, "o-", ms=3, label="s_pos")
         ax.plot(rows.frequency_id, rows.s_sym, "s-", ms=3, label="s_sym")
         ax.set(title=f"layer {layer} head {head}", ylabel="score", ylim=(-0.05, 1.05))
