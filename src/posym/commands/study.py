@@ -319,7 +319,14 @@ def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, 
               only: list[str] | None = None) -> dict:
     """Run the stages not yet done (all, or `only`), then the report; returns {stage: seconds or "done"}."""
     out = Path(out)
-    io.write_yaml(out / "study.yaml", configs.to_dict(config))
+    stored = out / "study.yaml"
+    if stored.is_file():
+        if io.config_hash(io.read_yaml(stored)) != io.config_hash(configs.to_dict(config)):
+            raise PosymError(f"{out} holds a study with a different config (see {stored}); re-run with the same "
+                             "config to continue it, or choose another --out")
+    elif out.is_dir() and any(out.iterdir()):
+        raise PosymError(f"{out} exists, is not empty and holds no study.yaml; choose another --out")
+    io.write_yaml(stored, configs.to_dict(config))
     io.write_json(out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, **settings))
     progress = progress or (lambda k=1: None)
     timings: dict[str, float | str] = {}
