@@ -7,11 +7,13 @@ YAML file never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, TypeVar
 
 from posym.errors import PosymError
+from posym.io import quote
 
 T = TypeVar("T")
 
@@ -36,14 +38,14 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except PosymError as exc:
                 errors.append(str(exc))
-        raise PosymError(errors[0] if errors else f"{where}: bad value {value!r}")
+        raise PosymError(errors[0] if errors else f"{where}: bad value {quote(value)}")
     if origin is typing.Literal:
         if value not in args:
-            raise PosymError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}")
+            raise PosymError(f"{where} must be one of {', '.join(map(repr, args))}, got {quote(value)}")
         return value
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise PosymError(f"{where} must be a list, got {value!r}")
+            raise PosymError(f"{where} must be a list, got {quote(value)}")
         item = args[0] if args else Any
         out = [_coerce(v, item, where) for v in value]
         return tuple(out) if origin is tuple else out
@@ -53,28 +55,30 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         return from_dict(annotation, value, where=where)
     if annotation is bool:
         if not isinstance(value, bool):
-            raise PosymError(f"{where} must be true or false, got {value!r}")
+            raise PosymError(f"{where} must be true or false, got {quote(value)}")
         return value
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise PosymError(f"{where} must be an integer, got {value!r}")
+            raise PosymError(f"{where} must be an integer, got {quote(value)}")
         return value
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise PosymError(f"{where} must be a number, got {value!r}")
+            raise PosymError(f"{where} must be a number, got {quote(value)}")
+        if not math.isfinite(value):  # a NaN or infinite lr/eps/... trains to NaN weights or fails deep inside torch
+            raise PosymError(f"{where} must be a finite number, got {value}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
-            raise PosymError(f"{where} must be a string, got {value!r}")
+            raise PosymError(f"{where} must be a string, got {quote(value)}")
         return value
     return value
 
 
 def from_dict(cls: type[T], data: dict | None, *, where: str = "config") -> T:
     """Build dataclass `cls` from `data`, rejecting unknown keys and ill-typed values."""
+    if data is not None and not isinstance(data, dict):
+        raise PosymError(f"{where} must be a mapping, got {quote(data)}")
     data = dict(data or {})
-    if not isinstance(data, dict):
-        raise PosymError(f"{where} must be a mapping")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))

@@ -7,3 +7,7 @@ exception is a bug in posym and keeps its traceback.
 
 class PosymError(Exception):
     """Bad input (path, config, prompt, model) explained in one sentence for the user."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a command; the message says what was kept and how re-running continues (exit 130)."""

@@ -1,19 +1,24 @@
-"""Atomic file writes, YAML/JSON helpers and run manifests.
+"""Atomic file writes, output guards, directory locks, YAML/JSON/Parquet helpers and run manifests.
 
 Every file posym writes goes through `atomic_path`: the content is written to a temporary name in
 the same directory and renamed into place, so a killed process never leaves a half-written file
-visible under the final name.
+visible under the final name. `check_output` refuses, before any work, an output that would replace
+a device, a fifo, a directory or one of the command's own inputs; `locked` keeps two processes out of
+one output directory; `interruptible` turns Ctrl-C into one line on what was kept.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import hashlib
 import json
 import os
 import platform
+import reprlib
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +27,7 @@ from typing import Any, Iterator
 import yaml
 
 import posym
-from posym.errors import PosymError
+from posym.errors import Interrupted, PosymError
 
 
 _HOST = platform.node().replace("-", "_") or "host"
@@ -62,6 +67,7 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
     """
     path = Path(path)
     parent = path.parent
+    _refuse_special(path, is_dir)
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -90,9 +96,164 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
-        if isinstance(exc, OSError) and not isinstance(exc, PosymError):
+        if isinstance(exc, OSError):
             raise PosymError(f"cannot write {path}: {exc.strerror or exc}") from None
+        if type(exc).__name__ == "SafetensorError":  # the safetensors writer's own I/O error (e.g. disk full)
+            raise PosymError(f"cannot write {path}: {_first_line(exc)}") from None
         raise
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _kind(mode: int) -> str:
+    """What a file mode is, in words."""
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISREG, "regular file")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _refuse_special(path: Path, is_dir: bool) -> None:
+    """An output may replace a regular file (or, for a directory output, a directory), nothing else:
+    renaming over /dev/null would turn the device into a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # absent (or a dangling link): nothing to replace
+        return
+    wanted = stat.S_ISDIR(mode) if is_dir else stat.S_ISREG(mode)
+    if not wanted:
+        raise PosymError(f"{path} exists and is a {_kind(mode)}; posym writes "
+                         f"{'a directory' if is_dir else 'files'} only where none or a "
+                         f"{'directory' if is_dir else 'regular file'} is")
+
+
+# ---- outputs never replace inputs ------------------------------------------------------------------
+
+RUN_FILES = ("checkpoints", "config.yaml", "manifest.json", "metrics.parquet", "train.log", "pipeline.yaml", "stages")
+"""What `posym train` / `posym run` keep in their directories: outputs may go beside these, never over or into them."""
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file() or (path / "checkpoints").is_dir() or (path / "pipeline.yaml").is_file()
+
+
+def _overlap(output: Path, is_dir: bool, source: Path) -> Path | None:
+    """The part of input `source` that `output` (resolved) would be or lie inside, or None.
+
+    A file input is protected whole. A run directory (config.yaml, checkpoints/) is read through RUN_FILES:
+    outputs beside them are fine (the analyses' defaults, RUN/analysis, RUN/lengthgen). Any other input
+    directory (a model directory, a theory or llm-bench output) is read as its files: an output may not be
+    it, replace or lie inside any of its entries, or be a file directly in it (loaders read every file
+    there); a new subdirectory is fine."""
+    inside = lambda guarded: output == guarded or guarded in output.parents  # noqa: E731
+    if not source.is_dir():
+        return source if inside(source) else None
+    if _is_run_dir(source) and not _is_model_dir(source):
+        checkpoints = source / "checkpoints"
+        if checkpoints in output.parents:  # inside one checkpoint: that checkpoint's (model directory) rule
+            checkpoint = checkpoints / output.relative_to(checkpoints).parts[0]
+            if checkpoint != output and _is_model_dir(checkpoint):
+                return _overlap(output, is_dir, checkpoint)
+        return next((source / name for name in RUN_FILES if inside(source / name)), None)
+    # a model directory, or any other input directory (a theory or llm-bench output): read as its files
+    if output == source or (output.parent == source and not is_dir):
+        return source
+    return next((source / e for e in os.listdir(source) if inside(source / e)), None)
+
+
+def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bool = False,
+                 option: str = "--out") -> Path | None:
+    """Refuse (PosymError, before any work) an output path that exists and is not a regular file (a
+    directory for `is_dir`), or that is or lies inside one of `inputs` (None entries are skipped).
+    Model and run directories around the output count as inputs too: `posym data --out RUN/config.yaml`
+    would break the run. Returns the path (None for None)."""
+    if path is None:
+        return None
+    path = Path(path)
+    _refuse_special(path, is_dir)
+    output = Path(os.path.realpath(path))
+    around = [a for a in output.parents if a.is_dir() and (_is_model_dir(a) or _is_run_dir(a))]
+    given = [Path(os.path.realpath(p)) for p in inputs if p is not None and os.path.lexists(p)]
+    for source in [*given, *around]:
+        hit = _overlap(output, is_dir, source)
+        if hit is not None:
+            raise PosymError(f"{option} {path} would overwrite {'' if hit == output else 'part of '}an input of this "
+                             f"command ({hit}); choose another {option}")
+    return path
+
+
+# ---- one process per output directory -----------------------------------------------------------
+
+LOCK = ".posym.lock"
+"""Name of the lock file `locked` keeps in an output directory (holder's pid and host)."""
+
+
+@contextlib.contextmanager
+def locked(directory: str | os.PathLike) -> Iterator[Path]:
+    """Hold `directory`'s lock while the body runs; a second posym process is refused with one line.
+
+    The lock is an flock on DIRECTORY/.posym.lock, which names the holder's pid: the kernel releases it
+    when the holder dies, so a lock file a killed process left behind is stale and simply taken over.
+    A directory this call created is removed again if the body leaves it empty (a failed start blocks
+    nothing)."""
+    directory = Path(directory)
+    created = not directory.exists()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PosymError(f"cannot create directory {directory}: {exc.strerror}") from None
+    path = directory / LOCK
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise PosymError(f"cannot lock {directory}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+            os.close(fd)
+            raise PosymError(f"{directory} is in use by posym process {holder[0] if holder else '?'}"
+                             f"{f' on {holder[1]}' if len(holder) > 1 else ''} (lock {path}); wait for it to finish "
+                             "or stop it, then run again") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file the previous holder unlinked just before we locked it
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {_HOST}\n".encode(), 0)
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+        if created:
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only if empty
+
+
+# ---- Ctrl-C --------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def interruptible(kept: Any) -> Iterator[None]:
+    """Turn a KeyboardInterrupt in the body into `Interrupted(kept())`: the CLI prints that one line
+    (what was kept, how re-running continues) and exits 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(kept()) from None
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -119,15 +280,73 @@ def write_parquet(path: str | os.PathLike, frame) -> Path:
     return Path(path)
 
 
+def read_json_object(path: str | os.PathLike) -> dict:
+    """A JSON file that must hold an object; anything else (not JSON, a list, not UTF-8) is one PosymError line."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PosymError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise PosymError(f"{path} is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise PosymError(f"{path} must hold a JSON object, not a {type(data).__name__}")
+    return data
+
+
+def read_parquet(path: str | os.PathLike, **kwargs: Any):
+    """`pandas.read_parquet`, a missing or damaged file answered with one PosymError line."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise PosymError(f"{path} does not exist")
+    try:
+        return pd.read_parquet(path, **kwargs)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise PosymError(f"{path} is damaged (not a whole Parquet file: {_first_line(exc)})") from None
+
+
+def quote(value: Any) -> str:
+    """A bounded repr for error messages: a huge (or billion-laughs) value never builds a huge message."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxdict, _QUOTE.maxlist, _QUOTE.maxtuple = 3, 6, 6, 6
+_QUOTE.maxstring, _QUOTE.maxother, _QUOTE.maxlong = 80, 80, 40
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (the YAML spec forbids it; PyYAML
+    would silently keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue
+            if key_node.value in seen:
+                line = key_node.start_mark.line + 1
+                raise PosymError(f"key {quote(key_node.value)} appears twice in one mapping (line {line})")
+            seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | os.PathLike) -> dict:
-    """Read a YAML mapping; a missing file or non-mapping content is a `PosymError`."""
+    """Read a YAML mapping; a missing file, a key given twice or non-mapping content is a `PosymError`."""
     path = Path(path)
     if not path.is_file():
         raise PosymError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except UnicodeDecodeError:
+        raise PosymError(f"config file {path} is not UTF-8 text") from None
+    except PosymError as exc:
+        raise PosymError(f"config file {path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise PosymError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise PosymError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())[:300]}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -30,7 +30,7 @@ from posym.core.qk import check_prompt
 from posym.core.scores import COLUMNS, FLOAT_COLUMNS, check_query_mode, queries_for, resolve_queries, task_prompts
 from posym.core.tasks import TaskConfig
 from posym.errors import PosymError
-from posym.io import atomic_path, write_json
+from posym.io import atomic_path, quote, read_json_object, write_json
 
 
 # ---- posym checkpoints and run directories -------------------------------------------------------
@@ -64,10 +64,7 @@ def read_checkpoint_meta(checkpoint_dir: str | Path) -> dict | None:
     path = Path(checkpoint_dir) / CHECKPOINT_META
     if not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        raise PosymError(f"{path} is not valid JSON") from None
+    return read_json_object(path)
 
 
 def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path, Path | None]:
@@ -98,14 +95,28 @@ def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path,
 
 def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     """`loader.from_pretrained(path, **kwargs)`, a broken weights file (bad safetensors header, truncated or
-    missing tensors) answered with one PosymError line naming `path` (shared by `load_checkpoint` and `load_hf_model`)."""
+    missing tensors, a config.json that disagrees with the weights) answered with one PosymError line naming
+    `path` (shared by `load_checkpoint` and `load_hf_model`)."""
     from safetensors import SafetensorError
+    from transformers.utils import logging as hf_logging
 
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers' multi-line load report; the check below says it in one line
     try:
-        return loader.from_pretrained(path, **kwargs)
+        model, report = loader.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PosymError(f"cannot load the model in {path}: {first}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    # weights that config.json does not describe would be randomly initialised or silently dropped
+    for kind, what in (("missing_keys", "missing from"), ("unexpected_keys", "unexpected in"),
+                       ("mismatched_keys", "of another shape in")):
+        keys = sorted(k if isinstance(k, str) else k[0] for k in report.get(kind) or ())
+        if keys:
+            raise PosymError(f"config.json of {path} does not match its weights: {len(keys)} tensors are {what} the "
+                             f"weights file (first: {keys[0]}); was config.json edited or copied from another model?")
+    return model
 
 
 def load_checkpoint(
@@ -318,14 +329,18 @@ def jsonl_records(path) -> list[tuple[int, object]]:
     path = Path(path)
     if not path.is_file():
         raise PosymError(f"prompt file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PosymError(f"prompt file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)") from None
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             records.append((number, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise PosymError(f"{path} line {number} is not valid JSON ({exc.msg})") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer beyond Python's digit limit
+            raise PosymError(f"{path} line {number} is not valid JSON ({getattr(exc, 'msg', exc)})") from None
     if not records:
         raise PosymError(f"prompt file {path} holds no prompts")
     return records
@@ -338,13 +353,15 @@ def read_token_prompts(path, model) -> list[dict]:
     prompts = []
     for number, record in jsonl_records(path):
         where = f"{path} line {number}"
-        if not isinstance(record, dict) or "input_ids" not in record:
+        if not isinstance(record, dict) or record.get("input_ids") is None:
             raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list")
         fields = {}
         for key in ("input_ids", "queries", "chain"):
             value = record.get(key)
             if value is not None and (not isinstance(value, list) or not all(type(v) is int for v in value)):
                 raise PosymError(f"{where}: {key} must be a list of integers")
+            if value is not None and not all(-2**63 <= v < 2**63 for v in value):  # beyond any tensor's integers
+                raise PosymError(f"{where}: {key} holds an integer out of range ({quote(max(value, key=abs))})")
             fields[key] = value
         ids = check_prompt(model, fields["input_ids"], where)
         if fields["queries"] is not None:

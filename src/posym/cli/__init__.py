@@ -14,7 +14,11 @@ import sys
 
 import typer
 
-from posym.errors import PosymError
+from posym.errors import Interrupted, PosymError
+
+NOTHING_KEPT = ("every file written so far is whole and nothing half-written is left; the output is written only "
+                "when complete, so re-running the same command starts it again")
+"""The Ctrl-C line of commands that keep no partial results (each resumable command says what it kept)."""
 
 app = typer.Typer(
     name="posym",
@@ -62,15 +66,17 @@ def parse_head_pairs(text: str | None) -> list[tuple[int, int]]:
 def main() -> None:
     """Console-script entry point: run the app, answering bad input with one line and exit 2."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except PosymError as exc:
         print(f"posym: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as exc:
+        print(f"posym: interrupted: {exc}", file=sys.stderr)
+        sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
-        print("posym: aborted", file=sys.stderr)
-        sys.exit(130)
+        code = 130
     except Exception as exc:
         # Click usage errors (bad option values, missing arguments) are user errors too. Typer
         # bundles its own copy of click, so recognise them by shape rather than by class.
@@ -78,6 +84,11 @@ def main() -> None:
             print(f"posym: error: {exc.format_message()}", file=sys.stderr)
             sys.exit(2)
         raise
+    if code == 130:  # Typer's answer to a Ctrl-C that no command turned into Interrupted
+        print(f"posym: interrupted: {NOTHING_KEPT}", file=sys.stderr)
+        sys.exit(130)
+    if code:
+        sys.exit(code)
 
 
 for _module in ("training", "analysis", "models", "runs"):

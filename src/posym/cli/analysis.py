@@ -44,6 +44,7 @@ def score_command(
     from posym.configs import to_dict
     from posym.core import scores
 
+    io.check_output(out, inputs=[model, prompts])
     if batch_size < 1 or n_prompts < 1:
         raise PosymError("--batch-size and --n-prompts must be positive")
     hf_model, info = loading.load_checkpoint(model, step=step)
@@ -91,9 +92,11 @@ def dynamics_command(
     from rich.console import Console
     from rich.table import Table
 
+    from posym import io
     from posym.commands import dynamics
     from posym.loading import list_checkpoints
 
+    io.check_output(out, inputs=[run_dir], is_dir=True)
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
     bar, advance = progress_bar(total, "scoring checkpoints")
     with bar:
@@ -136,8 +139,10 @@ def geometry_command(
     (Table 1 / Fig. 8), per-plane positional/symbolic scores, and the q/k plane scatter (Fig. 4B)."""
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands import geometry
 
+    io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
     job = geometry.prepare(path, step=step, n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
                            tau=tau, device=device, out=out)
@@ -177,9 +182,11 @@ def theory_command(
     from rich.progress import Progress
     from rich.table import Table
 
+    from posym import io
     from posym.commands import theory
     from posym.core.theory import TheoryConfig
 
+    io.check_output(out, is_dir=True)
     config = TheoryConfig(n0=n0, index_freq_id=index_freq_id, retrieval_freq_id=retrieval_freq_id,
                                  curve_freq_ids=curve_freq_id, alphabet_size=alphabet_size, eps=eps,
                                  samples=samples, seed=seed)
@@ -228,13 +235,14 @@ def lengthgen_command(
 
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands import lengthgen
 
     hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
 
     config = lengthgen.LengthGenConfig(lengths=parse_list(lengths, int), factors=parse_list(factors, int),
                                        protocol=protocol, n=n, seed=seed, max_tokens=max_tokens, device=device)
-    out = out or Path(run_dir) / "lengthgen"
+    out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True)
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
         result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
@@ -276,8 +284,10 @@ def discrepancy_command(
     from rich.table import Table
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands import discrepancy
 
+    io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
     with Progress(transient=True) as bar:
         job = bar.add_task("measuring gaps (prompts)", total=None)

@@ -42,9 +42,10 @@ def llm_scores_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
 ) -> None:
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
-    from posym import loading
+    from posym import io, loading
     from posym.commands import llm
 
+    io.check_output(out, inputs=[model_dir, prompts], is_dir=True)
     loaded = loading.load_hf_model(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
     chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
@@ -84,8 +85,10 @@ def llm_bench_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-bench/<model>)."),
 ) -> None:
     """Appendix H accuracy (1-hop number/letter tasks, 3 worked examples) with the paper's Table 3 beside."""
+    from posym import io
     from posym.commands import bench
 
+    io.check_output(out, inputs=[model_dir], is_dir=True)
     if markers not in bench.MARKER_CHOICES:
         raise PosymError(f"--markers must be off, on or both, got {markers!r}")
     variants = bench.MARKER_CHOICES[markers]
@@ -118,6 +121,7 @@ def llm_study_cmd(
     from posym import configs, io, loading
     from posym.commands import study
 
+    io.check_output(out, inputs=[model, config], is_dir=True)
     settings = configs.from_dict(study.StudyConfig, io.read_yaml(config) if config else {},
                                  where=str(config or "study config"))
     only = parse_list(stages, str) if stages else None

@@ -41,8 +41,10 @@ def run_command(
     from rich.live import Live
     from rich.table import Table
 
+    from posym import io
     from posym.commands import pipeline, report
 
+    io.check_output(out, inputs=[config, bench], is_dir=True)
     flags = {"preset": preset, "tasks": task or None, "device": device, "workers": workers}
     cfg = pipeline.resolve_pipeline(config, {k: v for k, v in flags.items() if v is not None})
     console = Console()
@@ -72,8 +74,10 @@ def report_command(
 ) -> None:
     """One self-contained HTML page (figures inline, opens offline) with the analogues of the paper's
     Fig. 2, 4B, 5A/B, 6, 7, 8 and Tables 1 and 3, plus every figure as PNG and SVG."""
+    from posym import io
     from posym.commands import report
 
+    io.check_output(out, inputs=paths, is_dir=True)
     html_path = report.build_report(paths, out or Path(paths[0]).resolve().parent / "report", title=title)
     print(f"report: {html_path}")
 
@@ -95,8 +99,10 @@ def sweep_command(
     from rich.progress import Progress
     from rich.table import Table
 
+    from posym import io
     from posym.commands import sweep
 
+    io.check_output(out, inputs=[config], is_dir=True)
     cfg = sweep.load_sweep(config)
     console = Console()
     with Progress(console=console, transient=True) as bar:
@@ -177,10 +183,12 @@ def ablate_command(
     from rich.status import Status
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands.interventions import run_ablation
 
     hf_logging.disable_progress_bar()
-    out = out or Path(path) / "ablation"
+    out = io.check_output(out or Path(path) / "ablation", inputs=[path], is_dir=True)
+    io.check_output(save, inputs=[path], is_dir=True, option="--save")
     with Status("scoring heads") as status:
         result = run_ablation(path, heads, out, modes=tuple(mode or ("zero", "mean")), step=step,
                               factors=parse_list(factors, int), n=n, seed=seed, n_prompts=n_prompts, gamma=gamma,
@@ -216,10 +224,11 @@ def finetune_command(
     from rich.status import Status
     from transformers.utils import logging as hf_logging
 
+    from posym import io
     from posym.commands.interventions import run_finetune
 
     hf_logging.disable_progress_bar()
-    out = out or Path(path) / "finetune"
+    out = io.check_output(out or Path(path) / "finetune", inputs=[path], is_dir=True)
     with Status("scoring heads") as status:
         result = run_finetune(path, freeze, out, step=step, steps=steps, lr=lr, factors=parse_list(factors, int),
                               n=n, seed=seed, gamma=gamma, save_models=save_models, device=device,

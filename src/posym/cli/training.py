@@ -36,9 +36,11 @@ def data_command(
 ) -> None:
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
 
+    from posym import io
     from posym.commands import datasets
     from posym.core import tasks
 
+    io.check_output(out)
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
                  alphabet_size=alphabet_size, int_range=int_range, extra_target=extra_target)
     config = tasks.task_config(task, markers=markers, **{k: v for k, v in knobs.items() if v is not None})
@@ -68,8 +70,10 @@ def train_command(
     progress: bool = typer.Option(True, help="Show a progress bar."),
 ) -> None:
     """Train a GPT-J on a multi-hop task, saving checkpoints, metrics.parquet and train.log in a run directory."""
+    from posym import io
     from posym.commands import train
 
+    io.check_output(out, inputs=[config], is_dir=True)
     if resume is not None:
         given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
                                           ("--steps", steps), ("--device", device)) if value is not None]
@@ -106,6 +110,7 @@ def eval_command(
     from posym import io
     from posym.commands import train
 
+    io.check_output(out, inputs=[path])
     rows = train.evaluate_checkpoint(path, step=step, task=task, n=n, extra_targets=extra_target or [0],
                                      seed=seed, split=split, device=device)
     table = Table(title=f"{rows[0]['task']} task, {rows[0]['checkpoint']}")

@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -167,6 +165,77 @@ def _api_key(endpoint: Endpoint) -> str | None:
     return key
 
 
+MAX_REPLY_BYTES = 64 * 2**20
+"""Largest reply body read from an endpoint (the whole-reply timeout bounds the time as well)."""
+MAX_STORED = 200
+"""Characters of a predicted answer kept in bench.parquet: a runaway answer is stored as its prefix."""
+
+
+def _masked(text: str, key: str | None, limit: int = 200) -> str:
+    """`text` with the API key replaced, then cut to `limit` characters (in that order: a key that straddles
+    the cut would otherwise survive it half)."""
+    text = text.replace(key, "***") if key else text
+    return text[:limit]
+
+
+def _post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, str, bytes]:
+    """POST `body`, return (status, reason, reply body). The whole exchange (connect, headers, body) must
+    end within `timeout_s`: a timer shuts the socket down at the deadline, so a server that trickles
+    bytes cannot stretch one request (a per-read socket timeout would restart at every byte)."""
+    import http.client
+    import socket
+    import threading
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    connection = (http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection)(
+        parts.hostname, parts.port, timeout=timeout_s)
+    expired, sockets = threading.Event(), []  # the socket itself: a closing reply detaches it from the connection
+
+    def expire() -> None:
+        expired.set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.start()
+    try:
+        connection.connect()
+        sockets.append(connection.sock)
+        if expired.is_set():
+            raise TimeoutError
+        connection.request("POST", parts.path + (f"?{parts.query}" if parts.query else ""), body, headers)
+        reply = connection.getresponse()
+        data = reply.read(MAX_REPLY_BYTES)
+        if expired.is_set():  # the shutdown ended the read early: what came is only part of the reply
+            raise TimeoutError
+        return reply.status, reply.reason, data
+    except (OSError, http.client.HTTPException) as exc:  # TimeoutError is an OSError
+        if expired.is_set():
+            raise TimeoutError(f"no whole reply within {timeout_s:g} s") from None
+        raise OSError(str(exc) or type(exc).__name__) from None
+    finally:
+        timer.cancel()
+        connection.close()
+
+
+def reply_content(payload) -> str:
+    """The text of an OpenAI-style chat completion: `content` as a string, a number, or a list of parts
+    ({"type": "text", "text": ...} or plain strings); anything else raises ValueError."""
+    content = payload["choices"][0]["message"]["content"]
+    if content is None:
+        return ""
+    if isinstance(content, (str, int, float)) and not isinstance(content, bool):
+        return str(content)
+    if isinstance(content, list):
+        texts = [part if isinstance(part, str) else part.get("text") for part in content if isinstance(part, (str, dict))]
+        return "".join(t for t in texts if isinstance(t, str))
+    raise ValueError(f"content of type {type(content).__name__}")
+
+
 def chat(endpoint: Endpoint, content: str) -> str:
     """One greedy chat completion; retries transient failures, then raises a PosymError without the key."""
     url = endpoint.base_url.rstrip("/") + "/chat/completions"
@@ -180,28 +249,34 @@ def chat(endpoint: Endpoint, content: str) -> str:
     for attempt in range(endpoint.retries + 1):
         if attempt:
             time.sleep(endpoint.backoff_s * 2 ** (attempt - 1))
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=endpoint.timeout_s) as reply:
-                payload = json.loads(reply.read().decode("utf-8"))
-            return payload["choices"][0]["message"]["content"] or ""
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", "replace")[:200]
-            last = f"HTTP {exc.code} {exc.reason}: {detail.replace(key, '***') if key else detail}"
-            if exc.code not in (408, 429) and exc.code < 500:
+            status, reason, data = _post(url, body, headers, endpoint.timeout_s)
+        except (OSError, TimeoutError) as exc:
+            last = f"no reply ({_masked(str(exc), key)})"
+            continue
+        if status != 200:  # the reason phrase is the server's text too: masked like the body
+            last = _masked(f"HTTP {status} {reason}: {data.decode('utf-8', 'replace')}", key, 240)
+            if status not in (408, 429) and status < 500:
                 break  # a client error (bad key, bad model name) will not go away by retrying
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            last = f"no reply ({getattr(exc, 'reason', exc)})"
-        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+        try:
+            return reply_content(json.loads(data.decode("utf-8")))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             last = "the reply is not an OpenAI-style chat completion"
             break
     raise PosymError(f"endpoint {url} failed after {attempt + 1} attempt(s): {last}")
 
 
 def reply_answer(reply: str) -> str:
-    """The first word of a chat reply, without surrounding punctuation or quotes."""
-    words = reply.split()
-    return words[0].strip(".,;:!?\"'`*()[]") if words else ""
+    """The first word of a chat reply (inside a ``` fence if it opens with one), without surrounding
+    punctuation or quotes, at most MAX_STORED characters."""
+    text = reply.strip()
+    if text.startswith("```"):  # ```\nanswer\n``` or ```text\nanswer```: the fenced body
+        body = text[3:].split("```", 1)[0]
+        lines = body.split("\n", 1)
+        text = lines[1] if len(lines) > 1 and lines[1].strip() else lines[0]
+    words = text.split()
+    return words[0].strip(".,;:!?\"'`*()[]")[:MAX_STORED] if words else ""
 
 
 def endpoint_correct(endpoint: Endpoint, prompt: Prompt) -> tuple[bool, str]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from posym import figures
 from posym.core.scores import score_model, summarize_heads, task_prompts
 from posym.errors import PosymError
-from posym.io import manifest, write_json, write_parquet
+from posym.io import manifest, read_parquet, write_json, write_parquet
 from posym.loading import list_checkpoints, load_checkpoint
 
 
@@ -70,7 +70,7 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
         raise PosymError(f"{run_dir} has no metrics.parquet (written by posym train at every checkpoint)")
     if n_prompts < 1:
         raise PosymError(f"--n-prompts must be at least 1, got {n_prompts}")
-    metrics = pd.read_parquet(run_dir / "metrics.parquet").drop_duplicates("step", keep="last").set_index("step")
+    metrics = read_parquet(run_dir / "metrics.parquet").drop_duplicates("step", keep="last").set_index("step")
     missing = [s for s, _ in checkpoints if s not in metrics.index]
     if missing:
         raise PosymError(f"{run_dir}/metrics.parquet has no row for checkpoint step {missing[0]}")

@@ -22,6 +22,7 @@ run side by side, each on one thread.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -38,6 +39,7 @@ from posym.core.theory import TheoryConfig
 from posym.core.train import PRESETS
 from posym.errors import PosymError
 from posym.loading import list_checkpoints
+from posym.resources import check_resources
 from posym.stages import die_with_parent, is_done, mark_done
 
 
@@ -100,7 +102,7 @@ def resolve_pipeline(config_file: str | Path | None = None, overrides: dict | No
     data.update(overrides or {})
     config = from_dict(PipelineConfig, data, where=str(config_file or "pipeline config"))
     for task in config.tasks:
-        train_config(config, task)
+        check_resources(train_config(config, task))
     return config
 
 
@@ -126,6 +128,15 @@ def _stage(out: Path, job: str, stage: str, work: Callable[[], Any]) -> float:
 
 
 # ---- jobs (run in worker processes) -------------------------------------------------------------
+
+
+def _pool_worker() -> None:
+    """`posym run`'s pool initializer: die with the driver, and leave Ctrl-C (sent to the whole process
+    group) to the driver, which stops the workers itself and says what was kept."""
+    import signal
+
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
@@ -173,7 +184,7 @@ def _prepare(config: PipelineConfig, out: Path) -> None:
         if io.config_hash(to_dict(stored)) != io.config_hash(to_dict(config)):
             raise PosymError(f"{out} holds a run with a different config (see {path}); re-run with the same "
                              "options to continue it, or choose another --out")
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(p.name != io.LOCK for p in out.iterdir()):
         raise PosymError(f"{out} exists, is not empty and holds no pipeline.yaml; choose another --out")
     else:
         io.write_yaml(path, to_dict(config))
@@ -193,6 +204,19 @@ def job_status(config: PipelineConfig, out: Path, job: str) -> str:
     return f"{job}: done"
 
 
+@contextlib.contextmanager
+def _stopping_workers(pool):
+    """On Ctrl-C, end the pool's workers at once (their writes are atomic, as after a kill) instead of
+    letting the pool wait for their jobs to finish."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        for process in list(pool._processes.values()):  # noqa: SLF001 (the executor offers no kill)
+            process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+
+
 def run_pipeline(config: PipelineConfig, out: str | Path, *, bench: str | Path | None = None,
                  status: Callable[[list[str]], None] | None = None) -> dict:
     """Run (or continue) every stage into `out`, then build the report. `status(lines)` is called
@@ -201,23 +225,37 @@ def run_pipeline(config: PipelineConfig, out: str | Path, *, bench: str | Path |
     A job that fails with a PosymError does not stop the others; the run then raises one PosymError
     naming every failed job after the report of what did finish is written.
     """
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-    from multiprocessing import get_context
-
     start = time.perf_counter()
     out = Path(out)
     if bench is not None and (not Path(bench).is_dir() or report.kind_of(Path(bench)) != "bench"):
         raise PosymError(f"--bench {bench} is not a posym llm-bench output directory (table.md, summary.parquet)")
-    _prepare(config, out)
     jobs = [*config.tasks, THEORY]
+    with io.locked(out), io.interruptible(lambda: _kept(out, jobs)):
+        _prepare(config, out)
+        return _run_jobs(config, out, jobs, bench, status, start)
+
+
+def _kept(out: Path, jobs: list[str]) -> str:
+    """The Ctrl-C line of `posym run`: the finished stages and how to continue."""
+    stages = [(job, stage) for job in jobs for stage in ((THEORY,) if job == THEORY else TASK_STAGES)]
+    done = sum(is_done(out, job, stage) for job, stage in stages)
+    return (f"kept {done} of {len(stages)} finished stages (and the checkpoints of any training) in {out}; "
+            "re-running the same command resumes")
+
+
+def _run_jobs(config: PipelineConfig, out: Path, jobs: list[str], bench, status, start: float) -> dict:
+    """The body of `run_pipeline`, under the output directory's lock."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from multiprocessing import get_context
+
     workers = config.workers or max(1, min(len(jobs), os.cpu_count() or 1))
     threads = max(1, (os.cpu_count() or 1) // workers)
     as_dict = to_dict(config)
     seconds: dict[str, dict] = {}
     failures: dict[str, str] = {}
     # spawn, not fork: torch and OpenMP state must not be copied into the workers
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=die_with_parent)
-    with pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_pool_worker)
+    with pool, _stopping_workers(pool):
         futures = {pool.submit(theory_job, as_dict, str(out), threads) if job == THEORY else
                    pool.submit(task_job, as_dict, str(out), job, threads): job for job in jobs}
         pending = set(futures)

@@ -84,13 +84,11 @@ def run_summary(run_dir: str | Path) -> dict:
     """Headline numbers of one training run from its files: task, preset, final step and accuracy per
     hop, pure layers at the end (gamma 0.1, hop queries; None before posym dynamics), weighted
     frequency ID per layer (None before posym geometry) and the length-generalization summary."""
-    import pandas as pd
-
     run_dir = Path(run_dir)
     config = io.read_yaml(run_dir / "config.yaml")
     if not (run_dir / "metrics.parquet").is_file():
         raise PosymError(f"{run_dir} has no metrics.parquet: has training started?")
-    metrics = pd.read_parquet(run_dir / "metrics.parquet").sort_values("step")
+    metrics = io.read_parquet(run_dir / "metrics.parquet").sort_values("step")
     last = metrics.iloc[-1]
     out = {"run_dir": str(run_dir), "task": config["task"]["task"], "preset": config["preset"],
            "layers": config["model"]["n_layer"], "step": int(last.step), "max_steps": config["max_steps"],
@@ -99,14 +97,14 @@ def run_summary(run_dir: str | Path) -> dict:
            "weighted_id": None, "lengthgen": None}
     comp = run_dir / "analysis" / "composition_summary.parquet"
     if comp.is_file():
-        c = pd.read_parquet(comp)
+        c = io.read_parquet(comp)
         row = c[(c.gamma == 0.1) & (c.stage == "end") & (c.query_mode == "hops")].iloc[0]
         out["positional"] = row.layers_positional or "none"
         out["symbolic"] = row.layers_symbolic or "none"
         out["frac_positional"], out["frac_symbolic"] = float(row.frac_positional), float(row.frac_symbolic)
     freq = run_dir / "analysis" / "frequency.parquet"
     if freq.is_file():
-        out["weighted_id"] = pd.read_parquet(freq).groupby("layer").weighted_id.mean().round(1).tolist()
+        out["weighted_id"] = io.read_parquet(freq).groupby("layer").weighted_id.mean().round(1).tolist()
     lengthgen = _read_json(run_dir / "lengthgen" / "lengthgen.json")
     if lengthgen is not None:
         out["lengthgen"] = lengthgen["summary"]

@@ -317,27 +317,40 @@ def stage_steps(config: StudyConfig) -> dict[str, int]:
 
 def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, progress=None,
               only: list[str] | None = None) -> dict:
-    """Run the stages not yet done (all, or `only`), then the report; returns {stage: seconds or "done"}."""
+    """Run the stages not yet done (all, or `only`), then the report; returns {stage: seconds or "done"}.
+    One process per OUT (`posym.io.locked`); Ctrl-C keeps the finished stages."""
     out = Path(out)
+    with io.locked(out), io.interruptible(lambda: _kept(out)):
+        _prepare(out, config, settings)
+        progress = progress or (lambda k=1: None)
+        timings: dict[str, float | str] = {}
+        for stage in only or STAGES:
+            if is_done(out, JOB, stage):
+                timings[stage] = "done"
+                progress(stage_steps(config)[stage])
+                continue
+            start, cpu = time.perf_counter(), time.process_time()
+            STAGE_WORK[stage](loaded, config, out / stage, progress)
+            timings[stage] = round(time.perf_counter() - start, 2)
+            mark_done(out, JOB, stage, timings[stage], cpu_seconds=round(time.process_time() - cpu, 2))
+        build_study_report(out)
+    return timings
+
+
+def _prepare(out: Path, config: StudyConfig, settings: dict) -> None:
+    """OUT/study.yaml and manifest.json; a study with another config, or a foreign directory, is refused."""
     stored = out / "study.yaml"
     if stored.is_file():
         if io.config_hash(io.read_yaml(stored)) != io.config_hash(configs.to_dict(config)):
             raise PosymError(f"{out} holds a study with a different config (see {stored}); re-run with the same "
                              "config to continue it, or choose another --out")
-    elif out.is_dir() and any(out.iterdir()):
+    elif any(p.name != io.LOCK for p in out.iterdir()):
         raise PosymError(f"{out} exists, is not empty and holds no study.yaml; choose another --out")
     io.write_yaml(stored, configs.to_dict(config))
     io.write_json(out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, **settings))
-    progress = progress or (lambda k=1: None)
-    timings: dict[str, float | str] = {}
-    for stage in only or STAGES:
-        if is_done(out, JOB, stage):
-            timings[stage] = "done"
-            progress(stage_steps(config)[stage])
-            continue
-        start, cpu = time.perf_counter(), time.process_time()
-        STAGE_WORK[stage](loaded, config, out / stage, progress)
-        timings[stage] = round(time.perf_counter() - start, 2)
-        mark_done(out, JOB, stage, timings[stage], cpu_seconds=round(time.process_time() - cpu, 2))
-    build_study_report(out)
-    return timings
+
+
+def _kept(out: Path) -> str:
+    """The Ctrl-C line of `posym llm-study`."""
+    done = sum(is_done(out, JOB, stage) for stage in STAGES)
+    return f"kept {done} of {len(STAGES)} finished stages in {out}; re-running the same command resumes"

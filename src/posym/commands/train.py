@@ -9,6 +9,7 @@ bit-identical to an uninterrupted one on the same machine), metrics.parquet and 
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from pathlib import Path
@@ -17,13 +18,14 @@ from typing import Any
 from posym import io
 from posym.commands import lengthgen
 from posym.configs import from_dict, override, to_dict
-from posym.core.model import build_model, resolve_device
+from posym.core.model import build_model
 from posym.core.tasks import task_config
 from posym.core.train import (PRESETS, TrainConfig, checkpoint_steps, evaluate, make_optimizer, to_tensor,
                               train_batch, train_step)
 from posym.errors import PosymError
 from posym.loading import (CHECKPOINT_META, CHECKPOINTS, checkpoint_name, list_checkpoints, load_checkpoint,
                             read_checkpoint_meta)
+from posym.resources import check_resources
 
 TRAINER_TENSORS = "trainer_state.safetensors"
 TRAINER_JSON = "trainer_state.json"
@@ -96,8 +98,6 @@ def _save_trainer_state(directory: Path, optimizer, step: int, config_hash: str)
 
 def _load_trainer_state(directory: Path, optimizer) -> int:
     """Restore optimizer and RNG from a checkpoint; return its step."""
-    import json
-
     import torch
     from safetensors.torch import load_file
 
@@ -116,8 +116,52 @@ def _load_trainer_state(directory: Path, optimizer) -> int:
     return int(meta["step"])
 
 
-def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
-    """Check the run directory; write config.yaml and manifest.json for a new run."""
+def _restore(model, optimizer, ckpt: Path, device: str) -> None:
+    """Load a checkpoint's weights and trainer state; a damaged file raises `_Damaged(file, reason)`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    steps = [(ckpt / "model.safetensors", lambda f: model.load_state_dict(load_file(str(f), device=device))),
+             (ckpt / TRAINER_JSON, lambda f: json.loads(f.read_text(encoding="utf-8"))["param_groups"]),
+             (ckpt / TRAINER_TENSORS, lambda f: _load_trainer_state(ckpt, optimizer))]
+    for path, load in steps:
+        try:
+            load(path)
+        except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError, SafetensorError, PosymError) as exc:
+            raise _Damaged(path, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
+
+
+class _Damaged(Exception):
+    """A checkpoint file that cannot be read back (path, reason)."""
+
+
+def _resume_point(run_dir: Path, resumable: list[tuple[int, Path]], model, optimizer, device: str) -> tuple[int, Path]:
+    """Restore the newest resumable checkpoint; if one of its files is damaged, one PosymError naming the
+    file and the newest checkpoint that does load (the one to resume from once the damaged one is moved away)."""
+    step, ckpt = resumable[-1]
+    try:
+        _restore(model, optimizer, ckpt, device)
+        return step, ckpt
+    except _Damaged as damaged:
+        path, reason = damaged.args
+    intact = None
+    for _, older in reversed(resumable[:-1]):
+        try:
+            _restore(model, optimizer, older, device)
+            intact = older
+            break
+        except _Damaged:
+            continue
+    offer = (f"the newest intact checkpoint is {intact.name}: move {ckpt.name} (and any checkpoint after "
+             f"{intact.name}) out of {ckpt.parent}, then resume again" if intact is not None else
+             "no other checkpoint keeps its trainer state (set keep_trainer_state: true to keep them), so the run "
+             "cannot continue exactly; start it again")
+    raise PosymError(f"cannot resume {run_dir}: {path.relative_to(run_dir)} is damaged ({reason[:120]}); {offer}")
+
+
+def _run_config(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
+    """The config of the run: `config` for a new run, the run's config.yaml (which `config`, if given,
+    must equal) to resume. Reads only."""
     config_path = run_dir / "config.yaml"
     if resume:
         if not config_path.is_file():
@@ -128,11 +172,17 @@ def _prepare_run_dir(config: TrainConfig | None, run_dir: Path, resume: bool) ->
         return stored
     if config is None:
         raise PosymError("a config is needed to start a new run")
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+    if run_dir.exists() and (not run_dir.is_dir() or any(p.name != io.LOCK for p in run_dir.iterdir())):
         raise PosymError(f"{run_dir} already exists and is not empty; pass --resume or choose another --out")
-    io.write_yaml(config_path, to_dict(config))
-    io.write_json(run_dir / "manifest.json", io.manifest(to_dict(config), seed=config.seed))
     return config
+
+
+def _kept(run_dir: Path) -> str:
+    """The Ctrl-C line of `posym train`: what is on disk and how to continue."""
+    steps = [s for s, _ in list_checkpoints(run_dir)]
+    if not steps:
+        return f"no checkpoint was finished, so nothing was kept in {run_dir}; the same command starts it again"
+    return f"kept checkpoints up to step {steps[-1]} in {run_dir}; `posym train --resume {run_dir}` continues from there"
 
 
 def train(
@@ -146,15 +196,32 @@ def train(
     still decays towards max_steps), so a later resume continues the very same run: the way to train
     the 6,000-step `paper` preset on a CPU up to its maximal accuracy, or in pieces.
     """
-    import pandas as pd
-    import torch
-
     if stop_at is not None and stop_at < 1:
         raise PosymError(f"--stop-at must be a positive step, got {stop_at}")
     run_dir = Path(run_dir)
-    config = _prepare_run_dir(config, run_dir, resume)
+    config = _run_config(config, run_dir, resume)
+    device = check_resources(config)  # before the run directory exists: a refused config leaves nothing
+    with io.locked(run_dir), io.interruptible(lambda: _kept(run_dir)):
+        if resume:
+            return _train(config, run_dir, resume, progress, stop_at, device)
+        _run_config(config, run_dir, resume)  # again, under the lock: nobody started it meanwhile
+        started = [io.write_yaml(run_dir / "config.yaml", to_dict(config)),
+                   io.write_json(run_dir / "manifest.json", io.manifest(to_dict(config), seed=config.seed))]
+        try:
+            return _train(config, run_dir, resume, progress, stop_at, device)
+        except BaseException:
+            if not list_checkpoints(run_dir):  # a start that failed before its first checkpoint blocks nothing
+                for path in [*started, run_dir / "train.log", run_dir / "metrics.parquet", run_dir / CHECKPOINTS]:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            raise
+
+
+def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, stop_at: int | None, device: str) -> Path:
+    """The body of `train`, run under the run directory's lock."""
+    import pandas as pd
+    import torch
+
     chash = io.config_hash(to_dict(config))
-    device = resolve_device(config.device)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     task = config.task
@@ -173,13 +240,10 @@ def train(
         for leftover in [*run_dir.glob(".*.tmp-*"), *run_dir.glob(f"{CHECKPOINTS}/.*")]:
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     if resume and resumable:
-        from safetensors.torch import load_file
-
         step, ckpt = resumable[-1]
         if stop_at is not None and step >= end:
             raise PosymError(f"{run_dir} is already at step {step}; nothing to do before step {end}")
-        model.load_state_dict(load_file(str(ckpt / "model.safetensors"), device=device))
-        _load_trainer_state(ckpt, optimizer)
+        step, ckpt = _resume_point(run_dir, resumable, model, optimizer, device)
         rows = [read_checkpoint_meta(p)["metrics"] for s, p in list_checkpoints(run_dir) if s <= step]
         log_lines.append(f"resumed at step {step} from {ckpt.name}")
     else:

@@ -76,6 +76,9 @@ class TrainConfig:
             raise PosymError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.threads is not None and self.threads < 1:
             raise PosymError(f"threads must be a positive integer or null, got {self.threads}")
+        if self.model.n_positions < self.task.seq_len:
+            raise PosymError(f"model.n_positions ({self.model.n_positions}) must cover the task's "
+                             f"{self.task.seq_len}-token sequences")
 
 
 def _paper(task: TaskConfig) -> TrainConfig:

@@ -1,0 +1,508 @@
+"""Reliability, round two (docs/reliability.md, "Outputs, interrupts, damaged inputs, locks"): one test per case.
+
+- Outputs never replace what they must not: device nodes, fifos, sockets and directories (made inside
+  temporary directories; nothing here writes to a real device node), and any output that is or lies
+  inside an input of the command.
+- Ctrl-C: posym runs in its own process group (`python -m posym`, start_new_session) and gets SIGINT:
+  exit 130 and one line saying what was kept.
+- Damaged or inconsistent inputs, impossible configs, and a real full disk (a small tmpfs, as root):
+  exit 2 and one line, nothing created.
+- The llm-bench endpoint client against a real local HTTP server; the lock of an output directory.
+Bad-input cases run `posym` in-process (tests/cli_runner.py): the checks come before any heavy work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from posym import io
+from posym.commands import bench
+from posym.commands.train import resolve_config, train
+from posym.errors import PosymError
+from posym.loading import list_checkpoints, load_checkpoint
+
+ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+       "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+# the 2-layer, 2-hop run of tests/test_reliability.py: 96 steps, 11 checkpoints, ~2 s
+TRAIN = {"task": {"target_size": 4, "pretarget_size": 3, "max_hops": 2, "alphabet_size": 4, "int_range": 7},
+         "model": {"n_layer": 2, "n_head": 1, "n_embd": 32, "dropout": 0.1, "n_positions": 64},
+         "lr": 3e-3, "warmup_steps": 3, "max_steps": 96, "batch_size": 8, "checkpoint_every": 16,
+         "eval_size": 24, "eval_batch_size": 12, "threads": 1, "device": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """A 16-step run whose every checkpoint keeps its trainer state, and its config file."""
+    root = tmp_path_factory.mktemp("guards")
+    io.write_yaml(root / "train.yaml", {**TRAIN, "max_steps": 16, "checkpoint_every": 8, "keep_trainer_state": True})
+    io.write_yaml(root / "full.yaml", TRAIN)
+    train(resolve_config("quick", "number", root / "train.yaml"), root / "run", progress=False)
+    return root
+
+
+def cli(capsys, monkeypatch, *argv) -> tuple[int, str]:
+    """`posym ARGV` in-process: (exit code, stderr)."""
+    from cli_runner import run_posym
+
+    capsys.readouterr()
+    code = run_posym(monkeypatch, *argv)
+    return code, capsys.readouterr().err
+
+
+def one_line(code: int, err: str, *needles: str) -> None:
+    assert code == 2, (code, err[-2000:])
+    assert err.startswith("posym: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert len(err) < 600, err  # a bounded message, whatever the input held
+    for needle in needles:
+        assert needle in err, err
+
+
+def snapshot(root: Path) -> dict:
+    """Every file under `root` with its bytes (to prove that a refused command changed nothing)."""
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ---- outputs that must not be replaced ---------------------------------------------------------------------
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / kind
+    if kind == "device":
+        try:  # the null device's numbers, but a node of our own inside the temporary directory
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("making a device node needs root")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.close()
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.write_text("a file\n")
+    return path
+
+
+SPECIAL = [  # (argv, with OUT the special path; its kind; words of the error)
+    pytest.param(["score", "--model", "{run}", "--out", "{out}"], "device", "is a character device", id="score-device"),
+    pytest.param(["data", "--n", "5", "--out", "{out}"], "fifo", "is a fifo", id="data-fifo"),
+    pytest.param(["eval", "{run}", "--n", "8", "--out", "{out}"], "socket", "is a socket", id="eval-socket"),
+    pytest.param(["data", "--n", "5", "--out", "{out}"], "directory", "is a directory", id="data-directory"),
+    pytest.param(["dynamics", "{run}", "--out", "{out}"], "file", "is a regular file", id="dynamics-over-a-file"),
+]
+
+
+@pytest.mark.parametrize("argv, kind, words", SPECIAL)
+def test_output_over_a_device_fifo_socket_or_directory_is_refused(runs, tmp_path, capsys, monkeypatch, argv,
+                                                                   kind, words):
+    out = _special(tmp_path, kind)
+    mode = os.lstat(out).st_mode
+    code, err = cli(capsys, monkeypatch, *(a.format(run=runs / "run", out=out) for a in argv))
+    one_line(code, err, words)
+    assert os.lstat(out).st_mode == mode  # still the node it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kind]  # no OUT.json sidecar, no temporary
+
+
+def _step(runs: Path) -> Path:
+    return list_checkpoints(runs / "run")[-1][1]
+
+
+INSIDE = [  # (argv; {run} the run, {ckpt} its latest checkpoint, {prompts} a prompt file)
+    pytest.param(["score", "--model", "{run}", "--out", "{ckpt}/model.safetensors"], id="score-over-the-weights"),
+    pytest.param(["eval", "{ckpt}", "--n", "8", "--out", "{ckpt}/config.json"], id="eval-over-config.json"),
+    pytest.param(["score", "--model", "{run}", "--out", "{run}/metrics.parquet"], id="score-over-metrics"),
+    pytest.param(["data", "--n", "5", "--out", "{run}/config.yaml"], id="data-over-the-run-config"),
+    pytest.param(["score", "--model", "{run}", "--prompts", "{prompts}", "--out", "{prompts}"], id="score-over-prompts"),
+    pytest.param(["geometry", "{ckpt}", "--out", "{ckpt}"], id="geometry-into-the-checkpoint"),
+    pytest.param(["dynamics", "{run}", "--out", "{run}/checkpoints/x"], id="dynamics-into-checkpoints"),
+]
+
+
+@pytest.mark.parametrize("argv", INSIDE)
+def test_output_that_is_or_lies_inside_an_input_is_refused(runs, tmp_path, capsys, monkeypatch, argv):
+    prompts = runs / "prompts.jsonl"
+    prompts.write_text('{"input_ids": [1, 2, 3, 4]}\n')
+    before = snapshot(runs)
+    code, err = cli(capsys, monkeypatch, *(a.format(run=runs / "run", ckpt=_step(runs), prompts=prompts) for a in argv))
+    one_line(code, err, "would overwrite", "an input of this command")
+    assert snapshot(runs) == before
+
+
+def test_outputs_beside_inputs_are_allowed(runs, tmp_path):
+    run, ckpt = runs / "run", _step(runs)
+    for path, is_dir in [(run / "analysis", True), (run / "scores.parquet", False), (ckpt / "ablation", True),
+                         (tmp_path / "new" / "s.parquet", False)]:
+        assert io.check_output(path, inputs=[run, ckpt], is_dir=is_dir) == path
+
+
+# ---- Ctrl-C ----------------------------------------------------------------------------------------------
+
+
+def start(args, cwd: Path) -> subprocess.Popen:
+    """`python -m posym ARGS` leading its own process group (so that SIGINT reaches every process of it)."""
+    return subprocess.Popen([sys.executable, "-m", "posym", *map(str, args)], cwd=cwd, env=ENV, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 180) -> tuple[int, str]:
+    """SIGINT to the process group of `proc` once `ready()` holds; (exit code, stderr)."""
+    deadline = time.time() + timeout
+    while not ready() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, f"finished before the interrupt: {proc.stderr.read()[-2000:]}"
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.stderr.read()
+    return proc.wait(timeout=60), err
+
+
+def interrupted(code: int, err: str, *needles: str) -> None:
+    assert code == 130, (code, err[-2000:])
+    assert err.startswith("posym: interrupted: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_ctrl_c_during_train_exits_130_says_what_was_kept_and_resume_continues(runs, tmp_path):
+    out = tmp_path / "run"
+    proc = start(["train", "--config", runs / "full.yaml", "--out", out, "--no-progress"], tmp_path)
+    code, err = interrupt_when(proc, lambda: (out / "checkpoints" / "step-00000004").exists())
+    kept = list_checkpoints(out)[-1][0]
+    interrupted(code, err, f"kept checkpoints up to step {kept} in {out}", f"posym train --resume {out}")
+    assert not (out / io.LOCK).exists() and not [p for p in out.rglob(".*")]  # no lock, no temporaries
+    train(None, out, resume=True, progress=False)  # as the line says (in-process: one process start less)
+    assert list_checkpoints(out)[-1][0] == TRAIN["max_steps"]
+
+
+def test_ctrl_c_during_score_exits_130_and_leaves_nothing(runs, tmp_path):
+    out = tmp_path / "scores" / "s.parquet"
+    proc = start(["score", "--model", runs / "run", "--n-prompts", 100000, "--batch-size", 1, "--out", out], tmp_path)
+    code, err = interrupt_when(proc, lambda: out.parent.is_dir() and any(out.parent.iterdir()))  # the temporary
+    interrupted(code, err, "nothing half-written is left", "starts it again")
+    assert not list(out.parent.iterdir())
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_run_exits_130_stops_every_worker_and_rerun_resumes(tmp_path):
+    from tiny_runs import PIPELINE
+
+    io.write_yaml(tmp_path / "tiny.yaml", {**PIPELINE, "tasks": ["number"]})
+    out = tmp_path / "main"
+    command = ["run", "--config", tmp_path / "tiny.yaml", "--out", out, "--workers", 2]
+    proc = start(command, tmp_path)
+    family: set[int] = set()
+
+    def ready() -> bool:
+        family.update(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _in_group(p, proc.pid))
+        return (out / "number" / "checkpoints" / "step-00000006").exists()
+
+    code, err = interrupt_when(proc, ready)
+    interrupted(code, err, f"finished stages (and the checkpoints of any training) in {out}", "re-running the same "
+                "command resumes")
+    time.sleep(1)
+    assert not [pid for pid in family if Path(f"/proc/{pid}").exists() and _in_group(Path(f"/proc/{pid}"), proc.pid)]
+    rerun = subprocess.run([sys.executable, "-m", "posym", *map(str, command)], cwd=tmp_path, env=ENV,
+                           capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert (out / "pipeline.json").is_file()
+
+
+def _in_group(proc_dir: Path, pgid: int) -> bool:
+    """Whether the process of /proc/PID is a live member of process group `pgid`."""
+    try:
+        fields = (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z" and int(fields[2]) == pgid
+
+
+# ---- damaged or inconsistent inputs --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", [{"n_layer": 3}, {"n_layer": 1}, {"n_embd": 64}, {"vocab_size": 40}],
+                         ids=["more-layers", "fewer-layers", "wider", "larger-vocabulary"])
+def test_config_json_that_disagrees_with_the_weights_is_one_line(runs, tmp_path, capsys, monkeypatch, change):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(_step(runs), ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(PosymError, match="config.json of .* does not match its weights"):
+        load_checkpoint(ckpt)
+    code, err = cli(capsys, monkeypatch, "score", "--model", ckpt, "--n-prompts", 2, "--out", tmp_path / "s.parquet")
+    one_line(code, err, "does not match its weights")
+
+
+def test_posym_json_that_is_a_list_is_one_line(runs, tmp_path, capsys, monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(_step(runs), ckpt)
+    (ckpt / "posym.json").write_text("[1, 2, 3]\n")
+    code, err = cli(capsys, monkeypatch, "score", "--model", ckpt, "--out", tmp_path / "s.parquet")
+    one_line(code, err, "posym.json must hold a JSON object, not a list")
+
+
+DAMAGE = {  # file of the latest checkpoint -> how it is damaged
+    "trainer_state.json": lambda p: p.write_text('{"step": 16, "param_gr'),
+    "trainer_state.safetensors": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+    "model.safetensors": lambda p: p.write_bytes(b""),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGE))
+def test_resume_from_a_damaged_checkpoint_names_the_file_and_the_newest_intact_one(runs, tmp_path, capsys,
+                                                                                    monkeypatch, name):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    latest = list_checkpoints(run)[-1][1]
+    DAMAGE[name](latest / name)
+    code, err = cli(capsys, monkeypatch, "train", "--resume", run, "--no-progress")
+    one_line(code, err, f"{latest.relative_to(run) / name} is damaged", "the newest intact checkpoint is step-00000008")
+    shutil.move(latest, tmp_path / latest.name)  # as the message offers
+    code, err = cli(capsys, monkeypatch, "train", "--resume", run, "--no-progress")
+    assert code == 0, err
+    assert [s for s, _ in list_checkpoints(run)][-1] == 16 and load_checkpoint(run)[1]["step"] == 16
+
+
+def test_resume_without_any_intact_trainer_state_says_so(runs, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    for _, ckpt in list_checkpoints(run)[:-1]:
+        (ckpt / "trainer_state.safetensors").unlink()  # as keep_trainer_state: false leaves them
+    DAMAGE["trainer_state.safetensors"](list_checkpoints(run)[-1][1] / "trainer_state.safetensors")
+    code, err = cli(capsys, monkeypatch, "train", "--resume", run, "--no-progress")
+    one_line(code, err, "is damaged", "cannot continue exactly")
+
+
+@pytest.mark.parametrize("command", ["dynamics", "report"])
+def test_truncated_metrics_parquet_is_one_line(runs, tmp_path, capsys, monkeypatch, command):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    metrics = run / "metrics.parquet"
+    metrics.write_bytes(metrics.read_bytes()[: metrics.stat().st_size // 2])
+    code, err = cli(capsys, monkeypatch, command, run, "--out", tmp_path / "out")
+    one_line(code, err, f"{metrics} is damaged")
+
+
+PROMPTS = {  # a prompt file's bytes -> words of the error
+    "null-ids": (b'{"input_ids": null}\n', 'must be a JSON object with an "input_ids" list'),
+    "400-digit-id": (b'{"input_ids": [1, 2, ' + b"9" * 400 + b"]}\n", "input_ids holds an integer out of range"),
+    "not-utf8": (b'{"input_ids": [1, 2, 3]}\n\xff\xfe\n', "is not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_bad_prompt_files_are_one_line(runs, tmp_path, capsys, monkeypatch, name):
+    data, words = PROMPTS[name]
+    (tmp_path / "p.jsonl").write_bytes(data)
+    code, err = cli(capsys, monkeypatch, "score", "--model", runs / "run", "--prompts", tmp_path / "p.jsonl",
+                    "--out", tmp_path / "s.parquet")
+    one_line(code, err, words)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 400 KiB tmpfs (root only): writes fail with ENOSPC from the kernel, not from a patch."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)], capture_output=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_real_full_disk_during_train_is_one_line_and_leaves_whole_checkpoints(runs, small_disk, capsys,
+                                                                                 monkeypatch):
+    run = small_disk / "run"
+    code, err = cli(capsys, monkeypatch, "train", "--config", runs / "full.yaml", "--out", run, "--no-progress")
+    one_line(code, err, "No space left on device")
+    assert not [p for p in small_disk.rglob(".*")]  # no temporary, no lock
+    for _, ckpt in list_checkpoints(run):
+        load_file(ckpt / "model.safetensors")  # what is visible is whole
+
+
+# ---- config values, checked before anything is created ---------------------------------------------------------
+
+LAUGHS = "model:\n  n_layer:\n    - &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"    - &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
+CONFIGS = [  # (YAML text, words of the error)
+    pytest.param("lr: .nan\n", "lr must be a finite number", id="lr-nan"),
+    pytest.param("lr: .inf\n", "lr must be a finite number", id="lr-inf"),
+    pytest.param("model: {n_embd: 10000000}\n", "GiB to train", id="n_embd-absurd"),
+    pytest.param("model: {n_layer: 100000}\n", "GiB to train", id="n_layer-absurd"),
+    pytest.param("model: {n_positions: 4}\n", "model.n_positions (4) must cover the task's 17-token", id="n_positions"),
+    pytest.param("threads: 100000\n", "threads: 100000 is more than this machine's", id="threads"),
+    pytest.param(LAUGHS, "model.n_layer must be an integer", id="billion-laughs"),
+    pytest.param("lr: 0.001\nmax_steps: 10\nlr: 0.1\n", "key 'lr' appears twice in one mapping (line 3)",
+                 id="duplicate-key"),
+]
+
+
+@pytest.mark.parametrize("text, words", CONFIGS)
+def test_impossible_configs_are_one_line_before_anything_is_created(tmp_path, capsys, monkeypatch, text, words):
+    (tmp_path / "c.yaml").write_text(text)
+    code, err = cli(capsys, monkeypatch, "train", "--config", tmp_path / "c.yaml", "--out", tmp_path / "out" / "run")
+    one_line(code, err, words)
+    assert not (tmp_path / "out").exists()
+
+
+def test_impossible_pipeline_config_creates_nothing(tmp_path, capsys, monkeypatch):
+    io.write_yaml(tmp_path / "p.yaml", {"train": {"model": {"n_layer": 100000}}})
+    code, err = cli(capsys, monkeypatch, "run", "--config", tmp_path / "p.yaml", "--out", tmp_path / "main")
+    one_line(code, err, "GiB to train")
+    assert not (tmp_path / "main").exists()
+
+
+def test_a_start_that_fails_before_its_first_checkpoint_blocks_nothing(runs, tmp_path, monkeypatch):
+    import posym.commands.train as train_module
+
+    def broken(*args, **kwargs):
+        raise PosymError("evaluation failed")
+
+    config = train_module.resolve_config("quick", "number", runs / "full.yaml")
+    monkeypatch.setattr(train_module, "evaluate", broken)
+    with pytest.raises(PosymError, match="evaluation failed"):
+        train_module.train(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+    monkeypatch.undo()
+    train_module.train(config, tmp_path / "run", progress=False, stop_at=1)  # the same command, not blocked
+
+
+# ---- the endpoint client of llm-bench ----------------------------------------------------------------------------
+
+KEY = "sk-secret-0123456789"
+
+
+class Endpoint:
+    """A local HTTP server replying to every POST with (status, reason, body), optionally one byte every
+    `trickle` seconds."""
+
+    def __init__(self, status=200, reason="OK", body=b"", trickle=0.0):
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                try:
+                    self.send_response(status, reason)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    for k in range(0, len(body), 1 if trickle else len(body) or 1):
+                        self.wfile.write(body[k: k + 1] if trickle else body)
+                        self.wfile.flush()
+                        time.sleep(trickle)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        outer.endpoint = bench.Endpoint(self.url, "m", "POSYM_TEST_KEY", timeout_s=1.0, retries=0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def chat_reply(content) -> bytes:
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+
+
+@pytest.mark.parametrize("reason, body", [(f"bad key {KEY}", b"{}"), ("Unauthorized", b"x" * 190 + KEY.encode() + b"y" * 50)],
+                         ids=["in-the-reason-phrase", "near-character-200-of-the-body"])
+def test_the_api_key_never_leaks_into_an_error(monkeypatch, reason, body):
+    monkeypatch.setenv("POSYM_TEST_KEY", KEY)
+    with Endpoint(401, reason, body) as server, pytest.raises(PosymError) as caught:
+        bench.chat(server.endpoint, "hi")
+    message = str(caught.value)
+    assert "HTTP 401" in message and "***" in message and KEY[:6] not in message, message
+
+
+def test_the_timeout_bounds_the_whole_reply(monkeypatch):
+    monkeypatch.setenv("POSYM_TEST_KEY", KEY)
+    with Endpoint(body=chat_reply("A" * 40), trickle=0.25) as server:  # 10 s of bytes, 0.25 s apart
+        began = time.monotonic()
+        with pytest.raises(PosymError, match=r"no reply \(no whole reply within 1 s\)"):
+            bench.chat(server.endpoint, "hi")
+        assert time.monotonic() - began < 5  # a per-read timeout would wait for all 10 s
+
+
+@pytest.mark.parametrize("content, answer", [("```\nE\n```", "E"), ("```text\nE```", "E"), (7, "7"),
+                                             ([{"type": "text", "text": "E"}, {"type": "text", "text": "2 more"}], "E2"),
+                                             ("A" * 20_000_000, "A" * bench.MAX_STORED)],
+                         ids=["fenced", "fenced-with-language", "number", "list-of-parts", "20-MB"])
+def test_common_reply_shapes_are_parsed_and_stored_bounded(monkeypatch, content, answer):
+    monkeypatch.setenv("POSYM_TEST_KEY", KEY)
+    with Endpoint(body=chat_reply(content)) as server:
+        server.endpoint.timeout_s = 30.0
+        assert bench.reply_answer(bench.chat(server.endpoint, "hi")) == answer
+
+
+# ---- one process per output directory ------------------------------------------------------------------------
+
+
+def test_a_second_process_on_a_locked_directory_is_refused_with_the_holders_pid(runs, tmp_path, capsys,
+                                                                                monkeypatch):
+    from tiny_runs import PIPELINE
+
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    with io.locked(run):  # flock: a second open of the lock conflicts even inside this process
+        code, err = cli(capsys, monkeypatch, "train", "--resume", run, "--no-progress")
+        one_line(code, err, f"{run} is in use by posym process {os.getpid()}")
+    io.write_yaml(tmp_path / "tiny.yaml", {**PIPELINE, "tasks": ["number"]})
+    with io.locked(tmp_path / "main"):
+        code, err = cli(capsys, monkeypatch, "run", "--config", tmp_path / "tiny.yaml", "--out", tmp_path / "main")
+        one_line(code, err, f"is in use by posym process {os.getpid()}")
+    assert not (tmp_path / "main").exists()  # the lock's directory goes with it when left empty
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(runs, tmp_path, capsys, monkeypatch):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    (run / io.LOCK).write_text(f"{int(dead.stdout)} {io._HOST}\n")  # what a SIGKILLed train leaves
+    code, err = cli(capsys, monkeypatch, "train", "--resume", run, "--no-progress")
+    assert code == 0, err
+    assert not (run / io.LOCK).exists()
+
+
+@pytest.mark.slow
+def test_a_second_train_process_on_one_run_is_refused(runs, tmp_path):
+    io.write_yaml(tmp_path / "long.yaml", {**TRAIN, "max_steps": 100_000, "checkpoint_every": 50_000})
+    out = tmp_path / "run"
+    first = start(["train", "--config", tmp_path / "long.yaml", "--out", out, "--no-progress"], tmp_path)
+    try:
+        while not (out / "checkpoints" / "step-00000001").exists() and first.poll() is None:
+            time.sleep(0.01)
+        second = subprocess.run([sys.executable, "-m", "posym", "train", "--resume", out], env=ENV,
+                                capture_output=True, text=True, timeout=300)
+        assert first.poll() is None  # still training: the refusal below met a live holder
+    finally:
+        os.killpg(first.pid, signal.SIGINT)
+        first.wait(timeout=60)
+    one_line(second.returncode, second.stderr, f"{out} is in use by posym process {first.pid}")
+    assert first.returncode == 130
