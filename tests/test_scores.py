@@ -113,7 +113,7 @@ from tiny_models import random_prompts as _prompts  # noqa: E402
 from reference_scores import attention_rows, reference_model_scores  # noqa: E402
 
 from posym.core.qk import head_qk  # noqa: E402
-from posym.core.scores import hop_queries, iter_scores, query_batches, score_model, summarize_heads  # noqa: E402
+from posym.core.scores import hop_queries, iter_scores, score_model, summarize_heads  # noqa: E402
 
 def _assert_matches_reference(model, prompts, frame, tol, blocks=None, tau=1e-4, exclude_keys=()):
     """Every (prompt, query, layer) of frame against the per-swap reference; returns the max error."""
@@ -231,34 +231,21 @@ def test_streaming_batches_and_determinism():
     assert [sorted(set(p["prompt"])) for p in parts] == [[0], [1, 2], [3]]
     whole = score_model(model, prompts)
     assert whole.equals(score_model(model, prompts))
-    assert list(whole.columns) == ["prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps",
-                                   "attn_first", "top_key", "attn_top"]
+    assert list(whole.columns) == ["prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps", "kept",
+                                   "bound", "attn_first", "top_key", "attn_top"]
 
 
 def test_chunks_of_one_row_and_one_head_give_the_same_scores(monkeypatch):
     """A query too long for all heads at once is scored a few heads at a time (bounded memory)."""
-    import posym.core.scores
+    import posym.core.swaps
 
     model = tiny_model("llama")  # 4 query heads sharing 2 key heads
     prompts = _prompts([9, 9, 12], seed=2)
     whole = score_model(model, prompts, "all")
-    monkeypatch.setattr(posym.core.scores, "BUDGET", 40)  # below one head's 55 swaps at the last query
+    monkeypatch.setattr(posym.core.swaps, "BUDGET", 40)  # below one head's 55 swaps at the last query
     chunked = score_model(model, prompts, "all")
     pd.testing.assert_frame_equal(whole, chunked, check_exact=False, rtol=0, atol=1e-12)
     _assert_matches_reference(model, prompts[2:], chunked[chunked["prompt"] == 2].assign(prompt=0), 1e-6)
-
-
-def test_query_batches_group_by_length_and_query():
-    prompts = [[1] * 5, [1] * 3, [1] * 5, [1] * 5, [1] * 3]
-    queries = [[4, 2], "last", [3], "all", [2]]
-    # written out: length 3 first ([1, 4]), then length 5 in batches of two ([0, 2], [3])
-    assert query_batches(prompts, queries, 2) == [
-        ([1, 4], {2: [0, 1]}), ([0, 2], {2: [0], 4: [0], 3: [1]}), ([3], {2: [0], 3: [0], 4: [0]})]
-    assert query_batches(prompts, "last", 8) == [([1, 4], {2: [0, 1]}), ([0, 2, 3], {4: [0, 1, 2]})]
-    with pytest.raises(PosymError, match="3 entries for 5 prompts"):
-        query_batches(prompts, [[2], [2], [2]], 2)
-    with pytest.raises(PosymError, match="prompt 1"):
-        query_batches(prompts, [[2], [3], [2], [2], [2]], 2)
 
 
 def test_head_qk_rebuilds_the_models_logits():
@@ -324,6 +311,23 @@ def test_trained_checkpoint_hops_match_reference(trained_run, dtype, tol, first)
     _assert_matches_reference(model, ids, frame, tol)
 
 
+@pytest.mark.parametrize("limit", [None, 1.0])
+def test_trained_checkpoint_pruned_equals_dense_at_hops(trained_run, monkeypatch, limit):
+    """The pruned path (default; limit 1.0 prunes wherever the bound allows) against weighing every swap."""
+    from posym.core import pruning
+    from posym.loading import load_checkpoint, score_prompts
+
+    if limit is not None:
+        monkeypatch.setattr(pruning, "SPARSE_LIMIT", limit)
+    model, info = load_checkpoint(trained_run, dtype=torch.float64)
+    ids, wanted = score_prompts(model, task_config=info["task_config"], n_prompts=20, seed=7, queries="hops")
+    pruned, dense = score_model(model, ids, wanted), score_model(model, ids, wanted, exact="dense")
+    assert (pruned["kept"] < pruned["n_swaps"]).any()  # training peaked some heads enough to prune
+    assert (pruned["bound"] <= 2e-12).all() and (dense["bound"] == 0).all()
+    for key in ("s_pos", "s_sym"):
+        assert ((pruned[key] - dense[key]).abs() <= pruned["bound"] + 1e-13).all()
+
+
 def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch, capsys):
     import pandas as pd
 
@@ -342,6 +346,16 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
         expected[["prompt", "query", "layer", "head", "n_swaps"]])
     sidecar = json.loads((tmp_path / "scores.parquet.json").read_text())
     assert sidecar["settings"]["tau"] == 1e-4 and sidecar["settings"]["variant"] == "single-token"
+    assert sidecar["settings"]["epsilon"] == 1e-12 and sidecar["settings"]["exact"] == "pruned"
+    dense = tmp_path / "dense.parquet"
+    assert run_posym(monkeypatch, "score", "--model", trained_run, "--n-prompts", 5, "--seed", 2, "--queries", "hops",
+                     "--exact", "dense", "--epsilon", 1e-6, "--out", dense) == 0
+    dense = pd.read_parquet(dense)
+    assert (dense["kept"] == dense["n_swaps"]).all() and (dense["bound"] == 0).all()
+    assert ((dense["s_pos"] - written["s_pos"]).abs() <= written["bound"] + 1e-4).all()  # float32 batches differ
+    capsys.readouterr()
+    assert run_posym(monkeypatch, "score", "--model", trained_run, "--exact", "sparse", "--out", tmp_path / "x") == 2
+    assert "exact must be" in capsys.readouterr().err
     assert sidecar["rows"] == len(expected) and "torch" in sidecar["versions"]
 
 

@@ -27,7 +27,8 @@ from posym.configs import from_dict
 from posym.core.model import ModelConfig, resolve_device
 from posym.core.rope import apply_variant
 from posym.core.qk import check_prompt
-from posym.core.scores import COLUMNS, FLOAT_COLUMNS, check_query_mode, queries_for, resolve_queries, task_prompts
+from posym.core.scores import COLUMNS, FLOAT_COLUMNS, check_query_mode, queries_for, task_prompts
+from posym.core.swaps import resolve_queries
 from posym.core.tasks import TaskConfig
 from posym.errors import PosymError
 from posym.io import atomic_path, quote, read_json_object, write_json

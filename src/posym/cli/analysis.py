@@ -30,6 +30,10 @@ def score_command(
     blocks: Optional[int] = typer.Option(None, help="Swap M contiguous key blocks and compare block means "
                                          "(the 2511 variant) instead of single tokens."),
     compare: str = typer.Option("probs", help="Compare attention probabilities (probs, the paper) or raw logits."),
+    epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
+                                  "weights: each score lies within 2 * EPSILON of weighing every swap."),
+    exact: str = typer.Option("pruned", help="pruned (default, the EPSILON bound) or dense (weigh every swap: "
+                              "the reference, O(n^2) per head and query)."),
     gamma: float = typer.Option(0.1, help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
                                 "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma)."),
     batch_size: int = typer.Option(64, help="Prompts of equal length per forward pass."),
@@ -58,11 +62,12 @@ def score_command(
     settings = {"model": str(info["path"]), "step": info["step"], "prompts": str(prompts) if prompts else None,
                 "task": to_dict(task_config) if task_config is not None and not prompts else None,
                 "n_prompts": len(ids), "queries": queries or "file/last", "tau": tau, "blocks": blocks,
-                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare}
+                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare,
+                "epsilon": epsilon, "exact": exact}
     bar, advance = progress_bar(len(ids), "scoring prompts")
     with bar:
-        frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare,
-                                    batch_size=batch_size, progress=advance)
+        frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare, epsilon=epsilon,
+                                    exact=exact, batch_size=batch_size, progress=advance)
         rows = loading.write_score_parquet(out, frames, io.manifest(settings, seed=seed, settings=settings,
                                                             hf_config=hf_model.config.to_dict()))
     import pandas as pd

@@ -34,6 +34,10 @@ def llm_scores_cmd(
                                                "the swaps, e.g. 0 (the attention sink), or 'auto' (positions "
                                                "that are the top key of at least half the rows); written "
                                                "beside the plain scores."),
+    epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
+                                  "weights: each score lies within 2 * EPSILON of weighing every swap."),
+    exact: str = typer.Option("pruned", help="pruned (default, the EPSILON bound) or dense (weigh every swap: "
+                              "the reference, O(n^2) per head and query)."),
     seed: int = typer.Option(0, help="Seed of the built-in prompt sets."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto (cuda when available)."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16 weights."),
@@ -50,12 +54,14 @@ def llm_scores_cmd(
     chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = out or Path("runs") / "llm-scores" / loaded.name
     settings = {"model_dir": str(model_dir), "prompts": prompts, "text": text, "n": n, "size": size,
-                "query": query, "heads": heads, "tau": tau, "exclude_keys": exclude_keys, "seed": seed, "dtype": dtype}
+                "query": query, "heads": heads, "tau": tau, "epsilon": epsilon, "exact": exact,
+                "exclude_keys": exclude_keys, "seed": seed, "dtype": dtype}
     excluded = exclude_keys if exclude_keys in (None, "auto") else parse_list(exclude_keys, int)
     bar, advance = progress_bar(len(chosen) * (1 if exclude_keys is None else 2), "scoring prompts")
     with bar:
         result = llm.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
-                                  exclude_keys=excluded, settings=settings, progress=advance)
+                                  epsilon=epsilon, exact=exact, exclude_keys=excluded, settings=settings,
+                                  progress=advance)
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
     if "excluded_keys" in result:
         print(f"excluding keys {result['excluded_keys']}: {result['label_changes']} heads change label")

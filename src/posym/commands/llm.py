@@ -146,15 +146,16 @@ def plot_planes(planes, stem: str | os.PathLike) -> list[Path]:
 
 
 def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: str = "last",
-                 heads: list[tuple[int, int]] = (), tau: float = 1e-4, exclude_keys=None, settings: dict,
-                 progress=None) -> dict:
+                 heads: list[tuple[int, int]] = (), tau: float = 1e-4, epsilon: float = 1e-12, exact: str = "pruned",
+                 exclude_keys=None, settings: dict, progress=None) -> dict:
     """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
 
-    Files: scores.parquet (posym.core.scores.COLUMNS: scores and the sink view, attention on key 0 and
-    on the top key), heads.parquet (prompt means and labels, posym.core.scores.summarize_heads),
-    prompts.parquet (index, text, answer, input_ids, query position and token), layers.parquet
-    (per-layer medians), with exclude_keys (positions, or "auto": `posym.core.study.find_sinks`) also
-    scores_excluded.parquet and sinks.parquet (each head's label with and without them),
+    Files: scores.parquet (posym.core.scores.COLUMNS: scores, kept swaps and bound (epsilon/exact: see
+    `posym.core.scores.iter_scores`), and the sink view, attention on key 0 and on the top key),
+    heads.parquet (prompt means and labels, posym.core.scores.summarize_heads), prompts.parquet (index,
+    text, answer, input_ids, query position and token), layers.parquet (per-layer medians), with
+    exclude_keys (positions, or "auto": `posym.core.study.find_sinks`) also scores_excluded.parquet and
+    sinks.parquet (each head's label with and without them),
     planes.parquet (prompt-mean per-plane scores of --heads), heads.png/svg, planes.png/svg,
     summary.json (manifest, Pearson r, per-layer medians). Returns the summary dict.
     """
@@ -167,14 +168,15 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
                              f"layers of {config.num_attention_heads} heads")
     ids = [tokenize(loaded, p.text)[0] for p in prompts]  # checks every length before any work
     queries = [[query_position(loaded, p, query)] for p in prompts]
-    frame = score_model(loaded.model, ids, queries, tau=tau, progress=progress)
+    frame = score_model(loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, progress=progress)
     head_means = summarize_heads(frame)
     layers, r = layer_summary(head_means)
     out_dir = Path(out_dir)
     extra = {}
     if exclude_keys is not None:
         keys = find_sinks(frame) if exclude_keys == "auto" else list(exclude_keys)
-        excluded = score_model(loaded.model, ids, queries, tau=tau, exclude_keys=keys, progress=progress)
+        excluded = score_model(loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, exclude_keys=keys,
+                               progress=progress)
         changes = sink_changes(head_means, summarize_heads(excluded))
         write_parquet(out_dir / "scores_excluded.parquet", excluded)
         write_parquet(out_dir / "sinks.parquet", changes)

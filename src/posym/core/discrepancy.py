@@ -5,8 +5,8 @@ attention logit over the keys the query sees (the pre-softmax logits the model i
 scale included). Theorem 3.2 says why positional heads stop generalizing: the best gap a purely
 positional (RoPE Index) head can keep shrinks like 2 pi^2 / n^2 as the sequence grows, while a
 symbolic (Retrieval) head's need not. This module measures that on any head the scores engine
-supports, from one forward pass per batch (queries and keys from `posym.core.qk`, never
-`output_attentions`: post-softmax weights underflow in trained models).
+supports, from one forward pass per batch (the clean logits of the swapped-logit engine
+`posym.core.swaps`, never `output_attentions`: post-softmax weights underflow in trained models).
 
 Statistics per (layer, head, sequence length), as `posym.core.theory.gap_stats` for the constructions: `delta` =
 the minimum gap over inputs (the worst-case margin, the quantity Theorem 3.2 bounds; see
@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from posym.core.qk import capture, check_layers, check_prompt, rotate
-from posym.core.scores import query_batches
+from posym.core.swaps import clean_logits, scan
 from posym.core.theory import gap_stats
-from posym.errors import PosymError
 
 GAP_COLUMNS = ("prompt", "query", "keys", "layer", "head", "gap", "top_key", "top_logit")
 
@@ -36,44 +34,29 @@ def head_gaps(model, input_ids, queries=None, *, layers: list[int] | None = None
     """Largest minus second-largest attention logit of every head at every query (float64 maths).
 
     input_ids: 1-D id sequences; queries: "last" (default), "all" or per prompt a list of positions
-    (see `posym.core.scores.query_batches`). Returns a DataFrame with GAP_COLUMNS: keys = query + 1 (the
+    (see `posym.core.swaps.query_batches`). Returns a DataFrame with GAP_COLUMNS: keys = query + 1 (the
     keys it sees), top_key = the position of its largest logit, top_logit that logit.
     progress: optional callable(number of prompts just finished).
     """
     import pandas as pd
 
-    layers = check_layers(model, layers)
-    prompts = [check_prompt(model, ids, f"prompt {k}") for k, ids in enumerate(input_ids)]
-    if not prompts:
-        raise PosymError("no prompts to measure")
-    records: list[dict] = []
-    was_training = model.training
-    model.eval()
-    try:
-        for batch, jobs in query_batches(prompts, queries, batch_size):
+    def layer_gaps(layer, qk, jobs):
+        found = []
+        heads = list(range(qk.q.shape[1]))
+        for p, rows in jobs.items():
+            logits = clean_logits(qk, torch.tensor(rows), heads, p)  # [G, H, n]
+            top = logits.topk(2, dim=-1)  # values, indices [G, H, 2]
+            gap = (top.values[..., 0] - top.values[..., 1]).tolist()  # [G][H]
+            key, best = top.indices[..., 0].tolist(), top.values[..., 0].tolist()
+            found += [(row, p, layer, h, gap[g][h], key[g][h], best[g][h]) for g, row in enumerate(rows) for h in heads]
+        return found
 
-            def on_layer(layer, qk):
-                heads = qk.q.shape[1]
-                for p, rows in jobs.items():
-                    b = torch.tensor(rows, device=qk.q.device)
-                    cos, sin = qk.cos[b, : p + 1].double(), qk.sin[b, : p + 1].double()  # [G, n, r]
-                    q = rotate(qk.q[b, :, p].double(), cos[:, None, p], sin[:, None, p], qk.pairing)  # [G, H, d]
-                    k = rotate(qk.k[b, :, : p + 1].double(), cos[:, None], sin[:, None], qk.pairing)  # [G, H, n, d]
-                    logits = qk.scale * (k @ q[..., None])[..., 0]  # [G, H, n]
-                    top = logits.topk(2, dim=-1)  # values, indices [G, H, 2]
-                    gap = (top.values[..., 0] - top.values[..., 1]).tolist()  # [G][H]
-                    key, best = top.indices[..., 0].tolist(), top.values[..., 0].tolist()
-                    for g, row in enumerate(rows):
-                        for h in range(heads):
-                            records.append({"prompt": batch[row], "query": p, "keys": p + 1, "layer": layer,
-                                            "head": h, "gap": gap[g][h], "top_key": key[g][h],
-                                            "top_logit": best[g][h]})
-
-            capture(model, torch.stack([prompts[k] for k in batch]).to(model.device), layers, on_layer)
-            if progress is not None:
-                progress(len(batch))
-    finally:
-        model.train(was_training)
+    records = []
+    for batch, results in scan(model, input_ids, queries, layer_gaps, layers=layers, batch_size=batch_size,
+                               progress=progress):
+        records += [{"prompt": batch[row], "query": p, "keys": p + 1, "layer": layer, "head": h, "gap": gap,
+                     "top_key": key, "top_logit": best}
+                    for found in results for row, p, layer, h, gap, key, best in found]
     frame = pd.DataFrame.from_records(records, columns=list(GAP_COLUMNS))
     return frame.sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
 

@@ -3,9 +3,9 @@
 A RoPE head's logit is a sum over channels: one term per rotary plane (two dims rotated together
 at angle theta_k per position; frequency ID k = 1 is the fastest plane) plus one position-free term
 from the dims RoPE leaves alone (partial rotary). For a query at position p and a key at position
-j the term of plane k is scale * (R_p q)_k . (R_j k_j)_k. Everything here is built from the scores
-engine's per-head pre-rotation queries/keys and the model's own rotary tables
-(`posym.core.qk.head_qk`), so it works on GPT-J (interleaved planes) and NeoX/Llama/Mistral/Qwen2
+j the term of plane k is scale * (R_p q)_k . (R_j k_j)_k. Everything here is built from the swapped-
+logit engine (`posym.core.swaps`: per-head pre-rotation queries/keys and the model's own rotary
+tables from `posym.core.qk`), so it works on GPT-J (interleaved planes) and NeoX/Llama/Mistral/Qwen2
 (half-split planes), partial rotary included.
 
 Definitions (what the numbers in Table 1 / Fig. 8 mean here):
@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import torch
 
+from posym.core import swaps
 from posym.core.qk import as_batch, check_layers, head_qk, pair_planes, rotate
-from posym.core.scores import BUDGET, query_batches, swap_scores
+from posym.core.scores import swap_scores
 from posym.errors import PosymError
 
 # Table 1 of 2605: weighted-average frequency ID per layer of the paper-preset models (12 layers).
@@ -55,24 +56,6 @@ def plane_angles(cos: torch.Tensor, sin: torch.Tensor, pairing: str) -> torch.Te
         pair_planes(sin[0], pairing, r)[:, 0].double(), pair_planes(cos[0], pairing, r)[:, 0].double())
 
 
-def _channel_logits(qk, rows, heads, p: int) -> torch.Tensor:
-    """swapped[g, h, c, a, b] = channel c's logit of key content b placed at position a, for query
-    p of batch rows `rows` and `heads`; channels = rotary planes then (if any) the free dims."""
-    n = p + 1
-    d, r = qk.q.shape[-1], qk.cos.shape[-1]
-    cos, sin = qk.cos[rows, :n].double()[:, None], qk.sin[rows, :n].double()[:, None]  # [G, 1, n, r]
-    q = rotate(qk.q[rows][:, heads, p].double(), cos[:, :, p], sin[:, :, p], qk.pairing)  # [G, H, d]
-    # u[a] = R_a^T q_rot, so that u[a] . k_b is the logit of content b placed at position a
-    u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, H, n, d]
-    k = qk.k[rows][:, heads, :n].double()  # [G, H, n, d]
-    up, kp = pair_planes(u, qk.pairing, r), pair_planes(k, qk.pairing, r)  # [G, H, n, r/2, 2]
-    swapped = qk.scale * torch.einsum("ghapc,ghbpc->ghpab", up, kp)  # [G, H, r/2, n, n]
-    if d > r:
-        free = qk.scale * u[..., r:] @ k[..., r:].transpose(-1, -2)  # [G, H, n, n]
-        swapped = torch.cat((swapped, free[:, :, None]), dim=2)  # [G, H, r/2 + 1, n, n]
-    return swapped
-
-
 def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau: float = 1e-4,
                  batch_size: int = 64, progress=None):
     """Per-channel scores and max logits, one row per (prompt, query, layer, head, channel).
@@ -89,38 +72,38 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
     heads = list(range(n_heads)) if heads is None else sorted(set(heads))
     if not heads or any(not 0 <= h < n_heads for h in heads):
         raise PosymError(f"heads must be indices in 0..{n_heads - 1}, got {heads}")
-    prompts = [list(map(int, ids)) for ids in input_ids]
-    if not prompts:
-        raise PosymError("no prompts to analyse")
+    def layer_rows(layer, qk, jobs):
+        theta = plane_angles(qk.cos[0], qk.sin[0], qk.pairing).cpu()  # [r/2], off the model's device
+        channels = theta.shape[0] + (qk.q.shape[-1] > qk.cos.shape[-1])
+        ids = torch.arange(1, channels + 1) % (theta.shape[0] + 1)  # free channel -> ID 0
+        freq = torch.cat((theta, torch.zeros(channels - theta.shape[0], dtype=theta.dtype)))
+        frames = []
+        for p, rows in jobs.items():
+            step = max(1, swaps.BUDGET // (len(heads) * channels * (p + 1) ** 2))
+            for lo in range(0, len(rows), step):
+                chunk = rows[lo : lo + step]
+                swapped = swaps.plane_swap_logits(qk, torch.tensor(chunk), heads, p)  # [G, H, C, n, n]
+                clean = swapped.diagonal(dim1=-2, dim2=-1)  # [G, H, C, n]
+                res = swap_scores(clean, swapped, tau=tau)
+                shape = clean.shape[:-1]  # [G, H, C]
+                frames.append(pd.DataFrame({
+                    "row": torch.tensor(chunk)[:, None, None].expand(shape).flatten(),
+                    "query": p, "layer": layer,
+                    "head": torch.tensor(heads)[None, :, None].expand(shape).flatten(),
+                    "channel": torch.arange(channels)[None, None].expand(shape).flatten(),
+                    "frequency_id": ids[None, None].expand(shape).flatten(),
+                    "frequency": freq[None, None].expand(shape).flatten(),
+                    "s_pos": res["s_pos"].flatten().cpu(), "s_sym": res["s_sym"].flatten().cpu(),
+                    "max_logit": clean.amax(-1).flatten().cpu(),
+                }))
+        return frames
+
     frames = []
-    for batch, jobs in query_batches(prompts, queries, batch_size):
-        captured = head_qk(model, as_batch(model, [prompts[k] for k in batch]), layers)
-        first = captured[layers[0]]
-        theta = plane_angles(first.cos[0], first.sin[0], first.pairing).cpu()  # [r/2], off the model's device
-        for layer, qk in captured.items():
-            channels = theta.shape[0] + (qk.q.shape[-1] > qk.cos.shape[-1])
-            ids = torch.arange(1, channels + 1) % (theta.shape[0] + 1)  # free channel -> ID 0
-            freq = torch.cat((theta, torch.zeros(channels - theta.shape[0], dtype=theta.dtype)))
-            for p, rows in jobs.items():
-                step = max(1, BUDGET // (len(heads) * channels * (p + 1) ** 2))
-                for lo in range(0, len(rows), step):
-                    chunk = rows[lo : lo + step]
-                    swapped = _channel_logits(qk, torch.tensor(chunk), heads, p)  # [G, H, C, n, n]
-                    clean = swapped.diagonal(dim1=-2, dim2=-1)  # [G, H, C, n]
-                    res = swap_scores(clean, swapped, tau=tau)
-                    shape = clean.shape[:-1]  # [G, H, C]
-                    frames.append(pd.DataFrame({
-                        "prompt": torch.tensor([batch[g] for g in chunk])[:, None, None].expand(shape).flatten(),
-                        "query": p, "layer": layer,
-                        "head": torch.tensor(heads)[None, :, None].expand(shape).flatten(),
-                        "channel": torch.arange(channels)[None, None].expand(shape).flatten(),
-                        "frequency_id": ids[None, None].expand(shape).flatten(),
-                        "frequency": freq[None, None].expand(shape).flatten(),
-                        "s_pos": res["s_pos"].flatten().cpu(), "s_sym": res["s_sym"].flatten().cpu(),
-                        "max_logit": clean.amax(-1).flatten().cpu(),
-                    }))
-        if progress is not None:
-            progress(len(batch))
+    for batch, results in swaps.scan(model, input_ids, queries, layer_rows, layers=layers, batch_size=batch_size,
+                                     progress=progress):
+        for frame in (f for layer_frames in results for f in layer_frames):
+            frame.insert(0, "prompt", [batch[row] for row in frame.pop("row")])
+            frames.append(frame)
     out = pd.concat(frames, ignore_index=True)
     return out.sort_values(["prompt", "query", "layer", "head", "channel"], ignore_index=True)[list(PLANE_COLUMNS)]
 

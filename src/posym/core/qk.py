@@ -107,7 +107,8 @@ class _Done(Exception):
 
 def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
     """One forward pass over ids [batch, T]; calls on_layer(layer, HeadQK) inside the pass, one layer
-    at a time, so only one layer's queries and keys are alive at once (`head_qk` keeps them all)."""
+    at a time, so only one layer's queries and keys are alive at once (`head_qk` keeps them all).
+    The pass runs in eval mode (no dropout) and the model's training flag is restored afterwards."""
     base, _, attn_name, pairing = _arch(model)
     kind = model.config.model_type
     found: dict = {}
@@ -143,6 +144,8 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
                 raise _Done
         return hook
 
+    was_training = model.training
+    model.eval()  # dropout off: whoever calls, the numbers are those of the deterministic model
     try:
         for layer in layers:
             attn = getattr(_layers(model)[layer], attn_name)
@@ -160,6 +163,7 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
     finally:
         for handle in handles:
             handle.remove()
+        model.train(was_training)
 
 
 def check_layers(model, layers) -> list[int]:

