@@ -128,7 +128,7 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
 def test_cli_dynamics_end_to_end(tiny_run, monkeypatch, capsys):
     import json
 
-    assert run_posym(monkeypatch, "dynamics", tiny_run, "--n-prompts", 5) == 0
+    assert run_posym(monkeypatch, "dynamics", tiny_run, "--n", 5) == 0
     assert "checkpoints in" in capsys.readouterr().out
     out = tiny_run / "analysis"
     result = json.loads((out / "dynamics.json").read_text())

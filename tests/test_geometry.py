@@ -171,8 +171,9 @@ def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
     import pandas as pd
 
     out = tmp_path / "geo"
-    assert run_posym(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", out) == 0
-    assert "weighted frequency ID per layer" in capsys.readouterr().out
+    assert run_posym(monkeypatch, "geometry", tiny_run, "--n", 6, "--queries", "hops", "--out", out) == 0
+    printed = capsys.readouterr().out
+    assert "weighted frequency ID per layer" in printed and "queries: hops" in printed
     planes, heads = pd.read_parquet(out / "planes.parquet"), pd.read_parquet(out / "frequency.parquet")
     assert sorted(planes.layer.unique()) == [0, 1] and planes.frequency_id.max() == 16
     assert planes.prompt.nunique() == 6 and planes["query"].nunique() > 1
@@ -180,15 +181,16 @@ def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
     summary = json.loads((out / "geometry.json").read_text())
     assert summary["paper_table1"] == geometry.PAPER_TABLE1["letter"]
     assert summary["plane_figure"]["layer"] == 1
+    assert summary["settings"]["queries"] == "hops" and summary["settings"]["step"] == 20  # what was analysed
     qk = pd.read_parquet(out / "qk_plane.parquet")
     assert len(qk) == 2 * 17 and set(qk.frequency_id) == {summary["plane_figure"]["frequency_id"]}
     for name in ("fig8_frequency", "fig4b_qk_plane"):
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").is_file()
     # deterministic: the same command gives the same numbers
-    assert run_posym(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", tmp_path / "g2") == 0
+    assert run_posym(monkeypatch, "geometry", tiny_run, "--n", 6, "--queries", "hops", "--out", tmp_path / "g2") == 0
     pd.testing.assert_frame_equal(planes, pd.read_parquet(tmp_path / "g2" / "planes.parquet"))
     capsys.readouterr()
-    assert run_posym(monkeypatch, "geometry", tiny_run, "--plane-layer", 5, "--n-prompts", 2, "--out", out) == 2
+    assert run_posym(monkeypatch, "geometry", tiny_run, "--plane-layer", 5, "--n", 2, "--out", out) == 2
     err = capsys.readouterr().err
     assert err.startswith("posym: error: --plane-layer") and err.count("\n") == 1
     assert run_posym(monkeypatch, "geometry", tmp_path / "nothing") == 2

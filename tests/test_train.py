@@ -1,5 +1,6 @@
 """posym.core.train: schedule, loss, evaluation, run directory, exact resume, CLI errors, learning."""
 
+import json
 import os
 import shutil
 import signal
@@ -261,12 +262,12 @@ def cli_exit(argv, capsys=None) -> int:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["train", "--preset", "huge", "--out", "{tmp}/r"], "unknown preset"),
+        (["train", "--preset", "huge", "--out", "{tmp}/r"], "'huge' is not one of 'quick', 'seed', 'paper'"),
         (["train", "--config", "{tmp}/bad.yaml", "--out", "{tmp}/r"], "unknown key 'lrr'"),
-        (["train", "--task", "words", "--out", "{tmp}/r"], "task must be one of"),
+        (["train", "--task", "words", "--out", "{tmp}/r"], "'words' is not one of 'number', 'letter'"),
         (["train"], "--out"),
         (["train", "--resume", "{tmp}/missing"], "no config.yaml"),
-        (["train", "--resume", "{tmp}", "--steps", "3"], "drop --steps"),
+        (["train", "--resume", "{tmp}", "--train-steps", "3"], "drop --train-steps"),
         (["eval", "{tmp}/missing"], "does not exist"),
         (["eval", "{tmp}"], "neither a model"),
     ],
@@ -284,8 +285,12 @@ def test_cli_eval_with_extra_target(tmp_path, capsys):
     out = tmp_path / "eval.json"
     assert cli_exit(["eval", str(run), "--n", "16", "--extra-target", "0", "--extra-target", "5",
                      "--out", str(out)]) == 0
-    rows = pd.read_json(out)
+    written = json.loads(out.read_text())
+    rows = pd.DataFrame(written["rows"])
     assert list(rows.extra_target) == [0, 5] and list(rows.seq_len) == [8, 13]
+    assert written["step"] == 2 and written["queries"] == "last" and written["seed"] == 0  # what was measured
+    assert cli_exit(["eval", str(run), "--n", "16", "--extra-target", "0,5", "--out", str(out)]) == 0
+    assert pd.DataFrame(json.loads(out.read_text())["rows"]).extra_target.tolist() == [0, 5]  # the comma form
     assert "hop2" in capsys.readouterr().out
     assert cli_exit(["eval", str(run), "--task", "letter"]) == 2  # 129 token ids > the model's 12
 

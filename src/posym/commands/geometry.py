@@ -70,7 +70,8 @@ def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane
     paths = figures.plot_frequency_use(means, heads, out_dir / "fig8_frequency", paper=paper)
     paths += figures.plot_qk_plane(projection, out_dir / "fig4b_qk_plane", token_names=token_names)
     per_layer = heads.groupby("layer").weighted_id.mean()
-    summary = {**manifest(settings, seed=settings.get("seed")), "weighted_id_per_layer": per_layer.round(2).tolist(),
+    summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings,
+               "weighted_id_per_layer": per_layer.round(2).tolist(),
                "paper_table1": paper, "plane_figure": {"layer": plane_layer, "head": plane_head,
                                                        "frequency_id": dominant, "prompt": example},
                "figures": [str(p) for p in paths]}
