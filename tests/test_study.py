@@ -198,7 +198,7 @@ def test_bad_input_exits_2(tiny, tmp_path, capsys, monkeypatch):
     model_dir, _ = tiny
     bad = tmp_path / "bad.yaml"
     bad.write_text("n_bindings: 3\n")
-    for args, message in [(["--config", bad], "n_bindings"), (["--stages", "bogus"], "unknown stage")]:
+    for args, message in [(["--config", bad], "n_bindings"), (["--stages", "bogus"], "--stages takes")]:
         code, _, err = run_cli(["llm-study", model_dir, "--out", tmp_path / "o", *args], capsys, monkeypatch)
         assert code == 2 and message in err and "Traceback" not in err
     with pytest.raises(PosymError, match="ablation_modes"):

@@ -8,8 +8,9 @@ from typing import Optional
 import typer
 
 from posym.cli import app, parse_head_pairs, parse_list, progress_bar
-from posym.cli.options import (Device, Dtype, Exactness, Focus, OnOffBoth, Task, announce, device_option, list_option,
-                               n_option, path_argument, values)
+from posym.cli.options import (Device, Dtype, Exactness, Focus, OnOffBoth, StudyStage, Task, announce, device_option,
+                               list_option, n_option, path_argument, values)
+from posym.errors import PosymError
 
 
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
@@ -123,8 +124,8 @@ def llm_study_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-study/<model>); re-running "
                                        "with the same directory skips the finished stages."),
     config: Optional[Path] = typer.Option(None, help="YAML file of StudyConfig fields (see OUT/study.yaml)."),
-    stages: Optional[str] = typer.Option(None, help="Comma-separated stages to run (default all): scores, "
-                                         "profile, frequency, discrepancy, bench, ablation."),
+    stages: Optional[list[str]] = list_option(None, "Stages to run (default all, in study order).",
+                                              choices=StudyStage),
     device: Device = device_option(),
 ) -> None:
     """The lens of 2511.11579 and 2605.31558 on one real model: six resumable stages and report.html."""
@@ -134,10 +135,8 @@ def llm_study_cmd(
     io.check_output(out, inputs=[model, config], is_dir=True)
     settings = configs.from_dict(study.StudyConfig, io.read_yaml(config) if config else {},
                                  where=str(config or "study config"))
-    only = parse_list(stages, str) if stages else None
-    for stage in only or ():
-        if stage not in study.STAGES:
-            raise PosymError(f"unknown stage {stage!r}; choose from {', '.join(study.STAGES)}")
+    chosen = values(stages, option="--stages", choices=StudyStage)
+    only = [stage for stage in study.STAGES if stage in chosen] or None
     if model is None:
         raise PosymError("give a model directory (the embedded SmolLM2 default arrives with posym.sources)")
     device = str(device)
