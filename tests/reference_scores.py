@@ -77,11 +77,12 @@ def _scores_from_rows(d, rows_after, swaps, tau):
     return float((alpha * torch.stack(pos)).sum()), float((alpha * torch.stack(sym)).sum())
 
 
-def reference_swap_scores(clean, swapped, *, tau=1e-4, blocks=None, compare="probs"):
-    """The scores of one query row [n] from its swapped-logit matrix [n, n], one swap at a time."""
+def reference_swap_scores(clean, swapped, *, tau=1e-4, blocks=None, compare="probs", exclude_keys=()):
+    """The scores of one query row [n] from its swapped-logit matrix [n, n], one swap at a time
+    (swaps touching a key of exclude_keys are left out), and the clean row's sink view."""
     clean, swapped = clean.double(), swapped.double()
     n = clean.shape[0]
-    swaps = reference_blocks(n - 1, blocks)
+    swaps = [(a, b) for a, b in reference_blocks(n - 1, blocks) if not set(a + b) & set(exclude_keys)]
     rows = []
     for a, b in swaps:
         row = clean.clone()
@@ -91,7 +92,9 @@ def reference_swap_scores(clean, swapped, *, tau=1e-4, blocks=None, compare="pro
     d = clean if compare == "logits" else torch.softmax(clean, 0)
     s_pos, s_sym = _scores_from_rows(d, rows, swaps, tau)
     p = torch.softmax(clean, 0)
-    return {"s_pos": s_pos, "s_sym": s_sym, "entropy": float(-(p * p.log()).sum()), "n_swaps": len(swaps)}
+    top = max(range(n), key=lambda k: p[k])
+    return {"s_pos": s_pos, "s_sym": s_sym, "entropy": float(-(p * p.log()).sum()), "n_swaps": len(swaps),
+            "attn_first": float(p[0]), "top_key": top, "attn_top": float(p[top])}
 
 
 def channel_dims(pairing: str, rotary: int, head_dim: int) -> list[list[int]]:
@@ -148,19 +151,23 @@ class _Recorded(Exception):
     """Ends a reference pass once the target layer has run."""
 
 
-def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, own=False, rows=None):
+def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, own=False, rows=None,
+                           exclude_keys=()):
     """Per-head scores of one (prompt, query, layer) by re-running the layer once per swap
     (own: read the model's own eager attention weights, see `attention_rows`; rows: another
-    function (model, ids, layer, swap) -> [heads, T, T], e.g. for TransformerLens models)."""
+    function (model, ids, layer, swap) -> [heads, T, T], e.g. for TransformerLens models; exclude_keys:
+    positions no swap may move)."""
     rows = rows or (lambda m, i, layer_, swap=None: attention_rows(m, i, layer_, swap, own=own))
     ids = list(ids)  # the whole prompt, as the fast path runs it (the same shapes: the same float rounding upstream)
     clean = rows(model, ids, layer)[:, query, : query + 1]  # [heads, n]
-    swaps = reference_blocks(query, blocks)
+    swaps = [(x, y) for x, y in reference_blocks(query, blocks) if not set(x + y) & set(exclude_keys)]
     after = [rows(model, ids, layer, s)[:, query, : query + 1] for s in swaps]
     out = []
     for h in range(clean.shape[0]):
         s_pos, s_sym = _scores_from_rows(clean[h].double(), [r[h].double() for r in after], swaps, tau)
         p = clean[h].double()
+        top = int(p.argmax())
         out.append({"head": h, "s_pos": s_pos, "s_sym": s_sym,
-                    "entropy": float(-(p * p.clamp_min(1e-300).log()).sum()), "n_swaps": len(swaps)})
+                    "entropy": float(-(p * p.clamp_min(1e-300).log()).sum()), "n_swaps": len(swaps),
+                    "attn_first": float(p[0]), "top_key": top, "attn_top": float(p[top])})
     return out

@@ -137,6 +137,23 @@ def test_llm_scores_end_to_end(models, kind, prompts, tmp_path, capsys, monkeypa
         assert (out / name).stat().st_size > 0
 
 
+def test_llm_scores_exclude_keys_and_records(models, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "sinks"
+    code, stdout, err = run_cli(["llm-scores", models["llama"], "--n", 3, "--exclude-keys", "0", "--device", "cpu",
+                                 "--out", out], capsys, monkeypatch)
+    assert code == 0, err
+    assert "heads change label" in stdout
+    plain, excluded = (pd.read_parquet(out / f"{name}.parquet") for name in ("scores", "scores_excluded"))
+    assert (excluded.n_swaps == plain.n_swaps - plain["query"] + 1).all()  # every swap of key 0 is gone
+    assert plain.attn_first.between(0, 1).all() and (plain.attn_top >= plain.attn_first).all()
+    sinks = pd.read_parquet(out / "sinks.parquet")
+    assert len(sinks) == 2 * 4 and sinks.changed.sum() == json.loads((out / "summary.json").read_text())["label_changes"]
+    prompts = pd.read_parquet(out / "prompts.parquet")
+    assert (prompts["query"] == prompts.input_ids.map(len) - 1).all() and prompts.text.str.contains("likes").all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["exclude_keys"] == "0" and summary["excluded_keys"] == [0]
+
+
 @pytest.mark.parametrize("kind", ["llama", "neox", "gptj"])
 def test_planes_match_the_loop_reference(models, kind, tmp_path):
     """planes.parquet of llm-scores (heads in two layers, query at the name) is the prompt mean of each

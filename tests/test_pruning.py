@@ -73,21 +73,27 @@ def test_bound_holds_and_is_tight_on_a_hand_made_row():
     assert dense["s_pos"].item() == pytest.approx(ref["s_pos"], abs=1e-12)
 
 
-@pytest.mark.parametrize("blocks, compare", [(None, "probs"), (None, "logits"), (4, "probs"), (5, "logits")])
-def test_pruned_equals_dense_within_its_bound_on_random_rows(blocks, compare, monkeypatch):
+@pytest.mark.parametrize("blocks, compare, exclude", [(None, "probs", ()), (None, "logits", ()), (4, "probs", ()),
+                                                      (5, "logits", ()), (None, "probs", (0, 7)), (4, "probs", (0,))])
+def test_pruned_equals_dense_within_its_bound_on_random_rows(blocks, compare, exclude, monkeypatch):
     monkeypatch.setattr(pruning, "SPARSE_LIMIT", 1.0)  # prune wherever the bound allows
     swapped = _peaked(12, 21, seed=3, scale=6.0 if compare == "probs" else 0.002)
     eps = 1e-9
-    pruned = pruning.score_rows(UNIT, *_as_rows(swapped), blocks=blocks, compare=compare, epsilon=eps)
-    dense = pruning.score_rows(UNIT, *_as_rows(swapped), blocks=blocks, compare=compare, epsilon=None)
+    pruned = pruning.score_rows(UNIT, *_as_rows(swapped), blocks=blocks, compare=compare, epsilon=eps,
+                                exclude_keys=exclude)
+    dense = pruning.score_rows(UNIT, *_as_rows(swapped), blocks=blocks, compare=compare, epsilon=None,
+                               exclude_keys=exclude)
     assert (pruned["kept"] < pruned["n_swaps"]).any()  # the pruned path really ran
     assert (pruned["bound"] <= 2 * eps).all()
     for key in ("s_pos", "s_sym"):
         assert ((pruned[key] - dense[key]).abs() <= pruned["bound"] + 1e-13).all()
     for r in range(3):
-        ref = reference_swap_scores(swapped[r].diagonal(), swapped[r], blocks=blocks, compare=compare)
-        assert dense["s_pos"][r].item() == pytest.approx(ref["s_pos"], abs=1e-12)
-        assert dense["s_sym"][r].item() == pytest.approx(ref["s_sym"], abs=1e-12)
+        ref = reference_swap_scores(swapped[r].diagonal(), swapped[r], blocks=blocks, compare=compare,
+                                    exclude_keys=exclude)
+        assert dense["n_swaps"] == ref["n_swaps"]
+        for key in ("s_pos", "s_sym", "attn_first", "attn_top"):
+            assert dense[key][r].item() == pytest.approx(ref[key], abs=1e-12)
+        assert pruned["top_key"][r].item() == ref["top_key"]
 
 
 def test_softcap_is_applied_to_clean_and_swapped_logits():

@@ -35,6 +35,21 @@ def test_swap_scores_match_loop_reference(blocks, compare, tau):
         assert fast["n_swaps"] == ref["n_swaps"]
 
 
+@pytest.mark.parametrize("blocks,exclude", [(None, [0]), (None, [0, 3, 99]), (3, [0]), (None, [])])
+def test_excluded_keys_match_loop_reference(blocks, exclude):
+    gen = torch.Generator().manual_seed(7)
+    clean, swapped = _random_row(12, gen, batch=(3,))
+    fast = swap_scores(clean, swapped, tau=0.05, blocks=blocks, exclude_keys=exclude)
+    for k in range(3):
+        ref = reference_swap_scores(clean[k], swapped[k], tau=0.05, blocks=blocks, exclude_keys=exclude)
+        assert fast["n_swaps"] == ref["n_swaps"] < math.comb(11, 2) or not exclude
+        for key in ("s_pos", "s_sym", "attn_first", "attn_top"):
+            assert fast[key][k].item() == pytest.approx(ref[key], abs=1e-12)
+        assert fast["top_key"][k].item() == ref["top_key"]
+    with pytest.raises(PosymError, match="leaves no swap"):
+        swap_scores(clean[0, :4], swapped[0, :4, :4], exclude_keys=[0, 1])
+
+
 def test_swap_count_and_blocks():
     gen = torch.Generator().manual_seed(1)
     clean, swapped = _random_row(9, gen)
@@ -100,15 +115,17 @@ from reference_scores import attention_rows, reference_model_scores  # noqa: E40
 from posym.core.qk import head_qk  # noqa: E402
 from posym.core.scores import hop_queries, iter_scores, score_model, summarize_heads  # noqa: E402
 
-def _assert_matches_reference(model, prompts, frame, tol, blocks=None, tau=1e-4):
+def _assert_matches_reference(model, prompts, frame, tol, blocks=None, tau=1e-4, exclude_keys=()):
     """Every (prompt, query, layer) of frame against the per-swap reference; returns the max error."""
     worst = 0.0
     for (prompt, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
-        ref = reference_model_scores(model, prompts[prompt], query, layer, tau=tau, blocks=blocks)
+        ref = reference_model_scores(model, prompts[prompt], query, layer, tau=tau, blocks=blocks,
+                                     exclude_keys=exclude_keys)
         assert list(rows["head"]) == [r["head"] for r in ref]
         for (_, row), r in zip(rows.iterrows(), ref):
             assert row["n_swaps"] == r["n_swaps"]
-            for col in ("s_pos", "s_sym", "entropy"):
+            assert row["top_key"] == r["top_key"]
+            for col in ("s_pos", "s_sym", "entropy", "attn_first", "attn_top"):
                 err = abs(row[col] - r[col])
                 worst = max(worst, err)
                 assert err <= tol, (prompt, query, layer, row["head"], col, row[col], r[col])
@@ -136,6 +153,10 @@ def test_fast_path_equals_reference_float64(kind):
     explicit = score_model(model, prompts, [[5], [4, 7], [3]], blocks=2, layers=[1])
     assert set(explicit["layer"]) == {1}
     _assert_matches_reference(model, prompts, explicit, 1e-6, blocks=2)
+    sinkless = score_model(model, prompts, [[5], [4, 7], [6]], exclude_keys=[0, 2])
+    assert (sinkless["n_swaps"] < frame.set_index(["prompt", "query", "layer", "head"]).loc[
+        pd.MultiIndex.from_frame(sinkless[["prompt", "query", "layer", "head"]]), "n_swaps"].to_numpy()).all()
+    _assert_matches_reference(model, prompts, sinkless, 1e-6, exclude_keys=[0, 2])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -255,7 +276,8 @@ def test_streaming_batches_and_determinism():
     assert [sorted(set(p["prompt"])) for p in parts] == [[0], [1, 2], [3]]
     whole = score_model(model, prompts)
     assert whole.equals(score_model(model, prompts))
-    assert list(whole.columns) == ["prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps", "kept", "bound"]
+    assert list(whole.columns) == ["prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps", "kept",
+                                   "bound", "attn_first", "top_key", "attn_top"]
 
 
 def test_chunks_of_one_row_and_one_head_give_the_same_scores(monkeypatch):

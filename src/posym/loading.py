@@ -27,7 +27,7 @@ from posym.configs import from_dict
 from posym.core.model import ModelConfig
 from posym.core.rope import apply_variant
 from posym.core.qk import check_prompt
-from posym.core.scores import COLUMNS, check_query_mode, queries_for, task_prompts
+from posym.core.scores import COLUMNS, FLOAT_COLUMNS, check_query_mode, queries_for, task_prompts
 from posym.core.swaps import resolve_queries
 from posym.core.tasks import TaskConfig
 from posym.errors import PosymError
@@ -263,7 +263,7 @@ def write_score_parquet(path, frames, sidecar: dict) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([(c, pa.float64() if c in ("s_pos", "s_sym", "entropy", "bound") else pa.int64()) for c in COLUMNS])
+    schema = pa.schema([(c, pa.float64() if c in FLOAT_COLUMNS else pa.int64()) for c in COLUMNS])
     rows = 0
     with atomic_path(path) as tmp:
         with pq.ParquetWriter(tmp, schema) as writer:

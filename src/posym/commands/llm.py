@@ -18,6 +18,7 @@ from typing import Any
 from posym.commands.bench import bench_prompts
 from posym.core.geometry import plane_scores
 from posym.core.scores import score_model, summarize_heads
+from posym.core.study import find_sinks, sink_changes
 from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
@@ -125,11 +126,17 @@ def llm_prompts(name: str, *, text: str | None = None, n: int = 20, size: int = 
 
 
 def plot_planes(planes):
-    """Per chosen head: s_pos and s_sym of every RoPE plane vs frequency ID (x = 0: position-free dims)."""
+    """Per chosen head: s_pos and s_sym of every RoPE plane vs frequency ID (x = 0: position-free dims),
+    over grey bars of each plane's use (its largest logit contribution at the query, prompt mean)."""
     chosen = list(planes.groupby(["layer", "head"]))
     fig, axes = subplots(len(chosen), 1, figsize=(8, 2.6 * len(chosen)), squeeze=False)
     for ax, ((layer, head), rows) in zip(axes[:, 0], chosen):
         rows = rows.sort_values("frequency_id")
+        use = ax.twinx()  # how much each plane can move the logits: a plane with no use has no say
+        use.bar(rows.frequency_id, rows.max_logit, color="grey", alpha=0.3, width=0.8)
+        use.set_ylabel("use (max logit)", fontsize=8)
+        ax.set_zorder(use.get_zorder() + 1)
+        ax.patch.set_visible(False)
         ax.plot(rows.frequency_id, rows.s_pos, "o-", ms=3, label="s_pos")
         ax.plot(rows.frequency_id, rows.s_sym, "s-", ms=3, label="s_sym")
         ax.set(title=f"layer {layer} head {head}", ylabel="score", ylim=(-0.05, 1.05))
@@ -140,12 +147,15 @@ def plot_planes(planes):
 
 def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: str = "last",
                  heads: list[tuple[int, int]] = (), tau: float = 1e-4, epsilon: float = 1e-12, exact: str = "pruned",
-                 settings: dict, progress=None) -> dict:
+                 exclude_keys=None, settings: dict, progress=None) -> dict:
     """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
 
-    Files: scores.parquet (prompt, query, layer, head, s_pos, s_sym, entropy, n_swaps, kept, bound;
-    epsilon/exact: see `posym.core.scores.iter_scores`), heads.parquet
-    (prompt means and labels, posym.core.scores.summarize_heads), layers.parquet (per-layer medians),
+    Files: scores.parquet (posym.core.scores.COLUMNS: scores, kept swaps and bound (epsilon/exact: see
+    `posym.core.scores.iter_scores`), and the sink view, attention on key 0 and on the top key),
+    heads.parquet (prompt means and labels, posym.core.scores.summarize_heads), prompts.parquet (index,
+    text, answer, input_ids, query position and token), layers.parquet (per-layer medians), with
+    exclude_keys (positions, or "auto": `posym.core.study.find_sinks`) also scores_excluded.parquet and
+    sinks.parquet (each head's label with and without them),
     planes.parquet (prompt-mean per-plane scores of --heads), heads.png/svg, planes.png/svg,
     summary.json (manifest, Pearson r, per-layer medians). Returns the summary dict.
     """
@@ -162,8 +172,20 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
     head_means = summarize_heads(frame)
     layers, r = layer_summary(head_means)
     out_dir = Path(out_dir)
+    extra = {}
+    if exclude_keys is not None:
+        keys = find_sinks(frame) if exclude_keys == "auto" else list(exclude_keys)
+        excluded = score_model(loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, exclude_keys=keys,
+                               progress=progress)
+        changes = sink_changes(head_means, summarize_heads(excluded))
+        write_parquet(out_dir / "scores_excluded.parquet", excluded)
+        write_parquet(out_dir / "sinks.parquet", changes)
+        extra = {"excluded_keys": keys, "label_changes": int(changes.changed.sum())}
     write_parquet(out_dir / "scores.parquet", frame)
     write_parquet(out_dir / "heads.parquet", head_means)
+    write_parquet(out_dir / "prompts.parquet", pd.DataFrame([
+        {"prompt": k, "text": p.text, "answer": p.answer, "input_ids": i.tolist(), "query": q[0],
+         "query_token": loaded.tokenizer.decode([int(i[q[0]])])} for k, (p, i, q) in enumerate(zip(prompts, ids, queries))]))
     write_parquet(out_dir / "layers.parquet", layers)
     save_figure(plot_heads(head_means, r), out_dir / "heads")
     if heads:
@@ -175,6 +197,6 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
         write_parquet(out_dir / "planes.parquet", planes)
         save_figure(plot_planes(planes), out_dir / "planes")
     summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings, "model_type": loaded.model_type,
-               "prompts": len(prompts), "pearson_r": r, "layers": layers.to_dict("records")}
+               "prompts": len(prompts), "pearson_r": r, "layers": layers.to_dict("records"), **extra}
     write_json(out_dir / "summary.json", summary)
     return summary

@@ -1,7 +1,8 @@
 """Interventions on heads: ablation (and pruned checkpoints) and freezing during fine-tuning.
 
-Head h of a GPT-J layer owns dims [h*d, (h+1)*d) (d = head dim) of the attention output, i.e. the
-input of `out_proj`: rows of q_proj/k_proj/v_proj and columns of out_proj.
+Head h of a layer owns dims [h*d, (h+1)*d) (d = head dim) of the attention output, i.e. the input of
+the output projection (GPT-J out_proj, Llama/Mistral/Qwen2 o_proj, GPT-NeoX dense): `head_means` and
+`ablated` work on all of them; folding and freezing below are GPT-J's (posym's own models).
 
 - Zero-ablation sets that head's slice of the out_proj input to 0; mean-ablation sets it to the
   head's mean output over reference data (train-split samples, every position, so one vector per
@@ -83,12 +84,13 @@ def select_heads(spec: str, model, labels=None) -> list[Head]:
 
 
 def head_slice(model, head: Head) -> slice:
-    """Dims of `head` in its layer's attention output (the input of out_proj)."""
+    """Dims of `head` in its layer's attention output (the input of the output projection)."""
     layer, h = head
-    n_layer, n_head = model.config.n_layer, model.config.n_head
+    config = model.config
+    n_layer, n_head = config.num_hidden_layers, config.num_attention_heads
     if not (0 <= layer < n_layer and 0 <= h < n_head):
         raise PosymError(f"head {layer}.{h} does not exist (layers 0..{n_layer - 1}, heads 0..{n_head - 1})")
-    d = model.config.n_embd // n_head
+    d = getattr(config, "head_dim", None) or config.hidden_size // n_head
     return slice(h * d, (h + 1) * d)
 
 
@@ -96,11 +98,21 @@ def _attn(model, layer: int):
     return model.transformer.h[layer].attn
 
 
+def _out_proj(model, layer: int):
+    """The attention output projection of `layer`, whose input holds the heads side by side."""
+    if hasattr(model, "transformer"):  # GPT-J
+        return _attn(model, layer).out_proj
+    if hasattr(model, "gpt_neox"):
+        return model.gpt_neox.layers[layer].attention.dense
+    return model.model.layers[layer].self_attn.o_proj  # Llama, Mistral, Qwen2
+
+
 # ---- ablation ----------------------------------------------------------------------------------
 
 
 def head_means(model, input_ids, heads: list[Head], batch_size: int = 256) -> dict[Head, torch.Tensor]:
-    """Mean output [head_dim] of each head over every position of input_ids [n, T] (eval mode)."""
+    """Mean output [head_dim] of each head over every position of input_ids ([n, T], or 1-D sequences
+    of any lengths), in eval mode."""
     sums: dict[Head, torch.Tensor] = {}
     count = 0
     handles = []
@@ -117,13 +129,17 @@ def head_means(model, input_ids, heads: list[Head], batch_size: int = 256) -> di
     model.eval()
     try:
         for layer in sorted({h[0] for h in heads}):
-            handles.append(_attn(model, layer).out_proj.register_forward_pre_hook(grab(layer)))
-        ids = torch.as_tensor(input_ids, dtype=torch.long)
+            handles.append(_out_proj(model, layer).register_forward_pre_hook(grab(layer)))
+        by_length: dict[int, list[torch.Tensor]] = {}  # ragged prompts run in equal-length batches
+        for ids in input_ids:
+            ids = torch.as_tensor(ids, dtype=torch.long)  # [T]
+            by_length.setdefault(len(ids), []).append(ids)
         with torch.no_grad():
-            for lo in range(0, len(ids), batch_size):
-                batch = ids[lo : lo + batch_size].to(model.device)  # [b, T]
-                model.transformer(input_ids=batch)
-                count += batch.numel()
+            for group in by_length.values():
+                for lo in range(0, len(group), batch_size):
+                    batch = torch.stack(group[lo : lo + batch_size]).to(model.device)  # [b, T]
+                    model(input_ids=batch)
+                    count += batch.numel()
     finally:
         for handle in handles:
             handle.remove()
@@ -155,7 +171,7 @@ def ablated(model, heads: list[Head], mode: str = "zero", means: dict | None = N
             return (out, *args[1:])
         return hook
 
-    handles = [_attn(model, layer).out_proj.register_forward_pre_hook(replace(hs)) for layer, hs in by_layer.items()]
+    handles = [_out_proj(model, layer).register_forward_pre_hook(replace(hs)) for layer, hs in by_layer.items()]
     try:
         yield
     finally:

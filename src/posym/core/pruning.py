@@ -50,6 +50,26 @@ def block_items(keys: int, blocks: int | None) -> Tensor:
     return keys - size * blocks + torch.arange(blocks * size).view(blocks, size)  # [blocks, size]
 
 
+def movable_items(keys: int, blocks: int | None, exclude_keys=()) -> Tensor:
+    """`block_items` without the items that hold an excluded key position (e.g. 0, an attention sink):
+    those keys never move, while they keep their share of the softmax. Fewer than two items left is an
+    error."""
+    items = block_items(keys, blocks)  # [M, size]
+    fixed = torch.tensor(sorted({int(k) for k in exclude_keys if 0 <= int(k) < keys}), dtype=torch.long)
+    if len(fixed):
+        items = items[~torch.isin(items, fixed).any(-1)]
+        if len(items) < 2:
+            raise PosymError(f"excluding key positions {fixed.tolist()} leaves no swap for a query with {keys} keys")
+    return items
+
+
+def sink_view(log_d: Tensor) -> dict[str, Tensor]:
+    """attn_first (attention on key 0), top_key (the most attended key) and attn_top (its attention) of
+    log-softmax rows [..., n]."""
+    top = log_d.max(-1)
+    return {"attn_first": log_d[..., 0].exp(), "top_key": top.indices, "attn_top": top.values.exp()}
+
+
 def item_values(clean: Tensor, items: Tensor, compare: str) -> Tensor:
     """x [..., items]: the quantity whose differences are the swap gaps (mean probability of the
     item's keys, or their mean raw logit for compare="logits")."""
@@ -114,18 +134,19 @@ def _pair_chunks(counts: Tensor, order: Tensor, chunk: int):
 
 
 def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, tau: float = 1e-4, blocks: int | None = None,
-               compare: str = "probs", epsilon: float | None = 1e-12) -> dict[str, Tensor]:
+               compare: str = "probs", epsilon: float | None = 1e-12, exclude_keys=()) -> dict[str, Tensor]:
     """Scores of R query rows from u, k [R, n, d] (`posym.swaps.unrotated_queries`, flattened).
 
     epsilon: the bound on the dropped swap weight per row (None: every swap, the dense reference).
+    exclude_keys: key positions no swap moves (`movable_items`).
     Returns s_pos, s_sym, entropy, kept (swaps weighed), bound (max change of s_pos and s_sym from
-    the dropped swaps), all [R], and n_swaps (int).
+    the dropped swaps), the sink view (`sink_view`), all [R], and n_swaps (int).
     """
     R, n, d = u.shape
     clean = swaps.soft_capped(qk.scale * (u * k).sum(-1), qk.softcap)  # [R, n]
     log_d = torch.log_softmax(clean, dim=-1)
     entropy = -(log_d.exp() * log_d).sum(-1)  # [R]
-    items = block_items(n - 1, blocks).to(u.device)  # [M, size]
+    items = movable_items(n - 1, blocks, exclude_keys).to(u.device)  # [M, size]
     x = item_values(clean, items, compare)  # [R, M]
     order, counts, top, dropped = kept_counts(x, tau, epsilon)
     kept = counts.sum(-1)  # [R]
@@ -161,4 +182,4 @@ def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, tau: float = 1e-4, blocks: i
     dropped_weight = (n_swaps - kept) * torch.exp((dropped - top) / tau)  # [R] (0 where dense)
     return {"s_pos": pos / weight, "s_sym": sym / weight, "entropy": entropy, "kept": kept,
             "bound": torch.where(sparse, 2 * dropped_weight / (weight + dropped_weight), 0.0),
-            "n_swaps": n_swaps}
+            "n_swaps": n_swaps, **sink_view(log_d)}

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from posym.errors import PosymError
 from posym.core import swaps
-from posym.core.pruning import block_items, item_values, pair_cosines, score_rows
+from posym.core.pruning import item_values, movable_items, pair_cosines, score_rows, sink_view
 from posym.core.qk import HeadQK
 from posym.core.tasks import Samples, TaskConfig, generate
 
@@ -58,6 +58,7 @@ def swap_scores(
     tau: float = 1e-4,
     blocks: int | None = None,
     compare: str = "probs",
+    exclude_keys=(),
 ) -> dict[str, Tensor | int]:
     """Positional and symbolic scores of one query row (computed in float64).
 
@@ -69,7 +70,11 @@ def swap_scores(
         block means (2511; see `posym.core.pruning.block_items`).
     compare: "probs" compares softmax probabilities (the paper); "logits" puts the raw logits in
         v, v' and the swap weights instead.
-    Returns s_pos [...], s_sym [...], entropy [...] (nats, of softmax(clean)), n_swaps (int).
+    exclude_keys: key positions that never move (e.g. 0, an attention sink): swaps touching them are
+        dropped, while they keep their share of the softmax. Positions past the query are ignored.
+    Returns s_pos [...], s_sym [...], entropy [...] (nats, of softmax(clean)), n_swaps (int), and the
+    sink view of the clean row: attn_first [...] (attention on key 0), top_key [...] (position of the
+    largest attention) and attn_top [...] (its attention).
     """
     if compare not in ("probs", "logits"):
         raise PosymError(f"compare must be 'probs' or 'logits', got {compare!r}")
@@ -84,14 +89,14 @@ def swap_scores(
     swapped = swapped.to(torch.float64)
     log_d = torch.log_softmax(clean, dim=-1)  # [..., n]
     entropy = -(log_d.exp() * log_d).sum(-1)  # [...]
-    items = block_items(n - 1, blocks)  # [M, size]: key positions of what each swap moves
+    items = movable_items(n - 1, blocks, exclude_keys)  # [M, size]: key positions of what each swap moves
     ia, ib = torch.triu_indices(len(items), len(items), offset=1)  # [swaps] each
     a, b = items[ia], items[ib]  # [swaps, size]
     cos_pos, cos_sym = pair_cosines(clean[..., a], clean[..., b], swapped[..., a, b], swapped[..., b, a], compare)
     x = item_values(clean, items, compare)  # [..., M]
     alpha = torch.softmax((x[..., ia] - x[..., ib]).abs() / tau, dim=-1)  # [..., swaps]
     return {"s_pos": (alpha * cos_pos).sum(-1), "s_sym": (alpha * cos_sym).sum(-1), "entropy": entropy,
-            "n_swaps": len(ia)}
+            "n_swaps": len(ia), **sink_view(log_d)}
 
 
 # ---- queries -------------------------------------------------------------------------------------
@@ -105,15 +110,18 @@ def hop_queries(chain) -> list[int]:
 
 # ---- scoring -------------------------------------------------------------------------------------
 
-COLUMNS = ("prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps", "kept", "bound")
+COLUMNS = ("prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps", "kept", "bound", "attn_first",
+           "top_key", "attn_top")
+FLOAT_COLUMNS = ("s_pos", "s_sym", "entropy", "bound", "attn_first", "attn_top")
+ROW_KEYS = ("s_pos", "s_sym", "entropy", "kept", "bound", "attn_first", "top_key", "attn_top")
+"""Per-row results of `posym.core.pruning.score_rows` that become columns."""
 
 
 def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> dict[str, list]:
     """Columns of one layer's scores for jobs {query position: [batch rows]}, vectorised over rows
     and heads: a chunk holds about BUDGET elements of queries and keys (many rows at short queries,
     one row and a few heads at a query thousands of tokens in)."""
-    out: dict[str, list] = {key: [] for key in ("row", "query", "head", "s_pos", "s_sym", "entropy", "n_swaps",
-                                                "kept", "bound")}
+    out: dict[str, list] = {key: [] for key in ("row", "query", "head", "n_swaps", *ROW_KEYS)}
     heads, d = qk.q.shape[1], qk.q.shape[-1]
     for p, rows in jobs.items():
         per_head = (p + 1) * d
@@ -129,7 +137,7 @@ def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> di
                 out["head"] += hs * len(chunk)
                 out["query"] += [p] * (len(chunk) * len(hs))
                 out["n_swaps"] += [res["n_swaps"]] * (len(chunk) * len(hs))
-                for key in ("s_pos", "s_sym", "entropy", "kept", "bound"):
+                for key in ROW_KEYS:
                     out[key] += res[key].tolist()
     return out
 
@@ -173,6 +181,7 @@ def iter_scores(
     compare: str = "probs",
     epsilon: float = 1e-12,
     exact: str = "pruned",
+    exclude_keys=(),
     layers: list[int] | None = None,
     batch_size: int = 64,
     dtype: torch.dtype = torch.float64,
@@ -184,7 +193,7 @@ def iter_scores(
     texts with `tokenizer` (see `prompt_inputs`).
     queries: "last" (default), "all", "hops" (task prompts: samples or `chains`), or per prompt a
     list of positions (e.g. `hop_queries(chain)`).
-    tau, blocks, compare: see `swap_scores`. layers: layer indices (default all).
+    tau, blocks, compare, exclude_keys: see `swap_scores`. layers: layer indices (default all).
     exact: "pruned" (default) weighs only the swaps that carry all but `epsilon` of the swap
         weights, so each row's s_pos and s_sym lie within its `bound` (<= 2 epsilon) of the dense
         value (`posym.pruning`); "dense" weighs every swap (the reference; bound 0).
@@ -201,7 +210,8 @@ def iter_scores(
         raise PosymError(f"exact must be 'pruned' or 'dense', got {exact!r}")
     if not 0 < epsilon < 1:
         raise PosymError(f"epsilon must lie in (0, 1), got {epsilon}")
-    options = {"tau": tau, "blocks": blocks, "compare": compare, "epsilon": epsilon if exact == "pruned" else None}
+    options = {"tau": tau, "blocks": blocks, "compare": compare, "epsilon": epsilon if exact == "pruned" else None,
+               "exclude_keys": exclude_keys}
     for batch, results in swaps.scan(model, input_ids, queries, lambda layer, qk, jobs: (layer, _score_layer(
             qk, jobs, dtype, **options)), layers=layers, batch_size=batch_size, progress=progress):
         parts = []
@@ -223,6 +233,12 @@ def score_model(model, input_ids, queries=None, **options):
 # ---- the score of a head over a prompt set ------------------------------------------------------
 
 SCORE_COLUMNS = ("s_pos", "s_sym", "entropy")
+SINK_COLUMNS = ("attn_first", "attn_top")
+"""Attention of the query on token 0 and on its top key: averaged like the scores where present."""
+
+
+def _averaged(frame) -> list[str]:
+    return [c for c in (*SCORE_COLUMNS, *SINK_COLUMNS) if c in frame.columns]
 LABELS = ("positional", "symbolic", "mixed", "uniform")
 
 
@@ -232,7 +248,7 @@ def prompt_scores(frame, keys=()):
     and `queries`, the number of rows averaged."""
     group = [*keys, "prompt", "layer", "head"]
     return frame.groupby(group, as_index=False).agg(
-        **{c: (c, "mean") for c in SCORE_COLUMNS}, queries=("s_pos", "size"))
+        **{c: (c, "mean") for c in _averaged(frame)}, queries=("s_pos", "size"))
 
 
 def head_scores(frame, keys=()):
@@ -248,7 +264,8 @@ def head_scores(frame, keys=()):
     frame: score rows (columns prompt, layer, head, s_pos, s_sym, entropy; more rows per prompt
     allowed, e.g. `score_model` output, or one row per prompt, e.g. `prompt_scores` output).
     keys: columns that split the table further (e.g. ("step", "query_mode") in dynamics).
-    Returns per (*keys, layer, head): s_pos, s_sym, entropy, prompts (count) and rows (query rows).
+    Returns per (*keys, layer, head): s_pos, s_sym, entropy (and attn_first, attn_top where the rows
+    have them), prompts (count) and rows (query rows).
     """
     missing = sorted({*keys, "prompt", "layer", "head", *SCORE_COLUMNS} - set(frame.columns))
     if missing:
@@ -256,7 +273,7 @@ def head_scores(frame, keys=()):
     if "queries" not in frame.columns:
         frame = prompt_scores(frame, keys)
     return frame.groupby([*keys, "layer", "head"], as_index=False).agg(
-        **{c: (c, "mean") for c in SCORE_COLUMNS}, prompts=("prompt", "size"), rows=("queries", "sum"))
+        **{c: (c, "mean") for c in _averaged(frame)}, prompts=("prompt", "size"), rows=("queries", "sum"))
 
 
 def check_gamma(gamma: float) -> None:

@@ -1,0 +1,357 @@
+"""`posym llm-study`: the lens of 2511.11579 and 2605.31558 on one real model, in six resumable stages.
+
+Every stage reads the model and the tables of earlier stages and writes its own folder under OUT;
+its done-file (`posym.stages`, job "study") is written last, so a killed study re-run with the same
+OUT skips the finished stages. `posym.commands.study_report` turns OUT into report.html.
+
+1. scores     every head on the binding prompts of 2511 at the last token and at the name token, and
+              on the 1-hop number and letter prompts of 2605 Appendix H at the puzzle's query token;
+              each set plainly and with the attention sinks left out of the swaps; the model's own
+              whole-answer accuracy on each prompt set.
+2. profile    per-layer medians, early vs late halves, Pearson r of the maps, labels at each gamma,
+              label agreement across prompt sets, heads whose label the sinks decide.
+3. frequency  per-plane scores and weighted frequency ID of every head, behaviour vs frequency.
+4. discrepancy  top-1 minus top-2 logit of the most positional and most symbolic heads by length,
+              beside Theorem 3.2's bounds at each head's dominant frequency.
+5. bench      the Appendix H benchmark (Table 3 analogue), whole-answer judge.
+6. ablation   zero/mean ablation of the top-k positional, top-k symbolic and k random heads: accuracy
+              on the binding prompts and the size-12 Appendix H prompts, per prompt.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from posym import configs, io
+from posym.commands import bench, llm
+from posym.commands.study_report import build_study_report
+from posym.core.discrepancy import head_gaps
+from posym.core.geometry import channel_means, frequency_use, plane_scores
+from posym.core.interventions import ablated, head_means
+from posym.core.scores import score_model, summarize_heads
+from posym.core.study import (GROUPS, ablation_groups, behaviour_frequency, find_sinks, half_profile,
+                              label_agreement, label_counts, layer_profile, pearson, sink_changes)
+from posym.core.theory import frequency_angle, index_bound
+from posym.errors import PosymError
+from posym.loading import Prompt
+from posym.sources import LoadedModel, tokenize
+from posym.stages import is_done, mark_done
+
+STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation")
+JOB = "study"
+SETS = ("binding-last", "binding-name", "number", "letter")
+"""Prompt sets of stage 1: binding prompts queried at the last token and at the name token, and the
+Appendix H puzzles queried at the puzzle's final token."""
+
+
+@dataclass
+class StudyConfig:
+    """What `posym llm-study` computes (written to OUT/study.yaml)."""
+
+    n_binding: int = 20
+    """Binding prompts of 2511 (scores, accuracy, ablation)."""
+    n_bench: int = 10
+    """Number and letter prompts scored in stage 1 and asked in stage 6."""
+    bench_size: int = 12
+    """Target-window size of the stage-1 and stage-6 Appendix H prompts."""
+    tau: float = 1e-4
+    """Temperature of the swap weights (posym.core.scores.swap_scores)."""
+    gammas: list[float] = field(default_factory=lambda: [0.1, 0.05])
+    """Purity thresholds of the head labels (footnote 3 of 2605 uses 0.1)."""
+    exclude_keys: list[int] | None = None
+    """Key positions left out of the swaps in the sink-free scores; None finds the sinks of each prompt
+    set (key positions that are the top key of at least half of its rows)."""
+    frequency_prompts: int = 5
+    """Binding prompts of the per-plane analysis (stage 3)."""
+    lengths: list[int] = field(default_factory=lambda: [64, 256, 1024, 4096])
+    """Prompt lengths of the discrepancy curves (stage 4); longer than the model's positions is an error."""
+    gap_prompts: int = 2
+    """Prompts per length in stage 4."""
+    gap_heads: int = 2
+    """Most positional and most symbolic heads whose gaps stage 4 follows (this many of each)."""
+    bench_sizes: list[int] = field(default_factory=lambda: [12, 32, 100, 300])
+    """Target-window sizes of the Appendix H benchmark (Table 3's columns)."""
+    bench_runs: int = 5
+    """Runs (seeds) per size of the benchmark, as in the paper."""
+    bench_n: int = 4
+    """Questions per run and size of the benchmark."""
+    ablation_ks: list[int] = field(default_factory=lambda: [1, 4, 16])
+    """Sizes k of the ablated head groups."""
+    ablation_modes: list[str] = field(default_factory=lambda: ["zero", "mean"])
+    """Ablation modes (posym.core.interventions.ablated)."""
+    seed: int = 0
+    """Seed of every prompt set and of the random head groups."""
+
+    def __post_init__(self) -> None:
+        counts = {"n_binding": self.n_binding, "n_bench": self.n_bench, "frequency_prompts": self.frequency_prompts,
+                  "gap_prompts": self.gap_prompts, "gap_heads": self.gap_heads, "bench_runs": self.bench_runs,
+                  "bench_n": self.bench_n}
+        for name, value in counts.items():
+            if value < 1:
+                raise PosymError(f"{name} must be at least 1, got {value}")
+        if self.frequency_prompts > self.n_binding:
+            raise PosymError("frequency_prompts cannot exceed n_binding (stage 3 reuses the binding prompts)")
+        if any(k < 1 for k in self.ablation_ks) or not self.ablation_ks:
+            raise PosymError(f"ablation_ks must be positive head counts, got {self.ablation_ks}")
+        if any(m not in ("zero", "mean") for m in self.ablation_modes) or not self.ablation_modes:
+            raise PosymError(f"ablation_modes must be zero and/or mean, got {self.ablation_modes}")
+        if any(not 0 < g < 0.5 for g in self.gammas) or not self.gammas:
+            raise PosymError(f"gammas must lie in (0, 0.5), got {self.gammas}")
+
+
+# ---- prompts ------------------------------------------------------------------------------------
+
+
+def puzzle_query(loaded: LoadedModel, prompt: Prompt) -> int:
+    """Token index of an Appendix H puzzle's final token (the last character before '\\nAnswer:')."""
+    return loaded.tokenizer(prompt.text).char_to_token(prompt.text.rindex("\nAnswer:") - 1)
+
+
+def study_prompts(config: StudyConfig) -> dict[str, list[Prompt]]:
+    """The stage-1 prompt sets by name (the two binding sets share their prompts)."""
+    binding = llm.binding_prompts(config.n_binding, seed=config.seed)
+    return {"binding-last": binding, "binding-name": binding,
+            **{task: bench.bench_prompts(task, config.bench_size, config.n_bench, seed=config.seed)
+               for task in ("number", "letter")}}
+
+
+def query_positions(loaded: LoadedModel, name: str, prompts: list[Prompt]) -> list[int]:
+    """Query token of each prompt of set `name`."""
+    if name.startswith("binding"):
+        return [llm.query_position(loaded, p, name.split("-")[1]) for p in prompts]
+    return [puzzle_query(loaded, p) for p in prompts]
+
+
+def accuracy_rows(loaded: LoadedModel, prompts: list[Prompt], **labels) -> list[dict]:
+    """One row per prompt: index, predicted (first word of the greedy reply), correct (whole answer)."""
+    rows = []
+    for index, prompt in enumerate(prompts):
+        correct, predicted = bench.local_correct(loaded, prompt)
+        rows.append({**labels, "index": index, "predicted": predicted, "correct": bool(correct)})
+    return rows
+
+
+# ---- stages -------------------------------------------------------------------------------------
+
+
+def _read(out: Path, stage: str, table: str):
+    """Table `table` written by an earlier `stage` (out is the current stage's folder)."""
+    import pandas as pd
+
+    return pd.read_parquet(out.parent / stage / f"{table}.parquet")
+
+
+
+def stage_scores(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    import pandas as pd
+
+    frames, prompt_rows, sinks = [], [], {}
+    for name, prompts in study_prompts(config).items():
+        ids = [tokenize(loaded, p.text)[0].tolist() for p in prompts]
+        queries = query_positions(loaded, name, prompts)
+        plain = score_model(loaded.model, ids, [[q] for q in queries], tau=config.tau)
+        sinks[name] = find_sinks(plain) if config.exclude_keys is None else list(config.exclude_keys)
+        variants = {"plain": plain}
+        if sinks[name]:
+            variants["sinks excluded"] = score_model(loaded.model, ids, [[q] for q in queries], tau=config.tau,
+                                                     exclude_keys=sinks[name])
+        frames += [frame.assign(set=name, variant=variant) for variant, frame in variants.items()]
+        answers = accuracy_rows(loaded, prompts, set=name) if name != "binding-name" else []
+        for k, prompt in enumerate(prompts):
+            judged = answers[k] if answers else {"predicted": None, "correct": None}
+            prompt_rows.append({"set": name, "prompt": k, "text": prompt.text, "answer": prompt.answer,
+                                "input_ids": ids[k], "query": queries[k], "query_token": loaded.tokenizer.decode(
+                                    [ids[k][queries[k]]]), "predicted": judged["predicted"],
+                                "correct": judged["correct"]})
+        progress(1)
+    scores = pd.concat(frames, ignore_index=True)
+    heads = pd.concat([summarize_heads(g, gamma=config.gammas[0]).assign(set=s, variant=v)
+                       for (s, v), g in scores.groupby(["set", "variant"], sort=False)], ignore_index=True)
+    io.write_parquet(out / "scores.parquet", scores)
+    io.write_parquet(out / "heads.parquet", heads)
+    io.write_parquet(out / "prompts.parquet", pd.DataFrame(prompt_rows))
+    io.write_json(out / "sinks.json", sinks)
+
+
+def stage_profile(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    import pandas as pd
+
+    scores = _read(out, "scores", "scores")
+    heads = _read(out, "scores", "heads")
+    prompts = _read(out, "scores", "prompts")
+    n_layers = loaded.model.config.num_hidden_layers
+    plain = {name: heads[(heads.set == name) & (heads.variant == "plain")] for name in SETS}
+    layers = pd.concat([layer_profile(h).assign(set=name) for name, h in plain.items()], ignore_index=True)
+    labels = pd.concat([label_counts(g, config.gammas).assign(set=s, variant=v)
+                        for (s, v), g in scores.groupby(["set", "variant"], sort=False)], ignore_index=True)
+    sinks = [sink_changes(plain[s], heads[(heads.set == s) & (heads.variant == v)]).assign(set=s)
+             for s, v in heads[["set", "variant"]].drop_duplicates().itertuples(index=False) if v != "plain"]
+    accuracy = prompts.dropna(subset=["correct"]).groupby("set")["correct"].agg(["mean", "size"])
+    summary = {name: {**half_profile(h, n_layers), "pearson_r": pearson(h.s_pos, h.s_sym),
+                      "sink_label_changes": int(sum(s.changed.sum() for s in sinks if s.set.iloc[0] == name)),
+                      "mean_attn_first": float(h.attn_first.mean())} for name, h in plain.items()}
+    for name, row in accuracy.iterrows():
+        summary[name] |= {"accuracy": float(row["mean"]), "prompts": int(row["size"])}
+    io.write_parquet(out / "layers.parquet", layers)
+    io.write_parquet(out / "labels.parquet", labels)
+    io.write_parquet(out / "agreement.parquet",
+                     label_agreement({s: plain[s] for s in ("binding-last", "number", "letter")}))
+    io.write_parquet(out / "sink_changes.parquet", pd.concat(sinks, ignore_index=True) if sinks else
+                     sink_changes(plain["binding-last"], plain["binding-last"]).assign(set="binding-last").iloc[:0])
+    io.write_json(out / "profile.json", summary)
+    progress(1)
+
+
+def stage_frequency(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    prompts = _read(out, "scores", "prompts")
+    heads = _read(out, "scores", "heads")
+    chosen = prompts[prompts.set == "binding-last"].head(config.frequency_prompts)
+    planes = channel_means(plane_scores(loaded.model, [list(i) for i in chosen.input_ids],
+                                        [[int(q)] for q in chosen["query"]], tau=config.tau))
+    use = frequency_use(planes)
+    plain = heads[(heads.set == "binding-last") & (heads.variant == "plain")]
+    both, correlation = behaviour_frequency(plain, use)
+    rotary = planes[planes.frequency_id > 0].frequency_id.max()
+    io.write_parquet(out / "planes.parquet", planes)
+    io.write_parquet(out / "behaviour.parquet", both)
+    io.write_json(out / "frequency.json", {
+        **correlation, "uniform_weighted_id": (1 + float(rotary)) / 2,
+        "weighting": "use_k = mean over prompts of plane k's largest logit contribution, clipped at 0",
+        "mean_weighted_id": float(both.weighted_id.mean())})
+    progress(1)
+
+
+def _long_prompts(loaded: LoadedModel, config: StudyConfig, length: int) -> list[list[int]]:
+    """`gap_prompts` prompts of exactly `length` tokens: binding facts run on, seeded per prompt."""
+    out = []
+    for k in range(config.gap_prompts):
+        ids: list[int] = []
+        seed = config.seed + 1000 * k
+        while len(ids) < length:
+            ids += loaded.tokenizer(" ".join(p.text for p in llm.binding_prompts(20, seed=seed))).input_ids
+            seed += 1
+        out.append(ids[:length])
+    return out
+
+
+def stage_discrepancy(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    import pandas as pd
+
+    if max(config.lengths) > loaded.max_positions:
+        raise PosymError(f"lengths reach {max(config.lengths)} tokens but the model has {loaded.max_positions} positions")
+    behaviour = _read(out, "frequency", "behaviour").sort_values("behaviour")
+    chosen = pd.concat([behaviour.tail(config.gap_heads).assign(group="positional"),
+                        behaviour.head(config.gap_heads).assign(group="symbolic")])
+    model_config = loaded.model.config
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
+    base = float(getattr(model_config, "rope_theta", None) or (getattr(model_config, "rope_parameters", None) or {}).get(
+        "rope_theta", 10_000.0))
+    rows = []
+    for length in config.lengths:
+        gaps = head_gaps(loaded.model, _long_prompts(loaded, config, length), "last",
+                         layers=sorted(set(chosen.layer.astype(int))))
+        for head in chosen.itertuples():
+            mine = gaps[(gaps.layer == head.layer) & (gaps["head"] == head.head)]
+            theta = frequency_angle(int(head.dominant_id), base=base, rotary_dim=head_dim)
+            rows += [{"group": head.group, "layer": head.layer, "head": head.head, "length": length,
+                      "prompt": int(g.prompt), "gap": float(g.gap), "top_key": int(g.top_key),
+                      "dominant_id": int(head.dominant_id), "theta": theta, "index_bound": index_bound(theta, length)}
+                     for g in mine.itertuples()]
+        progress(1)
+    io.write_parquet(out / "gaps.parquet", pd.DataFrame(rows))
+    io.write_json(out / "discrepancy.json", {"rope_base": base, "head_dim": head_dim,
+                                             "bound": "Theorem 3.2 Index bound min(1 - cos theta, 2 pi^2 / n^2) for "
+                                                      "unit-norm q, k; the measured gaps carry the head's norms"})
+
+
+def stage_bench(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    settings = {"model": loaded.name, "sizes": config.bench_sizes, "runs": config.bench_runs, "n": config.bench_n,
+                "judge": "local whole answer"}
+    bench.write_bench(lambda prompt: bench.local_correct(loaded, prompt), out, label=loaded.name,
+                      tasks=("number", "letter"), sizes=config.bench_sizes, runs=config.bench_runs, n=config.bench_n,
+                      settings=settings, progress=lambda k: None)
+    progress(1)
+
+
+def stage_ablation(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    import pandas as pd
+
+    heads = _read(out, "scores", "heads")
+    plain = heads[(heads.set == "binding-last") & (heads.variant == "plain")]
+    sets = {name: p for name, p in study_prompts(config).items() if name != "binding-name"}
+    groups = {(k, g): heads_ for k in config.ablation_ks if k <= len(plain)
+              for g, heads_ in ablation_groups(plain, k, config.seed + k).items()}
+    means = None
+    if "mean" in config.ablation_modes:
+        reference = [tokenize(loaded, p.text)[0].tolist() for prompts in sets.values() for p in prompts]
+        means = head_means(loaded.model, reference, sorted({h for hs in groups.values() for h in hs}))
+    rows = [r for name, prompts in sets.items()
+            for r in accuracy_rows(loaded, prompts, k=0, group="none", mode="none", heads="", set=name)]
+    for (k, group), chosen in groups.items():
+        for mode in config.ablation_modes:
+            with ablated(loaded.model, chosen, mode, means):
+                text = ",".join(f"{layer}.{head}" for layer, head in chosen)
+                rows += [r for name, prompts in sets.items()
+                         for r in accuracy_rows(loaded, prompts, k=k, group=group, mode=mode, heads=text, set=name)]
+        progress(1)
+    frame = pd.DataFrame(rows)
+    summary = frame.groupby(["k", "group", "mode", "set"], as_index=False)["correct"].agg(
+        acc="mean", std=lambda c: float(c.std(ddof=0)), prompts="size")
+    summary["sem"] = summary["std"] / summary["prompts"].map(math.sqrt)
+    io.write_parquet(out / "ablation.parquet", frame)
+    io.write_parquet(out / "ablation_summary.parquet", summary)
+
+
+STAGE_WORK: dict[str, Callable] = {"scores": stage_scores, "profile": stage_profile, "frequency": stage_frequency,
+                                   "discrepancy": stage_discrepancy, "bench": stage_bench, "ablation": stage_ablation}
+
+
+def stage_steps(config: StudyConfig) -> dict[str, int]:
+    """Progress steps of each stage (for one progress bar over the study)."""
+    return {"scores": len(SETS), "profile": 1, "frequency": 1, "discrepancy": len(config.lengths), "bench": 1,
+            "ablation": len(config.ablation_ks) * len(GROUPS)}
+
+
+def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, progress=None,
+              only: list[str] | None = None) -> dict:
+    """Run the stages not yet done (all, or `only`), then the report; returns {stage: seconds or "done"}.
+    One process per OUT (`posym.io.locked`); Ctrl-C keeps the finished stages."""
+    out = Path(out)
+    with io.locked(out), io.interruptible(lambda: _kept(out)):
+        _prepare(out, config, settings)
+        progress = progress or (lambda k=1: None)
+        timings: dict[str, float | str] = {}
+        for stage in only or STAGES:
+            if is_done(out, JOB, stage):
+                timings[stage] = "done"
+                progress(stage_steps(config)[stage])
+                continue
+            start, cpu = time.perf_counter(), time.process_time()
+            STAGE_WORK[stage](loaded, config, out / stage, progress)
+            timings[stage] = round(time.perf_counter() - start, 2)
+            mark_done(out, JOB, stage, timings[stage], cpu_seconds=round(time.process_time() - cpu, 2))
+        build_study_report(out)
+    return timings
+
+
+def _prepare(out: Path, config: StudyConfig, settings: dict) -> None:
+    """OUT/study.yaml and manifest.json; a study with another config, or a foreign directory, is refused."""
+    stored = out / "study.yaml"
+    if stored.is_file():
+        if io.config_hash(io.read_yaml(stored)) != io.config_hash(configs.to_dict(config)):
+            raise PosymError(f"{out} holds a study with a different config (see {stored}); re-run with the same "
+                             "config to continue it, or choose another --out")
+    elif any(p.name != io.LOCK for p in out.iterdir()):
+        raise PosymError(f"{out} exists, is not empty and holds no study.yaml; choose another --out")
+    io.write_yaml(stored, configs.to_dict(config))
+    io.write_json(out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, **settings))
+
+
+def _kept(out: Path) -> str:
+    """The Ctrl-C line of `posym llm-study`."""
+    done = sum(is_done(out, JOB, stage) for stage in STAGES)
+    return f"kept {done} of {len(STAGES)} finished stages in {out}; re-running the same command resumes"

@@ -1,0 +1,204 @@
+"""The report of `posym llm-study`: figures from OUT's stage tables and one self-contained report.html.
+
+Sections follow the stages (`posym.commands.study`); a stage not yet run shows as absent. Each
+caption puts our number beside the paper's where the paper has one: 2511.11579's Gemma-2-2b-it
+layer halves (median s_pos 0.83 early vs 0.56 late) and frequency finding (positional heads on fast
+planes, symbolic on slow ones), 2605.31558's Table 3 (`posym.commands.bench.PAPER_TABLE3`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+from posym import io
+from posym.commands.llm import plot_heads
+from posym.figures import save_figure, subplots
+
+GEMMA_HALVES = (0.83, 0.56)
+"""2511.11579: median positional score of Gemma-2-2b-it's early and late halves of layers."""
+SECTIONS = ("Settings", "Accuracy", "Scores and sinks", "Layer profile", "Frequency", "Discrepancy",
+            "Table 3", "Ablation")
+
+TEMPLATE = """<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
+<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
+th{background:#eee}img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.92em}.absent{color:#a33}
+pre{background:#f6f6f6;padding:.6em;overflow-x:auto}</style></head><body><h1>{{ title }}</h1>
+{% for section in sections %}<h2>{{ section.name }}</h2>
+{% if section.absent %}<p class="absent">Absent: stage {{ section.absent }} has not run (re-run posym llm-study
+with the same --out to resume).</p>{% endif %}
+{% for text in section.texts %}<p>{{ text }}</p>{% endfor %}
+{% for table in section.tables %}<table><tr>{% for h in table.header %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in table.rows %}<tr>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</table>{% endfor %}
+{% for pre in section.pres %}<pre>{{ pre }}</pre>{% endfor %}
+{% for fig in section.figures %}<figure><img alt="{{ fig.title }}" src="data:image/png;base64,{{ fig.data }}">
+<figcaption><b>{{ fig.title }}.</b> {{ fig.caption }} (files: {{ fig.files }})</figcaption></figure>{% endfor %}
+{% endfor %}</body></html>
+"""
+
+
+def _fmt(value) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _table(frame, columns) -> dict:
+    return {"header": list(columns), "rows": [[_fmt(v) for v in row] for row in frame[list(columns)].itertuples(index=False)]}
+
+
+def _figure(stem: Path, out: Path, title: str, caption: str) -> dict:
+    return {"title": title, "caption": caption, "files": f"{stem.relative_to(out)}.png, .svg",
+            "data": base64.b64encode(stem.with_suffix(".png").read_bytes()).decode("ascii")}
+
+
+# ---- figures ------------------------------------------------------------------------------------
+
+
+def plot_profile(layers, stem) -> list[Path]:
+    """Median s_pos (solid) and s_sym (dashed) per layer, one colour per prompt set."""
+    fig, ax = subplots(figsize=(8, 4))
+    for k, (name, rows) in enumerate(layers.groupby("set", sort=False)):
+        color = f"C{k}"
+        ax.plot(rows.layer, rows.median_s_pos, "o-", color=color, ms=3, label=f"{name} s_pos")
+        ax.plot(rows.layer, rows.median_s_sym, "s--", color=color, ms=3, label=f"{name} s_sym")
+    ax.set(xlabel="layer", ylabel="median over heads", ylim=(-0.05, 1.05), title="layer profile")
+    ax.legend(fontsize=7, ncol=2)
+    return save_figure(fig, stem)
+
+
+def plot_behaviour(both, correlation: dict, stem) -> list[Path]:
+    """Behaviour (s_pos - s_sym) against weighted frequency ID, one dot per head, coloured by layer."""
+    fig, ax = subplots(figsize=(6.5, 4.2))
+    dots = ax.scatter(both.weighted_id, both.behaviour, c=both.layer, cmap="plasma", s=14)
+    fig.colorbar(dots, ax=ax, label="layer")
+    ax.set(xlabel="weighted frequency ID (1 = fastest plane)", ylabel="s_pos - s_sym", ylim=(-1.05, 1.05),
+           title=f"Pearson r = {correlation['pearson']:.2f}, Spearman rho = {correlation['spearman']:.2f}")
+    return save_figure(fig, stem)
+
+
+def plot_gaps(gaps, stem) -> list[Path]:
+    """Median gap per head against length (log-log) with Theorem 3.2's Index bound at the head's
+    dominant frequency (dotted, unit-norm q and k); one panel per group."""
+    groups = list(gaps.groupby("group", sort=False))
+    fig, axes = subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
+    for ax, (group, rows) in zip(axes[0], groups):
+        for k, ((layer, head), g) in enumerate(rows.groupby(["layer", "head"])):
+            med = g.groupby("length", as_index=False).agg(gap=("gap", "median"), bound=("index_bound", "first"))
+            ax.plot(med["length"], med.gap.clip(lower=1e-6), "o-", color=f"C{k}", label=f"L{layer}.H{head} gap")
+            ax.plot(med["length"], med.bound, ":", color=f"C{k}", label=f"bound (id {g.dominant_id.iloc[0]})")
+        ax.set(xscale="log", yscale="log", xlabel="prompt length (tokens)", ylabel="top-1 minus top-2 logit",
+               title=f"most {group} heads")
+        ax.legend(fontsize=7)
+    return save_figure(fig, stem)
+
+
+def plot_ablation(summary, stem) -> list[Path]:
+    """Accuracy against k per ablated group, one panel per (prompt set, mode), bars = standard error
+    over prompts; k = 0 is the intact model."""
+    panels = list(summary[summary.k > 0].groupby(["set", "mode"]))
+    fig, axes = subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False, sharey=True)
+    for ax, ((name, mode), rows) in zip(axes[0], panels):
+        base = summary[(summary.k == 0) & (summary.set == name)]
+        for k, (group, g) in enumerate(rows.groupby("group")):
+            g = g.sort_values("k")
+            ax.errorbar([0, *g.k], [base.acc.iloc[0], *g.acc], yerr=[base["sem"].iloc[0], *g["sem"]], marker="o",
+                        capsize=3, color=f"C{k}", label=group)
+        ax.set(title=f"{name}, {mode}-ablation", xlabel="heads ablated (k)", ylim=(-0.05, 1.05))
+    axes[0, 0].set_ylabel("accuracy (whole answer)")
+    axes[0, -1].legend(fontsize=7)
+    return save_figure(fig, stem)
+
+
+# ---- sections -----------------------------------------------------------------------------------
+
+
+def _has(out: Path, stage: str) -> bool:
+    return (out / "stages" / f"study-{stage}.done.json").is_file()
+
+
+def _sections(out: Path) -> list[dict]:
+    import pandas as pd
+
+    def section(name, stage=None, **parts):
+        absent = stage if stage and not _has(out, stage) else None
+        return {"name": name, "absent": absent, "texts": [], "tables": [], "pres": [], "figures": [], **parts}
+
+    settings = section("Settings", pres=[(out / "study.yaml").read_text(encoding="utf-8")] if (out / "study.yaml").is_file() else [])
+    accuracy, scores, profile = section("Accuracy", "profile"), section("Scores and sinks", "scores"), section("Layer profile", "profile")
+    if _has(out, "scores"):
+        heads = pd.read_parquet(out / "scores" / "heads.parquet")
+        sinks = json.loads((out / "scores" / "sinks.json").read_text(encoding="utf-8"))
+        scores["texts"].append("Sink key positions left out of the swaps, per prompt set: "
+                               + "; ".join(f"{k}: {v or 'none'}" for k, v in sinks.items()))
+        for variant, rows in heads[heads.set == "binding-last"].groupby("variant", sort=False):
+            stem = out / "figures" / f"heads-{variant.replace(' ', '-')}"
+            save_figure(plot_heads(rows, rows.s_pos.corr(rows.s_sym) if rows.s_pos.nunique() > 1 else float("nan")), stem)
+            scores["figures"].append(_figure(stem, out, f"Layer x head maps, binding prompts, last token ({variant})",
+                                             "s_pos and s_sym of every head, and the heads in the (s_pos, s_sym) plane."))
+        counts = heads.groupby(["set", "variant", "label"]).size().unstack(fill_value=0).reset_index()
+        scores["tables"].append(_table(counts, counts.columns))
+    if _has(out, "profile"):
+        summary = json.loads((out / "profile" / "profile.json").read_text(encoding="utf-8"))
+        rows = pd.DataFrame([{"set": k, **v} for k, v in summary.items()])
+        accuracy["tables"].append(_table(rows.dropna(subset=["accuracy"]) if "accuracy" in rows else rows.iloc[:0],
+                                         ["set", "accuracy", "prompts"] if "accuracy" in rows else ["set"]))
+        profile["tables"].append(_table(rows, ["set", "early_s_pos", "late_s_pos", "early_s_sym", "late_s_sym",
+                                               "pearson_r", "mean_attn_first", "sink_label_changes"]))
+        profile["texts"].append(f"2511.11579 (Gemma-2-2b-it): median s_pos {GEMMA_HALVES[0]} in the early half of the "
+                                f"layers vs {GEMMA_HALVES[1]} in the late half.")
+        plot_profile(pd.read_parquet(out / "profile" / "layers.parquet"), out / "figures" / "profile")
+        profile["figures"].append(_figure(out / "figures" / "profile", out, "Layer profile",
+                                          "Median s_pos (solid) and s_sym (dashed) per layer and prompt set."))
+        labels = pd.read_parquet(out / "profile" / "labels.parquet")
+        profile["tables"].append(_table(labels.pivot_table(index=["set", "variant", "gamma"], columns="label",
+                                                           values="heads").reset_index(),
+                                        ["set", "variant", "gamma", "positional", "symbolic", "mixed", "uniform"]))
+        profile["tables"].append(_table(pd.read_parquet(out / "profile" / "agreement.parquet"),
+                                        ["a", "b", "heads", "agreement"]))
+        changes = pd.read_parquet(out / "profile" / "sink_changes.parquet")
+        changed = changes[changes.changed]
+        scores["texts"].append(f"{len(changed)} of {len(changes)} (set, head) labels change when the sinks are "
+                               "excluded from the swaps; the first 40:")
+        scores["tables"].append(_table(changed.head(40), ["set", "layer", "head", "attn_first", "s_pos", "s_sym", "label",
+                                                          "s_pos_excluded", "s_sym_excluded", "label_excluded"]))
+    frequency = section("Frequency", "frequency")
+    if _has(out, "frequency"):
+        info = json.loads((out / "frequency" / "frequency.json").read_text(encoding="utf-8"))
+        plot_behaviour(pd.read_parquet(out / "frequency" / "behaviour.parquet"), info, out / "figures" / "behaviour")
+        frequency["texts"].append(f"Weighting: {info['weighting']}. Mean weighted frequency ID {info['mean_weighted_id']:.2f} "
+                                  f"(uniform weighting: {info['uniform_weighted_id']:.1f}); over {info['heads']} heads, "
+                                  f"Pearson r = {info['pearson']:.3f}, Spearman rho = {info['spearman']:.3f}.")
+        frequency["figures"].append(_figure(out / "figures" / "behaviour", out, "Behaviour against frequency",
+                                            "One dot per head (binding prompts, last token). 2511.11579: positional heads "
+                                            "use fast planes, symbolic heads slow ones, i.e. a negative correlation."))
+    discrepancy = section("Discrepancy", "discrepancy")
+    if _has(out, "discrepancy"):
+        plot_gaps(pd.read_parquet(out / "discrepancy" / "gaps.parquet"), out / "figures" / "gaps")
+        info = json.loads((out / "discrepancy" / "discrepancy.json").read_text(encoding="utf-8"))
+        discrepancy["figures"].append(_figure(out / "figures" / "gaps", out, "Discrepancy by length",
+                                              f"Median gap over prompts; dotted: {info['bound']}."))
+    table3 = section("Table 3", "bench")
+    if _has(out, "bench"):
+        table3["pres"].append((out / "bench" / "table.md").read_text(encoding="utf-8"))
+        table3["figures"].append(_figure(out / "bench" / "bench", out, "Table 3 analogue",
+                                         "Whole-answer accuracy per target-window size, std over runs; the paper's "
+                                         "models dashed."))
+    ablation = section("Ablation", "ablation")
+    if _has(out, "ablation"):
+        summary = pd.read_parquet(out / "ablation" / "ablation_summary.parquet")
+        plot_ablation(summary, out / "figures" / "ablation")
+        ablation["figures"].append(_figure(out / "figures" / "ablation", out, "Ablation effects",
+                                           "Top-k positional, top-k symbolic and k random heads (binding, last token)."))
+        ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "sem", "prompts"]))
+    return [settings, accuracy, scores, profile, frequency, discrepancy, table3, ablation]
+
+
+def build_study_report(out) -> Path:
+    """Write OUT/report.html (self-contained) and OUT/figures/*.png|svg from the finished stages."""
+    from jinja2 import Environment
+
+    out = Path(out)
+    template = Environment(autoescape=True).from_string(TEMPLATE)
+    page = template.render(title=f"posym llm-study: {out.name}", sections=_sections(out))
+    return io.write_text(out / "report.html", page)

