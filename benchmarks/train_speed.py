@@ -9,22 +9,28 @@ load from other processes hits both alike.
 
     python benchmarks/train_speed.py [--preset quick] [--task number] [--steps 60] [--blocks 4]
 
-Prints steps/s of each and the ratio posym / plain (must be >= 1.0).
+Prints steps/s of each and the ratio posym / plain (must be >= 1.0) and writes them to --json with
+date, machine, load average and versions.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from record import benchmark_header  # noqa: E402
 
 from posym.core.model import build_model  # noqa: E402
 from posym.commands.train import resolve_config  # noqa: E402
 from posym.core.train import make_optimizer, optimizer_update, train_batch, train_step  # noqa: E402
+from posym.io import write_json  # noqa: E402
 
 
 def plain_step(model, optimizer, config, step, ids, answer):
@@ -42,7 +48,9 @@ def main() -> None:
     parser.add_argument("--task", default="number")
     parser.add_argument("--steps", type=int, default=60, help="steps per timed block")
     parser.add_argument("--blocks", type=int, default=4, help="timed blocks per loop (alternating)")
+    parser.add_argument("--json", default="docs/benchmarks/train_speed.json", help="where the results go")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()
     config = resolve_config(args.preset, args.task, overrides={"device": "cpu"})
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -64,10 +72,15 @@ def main() -> None:
             loop[3] += time.perf_counter() - t0
     total = args.steps * args.blocks
     rate = {name: total / loop[3] for name, loop in loops.items()}
+    write_json(args.json, {**benchmark_header(torch.get_num_threads(), load_at_start),
+                           "benchmark": "benchmarks/train_speed.py", "settings": vars(args),
+                           "batch_size": config.batch_size, "steps_each": total, "posym_steps_per_s": rate["posym"],
+                           "plain_hf_steps_per_s": rate["plain"], "ratio": rate["posym"] / rate["plain"]})
     print(f"{args.preset}/{args.task}, batch {config.batch_size}, {torch.get_num_threads()} thread(s), "
           f"{total} steps each")
     print(f"posym {rate['posym']:.2f} steps/s   plain HF {rate['plain']:.2f} steps/s   "
           f"ratio {rate['posym'] / rate['plain']:.3f}")
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
