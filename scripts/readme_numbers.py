@@ -5,9 +5,10 @@ must quote only numbers found in that file (a table inherits the citation of the
 it). A number matches when some number of the file rounds to it at the precision it is written with
 (`5.4` matches 5.3820, `2.8e-16` matches 2.7756e-16, `1,024` matches 1024), also after converting
 bytes to MiB or seconds to milliseconds. A paragraph that quotes a timing, a rate or a speed ratio
-(`12 s`, `3 min`, `10 steps/s`, `140x`) without citing a file is listed as unbacked.
+(`12 s`, `3 min`, `10 steps/s`, `140x faster`) without citing a file is listed as unbacked. Code
+blocks and inline code are not read (their numbers are arguments, not results).
 
-    python scripts/readme_numbers.py [README.md ...]      # prints what is not backed; exit 1 if any
+    python scripts/readme_numbers.py [FILE.md ...]   # default README.md, docs/results.md; exit 1 if any is unbacked
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def check(markdown_path: Path, root: Path = ROOT) -> list[str]:
         inherited = cited or None
         if not cited:
             for claim in CLAIM.findall(text):
-                problems.append(f"{name}:{line}: '{claim}' is quoted without a docs/benchmarks or docs/results file")
+                problems.append(f"{name}:{line}: '{' '.join(claim.split())}' is quoted without a docs/benchmarks or docs/results file")
             continue
         missing = [c for c in cited if not (root / c).is_file()]
         if missing:
@@ -112,7 +113,7 @@ def check(markdown_path: Path, root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    problems = [p for f in (argv or [ROOT / "README.md"]) for p in check(Path(f))]
+    problems = [p for f in (argv or [ROOT / "README.md", ROOT / "docs" / "results.md"]) for p in check(Path(f))]
     print("\n".join(problems) or "every quoted number is backed by the file it cites")
     return 1 if problems else 0
 
