@@ -9,7 +9,7 @@ load from other processes hits both alike.
 
     python benchmarks/train_speed.py [--preset quick] [--task number] [--steps 60] [--blocks 4]
 
-Prints steps/s of each and the ratio posym / plain (must be >= 1.0) and writes them to --json with
+Prints steps/s of each and the ratio posym / plain and writes them to --json with
 date, machine, load average and versions.
 """
 
