@@ -9,13 +9,18 @@ load from other processes hits both alike.
 
     python benchmarks/train_speed.py [--preset quick] [--task number] [--steps 60] [--blocks 4]
 
-Prints steps/s of each and the ratio posym / plain and writes them to --json with
-date, machine, load average and versions.
+Prints steps/s of each and the ratio posym / plain and writes them to --json with date, machine, load
+average and versions (default docs/benchmarks/train_speed.json, or train_speed_bf16.json).
+
+With --compare bf16 the two loops are posym's step in fp32 and with precision bf16 (forward and
+loss under bfloat16 autocast; posym.core.train.train_step), same model, batches and alternation; it
+prints the ratio bf16 / fp32 (> 1: bf16 is faster here). `--device cuda` times on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -48,39 +53,59 @@ def main() -> None:
     parser.add_argument("--task", default="number")
     parser.add_argument("--steps", type=int, default=60, help="steps per timed block")
     parser.add_argument("--blocks", type=int, default=4, help="timed blocks per loop (alternating)")
-    parser.add_argument("--json", default="docs/benchmarks/train_speed.json", help="where the results go")
+    parser.add_argument("--compare", choices=("plain", "bf16"), default="plain",
+                        help="plain: posym vs a plain HF loop; bf16: posym fp32 vs posym bf16 autocast")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the preset's)")
+    parser.add_argument("--json", help="where the results go (default docs/benchmarks/train_speed[_bf16].json)")
     args = parser.parse_args()
     load_at_start = os.getloadavg()
-    config = resolve_config(args.preset, args.task, overrides={"device": "cpu"})
+    overrides = {"device": args.device, **({"threads": args.threads} if args.threads else {})}
+    config = resolve_config(args.preset, args.task, overrides=overrides)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    batches = [tuple(torch.as_tensor(a) for a in train_batch(config.task, s, config.batch_size, config.seed))
-               for s in range(args.steps)]
+    batches = [tuple(torch.as_tensor(a).to(args.device)
+                     for a in train_batch(config.task, s, config.batch_size, config.seed)) for s in range(args.steps)]
+    if args.compare == "plain":
+        contenders = (("posym", train_step, config), ("plain", plain_step, config))
+    else:
+        contenders = (("fp32", train_step, config), ("bf16", train_step, dataclasses.replace(config, precision="bf16")))
     loops = {}
-    for name, step_fn in (("posym", train_step), ("plain", plain_step)):
-        model = build_model(config.model, config.task.vocab_size, config.seed)
-        loops[name] = [model, make_optimizer(model, config), step_fn, 0.0]
-    for name, (model, opt, step_fn, _) in loops.items():  # warm-up: first calls allocate
+    for name, step_fn, cfg in contenders:
+        model = build_model(cfg.model, cfg.task.vocab_size, cfg.seed).to(args.device)
+        loops[name] = [model, make_optimizer(model, cfg), step_fn, cfg, 0.0]
+    for name, (model, opt, step_fn, cfg, _) in loops.items():  # warm-up: first calls allocate
         for s, (ids, answer) in enumerate(batches[:5]):
-            step_fn(model, opt, config, s, ids, answer)
+            step_fn(model, opt, cfg, s, ids, answer)
     for _ in range(args.blocks):
         for name, loop in loops.items():
-            model, opt, step_fn, _ = loop
+            model, opt, step_fn, cfg, _ = loop
+            _sync(args.device)
             t0 = time.perf_counter()
             for s, (ids, answer) in enumerate(batches):
-                step_fn(model, opt, config, s, ids, answer)
-            loop[3] += time.perf_counter() - t0
+                step_fn(model, opt, cfg, s, ids, answer)
+            _sync(args.device)
+            loop[4] += time.perf_counter() - t0
     total = args.steps * args.blocks
-    rate = {name: total / loop[3] for name, loop in loops.items()}
-    write_json(args.json, {**benchmark_header(torch.get_num_threads(), load_at_start),
-                           "benchmark": "benchmarks/train_speed.py", "settings": vars(args),
-                           "batch_size": config.batch_size, "steps_each": total, "posym_steps_per_s": rate["posym"],
-                           "plain_hf_steps_per_s": rate["plain"], "ratio": rate["posym"] / rate["plain"]})
-    print(f"{args.preset}/{args.task}, batch {config.batch_size}, {torch.get_num_threads()} thread(s), "
+    rate = {name: total / loop[4] for name, loop in loops.items()}
+    (a, _, _), (b, _, _) = contenders
+    ratio = rate[a] / rate[b] if args.compare == "plain" else rate[b] / rate[a]
+    path = args.json or f"docs/benchmarks/train_speed{'' if args.compare == 'plain' else '_bf16'}.json"
+    write_json(path, {**benchmark_header(torch.get_num_threads(), load_at_start), "benchmark": "benchmarks/train_speed.py",
+                      "settings": vars(args), "batch_size": config.batch_size, "steps_each": total,
+                      **{f"{name}_steps_per_s": r for name, r in rate.items()},
+                      ("ratio" if args.compare == "plain" else "ratio_bf16_over_fp32"): ratio})
+    print(f"{args.preset}/{args.task}, batch {config.batch_size}, {args.device}, {torch.get_num_threads()} thread(s), "
           f"{total} steps each")
-    print(f"posym {rate['posym']:.2f} steps/s   plain HF {rate['plain']:.2f} steps/s   "
-          f"ratio {rate['posym'] / rate['plain']:.3f}")
-    print(f"wrote {args.json}")
+    print(f"{a} {rate[a]:.2f} steps/s   {b} {rate[b]:.2f} steps/s   "
+          + (f"ratio posym / plain {ratio:.3f}" if args.compare == "plain" else f"ratio bf16 / fp32 {ratio:.3f}"))
+    print(f"wrote {path}")
+
+
+def _sync(device: str) -> None:
+    """Wait for queued GPU work, so that a block's time is its own."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

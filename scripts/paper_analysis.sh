@@ -11,7 +11,7 @@ POSYM=${POSYM:-posym}
 mkdir -p "$RUNS/logs"
 analyse() {  # one task: its three analyses, in order, each logged
   $POSYM dynamics "$RUNS/$1" > "$RUNS/logs/dynamics-$1.log" 2>&1
-  $POSYM geometry "$RUNS/$1" > "$RUNS/logs/geometry-$1.log" 2>&1
+  $POSYM geometry "$RUNS/$1" --device "$DEVICE" > "$RUNS/logs/geometry-$1.log" 2>&1
   $POSYM lengthgen "$RUNS/$1" --device "$DEVICE" > "$RUNS/logs/lengthgen-$1.log" 2>&1
   $POSYM discrepancy "$RUNS/$1" --device "$DEVICE" > "$RUNS/logs/discrepancy-$1.log" 2>&1
 }

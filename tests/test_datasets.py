@@ -80,10 +80,10 @@ def test_cli_writes_both_formats(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--task", "word"], "task must be one of"),
-    (["--n", "-3"], "n must be an integer >= 0"),
-    (["--format", "csv"], "format must be one of"),
-    (["--split", "dev"], "split must be one of"),
+    (["--task", "word"], "'word' is not one of 'number', 'letter'"),
+    (["--n", "-3"], "Invalid value for '--n': Input should be greater than or equal to 1"),
+    (["--format", "csv"], "'csv' is not one of 'parquet', 'jsonl', 'npz'"),
+    (["--split", "dev"], "'dev' is not one of 'train', 'val', 'test'"),
     (["--task", "letter", "--alphabet-size", "4"], "needs max_hops"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, message):

@@ -71,7 +71,7 @@ def test_cli_discrepancy_on_a_run_by_length(tiny_run, monkeypatch, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--lengths", "17,256"], "exceeds the model's position table of 128"),
     (["--lengths", "10"], "shorter than the run's training length"),
-    (["--queries", "some"], "--queries must be"),
+    (["--queries", "some"], "'some' is not one of 'last', 'hops', 'all'"),
 ])
 def test_cli_discrepancy_bad_input_is_one_line(tiny_run, tmp_path, monkeypatch, capsys, args, message):
     assert run_posym(monkeypatch, "discrepancy", tiny_run, *args, "--out", tmp_path / "x") == 2

@@ -10,6 +10,7 @@ import pytest
 from cli_runner import run_posym
 from tiny_runs import train_tiny
 from posym.commands import dynamics
+from posym.core.tasks import generate
 from posym.errors import PosymError
 
 # (s_pos, s_sym) giving each label at gamma 0.1 AND 0.05, and one that is pure only at gamma 0.1
@@ -28,8 +29,10 @@ def _hand_table():
     rows = []
     for layer, pairs in SEQUENCES.items():
         for step, (s_pos, s_sym) in zip(STEPS, pairs):
+            k = STEPS.index(step)  # validation and test disagree on the best step
             rows.append({"step": step, "query_mode": "hops", "layer": layer, "head": 0, "s_pos": s_pos,
-                         "s_sym": s_sym, "entropy": 1.0 + layer, "acc": [0.1, 0.5, 0.9, 0.9, 0.8][STEPS.index(step)]})
+                         "s_sym": s_sym, "entropy": 1.0 + layer, "val_acc": [0.1, 0.5, 0.9, 0.9, 0.8][k],
+                         "acc": [0.1, 0.5, 0.6, 0.7, 0.95][k]})
     return dynamics.label(pd.DataFrame(rows))
 
 
@@ -72,7 +75,7 @@ def test_purity_counts_are_cumulative_and_instantaneous():
 
 def test_max_accuracy_composition_and_layer_ranges():
     table = _hand_table()
-    assert dynamics.max_accuracy_step(table) == 20  # earliest of the tied maxima
+    assert dynamics.max_accuracy_step(table) == 20  # earliest of the tied validation maxima (test: 40)
     heads, summary = dynamics.composition(table, 20)
     at_max = summary[(summary.gamma == 0.1) & (summary.stage == "max_acc")].iloc[0]
     assert at_max.step == 20 and at_max.heads == 5
@@ -104,10 +107,11 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
     table, per_prompt = dynamics.collect_dynamics(tiny_run, n_prompts=8, seed=3)
     steps = [s for s, _ in list_checkpoints(tiny_run)]
     assert sorted(table.step.unique()) == steps == [0, 1, 2, 4, 8, 16, 30, 60]
-    assert len(table) == len(steps) * 2 * 2  # steps x query modes x layers (one head)
+    assert len(table) == len(steps) * 4 * 2  # steps x query modes x layers (one head)
     metrics = pd.read_parquet(tiny_run / "metrics.parquet").set_index("step")
     for step, g in table.groupby("step"):
         assert (g.acc == metrics.acc[step]).all() and (g.acc_hop4 == metrics.acc_hop4[step]).all()
+        assert (g.val_acc == metrics.val_acc[step]).all()
     # the scores of one checkpoint, recomputed directly with posym.core.scores
     step = 60
     model, info = load_checkpoint(tiny_run, step=step)
@@ -119,7 +123,32 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
     for layer in (0, 1):
         assert at.loc[("last", layer), "s_pos"] == pytest.approx(last[layer], abs=1e-12)
         assert at.loc[("hops", layer), "s_sym"] == pytest.approx(hop_means[layer], abs=1e-12)
-    assert len(per_prompt) == len(steps) * 2 * 8 * 2
+    # roles, read off each prompt's chain: last = the query, target = the last pointer of a chain of
+    # >= 2 hops, inner = the pointers between; a head's role score is the mean over prompts with one
+    chains = generate(info["task_config"], 8, 3, split="test").chain
+    role_of = {}
+    for prompt, chain in enumerate(chains):
+        pointers = [int(p) for p in chain if p >= 0][:-1]
+        for k, position in enumerate(pointers):
+            role_of[prompt, position] = "last" if k == 0 else ("target" if k == len(pointers) - 1 else "inner")
+    direct["role"] = [role_of[key] for key in zip(direct.prompt, direct["query"])]
+    for role in ("last", "target", "inner"):
+        ref = direct[direct.role == role].groupby(["layer", "prompt"])[["s_pos", "s_sym"]].mean().groupby("layer").mean()
+        for layer in (0, 1):
+            assert at.loc[(role, layer), "s_pos"] == pytest.approx(ref.s_pos[layer], abs=1e-12)
+            assert at.loc[(role, layer), "s_sym"] == pytest.approx(ref.s_sym[layer], abs=1e-12)
+    # prompt purity: the fraction of prompts whose own scores pass the gamma rule
+    own = direct.groupby(["layer", "prompt"])[["s_pos", "s_sym"]].mean()
+    for layer in (0, 1):
+        o = own.loc[layer]
+        expected = sum(1 for r in o.itertuples() if r.s_pos >= 0.9 and r.s_sym <= 0.1) / len(o)
+        assert at.loc[("hops", layer), "pure_positional_g0.1"] == pytest.approx(expected, abs=1e-12)
+        expected = sum(1 for r in o.itertuples() if r.s_sym >= 0.95 and r.s_pos <= 0.05) / len(o)
+        assert at.loc[("hops", layer), "pure_symbolic_g0.05"] == pytest.approx(expected, abs=1e-12)
+    prompts_per_mode = per_prompt[per_prompt.step == step].groupby("query_mode").prompt.nunique()
+    hop_counts = [int((c >= 0).sum()) - 1 for c in chains]
+    assert prompts_per_mode.to_dict() == {"hops": 8, "last": 8, "target": sum(h >= 2 for h in hop_counts),
+                                          "inner": sum(h >= 3 for h in hop_counts)}
     assert table.entropy_norm.between(0, 1).all()
     again, _ = dynamics.collect_dynamics(tiny_run, n_prompts=8, seed=3)
     pd.testing.assert_frame_equal(table, again)
@@ -128,14 +157,18 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
 def test_cli_dynamics_end_to_end(tiny_run, monkeypatch, capsys):
     import json
 
-    assert run_posym(monkeypatch, "dynamics", tiny_run, "--n-prompts", 5) == 0
+    assert run_posym(monkeypatch, "dynamics", tiny_run, "--n", 5) == 0
     assert "checkpoints in" in capsys.readouterr().out
     out = tiny_run / "analysis"
     result = json.loads((out / "dynamics.json").read_text())
     assert result["steps"] == [0, 1, 2, 4, 8, 16, 30, 60] and result["settings"]["n_prompts"] == 5
     for name in ("dynamics", "dynamics_prompts", "purity", "purity_counts", "composition", "composition_summary"):
         assert len(pd.read_parquet(out / f"{name}.parquet")) > 0
-    for name in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity"):
+    assert result["max_acc_chosen_on"] == "val" and 0 <= result["max_acc_val"] <= 1
+    heads = pd.read_parquet(out / "composition.parquet")
+    assert set(heads.query_mode) == {"hops", "last", "target", "inner"}
+    assert heads.pure_positional.between(0, 1).all() and heads.pure_symbolic.between(0, 1).all()
+    for name in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity", "fig7_roles"):
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").is_file()
 
 

@@ -139,6 +139,43 @@ def test_frequency_use_on_a_hand_made_table():
     assert geometry.frequency_use(rows).weighted_id.iloc[0] == pytest.approx((1 * 2 + 2 * 1) / 3)
 
 
+def test_weightings_on_hand_made_uses():
+    """Each weighting against its definition written out plane by plane."""
+    import numpy as np
+
+    ids, use = [1, 2, 3, 4, 5], [2.0, -1.0, 1.0, 0.5, 0.5]
+    got = geometry.weighted_ids(ids, use)
+    assert got["linear"] == pytest.approx((1 * 2 + 3 * 1 + 4 * 0.5 + 5 * 0.5) / 4)
+    assert got["dominant"] == 1.0
+    # median 0.5: only planes 1 (excess 1.5) and 3 (excess 0.5) count
+    assert got["floor"] == pytest.approx((1 * 1.5 + 3 * 0.5) / 2)
+    e = [math.exp(u) for u in use]
+    assert got["sharpened"] == pytest.approx(sum(i * w for i, w in zip(ids, e)) / sum(e), rel=1e-12)
+    # equal uses: every weighting but dominant gives the uniform baseline (P + 1) / 2 or NaN
+    flat = geometry.weighted_ids(ids, [0.3] * 5)
+    assert flat["linear"] == flat["sharpened"] == pytest.approx(3.0) and math.isnan(flat["floor"])
+    assert geometry.weighted_ids(ids, [1000.0, 999.0, 0, 0, 0])["sharpened"] == pytest.approx(
+        (1 + 2 * math.exp(-1)) / (1 + math.exp(-1)), rel=1e-9)  # no overflow
+    with pytest.raises(PosymError, match="unknown weighting"):
+        geometry.plane_weights(np.zeros(3), "cubic")
+
+
+def test_frequency_use_reports_every_weighting_with_the_uniform_baseline():
+    import pandas as pd
+
+    uses = [0.1, 3.0, 0.1, 0.1, 0.0, 0.1]
+    channels = pd.DataFrame({"layer": 0, "head": 0, "channel": range(6), "frequency_id": range(1, 7),
+                             "frequency": [0.5**k for k in range(6)], "s_pos": 0.0, "s_sym": 0.0, "use": uses})
+    head = geometry.frequency_use(channels.sample(frac=1, random_state=0)).iloc[0]  # order must not matter
+    expected = geometry.weighted_ids(range(1, 7), uses)
+    for name in geometry.WEIGHTINGS:
+        assert head[f"weighted_id_{name}"] == pytest.approx(expected[name])
+    assert head.weighted_id == head.weighted_id_linear and head.weighted_id_dominant == 2
+    assert (head.planes, head.uniform_id) == (6, 3.5)
+    # one dominant plane plus a flat positive bulk: linear is pulled toward the baseline, floor is not
+    assert head.weighted_id_linear > head.weighted_id_floor == pytest.approx(2.0)
+
+
 def test_qk_projection_identical_keys_and_rotation():
     """A positional head (every key the same vector) puts all keys on one point before rotation;
     after rotation each point is turned by position * theta."""
@@ -171,24 +208,32 @@ def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
     import pandas as pd
 
     out = tmp_path / "geo"
-    assert run_posym(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", out) == 0
-    assert "weighted frequency ID per layer" in capsys.readouterr().out
+    assert run_posym(monkeypatch, "geometry", tiny_run, "--n", 6, "--queries", "hops", "--out", out) == 0
+    printed = capsys.readouterr().out
+    assert "weighted frequency ID per layer" in printed and "queries: hops" in printed
     planes, heads = pd.read_parquet(out / "planes.parquet"), pd.read_parquet(out / "frequency.parquet")
     assert sorted(planes.layer.unique()) == [0, 1] and planes.frequency_id.max() == 16
     assert planes.prompt.nunique() == 6 and planes["query"].nunique() > 1
     assert heads.weighted_id.between(1, 16).all()
     summary = json.loads((out / "geometry.json").read_text())
+    assert (summary["planes"], summary["uniform_id"]) == (16, 8.5) and (heads.planes == 16).all()
+    assert set(summary["weightings"]) == set(geometry.WEIGHTINGS)
+    for name in geometry.WEIGHTINGS:
+        assert summary["weightings"][name] == pytest.approx(
+            heads.groupby("layer")[f"weighted_id_{name}"].mean().round(2).tolist())
+        assert heads[f"weighted_id_{name}"].between(1, 16).all()
     assert summary["paper_table1"] == geometry.PAPER_TABLE1["letter"]
     assert summary["plane_figure"]["layer"] == 1
+    assert summary["settings"]["queries"] == "hops" and summary["settings"]["step"] == 20  # what was analysed
     qk = pd.read_parquet(out / "qk_plane.parquet")
     assert len(qk) == 2 * 17 and set(qk.frequency_id) == {summary["plane_figure"]["frequency_id"]}
     for name in ("fig8_frequency", "fig4b_qk_plane"):
         assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").is_file()
     # deterministic: the same command gives the same numbers
-    assert run_posym(monkeypatch, "geometry", tiny_run, "--n-prompts", 6, "--queries", "hops", "--out", tmp_path / "g2") == 0
+    assert run_posym(monkeypatch, "geometry", tiny_run, "--n", 6, "--queries", "hops", "--out", tmp_path / "g2") == 0
     pd.testing.assert_frame_equal(planes, pd.read_parquet(tmp_path / "g2" / "planes.parquet"))
     capsys.readouterr()
-    assert run_posym(monkeypatch, "geometry", tiny_run, "--plane-layer", 5, "--n-prompts", 2, "--out", out) == 2
+    assert run_posym(monkeypatch, "geometry", tiny_run, "--plane-layer", 5, "--n", 2, "--out", out) == 2
     err = capsys.readouterr().err
     assert err.startswith("posym: error: --plane-layer") and err.count("\n") == 1
     assert run_posym(monkeypatch, "geometry", tmp_path / "nothing") == 2

@@ -100,7 +100,7 @@ def _special(tmp_path: Path, kind: str) -> Path:
 
 
 SPECIAL = [  # (argv, with OUT the special path; its kind; words of the error)
-    pytest.param(["score", "--model", "{run}", "--out", "{out}"], "device", "is a character device", id="score-device"),
+    pytest.param(["score", "{run}", "--out", "{out}"], "device", "is a character device", id="score-device"),
     pytest.param(["data", "--n", "5", "--out", "{out}"], "fifo", "is a fifo", id="data-fifo"),
     pytest.param(["eval", "{run}", "--n", "8", "--out", "{out}"], "socket", "is a socket", id="eval-socket"),
     pytest.param(["data", "--n", "5", "--out", "{out}"], "directory", "is a directory", id="data-directory"),
@@ -124,11 +124,11 @@ def _step(runs: Path) -> Path:
 
 
 INSIDE = [  # (argv; {run} the run, {ckpt} its latest checkpoint, {prompts} a prompt file)
-    pytest.param(["score", "--model", "{run}", "--out", "{ckpt}/model.safetensors"], id="score-over-the-weights"),
+    pytest.param(["score", "{run}", "--out", "{ckpt}/model.safetensors"], id="score-over-the-weights"),
     pytest.param(["eval", "{ckpt}", "--n", "8", "--out", "{ckpt}/config.json"], id="eval-over-config.json"),
-    pytest.param(["score", "--model", "{run}", "--out", "{run}/metrics.parquet"], id="score-over-metrics"),
+    pytest.param(["score", "{run}", "--out", "{run}/metrics.parquet"], id="score-over-metrics"),
     pytest.param(["data", "--n", "5", "--out", "{run}/config.yaml"], id="data-over-the-run-config"),
-    pytest.param(["score", "--model", "{run}", "--prompts", "{prompts}", "--out", "{prompts}"], id="score-over-prompts"),
+    pytest.param(["score", "{run}", "--prompts", "{prompts}", "--out", "{prompts}"], id="score-over-prompts"),
     pytest.param(["geometry", "{ckpt}", "--out", "{ckpt}"], id="geometry-into-the-checkpoint"),
     pytest.param(["dynamics", "{run}", "--out", "{run}/checkpoints/x"], id="dynamics-into-checkpoints"),
 ]
@@ -191,7 +191,7 @@ def test_ctrl_c_during_train_exits_130_says_what_was_kept_and_resume_continues(r
 
 def test_ctrl_c_during_score_exits_130_and_leaves_nothing(runs, tmp_path):
     out = tmp_path / "scores" / "s.parquet"
-    proc = start(["score", "--model", runs / "run", "--n-prompts", 100000, "--batch-size", 1, "--out", out], tmp_path)
+    proc = start(["score", runs / "run", "--n", 100000, "--batch-size", 1, "--out", out], tmp_path)
     code, err = interrupt_when(proc, lambda: out.parent.is_dir() and any(out.parent.iterdir()))  # the temporary
     interrupted(code, err, "nothing half-written is left", "starts it again")
     assert not list(out.parent.iterdir())
@@ -243,7 +243,7 @@ def test_config_json_that_disagrees_with_the_weights_is_one_line(runs, tmp_path,
     (ckpt / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(PosymError, match="config.json of .* does not match its weights"):
         load_checkpoint(ckpt)
-    code, err = cli(capsys, monkeypatch, "score", "--model", ckpt, "--n-prompts", 2, "--out", tmp_path / "s.parquet")
+    code, err = cli(capsys, monkeypatch, "score", ckpt, "--n", 2, "--out", tmp_path / "s.parquet")
     one_line(code, err, "does not match its weights")
 
 
@@ -251,7 +251,7 @@ def test_posym_json_that_is_a_list_is_one_line(runs, tmp_path, capsys, monkeypat
     ckpt = tmp_path / "ckpt"
     shutil.copytree(_step(runs), ckpt)
     (ckpt / "posym.json").write_text("[1, 2, 3]\n")
-    code, err = cli(capsys, monkeypatch, "score", "--model", ckpt, "--out", tmp_path / "s.parquet")
+    code, err = cli(capsys, monkeypatch, "score", ckpt, "--out", tmp_path / "s.parquet")
     one_line(code, err, "posym.json must hold a JSON object, not a list")
 
 
@@ -308,7 +308,7 @@ PROMPTS = {  # a prompt file's bytes -> words of the error
 def test_bad_prompt_files_are_one_line(runs, tmp_path, capsys, monkeypatch, name):
     data, words = PROMPTS[name]
     (tmp_path / "p.jsonl").write_bytes(data)
-    code, err = cli(capsys, monkeypatch, "score", "--model", runs / "run", "--prompts", tmp_path / "p.jsonl",
+    code, err = cli(capsys, monkeypatch, "score", runs / "run", "--prompts", tmp_path / "p.jsonl",
                     "--out", tmp_path / "s.parquet")
     one_line(code, err, words)
 

@@ -281,14 +281,14 @@ def test_cli_ablate_and_finetune_end_to_end(tmp_path):
     run = _tiny_run(tmp_path)
     runner = CliRunner()
     result = runner.invoke(app, ["ablate", str(run), "--heads", "1.0", "--mode", "mean", "--n", "40",
-                                 "--n-prompts", "8", "--save", str(tmp_path / "pruned"), "--out", str(tmp_path / "abl")])
+                                 "--label-prompts", "8", "--save", str(tmp_path / "pruned"), "--out", str(tmp_path / "abl")])
     assert result.exit_code == 0, result.output
     saved = json.loads((tmp_path / "abl" / "ablation.json").read_text())
     assert saved["conditions"] == {"1.0": "1.0"} and (tmp_path / "abl" / "ablation.png").is_file()
     pruned = GPTJForCausalLM.from_pretrained(tmp_path / "pruned")
     assert pruned.transformer.h[1].attn.out_proj.weight[:, :8].abs().max() == 0
     model, _ = load_checkpoint(tmp_path / "pruned")  # posym loads it too (posym.json carries the task)
-    result = runner.invoke(app, ["finetune", str(run), "--freeze", "none", "--freeze", "0", "--steps", "3",
+    result = runner.invoke(app, ["finetune", str(run), "--freeze", "none", "--freeze", "0", "--train-steps", "3",
                                  "--n", "40", "--out", str(tmp_path / "ft")])
     assert result.exit_code == 0, result.output
     costs = json.loads((tmp_path / "ft" / "finetune.json").read_text())["costs"]
@@ -302,6 +302,6 @@ def test_cli_bad_heads_is_one_line_error(tmp_path):
 
     run = _tiny_run(tmp_path)
     proc = subprocess.run([sys.executable, "-c", "from posym.cli import main; main()", "ablate", str(run),
-                           "--heads", "9.0", "--n-prompts", "4"], capture_output=True, text=True)
+                           "--heads", "9.0", "--label-prompts", "4"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["posym: error: head '9.0': layer 9 does not exist (layers 0..1)"]

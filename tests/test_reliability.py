@@ -49,8 +49,8 @@ ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_H
 TRAIN = {"task": {"target_size": 4, "pretarget_size": 3, "max_hops": 2, "alphabet_size": 4, "int_range": 7},
          "model": {"n_layer": 2, "n_head": 1, "n_embd": 32, "dropout": 0.1, "n_positions": 64},
          "lr": 3e-3, "warmup_steps": 3, "max_steps": 96, "batch_size": 8, "checkpoint_every": 16,
-         "eval_size": 24, "eval_batch_size": 12, "threads": 1, "device": "cpu"}
-DYNAMICS = ["--n-prompts", "8"]
+         "eval_size": 24, "val_size": 24, "eval_batch_size": 12, "threads": 1, "device": "cpu"}
+DYNAMICS = ["--n", "8"]
 LENGTHGEN = ["--protocol", "paper", "--lengths", "8,24,64", "--n", "32"]
 
 
@@ -141,8 +141,8 @@ def slow(name: str, argv: list[str], message: str):
 
 BAD_INPUT = [
     # (case, argv with {z} = the zoo; outputs are relative, so they would land in the case's own cwd)
-    slow("missing model directory", ["score", "--model", "{z}/missing", "--out", "s.parquet"], "does not exist"),
-    slow("empty model directory", ["score", "--model", "{z}/empty", "--out", "s.parquet"], "neither a model"),
+    slow("missing model directory", ["score", "{z}/missing", "--out", "s.parquet"], "does not exist"),
+    slow("empty model directory", ["score", "{z}/empty", "--out", "s.parquet"], "neither a model"),
     case("corrupt safetensors (posym checkpoint)", ["eval", "{z}/corrupt", "--n", "8", "--out", "e.json"],
          "cannot load the model"),
     case("corrupt safetensors (llm)", ["llm-scores", "{z}/llama-corrupt", "--n", "1", "--out", "o"],
@@ -150,25 +150,26 @@ BAD_INPUT = [
     case("corrupt config.json", ["geometry", "{z}/bad-config", "--out", "o"], "is not valid JSON"),
     case("non-RoPE model", ["llm-scores", "{z}/gpt2", "--n", "1", "--out", "o"], "rotary position embeddings"),
     slow("unsupported architecture", ["llm-scores", "{z}/bert", "--n", "1", "--out", "o"], "'bert' model"),
-    case("pickle-only posym checkpoint", ["score", "--model", "{z}/gptj-pickle", "--out", "s.parquet"],
+    case("pickle-only posym checkpoint", ["score", "{z}/gptj-pickle", "--out", "s.parquet"],
          "never loads pickled weights"),
     slow("pickle-only llm", ["llm-scores", "{z}/llama-pickle", "--n", "1", "--out", "o"], "--allow-pickle"),
     slow("prompt longer than the position table",
-         ["score", "--model", "{z}/run", "--prompts", "{z}/long.jsonl", "--out", "s.parquet"],
+         ["score", "{z}/run", "--prompts", "{z}/long.jsonl", "--out", "s.parquet"],
          "90 tokens exceed the model's 64 positions"),
-    case("prompts: bad JSON", ["score", "--model", "{z}/run", "--prompts", "{z}/bad-json.jsonl", "--out", "s.parquet"],
+    case("prompts: bad JSON", ["score", "{z}/run", "--prompts", "{z}/bad-json.jsonl", "--out", "s.parquet"],
          "line 1 is not valid JSON"),
     slow("prompts: non-integer ids",
-         ["score", "--model", "{z}/run", "--prompts", "{z}/non-integer.jsonl", "--out", "s.parquet"],
+         ["score", "{z}/run", "--prompts", "{z}/non-integer.jsonl", "--out", "s.parquet"],
          "input_ids must be a list of integers"),
     slow("prompts: ids outside the vocabulary",
-         ["score", "--model", "{z}/run", "--prompts", "{z}/outside-vocab.jsonl", "--out", "s.parquet"],
+         ["score", "{z}/run", "--prompts", "{z}/outside-vocab.jsonl", "--out", "s.parquet"],
          "token ids must lie in 0..11"),
     slow("prompts: query out of range",
-         ["score", "--model", "{z}/run", "--prompts", "{z}/query-range.jsonl", "--out", "s.parquet"],
+         ["score", "{z}/run", "--prompts", "{z}/query-range.jsonl", "--out", "s.parquet"],
          "query positions must lie in 2..3"),
-    case("unknown preset", ["train", "--preset", "huge", "--out", "r"], "unknown preset 'huge'"),
-    case("unknown preset (run)", ["run", "--preset", "huge", "--out", "r"], "unknown preset 'huge'"),
+    case("unknown preset", ["train", "--preset", "huge", "--out", "r"], "'huge' is not one of 'quick', 'seed', 'paper'"),
+    case("unknown preset (run)", ["run", "--preset", "huge", "--out", "r"],
+         "'huge' is not one of 'quick', 'seed', 'paper'"),
     case("unknown config key", ["train", "--config", "{z}/unknown.yaml", "--out", "r"], "unknown key 'n_layr'"),
     case("mistyped config value", ["train", "--config", "{z}/typed.yaml", "--out", "r"], "lr must be a number"),
     case("impossible task config", ["train", "--config", "{z}/impossible.yaml", "--out", "r"], "max_hops=6 needs"),
@@ -177,13 +178,13 @@ BAD_INPUT = [
     case("output path not writable", ["data", "--n", "5", "--out", "{z}/a-file/d.parquet"], "cannot create directory"),
     # the same failures reached through other commands
     slow("empty llm directory", ["llm-scores", "{z}/empty", "--n", "1", "--out", "o"], "no config.json"),
-    slow("non-RoPE model (score)", ["score", "--model", "{z}/gpt2", "--out", "s.parquet"], "not a GPT-J model"),
+    slow("non-RoPE model (score)", ["score", "{z}/gpt2", "--out", "s.parquet"], "not a GPT-J model"),
     slow("prompt longer than the position table (llm)",
          ["llm-scores", "{z}/llama-short", "--text", "Alice likes red. " * 8, "--out", "o"], "only 16 positions"),
     slow("length beyond the position table", ["lengthgen", "{z}/run", "--protocol", "paper", "--lengths", "8,100", "--out", "o"],
          "exceeds the model's position table"),
     slow("output path not writable after the work",
-         ["score", "--model", "{z}/run", "--n-prompts", "2", "--out", "{z}/a-file/s.parquet"], "cannot create directory"),
+         ["score", "{z}/run", "--n", "2", "--out", "{z}/a-file/s.parquet"], "cannot create directory"),
 ]
 
 
@@ -539,7 +540,7 @@ def test_enospc_while_streaming_scores(zoo, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", write_table)
     out = tmp_path / "scores" / "s.parquet"
-    code, err = cli(["score", "--model", zoo / "run", "--n-prompts", "4", "--batch-size", "1", "--out", out],
+    code, err = cli(["score", zoo / "run", "--n", "4", "--batch-size", "1", "--out", out],
                     capsys, monkeypatch)
     assert len(calls) == 2 and code == 2 and err.count("\n") == 1, err
     assert "No space left on device" in err and not list(out.parent.iterdir())

@@ -2,6 +2,7 @@
 
 import base64
 import json
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from posym.commands import report
 from posym.errors import PosymError
 
 RUN_STEMS = [("analysis", s) for s in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity",
-                                      "fig4b_qk_plane", "fig8_frequency")] + [("lengthgen", "fig5b"),
+                                      "fig7_roles", "fig4b_qk_plane", "fig8_frequency")] + [("lengthgen", "fig5b"),
                                                                               ("discrepancy", "fig_discrepancy")]
 
 
@@ -37,7 +38,9 @@ def make_run(root: Path, task: str, *, analysed: bool = True) -> Path:
     run = root / task
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(
-        {"preset": "quick", "task": {"task": task}, "model": {"n_layer": 3}, "max_steps": 40}))
+        {"preset": "quick", "task": {"task": task}, "model": {"n_layer": 3, "n_embd": 64, "n_head": 1}, "max_steps": 40}))
+    (run / "manifest.json").write_text(json.dumps({"config_hash": f"hash-{task}", "seed": 7,
+                                                   "versions": {"posym": "0.1.0", "torch": "2.x"}}))
     pd.DataFrame({"step": [0, 10, 20, 40], "acc": [0.0, 0.5, 0.9, 0.99],
                   "acc_hop1": [0.0, 0.96, 1.0, 1.0], "acc_hop2": [0.0, 0.2, 0.95, 0.98]}).to_parquet(run / "metrics.parquet")
     if analysed:
@@ -46,8 +49,9 @@ def make_run(root: Path, task: str, *, analysed: bool = True) -> Path:
                  "layers_symbolic": "L1-L2"} for g in (0.1, 0.05) for st in ("max_acc", "end") for q in ("hops", "last")]
         (run / "analysis").mkdir()
         pd.DataFrame(rows).to_parquet(run / "analysis" / "composition_summary.parquet")
-        pd.DataFrame({"layer": [0, 1, 2, 2], "head": [0, 0, 0, 1], "weighted_id": [1.0, 5.0, 10.0, 20.0]}).to_parquet(
-            run / "analysis" / "frequency.parquet")
+        pd.DataFrame({"layer": [0, 1, 2, 2], "head": [0, 0, 0, 1], "weighted_id": [1.0, 5.0, 10.0, 20.0],
+                      "weighted_id_linear": [1.0, 5.0, 10.0, 20.0], "weighted_id_floor": [1.0, 2.0, 3.0, 3.0],
+                      "planes": 32, "uniform_id": 16.5}).to_parquet(run / "analysis" / "frequency.parquet")
         (run / "lengthgen").mkdir()
         (run / "lengthgen" / "lengthgen.json").write_text(json.dumps({"summary": {
             "task": task, "paper": {"acc": {"17": 1.0}, "longest_length_acc_ge_0.9": 850},
@@ -119,7 +123,8 @@ def test_check_offline_catches_remote_resources():
     check_offline('<a href="https://arxiv.org/abs/2605.31558">paper</a><img src="data:image/png;base64,AA==">')
 
 
-def test_full_report(tmp_path):
+def test_full_report(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1800000000")
     runs = [make_run(tmp_path, "number"), make_run(tmp_path, "letter")]
     html_path = report.build_report([*runs, make_theory(tmp_path), make_bench(tmp_path)], tmp_path / "rep")
     html = html_path.read_text()
@@ -142,8 +147,20 @@ def test_full_report(tmp_path):
     assert "first step with &gt;= 95% per hop: 1 hop 10, 2 hops 20" in html
     assert "positional L0, symbolic L1-L2" in html  # gamma 0.1, end, hop queries only
     assert "acc &gt;= 0.9 up to 850 tokens; 4x retention 0.25" in html  # the largest factor, not the last key
-    assert "<td>number (ours)</td><td>1.0</td><td>5.0</td><td>15.0</td>" in html  # heads of a layer averaged
-    assert "<td>number (paper)</td><td>1</td><td>2</td>" in html
+    # heads of a layer averaged, one column per weighting; 64 / 1 head = 32 planes; both scales and the
+    # uniform baseline
+    assert ("<th>number (ours, linear)</th><th>number (ours, floor)</th><th>letter (ours, linear)</th>"
+            "<th>letter (ours, floor)</th><th>number (paper)</th><th>letter (paper)</th>") in html
+    assert ('<td class="text">planes</td>' + '<td class="num">32</td>' * 4 + '<td class="num">64</td>') in html
+    assert ('<td class="text">uniform (planes + 1) / 2</td>' + '<td class="num">16.5 (0.52)</td>' * 4
+            + '<td class="num">32.5 (0.51)</td>') in html
+    assert ('<td class="text">L2</td>' + '<td class="num">15 (0.47)</td><td class="num">3 (0.09)</td>' * 2
+            + '<td class="num">2 (0.03)</td>') in html
+    anchors = re.findall(r'<a href="#([^"]+)">', html)  # the contents list: every anchor has its target
+    assert len(anchors) >= 6 and all(f'id="{a}"' in html for a in anchors)
+    assert "config hash hash-number, seed 7" in html and "2027-01-15 08:00 UTC" in html  # provenance
+    for word in ("seed summary", "SPEC", "step-0"):
+        assert word not in html
     assert "class=\"absent\"" not in html
     # the same inputs give the same bytes (headless, deterministic)
     assert report.build_report([*runs, tmp_path / "theory", tmp_path / "bench"], tmp_path / "rep2").read_text() == html
@@ -184,3 +201,25 @@ def test_cli_report_default_out(tmp_path, monkeypatch, capsys):
     run = make_run(tmp_path, "number")
     assert run_posym(monkeypatch, "report", run, make_theory(tmp_path)) == 0
     assert f"report: {tmp_path / 'report' / 'report.html'}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_screenshots_at_desktop_and_narrow_width(tmp_path):
+    """scripts/screenshot_report.py renders the page in headless Chromium at 1400 and 800 px (~15 s)."""
+    import importlib.util
+
+    from PIL import Image
+
+    spec = importlib.util.spec_from_file_location("screenshot_report", Path(__file__).parents[1] / "scripts" /
+                                                  "screenshot_report.py")
+    shots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shots)
+    if shots.browser() is None:
+        pytest.skip("no chromium installed (apt-get install -y chromium)")
+    runs = [make_run(tmp_path, "number"), make_run(tmp_path, "letter")]
+    html = report.build_report([*runs, make_theory(tmp_path), make_bench(tmp_path)], tmp_path / "rep")
+    paths = shots.screenshots(html, tmp_path / "shots")
+    for width in (1400, 800):
+        mine = [p for p in paths if p.name.startswith(f"{width}-")]
+        assert mine and all(Image.open(p).width == width for p in mine)
+        assert sum(Image.open(p).height for p in mine) > 1500  # the whole page, not one screen

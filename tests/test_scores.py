@@ -312,9 +312,10 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     from posym.loading import load_checkpoint, score_prompts
 
     out = tmp_path / "scores.parquet"
-    assert run_posym(monkeypatch, "score", "--model", trained_run, "--n-prompts", 5, "--seed", 2,
+    assert run_posym(monkeypatch, "score", trained_run, "--n", 5, "--seed", 2,
                 "--queries", "hops", "--batch-size", 2, "--out", out) == 0
-    assert "label" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "label" in printed and "checkpoint: step 200 of " in printed and "queries: hops" in printed
     written = pd.read_parquet(out)
     model, info = load_checkpoint(trained_run)
     ids, wanted = score_prompts(model, task_config=info["task_config"], n_prompts=5, seed=2, queries="hops")
@@ -326,15 +327,16 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     assert sidecar["settings"]["tau"] == 1e-4 and sidecar["settings"]["variant"] == "single-token"
     assert sidecar["settings"]["epsilon"] == 1e-12 and sidecar["settings"]["exact"] == "pruned"
     dense = tmp_path / "dense.parquet"
-    assert run_posym(monkeypatch, "score", "--model", trained_run, "--n-prompts", 5, "--seed", 2, "--queries", "hops",
+    assert run_posym(monkeypatch, "score", trained_run, "--n", 5, "--seed", 2, "--queries", "hops",
                      "--exact", "dense", "--epsilon", 1e-6, "--out", dense) == 0
     dense = pd.read_parquet(dense)
     assert (dense["kept"] == dense["n_swaps"]).all() and (dense["bound"] == 0).all()
     assert ((dense["s_pos"] - written["s_pos"]).abs() <= written["bound"] + 1e-4).all()  # float32 batches differ
     capsys.readouterr()
-    assert run_posym(monkeypatch, "score", "--model", trained_run, "--exact", "sparse", "--out", tmp_path / "x") == 2
-    assert "exact must be" in capsys.readouterr().err
+    assert run_posym(monkeypatch, "score", trained_run, "--exact", "sparse", "--out", tmp_path / "x") == 2
+    assert "'sparse' is not one of 'pruned', 'dense'" in capsys.readouterr().err
     assert sidecar["rows"] == len(expected) and "torch" in sidecar["versions"]
+    assert sidecar["settings"]["step"] == 200 and sidecar["settings"]["queries"] == "hops"  # what was scored
 
 
 def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, capsys):
@@ -343,7 +345,7 @@ def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, caps
     good = tmp_path / "good.jsonl"
     good.write_text('{"input_ids": [1, 2, 3, 4, 5], "queries": [3, 4]}\n\n{"input_ids": [5, 4, 3], "chain": [2, 1, 0]}\n')
     out = tmp_path / "file.parquet"
-    assert run_posym(monkeypatch, "score", "--model", trained_run, "--prompts", good, "--blocks", 2, "--out", out) == 0
+    assert run_posym(monkeypatch, "score", trained_run, "--prompts", good, "--blocks", 2, "--out", out) == 0
     written = pd.read_parquet(out)
     assert sorted(set(zip(written["prompt"], written["query"]))) == [(0, 3), (0, 4), (1, 2)]
     capsys.readouterr()
@@ -358,7 +360,7 @@ def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, caps
     for text, message in cases:
         bad = tmp_path / "bad.jsonl"
         bad.write_text(text)
-        assert run_posym(monkeypatch, "score", "--model", trained_run, "--prompts", bad, "--queries", "hops",
+        assert run_posym(monkeypatch, "score", trained_run, "--prompts", bad, "--queries", "hops",
                     "--out", tmp_path / "bad.parquet") == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad.parquet").exists()

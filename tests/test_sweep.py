@@ -12,7 +12,7 @@ from cli_runner import run_posym
 from posym.commands import sweep
 from posym.errors import PosymError
 
-TINY_TRAIN = {"max_steps": 4, "checkpoint_every": 2, "eval_size": 16, "model": {"n_layer": 1, "n_embd": 16}}
+TINY_TRAIN = {"max_steps": 4, "checkpoint_every": 2, "eval_size": 16, "val_size": 16, "model": {"n_layer": 1, "n_embd": 16}}
 
 
 def test_yaml_keys_are_strict(tmp_path):

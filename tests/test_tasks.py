@@ -375,7 +375,7 @@ def test_data_command_writes_marked_samples(tmp_path, monkeypatch):
     from posym.commands.datasets import load_dataset
 
     out = tmp_path / "marked.jsonl"
-    assert run_posym(monkeypatch, "data", "--task", "letter", "--n", 40, "--format", "jsonl", "--markers",
+    assert run_posym(monkeypatch, "data", "--task", "letter", "--n", 40, "--format", "jsonl", "--markers", "on",
                      "--out", out) == 0
     config, samples = load_dataset(out)
     assert config == task_config("letter", markers=True)

@@ -1,5 +1,6 @@
 """posym.core.train: schedule, loss, evaluation, run directory, exact resume, CLI errors, learning."""
 
+import json
 import os
 import shutil
 import signal
@@ -15,10 +16,10 @@ import yaml
 from safetensors.torch import load_file, save_file
 from transformers import get_linear_schedule_with_warmup
 
-from posym import cli
+from posym import cli, io
 from posym.configs import to_dict
 from posym.errors import PosymError
-from posym.commands.train import TRAINER_TENSORS, resolve_config, train
+from posym.commands.train import TRAINER_TENSORS, resolve_config, run_hash, train
 from posym.core.model import ModelConfig, build_model
 from posym.core.tasks import SPLIT_SIZES, generate, task_config
 from posym.core.train import (
@@ -29,7 +30,7 @@ from posym.core.train import (
     lr_factor,
     train_batch,
 )
-from posym.loading import list_checkpoints, load_checkpoint
+from posym.loading import list_checkpoints, load_checkpoint, read_checkpoint_meta
 
 SMALL_TASK = dict(target_size=4, pretarget_size=3, max_hops=2, alphabet_size=4, int_range=7)
 
@@ -243,6 +244,57 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]  # leftovers removed
 
 
+def test_a_config_yaml_from_before_val_size_and_precision_resumes_unchanged(tmp_path):
+    """Runs started before val_size/precision existed (the lead's paper runs) keep their hash and
+    resume to the very weights of an uninterrupted run, recording no validation columns."""
+    cfg = tiny()
+    full = train(cfg, tmp_path / "full", progress=False)
+    old = tmp_path / "old"
+    train(cfg, old, progress=False, stop_at=6)
+    data = yaml.safe_load((old / "config.yaml").read_text())
+    del data["val_size"], data["precision"]
+    (old / "config.yaml").write_text(yaml.safe_dump(data))
+    legacy_hash = io.config_hash(data)  # what the code of that time wrote
+    assert json.loads((old / "manifest.json").read_text())["config_hash"] == legacy_hash
+    train(None, old, resume=True, progress=False)
+    assert_same_weights(list_checkpoints(full)[-1][1], list_checkpoints(old)[-1][1])
+    assert {read_checkpoint_meta(p)["config_hash"] for _, p in list_checkpoints(old)} == {legacy_hash}
+    assert not any(c.startswith("val_") for c in pd.read_parquet(old / "metrics.parquet").columns)
+    assert run_hash(tiny(val_size=5)) != legacy_hash and run_hash(tiny(precision="bf16")) != legacy_hash
+
+
+def test_validation_accuracy_is_recorded_at_every_checkpoint(tmp_path):
+    cfg = tiny(val_size=30)
+    run = train(cfg, tmp_path / "run", progress=False)
+    metrics = pd.read_parquet(run / "metrics.parquet")
+    model, _ = load_checkpoint(run)
+    direct = evaluate(model, cfg.task, 30, cfg.seed, "val", 7)
+    last = metrics.iloc[-1]
+    assert last.val_acc == pytest.approx(direct["acc"], abs=1e-12)
+    assert last.val_loss == pytest.approx(direct["loss"], abs=1e-5) and last.val_n == 30
+    assert metrics.val_acc.notna().all()
+    with pytest.raises(PosymError, match="val_size"):
+        tiny(val_size=SPLIT_SIZES["val"] + 1)
+
+
+def test_bf16_autocast_trains_close_to_fp32_but_not_identically(tmp_path):
+    """bf16 changes the numbers (so autocast is really on) by little, and the weights stay fp32."""
+    runs = {p: train(tiny(precision=p), tmp_path / p, progress=False) for p in ("fp32", "bf16")}
+    w32, w16 = (weights(list_checkpoints(runs[p])[-1][1]) for p in ("fp32", "bf16"))
+    assert all(w.dtype == torch.float32 for w in w16.values())
+    differences = [(w32[k] - w16[k]).abs().max().item() for k in w32]
+    assert 0 < max(differences) < 5e-3  # lr 3e-3 x 12 steps moves a weight by up to ~4e-2
+    loss = {p: pd.read_parquet(runs[p] / "metrics.parquet").train_loss.iloc[-1] for p in runs}
+    assert loss["bf16"] == pytest.approx(loss["fp32"], rel=2e-2)
+    # the autocast forward itself: bf16 matmuls on the same weights and batch give another loss
+    model = build_model(tiny().model, tiny().task.vocab_size, 0).eval()
+    ids = torch.as_tensor(generate(tiny().task, 16, 0, "train").input_ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = last_logits(model, ids)
+    assert low.dtype == torch.bfloat16
+    assert not torch.equal(low.float(), last_logits(model, ids))
+
+
 # ---- CLI -----------------------------------------------------------------------------------------
 
 
@@ -261,12 +313,12 @@ def cli_exit(argv, capsys=None) -> int:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["train", "--preset", "huge", "--out", "{tmp}/r"], "unknown preset"),
+        (["train", "--preset", "huge", "--out", "{tmp}/r"], "'huge' is not one of 'quick', 'seed', 'paper'"),
         (["train", "--config", "{tmp}/bad.yaml", "--out", "{tmp}/r"], "unknown key 'lrr'"),
-        (["train", "--task", "words", "--out", "{tmp}/r"], "task must be one of"),
+        (["train", "--task", "words", "--out", "{tmp}/r"], "'words' is not one of 'number', 'letter'"),
         (["train"], "--out"),
         (["train", "--resume", "{tmp}/missing"], "no config.yaml"),
-        (["train", "--resume", "{tmp}", "--steps", "3"], "drop --steps"),
+        (["train", "--resume", "{tmp}", "--train-steps", "3"], "drop --train-steps"),
         (["eval", "{tmp}/missing"], "does not exist"),
         (["eval", "{tmp}"], "neither a model"),
     ],
@@ -284,8 +336,12 @@ def test_cli_eval_with_extra_target(tmp_path, capsys):
     out = tmp_path / "eval.json"
     assert cli_exit(["eval", str(run), "--n", "16", "--extra-target", "0", "--extra-target", "5",
                      "--out", str(out)]) == 0
-    rows = pd.read_json(out)
+    written = json.loads(out.read_text())
+    rows = pd.DataFrame(written["rows"])
     assert list(rows.extra_target) == [0, 5] and list(rows.seq_len) == [8, 13]
+    assert written["step"] == 2 and written["queries"] == "last" and written["seed"] == 0  # what was measured
+    assert cli_exit(["eval", str(run), "--n", "16", "--extra-target", "0,5", "--out", str(out)]) == 0
+    assert pd.DataFrame(json.loads(out.read_text())["rows"]).extra_target.tolist() == [0, 5]  # the comma form
     assert "hop2" in capsys.readouterr().out
     assert cli_exit(["eval", str(run), "--task", "letter"]) == 2  # 129 token ids > the model's 12
 

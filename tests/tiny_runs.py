@@ -3,7 +3,7 @@
 """
 
 PIPELINE = {
-    "train": {"max_steps": 12, "checkpoint_every": 6, "eval_size": 48, "model": {"n_layer": 2, "n_embd": 32}},
+    "train": {"max_steps": 12, "checkpoint_every": 6, "eval_size": 48, "val_size": 48, "model": {"n_layer": 2, "n_embd": 32}},
     "dynamics_prompts": 4,
     "geometry_prompts": 4,
     "lengthgen": {"lengths": [17, 34], "factors": [1, 2], "n": 16},
@@ -16,10 +16,11 @@ most of it the worker processes' imports); checkpoints 0, 1, 2, 4, 6, 12."""
 def train_tiny(directory, task: str = "number", *, steps: int, every: int, eval_size: int = 64,
                batch_size: int = 32, model: dict | None = None, task_overrides: dict | None = None, **train):
     """A tiny `quick`-preset run trained into `directory`/run (2 layers x 1 head, width 32 unless
-    `model` says otherwise); returns the run directory."""
+    `model` says otherwise; val_size = eval_size unless given); returns the run directory."""
     from posym.commands.train import resolve_config, train as train_run
 
-    overrides = {"max_steps": steps, "checkpoint_every": every, "eval_size": eval_size, "batch_size": batch_size,
+    overrides = {"max_steps": steps, "checkpoint_every": every, "eval_size": eval_size, "val_size": eval_size,
+                 "batch_size": batch_size,
                  "model": {"n_layer": 2, "n_embd": 32, **(model or {})}, **train}
     if task_overrides:
         overrides["task"] = task_overrides

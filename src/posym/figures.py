@@ -37,6 +37,18 @@ def save_figure(fig, stem: str | os.PathLike, *, dpi: int = 120) -> list[Path]:
     return paths
 
 
+def spaced_tick_labels(values, *, min_ratio: float = 1.35) -> list[str]:
+    """Labels for ticks at `values` (ascending) on a log axis, blank where a value is within
+    `min_ratio` of the last labelled one (850 and 1024 would print as "8501024"); the axis end wins
+    over its close neighbour."""
+    kept: list[int] = []
+    for k, value in enumerate(values):
+        if not kept or value / values[kept[-1]] >= min_ratio:
+            kept.append(k)
+    kept[-1] = len(values) - 1
+    return [str(int(v)) if k in kept else "" for k, v in enumerate(values)]
+
+
 def plot_accuracy(table, max_step: int, stem: str | os.PathLike) -> list[Path]:
     """Fig. 2A: test accuracy overall and per hop count over steps, a vertical line at max accuracy."""
     plt = pyplot()
@@ -69,9 +81,11 @@ def plot_layer_scores(table, max_step: int, stem: str | os.PathLike, *, title: s
         ax.set_ylim(-0.05, 1.05)
     for ax in axes.flat[len(heads):]:
         ax.set_visible(False)
-    axes[0, 0].legend(fontsize=7)
     for ax in axes[-1]:
         ax.set_xlabel("step")
+    # one legend under the panels: inside a panel it would hide the curves it explains
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
     return save_figure(fig, stem)
@@ -95,48 +109,98 @@ def plot_purity(counts, max_step: int, stem: str | os.PathLike) -> list[Path]:
     return save_figure(fig, stem)
 
 
-def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None) -> list[Path]:
+ROLE_STYLES = {"hops": ("black", "all hops"), "last": ("tab:green", "last token"),
+               "target": ("tab:purple", "pointer into target"), "inner": ("tab:brown", "inner pointers")}
+
+
+def plot_roles(heads, gamma: float, stem: str | os.PathLike) -> list[Path]:
+    """Fig. 7 by query role: per layer (heads averaged), s_pos, s_sym and the fraction of prompts on
+    which the head is pure (positional solid, symbolic dashed) for the all-hops mean and each role;
+    `heads` is one step's `posym.commands.dynamics.composition` rows at one gamma."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), sharex=True)
+    step = int(heads.step.iloc[0])
+    for mode, (color, name) in ROLE_STYLES.items():
+        g = heads[heads.query_mode == mode].groupby("layer")[["s_pos", "s_sym", "pure_positional",
+                                                               "pure_symbolic"]].mean()
+        if g.empty:
+            continue
+        axes[0].plot(g.index, g.s_pos, "o-", color=color, label=name)
+        axes[1].plot(g.index, g.s_sym, "o-", color=color, label=name)
+        axes[2].plot(g.index, g.pure_positional, "o-", color=color, label=f"{name}, positional")
+        axes[2].plot(g.index, g.pure_symbolic, "s--", color=color, label=f"{name}, symbolic")
+    axes[0].set(title=f"positional score (step {step})", ylabel="s_pos", ylim=(-0.05, 1.05))
+    axes[1].set(title="symbolic score", ylabel="s_sym", ylim=(-0.05, 1.05))
+    axes[2].set(title=f"prompts on which the head is pure (gamma {gamma})", ylabel="fraction", ylim=(-0.05, 1.05))
+    for ax in axes:
+        ax.set_xlabel("layer")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0].legend(fontsize=7)
+    axes[2].legend(fontsize=6, ncol=2)
+    return save_figure(fig, stem)
+
+
+def plot_frequency_use(channels, heads, stem: str | os.PathLike, *, paper=None, paper_planes: int = 64) -> list[Path]:
     """Fig. 8: use (mean max logit) of each rotary plane per layer as a heat map, and the weighted
-    frequency ID per layer beside the paper's Table 1 (`paper`: one number per layer) if given."""
+    frequency ID per layer divided by the number of planes (so models of different widths share one
+    axis) beside the paper's Table 1 (`paper`: one number per layer, out of `paper_planes`) and the
+    uniform baseline (planes + 1) / 2 (every plane used alike)."""
     import numpy as np
 
     plt = pyplot()
     rotary = channels[channels.frequency_id > 0]
     grid = rotary.groupby(["layer", "frequency_id"]).use.mean().unstack("frequency_id")  # [layers, planes]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.35 * len(grid) + 2.5), width_ratios=[3, 1.3])
+    planes = grid.shape[1]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.35 * len(grid) + 2.5), width_ratios=[3, 1.4])
     image = left.imshow(grid.to_numpy().clip(min=0), aspect="auto", origin="lower", cmap="viridis",
-                        extent=(0.5, grid.shape[1] + 0.5, -0.5, len(grid) - 0.5))
+                        extent=(0.5, planes + 0.5, -0.5, len(grid) - 0.5))
     fig.colorbar(image, ax=left, label="use (mean max logit, clipped at 0)")
     left.set(xlabel="frequency ID (1 = fastest)", ylabel="layer", title="frequency use per layer",
              yticks=range(len(grid)), yticklabels=[str(layer) for layer in grid.index])
     per_layer = heads.groupby("layer").weighted_id.mean()
-    right.plot(per_layer.to_numpy(), per_layer.index, "o-", label="ours")
-    top = grid.shape[1]
+    right.plot(per_layer.to_numpy() / planes, per_layer.index, "o-", label=f"ours ({planes} planes)")
     if paper is not None:
-        right.plot(paper, np.arange(len(paper)), "x--", color="grey", label="paper Table 1 (64 planes)")
-        top = max(top, max(paper))
-    right.set(xlabel="weighted frequency ID", ylabel="layer", xlim=(0, top + 1))
+        right.plot(np.asarray(paper) / paper_planes, np.arange(len(paper)), "x--", color="grey",
+                   label=f"paper Table 1 ({paper_planes} planes)")
+    right.axvline((planes + 1) / 2 / planes, color="k", lw=0.8, ls=":", label="uniform use, (planes + 1) / 2")
+    right.set(xlabel="weighted frequency ID / planes", ylabel="layer", xlim=(0, 1))
     right.yaxis.get_major_locator().set_params(integer=True)
-    right.legend(fontsize=8)
+    right.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     return save_figure(fig, stem)
 
 
+def _thinned_labels(ax, points, texts, *, spread: float, fontsize: int = 7) -> None:
+    """Label points, skipping any within `spread` (data units) of one already labelled: clustered
+    points (a positional head's keys) get one label instead of a pile."""
+    import numpy as np
+
+    placed: list = []
+    for (x, y), text in zip(points, texts):
+        if all(np.hypot(x - px, y - py) >= spread for px, py in placed):
+            ax.annotate(text, (x, y), fontsize=fontsize, alpha=0.8, xytext=(3, 3), textcoords="offset points")
+            placed.append((x, y))
+
+
 def plot_qk_plane(projection, stem: str | os.PathLike, *, token_names=None) -> list[Path]:
-    """Fig. 4B: pre-rotation queries and keys of one prompt on one plane, labelled by token."""
+    """Fig. 4B: one prompt's queries and keys on one RoPE plane, before rotation (what the q/k
+    projections write) and after RoPE rotated each by its own position (what the dot product sees),
+    labelled token@position where labels do not overlap."""
+    import numpy as np
+
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 5))
-    for role, marker, color, name in (("key", "s", "tab:orange", "keys"), ("query", "o", "tab:blue", "queries")):
-        g = projection[projection.role == role]
-        ax.scatter(g.x, g.y, marker=marker, color=color, label=name, alpha=0.8)
-        for r in g.itertuples():
-            text = token_names[r.token] if token_names is not None else str(r.token)
-            ax.annotate(f"{text}@{r.position}", (r.x, r.y), fontsize=6, alpha=0.7, xytext=(2, 2),
-                        textcoords="offset points")
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.axvline(0, color="grey", lw=0.5)
-    ax.set_aspect("equal", adjustable="datalim")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 5))
+    for ax, (x, y, when) in zip(axes, (("x", "y", "before rotation"), ("x_rot", "y_rot", "after rotation"))):
+        extent = float(np.abs(projection[[x, y]].to_numpy()).max()) or 1.0
+        for role, marker, color, name in (("key", "s", "tab:orange", "keys"), ("query", "o", "tab:blue", "queries")):
+            g = projection[projection.role == role]
+            ax.scatter(g[x], g[y], marker=marker, color=color, label=name, alpha=0.8)
+            texts = [f"{token_names[t] if token_names is not None else t}@{p}" for t, p in zip(g.token, g.position)]
+            _thinned_labels(ax, zip(g[x], g[y]), texts, spread=0.12 * extent)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.axvline(0, color="grey", lw=0.5)
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.set(title=when, xlabel="plane coordinate 1", ylabel="plane coordinate 2")
+    axes[0].legend(fontsize=8)
     first = projection.iloc[0]
-    ax.set(title=f"layer {first.layer} head {first['head']}, plane ID {first.frequency_id} (before rotation)",
-           xlabel="plane coordinate 1", ylabel="plane coordinate 2")
-    ax.legend(fontsize=8)
+    fig.suptitle(f"layer {first.layer} head {first['head']}, RoPE plane ID {first.frequency_id}")
     return save_figure(fig, stem)

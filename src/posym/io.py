@@ -31,6 +31,8 @@ from posym.errors import Interrupted, PosymError
 
 
 _HOST = platform.node().replace("-", "_") or "host"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
@@ -77,9 +79,13 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
     # the writer's host and pid in the name let a later write of the same path tell a temporary that
     # a killed process left behind from one that a live process is still writing
     prefix = f".{path.name}.tmp-{_HOST}-{os.getpid()}-"
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent)) if is_dir else Path(
-        tempfile.mktemp(prefix=prefix, dir=parent)
-    )
+    if is_dir:
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    else:  # mkstemp creates the file, so no other writer can take the name between choosing and opening it
+        handle, name = tempfile.mkstemp(prefix=prefix, dir=parent)
+        os.close(handle)
+        tmp = Path(name)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it 0600; a plain open() would give the umask's mode
     try:
         yield tmp
         if is_dir and path.exists():

@@ -20,13 +20,38 @@ NOTHING_KEPT = ("every file written so far is whole and nothing half-written is 
                 "when complete, so re-running the same command starts it again")
 """The Ctrl-C line of commands that keep no partial results (each resumable command says what it kept)."""
 
+from typer.core import TyperCommand
+
 app = typer.Typer(
     name="posym",
-    help="Positional versus symbolic attention heads in RoPE transformers (arXiv 2605.31558).",
+    help="Positional versus symbolic attention heads in RoPE transformers (arXiv 2605.31558). "
+    "Conventions of every command: docs/cli.md.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain Click help: choices as <a|b>, no type label on --help
 )
+
+
+class PosymCommand(TyperCommand):
+    """A Typer command whose usage line reads as Click's: PATH for a required argument, not {PATH}."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [piece.replace("{", "").replace("}", "") for piece in super().collect_usage_pieces(ctx)]
+
+
+def _version(value: bool) -> None:
+    if value:
+        import posym
+
+        print(f"posym {posym.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the posym version and exit.")) -> None:
+    """Positional versus symbolic attention heads in RoPE transformers (arXiv 2605.31558)."""
 
 
 def progress_bar(total: int, what: str):
@@ -36,6 +61,15 @@ def progress_bar(total: int, what: str):
     bar = Progress(transient=True)
     task = bar.add_task(what, total=total)
     return bar, lambda k=1: bar.advance(task, k)
+
+
+def checkpoint_step(path, text: str | None, device: str = "cpu") -> int | None:
+    """A --step value for the run or checkpoint at `path`: None, an integer step, or "best", the run's
+    best step by validation accuracy (`posym.commands.validate`, evaluating on `device` the
+    checkpoints that recorded none)."""
+    from posym.commands import validate
+
+    return validate.resolve_step(path, validate.parse_step(text), device=device)
 
 
 def parse_list(text: str, kind: type) -> list:
@@ -93,3 +127,6 @@ def main() -> None:
 
 for _module in ("training", "analysis", "models", "runs"):
     importlib.import_module(f"posym.cli.{_module}")
+for _info in app.registered_commands:
+    if _info.cls in (None, TyperCommand):
+        _info.cls = PosymCommand

@@ -7,8 +7,9 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, parse_list, progress_bar
-from posym.errors import PosymError
+from posym.cli import app, checkpoint_step, progress_bar
+from posym.cli.options import (Compare, Device, Exactness, Protocol, Queries, Task, announce, device_of, device_option,
+                               list_option, n_option, path_argument, step_option, values)
 
 
 # ---- commands: score (scores) -------------------------------------------------------------------
@@ -16,27 +17,30 @@ from posym.errors import PosymError
 
 @app.command("score")
 def score_command(
-    model: Path = typer.Option(..., help="A checkpoint directory, or a run directory (latest checkpoint unless --step)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to score in a run directory."),
-    task: Optional[str] = typer.Option(None, help="Draw test-split prompts of this task: number or letter "
-                                       "(default: the checkpoint's own task config)."),
-    n_prompts: int = typer.Option(100, help="How many task prompts to score (the paper uses 100)."),
+    path: Path = path_argument(),
+    step: Optional[str] = step_option(),
+    task: Optional[Task] = typer.Option(None, help="Draw test-split prompts of this task (default: the checkpoint's "
+                                        "own task config)."),
+    n: int = n_option(100, "How many task prompts to score (the paper uses 100)."),
     seed: int = typer.Option(0, help="Seed of the task prompts."),
     prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file instead of a task: one "
                                            '{"input_ids": [...], "queries": [...]} per line (posym data JSONL works).'),
-    queries: Optional[str] = typer.Option(None, help="Which query positions: last (the final token), hops (every "
-                                          "pointer token on the chain) or all (default: the file's queries, else last)."),
+    queries: Optional[Queries] = typer.Option(None, help="Which query positions: last (the final token), hops "
+                                              "(every pointer token on the chain) or all (default: the file's "
+                                              "queries, else last)."),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights softmax(|D_i - D_j| / tau)."),
     blocks: Optional[int] = typer.Option(None, help="Swap M contiguous key blocks and compare block means "
-                                         "(the 2511 variant) instead of single tokens."),
-    compare: str = typer.Option("probs", help="Compare attention probabilities (probs, the paper) or raw logits."),
+                                         "(the block variant of arXiv 2511.11579) instead of single tokens."),
+    compare: Compare = typer.Option(Compare.probs, help="Compare attention probabilities (probs, the paper) or "
+                                    "raw logits."),
     epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
                                   "weights: each score lies within 2 * EPSILON of weighing every swap."),
-    exact: str = typer.Option("pruned", help="pruned (default, the EPSILON bound) or dense (weigh every swap: "
-                              "the reference, O(n^2) per head and query)."),
+    exact: Exactness = typer.Option(Exactness.pruned, help="pruned (the EPSILON bound) or dense (weigh every "
+                                    "swap: the reference, O(n^2) per head and query)."),
     gamma: float = typer.Option(0.1, help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
                                 "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma)."),
-    batch_size: int = typer.Option(64, help="Prompts of equal length per forward pass."),
+    batch_size: int = typer.Option(64, min=1, help="Prompts of equal length per forward pass."),
+    device: Device = device_option(),
     out: Path = typer.Option(..., help="Output Parquet file (one row per prompt, query, layer, head); "
                              "a JSON sidecar OUT.json records model, settings and versions."),
 ) -> None:
@@ -48,20 +52,23 @@ def score_command(
     from posym.configs import to_dict
     from posym.core import scores
 
-    io.check_output(out, inputs=[model, prompts])
-    if batch_size < 1 or n_prompts < 1:
-        raise PosymError("--batch-size and --n-prompts must be positive")
-    hf_model, info = loading.load_checkpoint(model, step=step)
+    io.check_output(out, inputs=[path, prompts])
+    hf_model, info = loading.load_checkpoint(path, step=checkpoint_step(path, step, device_of(device)), device=device_of(device))
     task_config = info["task_config"]
+    queries = queries and str(queries)
+    compare, exact = str(compare), str(exact)
     if task is not None and (task_config is None or task_config.task != task):
         from posym.core.tasks import task_config as paper_task
 
         task_config = paper_task(task)
-    ids, wanted = loading.score_prompts(hf_model, task_config=None if prompts else task_config, n_prompts=n_prompts,
+    ids, wanted = loading.score_prompts(hf_model, task_config=None if prompts else task_config, n_prompts=n,
                                         seed=seed, prompts_file=prompts, queries=queries)
-    settings = {"model": str(info["path"]), "step": info["step"], "prompts": str(prompts) if prompts else None,
+    used = queries or ("the file's (else last)" if prompts else "last")
+    print(announce(info["path"], info["step"], used))
+    settings = {"model": str(info["path"]), "checkpoint": str(info["path"]), "step": info["step"],
+                "prompts": str(prompts) if prompts else None,
                 "task": to_dict(task_config) if task_config is not None and not prompts else None,
-                "n_prompts": len(ids), "queries": queries or "file/last", "tau": tau, "blocks": blocks,
+                "n": len(ids), "queries": used, "tau": tau, "blocks": blocks,
                 "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare,
                 "epsilon": epsilon, "exact": exact}
     bar, advance = progress_bar(len(ids), "scoring prompts")
@@ -86,9 +93,8 @@ def score_command(
 
 @app.command("dynamics")
 def dynamics_command(
-    run_dir: Path = typer.Argument(..., help="A posym run directory (checkpoints/step-* and metrics.parquet)."),
-    n_prompts: int = typer.Option(100, help="Test prompts scored at every checkpoint (the same ones each time; "
-                                  "the paper uses 100)."),
+    path: Path = path_argument("A posym run directory (checkpoints/step-* and metrics.parquet)."),
+    n: int = n_option(100, "Test prompts scored at every checkpoint (the same ones each time; the paper uses 100)."),
     seed: int = typer.Option(0, help="Seed of the test prompts."),
     out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/analysis)."),
 ) -> None:
@@ -101,11 +107,13 @@ def dynamics_command(
     from posym.commands import dynamics
     from posym.loading import list_checkpoints
 
+    run_dir = path
     io.check_output(out, inputs=[run_dir], is_dir=True)
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
+    print(announce(run_dir, None, "hops and last") + f" (every checkpoint, {total})")
     bar, advance = progress_bar(total, "scoring checkpoints")
     with bar:
-        result = dynamics.run_dynamics(run_dir, out, n_prompts=n_prompts, seed=seed,
+        result = dynamics.run_dynamics(run_dir, out, n_prompts=n, seed=seed,
                                        progress=lambda step: advance())
     table = Table(title=f"heads at max accuracy (step {result['max_acc_step']}, acc {result['max_acc']:.3f}) "
                         "and at the end, hop queries")
@@ -115,28 +123,36 @@ def dynamics_command(
         if r["query_mode"] == "hops":
             table.add_row(str(r["gamma"]), r["stage"], str(r["step"]),
                           *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}" for k in ("positional", "symbolic", "mixed", "uniform")))
+    roles = Table(title="by query role at max accuracy, gamma 0.1 (label of the mean; docs: posym.commands.dynamics)")
+    for column in ("query mode", "positional", "symbolic", "mixed", "uniform"):
+        roles.add_column(column, justify="right")
+    for r in result["composition"]:
+        if r["gamma"] == 0.1 and r["stage"] == "max_acc":
+            roles.add_row(r["query_mode"], *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}"
+                                             for k in ("positional", "symbolic", "mixed", "uniform")))
     Console().print(table)
+    Console().print(roles)
     out_dir = out or Path(run_dir) / "analysis"
     print(f"{len(result['steps'])} checkpoints in {result['seconds_total']:.1f} s; wrote {out_dir}/dynamics.parquet, "
-          "purity*.parquet, composition*.parquet, dynamics.json and fig2a/fig2b/fig6/fig7 PNG+SVG")
+          "purity*.parquet, composition*.parquet, dynamics.json and fig2a/fig2b/fig6/fig7/fig7_roles PNG+SVG")
 
 
 @app.command("geometry")
 def geometry_command(
-    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
-                                "directory, or a Hugging Face RoPE model directory (with --prompts)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to analyse in a run directory."),
-    n_prompts: int = typer.Option(100, help="Test prompts of the checkpoint's own task to average over."),
+    path: Path = path_argument("A posym run directory (latest checkpoint unless --step), a checkpoint "
+                               "directory, or a Hugging Face RoPE model directory (with --prompts)."),
+    step: Optional[str] = step_option(),
+    n: int = n_option(100, "Test prompts of the checkpoint's own task to average over."),
     seed: int = typer.Option(0, help="Seed of the test prompts."),
     prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line) instead '
                                            "of task prompts; needed for non-posym models."),
-    queries: str = typer.Option("last", help="Query positions: last (the final token), hops (every pointer "
-                                "token of the chain) or all."),
+    queries: Queries = typer.Option(Queries.last, help="Query positions: last (the final token), hops (every "
+                                    "pointer token of the chain) or all."),
     tau: float = typer.Option(1e-4, help="Temperature of the swap weights of the per-plane scores."),
     plane_layer: Optional[int] = typer.Option(None, help="Layer of the q/k plane figure (default 1, as Fig. 4B)."),
     plane_head: int = typer.Option(0, help="Head of the q/k plane figure."),
     example: int = typer.Option(0, help="Which prompt of the set the q/k plane figure shows."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+    device: Device = device_option(),
     out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/analysis for a run, "
                                        "else required)."),
 ) -> None:
@@ -149,15 +165,19 @@ def geometry_command(
 
     io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
-    job = geometry.prepare(path, step=step, n_prompts=n_prompts, seed=seed, prompts=prompts, queries=queries,
-                           tau=tau, device=device, out=out)
+    job = geometry.prepare(path, step=checkpoint_step(path, step, device_of(device)), n_prompts=n, seed=seed, prompts=prompts, queries=str(queries),
+                           tau=tau, device=device_of(device), out=out)
+    print(announce(path, job["settings"]["step"], queries))
     bar, advance = progress_bar(len(job["input_ids"]), "scoring planes")
     with bar:
         result = geometry.run_geometry(**job, plane_layer=plane_layer, plane_head=plane_head, example=example,
                                        progress=advance)
-    print("weighted frequency ID per layer: " + ", ".join(f"{v:.1f}" for v in result["weighted_id_per_layer"]))
+    print(f"weighted frequency ID per layer, by weighting ({result['planes']} planes, uniform baseline "
+          f"(planes + 1) / 2 = {result['uniform_id']:g}; posym.core.geometry defines each):")
+    for name, ids in result["weightings"].items():
+        print(f"  {name:<10}" + ", ".join(f"{v:.1f}" for v in ids))
     if result["paper_table1"]:
-        print("paper Table 1 (12-layer model):  " + ", ".join(str(v) for v in result["paper_table1"]))
+        print("  paper     " + ", ".join(str(v) for v in result["paper_table1"]) + "  (Table 1, 12 layers, 64 planes)")
     print(f"wrote {job['out_dir']}/planes.parquet, channels.parquet, frequency.parquet, qk_plane.parquet, geometry.json, "
           "fig8_frequency and fig4b_qk_plane PNG+SVG")
 
@@ -166,15 +186,15 @@ def geometry_command(
 
 @app.command("theory")
 def theory_command(
-    n0: list[int] = typer.Option([8, 16, 32, 64], "--n0", help="Largest length to verify (query position n, "
-                                 "n + 1 tokens); every n <= n0 is checked. Repeat for several."),
+    n0: list[str] = list_option(["8", "16", "32", "64"], "Largest lengths to verify (query position n, n + 1 "
+                                "tokens); every n <= n0 is checked.", name="--n0"),
     out: Path = typer.Option(Path("results/theory"), help="Directory for theory.parquet, discrepancy.parquet, "
                              "theory.json and fig5a.png/svg."),
     index_freq_id: int = typer.Option(2, help="RoPE frequency ID of T_Index's plane (2: theta = 0.866)."),
     retrieval_freq_id: int = typer.Option(42, help="RoPE frequency ID of T_Retrieval's plane (42: theta = "
                                           "0.0027); it must satisfy theta < omega / (2 n0)."),
-    curve_freq_id: list[int] = typer.Option([2, 42], help="Frequency IDs drawn in the discrepancy figure "
-                                            "(e.g. a trained layer's weighted-average ID). Repeat for several."),
+    curve_freq_id: list[str] = list_option(["2", "42"], "Frequency IDs drawn in the discrepancy figure (e.g. a "
+                                           "trained layer's weighted-average ID)."),
     alphabet_size: int = typer.Option(8, help="Letters of T_Retrieval (omega = 2 pi / letters; paper: 8)."),
     eps: float = typer.Option(0.01, help="Softmax criterion: beta must put >= 1 - eps on the right key."),
     samples: int = typer.Option(100_000, help="Random Retrieval inputs per checked length when there are "
@@ -192,8 +212,9 @@ def theory_command(
     from posym.core.theory import TheoryConfig
 
     io.check_output(out, is_dir=True)
-    config = TheoryConfig(n0=n0, index_freq_id=index_freq_id, retrieval_freq_id=retrieval_freq_id,
-                                 curve_freq_ids=curve_freq_id, alphabet_size=alphabet_size, eps=eps,
+    config = TheoryConfig(n0=values(n0, int, option="--n0"), index_freq_id=index_freq_id,
+                                 retrieval_freq_id=retrieval_freq_id,
+                                 curve_freq_ids=values(curve_freq_id, int, option="--curve-freq-id"), alphabet_size=alphabet_size, eps=eps,
                                  samples=samples, seed=seed)
     with Progress(transient=True) as bar:
         job = bar.add_task("theory", total=4)
@@ -216,19 +237,19 @@ def theory_command(
 
 @app.command("lengthgen")
 def lengthgen_command(
-    run_dir: Path = typer.Argument(..., help="A run directory (latest checkpoint unless --step) or one checkpoint "
-                                   "directory written by posym train."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to evaluate in a run directory."),
-    lengths: str = typer.Option("17,34,51,68,128,256,512,850,1024,2048", help="Paper protocol: comma-separated "
-                                "total sequence lengths in tokens (query included; training length 17)."),
-    factors: str = typer.Option("1,2,3,4", help="Seed protocol: comma-separated multiples of the training length "
-                                "(1 is the reference that retention divides by)."),
-    n: int = typer.Option(128, "--n", help="Test sequences per length (the same questions at every length)."),
-    protocol: str = typer.Option("both", help="paper (absolute lengths, accuracy), seed (1x-4x the training "
-                                 "length, retention) or both. Both lengthen with extra target-window tokens."),
+    path: Path = path_argument(),
+    step: Optional[str] = step_option(),
+    lengths: list[str] = list_option(["17,34,51,68,128,256,512,850,1024,2048"], "Paper protocol: total sequence "
+                                     "lengths in tokens (query included; training length 17)."),
+    factors: list[str] = list_option(["1,2,3,4"], "Fixed-multiple protocol: multiples of the training length (1 is "
+                                     "the reference that retention divides by)."),
+    n: int = n_option(128, "Test sequences per length (the same questions at every length)."),
+    protocol: Protocol = typer.Option(Protocol.both, help="paper (absolute lengths, accuracy), seed (1x-4x the "
+                                      "training length, retention) or both. Both lengthen with extra target-window "
+                                      "tokens."),
     seed: int = typer.Option(0, help="Seed of the test data."),
     max_tokens: int = typer.Option(16384, help="Tokens per forward pass; bounds memory at long lengths."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+    device: Device = device_option(),
     out: Optional[Path] = typer.Option(None, help="Output directory for lengthgen.parquet, lengthgen.json and "
                                        "fig5b.png/svg (default: RUN_DIR/lengthgen)."),
 ) -> None:
@@ -245,13 +266,16 @@ def lengthgen_command(
 
     hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
 
-    config = lengthgen.LengthGenConfig(lengths=parse_list(lengths, int), factors=parse_list(factors, int),
-                                       protocol=protocol, n=n, seed=seed, max_tokens=max_tokens, device=device)
+    run_dir = path
+    config = lengthgen.LengthGenConfig(lengths=values(lengths, int, option="--lengths"),
+                                       factors=values(factors, int, option="--factors"), protocol=str(protocol),
+                                       n=n, seed=seed, max_tokens=max_tokens, device=device_of(device))
     out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True)
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
-        result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
+        result = lengthgen.run_lengthgen(run_dir, config, out, step=checkpoint_step(run_dir, step, device_of(device)),
                                          progress=lambda done, total: bar.update(job, completed=done, total=total))
+    print(announce(result["checkpoint"], result["step"], "last (the answer token)"))
     table = result["table"]
     hops = sorted(h for h in table["hop"].unique() if h != lengthgen.ALL_HOPS)
     view = Table(title=f"{result['summary']['task']} task, step {result['step']}: accuracy by length")
@@ -268,18 +292,18 @@ def lengthgen_command(
 
 @app.command("discrepancy")
 def discrepancy_command(
-    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step), a checkpoint "
-                                "directory, or a Hugging Face RoPE model directory (with --prompts and --out)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step in a run directory."),
-    lengths: Optional[str] = typer.Option(None, help="Comma-separated sequence lengths a posym task is lengthened "
-                                          "to (extra target-window tokens; default the lengthgen paper protocol's)."),
-    n: int = typer.Option(64, "--n", help="Test questions per length (the same ones at every length)."),
+    path: Path = path_argument("A posym run directory (latest checkpoint unless --step), a checkpoint "
+                               "directory, or a Hugging Face RoPE model directory (with --prompts and --out)."),
+    step: Optional[str] = step_option(),
+    lengths: Optional[list[str]] = list_option(None, "Sequence lengths a posym task is lengthened to (extra "
+                                               "target-window tokens; default the lengthgen paper protocol's)."),
+    n: int = n_option(64, "Test questions per length (the same ones at every length)."),
     prompts: Optional[Path] = typer.Option(None, help='JSONL prompt file ({"input_ids": [...]} per line), measured '
                                            "at its own lengths; needed for non-posym models."),
-    queries: str = typer.Option("last", help="Query positions: last, hops (chain pointers) or all."),
+    queries: Queries = typer.Option(Queries.last, help="Query positions: last, hops (chain pointers) or all."),
     seed: int = typer.Option(0, help="Seed of the test questions."),
     max_tokens: int = typer.Option(16384, help="Tokens per forward pass; bounds memory at long lengths."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+    device: Device = device_option(),
     out: Optional[Path] = typer.Option(None, help="Output directory (default RUN_DIR/discrepancy)."),
 ) -> None:
     """Discrepancy of every head by length (Definition 3.1 on trained or real heads): top-1 minus top-2
@@ -297,9 +321,10 @@ def discrepancy_command(
     with Progress(transient=True) as bar:
         job = bar.add_task("measuring gaps (prompts)", total=None)
         result = discrepancy.run_discrepancy(
-            path, out, step=step, lengths=parse_list(lengths, int) if lengths else None, n=n, seed=seed,
-            prompts=prompts, queries=queries, max_tokens=max_tokens, device=device,
+            path, out, step=checkpoint_step(path, step, device_of(device)), lengths=values(lengths, int, option="--lengths") or None, n=n, seed=seed,
+            prompts=prompts, queries=str(queries), max_tokens=max_tokens, device=device_of(device),
             progress=lambda k: bar.advance(job, k))
+    print(announce(result["settings"]["model"], result["settings"]["step"], queries))
     summary = result["summary"]
     view = Table(title="median top-1 minus top-2 logit at the query, by layer (head 0) and length")
     lengths_seen = sorted(summary["length"].unique())

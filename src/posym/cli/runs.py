@@ -7,7 +7,9 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, parse_list
+from posym.cli import app, checkpoint_step
+from posym.cli.options import (AblationMode, Device, Preset, Task, announce, device_of, device_option, list_option,
+                               n_option, path_argument, step_option, values)
 from posym.errors import PosymError
 
 
@@ -16,15 +18,14 @@ from posym.errors import PosymError
 
 @app.command("run")
 def run_command(
-    preset: Optional[str] = typer.Option(None, help="Training preset: 'quick' (the default; minutes for everything "
-                                         "on 2 CPU cores), 'seed' or 'paper' (the paper's study; hours on a CPU, use "
-                                         "--device cuda)."),
-    task: Optional[list[str]] = typer.Option(None, help="Task to run: number and/or letter; repeat for several "
-                                             "(default: both)."),
+    preset: Optional[Preset] = typer.Option(None, help="Training preset: quick (the default; minutes for "
+                                            "everything on 2 CPU cores), seed or paper (the paper's study; hours "
+                                            "on a CPU, use --device cuda)."),
+    task: Optional[list[str]] = list_option(None, "Tasks to run (default: both).", choices=Task),
     out: Path = typer.Option(Path("runs/main"), help="Output directory: one run directory per task, theory/, "
                              "report/ and stages/ (done-files). Re-running the same command continues it."),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda or auto for training and length generalization "
-                                         "(default auto)."),
+    device: Optional[Device] = typer.Option(None, help="auto (cuda when available), cpu or cuda for training "
+                                            "and the analyses (default: the --config file's, else auto)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML file of pipeline settings (preset, tasks, "
                                           "seed, train overrides, dynamics_prompts, geometry_prompts, lengthgen, "
                                           "theory, workers); unknown keys are errors."),
@@ -45,7 +46,8 @@ def run_command(
     from posym.commands import pipeline, report
 
     io.check_output(out, inputs=[config, bench], is_dir=True)
-    flags = {"preset": preset, "tasks": task or None, "device": device, "workers": workers}
+    flags = {"preset": preset and str(preset), "tasks": values(task, option="--task", choices=Task) or None,
+             "device": device and str(device), "workers": workers}
     cfg = pipeline.resolve_pipeline(config, {k: v for k, v in flags.items() if v is not None})
     console = Console()
     start = time.perf_counter()
@@ -95,10 +97,16 @@ def sweep_command(
 ) -> None:
     """Train a grid of runs (tasks x seeds x presets x RoPE settings) with Ray and aggregate final accuracy
     per hop (and pure-head fractions) as mean and std over seeds. Finished trials are not rerun."""
+    import importlib
+
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
+    try:
+        importlib.import_module("ray")  # the [sweep] extra
+    except ImportError:
+        raise PosymError("posym sweep runs on Ray, which is not installed: pip install 'posym-rope[sweep]'") from None
     from posym import io
     from posym.commands import sweep
 
@@ -130,9 +138,9 @@ def sweep_command(
 
 # ---- commands: ablate / finetune -----------------------------------------------------------------
 
-_HEADS_HELP = ("Heads to intervene on; repeat for several conditions: 'positional', 'symbolic' or 'mixed' (labels "
-               "from the checkpoint's own scores at hop queries, gamma --gamma), 'each' (every layer on its own) "
-               "or indices 'L.H,L.H' ('L' = all heads of layer L).")
+_HEADS_HELP = ("Heads to intervene on, one condition per repetition: positional, symbolic or mixed (labels "
+               "from the checkpoint's own scores at hop queries, gamma --gamma), each (every layer on its own) "
+               "or indices L.H,L.H (L = all heads of layer L; commas join heads within one condition).")
 
 
 def _condition_table(table, title: str, extra: dict | None = None):
@@ -160,21 +168,21 @@ def _condition_table(table, title: str, extra: dict | None = None):
 
 @app.command("ablate")
 def ablate_command(
-    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step) or a checkpoint directory."),
-    heads: list[str] = typer.Option(..., "--heads", help=_HEADS_HELP),
-    mode: Optional[list[str]] = typer.Option(None, "--mode", help="zero (head output := 0) and/or mean (:= its mean "
-                                             "output on train data); repeat for both (default both)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step in a run directory."),
-    factors: str = typer.Option("1,2,4", help="Lengths to evaluate, as comma-separated multiples of the training "
-                                "length (extra target-window tokens, as posym lengthgen)."),
-    n: int = typer.Option(1000, "--n", help="Test sequences per length."),
+    path: Path = path_argument(),
+    heads: list[str] = typer.Option(..., "--heads", metavar="HEADS", help=_HEADS_HELP),
+    mode: list[str] = list_option(["zero,mean"], "zero (head output := 0) and/or mean (:= its mean output on "
+                                  "train data).", choices=AblationMode),
+    step: Optional[str] = step_option(),
+    factors: list[str] = list_option(["1,2,4"], "Lengths to evaluate, as multiples of the training length (extra "
+                                     "target-window tokens, as posym lengthgen)."),
+    n: int = n_option(1000, "Test sequences per length."),
     gamma: float = typer.Option(0.1, help="Purity threshold of the positional/symbolic labels (paper: 0.1)."),
-    n_prompts: int = typer.Option(100, help="Test prompts the labels are scored on."),
+    label_prompts: int = typer.Option(100, min=1, help="Test prompts the labels are scored on."),
     seed: int = typer.Option(0, help="Seed of the test data, the label prompts and the mean-ablation data."),
     save: Optional[Path] = typer.Option(None, help="Also save the pruned model (one --heads, one --mode) as a plain "
                                         "GPT-J checkpoint: zero = out_proj columns zeroed, mean = also folded into "
                                         "the layer's MLP output bias."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+    device: Device = device_option(),
     out: Optional[Path] = typer.Option(None, help="Output directory for ablation.parquet/json/png/svg (default: "
                                        "PATH/ablation)."),
 ) -> None:
@@ -190,10 +198,12 @@ def ablate_command(
     out = io.check_output(out or Path(path) / "ablation", inputs=[path], is_dir=True)
     io.check_output(save, inputs=[path], is_dir=True, option="--save")
     with Status("scoring heads") as status:
-        result = run_ablation(path, heads, out, modes=tuple(mode or ("zero", "mean")), step=step,
-                              factors=parse_list(factors, int), n=n, seed=seed, n_prompts=n_prompts, gamma=gamma,
-                              save=save, device=device, progress=lambda text: status.update(f"evaluating {text}"))
+        result = run_ablation(path, heads, out, modes=tuple(values(mode, option="--mode", choices=AblationMode)),
+                              step=checkpoint_step(path, step, device_of(device)), factors=values(factors, int, option="--factors"), n=n, seed=seed,
+                              n_prompts=label_prompts, gamma=gamma, save=save, device=device_of(device),
+                              progress=lambda text: status.update(f"evaluating {text}"))
     console = Console()
+    console.print(announce(result["checkpoint"], result["step"], f"{result['queries']} (the labels)"))
     console.print(_condition_table(result["table"], f"{result['task']} task, step {result['step']}: ablation"))
     for spec in result["skipped"]:
         console.print(f"no head is labelled {spec!r} at gamma {gamma}: condition skipped")
@@ -204,18 +214,20 @@ def ablate_command(
 
 @app.command("finetune")
 def finetune_command(
-    path: Path = typer.Argument(..., help="A posym run directory (latest checkpoint unless --step) or one of its checkpoints."),
-    freeze: list[str] = typer.Option(["none"], "--freeze", help="Heads kept frozen, one fine-tune per value: 'none' "
-                                     "(train everything, the reference) or any --heads value of posym ablate."),
-    steps: int = typer.Option(300, help="Fine-tuning steps per condition (linear decay from --lr to 0)."),
+    path: Path = path_argument(),
+    freeze: list[str] = typer.Option(["none"], "--freeze", metavar="HEADS", help="Heads kept frozen, one fine-tune "
+                                     "per repetition: none (train everything, the reference) or any --heads value "
+                                     "of posym ablate."),
+    train_steps: int = typer.Option(300, "--train-steps", min=1, help="Fine-tuning optimizer steps per condition "
+                                    "(linear decay from --lr to 0)."),
     lr: Optional[float] = typer.Option(None, help="Peak learning rate (default: the run's)."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to start from (default: the latest)."),
-    factors: str = typer.Option("1,2,4", help="Lengths to evaluate, as multiples of the training length."),
-    n: int = typer.Option(1000, "--n", help="Test sequences per length."),
+    step: Optional[str] = step_option(),
+    factors: list[str] = list_option(["1,2,4"], "Lengths to evaluate, as multiples of the training length."),
+    n: int = n_option(1000, "Test sequences per length."),
     gamma: float = typer.Option(0.1, help="Purity threshold of the positional/symbolic labels."),
     seed: int = typer.Option(0, help="Seed of the test data and the label prompts."),
     save_models: bool = typer.Option(False, help="Also save each fine-tuned model under OUT/models/."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+    device: Device = device_option(),
     out: Optional[Path] = typer.Option(None, help="Output directory (default: PATH/finetune)."),
 ) -> None:
     """Continue training with chosen heads frozen (their q/k/v rows and out_proj columns never change) and
@@ -230,15 +242,17 @@ def finetune_command(
     hf_logging.disable_progress_bar()
     out = io.check_output(out or Path(path) / "finetune", inputs=[path], is_dir=True)
     with Status("scoring heads") as status:
-        result = run_finetune(path, freeze, out, step=step, steps=steps, lr=lr, factors=parse_list(factors, int),
-                              n=n, seed=seed, gamma=gamma, save_models=save_models, device=device,
+        result = run_finetune(path, freeze, out, step=checkpoint_step(path, step, device_of(device)), steps=train_steps, lr=lr,
+                              factors=values(factors, int, option="--factors"), n=n, seed=seed, gamma=gamma,
+                              save_models=save_models, device=device_of(device),
                               progress=lambda text: status.update(text))
     costs = {k: [f"{c['steps_per_s']:.1f}", f"{c['trainable_params']:,}", str(c["frozen_unchanged"])]
              for k, c in result["costs"].items()}
     extra = {"columns": ["steps/s", "trainable", "frozen unchanged"], "rows": costs}
     console = Console()
+    console.print(announce(result["checkpoint"], result["step"], f"{result['queries']} (the labels)"))
     console.print(_condition_table(result["table"], f"{result['task']} task, from step {result['step']}: "
-                                   f"+{steps} steps", extra))
+                                   f"+{train_steps} steps", extra))
     for spec in result["skipped"]:
         console.print(f"no head is labelled {spec!r} at gamma {gamma}: condition skipped")
     console.print(f"wrote {out}/finetune.parquet, finetune.json, finetune.png/svg")

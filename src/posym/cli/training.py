@@ -7,7 +7,9 @@ from typing import Optional
 
 import typer
 
-from posym.cli import app, progress_bar
+from posym.cli import app, checkpoint_step, progress_bar
+from posym.cli.options import (Device, Format, OnOff, Precision, Preset, Split, Task, announce, device_of, device_option,
+                               list_option, n_option, path_argument, step_option, values)
 from posym.errors import PosymError
 
 
@@ -16,11 +18,11 @@ from posym.errors import PosymError
 
 @app.command("data")
 def data_command(
-    task: str = typer.Option("number", help="Which task: 'number' (positional) or 'letter' (symbolic)."),
-    n: int = typer.Option(1000, "--n", help="How many sequences to write."),
+    task: Task = typer.Option(Task.number, help="Which task: number (positional) or letter (symbolic)."),
+    n: int = n_option(1000, "How many sequences to write."),
     seed: int = typer.Option(0, help="Random seed; the same seed, split and config give the same data."),
-    split: str = typer.Option("train", help="Which split's random stream: train, val or test."),
-    fmt: str = typer.Option("parquet", "--format", help="File format: parquet, jsonl or npz."),
+    split: Split = typer.Option(Split.train, help="Which split's random stream."),
+    fmt: Format = typer.Option(Format.parquet, "--format", help="File format."),
     out: Path = typer.Option(..., help="Output file; its manifest is written next to it as OUT.manifest.json."),
     target_size: Optional[int] = typer.Option(None, help="Target-window tokens (paper: 8)."),
     pretarget_size: Optional[int] = typer.Option(None, help="Pre-target-window tokens (paper: 8)."),
@@ -31,8 +33,8 @@ def data_command(
         None, help="Offsets 1..R (number task, paper 16) or numbers 1..R in target pairs (letter task, paper 8)."),
     extra_target: int = typer.Option(
         0, help="Length extension: extra target-window tokens before the effective target window."),
-    markers: bool = typer.Option(False, help="Slot markers: every target-window token carries its place in "
-                                 "the window as its own token (n@3); positions and answers are unchanged."),
+    markers: OnOff = typer.Option(OnOff.off, help="Slot markers: on tags every target-window token with its "
+                                  "place in the window as its own token (n@3); positions and answers are unchanged."),
 ) -> None:
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
 
@@ -43,7 +45,8 @@ def data_command(
     io.check_output(out)
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
                  alphabet_size=alphabet_size, int_range=int_range, extra_target=extra_target)
-    config = tasks.task_config(task, markers=markers, **{k: v for k, v in knobs.items() if v is not None})
+    task, split, fmt = str(task), str(split), str(fmt)
+    config = tasks.task_config(task, markers=markers == OnOff.on, **{k: v for k, v in knobs.items() if v is not None})
     bar, advance = progress_bar(n, f"{task} task, {split}")
     with bar:
         path = datasets.save_dataset(config, n, seed, split, out, fmt, progress=advance)
@@ -54,15 +57,18 @@ def data_command(
 
 @app.command("train")
 def train_command(
-    preset: str = typer.Option("quick", help="Starting point: 'quick' (minutes on a CPU), 'paper' (12 layers "
-                               "x 1 head, 6,000 steps, SPEC 2) or 'seed' (6 layers x 8 heads)."),
-    task: str = typer.Option("number", help="Task to learn: 'number' (positional) or 'letter' (symbolic)."),
+    preset: Preset = typer.Option(Preset.quick, help="Starting point: quick (minutes on a CPU), paper (the "
+                                  "paper's 12 layers x 1 head, 6,000 steps) or seed (6 layers x 8 heads)."),
+    task: Task = typer.Option(Task.number, help="Task to learn: number (positional) or letter (symbolic)."),
     out: Optional[Path] = typer.Option(None, help="New run directory (must not exist or be empty)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML file overriding any field of the "
                                           "preset (e.g. 'lr: 3e-4' or 'model: {n_layer: 4}'); unknown keys are errors."),
     seed: Optional[int] = typer.Option(None, help="Seed of initialisation, dropout and data (default: the preset's, 0)."),
-    steps: Optional[int] = typer.Option(None, help="Optimizer steps (default: the preset's)."),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda or auto (default: auto)."),
+    train_steps: Optional[int] = typer.Option(None, "--train-steps", min=1, help="Optimizer steps (default: the preset's)."),
+    device: Optional[Device] = typer.Option(None, help="auto (cuda when available), cpu or cuda (default: the "
+                                            "--config file's, else auto)."),
+    precision: Optional[Precision] = typer.Option(None, help="fp32 (default, exact) or bf16 (forward and loss under "
+                                                  "bfloat16 autocast; docs/results.md compares them)."),
     resume: Optional[Path] = typer.Option(None, help="Continue this run directory from its latest checkpoint "
                                           "with its own config.yaml (other options are not allowed)."),
     stop_at: Optional[int] = typer.Option(None, help="Stop after a checkpoint at this step, keeping the "
@@ -76,31 +82,32 @@ def train_command(
     io.check_output(out, inputs=[config], is_dir=True)
     if resume is not None:
         given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
-                                          ("--steps", steps), ("--device", device)) if value is not None]
+                                          ("--train-steps", train_steps), ("--device", device),
+                                          ("--precision", precision)) if value is not None]
         if given:
             raise PosymError(f"--resume continues a run with its own config; drop {', '.join(given)}")
         run_dir = train.train(None, resume, resume=True, progress=progress, stop_at=stop_at)
     else:
         if out is None:
             raise PosymError("give the new run directory with --out (or --resume RUN_DIR)")
-        flags = {"seed": seed, "max_steps": steps, "device": device}
-        cfg = train.resolve_config(preset, task, config, {k: v for k, v in flags.items() if v is not None})
+        flags = {"seed": seed, "max_steps": train_steps, "device": device and str(device),
+                 "precision": precision and str(precision)}
+        cfg = train.resolve_config(str(preset), str(task), config, {k: v for k, v in flags.items() if v is not None})
         run_dir = train.train(cfg, out, progress=progress, stop_at=stop_at)
     print(f"run directory: {run_dir}")
 
 
 @app.command("eval")
 def eval_command(
-    path: Path = typer.Argument(..., help="A run directory (uses its latest checkpoint unless --step) or one "
-                                "checkpoint directory."),
-    step: Optional[int] = typer.Option(None, help="Checkpoint step to evaluate in a run directory."),
-    task: Optional[str] = typer.Option(None, help="Task to evaluate on (default: the checkpoint's own task config)."),
-    n: int = typer.Option(2000, "--n", help="Test sequences per evaluation."),
-    extra_target: Optional[list[int]] = typer.Option(None, help="Extra target-window tokens before the "
-                                                     "effective window (length generalization); repeat for several."),
+    path: Path = path_argument(),
+    step: Optional[str] = step_option(),
+    task: Optional[Task] = typer.Option(None, help="Task to evaluate on (default: the checkpoint's own task config)."),
+    n: int = n_option(2000, "Test sequences per evaluation."),
+    extra_target: Optional[list[str]] = list_option(["0"], "Extra target-window tokens before the effective "
+                                                    "window (length generalization)."),
     seed: int = typer.Option(0, help="Seed of the test data."),
-    split: str = typer.Option("test", help="Split to draw the data from: train, val or test."),
-    device: str = typer.Option("cpu", help="cpu or cuda."),
+    split: Split = typer.Option(Split.test, help="Split to draw the data from."),
+    device: Device = device_option(),
     out: Optional[Path] = typer.Option(None, help="Also write the results as JSON to this file."),
 ) -> None:
     """Accuracy (overall and per hop count) and loss of one checkpoint on a task, optionally at longer lengths."""
@@ -111,8 +118,10 @@ def eval_command(
     from posym.commands import train
 
     io.check_output(out, inputs=[path])
-    rows = train.evaluate_checkpoint(path, step=step, task=task, n=n, extra_targets=extra_target or [0],
-                                     seed=seed, split=split, device=device)
+    rows = train.evaluate_checkpoint(path, step=checkpoint_step(path, step, device_of(device)), task=task and str(task), n=n, seed=seed, split=str(split),
+                                     extra_targets=values(extra_target, int, option="--extra-target") or [0],
+                                     device=device_of(device))
+    print(announce(rows[0]["checkpoint"], rows[0].get("step"), "last (the answer token)"))
     table = Table(title=f"{rows[0]['task']} task, {rows[0]['checkpoint']}")
     keys = [k for k in rows[0] if k in ("extra_target", "seq_len", "loss") or k.startswith("acc")]
     for key in keys:
@@ -121,4 +130,27 @@ def eval_command(
         table.add_row(*(f"{row[k]:.4f}" if isinstance(row[k], float) else str(row[k]) for k in keys))
     Console().print(table)
     if out is not None:
-        io.write_json(out, rows)
+        settings = {"checkpoint": rows[0]["checkpoint"], "step": rows[0].get("step"), "queries": "last",
+                    "n": n, "split": str(split)}
+        io.write_json(out, {**io.manifest(settings, seed=seed), **settings, "rows": rows})
+
+
+@app.command("validate")
+def validate_command(
+    path: Path = path_argument("A posym run directory."),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="Val-split samples for checkpoints that recorded "
+                                    "none (default: the whole split, 2,400)."),
+    device: Device = device_option(),
+) -> None:
+    """Validation accuracy of every checkpoint (recorded in training, else computed and cached in
+    PATH/validation.parquet) and the best step by validation, which `--step best` selects."""
+    from posym.commands import validate
+    from posym.loading import list_checkpoints
+
+    total = len(list_checkpoints(path)) if Path(path).is_dir() else 0
+    bar, advance = progress_bar(total, "validating checkpoints")
+    with bar:
+        result = validate.run_validation(path, n=n, device=device_of(device), progress=lambda step: advance())
+    print(f"best step by validation: {result['best_step']} (val acc {result['best_val_acc']:.4f}, "
+          f"test acc {result['test_acc_at_best']:.4f}); best step by test: {result['best_test_step']}; "
+          f"wrote {Path(path) / 'validation.json'}")

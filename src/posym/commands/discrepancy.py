@@ -12,7 +12,7 @@ import dataclasses
 from posym.commands import lengthgen
 from posym.core.discrepancy import head_gaps, summarize_gaps
 from posym.errors import PosymError
-from posym.figures import pyplot, save_figure
+from posym.figures import pyplot, save_figure, spaced_tick_labels
 from posym.io import manifest, write_json, write_parquet
 from posym.loading import load_analysable, score_prompts
 
@@ -21,13 +21,15 @@ def plot_gaps(summary, path_stem, *, title: str = "") -> list:
     """Median gap (line) and Delta = minimum gap (dotted) vs sequence length per layer (its head 0),
     log-log, with a 1 / n^2 guide (Theorem 3.2's Index rate); PNG + SVG."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(7, 4.6))
     layers = sorted(summary.layer.unique())
-    colors = plt.get_cmap("viridis")([0.1 + 0.8 * i / max(1, len(layers) - 1) for i in range(len(layers))])
-    for color, layer in zip(colors, layers):
+    # a qualitative palette and a marker per layer: neighbouring layers stay apart (a sequential map does not)
+    colors = plt.get_cmap("tab10" if len(layers) <= 10 else "tab20")(range(len(layers)))
+    markers = "osD^vP*Xhp<>"
+    for k, (color, layer) in enumerate(zip(colors, layers)):
         sub = summary[(summary.layer == layer) & (summary["head"] == 0)].sort_values("length")
-        ax.plot(sub["length"], sub["gap_q50"].clip(lower=1e-6), color=color, marker="o", ms=3, lw=1.3,
-                label=f"L{layer}")
+        ax.plot(sub["length"], sub["gap_q50"].clip(lower=1e-6), color=color, marker=markers[k % len(markers)],
+                ms=4, lw=1.4, label=f"L{layer}")
         ax.plot(sub["length"], sub["delta"].clip(lower=1e-6), color=color, ls=":", lw=1)
     lengths = sorted(summary["length"].unique())
     if len(lengths) > 1:
@@ -35,11 +37,11 @@ def plot_gaps(summary, path_stem, *, title: str = "") -> list:
         ax.plot(lengths, [top * (lengths[0] / n) ** 2 for n in lengths], color="gray", ls="--", lw=1,
                 label="~ 1 / n^2")
     ax.set_xscale("log")
-    ax.set_xticks(lengths, [str(int(v)) for v in lengths], minor=False)
+    ax.set_xticks(lengths, spaced_tick_labels(lengths), minor=False)
     ax.minorticks_off()
     ax.set(yscale="log", xlabel="sequence length (tokens)",
            ylabel="top-1 minus top-2 logit", title=title or "discrepancy by length: median (solid), min (dotted)")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return save_figure(fig, path_stem)
 
 

@@ -1,12 +1,21 @@
 """Learning dynamics of a training run: head scores at every checkpoint, purity, composition (SPEC 3-4).
 
 `collect_dynamics` scores every head of every checkpoint on one fixed prompt set (test split, seed
-fixed, the same prompts at every step) with `posym.core.scores`, at two kinds of query position:
+fixed, the same prompts at every step) with `posym.core.scores`, at these query positions (query_mode):
 - "hops": every pointer token of the chain (the query and each intermediate hop), each seeing only
   the keys before it; a prompt's score is the mean over its hop queries;
-- "last": the last token (the query) only.
+- and by the pointer's role in the chain query -> p_1 -> ... -> p_{H-1} -> answer, three disjoint
+  sets whose union is "hops": "last", the last token (the query) only; "target", the pointer into
+  the target window p_{H-1} (chains of >= 2 hops; on 1-hop chains the query is that pointer and
+  counts as "last"); "inner", the pointers p_1 .. p_{H-2} into the pre-target window (chains of
+  >= 3 hops). A prompt's role score is the mean over its queries of that role; prompts without one
+  are left out of that role's mean.
 A head's score at a step is the mean over prompts (the paper: 100 prompts per checkpoint), joined
-with that checkpoint's test accuracy (overall and per hop count) from the run's metrics.parquet.
+with that checkpoint's test accuracy (overall and per hop count) from the run's metrics.parquet and
+its validation accuracy (`posym.commands.validate`). Beside the label of the mean,
+pure_positional_g{gamma} and pure_symbolic_g{gamma} are the fractions of prompts whose own
+(prompt-mean) scores get that label under the same rule: a head whose mean is pure can still be
+impure on some prompts, and one whose mean is mixed can be pure on each prompt of two kinds.
 
 Purity rule (footnote 3 of 2605, made exact here). At threshold gamma a head's label at a step is
 the label `posym.core.scores.summarize_heads` gives its prompt-mean scores: positional if s_pos >= 1 - gamma and
@@ -16,8 +25,9 @@ symbolic (else "none"), and `pure_from` is the first checkpoint step from which 
 that kind at every later checkpoint ("stays pure"; NaN for kind none). Cumulative purity counts
 (Fig. 7): at each step, the heads of each kind whose pure_from <= step; `*_now` columns count the
 heads with that label at that step alone. The max-accuracy step is the earliest checkpoint with the
-highest overall test accuracy. Entropy (of the last token's attention, Fig. 6) is min-max normalised
-per head over the steps: (e - min) / (max - min), 0 when it never changes.
+highest validation accuracy (the authors' trainer keeps its best checkpoint by validation; choosing
+it on the test split would select on the numbers reported). Entropy (of the last token's
+attention, Fig. 6) is min-max normalised per head over the steps: (e - min) / (max - min), 0 when it never changes.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import time
 from pathlib import Path
 
 from posym import figures
+from posym.commands.validate import validation_table
 from posym.core.scores import score_model, summarize_heads, task_prompts
 from posym.errors import PosymError
 from posym.io import manifest, read_parquet, write_json, write_parquet
@@ -33,21 +44,32 @@ from posym.loading import list_checkpoints, load_checkpoint
 
 
 GAMMAS = (0.1, 0.05)
-QUERY_MODES = ("hops", "last")
+QUERY_MODES = ("hops", "last", "target", "inner")
 KINDS = ("positional", "symbolic")
 
 
+def query_roles(hops) -> dict[tuple[int, int], str]:
+    """(prompt, query position) -> role ("last", "target", "inner") for per-prompt hop queries
+    [query, p_1, ..., p_{H-1}] (the module docstring defines the roles)."""
+    roles = {}
+    for prompt, queries in enumerate(hops):
+        for k, position in enumerate(queries):
+            roles[prompt, position] = "last" if k == 0 else "target" if k == len(queries) - 1 else "inner"
+    return roles
+
+
 def _score_checkpoint(model, ids, hops):
-    """Per-prompt rows of one checkpoint for both query modes (one scoring pass: the last token is
-    the first pointer of every chain, so "last" rows are a subset of "hops" rows)."""
+    """Per-prompt rows of one checkpoint for every query mode (one scoring pass over the hop queries:
+    each role's rows are a subset of them)."""
     import pandas as pd
 
     frame = score_model(model, ids, hops)
-    last = frame["query"].to_numpy() == frame["prompt"].map(lambda k: len(ids[k]) - 1).to_numpy()
-    per_prompt = frame.groupby(["prompt", "layer", "head"], as_index=False)[["s_pos", "s_sym", "entropy"]].mean()
-    return pd.concat([per_prompt.assign(query_mode="hops"),
-                      frame[last][["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]].assign(query_mode="last")],
-                     ignore_index=True)
+    roles = query_roles(hops)
+    frame["query_mode"] = [roles[key] for key in zip(frame["prompt"], frame["query"])]
+    columns = ["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]
+    by_role = frame.groupby(["query_mode", "prompt", "layer", "head"], as_index=False)[columns[3:]].mean()
+    per_prompt = frame.groupby(["prompt", "layer", "head"], as_index=False)[columns[3:]].mean()
+    return pd.concat([per_prompt.assign(query_mode="hops"), by_role], ignore_index=True)
 
 
 def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=None):
@@ -89,13 +111,26 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
             progress(step)
     per_prompt = pd.concat(parts, ignore_index=True)[
         ["step", "query_mode", "prompt", "layer", "head", "s_pos", "s_sym", "entropy"]]
-    table = per_prompt.groupby(["step", "query_mode", "layer", "head"], as_index=False)[
-        ["s_pos", "s_sym", "entropy"]].mean()
+    keys = ["step", "query_mode", "layer", "head"]
+    table = per_prompt.groupby(keys, as_index=False)[["s_pos", "s_sym", "entropy"]].mean()
     table["entropy_norm"] = normalised_entropy(table)
-    table = label(table, GAMMAS)
+    table = label(table, GAMMAS).merge(prompt_purity(per_prompt, GAMMAS), on=keys, how="left")
     acc_columns = ["loss", "acc"] + [c for c in metrics.columns if c.startswith("acc_hop")]
     table = table.merge(metrics[acc_columns], left_on="step", right_index=True, how="left")
+    validation = validation_table(run_dir)[["step", "val_acc"]]
+    table = table.merge(validation, on="step", how="left")
     return table, per_prompt
+
+
+def prompt_purity(per_prompt, gammas=GAMMAS):
+    """Per (step, query_mode, layer, head): pure_positional_g{gamma} and pure_symbolic_g{gamma}, the
+    fractions of prompts whose own scores `posym.scores.summarize`'s rule labels so."""
+    frame = per_prompt[["step", "query_mode", "layer", "head"]].copy()
+    for gamma in gammas:
+        hi, lo = 1 - gamma, gamma
+        frame[f"pure_positional_g{gamma}"] = ((per_prompt.s_pos >= hi) & (per_prompt.s_sym <= lo)).astype(float)
+        frame[f"pure_symbolic_g{gamma}"] = ((per_prompt.s_sym >= hi) & (per_prompt.s_pos <= lo)).astype(float)
+    return frame.groupby(["step", "query_mode", "layer", "head"], as_index=False).mean()
 
 
 def normalised_entropy(table):
@@ -162,10 +197,10 @@ def purity_counts(table, pure):
 
 
 def max_accuracy_step(table) -> int:
-    """The earliest step with the highest overall test accuracy."""
-    acc = table.groupby("step").acc.first()
+    """The earliest step with the highest validation accuracy (column val_acc)."""
+    acc = table.groupby("step").val_acc.first()
     if acc.isna().all():
-        raise PosymError("no checkpoint has a test accuracy")
+        raise PosymError("no checkpoint has a validation accuracy")
     return int(acc[acc == acc.max()].index.min())
 
 
@@ -192,7 +227,9 @@ def composition(table, max_step: int, gammas=GAMMAS):
         for stage, step in stages.items():
             at = table[table.step == step]
             for mode, g in at.groupby("query_mode"):
-                heads.append(g[["layer", "head", "s_pos", "s_sym", column]].rename(columns={column: "label"})
+                pure = [c for c in (f"pure_positional_g{gamma}", f"pure_symbolic_g{gamma}") if c in g]
+                heads.append(g[["layer", "head", "s_pos", "s_sym", column, *pure]]
+                             .rename(columns={column: "label", **{c: c.rsplit("_g", 1)[0] for c in pure}})
                              .assign(gamma=gamma, stage=stage, step=step, query_mode=mode))
                 row = {"gamma": gamma, "stage": stage, "step": step, "query_mode": mode, "heads": len(g)}
                 for name in ("positional", "symbolic", "mixed", "uniform"):
@@ -206,8 +243,8 @@ def composition(table, max_step: int, gammas=GAMMAS):
 def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, progress=None) -> dict:
     """`posym dynamics`: write dynamics.parquet, dynamics_prompts.parquet, purity.parquet,
     purity_counts.parquet, composition.parquet, composition_summary.parquet, dynamics.json and the
-    figures fig2a_accuracy, fig2b_scores (hop queries), fig6_entropy (last token), fig7_purity
-    (PNG + SVG) to out_dir (default RUN_DIR/analysis). Returns the dynamics.json dict."""
+    figures fig2a_accuracy, fig2b_scores (hop queries), fig6_entropy (last token), fig7_purity,
+    fig7_roles (scores and prompt purity per query role at the max-accuracy step) (PNG + SVG) to out_dir (default RUN_DIR/analysis). Returns the dynamics.json dict."""
     start = time.perf_counter()
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "analysis"
@@ -226,11 +263,14 @@ def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, 
     paths += figures.plot_layer_scores(table[table.query_mode == "last"], best, out_dir / "fig6_entropy",
                                        title="scores and normalised entropy at the last token")
     paths += figures.plot_purity(counts, best, out_dir / "fig7_purity")
+    paths += figures.plot_roles(heads[(heads.stage == "max_acc") & (heads.gamma == GAMMAS[0])], GAMMAS[0],
+                                out_dir / "fig7_roles")
     settings = {"run_dir": str(run_dir), "n_prompts": n_prompts, "seed": seed, "query_modes": list(QUERY_MODES),
                 "gammas": list(GAMMAS)}
     result = {
         **manifest(settings, seed=seed), "settings": settings, "steps": sorted(int(s) for s in table.step.unique()),
         "max_acc_step": best, "max_acc": float(table[table.step == best].acc.iloc[0]),
+        "max_acc_val": float(table[table.step == best].val_acc.iloc[0]), "max_acc_chosen_on": "val",
         "purity": pure.to_dict("records"), "composition": summary.to_dict("records"),
         "seconds_scoring": round(scored, 2), "seconds_total": round(time.perf_counter() - start, 2),
         "figures": [str(p) for p in paths],

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from posym import figures
-from posym.core.geometry import PAPER_TABLE1, channel_means, frequency_use, plane_scores, qk_projection
+from posym.core.geometry import PAPER_TABLE1, WEIGHTINGS, channel_means, frequency_use, plane_scores, qk_projection
 from posym.core.qk import check_layers
 from posym.core.tasks import token_names
 from posym.errors import PosymError
@@ -69,8 +69,11 @@ def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane
     paper = PAPER_TABLE1.get(paper_task) if paper_task else None
     paths = figures.plot_frequency_use(means, heads, out_dir / "fig8_frequency", paper=paper)
     paths += figures.plot_qk_plane(projection, out_dir / "fig4b_qk_plane", token_names=token_names)
-    per_layer = heads.groupby("layer").weighted_id.mean()
-    summary = {**manifest(settings, seed=settings.get("seed")), "weighted_id_per_layer": per_layer.round(2).tolist(),
+    per_layer = heads.groupby("layer").mean(numeric_only=True)
+    summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings,
+               "weighted_id_per_layer": per_layer.weighted_id.round(2).tolist(),
+               "weightings": {name: per_layer[f"weighted_id_{name}"].round(2).tolist() for name in WEIGHTINGS},
+               "planes": int(heads.planes.max()), "uniform_id": float(heads.uniform_id.max()),
                "paper_table1": paper, "plane_figure": {"layer": plane_layer, "head": plane_head,
                                                        "frequency_id": dominant, "prompt": example},
                "figures": [str(p) for p in paths]}

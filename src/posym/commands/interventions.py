@@ -15,8 +15,8 @@ from typing import Callable
 from posym import io
 from posym.commands.lengthgen import LengthGenConfig, measure
 from posym.configs import from_dict, override, to_dict
-from posym.core.interventions import (HeadFreezer, ablated, fold_ablation, head_means, head_slice, label_heads,
-                                      select_heads)
+from posym.core.interventions import (LABEL_QUERIES, HeadFreezer, ablated, fold_ablation, head_means, head_slice,
+                                      label_heads, select_heads)
 from posym.core.tasks import generate
 from posym.core.train import TrainConfig, make_optimizer, to_tensor, train_batch, train_step
 from posym.errors import PosymError
@@ -107,14 +107,15 @@ def run_ablation(path, conditions: list[str], out_dir, *, modes=("zero", "mean")
 
     table = pd.DataFrame(rows)
     out_dir = Path(out_dir)
-    result = {"checkpoint": str(info["path"]), "step": info["step"], "task": task.task, "gamma": gamma,
+    result = {"checkpoint": str(info["path"]), "step": info["step"], "queries": LABEL_QUERIES, "task": task.task,
+              "gamma": gamma,
               "labels": labels.to_dict("records"), "conditions": {k: _head_text(v) for k, v in chosen.items()},
               "skipped": skipped, "mean_samples": mean_samples}
     if save is not None:
         (spec, heads), mode = next(iter(chosen.items())), modes[0]
         fold_ablation(model, heads, mode, means)
         result["saved"] = str(save_model(model, info, save, {"ablation": {"heads": _head_text(heads), "mode": mode}}))
-    return _write(out_dir, "ablation", table, result, f"{task.task} task, {Path(info['path']).name}: head ablation")
+    return _write(out_dir, "ablation", table, result, f"{task.task} task, step {info['step']}: head ablation")
 
 
 def save_model(model, info: dict, out, extra: dict) -> Path:
@@ -197,10 +198,11 @@ def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = Non
             save_model(fresh, info, Path(out_dir) / "models" / spec.replace(",", "_"),
                        {"finetune": {"frozen": _head_text(heads), "steps": steps, "lr": config.lr}})
     table = pd.DataFrame(rows)
-    result = {"checkpoint": str(info["path"]), "step": info["step"], "task": task.task, "lr": config.lr,
+    result = {"checkpoint": str(info["path"]), "step": info["step"], "queries": LABEL_QUERIES, "task": task.task,
+              "lr": config.lr,
               "steps": steps, "gamma": gamma, "labels": labels.to_dict("records"), "costs": costs, "skipped": skipped}
     return _write(Path(out_dir), "finetune", table, result,
-                  f"{task.task} task, {Path(info['path']).name}: +{steps} fine-tuning steps, frozen heads")
+                  f"{task.task} task, step {info['step']}: +{steps} fine-tuning steps, frozen heads")
 
 
 def _frozen_unchanged(model, before: dict, heads) -> bool:

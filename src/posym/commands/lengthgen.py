@@ -240,11 +240,11 @@ def plot(table, task: TaskConfig, path_stem, *, title: str = "") -> list[str]:
         else:
             factors = sorted(sub["factor"].unique())
             ax.set_xlim(min(factors) - 0.3, max(factors) + 0.3)
-            for level, text in [(0.8, "seed summary: symbolic >= 0.8"), (0.3, "seed summary: positional ~0.3")]:
+            for level, text in [(0.8, "expected: symbolic >= 0.8"), (0.3, "expected: positional ~0.3")]:
                 ax.axhline(level, color="gray", ls=":", lw=1)
                 ax.text(min(factors) - 0.25, level + 0.01, text, fontsize=7, color="gray")
             ax.set(xlabel=f"length / training length ({task.seq_len} tokens)",
-                   ylabel="retention: acc / acc at training length", title="seed protocol: multiples of the training length")
+                   ylabel="retention: acc / acc at training length", title="multiples of the training length (protocol seed)")
             ax.set_xticks(factors, [f"{f:g}x" for f in factors])
         handles, labels = ax.get_legend_handles_labels()
         ax.legend(handles + twin_lines, labels + [line.get_label() for line in twin_lines], loc="best", fontsize=7)
@@ -281,8 +281,9 @@ def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None
     table.insert(0, "step", info["step"])
     out_dir = Path(out_dir)
     write_parquet(out_dir / "lengthgen.parquet", table)
-    figures = plot(table, task, out_dir / "fig5b", title=f"{task.task} task, {Path(info['path']).name}")
+    figures = plot(table, task, out_dir / "fig5b", title=f"{task.task} task, step {info['step']}")
     result = {"summary": summarize_protocols(table, task), "checkpoint": str(info["path"]), "step": info["step"],
+              "queries": "last (the answer token)",
               "figures": figures, "config": to_dict(config),
               "manifest": manifest(to_dict(config), seed=config.seed, task=to_dict(task))}
     write_json(out_dir / "lengthgen.json", result)

@@ -174,7 +174,7 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
             ["s_pos", "s_sym", "max_logit"]].mean()
         write_parquet(out_dir / "planes.parquet", planes)
         plot_planes(planes, out_dir / "planes")
-    summary = {**manifest(settings, seed=settings.get("seed")), "model_type": loaded.model_type,
+    summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings, "model_type": loaded.model_type,
                "prompts": len(prompts), "pearson_r": r, "layers": layers.to_dict("records")}
     write_json(out_dir / "summary.json", summary)
     return summary

@@ -7,28 +7,36 @@ Inputs are directories other commands wrote, recognised by their files:
 - an llm-bench directory (table.md and summary.parquet; posym llm-bench) for Table 3.
 Nothing is recomputed: the page shows what the Parquet/JSON/figure files hold, and names the command
 that would fill any gap. Figures are embedded as base64 PNG (no external CSS, JS, fonts or images),
-so the page opens offline; the PNG and SVG files are copied next to it under figures/.
+so the page opens offline; the PNG and SVG files are copied next to it under figures/. This module
+gathers plain data (sections, tables, figures, provenance); the Jinja2 template
+posym/templates/report.html.j2 lays it out (autoescaped).
 """
 
 from __future__ import annotations
 
 import base64
-import html
+import datetime
 import json
+import os
+import platform
 import shutil
 from pathlib import Path
 
+import posym
 from posym import io
 from posym.core.geometry import PAPER_TABLE1
 from posym.errors import PosymError
 
-
-SEED_LAYERS = "seed summary: ~40% positional / 60% symbolic (number), > 90% symbolic (letter)"
-# Pure heads at gamma = 0.1 of the paper's 12-layer models (SPEC 4).
+# Pure heads at gamma = 0.1 of the paper's 12-layer models (arXiv 2605.31558, Fig. 2B / 7).
 PAPER_PURE = {"number": ("L0-L3", "L4-L11"), "letter": ("none", "L1-L11")}
+SMALL_MODEL_PURE = ("a 6-layer, 8-head model (preset seed) is expected at ~40% positional / 60% symbolic heads "
+                    "(number) and > 90% symbolic (letter)")
 PAPER_LENGTHGEN = {"number": "barely generalizes (collapses beyond the training length)",
                    "letter": ">= 90% accuracy up to 850 tokens (53x)"}
-SEED_RETENTION = {"number": "~0.3 at 4x (positional)", "letter": ">= 0.8 at 2x-4x (symbolic)"}
+EXPECTED_RETENTION = {"number": "retention ~0.3 at 4x the training length (positional)",
+                      "letter": "retention >= 0.8 at 2x-4x (symbolic)"}
+PAPER_PLANES = 64
+"""RoPE planes of the paper's models (head dimension 128): the scale of its Table 1."""
 
 # (subdirectory, file stem, figure name, what it shows); paper references are added per task.
 RUN_FIGURES = [
@@ -37,10 +45,16 @@ RUN_FIGURES = [
      "at hop queries, with normalised attention entropy."),
     ("analysis", "fig6_entropy", "Fig. 6", "The same scores and min-max normalised entropy at the last token."),
     ("analysis", "fig7_purity", "Fig. 7", "Cumulative number of heads that became pure for good, per gamma."),
+    ("analysis", "fig7_roles", "Fig. 7 by query role",
+     "Scores per layer at the max-accuracy step (chosen on validation) for the all-hops mean and each pointer "
+     "role (last token, pointer into the target window, inner pointers), and the fraction of prompts on which "
+     "the head is pure (gamma 0.1)."),
     ("analysis", "fig4b_qk_plane", "Fig. 4B",
-     "Queries and keys of layer 1 on its dominant RoPE plane, before rotation."),
+     "Queries and keys of one prompt on the dominant RoPE plane of one head, before rotation (what the q/k "
+     "projections write) and after RoPE rotated each by its position."),
     ("analysis", "fig8_frequency", "Fig. 8 / Table 1",
-     "Use of every RoPE plane per layer and the weighted frequency ID."),
+     "Use of every RoPE plane per layer, and the weighted frequency ID per layer divided by the number of planes, "
+     "with the uniform baseline."),
     ("lengthgen", "fig5b", "Fig. 5B", "Accuracy against sequence length per hop count (extra target-window tokens)."),
     ("discrepancy", "fig_discrepancy", "Theorem 3.2 on trained heads",
      "Top-1 minus top-2 attention logit at the last token against sequence length, per layer: median "
@@ -48,11 +62,6 @@ RUN_FIGURES = [
 ]
 MISSING = {"analysis": "posym dynamics RUN_DIR and posym geometry RUN_DIR", "lengthgen": "posym lengthgen RUN_DIR"}
 """What to run for a missing figure; figures of other subdirectories (discrepancy) are optional extras."""
-
-STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
-th{background:#eee}figure{margin:1.5em 0}img{max-width:100%;border:1px solid #ddd}
-figcaption{font-size:.92em;margin-top:.3em}.ref{color:#555}.absent{color:#a33}pre{background:#f6f6f6;padding:.6em}"""
 
 
 def kind_of(path: Path) -> str:
@@ -104,11 +113,23 @@ def run_summary(run_dir: str | Path) -> dict:
         out["frac_positional"], out["frac_symbolic"] = float(row.frac_positional), float(row.frac_symbolic)
     freq = run_dir / "analysis" / "frequency.parquet"
     if freq.is_file():
-        out["weighted_id"] = io.read_parquet(freq).groupby("layer").weighted_id.mean().round(1).tolist()
+        per_layer = io.read_parquet(freq).groupby("layer").mean(numeric_only=True)
+        out["weighted_id"] = per_layer.weighted_id.round(1).tolist()
+        out["weightings"] = {c[len("weighted_id_"):]: per_layer[c].round(1).tolist()
+                             for c in per_layer if c.startswith("weighted_id_")}  # runs analysed before: none
+    out["planes"] = _rope_planes(config["model"])
+    out["manifest"] = _read_json(run_dir / "manifest.json")
     lengthgen = _read_json(run_dir / "lengthgen" / "lengthgen.json")
     if lengthgen is not None:
         out["lengthgen"] = lengthgen["summary"]
     return out
+
+
+def _rope_planes(model: dict) -> int | None:
+    """RoPE planes per head of a run's model config (rotary_dim / 2; None when the config lacks widths)."""
+    if "n_embd" not in model or "n_head" not in model:
+        return None
+    return (model.get("rotary_dim") or model["n_embd"] // model["n_head"]) // 2
 
 
 def lengthgen_headline(summary: dict | None) -> str:
@@ -125,36 +146,55 @@ def lengthgen_headline(summary: dict | None) -> str:
     return "; ".join(parts)
 
 
-# ---- HTML pieces ------------------------------------------------------------------------------------
+# ---- page parts (plain data; templates/report.html.j2 lays them out) --------------------------------
 
 
-def _table(header: list[str], rows: list[list]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _figure(src_stem: Path, out_dir: Path, name: str, title: str, caption: str, reference: str) -> str:
-    """Copy stem.png/.svg into out_dir/figures/name.*; an <img> with the PNG inline and its caption."""
+def _figure(src_stem: Path, out_dir: Path, name: str, title: str, caption: str, reference: str) -> dict | None:
+    """Copy stem.png/.svg into out_dir/figures/name.*; the figure's entry (PNG inline), None if absent."""
     png, svg = src_stem.with_suffix(".png"), src_stem.with_suffix(".svg")
     if not png.is_file():
-        return ""
+        return None
     for source in (png, svg):
         if source.is_file():
             with io.atomic_path(out_dir / "figures" / f"{name}{source.suffix}") as tmp:
                 shutil.copyfile(source, tmp)
-    data = base64.b64encode(png.read_bytes()).decode("ascii")
-    ref = f' <span class="ref">Paper: {html.escape(reference)}</span>' if reference else ""
-    return (f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{data}"><figcaption><b>'
-            f"{html.escape(title)}.</b> {html.escape(caption)}{ref} (files: figures/{name}.png, .svg)</figcaption>"
-            "</figure>")
+    return {"id": name, "title": title, "caption": caption, "reference": reference,
+            "data": base64.b64encode(png.read_bytes()).decode("ascii"), "files": f"figures/{name}.png, .svg"}
+
+
+def _section(id: str, title: str, *, source=None, table=None, text=None, pre=None, items=()) -> dict:
+    """One <h2> part of the page: optional source path, table, paragraph, preformatted text, figures."""
+    return {"id": id, "title": title, "source": source and str(source), "table": table, "text": text, "pre": pre,
+            "items": list(items)}
 
 
 def _fmt(value, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def _run_section(run_dir: Path, out_dir: Path) -> tuple[str, dict]:
+def _discrepancy_numbers(run_dir: Path) -> str:
+    """'median gap at N1 -> N2 tokens: x-y times smaller (1 / n^2: z)' from discrepancy.json ('' if absent)."""
+    result = _read_json(run_dir / "discrepancy" / "discrepancy.json")
+    if not result or not result.get("median_gap"):
+        return ""
+    gaps: dict[str, dict[int, float]] = {}
+    for key, value in result["median_gap"].items():  # "L{layer}H{head}@{length}"
+        head, length = key.split("@")
+        if head.endswith("H0"):
+            gaps.setdefault(head[:-2], {})[int(length)] = value
+    lengths = sorted({n for by_length in gaps.values() for n in by_length})
+    if len(lengths) < 2:
+        return ""
+    short, long = lengths[0], lengths[-1]
+    ratios = {layer: g[short] / g[long] for layer, g in gaps.items() if g.get(long, 0) > 0 and short in g}
+    if not ratios:
+        return ""
+    low, high = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+    return (f"Ours: from {short} to {long} tokens the median gap shrinks {ratios[low]:.3g}x ({low}) to "
+            f"{ratios[high]:.3g}x ({high}); a 1 / n^2 rate would shrink it {(long / short) ** 2:,.0f}x.")
+
+
+def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
     s = run_summary(run_dir)
     task, name = s["task"], f"{s['task']}-{run_dir.name}" if run_dir.name != s["task"] else s["task"]
     pos, sym = PAPER_PURE[task]
@@ -164,59 +204,78 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[str, dict]:
         "Fig. 2B": "both scores ~1 at initialisation (uniform attention); then heads become pure: "
                    f"positional {pos}, symbolic {sym} (12 layers).",
         "Fig. 6": "entropy falls as heads become pure.",
-        "Fig. 7": f"pure heads at gamma 0.1: positional {pos}, symbolic {sym}; {SEED_LAYERS}.",
-        "Fig. 4B": "number model, layer 1: keys cluster in one direction, queries fan out by the offset they encode.",
+        "Fig. 7": f"pure heads at gamma 0.1: positional {pos}, symbolic {sym} (12 layers); {SMALL_MODEL_PURE}.",
+        "Fig. 7 by query role": "which query positions the paper scored is not stated.",
+        "Fig. 4B": ("number model, layer 1: keys cluster in one direction, queries fan out by the offset they "
+                    "encode (the Index construction)." if task == "number" else
+                    "the paper draws this figure for the number model only; a symbolic head is expected to "
+                    "match keys by content, not by one direction (the Retrieval construction)."),
         "Fig. 8 / Table 1": "weighted frequency ID per layer " + ", ".join(
-            str(v) for v in _paper_table1(task)) + " (12 layers, 64 planes).",
-        "Fig. 5B": f"{PAPER_LENGTHGEN[task]}; {SEED_RETENTION[task]}.",
+            str(v) for v in _paper_table1(task)) + f" (12 layers, {PAPER_PLANES} planes).",
+        "Fig. 5B": f"{PAPER_LENGTHGEN[task]}; {EXPECTED_RETENTION[task]}.",
         "Theorem 3.2 on trained heads": "a positional (Index) head's best gap can only shrink like 2 pi^2 / n^2, "
                                         "a symbolic (Retrieval) head's need not; the letter model generalizes, "
                                         "the number model does not.",
     }
+    planes = s.get("planes")
     ours = {
         "Fig. 2A": "Ours: first step with >= 95% per hop: " + ", ".join(
             f"{h} hop{'s' * (h > 1)} {v}" for h, v in s["first_step_ge_0.95"].items()) + ".",
         "Fig. 7": f"Ours (end, hop queries): positional {s['positional']}, symbolic {s['symbolic']}.",
         "Fig. 8 / Table 1": f"Ours: {', '.join(str(v) for v in s['weighted_id'] or [])} "
-                            f"({s['layers']} layers).",
-        "Fig. 5B": f"Ours: {lengthgen_headline(s['lengthgen'])}.",
+                            f"({s['layers']} layers{f', {planes} planes' if planes else ''}).",
+        "Fig. 5B": f"Ours: {lengthgen_headline(s['lengthgen'])}." if s["lengthgen"] else "",
+        "Theorem 3.2 on trained heads": _discrepancy_numbers(run_dir),
     }
-    parts = [f"<h2>{html.escape(task)} task ({html.escape(str(run_dir))})</h2>"]
+    items = []
     for sub, stem, title, caption in RUN_FIGURES:
         figure = _figure(run_dir / sub / stem, out_dir, f"{name}-{stem}", f"{title}, {task} task",
                          f"{caption} {ours.get(title, '')}".strip(), references[title])
         if figure or sub in MISSING:
-            parts.append(figure or f'<p class="absent">{title} ({task}): absent; run {MISSING[sub]} first.</p>')
-    return "\n".join(parts), s
+            items.append(figure or {"absent": f"{title} ({task}): absent; run {MISSING[sub]} first."})
+    section = _section(f"run-{name}", f"{task.capitalize()} task: step {s['step']} of {s['max_steps']}",
+                       source=run_dir, items=items)
+    return section, s
 
 
 def _paper_table1(task: str) -> list[int]:
     return PAPER_TABLE1[task]
 
 
-def _summary_tables(summaries: list[dict]) -> str:
-    rows = []
-    for s in summaries:
-        hops = " / ".join(f"{v:.3f}" for v in s["acc_hops"].values())
-        rows.append([s["task"], s["preset"], f"{s['step']}/{s['max_steps']}", _fmt(s["acc"]), hops,
-                     _fmt(s["positional"]), _fmt(s["symbolic"]), " / ".join(PAPER_PURE[s["task"]]),
-                     lengthgen_headline(s["lengthgen"]) or "n/a", PAPER_LENGTHGEN[s["task"]]])
-    out = "<h2>Summary</h2>" + _table(
-        ["task", "preset", "step", "test acc", "acc per hop (1 / 2 / ...)", "positional layers", "symbolic layers",
-         "paper pos / sym", "length generalization", "paper"], rows)
-    table1 = [s for s in summaries if s["weighted_id"]]
-    if table1:
-        depth = max(max(len(s["weighted_id"]) for s in table1), 12)
-        rows = [[f"{s['task']} (ours)", *s["weighted_id"], *[""] * (depth - len(s["weighted_id"]))] for s in table1]
-        rows += [[f"{t} (paper)", *_paper_table1(t)] for t in dict.fromkeys(s["task"] for s in table1)]
-        out += ("<h2>Table 1: weighted frequency ID per layer</h2><p>Sum of k w_k / sum of w_k over RoPE planes k, "
-                "w_k = max(largest logit the plane alone contributes, 0), averaged over prompts (posym.core.geometry). "
-                "The paper's models have 12 layers and 64 planes; a quick model has fewer of both.</p>"
-                + _table(["model", *[f"L{k}" for k in range(depth)]], rows))
-    return out
+def _summary(summaries: list[dict]) -> dict:
+    hops = sorted({h for s in summaries for h in s["acc_hops"]})
+    rows = [{"task": s["task"], "preset": s["preset"], "step": f"{s['step']}/{s['max_steps']}", "acc": _fmt(s["acc"]),
+             "hops": [_fmt(s["acc_hops"].get(h)) for h in hops], "positional": _fmt(s["positional"]),
+             "symbolic": _fmt(s["symbolic"]), "paper_pure": " / ".join(PAPER_PURE[s["task"]]),
+             "lengthgen": lengthgen_headline(s["lengthgen"]) or "n/a", "paper_lengthgen": PAPER_LENGTHGEN[s["task"]]}
+            for s in summaries]
+    return {"hops": hops, "rows": rows}
 
 
-def _theory_section(theory_dir: Path, out_dir: Path) -> str:
+def _table1(summaries: list[dict]) -> dict | None:
+    """Table 1 with one column per model and weighting of posym.core.geometry (ours) or per model (the
+    paper's) and one row per layer, every cell
+    'ID (ID / planes)', under rows for the planes and the uniform baseline (planes + 1) / 2."""
+    measured = [s for s in summaries if s["weighted_id"]]
+    if not measured:
+        return None
+    columns = [(f"{s['task']} (ours, {name})", ids, s.get("planes")) for s in measured
+               for name, ids in (s.get("weightings") or {"linear": s["weighted_id"]}).items()]
+    columns += [(f"{t} (paper)", _paper_table1(t), PAPER_PLANES) for t in dict.fromkeys(s["task"] for s in measured)]
+    depth = max(len(ids) for _, ids, _ in columns)
+
+    def cell(value, planes) -> str:
+        return f"{value:g} ({value / planes:.2f})" if planes else f"{value:g}"
+
+    rows = [["planes", *(planes or "n/a" for _, _, planes in columns)],
+            ["uniform (planes + 1) / 2", *(cell((planes + 1) / 2, planes) if planes else "n/a"
+                                           for _, _, planes in columns)]]
+    rows += [[f"L{k}", *(cell(ids[k], planes) if k < len(ids) else "" for _, ids, planes in columns)]
+             for k in range(depth)]
+    return {"models": [name for name, _, _ in columns], "rows": rows}
+
+
+def _theory_section(theory_dir: Path, out_dir: Path) -> dict:
     result = _read_json(theory_dir / "theory.json")
     rows = [[r["head"], r["n0"], f"{r['theta']:.4g}", r["exact"], r["softmax_exact"], f"{r['delta_n0']:.3g}",
              f"{r['bound_n0']:.3g}", f"{r['beta_needed']:.4g}", f"{r['beta_lemma']:.4g}"] for r in result["summary"]]
@@ -228,22 +287,40 @@ def _theory_section(theory_dir: Path, out_dir: Path) -> str:
                      "Delta_Index(n) <= min(1 - cos theta, 2 pi^2 / n^2); "
                      "Delta_Retrieval(n) <= 1 - cos(omega - n theta), "
                      "theta = 0.866 (ID 2) and 0.0027 (ID 42).")
-    return ("<h2>Theory: constructions and discrepancy (Theorems 3.1, 3.2)</h2>" + _table(
-        ["head", "n0", "theta", "exact (hard)", "exact (softmax)", "Delta(n0)", "bound", "beta needed",
-         "beta Lemma F.1"], rows) + f"<p>{html.escape(tasks)}.</p>" + figure)
+    header = ["head", "n0", "theta", "exact (hard)", "exact (softmax)", "Delta(n0)", "bound", "beta needed",
+              "beta Lemma F.1"]
+    return _section("theory", "Theory: constructions and discrepancy (Theorems 3.1, 3.2)", source=theory_dir,
+                    table={"header": header, "rows": rows}, text=f"{tasks}.", items=[figure] if figure else [])
 
 
-def _bench_section(bench_dir: Path, out_dir: Path) -> str:
-    table = (bench_dir / "table.md").read_text(encoding="utf-8")
+def _bench_section(bench_dir: Path, out_dir: Path, k: int) -> dict:
     figure = _figure(bench_dir / "bench", out_dir, "table3-bench", "Table 3 (figure)",
                      "Accuracy of a real model on the 1-hop Appendix H prompts per target-window size, ours with std.",
                      "GPT-5.4, GPT-5.5, Claude Sonnet 3.7 (dashed).")
-    return (f"<h2>Table 3: real models on 1-hop prompts ({html.escape(str(bench_dir))})</h2>"
-            f"<pre>{html.escape(table)}</pre>{figure}")
+    return _section(f"table3-{k}", "Table 3: real models on 1-hop prompts", source=bench_dir,
+                    pre=(bench_dir / "table.md").read_text(encoding="utf-8"), items=[figure] if figure else [])
+
+
+def _provenance(summaries: list[dict]) -> dict[str, str]:
+    """What a reader needs to trust or redo the page: versions, config hashes, seeds, date, machine."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")  # reproducible builds: a fixed date gives identical bytes
+    now = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch
+           else datetime.datetime.now(datetime.timezone.utc))
+    out = {"posym": posym.__version__, "built": now.strftime("%Y-%m-%d %H:%M UTC"),
+           "machine": f"{platform.node()} ({platform.platform()}, {os.cpu_count()} CPUs)"}
+    for s in summaries:
+        m = s.get("manifest") or {}
+        versions = m.get("versions", {})
+        out[f"{s['task']} run"] = (f"config hash {m.get('config_hash', 'n/a')}, seed {m.get('seed', 'n/a')}, "
+                                   f"posym {versions.get('posym', 'n/a')}, torch {versions.get('torch', 'n/a')}, "
+                                   f"trained on {versions.get('platform', 'n/a')}")
+    return out
 
 
 def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "posym report") -> Path:
     """Write out_dir/report.html (self-contained) and out_dir/figures/*.png|svg; return the HTML path."""
+    import jinja2
+
     if not paths:
         raise PosymError("give at least one run, theory or llm-bench directory")
     out_dir, dirs = Path(out_dir), [Path(p) for p in paths]
@@ -258,16 +335,25 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
             sections.append(section)
             summaries.append(summary)
     theory = [p for k, p in kinds if k == "theory"]
-    sections += [_theory_section(p, out_dir) for p in theory] or [
-        '<p class="absent">Fig. 5A and the constructions: absent; run posym theory and pass its directory.</p>']
+    sections += [_theory_section(p, out_dir) for p in theory] or [_section(
+        "theory", "Theory (Theorems 3.1, 3.2)",
+        items=[{"absent": "Fig. 5A and the constructions: absent; run posym theory and pass its directory."}])]
     bench = [p for k, p in kinds if k == "bench"]
-    sections += [_bench_section(p, out_dir) for p in bench] or [
-        '<p class="absent">Table 3 (real models): absent; no llm-bench result was given (run posym llm-bench '
-        "and pass its directory).</p>"]
-    intro = ('<p>Positional versus symbolic attention heads in RoPE transformers: our reproduction of '
-             '<a href="https://arxiv.org/abs/2605.31558">arXiv 2605.31558</a>. Paper reference values are '
-             "quoted beside ours in every caption.</p>")
-    page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{intro}"
-            + (_summary_tables(summaries) if summaries else "") + "\n".join(sections) + "</body></html>\n")
+    sections += [_bench_section(p, out_dir, k) for k, p in enumerate(bench)] or [_section(
+        "table3", "Table 3: real models",
+        items=[{"absent": "Table 3 (real models): absent; no llm-bench result was given (run posym llm-bench "
+                          "and pass its directory)."}])]
+    table1 = _table1(summaries)
+    contents = ([{"id": "provenance", "title": "Provenance", "figures": []}]
+                + ([{"id": "summary", "title": "Summary", "figures": []}] if summaries else [])
+                + ([{"id": "table1", "title": "Table 1: weighted frequency ID per layer", "figures": []}]
+                   if table1 else [])
+                + [{"id": s["id"], "title": s["title"], "figures": [
+                    {"id": item["id"], "title": item["title"]} for item in s["items"] if "id" in item]}
+                   for s in sections])
+    env = jinja2.Environment(loader=jinja2.PackageLoader("posym", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    page = env.get_template("report.html.j2").render(
+        title=title, contents=contents, provenance=_provenance(summaries),
+        summary=_summary(summaries) if summaries else None, table1=table1, sections=sections)
     return io.write_text(out_dir / "report.html", page)

@@ -159,6 +159,17 @@ def _resume_point(run_dir: Path, resumable: list[tuple[int, Path]], model, optim
     raise PosymError(f"cannot resume {run_dir}: {path.relative_to(run_dir)} is damaged ({reason[:120]}); {offer}")
 
 
+LEGACY_DEFAULTS = {"val_size": 0, "precision": "fp32"}
+"""Fields added to TrainConfig after runs existed, with the value that reproduces those runs."""
+
+
+def run_hash(config: TrainConfig) -> str:
+    """The config hash of a run, leaving out LEGACY_DEFAULTS fields at their legacy value, so a run
+    started before a field existed keeps its hash when resumed by newer code."""
+    data = {k: v for k, v in to_dict(config).items() if LEGACY_DEFAULTS.get(k, ...) != v}
+    return io.config_hash(data)
+
+
 def _run_config(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
     """The config of the run: `config` for a new run, the run's config.yaml (which `config`, if given,
     must equal) to resume. Reads only."""
@@ -167,7 +178,7 @@ def _run_config(config: TrainConfig | None, run_dir: Path, resume: bool) -> Trai
         if not config_path.is_file():
             raise PosymError(f"cannot resume: {run_dir} is not a posym run directory (no config.yaml)")
         stored = from_dict(TrainConfig, io.read_yaml(config_path), where=str(config_path))
-        if config is not None and io.config_hash(to_dict(config)) != io.config_hash(to_dict(stored)):
+        if config is not None and run_hash(config) != run_hash(stored):
             raise PosymError(f"cannot resume {run_dir} with a different config than its config.yaml")
         return stored
     if config is None:
@@ -206,7 +217,8 @@ def train(
             return _train(config, run_dir, resume, progress, stop_at, device)
         _run_config(config, run_dir, resume)  # again, under the lock: nobody started it meanwhile
         started = [io.write_yaml(run_dir / "config.yaml", to_dict(config)),
-                   io.write_json(run_dir / "manifest.json", io.manifest(to_dict(config), seed=config.seed))]
+                   io.write_json(run_dir / "manifest.json", {**io.manifest(to_dict(config), seed=config.seed),
+                                                                            "config_hash": run_hash(config)})]
         try:
             return _train(config, run_dir, resume, progress, stop_at, device)
         except BaseException:
@@ -221,7 +233,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
     import pandas as pd
     import torch
 
-    chash = io.config_hash(to_dict(config))
+    chash = run_hash(config)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     task = config.task
@@ -258,6 +270,9 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
 
     def checkpoint(step: int, train_loss: float) -> dict:
         metrics = evaluate(model, task, config.eval_size, config.seed, "test", config.eval_batch_size)
+        if config.val_size:
+            val = evaluate(model, task, config.val_size, config.seed, "val", config.eval_batch_size)
+            metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics = {"step": step, **metrics, "train_loss": train_loss, "time": time.time()}
         previous = list_checkpoints(run_dir)
         with io.atomic_path(run_dir / "checkpoints" / checkpoint_name(step), is_dir=True) as tmp:

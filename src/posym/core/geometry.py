@@ -13,17 +13,27 @@ Definitions (what the numbers in Table 1 / Fig. 8 mean here):
 - max_logit of a channel on one (prompt, query): the largest of those contributions (SPEC 4, the
   paper's "max logit per frequency", Fig. 4C). "use" of a channel = max_logit averaged over all
   (prompt, query) rows.
-- weighted frequency ID of a head = sum_k k * w_k / sum_k w_k with w_k = max(use_k, 0) over the
-  rotary planes only (a plane whose best contribution is negative never attracts attention, so it
-  gets weight 0; the position-free channel has no frequency ID and is reported as `free_use`).
-  The weighted frequency (radians per position) is the same average of theta_k.
+- weighted frequency ID of a head = sum_k k * w_k / sum_k w_k over its P rotary planes k = 1..P (the
+  position-free channel has no frequency ID and is reported as `free_use`). The paper does not
+  define w_k, so every weighting below is reported (`WEIGHTINGS`, columns weighted_id_<name>), each
+  beside the uniform baseline uniform_id = (P + 1) / 2 (what equal weights give) and `planes` = P:
+  - linear: w_k = max(use_k, 0) (column weighted_id too): a plane whose best contribution is
+    negative never attracts attention, so it gets weight 0; every plane with a small positive use
+    pulls the mean toward (P + 1) / 2;
+  - dominant: all weight on the plane of largest use (= dominant_id);
+  - floor: w_k = max(use_k - median_j use_j, 0): only planes used more than the head's median plane
+    count, by their excess, so the flat bulk of weakly used planes drops out;
+  - sharpened: w_k = exp(use_k) / sum_j exp(use_j), a softmax over planes in logit units: the weight
+    each plane would get if the planes competed like keys in attention (equal uses: uniform).
+  The linear weighting also gives weighted_frequency (the same average of theta_k, radians).
 - per-plane scores: each channel scored as its own head (softmax of its own logits, swap scores of
   `posym.core.scores.swap_scores`), the frequency-resolved analysis of 2511.
 
 Public API
 - `plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau=1e-4)`: one row per
   (prompt, query, layer, head, channel) with frequency_id, frequency, s_pos, s_sym, max_logit.
-- `frequency_use(planes)`: per head weighted_id, weighted_frequency, dominant_id, free_use.
+- `frequency_use(planes)`: per head weighted_id (+ every weighting), weighted_frequency, dominant_id,
+  free_use, planes, uniform_id; `weighted_ids(ids, use)` the weightings of one head.
 - `qk_projection(model, input_ids, layer, head, frequency_id)`: one prompt's queries and keys on
   one plane (Fig. 4B), before and after rotation.
 `posym geometry` (loading, Parquet tables, JSON summary, figures) is `posym.commands.geometry`.
@@ -114,11 +124,44 @@ def channel_means(planes):
         s_pos=("s_pos", "mean"), s_sym=("s_sym", "mean"), use=("max_logit", "mean"))
 
 
+WEIGHTINGS = ("linear", "dominant", "floor", "sharpened")
+"""Names of the plane weightings of the weighted frequency ID (defined in the module docstring)."""
+
+
+def plane_weights(use, weighting: str):
+    """w_k [P] of one head's rotary planes from their uses [P] (float64 numpy), unnormalised."""
+    import numpy as np
+
+    use = np.asarray(use, dtype=np.float64)
+    if weighting == "linear":
+        return use.clip(min=0)
+    if weighting == "dominant":
+        return (np.arange(len(use)) == np.argmax(use)).astype(np.float64)
+    if weighting == "floor":
+        return (use - np.median(use)).clip(min=0)
+    if weighting == "sharpened":
+        return np.exp(use - use.max())  # the softmax's shift: same ratios, no overflow
+    raise PosymError(f"unknown weighting {weighting!r}; choose one of {', '.join(WEIGHTINGS)}")
+
+
+def weighted_ids(ids, use) -> dict[str, float]:
+    """{weighting: sum_k ids_k w_k / sum_k w_k} for every name of WEIGHTINGS (NaN where all w_k = 0)."""
+    import numpy as np
+
+    ids = np.asarray(ids, dtype=np.float64)
+    out = {}
+    for name in WEIGHTINGS:
+        w = plane_weights(use, name)
+        out[name] = float(w @ ids / w.sum()) if w.sum() > 0 else float("nan")
+    return out
+
+
 def frequency_use(planes):
-    """Per (layer, head): weighted_id, weighted_frequency, dominant_id and free_use (module docstring).
+    """Per (layer, head): weighted_id (linear) and weighted_id_<name> for each of WEIGHTINGS,
+    weighted_frequency, dominant_id, free_use, planes and uniform_id (module docstring).
 
     planes: rows of `plane_scores` or `channel_means` (a `use` column is taken as already averaged).
-    weighted_id is NaN when no rotary plane has a positive use.
+    A weighted ID is NaN when its weights are all 0 (linear: no rotary plane has a positive use).
     """
     import numpy as np
     import pandas as pd
@@ -126,16 +169,19 @@ def frequency_use(planes):
     means = planes if "use" in planes.columns else channel_means(planes)
     rows = []
     for (layer, head), g in means.groupby(["layer", "head"]):
-        rotary = g[g.frequency_id > 0]
-        w = rotary.use.clip(lower=0).to_numpy()
+        rotary = g[g.frequency_id > 0].sort_values("frequency_id")
+        use = rotary.use.to_numpy()
+        w = plane_weights(use, "linear")
         total = w.sum()
         free = g.use[g.frequency_id == 0]
+        ids = weighted_ids(rotary.frequency_id.to_numpy(), use)
         rows.append({
-            "layer": layer, "head": head,
-            "weighted_id": float(w @ rotary.frequency_id.to_numpy() / total) if total > 0 else float("nan"),
+            "layer": layer, "head": head, "weighted_id": ids["linear"],
+            **{f"weighted_id_{name}": value for name, value in ids.items()},
             "weighted_frequency": float(w @ rotary.frequency.to_numpy() / total) if total > 0 else float("nan"),
-            "dominant_id": int(rotary.frequency_id.to_numpy()[np.argmax(rotary.use.to_numpy())]),
+            "dominant_id": int(rotary.frequency_id.to_numpy()[np.argmax(use)]),
             "free_use": float(free.iloc[0]) if len(free) else float("nan"),
+            "planes": len(rotary), "uniform_id": (len(rotary) + 1) / 2,
         })
     return pd.DataFrame(rows)
 

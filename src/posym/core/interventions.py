@@ -60,10 +60,14 @@ def parse_heads(spec: str, n_layer: int, n_head: int) -> list[Head]:
     return sorted(heads)
 
 
+LABEL_QUERIES = "hops"
+"""Query mode the positional/symbolic labels of ablate and finetune are scored at."""
+
+
 def label_heads(model, task_config, *, n_prompts: int = 100, seed: int = 0, gamma: float = 0.1):
     """`posym.core.scores.summarize_heads` of the model's scores at every hop query of `n_prompts` test
     prompts (the dynamics "hops" mode): one row per (layer, head) with s_pos, s_sym and label."""
-    ids, queries = task_prompts(task_config, n_prompts, seed, queries="hops")
+    ids, queries = task_prompts(task_config, n_prompts, seed, queries=LABEL_QUERIES)
     return summarize_heads(score_model(model, ids, queries), gamma=gamma)
 
 

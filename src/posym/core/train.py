@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal
 
 from posym.core.model import ModelConfig
 from posym.core.tasks import SPLIT_SIZES, TaskConfig, generate
@@ -51,6 +51,11 @@ class TrainConfig:
     """Save (and evaluate) every this many steps; steps 0, 1, 2, 4, 8, ... below it and the final step too."""
     eval_size: int = 2000
     """Test-split samples evaluated at every checkpoint (always the same ones)."""
+    val_size: int = 0
+    """Validation-split samples also evaluated at every checkpoint (columns val_acc, val_loss, ...),
+    from which `--step best` picks the checkpoint, as the authors' trainer keeps its best checkpoint by
+    validation accuracy (presets paper and seed: the whole split, 2,400); 0 = none (runs from before
+    this field; `posym validate` computes them from the checkpoints)."""
     eval_batch_size: int = 1000
     """Sequences per forward pass during evaluation."""
     seed: int = 0
@@ -59,6 +64,9 @@ class TrainConfig:
     """cpu, cuda or auto (cuda when available)."""
     threads: int | None = None
     """torch CPU threads for training; null keeps torch's default."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """fp32, or bf16: forward and loss under torch.autocast(bfloat16) (weights, AdamW moments and
+    evaluation stay fp32; CPUs with AVX-512 BF16/AMX and GPUs); docs/results.md compares the two."""
     keep_trainer_state: bool = False
     """Keep optimizer/RNG state in every checkpoint; by default only the latest keeps it (saves disk)."""
 
@@ -68,6 +76,8 @@ class TrainConfig:
         for name in ("max_steps", "batch_size", "checkpoint_every", "eval_size", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise PosymError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if not 0 <= self.val_size <= SPLIT_SIZES["val"]:
+            raise PosymError(f"val_size must be between 0 and the val split's {SPLIT_SIZES['val']}, got {self.val_size}")
         if self.warmup_steps < 0 or self.lr <= 0 or self.weight_decay < 0:
             raise PosymError("warmup_steps and weight_decay must be >= 0 and lr > 0")
         if self.grad_clip is not None and self.grad_clip <= 0:
@@ -83,7 +93,7 @@ class TrainConfig:
 
 def _paper(task: TaskConfig) -> TrainConfig:
     """SPEC section 2: 12 x 1 head, width 128, AdamW 1e-4, 750 warmup, batch 192, 6,000 steps."""
-    return TrainConfig(preset="paper", task=task, model=ModelConfig())
+    return TrainConfig(preset="paper", task=task, model=ModelConfig(), val_size=SPLIT_SIZES["val"])
 
 
 def _seed(task: TaskConfig) -> TrainConfig:
@@ -91,7 +101,7 @@ def _seed(task: TaskConfig) -> TrainConfig:
     return TrainConfig(
         preset="seed", task=task, model=ModelConfig(n_layer=6, n_head=8, n_embd=128),
         lr=5e-4, betas=[0.9, 0.999], warmup_steps=300, max_steps=4000, batch_size=128,
-        checkpoint_every=250,
+        checkpoint_every=250, val_size=SPLIT_SIZES["val"],
     )
 
 
@@ -109,7 +119,7 @@ def _quick(task: TaskConfig) -> TrainConfig:
         # exact GELU: faster than gelu_new on CPU
         model=ModelConfig(n_layer=8, n_head=1, n_embd=64, activation="gelu", dropout=0.1),
         lr=1e-3, betas=[0.9, 0.999], warmup_steps=100, max_steps=steps, batch_size=64,
-        checkpoint_every=250, eval_size=1000, threads=1,  # one thread: these matrices are too small to split
+        checkpoint_every=250, eval_size=1000, val_size=1000, threads=1,  # one thread: these matrices are too small to split
     )
 
 
@@ -207,10 +217,23 @@ def optimizer_update(model, optimizer, config: TrainConfig, step: int, loss):
 
 
 def train_step(model, optimizer, config: TrainConfig, step: int, ids, answer):
-    """One optimizer update on a batch ([B, seq] ids, [B] answers); returns the (detached) loss."""
+    """One optimizer update on a batch ([B, seq] ids, [B] answers); returns the (detached) loss.
+
+    With precision bf16 the forward pass and the loss run under bfloat16 autocast (matmuls in bf16,
+    softmax/LayerNorm/cross-entropy in fp32, as torch's autocast lists say); the backward pass
+    follows the forward's dtypes and AdamW updates the fp32 weights. No loss scaling: bf16 has fp32's
+    exponent range.
+    """
+    import contextlib
+
+    import torch
     import torch.nn.functional as F
 
-    return optimizer_update(model, optimizer, config, step, F.cross_entropy(last_logits(model, ids), answer))
+    autocast = (torch.autocast(ids.device.type, dtype=torch.bfloat16) if config.precision == "bf16"
+                else contextlib.nullcontext())
+    with autocast:
+        loss = F.cross_entropy(last_logits(model, ids).float(), answer)
+    return optimizer_update(model, optimizer, config, step, loss)
 
 
 def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):

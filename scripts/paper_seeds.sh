@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The paper's study at its own scale over seeds (issue 18; docs/results.md, "How to finish the
+# paper-scale study"): the `paper` preset to step 6,000 with checkpoints every 250 for seeds 0, 1, 2
+# on both tasks (six runs) and the `seed` preset (6 layers x 8 heads) once per task, then per run:
+#   validate                 validation accuracy per checkpoint, best step by validation
+#   dynamics                 scores per checkpoint, all hops and per pointer role, purity, Fig. 2/6/7
+#   geometry                 per-plane use, Table 1 under every weighting (last checkpoint)
+#   lengthgen                480 questions per length up to 2,048 tokens, at the last checkpoint
+#   lengthgen --step best    the same at the best checkpoint by validation (paper preset runs)
+#   discrepancy              top-1 minus top-2 logit by length (paper preset runs)
+# then `posym theory` once and one report per seed.
+#
+# Idempotent and resumable: a run with a config.yaml is resumed from its latest checkpoint (never
+# restarted), a finished run is not touched, and an analysis whose output file exists is skipped.
+# Kill it at any time and run the same command again. Run directories are RUNS/paper-s<seed>/<task>
+# and RUNS/seed-s0/<task>, the layout of the lead's ~/posym-runs/paper-s0/{number,letter}, whose
+# runs (started before val_size existed) it resumes as they are: their validation accuracy is
+# computed from the checkpoints by `posym validate`. Keep RUNS outside the work tree.
+#
+# Usage: bash scripts/paper_seeds.sh RUNS [cpu|cuda] [STOP_AT]
+#   cpu (default): JOBS trainings at a time (default 2, one thread each), analyses after all.
+#   cuda: all eight trainings at once on the one GPU (small models: minutes), then the analyses.
+#   STOP_AT: train every run only up to this step in this session and stop (CPU pieces: e.g. 1500,
+#            3000, 4500, then without STOP_AT to finish and analyse); the schedule stays the 6,000-step one.
+# Environment: POSYM (command, default "python3 -m posym.cli" on this checkout's src/), JOBS,
+# PRECISION (fp32 default; bf16 autocast for new runs only, see docs/results.md), SEEDS (default
+# "0 1 2"), N (questions per length, 480), LENGTHS, TRAIN_EXTRA (YAML lines added to both presets'
+# config files, e.g. for a smoke test: 'max_steps: 8' -- the paper study itself leaves it empty).
+# On the GPU machine, carry the pinned transformers wheel as scripts/paper_gpu.sh explains (.whl/).
+set -euo pipefail
+RUNS=${1:?usage: scripts/paper_seeds.sh RUNS [cpu|cuda] [STOP_AT]}; DEVICE=${2:-cpu}; STOP_AT=${3:-}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/transformers ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$ROOT"/.whl/*.whl
+fi
+[ -d /tmp/site/transformers ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$ROOT/src${PYTHONPATH:+:$PYTHONPATH} OMP_WAIT_POLICY=PASSIVE PYTHONUNBUFFERED=1
+POSYM=${POSYM:-python3 -m posym.cli}; JOBS=${JOBS:-2}; PRECISION=${PRECISION:-fp32}; SEEDS=${SEEDS:-0 1 2}
+N=${N:-480}; LENGTHS=${LENGTHS:-17,34,51,68,128,256,512,850,1024,2048}; TRAIN_EXTRA=${TRAIN_EXTRA:-}
+mkdir -p "$RUNS/logs"
+threads=$([ "$DEVICE" = cuda ] && echo null || echo 1)
+for preset in paper seed; do  # the paper preset checkpoints every 500 by default; the study wants 250
+  { [ $preset = paper ] && echo "checkpoint_every: 250"
+    printf 'threads: %s\nprecision: %s\ndevice: %s\n%s\n' "$threads" "$PRECISION" "$DEVICE" "$TRAIN_EXTRA"
+  } > "$RUNS/$preset.yaml"
+done
+
+progress() {  # "<latest checkpoint step> <max_steps>" of a run directory ("-1 0" before it exists)
+  python3 - "$1" <<'EOF'
+import sys
+from pathlib import Path
+import yaml
+from posym.loading import list_checkpoints
+run = Path(sys.argv[1])
+if not (run / "config.yaml").is_file():
+    print(-1, 0)
+else:
+    done = list_checkpoints(run)
+    print(done[-1][0] if done else -1, yaml.safe_load((run / "config.yaml").read_text())["max_steps"])
+EOF
+}
+
+train_run() {  # preset seed task: start or resume one run up to STOP_AT (or the end)
+  local preset=$1 seed=$2 task=$3 dir="$RUNS/$1-s$2/$3" log="$RUNS/logs/train-$1-s$2-$3.log"
+  read -r latest max_steps < <(progress "$dir")
+  local target=${STOP_AT:-$max_steps}
+  if [ "$latest" -ge 0 ] && { [ "$latest" -ge "$max_steps" ] || [ "$latest" -ge "$target" ]; }; then
+    return 0  # finished, or already at this session's stop
+  fi
+  if [ "$latest" -ge 0 ] || [ -f "$dir/config.yaml" ]; then
+    $POSYM train --resume "$dir" ${STOP_AT:+--stop-at "$STOP_AT"} --no-progress >> "$log" 2>&1
+  else
+    $POSYM train --preset "$preset" --task "$task" --seed "$seed" --config "$RUNS/$preset.yaml" --out "$dir" \
+      ${STOP_AT:+--stop-at "$STOP_AT"} --no-progress >> "$log" 2>&1
+  fi
+}
+
+RUN_LIST=()
+for seed in $SEEDS; do for task in number letter; do RUN_LIST+=("paper $seed $task"); done; done
+RUN_LIST+=("seed 0 number" "seed 0 letter")
+
+# ---- training: all runs (on CPU JOBS at a time) ------------------------------------------------------
+width=$([ "$DEVICE" = cuda ] && echo "${#RUN_LIST[@]}" || echo "$JOBS")
+for spec in "${RUN_LIST[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$width" ]; do wait -n || true; done
+  train_run $spec &
+done
+status=0
+for pid in $(jobs -rp); do wait "$pid" || status=1; done
+[ "$status" = 0 ] || { echo "a training failed; see $RUNS/logs/train-*.log" >&2; exit 1; }
+if [ -n "$STOP_AT" ]; then
+  echo "every run is at step $STOP_AT (or finished); run again without STOP_AT to finish and analyse"
+  exit 0
+fi
+
+# ---- analyses: each stage skipped when its output exists ---------------------------------------------
+stage() {  # output-file log-name command...
+  local output=$1 log="$RUNS/logs/$2.log"; shift 2
+  [ -e "$output" ] && return 0
+  "$@" > "$log" 2>&1
+}
+analyse() {  # preset seed task
+  local dir="$RUNS/$1-s$2/$3" name="$1-s$2-$3"
+  stage "$dir/validation.json" "validate-$name" $POSYM validate "$dir" --device "$DEVICE"
+  stage "$dir/analysis/dynamics.json" "dynamics-$name" $POSYM dynamics "$dir"
+  stage "$dir/analysis/geometry.json" "geometry-$name" $POSYM geometry "$dir" --device "$DEVICE"
+  if [ "$1" = paper ]; then
+    stage "$dir/lengthgen/lengthgen.json" "lengthgen-$name" $POSYM lengthgen "$dir" --n "$N" --lengths "$LENGTHS" \
+      --device "$DEVICE"
+    stage "$dir/lengthgen-best/lengthgen.json" "lengthgen-best-$name" $POSYM lengthgen "$dir" --step best --n "$N" \
+      --lengths "$LENGTHS" --device "$DEVICE" --out "$dir/lengthgen-best"
+    stage "$dir/discrepancy/discrepancy.json" "discrepancy-$name" $POSYM discrepancy "$dir" --lengths "$LENGTHS" \
+      --device "$DEVICE"
+  else  # the seed summary's protocol: 1x-4x the training length, retention
+    stage "$dir/lengthgen/lengthgen.json" "lengthgen-$name" $POSYM lengthgen "$dir" --protocol seed --n "$N" \
+      --device "$DEVICE"
+  fi
+}
+for spec in "${RUN_LIST[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$width" ]; do wait -n || true; done
+  analyse $spec &
+done
+status=0
+for pid in $(jobs -rp); do wait "$pid" || status=1; done
+[ "$status" = 0 ] || { echo "an analysis failed; see $RUNS/logs/" >&2; exit 1; }
+stage "$RUNS/theory/theory.json" theory $POSYM theory --out "$RUNS/theory"
+for seed in $SEEDS; do
+  stage "$RUNS/report-s$seed/report.html" "report-s$seed" $POSYM report "$RUNS/paper-s$seed/number" \
+    "$RUNS/paper-s$seed/letter" "$RUNS/theory" --out "$RUNS/report-s$seed" --title "posym: paper preset, seed $seed"
+done
+echo "done: per-run outputs under $RUNS/*/*/{analysis,lengthgen,lengthgen-best,discrepancy}, reports $RUNS/report-s*"

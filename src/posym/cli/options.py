@@ -1,0 +1,169 @@
+"""The command line's shared vocabulary: choice types, the options every command spells the same way,
+and list options.
+
+Conventions (checked by tests/test_cli_conventions.py):
+- the model or run a command reads is the positional PATH (a run directory, one of its checkpoints,
+  or a Hugging Face model directory); `--step S` picks a checkpoint of a run (default: the latest);
+- `--n` is how many prompts, sequences or questions a command draws; `--seed` seeds them;
+- `--device` is auto (cuda when available), cpu or cuda, default auto;
+- fixed choices are enums, so `--help` lists them and shell completion offers them;
+- a list option accepts comma-separated values, repeated flags, or both (`--lengths 17,34
+  --lengths 68`); where every value is itself a set of heads (ablate --heads, finetune --freeze)
+  each repetition is one condition and commas join the heads inside it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Callable, Optional
+
+import typer
+
+from posym.errors import PosymError
+
+
+class Device(enum.StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Task(enum.StrEnum):
+    number = "number"
+    letter = "letter"
+
+
+class Precision(enum.StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class Queries(enum.StrEnum):
+    last = "last"
+    hops = "hops"
+    all = "all"
+
+
+class Preset(enum.StrEnum):
+    quick = "quick"
+    seed = "seed"
+    paper = "paper"
+
+
+class Split(enum.StrEnum):
+    train = "train"
+    val = "val"
+    test = "test"
+
+
+class Format(enum.StrEnum):
+    parquet = "parquet"
+    jsonl = "jsonl"
+    npz = "npz"
+
+
+class Compare(enum.StrEnum):
+    probs = "probs"
+    logits = "logits"
+
+
+class Protocol(enum.StrEnum):
+    paper = "paper"
+    seed = "seed"
+    both = "both"
+
+
+class Dtype(enum.StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class OnOff(enum.StrEnum):
+    off = "off"
+    on = "on"
+
+
+class OnOffBoth(enum.StrEnum):
+    off = "off"
+    on = "on"
+    both = "both"
+
+
+class Exactness(enum.StrEnum):
+    pruned = "pruned"
+    dense = "dense"
+
+
+class AblationMode(enum.StrEnum):
+    zero = "zero"
+    mean = "mean"
+
+
+class Focus(enum.StrEnum):
+    last = "last"
+    name = "name"
+
+
+# ---- the options spelled the same way everywhere ----------------------------------------------------
+
+PATH_HELP = ("A posym run directory (latest checkpoint unless --step) or one of its checkpoint directories")
+
+
+def path_argument(help: str = PATH_HELP + ".", default=...):
+    """The positional PATH of the model or run a command reads."""
+    return typer.Argument(default, metavar="PATH", show_default=False, help=help)
+
+
+def step_option():
+    return typer.Option(None, "--step", metavar="STEP|best", help="Checkpoint step of a run directory (default: "
+                        "the latest), or best: the best by validation accuracy (posym validate).")
+
+
+def n_option(default: int, what: str):
+    """`--n`: how many prompts, sequences or questions."""
+    return typer.Option(default, "--n", min=1, help=what)
+
+
+def device_option(what: str = ""):
+    return typer.Option(Device.auto, "--device", help="auto (cuda when available), cpu or cuda" + what + ".")
+
+
+def device_of(device: Device) -> str:
+    """The torch device an --device value names ('auto' resolved)."""
+    from posym.core.model import resolve_device
+
+    return resolve_device(str(device))
+
+
+# ---- list options ---------------------------------------------------------------------------------
+
+
+def list_option(default: Optional[list[str]], help: str, *, choices: type[enum.Enum] | None = None,
+                name: str | None = None, item: str = "N"):
+    """A list option that accepts comma-separated values and repeated flags alike (parse with `values`)."""
+    metavar = ("|".join(c.value for c in choices) if choices else item) + "[,...]"
+    complete = (lambda incomplete: [c.value for c in choices if c.value.startswith(incomplete)]) if choices else None
+    decls = (name,) if name else ()
+    return typer.Option(default, *decls, metavar=metavar, help=help,
+                        autocompletion=complete, show_default=bool(default))
+
+
+def values(given: Optional[list[str]], kind: Callable = str, *, option: str,
+           choices: type[enum.Enum] | None = None) -> list:
+    """Flatten repeated and comma-separated values ('1,2' '3' -> [1, 2, 3]); bad items are PosymErrors."""
+    items = [item.strip() for text in given or [] for item in str(text).split(",") if item.strip()]
+    if choices is not None:
+        allowed = [c.value for c in choices]
+        bad = [item for item in items if item not in allowed]
+        if bad:
+            raise PosymError(f"{option} takes {', '.join(allowed)}; got {bad[0]!r}")
+    try:
+        return [kind(item) for item in items]
+    except ValueError:
+        raise PosymError(f"cannot read {', '.join(given)!r} as {option} values ({kind.__name__})") from None
+
+
+def announce(source, step, queries) -> str:
+    """The line every scoring or analysing command prints: which checkpoint and query mode it used."""
+    where = f"step {step} of {source}" if step is not None else str(source)
+    return f"checkpoint: {where}; queries: {queries}"

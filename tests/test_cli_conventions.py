@@ -1,0 +1,148 @@
+"""Every command speaks the command line's one vocabulary (posym.cli.options; docs/cli.md), checked by
+walking each command's Click parameters, so a command added later is held to it too."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from posym.cli import app, main
+
+GROUP = typer.main.get_command(app)
+COMMANDS = sorted(GROUP.commands)
+READS_A_MODEL = {"score", "eval", "dynamics", "geometry", "lengthgen", "discrepancy", "ablate", "finetune",
+                 "llm-scores", "llm-bench", "convert"}
+"""Commands whose input is a model or run: it is the positional PATH."""
+CHOICE_OPTIONS = {"--task", "--queries", "--query", "--device", "--preset", "--split", "--format", "--compare",
+                  "--protocol", "--dtype", "--markers", "--mode", "--exact"}
+"""Options with a fixed set of values: help and completion must list them."""
+INTERNAL_WORDS = ("SPEC", "seed summary", "2511 variant")
+
+
+def options(name: str) -> list:
+    # typer bundles its own click: tell options from arguments by kind, not by class
+    return [p for p in GROUP.commands[name].params if p.param_type_name == "option"]
+
+
+def option_names(param) -> list[str]:
+    return [*param.opts, *param.secondary_opts]
+
+
+def help_text(name: str) -> str:
+    result = CliRunner().invoke(app, [name, "--help"], terminal_width=100)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_commands_are_known():
+    # the walk below covers what the app registers; a missing command here would mean a broken import
+    assert {"score", "train", "run", "report", "sweep"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(READS_A_MODEL & set(GROUP.commands)))
+def test_model_or_run_is_the_positional_path(name):
+    arguments = [p for p in GROUP.commands[name].params if p.param_type_name == "argument"]
+    assert arguments and arguments[0].name == "path" and arguments[0].metavar == "PATH", name
+    assert not {"--model", "--run", "--run-dir", "--model-dir", "--checkpoint"} & {
+        n for p in options(name) for n in option_names(p)}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_one_name_per_meaning(name):
+    names = [n for p in options(name) for n in option_names(p)]
+    # counts of prompts / sequences / questions are --n; optimizer steps are --train-steps, --step a checkpoint
+    assert not [n for n in names if re.fullmatch(r"--(n-\w.*|num.*|n-prompts|count|steps)", n)], names
+    step = [p for p in options(name) if "--step" in p.opts]
+    if step:
+        assert "Checkpoint step" in (step[0].help or "")
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_device_defaults_to_auto(name):
+    for param in options(name):
+        if "--device" in param.opts:
+            default = param.default.value if hasattr(param.default, "value") else param.default
+            # None only where a config file may set it; the help says the fallback is auto
+            assert default == "auto" or (default is None and "else auto" in param.help), name
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_choices_are_declared(name):
+    for param in options(name):
+        if set(param.opts) & CHOICE_OPTIONS:
+            shown = param.get_help_record(typer.Context(GROUP.commands[name]))[0]
+            assert "|" in shown, (name, param.opts, shown)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_list_options_take_commas_and_repeats(name):
+    for param in options(name):
+        if param.multiple and param.metavar != "HEADS":  # HEADS: one condition per repetition
+            assert param.metavar and param.metavar.endswith("[,...]"), (name, param.opts)
+        if not param.multiple:
+            assert "comma-separated" not in (param.help or "").lower(), (name, param.opts)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_reads_cleanly(name):
+    text = help_text(name)
+    usage = text.splitlines()[0]
+    assert "{" not in usage and "}" not in usage, usage
+    assert "<bool>" not in text
+    assert not [w for w in INTERNAL_WORDS if w in text], name
+
+
+def test_version(capsys, monkeypatch):
+    import posym
+
+    monkeypatch.setattr(sys, "argv", ["posym", "--version"])
+    try:
+        main()
+    except SystemExit as stop:
+        assert stop.code in (0, None)
+    assert capsys.readouterr().out.strip() == f"posym {posym.__version__}"
+
+
+def test_sweep_without_ray_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an install without the [sweep] extra looks like
+    monkeypatch.setattr(sys, "argv", ["posym", "sweep", str(tmp_path / "sweep.yaml")])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("posym: error: ") and "posym-rope[sweep]" in err
+
+
+def test_lists_accept_commas_and_repeats():
+    from posym.cli.options import Task, values
+    from posym.errors import PosymError
+
+    assert values(["17,34", "68"], int, option="--lengths") == [17, 34, 68]
+    assert values(["number", "letter"], option="--task", choices=Task) == ["number", "letter"]
+    with pytest.raises(PosymError, match="--task takes number, letter"):
+        values(["number,word"], option="--task", choices=Task)
+    with pytest.raises(PosymError, match="--lengths"):
+        values(["17,x"], int, option="--lengths")
+
+
+def test_documented_options_exist():
+    """Every `posym COMMAND ... --option` in the README, docs, scripts and examples names a real option
+    of that command, so a rename cannot leave the documentation behind."""
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    files = [root / "README.md", *(root / "docs").glob("*.md"), *(root / "scripts").glob("*.sh"),
+             *(root / "examples").glob("*.yaml")]
+    known = {name: {n for p in options(name) for n in option_names(p)} | {"--help"} for name in COMMANDS}
+    wrong = []
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            for command, rest in re.findall(r"(?:posym|\$POSYM|posym\.cli) ([a-z-]+)((?:(?!posym ).)*)", line):
+                if command in known:
+                    wrong += [f"{path.name}: posym {command} {flag}" for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
+                              if flag not in known[command]]
+    assert not wrong, wrong
