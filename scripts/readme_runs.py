@@ -1,0 +1,137 @@
+"""Run every ```bash block of README.md and docs/*.md, in order, in a scratch copy of the repository.
+
+The README is the manual: each of its shell examples must run as written. This script copies the
+tracked files of the repository into a scratch directory, then runs each block there with
+`bash -e -o pipefail` (README.md first, then docs/*.md by name), printing file:line, exit code and
+seconds per block, and exits 1 if any block exited non-zero (0 when all ran or were skipped).
+
+Markers (an HTML comment on the line before the fence, invisible on GitHub):
+    <!-- readme-runs: skip (needs a GPU) -->      never run here; the reason is printed
+    <!-- readme-runs: slow (trains 6,000 steps) --> skipped when POSYM_README_FAST=1, run otherwise
+POSYM_README_FAST=1 (the README's "Install, run, test" section names it) is the only way to shorten a
+run: the text of a block is never edited.
+
+    python scripts/readme_runs.py [--scratch DIR] [--stop] [--timeout S] [FILE.md ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"<!--\s*readme-runs:\s*(skip|slow)\s*\((.+?)\)\s*-->")
+FAST_ENV = "POSYM_README_FAST"
+
+
+@dataclass
+class Block:
+    """One ```bash block: where it starts, its text and its marker (if any)."""
+
+    path: str  # as printed (relative to the repository)
+    line: int  # 1-based line of the opening fence
+    text: str
+    marker: str | None = None  # "skip" / "slow"
+    reason: str = ""
+
+
+def extract_blocks(markdown: str, path: str) -> list[Block]:
+    """The ```bash blocks of one Markdown text, with the marker on the last non-blank line above each."""
+    blocks, lines, i = [], markdown.splitlines(), 0
+    while i < len(lines):
+        if lines[i].strip() == "```bash":
+            start, body = i, []
+            i += 1
+            while i < len(lines) and lines[i].strip() != "```":
+                body.append(lines[i])
+                i += 1
+            above = next((lines[k] for k in range(start - 1, -1, -1) if lines[k].strip()), "")
+            found = MARKER.search(above)
+            blocks.append(Block(path, start + 1, "\n".join(body) + "\n",
+                                found.group(1) if found else None, found.group(2) if found else ""))
+        i += 1
+    return blocks
+
+
+def default_files(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def scratch_copy(root: Path, scratch: Path) -> None:
+    """The tracked files of the repository (what a clean clone has), copied into scratch."""
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=True)
+    for name in listed.stdout.decode().split("\0"):
+        if name and (root / name).is_file():
+            (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, scratch / name)
+
+
+def block_env(scratch: Path) -> dict[str, str]:
+    """The environment of every block: the scratch copy's sources first on PYTHONPATH, and a `posym`
+    command on PATH (a `python -m posym` shim where posym is not installed as a console script)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(scratch / "src"), os.environ.get("PYTHONPATH")])))
+    if shutil.which("posym") is None:
+        shim = scratch / ".readme-runs-bin"
+        shim.mkdir(exist_ok=True)
+        (shim / "posym").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m posym "$@"\n')
+        (shim / "posym").chmod(0o755)
+        env["PATH"] = f"{shim}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def run_blocks(blocks: list[Block], scratch: Path, *, fast: bool, stop: bool = False,
+               timeout: float | None = None, out=sys.stdout) -> list[Block]:
+    """Run the blocks in order in scratch; returns those that failed (non-zero exit or timeout)."""
+    env, failed = block_env(scratch), []
+    for block in blocks:
+        where = f"{block.path}:{block.line}"
+        if block.marker == "skip" or (block.marker == "slow" and fast):
+            print(f"SKIP {where} ({block.reason})", file=out, flush=True)
+            continue
+        print(f"RUN  {where}\n{block.text}", end="", file=out, flush=True)
+        start = time.perf_counter()
+        try:
+            code = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.text], cwd=scratch, env=env,
+                                  timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        print(f"{'ok  ' if code == 0 else 'FAIL'} {where} exit {code}, {time.perf_counter() - start:.1f} s",
+              file=out, flush=True)
+        if code != 0:
+            failed.append(block)
+            if stop:
+                break
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default README.md, docs/*.md)")
+    parser.add_argument("--scratch", type=Path, help="scratch directory (default a new temporary one, kept)")
+    parser.add_argument("--stop", action="store_true", help="stop at the first failing block")
+    parser.add_argument("--timeout", type=float, help="seconds allowed per block")
+    args = parser.parse_args(argv)
+    files = args.files or default_files()
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="posym-readme-runs-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    scratch_copy(ROOT, scratch)
+    blocks = [b for f in files for b in extract_blocks(f.read_text(), os.path.relpath(f, ROOT))]
+    fast = os.environ.get(FAST_ENV) == "1"
+    print(f"{len(blocks)} blocks from {len(files)} files in {scratch}{' (' + FAST_ENV + '=1)' if fast else ''}")
+    start = time.perf_counter()
+    failed = run_blocks(blocks, scratch, fast=fast, stop=args.stop, timeout=args.timeout)
+    print(f"{len(failed)} failed of {len(blocks)} blocks, {time.perf_counter() - start:.0f} s wall"
+          + "".join(f"\n  {b.path}:{b.line}" for b in failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

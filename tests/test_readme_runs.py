@@ -1,0 +1,77 @@
+"""scripts/readme_runs.py: every shell block of the README and docs runs as written (slow), and the
+checker itself fails on a broken example and honours its skip markers (fast, throwaway Markdown)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from readme_runs import extract_blocks, run_blocks  # noqa: E402
+
+THROWAWAY = """# demo
+
+```bash
+echo one > made.txt
+```
+
+<!-- readme-runs: skip (needs a GPU) -->
+```bash
+nvidia-smi --this-would-fail
+```
+
+<!-- readme-runs: slow (long) -->
+```bash
+exit 7
+```
+
+```bash
+test -f made.txt
+posym --this-option-does-not-exist
+echo never reached
+```
+"""
+
+
+def test_extract_blocks_reads_markers_and_lines():
+    blocks = extract_blocks(THROWAWAY, "demo.md")
+    assert [b.line for b in blocks] == [3, 8, 13, 17]
+    assert [(b.marker, b.reason) for b in blocks] == [(None, ""), ("skip", "needs a GPU"), ("slow", "long"), (None, "")]
+    assert blocks[3].text.splitlines()[1] == "posym --this-option-does-not-exist"
+
+
+def test_a_broken_example_fails_and_skips_say_why(tmp_path):
+    out = io.StringIO()
+    failed = run_blocks(extract_blocks(THROWAWAY, "demo.md"), tmp_path, fast=True, out=out)
+    log = out.getvalue()
+    assert [b.line for b in failed] == [17]  # the bad posym option; the earlier file-creating block ran
+    assert "SKIP demo.md:8 (needs a GPU)" in log and "SKIP demo.md:13 (long)" in log
+    assert "FAIL demo.md:17 exit 2" in log
+
+
+def test_slow_blocks_run_without_the_fast_variable(tmp_path):
+    failed = run_blocks(extract_blocks(THROWAWAY, "demo.md"), tmp_path, fast=False, out=io.StringIO())
+    assert [b.line for b in failed] == [13, 17]
+
+
+def test_the_script_exits_1_on_a_broken_file(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(THROWAWAY)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_runs.py"), "--scratch", str(tmp_path / "s"),
+                           str(page)], capture_output=True, text=True, env=dict(os.environ, POSYM_README_FAST="1"))
+    assert done.returncode == 1 and "1 failed of 4 blocks" in done.stdout
+
+
+@pytest.mark.slow
+def test_every_readme_and_docs_block_runs(tmp_path):
+    """The acceptance run: README.md then docs/*.md, quick preset, POSYM_README_FAST=1."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_runs.py"), "--scratch", str(tmp_path)],
+                          capture_output=True, text=True, env=dict(os.environ, POSYM_README_FAST="1"))
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
