@@ -171,8 +171,9 @@ def geometry_command(
 
     io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
-    job = geometry.prepare(path, step=checkpoint_step(path, step, device_of(device)), n_prompts=n, seed=seed, prompts=prompts, queries=queries and str(queries),
-                           tau=tau, device=device_of(device), out=out)
+    device = device_of(device)
+    job = geometry.prepare(path, step=checkpoint_step(path, step, device), n_prompts=n, seed=seed, prompts=prompts,
+                           queries=queries and str(queries), tau=tau, device=device, out=out)
     print(announce(path, job["settings"]["step"], queries or "the file's (else last)"))
     bar, advance = progress_bar(len(job["input_ids"]), "scoring planes")
     with bar:
@@ -276,10 +277,11 @@ def lengthgen_command(
     config = lengthgen.LengthGenConfig(lengths=values(lengths, int, option="--lengths"),
                                        factors=values(factors, int, option="--factors"), protocol=str(protocol),
                                        n=n, seed=seed, max_tokens=max_tokens, device=device_of(device))
+    step = checkpoint_step(run_dir, step, config.device)
     out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True)
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
-        result = lengthgen.run_lengthgen(run_dir, config, out, step=checkpoint_step(run_dir, step, device_of(device)),
+        result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
                                          progress=lambda done, total: bar.update(job, completed=done, total=total))
     print(announce(result["checkpoint"], result["step"], "last (the answer token)"))
     table = result["table"]
@@ -324,11 +326,12 @@ def discrepancy_command(
 
     io.check_output(out, inputs=[path, prompts], is_dir=True)
     hf_logging.disable_progress_bar()
+    device = device_of(device)
     with Progress(transient=True) as bar:
         job = bar.add_task("measuring gaps (prompts)", total=None)
         result = discrepancy.run_discrepancy(
-            path, out, step=checkpoint_step(path, step, device_of(device)), lengths=values(lengths, int, option="--lengths") or None, n=n, seed=seed,
-            prompts=prompts, queries=queries and str(queries), max_tokens=max_tokens, device=device_of(device),
+            path, out, step=checkpoint_step(path, step, device), lengths=values(lengths, int, option="--lengths") or None,
+            n=n, seed=seed, prompts=prompts, queries=queries and str(queries), max_tokens=max_tokens, device=device,
             progress=lambda k: bar.advance(job, k))
     print(announce(result["settings"]["model"], result["settings"]["step"], queries or "the file's (else last)"))
     summary = result["summary"]

@@ -197,10 +197,11 @@ def ablate_command(
     hf_logging.disable_progress_bar()
     out = io.check_output(out or Path(path) / "ablation", inputs=[path], is_dir=True)
     io.check_output(save, inputs=[path], is_dir=True, option="--save")
+    device = device_of(device)
     with Status("scoring heads") as status:
         result = run_ablation(path, heads, out, modes=tuple(values(mode, option="--mode", choices=AblationMode)),
-                              step=checkpoint_step(path, step, device_of(device)), factors=values(factors, int, option="--factors"), n=n, seed=seed,
-                              n_prompts=label_prompts, gamma=gamma, save=save, device=device_of(device),
+                              step=checkpoint_step(path, step, device), factors=values(factors, int, option="--factors"),
+                              n=n, seed=seed, n_prompts=label_prompts, gamma=gamma, save=save, device=device,
                               progress=lambda text: status.update(f"evaluating {text}"))
     console = Console()
     console.print(announce(result["checkpoint"], result["step"], f"{result['queries']} (the labels)"))
@@ -241,10 +242,11 @@ def finetune_command(
 
     hf_logging.disable_progress_bar()
     out = io.check_output(out or Path(path) / "finetune", inputs=[path], is_dir=True)
+    device = device_of(device)
     with Status("scoring heads") as status:
-        result = run_finetune(path, freeze, out, step=checkpoint_step(path, step, device_of(device)), steps=train_steps, lr=lr,
+        result = run_finetune(path, freeze, out, step=checkpoint_step(path, step, device), steps=train_steps, lr=lr,
                               factors=values(factors, int, option="--factors"), n=n, seed=seed, gamma=gamma,
-                              save_models=save_models, device=device_of(device),
+                              save_models=save_models, device=device,
                               progress=lambda text: status.update(text))
     costs = {k: [f"{c['steps_per_s']:.1f}", f"{c['trainable_params']:,}", str(c["frozen_unchanged"])]
              for k, c in result["costs"].items()}

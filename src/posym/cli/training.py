@@ -118,9 +118,11 @@ def eval_command(
     from posym.commands import train
 
     io.check_output(out, inputs=[path])
-    rows = train.evaluate_checkpoint(path, step=checkpoint_step(path, step, device_of(device)), task=task and str(task), n=n, seed=seed, split=str(split),
+    device = device_of(device)
+    rows = train.evaluate_checkpoint(path, step=checkpoint_step(path, step, device), task=task and str(task), n=n,
+                                     seed=seed, split=str(split),
                                      extra_targets=values(extra_target, int, option="--extra-target") or [0],
-                                     device=device_of(device))
+                                     device=device)
     print(announce(rows[0]["checkpoint"], rows[0].get("step"), "last (the answer token)"))
     table = Table(title=f"{rows[0]['task']} task, {rows[0]['checkpoint']}")
     keys = [k for k in rows[0] if k in ("extra_target", "seq_len", "loss") or k.startswith("acc")]
