@@ -26,7 +26,7 @@ def gguf_path() -> Path | None:
 
 
 def load_smollm2():
-    """(model, tokenizer) in float32, eval mode, eager attention, through `posym.sources` (which reads
+    """(model, tokenizer) in float32, eval mode, SDPA attention, through `posym.sources` (which reads
     the GGUF once per process, so every test file shares one dequantization)."""
     from posym import sources
 

@@ -160,7 +160,7 @@ def test_planes_match_the_loop_reference(models, kind, tmp_path):
     channel's swap-by-swap reference scores and largest logit; the channels sum to HF's own logits."""
     from posym.core.qk import head_qk, rotate
 
-    loaded = sources.load(models[kind], device="cpu")
+    loaded = sources.load(models[kind], device="cpu", attn_implementation="eager")  # reads weights
     prompts, chosen, tau = llm.binding_prompts(2, seed=7), [(1, 3), (0, 1), (1, 0)], 1e-2
     llm.write_scores(loaded, prompts, tmp_path, query="name", heads=chosen, tau=tau, settings={"seed": 0})
     planes = pd.read_parquet(tmp_path / "planes.parquet")

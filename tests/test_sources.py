@@ -104,6 +104,31 @@ def test_gguf_header_reads_the_architecture_and_refuses_truncation(tmp_path):
         gguf_files.gguf_model_type(_gguf(tmp_path / "odd.gguf", "no-such-arch"))
 
 
+def test_gguf_load_prints_no_per_tensor_bar_and_restores_it(tmp_path, monkeypatch, capfd):
+    """transformers' GGUF reader draws a tqdm bar per file that disable_progress_bar does not silence; posym
+    turns it off while it loads (the bar would garble the CLI's own), and only then."""
+    import torch
+    import transformers
+    from transformers import modeling_gguf_pytorch_utils as gguf_loader
+
+    original = gguf_loader.tqdm
+
+    def fake_from_pretrained(*args, **kwargs):  # what transformers does while dequantizing, on a stand-in model
+        for _ in gguf_loader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+        return torch.nn.Linear(2, 2)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
+    monkeypatch.setattr(sources, "_GGUF_MODELS", {})
+    (tmp_path / "m.gguf").write_bytes(b"stand-in")
+    sources._gguf_model(tmp_path / "m.gguf", torch.float32, None)
+    assert "de-quantizing" not in capfd.readouterr().err
+    assert gguf_loader.tqdm is original
+    for _ in gguf_loader.tqdm(range(3), desc="de-quantizing"):  # outside the load the bar is back
+        pass
+    assert "de-quantizing" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["score", "geometry", "discrepancy", "llm-scores", "convert"])
 @pytest.mark.parametrize("bad", ["truncated", "gpt2"])
 def test_bad_gguf_files_exit_2_and_write_nothing(bad, command, tmp_path, capsys, monkeypatch):

@@ -54,8 +54,8 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     to each of `lengths` by extra target-window tokens (the paper protocol of `posym lengthgen`).
     Any other model (`posym.sources`: smollm2-135m, GGUF, Hugging Face directory): the prompts of the
     JSONL file `prompts` as they are (token ids or text; their lengths are the lengths; queries None =
-    the file's own "queries", else the last token). A forward pass reads at most `max_tokens` tokens (the eager attention
-    HF model directories load with holds a [batch, heads, n, n] matrix per layer). Writes
+    the file's own "queries", else the last token). A forward pass reads at most `max_tokens` tokens (bounds the memory
+    of a batch of long prompts). Writes
     gaps.parquet, discrepancy.parquet (summary), discrepancy.json and fig_discrepancy PNG + SVG to out_dir (default RUN_DIR/discrepancy); returns the JSON dict
     plus "summary" (the discrepancy.parquet frame) and "out_dir".
     """
