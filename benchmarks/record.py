@@ -13,8 +13,9 @@ import platform
 from posym.io import versions
 
 
-def benchmark_header(threads: int, load_at_start: tuple[float, float, float]) -> dict:
-    """Date (UTC), machine (platform, CPUs, torch threads, 1/5/15-min load average at start and now) and versions."""
+def benchmark_header(threads: int | None, load_at_start: tuple[float, float, float]) -> dict:
+    """Date (UTC), machine (platform, CPUs, torch threads (None: the benchmark times other processes),
+    1/5/15-min load average at start and now) and versions."""
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                         "cpus": os.cpu_count(), "torch_threads": threads,

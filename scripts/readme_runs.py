@@ -11,7 +11,10 @@ Markers (an HTML comment on the line before the fence, invisible on GitHub):
 POSYM_README_FAST=1 (the README's "Install, run, test" section names it) is the only way to shorten a
 run: the text of a block is never edited.
 
-    python scripts/readme_runs.py [--scratch DIR] [--stop] [--timeout S] [FILE.md ...]
+    python scripts/readme_runs.py [--scratch DIR] [--stop] [--timeout S] [--json FILE] [FILE.md ...]
+
+--json FILE records the run (date, machine, load, versions, and each block's file:line, outcome and
+seconds) as docs/benchmarks/readme_runs.json does.
 """
 
 from __future__ import annotations
@@ -88,13 +91,16 @@ def block_env(scratch: Path) -> dict[str, str]:
 
 
 def run_blocks(blocks: list[Block], scratch: Path, *, fast: bool, stop: bool = False,
-               timeout: float | None = None, out=sys.stdout) -> list[Block]:
-    """Run the blocks in order in scratch; returns those that failed (non-zero exit or timeout)."""
+               timeout: float | None = None, out=sys.stdout, record: list | None = None) -> list[Block]:
+    """Run the blocks in order in scratch; returns those that failed (non-zero exit or timeout).
+    `record`, if given, receives one dict per block: where, outcome (ok, failed, skipped), exit, seconds, reason."""
     env, failed = block_env(scratch), []
+    record = [] if record is None else record
     for block in blocks:
         where = f"{block.path}:{block.line}"
         if block.marker == "skip" or (block.marker == "slow" and fast):
             print(f"SKIP {where} ({block.reason})", file=out, flush=True)
+            record.append({"where": where, "outcome": "skipped", "marker": block.marker, "reason": block.reason})
             continue
         print(f"RUN  {where}\n{block.text}", end="", file=out, flush=True)
         start = time.perf_counter()
@@ -103,8 +109,10 @@ def run_blocks(blocks: list[Block], scratch: Path, *, fast: bool, stop: bool = F
                                   timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
-        print(f"{'ok  ' if code == 0 else 'FAIL'} {where} exit {code}, {time.perf_counter() - start:.1f} s",
-              file=out, flush=True)
+        seconds = time.perf_counter() - start
+        print(f"{'ok  ' if code == 0 else 'FAIL'} {where} exit {code}, {seconds:.1f} s", file=out, flush=True)
+        record.append({"where": where, "outcome": "ok" if code == 0 else "failed", "exit": code,
+                       "seconds": round(seconds, 1), "marker": block.marker})
         if code != 0:
             failed.append(block)
             if stop:
@@ -118,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", type=Path, help="scratch directory (default a new temporary one, kept)")
     parser.add_argument("--stop", action="store_true", help="stop at the first failing block")
     parser.add_argument("--timeout", type=float, help="seconds allowed per block")
+    parser.add_argument("--json", type=Path, help="write the record of this run here")
     args = parser.parse_args(argv)
     files = args.files or default_files()
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="posym-readme-runs-"))
@@ -126,10 +135,20 @@ def main(argv: list[str] | None = None) -> int:
     blocks = [b for f in files for b in extract_blocks(f.read_text(), os.path.relpath(f, ROOT))]
     fast = os.environ.get(FAST_ENV) == "1"
     print(f"{len(blocks)} blocks from {len(files)} files in {scratch}{' (' + FAST_ENV + '=1)' if fast else ''}")
-    start = time.perf_counter()
-    failed = run_blocks(blocks, scratch, fast=fast, stop=args.stop, timeout=args.timeout)
-    print(f"{len(failed)} failed of {len(blocks)} blocks, {time.perf_counter() - start:.0f} s wall"
+    start, load, record = time.perf_counter(), os.getloadavg(), []
+    failed = run_blocks(blocks, scratch, fast=fast, stop=args.stop, timeout=args.timeout, record=record)
+    wall = time.perf_counter() - start
+    print(f"{len(failed)} failed of {len(blocks)} blocks, {wall:.0f} s wall"
           + "".join(f"\n  {b.path}:{b.line}" for b in failed))
+    if args.json:
+        sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "src")]
+        from record import benchmark_header
+        from posym.io import write_json
+
+        counts = {o: sum(r["outcome"] == o for r in record) for o in ("ok", "failed", "skipped")}
+        write_json(args.json, {**benchmark_header(None, load), "command": "python scripts/readme_runs.py",
+                               FAST_ENV: fast, "files": [os.path.relpath(f, ROOT) for f in files],
+                               "wall_s": round(wall, 1), "blocks": len(blocks), **counts, "rows": record})
     return 1 if failed else 0
 
 

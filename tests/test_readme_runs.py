@@ -4,6 +4,7 @@ checker itself fails on a broken example and honours its skip markers (fast, thr
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -65,8 +66,14 @@ def test_the_script_exits_1_on_a_broken_file(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(THROWAWAY)
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_runs.py"), "--scratch", str(tmp_path / "s"),
-                           str(page)], capture_output=True, text=True, env=dict(os.environ, POSYM_README_FAST="1"))
+                           "--json", str(tmp_path / "record.json"), str(page)], capture_output=True, text=True,
+                          env=dict(os.environ, POSYM_README_FAST="1"))
     assert done.returncode == 1 and "1 failed of 4 blocks" in done.stdout
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert (record["ok"], record["failed"], record["skipped"], record["POSYM_README_FAST"]) == (1, 1, 2, True)
+    assert [r["outcome"] for r in record["rows"]] == ["ok", "skipped", "skipped", "failed"]
+    assert record["rows"][3]["where"].endswith("page.md:17") and record["rows"][3]["exit"] == 2
+    assert record["versions"]["posym"] and record["wall_s"] >= 0
 
 
 @pytest.mark.slow
