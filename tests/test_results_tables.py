@@ -1,6 +1,8 @@
 """The committed tables behind docs/results.md's issue-18 section, read back: columns, ranges, the
 claims the text makes from them, and a few rows recomputed with the code that wrote them."""
 
+import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -9,6 +11,9 @@ import pytest
 from posym.core.constructions import index_head
 from posym.core.tasks import TaskConfig
 from posym.core.theory import check_length, frequency_angle, index_bound, index_inputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from collect_paper_results import collect  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
@@ -57,3 +62,64 @@ def test_precision_table():
     by_step = reached.groupby("step").agg(d=("d_acc", lambda d: d.abs().max()),
                                           spread=("acc_fp32", lambda a: a.max() - a.min()))
     assert (by_step.d <= by_step.spread + 0.01).all()
+
+
+# ---- the paper-scale study (scripts/paper_seeds.sh, collected by scripts/collect_paper_results.py) ----
+
+PAPER = RESULTS / "paper"
+
+
+def test_collector_tags_every_run_and_keeps_the_last_row_of_a_resumed_step(tmp_path):
+    for seed, task in [(0, "number"), (1, "letter")]:
+        run = tmp_path / f"paper-s{seed}" / task
+        (run / "lengthgen-best").mkdir(parents=True)
+        (run / "config.yaml").write_text("seed: 0\n")
+        # a resumed run wrote step 250 twice: the second row is the one its checkpoint holds
+        pd.DataFrame({"step": [0, 250, 250], "acc": [0.1, 0.2, 0.3 + seed]}).to_parquet(run / "metrics.parquet")
+        pd.DataFrame({"length": [17, 34], "acc": [1.0, 0.5]}).to_parquet(run / "lengthgen-best" / "lengthgen.parquet")
+        (run / "validation.json").write_text('{"best_step": 250, "rows": [{"step": 250, "val_acc": 0.9, '
+                                             '"source": "computed"}]}')
+    (tmp_path / "logs").mkdir()  # not a run
+    (tmp_path / "paper-s2" / "number").mkdir(parents=True)  # no config.yaml: not started
+    tables = collect(tmp_path)
+    assert set(tables) == {"training", "validation", "lengthgen"}
+    training = tables["training"]
+    assert training[["preset", "seed", "task"]].drop_duplicates().values.tolist() == [["paper", 0, "number"],
+                                                                                     ["paper", 1, "letter"]]
+    assert training[training.step == 250].acc.tolist() == [0.3, 1.3]
+    assert tables["lengthgen"].checkpoint.unique().tolist() == ["best"]
+    assert tables["validation"].best_step.tolist() == [250, 250] and "source" not in tables["validation"]
+
+
+@pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
+def test_paper_study_tables():
+    """The committed tables of the paper-scale study: columns, the runs present, values in range."""
+    present = json.loads((PAPER / "runs.json").read_text())["runs"]
+    training = pd.read_parquet(PAPER / "training.parquet")
+    assert {"preset", "seed", "task", "step", "acc", "acc_hop1", "acc_hop4", "loss", "time"} <= set(training.columns)
+    assert set(training.seed) <= {0, 1, 2} and set(training.task) <= {"number", "letter"}
+    for (preset, seed, task), run in training.groupby(["preset", "seed", "task"]):
+        assert run.step.is_unique and run.acc.between(0, 1).all()
+        assert run.step.max() == (6000 if preset == "paper" else 4000), (preset, seed, task)  # finished runs only
+    for kind, runs in present.items():
+        assert runs and set(runs) <= {f"{p}-s{s}/{t}" for p, s, t in training[["preset", "seed", "task"]]
+                                      .drop_duplicates().itertuples(index=False)}, kind
+    if "validation" in present:
+        validation = pd.read_parquet(PAPER / "validation.parquet")
+        assert validation.val_acc.between(0, 1).all()
+        assert (validation.groupby(["preset", "seed", "task"]).apply(
+            lambda g: g.best_step.iloc[0] == g[g.val_acc == g.val_acc.max()].step.min(), include_groups=False)).all()
+    if "composition" in present:
+        composition = pd.read_parquet(PAPER / "composition.parquet")
+        assert set(composition.query_mode) == {"hops", "last", "target", "inner"}
+        assert set(composition.label) <= {"positional", "symbolic", "mixed", "uniform"}
+        assert composition[["s_pos", "s_sym"]].stack().between(0, 1).all()
+    if "geometry" in present:
+        geometry = pd.read_parquet(PAPER / "geometry.parquet")
+        ids = [c for c in geometry.columns if c.startswith("weighted_id")]
+        assert len(ids) >= 5  # the linear mean and the four named weightings
+        for column in ids:
+            assert geometry[column].between(1, geometry.planes).all(), column
+    if "lengthgen" in present:
+        lengthgen = pd.read_parquet(PAPER / "lengthgen.parquet")
+        assert set(lengthgen.checkpoint) <= {"last", "best"} and lengthgen.acc.between(0, 1).all()

@@ -1,0 +1,105 @@
+"""Collect the small tables of the paper-scale study into docs/results/paper/, one Parquet file per kind.
+
+`scripts/paper_seeds.sh RUNS` trains and analyses RUNS/<preset>-s<seed>/<task>; its checkpoints stay
+outside the repository, and this script copies what docs/results.md quotes into committed tables, each
+with `preset`, `seed` and `task` columns (one row set per run that has the output):
+
+    training.parquet      test accuracy (overall, per hop), losses and wall-clock time per checkpoint
+    validation.parquet    validation accuracy per checkpoint and the best step by validation (posym validate)
+    dynamics.parquet      every head's scores per checkpoint and query mode (hops, last, target, inner)
+    composition.parquet   head labels and prompt purity at the max-accuracy and last step, both gammas, per role
+    purity_counts.parquet cumulative purity counts per step (Fig. 7)
+    geometry.parquet      per-head frequency IDs under every weighting, uniform baseline, planes (last checkpoint)
+    lengthgen.parquet     accuracy per length at the last ("last") and best-by-validation ("best") checkpoint
+    discrepancy.parquet   the discrepancy summary per length (last checkpoint)
+
+Runs without an output are left out of that table (the table's seeds say what is present). Rerun after
+every finished piece of the study; the tables are rewritten atomically.
+
+    python scripts/collect_paper_results.py RUNS [--out docs/results/paper]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import pandas as pd  # noqa: E402
+
+from posym.io import write_json, write_parquet  # noqa: E402
+
+RUN = re.compile(r"(?P<preset>paper|seed)-s(?P<seed>\d+)")
+TABLES = {  # kind -> path of the run's own table, relative to the run directory
+    "training": "metrics.parquet",
+    "dynamics": "analysis/dynamics.parquet",
+    "composition": "analysis/composition.parquet",
+    "purity_counts": "analysis/purity_counts.parquet",
+    "geometry": "analysis/frequency.parquet",
+    "discrepancy": "discrepancy/discrepancy.parquet",
+}
+LENGTHGEN = {"last": "lengthgen/lengthgen.parquet", "best": "lengthgen-best/lengthgen.parquet"}
+
+
+def runs(root: Path) -> list[tuple[dict, Path]]:
+    """({preset, seed, task}, run directory) for every RUNS/<preset>-s<seed>/<task> with a config.yaml."""
+    found = []
+    for directory in sorted(root.iterdir()):
+        match = RUN.fullmatch(directory.name)
+        if match is None or not directory.is_dir():
+            continue
+        for task in ("number", "letter"):
+            if (directory / task / "config.yaml").is_file():
+                found.append(({"preset": match["preset"], "seed": int(match["seed"]), "task": task}, directory / task))
+    return found
+
+
+def _tagged(frame: pd.DataFrame, keys: dict, **extra) -> pd.DataFrame:
+    return frame.assign(**keys, **extra)[[*keys, *extra, *frame.columns]]
+
+
+def collect(root: Path) -> dict[str, pd.DataFrame]:
+    """Every table kind, concatenated over the runs that have it."""
+    parts: dict[str, list[pd.DataFrame]] = {kind: [] for kind in (*TABLES, "validation", "lengthgen")}
+    for keys, run in runs(root):
+        for kind, relative in TABLES.items():
+            if (run / relative).is_file():
+                frame = pd.read_parquet(run / relative)
+                if kind == "training":  # a resumed run appends; the last row of a step is the kept one
+                    frame = frame.drop_duplicates("step", keep="last")
+                parts[kind].append(_tagged(frame, keys))
+        if (run / "validation.json").is_file():
+            validation = json.loads((run / "validation.json").read_text())
+            frame = pd.DataFrame(validation["rows"]).drop(columns=["source"], errors="ignore")
+            parts["validation"].append(_tagged(frame, keys, best_step=validation["best_step"]))
+        for checkpoint, relative in LENGTHGEN.items():
+            if (run / relative).is_file():
+                parts["lengthgen"].append(_tagged(pd.read_parquet(run / relative), keys, checkpoint=checkpoint))
+    return {kind: pd.concat(frames, ignore_index=True) for kind, frames in parts.items() if frames}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", type=Path, help="the RUNS directory of scripts/paper_seeds.sh")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "paper")
+    args = parser.parse_args()
+    if not args.runs.is_dir():
+        sys.exit(f"{args.runs} is not a directory")
+    tables = collect(args.runs)
+    if not tables:
+        sys.exit(f"no run under {args.runs} has outputs yet")
+    present = {}
+    for kind, frame in tables.items():
+        write_parquet(args.out / f"{kind}.parquet", frame)
+        present[kind] = sorted({f"{p}-s{s}/{t}" for p, s, t in frame[["preset", "seed", "task"]].itertuples(index=False)})
+        print(f"{kind}: {len(frame)} rows from {', '.join(present[kind])}")
+    write_json(args.out / "runs.json", {"runs": present})
+
+
+if __name__ == "__main__":
+    main()
