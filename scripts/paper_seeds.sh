@@ -23,7 +23,8 @@
 #   STOP_AT: train every run only up to this step in this session and stop (CPU pieces: e.g. 1500,
 #            3000, 4500, then without STOP_AT to finish and analyse); the schedule stays the 6,000-step one.
 # Environment: POSYM (command, default "python3 -m posym.cli" on this checkout's src/), JOBS,
-# PRECISION (fp32 default; bf16 autocast for new runs only, see docs/results.md), SEEDS (default
+# PRECISION (fp32 default; bf16 autocast for new runs only, see docs/results.md), PRESETS (default "paper seed";
+# "paper" trains and analyses only the paper-preset runs, e.g. to analyse finished seeds first), SEEDS (default
 # "0 1 2"), N (questions per length, 480), LENGTHS, TRAIN_EXTRA (YAML lines added to both presets'
 # config files, e.g. for a smoke test: 'max_steps: 8' -- the paper study itself leaves it empty).
 # On the GPU machine, carry the pinned transformers wheel as scripts/paper_gpu.sh explains (.whl/).
@@ -36,6 +37,7 @@ fi
 [ -d /tmp/site/transformers ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPATH=$ROOT/src${PYTHONPATH:+:$PYTHONPATH} OMP_WAIT_POLICY=PASSIVE PYTHONUNBUFFERED=1
 POSYM=${POSYM:-python3 -m posym.cli}; JOBS=${JOBS:-2}; PRECISION=${PRECISION:-fp32}; SEEDS=${SEEDS:-0 1 2}
+PRESETS=${PRESETS:-paper seed}
 N=${N:-480}; LENGTHS=${LENGTHS:-17,34,51,68,128,256,512,850,1024,2048}; TRAIN_EXTRA=${TRAIN_EXTRA:-}
 mkdir -p "$RUNS/logs"
 threads=$([ "$DEVICE" = cuda ] && echo null || echo 1)
@@ -76,8 +78,8 @@ train_run() {  # preset seed task: start or resume one run up to STOP_AT (or the
 }
 
 RUN_LIST=()
-for seed in $SEEDS; do for task in number letter; do RUN_LIST+=("paper $seed $task"); done; done
-RUN_LIST+=("seed 0 number" "seed 0 letter")
+case " $PRESETS " in *" paper "*) for seed in $SEEDS; do for task in number letter; do RUN_LIST+=("paper $seed $task"); done; done;; esac
+case " $PRESETS " in *" seed "*) RUN_LIST+=("seed 0 number" "seed 0 letter");; esac
 
 # ---- training: all runs (on CPU JOBS at a time) ------------------------------------------------------
 width=$([ "$DEVICE" = cuda ] && echo "${#RUN_LIST[@]}" || echo "$JOBS")
