@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         from posym.io import write_json
 
         counts = {o: sum(r["outcome"] == o for r in record) for o in ("ok", "failed", "skipped")}
-        write_json(args.json, {**benchmark_header(None, load), "command": "python scripts/readme_runs.py",
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        write_json(args.json, {**benchmark_header(None, load), "command": "python scripts/readme_runs.py", "commit": commit,
                                FAST_ENV: fast, "files": [os.path.relpath(f, ROOT) for f in files],
                                "wall_s": round(wall, 1), "blocks": len(blocks), **counts, "rows": record})
     return 1 if failed else 0
