@@ -60,6 +60,8 @@ def runs(root: Path) -> list[tuple[dict, Path]]:
 
 
 def _tagged(frame: pd.DataFrame, keys: dict, **extra) -> pd.DataFrame:
+    """The run's keys (and extra columns) first; a table's own column of the same name (lengthgen's task) gives way."""
+    frame = frame.drop(columns=[c for c in (*keys, *extra) if c in frame])
     return frame.assign(**keys, **extra)[[*keys, *extra, *frame.columns]]
 
 

@@ -14,6 +14,7 @@ from posym.core.theory import check_length, frequency_angle, index_bound, index_
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from collect_paper_results import collect  # noqa: E402
+from paper_tables import accuracy, spread  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
@@ -89,6 +90,14 @@ def test_collector_tags_every_run_and_keeps_the_last_row_of_a_resumed_step(tmp_p
     assert training[training.step == 250].acc.tolist() == [0.3, 1.3]
     assert tables["lengthgen"].checkpoint.unique().tolist() == ["best"]
     assert tables["validation"].best_step.tolist() == [250, 250] and "source" not in tables["validation"]
+
+
+def test_paper_tables_report_mean_and_std_over_the_seeds_present():
+    assert spread([0.5]) == "0.500" and spread([0.4, 0.6]) == "0.500 ± 0.100" and spread([float("nan")]) == "-"
+    training = pd.DataFrame({"task": "number", "seed": [0, 1], "step": 500, "acc": [0.2, 0.4], "loss": [3.0, 2.0],
+                             **{f"acc_hop{h}": [0.1 * h, 0.1 * h] for h in range(1, 5)}})
+    row = accuracy(training, "number").splitlines()[2]
+    assert row == "| 500 | 0.300 ± 0.100 | 0.10 ± 0.00 / 0.20 ± 0.00 / 0.30 ± 0.00 / 0.40 ± 0.00 | 2.500 ± 0.500 |"
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
