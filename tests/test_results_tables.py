@@ -167,3 +167,30 @@ def test_llm_study_tables_back_the_results_text():
     assert summary.acc.between(0, 1).all() and (summary[summary.set == "binding-last"].prompts == 20).all()
     bench = pd.read_parquet(STUDY / "bench" / "bench.parquet")
     assert len(bench) == 2 * 4 * 5 * 4 and bench.correct.sum() == 2  # 2 tasks x 4 sizes x 5 runs x 4 questions
+
+
+@pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
+def test_paper_seed0_claims_of_the_results_text():
+    """docs/results.md's first section (seed 0, step 6,000): the numbers its verdicts rest on."""
+    def seed0(name):
+        table = pd.read_parquet(PAPER / f"{name}.parquet")
+        return table[(table.preset == "paper") & (table.seed == 0)]
+
+    validation = seed0("validation")
+    assert validation.groupby("task").best_step.first().to_dict() == {"number": 2500, "letter": 1750}
+    training = seed0("training")
+    assert training.groupby("task").step.max().eq(6000).all()
+    composition = seed0("composition")
+    end = composition[(composition.stage == "end") & (composition.gamma == 0.1) & (composition.task == "number")]
+    label = end.set_index(["query_mode", "layer"]).label
+    assert label["target", 0] == "positional" and label["hops", 0] == label["last", 0] == "mixed"
+    assert all(label["hops", layer] == "positional" for layer in (1, 2, 3, 4))
+    assert all(label[mode, layer] == "mixed" for mode in ("hops", "last", "target", "inner") for layer in (5, 6))
+    geometry = seed0("geometry")
+    number = geometry[geometry.task == "number"].set_index("layer")
+    assert (number.loc[0:6, "weighted_id_dominant"] == 1).all()
+    lengthgen = seed0("lengthgen")
+    letter = lengthgen[(lengthgen.task == "letter") & (lengthgen.protocol == "paper") & (lengthgen.hop == 0)]
+    at850 = letter[letter.length == 850].set_index("checkpoint").acc
+    assert (round(at850["last"], 2), round(at850["best"], 2)) == (0.62, 0.53)
+    assert (letter.n == 480).all()
