@@ -32,18 +32,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests"), str(Path(__f
 
 import torch  # noqa: E402
 from real_llm import gguf_path, load_smollm2, real_text_ids  # noqa: E402
-from record import benchmark_header  # noqa: E402
+from record import benchmark_header, proc_status  # noqa: E402
 
 from posym.io import write_json  # noqa: E402
 from posym.core.scores import score_model  # noqa: E402
-
-
-def _status(key: str) -> int:
-    """A field of /proc/self/status in bytes (VmRSS, VmHWM)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 def measure(fn) -> tuple[float, int, object]:
@@ -51,11 +43,11 @@ def measure(fn) -> tuple[float, int, object]:
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark to the current RSS
-    base = _status("VmRSS")
+    base = proc_status("VmRSS")
     start = time.perf_counter()
     result = fn()
     seconds = time.perf_counter() - start
-    return seconds, _status("VmHWM") - base, result
+    return seconds, proc_status("VmHWM") - base, result
 
 
 def main() -> None:

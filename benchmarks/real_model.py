@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from real_llm import gguf_path  # noqa: E402
-from record import benchmark_header  # noqa: E402
+from record import benchmark_header, proc_status  # noqa: E402
 
 from posym.io import write_json  # noqa: E402
 
@@ -44,7 +44,7 @@ PROMPT_TOKENS = 20
 def run(args: list[str], cwd: Path) -> dict:
     """Run `python -m posym ARGS` in cwd; its wall seconds, peak RSS and the floor of that peak (this
     process's own peak when it started the child; bytes). A failure stops the benchmark."""
-    floor = own_peak_rss()
+    floor = proc_status("VmHWM")
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "posym", *args], cwd=cwd, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
@@ -73,14 +73,6 @@ def write_prompts(path: Path) -> None:
     lines = [json.dumps({"text": tokenizer.decode(tokenizer(t, add_special_tokens=False).input_ids[:PROMPT_TOKENS])})
              for t in texts]
     path.write_text("\n".join(lines) + "\n")
-
-
-def own_peak_rss() -> int:
-    """This process's peak resident set in bytes (VmHWM)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise KeyError("VmHWM")
 
 
 def commands(model: str) -> dict[str, list[str]]:
@@ -115,16 +107,15 @@ def main() -> None:
         if args.part in ("commands", "both"):
             load = os.getloadavg()
             text_prompts(cwd / "p.jsonl")
-            rows = [{"command": "posym convert smollm2-135m --out hf", "gguf": run(["convert", "smollm2-135m", "--out", "hf"], cwd)}]
-            for model, key in (("smollm2-135m", "gguf"), ("hf", "hf")):
-                for index, (name, argv) in enumerate(commands(model).items()):
-                    if key == "gguf":
-                        rows.append({"command": name})
-                    rows[1 + index][key] = run(argv, cwd)
-                    print(name, key, rows[1 + index][key], flush=True)
+            rows = {"posym convert smollm2-135m --out hf": {"gguf": run(["convert", "smollm2-135m", "--out", "hf"], cwd)}}
+            for model, key in (("smollm2-135m", "gguf"), ("hf", "hf")):  # every GGUF command, then every HF one
+                for name, argv in commands(model).items():
+                    rows.setdefault(name, {})[key] = run(argv, cwd)
+                    print(name, key, rows[name][key], flush=True)
             write_json(ROOT / "docs" / "benchmarks" / "real_model_commands.json",
                        {**benchmark_header(None, load), **common, "prompt_tokens": PROMPT_TOKENS, "text_prompts": 2,
-                        "binding_prompts": 20, "rows": rows})
+                        "binding_prompts": 20,
+                        "rows": [{"command": name, **row} for name, row in rows.items()]})
         if args.part in ("study", "both"):
             load = os.getloadavg()
             measured = run(["llm-study", "--out", "study"], cwd)

@@ -1,6 +1,7 @@
-"""What every benchmark JSON under docs/benchmarks/ records besides its figures: date, machine, load, versions.
+"""What every benchmark JSON under docs/benchmarks/ records besides its figures: date, machine, load, versions;
+and the process's own memory figures the benchmarks measure with.
 
-    from record import benchmark_header
+    from record import benchmark_header, proc_status
     write_json(path, {**benchmark_header(threads, load_at_start), ...figures})
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+from pathlib import Path
 
 from posym.io import versions
 
@@ -21,3 +23,11 @@ def benchmark_header(threads: int | None, load_at_start: tuple[float, float, flo
                         "cpus": os.cpu_count(), "torch_threads": threads,
                         "load_average_at_start": list(load_at_start), "load_average_at_end": list(os.getloadavg())},
             "versions": versions()}
+
+
+def proc_status(key: str) -> int:
+    """A memory field of /proc/self/status in bytes (VmRSS, VmHWM: the resident set and its peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
