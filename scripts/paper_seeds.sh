@@ -81,15 +81,19 @@ RUN_LIST=()
 case " $PRESETS " in *" paper "*) for seed in $SEEDS; do for task in number letter; do RUN_LIST+=("paper $seed $task"); done; done;; esac
 case " $PRESETS " in *" seed "*) RUN_LIST+=("seed 0 number" "seed 0 letter");; esac
 
-# ---- training: all runs (on CPU JOBS at a time) ------------------------------------------------------
 width=$([ "$DEVICE" = cuda ] && echo "${#RUN_LIST[@]}" || echo "$JOBS")
-for spec in "${RUN_LIST[@]}"; do
-  while [ "$(jobs -rp | wc -l)" -ge "$width" ]; do wait -n || true; done
-  train_run $spec &
-done
-status=0
-for pid in $(jobs -rp); do wait "$pid" || status=1; done
-[ "$status" = 0 ] || { echo "a training failed; see $RUNS/logs/train-*.log" >&2; exit 1; }
+each_run() {  # function failure-message: `function preset seed task` for every run, `width` at a time
+  local work=$1 status=0
+  for spec in "${RUN_LIST[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$width" ]; do wait -n || true; done
+    $work $spec &
+  done
+  for pid in $(jobs -rp); do wait "$pid" || status=1; done
+  [ "$status" = 0 ] || { echo "$2" >&2; exit 1; }
+}
+
+# ---- training: all runs (on CPU JOBS at a time) ------------------------------------------------------
+each_run train_run "a training failed; see $RUNS/logs/train-*.log"
 if [ -n "$STOP_AT" ]; then
   echo "every run is at step $STOP_AT (or finished); run again without STOP_AT to finish and analyse"
   exit 0
@@ -118,13 +122,7 @@ analyse() {  # preset seed task
       --device "$DEVICE"
   fi
 }
-for spec in "${RUN_LIST[@]}"; do
-  while [ "$(jobs -rp | wc -l)" -ge "$width" ]; do wait -n || true; done
-  analyse $spec &
-done
-status=0
-for pid in $(jobs -rp); do wait "$pid" || status=1; done
-[ "$status" = 0 ] || { echo "an analysis failed; see $RUNS/logs/" >&2; exit 1; }
+each_run analyse "an analysis failed; see $RUNS/logs/"
 stage "$RUNS/theory/theory.json" theory $POSYM theory --out "$RUNS/theory"
 for seed in $SEEDS; do
   stage "$RUNS/report-s$seed/report.html" "report-s$seed" $POSYM report "$RUNS/paper-s$seed/number" \
