@@ -83,12 +83,15 @@ case " $PRESETS " in *" seed "*) RUN_LIST+=("seed 0 number" "seed 0 letter");; e
 
 width=$([ "$DEVICE" = cuda ] && echo "${#RUN_LIST[@]}" || echo "$JOBS")
 each_run() {  # function failure-message: `function preset seed task` for every run, `width` at a time
-  local work=$1 status=0
+  local work=$1 status=0 pids=()
   for spec in "${RUN_LIST[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$width" ]; do wait -n || true; done
     $work $spec &
+    pids+=($!)
   done
-  for pid in $(jobs -rp); do wait "$pid" || status=1; done
+  # every job's status, also of those already finished (`jobs -r` lists only running ones; bash keeps the
+  # status of each background pid for `wait PID`, even after `wait -n` reaped it)
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   [ "$status" = 0 ] || { echo "$2" >&2; exit 1; }
 }
 
