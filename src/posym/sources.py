@@ -14,8 +14,9 @@ A model spec is any of
 (`posym.gguf_files` reads a GGUF header in milliseconds and refuses a truncated file),
 `posym.core.qk.check_rope` refuses models posym cannot score before any weight is read, `load(spec,
 ...)` returns a `LoadedModel` (eval mode; SDPA attention where the family has it, since posym reads
-queries and keys, never attention weights; the tokenizer is read on first use), `tokenize` encodes a text prompt, `load_analysable` is what geometry and discrepancy open, and
-`convert(spec, out)` writes a plain Hugging Face directory (safetensors + tokenizer) other tools read.
+queries and keys, never attention weights; the tokenizer is read on first use), `tokenize` encodes a
+text prompt, `load_analysable` is what geometry and discrepancy open, and `convert(spec, out)` writes
+a plain Hugging Face directory (safetensors + tokenizer) other tools read.
 Every model type whose transformers implementation rotates queries and keys with the standard
 `apply_rotary_pos_emb` is accepted; `posym.core.qk` checks each layer's rotation against its own.
 """
