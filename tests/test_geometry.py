@@ -4,6 +4,8 @@ tables and heads, q/k projections, and `posym geometry` end to end on a tiny tra
 import math
 import sys
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 import transformers
@@ -118,7 +120,6 @@ def test_head_using_one_plane_reports_its_id(kind, plane):
 
 
 def test_frequency_use_on_a_hand_made_table():
-    import pandas as pd
 
     channels = pd.DataFrame({
         "layer": [0] * 5 + [1] * 3, "head": [0] * 8, "channel": [0, 1, 2, 3, 4, 0, 1, 2],
@@ -161,7 +162,6 @@ def test_weightings_on_hand_made_uses():
 
 
 def test_frequency_use_reports_every_weighting_with_the_uniform_baseline():
-    import pandas as pd
 
     uses = [0.1, 3.0, 0.1, 0.1, 0.0, 0.1]
     channels = pd.DataFrame({"layer": 0, "head": 0, "channel": range(6), "frequency_id": range(1, 7),
@@ -197,6 +197,39 @@ def test_qk_projection_identical_keys_and_rotation():
         geometry.plane_scores(model, [[3, 9, 4]], heads=[1])
 
 
+def _index_projection(theta, tokens, offsets, turn=None):
+    """A qk_projection frame of T_Index on one plane: every key the vector v, an integer's query v turned
+    back by sigma * theta (symbols query v), then RoPE turns each by its position; `turn` overrides the
+    per-position query turn."""
+    rows = []
+    v = 2.0 * np.exp(0.7j)
+    for p, t in enumerate(tokens):
+        back = offsets.get(t, 0) * theta if turn is None else turn[p]
+        for role, z in (("key", v), ("query", v * np.exp(-1j * back))):
+            r = z * np.exp(1j * p * theta)
+            rows.append({"layer": 1, "head": 0, "frequency_id": 1, "position": p, "role": role, "token": t,
+                         "x": z.real, "y": z.imag, "x_rot": r.real, "y_rot": r.imag})
+    return pd.DataFrame(rows)
+
+
+def test_index_alignment_reads_the_index_construction():
+    """T_Index on its plane: keys one direction, every integer's query on the key sigma back (error 0,
+    always the nearest); queries turned by unrelated angles: concentrated keys still, but the phase error is
+    large and the target rarely the nearest."""
+    offsets = {i: i for i in range(1, 5)}  # token id i encodes offset i
+    tokens = [7, 8, 9, 7, 8, 1, 2, 4, 3, 1, 2, 4, 3, 3]
+    exact = geometry.index_alignment(_index_projection(1.0, tokens, offsets), offsets)
+    assert exact["key_concentration"] == pytest.approx(1.0)
+    assert exact["phase_error_deg"] == pytest.approx(0.0, abs=1e-9) and exact["target_nearest"] == 1.0
+    assert exact["queries"] == 9 and exact["query_concentration"] < 0.9  # they fan out
+    turns = np.random.default_rng(0).uniform(0, 2 * np.pi, len(tokens))
+    scrambled = geometry.index_alignment(_index_projection(1.0, tokens, offsets, turn=turns), offsets)
+    assert scrambled["key_concentration"] == pytest.approx(1.0)
+    assert scrambled["phase_error_deg"] > 30 and scrambled["target_nearest"] <= 0.5
+    none = geometry.index_alignment(_index_projection(1.0, [7, 8, 9], offsets), offsets)
+    assert none["queries"] == 0 and np.isnan(none["phase_error_deg"])
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     return train_tiny(tmp_path_factory.mktemp("geo"), "letter", steps=20, every=10, batch_size=16)
@@ -205,7 +238,6 @@ def tiny_run(tmp_path_factory):
 def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
     import json
 
-    import pandas as pd
 
     out = tmp_path / "geo"
     assert run_posym(monkeypatch, "geometry", tiny_run, "--n", 6, "--queries", "hops", "--out", out) == 0
@@ -224,6 +256,7 @@ def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
         assert heads[f"weighted_id_{name}"].between(1, 16).all()
     assert summary["paper_table1"] == geometry.PAPER_TABLE1["letter"]
     assert summary["plane_figure"]["layer"] == 1
+    assert summary["plane_figure"]["index_alignment"] is None  # a letter run: no integers, no offsets
     assert summary["settings"]["queries"] == "hops" and summary["settings"]["step"] == 20  # what was analysed
     qk = pd.read_parquet(out / "qk_plane.parquet")
     assert len(qk) == 2 * 17 and set(qk.frequency_id) == {summary["plane_figure"]["frequency_id"]}
@@ -243,7 +276,6 @@ def test_cli_geometry_on_a_hugging_face_llama_dir(tmp_path, monkeypatch, capsys)
     """A non-posym RoPE model directory (half-split planes) with a JSONL prompt file."""
     import json
 
-    import pandas as pd
     from tiny_llms import save_model, tokenizer
 
     model_dir = save_model(tmp_path / "llama", "llama", tokenizer())

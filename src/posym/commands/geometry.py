@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from posym import figures
-from posym.core.geometry import PAPER_TABLE1, WEIGHTINGS, channel_means, frequency_use, plane_scores, qk_projection
+from posym.core.geometry import (PAPER_TABLE1, WEIGHTINGS, channel_means, frequency_use, index_alignment, plane_scores,
+                                 qk_projection)
 from posym.core.qk import check_layers
 from posym.core.tasks import token_names
 from posym.errors import PosymError
@@ -76,12 +77,16 @@ def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane
     paths += figures.save_figure(figures.plot_qk_plane(projection, token_names=token_names),
                                  out_dir / "fig4b_qk_plane")
     per_layer = heads.groupby("layer").mean(numeric_only=True)
+    alignment = None
+    if paper_task == "number" and token_names is not None:  # the integers' ids and the offsets they encode
+        alignment = index_alignment(projection, {i: int(n) for i, n in enumerate(token_names) if n.isdigit()})
     summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings,
                "weighted_id_per_layer": per_layer.weighted_id.round(2).tolist(),
                "weightings": {name: per_layer[f"weighted_id_{name}"].round(2).tolist() for name in WEIGHTINGS},
                "planes": int(heads.planes.max()), "uniform_id": float(heads.uniform_id.max()),
                "paper_table1": paper, "plane_figure": {"layer": plane_layer, "head": plane_head,
-                                                       "frequency_id": dominant, "prompt": example},
+                                                       "frequency_id": dominant, "prompt": example,
+                                                       "index_alignment": alignment},
                "figures": [str(p) for p in paths]}
     write_json(out_dir / "geometry.json", summary)
     return summary

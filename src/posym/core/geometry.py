@@ -221,3 +221,42 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     return frame
 
 
+
+
+def index_alignment(projection, offsets: dict[int, int]) -> dict[str, float]:
+    """How close one head's plane (a `qk_projection`) is to T_Index (Fig. 4B, SPEC 5), as numbers.
+
+    offsets: token id -> the offset sigma it encodes (the number task's integers). T_Index writes every
+    key as the same vector and turns an integer's query back by sigma * theta, so after RoPE the query
+    at position p points exactly at the key at p - sigma. Returns
+    - key_concentration: |mean of the unit key vectors| before rotation (1: one direction; ~0: spread);
+    - query_concentration: the same over the queries of integers (they fan out: lower);
+    - phase_error_deg: median over integer queries with p - sigma >= 0 of the angle, after rotation,
+      between the query at p and the key at p - sigma (0 for T_Index; 90 for unrelated directions);
+    - target_nearest: fraction of those queries for which that key is the nearest in angle among keys
+      0..p (the plane's direction alone picks the target; key norms, which differ by token, left out);
+    - queries: how many integer queries entered the last two.
+    """
+    import numpy as np
+
+    keys = projection[projection.role == "key"].set_index("position").sort_index()
+    queries = projection[(projection.role == "query") & projection.token.isin(list(offsets))]
+
+    def concentration(frame) -> float:
+        angles = np.arctan2(frame.y.to_numpy(), frame.x.to_numpy())
+        return float(np.abs(np.exp(1j * angles).mean())) if len(angles) else float("nan")
+
+    errors, nearest = [], []
+    k_rot = keys[["x_rot", "y_rot"]].to_numpy()  # [T, 2]
+    k_unit = k_rot / np.linalg.norm(k_rot, axis=1, keepdims=True)  # [T, 2]
+    for q in queries.itertuples():
+        target = q.position - offsets[int(q.token)]
+        if target < 0:
+            continue
+        q_rot = np.array([q.x_rot, q.y_rot])  # [2]
+        angle = np.arctan2(q_rot[1], q_rot[0]) - np.arctan2(k_rot[target, 1], k_rot[target, 0])
+        errors.append(abs(np.degrees(np.angle(np.exp(1j * angle)))))  # wrapped to [0, 180]
+        nearest.append(int(np.argmax(k_unit[: q.position + 1] @ q_rot)) == target)
+    return {"key_concentration": concentration(keys), "query_concentration": concentration(queries),
+            "phase_error_deg": float(np.median(errors)) if errors else float("nan"),
+            "target_nearest": float(np.mean(nearest)) if nearest else float("nan"), "queries": len(errors)}
