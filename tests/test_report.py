@@ -52,6 +52,11 @@ def make_run(root: Path, task: str, *, analysed: bool = True) -> Path:
         pd.DataFrame({"layer": [0, 1, 2, 2], "head": [0, 0, 0, 1], "weighted_id": [1.0, 5.0, 10.0, 20.0],
                       "weighted_id_linear": [1.0, 5.0, 10.0, 20.0], "weighted_id_floor": [1.0, 2.0, 3.0, 3.0],
                       "planes": 32, "uniform_id": 16.5}).to_parquet(run / "analysis" / "frequency.parquet")
+        if task == "number":  # posym geometry's reading of the Fig. 4B plane against T_Index
+            alignment = {"key_concentration": 0.9998, "query_concentration": 0.43, "phase_error_deg": 10.65,
+                         "target_nearest": 8 / 9, "queries": 9}
+            (run / "analysis" / "geometry.json").write_text(json.dumps({"plane_figure": {
+                "layer": 1, "head": 0, "frequency_id": 1, "prompt": 0, "index_alignment": alignment}}))
         (run / "lengthgen").mkdir()
         (run / "lengthgen" / "lengthgen.json").write_text(json.dumps({"summary": {
             "task": task, "paper": {"acc": {"17": 1.0}, "longest_length_acc_ge_0.9": 850},
@@ -146,6 +151,8 @@ def test_full_report(tmp_path, monkeypatch):
         assert text in html, text
     assert "first step with &gt;= 95% per hop: 1 hop 10, 2 hops 20" in html
     assert "positional L0, symbolic L1-L2" in html  # gamma 0.1, end, hop queries only
+    assert "key concentration 1.000 (1 = one direction)" in html and html.count("key concentration") == 1
+    assert "within 10.7 degrees (median), the nearest key in angle for 89% of 9 queries" in html
     assert "acc &gt;= 0.9 up to 850 tokens; 4x retention 0.25" in html  # the largest factor, not the last key
     # heads of a layer averaged, one column per weighting; 64 / 1 head = 32 planes; both scales and the
     # uniform baseline

@@ -117,6 +117,8 @@ def run_summary(run_dir: str | Path) -> dict:
         out["weighted_id"] = per_layer.weighted_id.round(1).tolist()
         out["weightings"] = {c[len("weighted_id_"):]: per_layer[c].round(1).tolist()
                              for c in per_layer if c.startswith("weighted_id_")}  # runs analysed before: none
+    geometry = _read_json(run_dir / "analysis" / "geometry.json") or {}
+    out["index_alignment"] = geometry.get("plane_figure", {}).get("index_alignment")  # number runs only
     out["planes"] = _rope_planes(config["model"])
     out["manifest"] = _read_json(run_dir / "manifest.json")
     lengthgen = _read_json(run_dir / "lengthgen" / "lengthgen.json")
@@ -224,6 +226,7 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
         "Fig. 7": f"Ours (end, hop queries): positional {s['positional']}, symbolic {s['symbolic']}.",
         "Fig. 8 / Table 1": f"Ours: {', '.join(str(v) for v in s['weighted_id'] or [])} "
                             f"({s['layers']} layers{f', {planes} planes' if planes else ''}).",
+        "Fig. 4B": _alignment_text(s["index_alignment"]),
         "Fig. 5B": f"Ours: {lengthgen_headline(s['lengthgen'])}." if s["lengthgen"] else "",
         "Theorem 3.2 on trained heads": _discrepancy_numbers(run_dir),
     }
@@ -236,6 +239,16 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
     section = _section(f"run-{name}", f"{task.capitalize()} task: step {s['step']} of {s['max_steps']}",
                        source=run_dir, items=items)
     return section, s
+
+
+def _alignment_text(alignment: dict | None) -> str:
+    """Fig. 4B's caption numbers (posym.core.geometry.index_alignment); empty without them."""
+    if not alignment or not alignment["queries"]:
+        return ""
+    return (f"Ours, against T_Index: key concentration {alignment['key_concentration']:.3f} (1 = one direction), "
+            f"integer queries {alignment['query_concentration']:.2f}; the query of an integer sigma at p points "
+            f"at the key p - sigma within {alignment['phase_error_deg']:.1f} degrees (median), the nearest key in "
+            f"angle for {alignment['target_nearest']:.0%} of {alignment['queries']} queries.")
 
 
 def _paper_table1(task: str) -> list[int]:
