@@ -177,10 +177,11 @@ def test_killed_run_leaves_no_worker(tiny_config, tmp_path):
                              str(tmp_path / "o"), "--workers", "2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     started = tmp_path / "o" / "number" / "config.yaml"  # written once a worker is inside its first job
-    deadline = time.time() + 60
-    while time.time() < deadline and not started.is_file():
-        time.sleep(0.2)
-    workers = _workers(proc.pid)
+    deadline = time.time() + 120  # generous: under load (a busy CI machine) spawning takes long
+    workers = []
+    while time.time() < deadline and not (started.is_file() and len(workers) == 2):
+        time.sleep(0.2)  # the second worker may still be spawning when the first one writes
+        workers = _workers(proc.pid)
     assert started.is_file() and len(workers) == 2, "the workers did not start"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
