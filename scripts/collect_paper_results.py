@@ -10,10 +10,13 @@ with `preset`, `seed` and `task` columns (one row set per run that has the outpu
     composition.parquet   head labels and prompt purity at the max-accuracy and last step, both gammas, per role
     purity_counts.parquet cumulative purity counts per step (Fig. 7)
     geometry.parquet      per-head frequency IDs under every weighting, uniform baseline, planes (last checkpoint)
+    qk_plane.parquet      Fig. 4B: one prompt's queries and keys of layer 1 on its dominant plane (last checkpoint)
     lengthgen.parquet     accuracy per length at the last ("last") and best-by-validation ("best") checkpoint
     discrepancy.parquet   the discrepancy summary per length (last checkpoint)
+    theory.parquet, theory_bounds.parquet   `posym theory` (RUNS/theory, Fig. 5A; no seed: the constructions
+                          are deterministic): per (head, n0) summary, and Delta against Theorem 3.2's bound per n
 
-Runs without an output are left out of that table (the table's seeds say what is present). Rerun after
+Runs still training are left out; runs without an output are left out of that table (the table's seeds say what is present). Rerun after
 every finished piece of the study; the tables are rewritten atomically.
 
     python scripts/collect_paper_results.py RUNS [--out docs/results/paper]
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
 
 from posym.io import write_json, write_parquet  # noqa: E402
 
@@ -41,21 +45,34 @@ TABLES = {  # kind -> path of the run's own table, relative to the run directory
     "composition": "analysis/composition.parquet",
     "purity_counts": "analysis/purity_counts.parquet",
     "geometry": "analysis/frequency.parquet",
+    "qk_plane": "analysis/qk_plane.parquet",
     "discrepancy": "discrepancy/discrepancy.parquet",
 }
 LENGTHGEN = {"last": "lengthgen/lengthgen.parquet", "best": "lengthgen-best/lengthgen.parquet"}
+THEORY = {"theory": "theory/theory.parquet", "theory_bounds": "theory/discrepancy.parquet"}  # relative to RUNS
+
+
+def finished(run: Path) -> bool:
+    """Whether the run's training reached its schedule's last step (its metrics hold a row of max_steps)."""
+    max_steps = yaml.safe_load((run / "config.yaml").read_text())["max_steps"]
+    return (run / "metrics.parquet").is_file() and pd.read_parquet(run / "metrics.parquet").step.max() >= max_steps
 
 
 def runs(root: Path) -> list[tuple[dict, Path]]:
-    """({preset, seed, task}, run directory) for every RUNS/<preset>-s<seed>/<task> with a config.yaml."""
+    """({preset, seed, task}, run directory) for every finished RUNS/<preset>-s<seed>/<task>; a run still
+    training is left out (its tables would mix a partial schedule into the seeds' mean ± std)."""
     found = []
     for directory in sorted(root.iterdir()):
         match = RUN.fullmatch(directory.name)
         if match is None or not directory.is_dir():
             continue
         for task in ("number", "letter"):
-            if (directory / task / "config.yaml").is_file():
-                found.append(({"preset": match["preset"], "seed": int(match["seed"]), "task": task}, directory / task))
+            run = directory / task
+            if (run / "config.yaml").is_file():
+                if finished(run):
+                    found.append(({"preset": match["preset"], "seed": int(match["seed"]), "task": task}, run))
+                else:
+                    print(f"{run}: training not finished, left out")
     return found
 
 
@@ -82,7 +99,9 @@ def collect(root: Path) -> dict[str, pd.DataFrame]:
         for checkpoint, relative in LENGTHGEN.items():
             if (run / relative).is_file():
                 parts["lengthgen"].append(_tagged(pd.read_parquet(run / relative), keys, checkpoint=checkpoint))
-    return {kind: pd.concat(frames, ignore_index=True) for kind, frames in parts.items() if frames}
+    tables = {kind: pd.concat(frames, ignore_index=True) for kind, frames in parts.items() if frames}
+    return tables | {kind: pd.read_parquet(root / relative) for kind, relative in THEORY.items()
+                     if (root / relative).is_file()}
 
 
 def main() -> None:
@@ -98,9 +117,12 @@ def main() -> None:
     present = {}
     for kind, frame in tables.items():
         write_parquet(args.out / f"{kind}.parquet", frame)
+        if kind in THEORY:
+            print(f"{kind}: {len(frame)} rows from {THEORY[kind]}")
+            continue
         present[kind] = sorted({f"{p}-s{s}/{t}" for p, s, t in frame[["preset", "seed", "task"]].itertuples(index=False)})
         print(f"{kind}: {len(frame)} rows from {', '.join(present[kind])}")
-    write_json(args.out / "runs.json", {"runs": present})
+    write_json(args.out / "runs.json", {"runs": present, "theory": sorted(set(tables) & set(THEORY))})
 
 
 if __name__ == "__main__":

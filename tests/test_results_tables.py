@@ -14,6 +14,7 @@ from posym.core.theory import check_length, frequency_angle, index_bound, index_
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from collect_paper_results import collect  # noqa: E402
+from paper_scoreboard import BEGIN, END, hop_order, labels_rows, replace_block, scoreboard  # noqa: E402
 from paper_tables import accuracy, spread  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
@@ -74,7 +75,7 @@ def test_collector_tags_every_run_and_keeps_the_last_row_of_a_resumed_step(tmp_p
     for seed, task in [(0, "number"), (1, "letter")]:
         run = tmp_path / f"paper-s{seed}" / task
         (run / "lengthgen-best").mkdir(parents=True)
-        (run / "config.yaml").write_text("seed: 0\n")
+        (run / "config.yaml").write_text("seed: 0\nmax_steps: 250\n")
         # a resumed run wrote step 250 twice: the second row is the one its checkpoint holds
         pd.DataFrame({"step": [0, 250, 250], "acc": [0.1, 0.2, 0.3 + seed]}).to_parquet(run / "metrics.parquet")
         pd.DataFrame({"length": [17, 34], "acc": [1.0, 0.5]}).to_parquet(run / "lengthgen-best" / "lengthgen.parquet")
@@ -82,6 +83,10 @@ def test_collector_tags_every_run_and_keeps_the_last_row_of_a_resumed_step(tmp_p
                                              '"source": "computed"}]}')
     (tmp_path / "logs").mkdir()  # not a run
     (tmp_path / "paper-s2" / "number").mkdir(parents=True)  # no config.yaml: not started
+    training = tmp_path / "paper-s2" / "letter"  # still training: left out of every table
+    training.mkdir()
+    (training / "config.yaml").write_text("seed: 2\nmax_steps: 6000\n")
+    pd.DataFrame({"step": [0, 250], "acc": [0.1, 0.2]}).to_parquet(training / "metrics.parquet")
     tables = collect(tmp_path)
     assert set(tables) == {"training", "validation", "lengthgen"}
     training = tables["training"]
@@ -98,6 +103,49 @@ def test_paper_tables_report_mean_and_std_over_the_seeds_present():
                              **{f"acc_hop{h}": [0.1 * h, 0.1 * h] for h in range(1, 5)}})
     row = accuracy(training, "number").splitlines()[2]
     assert row == "| 500 | 0.300 ± 0.100 | 0.10 ± 0.00 / 0.20 ± 0.00 / 0.30 ± 0.00 / 0.40 ± 0.00 | 2.500 ± 0.500 |"
+
+
+def test_scoreboard_verdicts_follow_their_rules():
+    """Fig. 2A's order rule and Fig. 7's per-layer comparison on hand-made tables of two seeds."""
+    def training(firsts, task="number"):  # per seed, the step at which each hop first reaches 1.0 (else 0.5)
+        rows = [{"preset": "paper", "task": task, "seed": seed, "step": step,
+                 **{f"acc_hop{h}": 1.0 if step >= first[h - 1] else 0.5 for h in range(1, 5)}}
+                for seed, first in enumerate(firsts) for step in range(0, 2001, 250)]
+        return pd.DataFrame(rows)
+
+    row = hop_order(training([(1000, 1250, 1500, 1500), (1250, 1250, 1500, 1750)]), "number")
+    assert row[2].endswith("1125 ± 125 / 1250 ± 0 / 1500 ± 0 / 1625 ± 125") and row[3:] == [2, "reproduced"]
+    assert hop_order(training([(1000, 1250, 1500, 1500), (1500, 1250, 1500, 1750)]), "number")[-1] == "differs"
+    assert hop_order(training([(1500, 1500, 1500, 1750)] * 2, "letter"), "letter")[-1] == "reproduced"
+    assert hop_order(training([(1250, 1500, 1750, 1750), (1250, 1500, 1500, 1500)], "letter"), "letter")[-1] == "differs"
+
+    def composition(labels_per_seed):
+        return pd.DataFrame([{"preset": "paper", "task": "number", "seed": seed, "stage": "end", "gamma": 0.1,
+                              "query_mode": "hops", "layer": layer, "head": 0, "label": label}
+                             for seed, labels in enumerate(labels_per_seed) for layer, label in enumerate(labels)])
+
+    paper = ["positional"] * 4 + ["symbolic"] * 8
+    (row,) = labels_rows(composition([paper, paper]))
+    assert row[4] == "s0: pos L0-L3, sym L4-L11; s1: pos L0-L3, sym L4-L11"
+    assert row[5:] == ["12.0 ± 0.0 of 12", "reproduced"]
+    (row,) = labels_rows(composition([paper, ["mixed"] + paper[1:5] + ["mixed"] + paper[6:]]))
+    assert row[5:] == ["11.0 ± 1.0 of 12", "differs at L0, L5"]
+    text = f"a\n{BEGIN}\nold\n{END}\nb\n"
+    assert replace_block(text, "new") == f"a\n{BEGIN}\n\nnew\n\n{END}\nb\n"
+
+
+@pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
+def test_results_scoreboard_is_the_committed_tables():
+    """docs/results.md's scoreboard block is exactly scripts/paper_scoreboard.py's output on the committed
+    tables (so every "ours" and verdict on the page is recomputed here), and names every acceptance item."""
+    text = (RESULTS.parent / "results.md").read_text()
+    block = text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
+    tables = {p.stem: pd.read_parquet(p) for p in sorted(PAPER.glob("*.parquet"))}
+    assert block == scoreboard(tables)
+    for claim in ("Fig. 2A, number", "Fig. 2A, letter", "Fig. 2B, both tasks", "Fig. 6, number", "Fig. 4B",
+                  "Fig. 5A", "Fig. 5B, letter, last", "Fig. 5B, letter, best", "retention, number",
+                  "| number | 0.05 | target |", "| letter | 0.1 | inner |", "| number | L0-L3 (positional) |"):
+        assert claim in block, claim
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
