@@ -1,19 +1,23 @@
 """The committed tables behind docs/results.md's issue-18 section, read back: columns, ranges, the
 claims the text makes from them, and a few rows recomputed with the code that wrote them."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+from tiny_models import tiny_model
 
 from posym.core.constructions import index_head
-from posym.core.tasks import TaskConfig
+from posym.core.tasks import TaskConfig, generate
 from posym.core.theory import check_length, frequency_angle, index_bound, index_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from collect_paper_results import collect  # noqa: E402
+from extra_token_attention import extra_mass  # noqa: E402
 from paper_scoreboard import BEGIN, END, hop_order, labels_rows, replace_block, scoreboard  # noqa: E402
 from paper_tables import accuracy, spread  # noqa: E402
 
@@ -242,3 +246,20 @@ def test_paper_seed0_claims_of_the_results_text():
     at850 = letter[letter.length == 850].set_index("checkpoint").acc
     assert (round(at850["last"], 2), round(at850["best"], 2)) == (0.62, 0.53)
     assert (letter.n == 480).all()
+
+
+def test_extra_token_mass_is_the_attention_the_model_computes():
+    """scripts/extra_token_attention.py's mass on the extra tokens, from q/k logits, equals the sum of
+    the eager attention weights (output_attentions, float64) over those keys, heads averaged."""
+    model = tiny_model("gptj", qk_scale=1.0)
+    task = TaskConfig("letter", target_size=4, pretarget_size=4, max_hops=2, alphabet_size=4, int_range=4)
+    extra = 6
+    samples = generate(dataclasses.replace(task, extra_target=extra), 5, 0, "test")
+    mass = extra_mass(model, samples, extra)
+    with torch.no_grad():
+        attentions = model(torch.as_tensor(samples.input_ids), output_attentions=True).attentions  # [L][n, H, T, T]
+    assert set(mass.role) == {"last", "pointer"} and (mass[mass.role == "last"]["query"] == task.seq_len + extra - 1).all()
+    for row in mass.itertuples():
+        expected = attentions[row.layer][row.question, :, row.query, :extra].sum(-1).mean().item()
+        assert row.mass == pytest.approx(expected, abs=1e-9)
+    assert len(mass) == sum(len({p for p in chain[:-1] if p >= 0}) for chain in samples.chain) * 2  # 2 layers
