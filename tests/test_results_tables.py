@@ -263,3 +263,39 @@ def test_extra_token_mass_is_the_attention_the_model_computes():
         expected = attentions[row.layer][row.question, :, row.query, :extra].sum(-1).mean().item()
         assert row.mass == pytest.approx(expected, abs=1e-9)
     assert len(mass) == sum(len({p for p in chain[:-1] if p >= 0}) for chain in samples.chain) * 2  # 2 layers
+
+
+@pytest.mark.skipif(not (PAPER / "extra_token_attention.parquet").is_file(), reason="no paper-scale run collected yet")
+def test_paper_seeds_claims_of_the_reasons():
+    """docs/results.md, "Why, claim by claim": the numbers it quotes beside the scoreboard (seeds 0 and 1)."""
+    def paper(name):
+        table = pd.read_parquet(PAPER / f"{name}.parquet")
+        return table[table.preset == "paper"]
+
+    assert {0, 1} <= set(paper("training").seed)
+    composition = paper("composition")
+    letter = composition[(composition.task == "letter") & (composition.gamma == 0.1) & (composition.query_mode == "hops")
+                         & (composition.seed == 1) & (composition.stage == "max_acc")].set_index("layer")
+    assert (letter.step == 1500).all() and letter.loc[8:11].s_pos.round(2).between(0.13, 0.25).all()
+    number = composition[(composition.task == "number") & (composition.gamma == 0.1) & (composition.stage == "end")]
+    l4 = number[(number.layer == 4) & (number.seed == 1)].set_index("query_mode")
+    assert round(l4.s_sym["hops"], 2) == 0.10 and l4.label["hops"] == "mixed"
+    assert (l4.label[["inner", "last", "target"]] == "positional").all()
+    assert (number[number.layer == 6].label == "mixed").all() and number[number.layer == 6].s_sym.between(0.8, 0.88).all()
+    geometry = paper("geometry")
+    linear = geometry[geometry.task == "number"].groupby("layer").weighted_id_linear.mean()
+    assert (round(linear[5]), round(linear[6])) == (19, 27) and linear.loc[7:11].between(33.5, 36).all()
+    lengthgen = paper("lengthgen")
+    letter = lengthgen[(lengthgen.task == "letter") & (lengthgen.protocol == "paper") & (lengthgen.checkpoint == "last")]
+    at850 = letter[letter.length == 850].pivot_table(index="seed", columns="hop", values="acc")
+    assert at850[0].round(2).tolist() == [0.62, 0.64] and (at850[1] >= 0.98).all()
+    assert at850[4].round(2).between(0.07, 0.12).all()
+    number = lengthgen[(lengthgen.task == "number") & (lengthgen.protocol == "seed") & (lengthgen.checkpoint == "last")
+                       & (lengthgen.hop == 0)]
+    assert number[number.factor == 3].sort_values("seed").acc.round(2).tolist() == [0.95, 0.72]
+    leak = pd.read_parquet(PAPER / "extra_token_attention.parquet")
+    leak = leak[(leak.role == "last") & (leak.length == 850) & leak.layer.between(3, 6)]
+    weighted = (leak.mass * leak.pairs).groupby([leak.seed, leak.correct]).sum() / leak.pairs.groupby(
+        [leak.seed, leak.correct]).sum()
+    assert weighted[:, False].round(2).between(0.84, 0.86).all() and weighted[:, True].round(2).between(0.35, 0.43).all()
+    assert (leak.extra == 833).all() and set(leak.seed) == {0, 1}
