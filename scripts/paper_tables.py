@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--preset", default="paper")
     args = parser.parse_args()
     tables = {p.stem: pd.read_parquet(p) for p in sorted(args.dir.glob("*.parquet"))}
-    tables = {k: v[v.preset == args.preset] for k, v in tables.items()}
+    tables = {k: v[v.preset == args.preset] for k, v in tables.items() if "preset" in v}  # theory's have no runs
     sections = [("training", "Accuracy (Fig. 2A)", accuracy), ("composition", "Head labels (Fig. 7)", labels),
                 ("geometry", "Weighted frequency ID per layer (Table 1)", frequency),
                 ("lengthgen", "Accuracy by length (Fig. 5B)", lengths),

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from collect_paper_results import collect  # noqa: E402
 from extra_token_attention import extra_mass  # noqa: E402
 from paper_scoreboard import BEGIN, END, hop_order, labels_rows, replace_block, scoreboard  # noqa: E402
+import paper_tables  # noqa: E402
 from paper_tables import accuracy, spread  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
@@ -136,6 +137,16 @@ def test_scoreboard_verdicts_follow_their_rules():
     assert row[5:] == ["11.0 ± 1.0 of 12", "differs at L0, L5"]
     text = f"a\n{BEGIN}\nold\n{END}\nb\n"
     assert replace_block(text, "new") == f"a\n{BEGIN}\n\nnew\n\n{END}\nb\n"
+
+
+@pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
+def test_paper_tables_prints_every_section_of_the_committed_tables(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["paper_tables.py", "--dir", str(PAPER)])
+    paper_tables.main()
+    printed = capsys.readouterr().out
+    for title in ("Accuracy (Fig. 2A)", "Head labels (Fig. 7)", "Table 1", "Fig. 5B", "Theorem 3.2"):
+        assert printed.count(title) == 2, title  # once per task
+    assert "best step by validation per seed: {0: 2500, 1: 2500}" in printed
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
