@@ -55,7 +55,8 @@ RULES = [
     "Fig. 5B (paper protocol, 480 questions per length): letter = mean accuracy >= 0.9 at 850 tokens; number "
     "('barely generalizes') = mean accuracy <= 0.5 at 128 tokens (7.5x).",
     "Retention (seed protocol: accuracy at 2x-4x the training length over accuracy at 1x): letter = >= 0.8 at "
-    "every factor, number = <= 0.5 at 4x (the summary's ~30%); on the mean over runs.",
+    "every factor, number = between 0.15 and 0.5 at 4x (the summary's ~30%: a collapse to ~0 is not it); on the "
+    "mean over runs.",
 ]
 
 
@@ -252,7 +253,8 @@ def length_rows(lengthgen: pd.DataFrame) -> list[list]:
     seed = lengthgen[(lengthgen.protocol == "seed") & (lengthgen.hop == 0)]
     for preset in ("seed", "paper"):
         for task, claim, rule in (("letter", "symbolic keeps >= 80% at 2x-4x", lambda r: r.min() >= 0.8),
-                                  ("number", "positional ~30% at the longest (4x)", lambda r: r.iloc[-1] <= 0.5)):
+                                  ("number", "positional ~30% at the longest (4x)",
+                                   lambda r: 0.15 <= r.iloc[-1] <= 0.5)):
             runs = seed[(seed.preset == preset) & (seed.task == task) & (seed.checkpoint == "last")]
             runs = runs[runs.factor > 1]
             if runs.empty:

@@ -310,3 +310,29 @@ def test_paper_seeds_claims_of_the_reasons():
         [leak.seed, leak.correct]).sum()
     assert weighted[:, False].round(2).between(0.84, 0.86).all() and weighted[:, True].round(2).between(0.35, 0.43).all()
     assert (leak.extra == 833).all() and set(leak.seed) == {0, 1}
+
+
+@pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
+def test_seed_preset_claims_of_the_reasons():
+    """docs/results.md, "Why, claim by claim": the seed preset's (6 x 8, one run per task) quoted numbers."""
+    def seed_preset(name):
+        table = pd.read_parquet(PAPER / f"{name}.parquet")
+        return table[table.preset == "seed"]
+
+    training = seed_preset("training")
+    assert training.groupby("task").step.max().eq(4000).all()
+    assert (training[training.step == 4000].acc == 1.0).all()
+    assert (seed_preset("geometry").planes == 8).all()
+    composition = seed_preset("composition")
+    number = composition[(composition.task == "number") & (composition.stage == "end") & (composition.gamma == 0.1)]
+    shares = number.groupby("query_mode").label.value_counts(normalize=True).unstack(fill_value=0).round(2)
+    assert shares.loc["hops", ["positional", "symbolic", "mixed"]].tolist() == [0.21, 0.12, 0.67]
+    assert shares.loc["inner", ["positional", "symbolic"]].tolist() == [0.33, 0.25]
+    assert shares.loc["target", ["positional", "symbolic"]].tolist() == [0.44, 0.0]
+    hops = number[number.query_mode == "hops"]
+    assert (hops[hops.layer == 1].label == "positional").all() and (hops[hops.layer.isin([0, 3, 4])].label == "mixed").all()
+    per_layer = hops.groupby("layer")[["pure_positional", "pure_symbolic"]].mean().round(2)
+    assert (per_layer.pure_symbolic[4], per_layer.pure_positional[2]) == (0.64, 0.6)
+    lengthgen = seed_preset("lengthgen")
+    number = lengthgen[(lengthgen.task == "number") & (lengthgen.factor == 2)].set_index("hop")
+    assert (round(number.retention[0], 2), round(number.acc[1], 2)) == (0.05, 0.15)
