@@ -284,6 +284,14 @@ def test_paper_seeds_claims_of_the_reasons():
         return table[table.preset == "paper"]
 
     assert {0, 1} <= set(paper("training").seed)
+    # README, "train": the first step with >= 95% on every hop, per run (seeds 0 and 1; the seed preset)
+    training = pd.read_parquet(PAPER / "training.parquet")
+    every_hop = training[(training[[f"acc_hop{h}" for h in range(1, 5)]] >= 0.95).all(axis=1)]
+    first = every_hop.groupby(["preset", "seed", "task"]).step.min().to_dict()
+    assert {k: first[k] for k in [("paper", 0, "number"), ("paper", 1, "number"), ("paper", 0, "letter"),
+                                  ("paper", 1, "letter"), ("seed", 0, "number"), ("seed", 0, "letter")]} == {
+        ("paper", 0, "number"): 1750, ("paper", 1, "number"): 2000, ("paper", 0, "letter"): 1500,
+        ("paper", 1, "letter"): 1500, ("seed", 0, "number"): 1000, ("seed", 0, "letter"): 1000}
     composition = paper("composition")
     letter = composition[(composition.task == "letter") & (composition.gamma == 0.1) & (composition.query_mode == "hops")
                          & (composition.seed == 1) & (composition.stage == "max_acc")].set_index("layer")
