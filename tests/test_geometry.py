@@ -120,7 +120,6 @@ def test_head_using_one_plane_reports_its_id(kind, plane):
 
 
 def test_frequency_use_on_a_hand_made_table():
-
     channels = pd.DataFrame({
         "layer": [0] * 5 + [1] * 3, "head": [0] * 8, "channel": [0, 1, 2, 3, 4, 0, 1, 2],
         "frequency_id": [1, 2, 3, 4, 0, 1, 2, 3], "frequency": [1.0, 0.5, 0.25, 0.125, 0.0, 1.0, 0.5, 0.25],
@@ -162,7 +161,6 @@ def test_weightings_on_hand_made_uses():
 
 
 def test_frequency_use_reports_every_weighting_with_the_uniform_baseline():
-
     uses = [0.1, 3.0, 0.1, 0.1, 0.0, 0.1]
     channels = pd.DataFrame({"layer": 0, "head": 0, "channel": range(6), "frequency_id": range(1, 7),
                              "frequency": [0.5**k for k in range(6)], "s_pos": 0.0, "s_sym": 0.0, "use": uses})
@@ -237,7 +235,6 @@ def tiny_run(tmp_path_factory):
 
 def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
     import json
-
 
     out = tmp_path / "geo"
     assert run_posym(monkeypatch, "geometry", tiny_run, "--n", 6, "--queries", "hops", "--out", out) == 0

@@ -14,7 +14,7 @@ from posym import figures
 from posym.core.geometry import (PAPER_TABLE1, WEIGHTINGS, channel_means, frequency_use, index_alignment, plane_scores,
                                  qk_projection)
 from posym.core.qk import check_layers
-from posym.core.tasks import token_names
+from posym.core.tasks import offset_ids, token_names
 from posym.errors import PosymError
 from posym.io import manifest, write_json, write_parquet
 from posym.loading import score_prompts
@@ -29,7 +29,7 @@ def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 
     "queries", else the last token).
 
     Returns the keyword arguments of `run_geometry` but `progress` and the figure options: model,
-    input_ids, queries, out_dir, tau, token_names, paper_task and settings (recorded in geometry.json).
+    input_ids, queries, out_dir, tau, token_names, paper_task, offsets and settings (recorded in geometry.json).
     """
     loaded, out = load_analysable(path, step=step, device=device, out=out)
     task_config, step = loaded.info.get("task_config"), loaded.info.get("step")
@@ -39,19 +39,21 @@ def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 
     settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
                 "queries": queries or "file/last", "tau": tau, "seed": seed}
     return {"model": loaded.model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
-            "token_names": names, "paper_task": task_config.task if names else None, "settings": settings}
+            "token_names": names, "paper_task": task_config.task if names else None,
+            "offsets": offset_ids(task_config) if names else None, "settings": settings}
 
 
 def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane_layer: int | None = None,
                  plane_head: int = 0, example: int = 0, token_names=None, paper_task: str | None = None,
-                 settings: dict, progress=None) -> dict:
+                 offsets: dict[int, int] | None = None, settings: dict, progress=None) -> dict:
     """Write planes.parquet (per-prompt channel rows), channels.parquet (channel means),
     frequency.parquet (per head, Table 1), qk_plane.parquet (prompt `example` on the dominant plane
     of plane_layer/plane_head;
     plane_layer None = layer 1 as in the paper's Fig. 4B, or 0 for a 1-layer model), geometry.json and fig8_frequency / fig4b_qk_plane PNG+SVG to out_dir.
 
     token_names: optional id -> text table for the figure labels; paper_task: "number"/"letter" to
-    draw the paper's Table 1 beside ours. Returns the summary dict.
+    draw the paper's Table 1 beside ours; offsets: token id -> offset (`posym.core.tasks.offset_ids`) to
+    read the Fig. 4B plane against T_Index (`index_alignment`). Returns the summary dict.
     """
     n_layers = len(check_layers(model, None))
     plane_layer = min(1, n_layers - 1) if plane_layer is None else plane_layer
@@ -77,9 +79,7 @@ def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane
     paths += figures.save_figure(figures.plot_qk_plane(projection, token_names=token_names),
                                  out_dir / "fig4b_qk_plane")
     per_layer = heads.groupby("layer").mean(numeric_only=True)
-    alignment = None
-    if paper_task == "number" and token_names is not None:  # the integers' ids and the offsets they encode
-        alignment = index_alignment(projection, {i: int(n) for i, n in enumerate(token_names) if n.isdigit()})
+    alignment = index_alignment(projection, offsets) if offsets else None  # number-task runs only
     summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings,
                "weighted_id_per_layer": per_layer.weighted_id.round(2).tolist(),
                "weightings": {name: per_layer[f"weighted_id_{name}"].round(2).tolist() for name in WEIGHTINGS},

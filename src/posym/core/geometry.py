@@ -221,8 +221,6 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
     return frame
 
 
-
-
 def index_alignment(projection, offsets: dict[int, int]) -> dict[str, float]:
     """How close one head's plane (a `qk_projection`) is to T_Index (Fig. 4B, SPEC 5), as numbers.
 

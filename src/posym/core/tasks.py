@@ -473,6 +473,11 @@ def _symbol_name(k: int) -> str:
     return name
 
 
+def offset_ids(config: TaskConfig) -> dict[int, int]:
+    """Number task: token id -> the backward offset it encodes (integers 1..R have ids 1..R); {} for letter."""
+    return {i: i for i in range(1, config.int_range + 1)} if config.task == "number" else {}
+
+
 @functools.lru_cache(maxsize=32)
 def token_names(config: TaskConfig) -> tuple[str, ...]:
     """Text of every token id (index = id); PAD is "<pad>"."""
