@@ -27,7 +27,8 @@ import pandas as pd  # noqa: E402
 from paper_tables import lengths, spread, table  # noqa: E402
 
 from posym.commands.dynamics import layer_ranges  # noqa: E402
-from posym.core.geometry import PAPER_TABLE1, index_alignment  # noqa: E402
+from posym.core.geometry import PAPER_TABLE1, WEIGHTINGS, index_alignment  # noqa: E402
+from posym.core.tasks import TaskConfig, offset_ids  # noqa: E402
 
 BEGIN, END = "<!-- scoreboard:begin -->", "<!-- scoreboard:end -->"
 PAPER_LABELS = {"number": {"positional": range(0, 4), "symbolic": range(4, 12)},
@@ -106,9 +107,9 @@ def pure_at_end(composition: pd.DataFrame, preset: str, task: str) -> tuple[pd.D
 def pure_first(composition: pd.DataFrame, task: str) -> list:
     end, best = pure_at_end(composition, "paper", task)
     pure = end[end.label.isin(["positional", "symbolic"])]
-    kept = (best.label.reindex(pure.index) == pure.label).groupby(level="seed")  # [seed] -> heads
-    fraction = kept.mean()
-    late = [f"s{s} L{layer}" for (s, layer, _), ok in (best.label.reindex(pure.index) == pure.label).items() if not ok]
+    kept = best.label.reindex(pure.index) == pure.label  # [seed, layer, head]: pure already at max accuracy
+    fraction = kept.groupby(level="seed").mean()
+    late = [f"s{s} L{layer}" for (s, layer, _), ok in kept.items() if not ok]
     ours = f"pure at the max-accuracy step: {spread(fraction, 2)} of the heads pure at the end"
     ours += f" (not yet: {', '.join(late)})" if late else ""
     return [f"Fig. 2B, {task}", "accuracy peaks only once the heads are pure", ours, count(end),
@@ -187,7 +188,7 @@ def frequency_rows(geometry: pd.DataFrame) -> list[list]:
         for block, layers in named.items():
             paper = float(np.mean([PAPER_TABLE1[task][layer] for layer in layers]))
             cells, verdicts = [], []
-            for weighting in ("linear", "dominant", "floor", "sharpened"):
+            for weighting in WEIGHTINGS:
                 per_seed = per_layer[f"weighted_id_{weighting}"].unstack("layer")[list(layers)].mean(axis=1)
                 cells.append(spread(per_seed, 1))
                 if abs(per_seed.mean() - paper) <= ID_TOLERANCE:
@@ -206,7 +207,7 @@ def table1_rows(geometry: pd.DataFrame) -> list[list]:
             continue
         per_layer = runs.groupby(["seed", "layer"]).mean(numeric_only=True)
         rows.append([task, "paper", *PAPER_TABLE1[task]])
-        for weighting in ("linear", "dominant", "floor", "sharpened"):
+        for weighting in WEIGHTINGS:
             by_layer = per_layer[f"weighted_id_{weighting}"].unstack("layer")  # [seed, layer]
             rows.append([task, weighting, *(spread(by_layer[layer], 1) for layer in by_layer.columns)])
     return rows
@@ -214,7 +215,7 @@ def table1_rows(geometry: pd.DataFrame) -> list[list]:
 
 def qk_plane_row(qk_plane: pd.DataFrame) -> list:
     runs = runs_of(qk_plane, "paper", "number")
-    offsets = {i: i for i in range(1, 17)}  # the number task's integer ids 1..16 encode offsets 1..16
+    offsets = offset_ids(TaskConfig("number"))  # the paper preset's task: integer ids 1..16
     found = pd.DataFrame([index_alignment(g, offsets) for _, g in runs.groupby("seed")])
     ours = (f"layer 1, plane ID {layer_ranges(sorted(runs.frequency_id.unique()))}: key concentration "
             f"{spread(found.key_concentration, 3)}, query concentration {spread(found.query_concentration, 2)}, "
@@ -292,9 +293,8 @@ def scoreboard(tables: dict[str, pd.DataFrame]) -> str:
                               "verdict"], labels_rows(tables["composition"])))
     if "geometry" in tables:
         parts.append("Table 1 by blocks of layers, mean weighted frequency ID (64 planes, uniform 32.5) under "
-                     "each weighting:\n\n" + table(["task", "layers", "paper", "linear", "dominant", "floor",
-                                                    "sharpened", "n", "verdict"], frequency_rows(tables["geometry"])))
-    if "geometry" in tables:
+                     "each weighting:\n\n" + table(["task", "layers", "paper", *WEIGHTINGS, "n", "verdict"],
+                                                   frequency_rows(tables["geometry"])))
         parts.append("Table 1 per layer (weighted frequency ID, 64 planes, last checkpoint):\n\n"
                      + table(["task", "weighting", *(f"L{layer}" for layer in range(12))], table1_rows(tables["geometry"])))
     if "lengthgen" in tables:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import pandas as pd  # noqa: E402
 
 from posym.commands.dynamics import layer_ranges  # noqa: E402
+from posym.core.geometry import WEIGHTINGS  # noqa: E402
 
 STEPS = (500, 1000, 1500, 2000, 3000, 4000, 5000, 6000)
 """Checkpoints of the accuracy table."""
@@ -67,7 +68,7 @@ def labels(composition: pd.DataFrame, task: str) -> str:
 
 def frequency(geometry: pd.DataFrame, task: str) -> str:
     runs = geometry[geometry.task == task]
-    columns = ["weighted_id_linear", "weighted_id_dominant", "weighted_id_floor", "weighted_id_sharpened"]
+    columns = [f"weighted_id_{name}" for name in WEIGHTINGS]
     per_layer = runs.groupby(["seed", "layer"])[columns].mean().reset_index()
     rows = [[name.removeprefix("weighted_id_")] + [spread(per_layer[per_layer.layer == layer][name], 1)
                                                    for layer in sorted(per_layer.layer.unique())] for name in columns]
