@@ -20,7 +20,6 @@ docs/results/paper/extra_token_attention.parquet (--out).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -34,9 +33,10 @@ import torch  # noqa: E402
 
 from collect_paper_results import runs  # noqa: E402
 
+from posym.commands.lengthgen import extension  # noqa: E402
 from posym.core.swaps import clean_logits, scan  # noqa: E402
 from posym.core.tasks import generate  # noqa: E402
-from posym.core.train import last_logits, to_tensor  # noqa: E402
+from posym.core.train import answer_logits  # noqa: E402
 from posym.io import write_parquet  # noqa: E402
 from posym.loading import load_checkpoint  # noqa: E402
 
@@ -67,12 +67,8 @@ def extra_mass(model, samples, extra: int) -> pd.DataFrame:
 
 def answered(model, samples, batch_size: int = 64):
     """[n] bool: the model's next token after each question is its answer."""
-    right = []
-    with torch.no_grad():
-        for lo in range(0, len(samples.answer), batch_size):
-            logits = last_logits(model, to_tensor(samples.input_ids[lo:lo + batch_size], "cpu"))  # [b, vocab]
-            right.append((logits.argmax(-1) == to_tensor(samples.answer[lo:lo + batch_size], "cpu")).numpy())
-    return np.concatenate(right)
+    return np.concatenate([(logits.argmax(-1) == answer).cpu().numpy()
+                           for logits, answer in answer_logits(model, samples, batch_size)])
 
 
 def measure(run: Path, lengths: list[int], n: int) -> pd.DataFrame:
@@ -82,7 +78,7 @@ def measure(run: Path, lengths: list[int], n: int) -> pd.DataFrame:
     frames = []
     for length in lengths:
         extra = length - task.seq_len
-        samples = generate(dataclasses.replace(task, extra_target=extra), n, 0, "test")
+        samples = generate(extension(task, length), n, 0, "test")
         correct = answered(model, samples)  # [n] bool
         print(f"{run}: length {length}, accuracy {correct.mean():.3f}")
         mass = extra_mass(model, samples, extra)

@@ -157,6 +157,18 @@ def to_tensor(array, device):
     return torch.as_tensor(array, dtype=torch.long).to(device)
 
 
+def answer_logits(model, samples, batch_size: int = 1000):
+    """Per batch of `samples`: (next-token logits [b, vocab] in float32, answers [b]), without gradients."""
+    import torch
+
+    device = next(model.parameters()).device
+    for lo in range(0, len(samples.answer), batch_size):
+        ids = to_tensor(samples.input_ids[lo : lo + batch_size], device)  # [b, seq]
+        with torch.no_grad():
+            logits = last_logits(model, ids).float()  # [b, vocab]
+        yield logits, to_tensor(samples.answer[lo : lo + batch_size], device)
+
+
 def evaluate(model, task_cfg: TaskConfig, n: int, seed: int, split: str = "test", batch_size: int = 1000) -> dict:
     """Accuracy overall and per hop count, and mean cross-entropy, of the next token after the prompt.
 
@@ -167,17 +179,12 @@ def evaluate(model, task_cfg: TaskConfig, n: int, seed: int, split: str = "test"
     import torch.nn.functional as F
 
     samples = generate(task_cfg, n, seed, split=split)
-    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     correct, losses = [], []
-    with torch.no_grad():
-        for lo in range(0, n, batch_size):
-            ids = to_tensor(samples.input_ids[lo : lo + batch_size], device)  # [b, seq]
-            answer = to_tensor(samples.answer[lo : lo + batch_size], device)  # [b]
-            logits = last_logits(model, ids).float()  # [b, vocab]
-            losses.append(F.cross_entropy(logits, answer, reduction="none").cpu())
-            correct.append((logits.argmax(-1) == answer).cpu())
+    for logits, answer in answer_logits(model, samples, batch_size):
+        losses.append(F.cross_entropy(logits, answer, reduction="none").cpu())
+        correct.append((logits.argmax(-1) == answer).cpu())
     model.train(was_training)
     correct_t = torch.cat(correct).double()  # [n]
     hops = torch.as_tensor(samples.hops)  # [n]
