@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from collect_paper_results import collect  # noqa: E402
 from extra_token_attention import extra_mass  # noqa: E402
 from paper_scoreboard import BEGIN, END, hop_order, labels_rows, replace_block, scoreboard  # noqa: E402
+import paper_figures  # noqa: E402
 import paper_tables  # noqa: E402
 from paper_tables import accuracy, spread  # noqa: E402
 
@@ -161,6 +162,29 @@ def test_results_scoreboard_is_the_committed_tables():
                   "Fig. 5A", "Fig. 5B, letter, last", "Fig. 5B, letter, best", "retention, number",
                   "| number | 0.05 | target |", "| letter | 0.1 | inner |", "| number | L0-L3 (positional) |"):
         assert claim in block, claim
+
+
+@pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
+def test_paper_figures_draw_each_seed_and_their_mean():
+    """scripts/paper_figures.py on the committed tables: one thin line per seed and the mean over seeds
+    per series (Fig. 2A's 1-hop mean recomputed), and the committed PNG + SVG of every figure."""
+    training = pd.read_parquet(PAPER / "training.parquet")
+    paper = training[training.preset == "paper"]
+    fig = paper_figures.accuracy_figure(training)
+    for ax, task in zip(fig.axes, paper_figures.TASKS):
+        runs = paper[paper.task == task]
+        seeds = runs.seed.nunique()
+        assert len(ax.lines) == 4 * (seeds + 1) + 1  # 4 hop counts x (seeds + mean), the 0.95 line
+        mean = runs.groupby("step").acc_hop1.mean()
+        assert list(ax.lines[seeds].get_xdata()) == mean.index.tolist()
+        assert ax.lines[seeds].get_ydata() == pytest.approx(mean.to_numpy())
+        assert ax.get_title() == f"{task} (seeds {', '.join(map(str, sorted(runs.seed.unique())))})"
+    composition = pd.read_parquet(PAPER / "composition.parquet")
+    roles = paper_figures.roles_figure(composition).axes
+    assert len(roles) == 2 * len(paper_figures.ROLES)
+    for stem in paper_figures.FIGURES:
+        for suffix in (".png", ".svg"):
+            assert (PAPER / "figures" / f"{stem}{suffix}").stat().st_size > 10_000, stem
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
