@@ -218,6 +218,34 @@ def test_stop_at_keeps_the_schedule_and_resume_finishes_the_same_run(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def test_a_run_from_another_machine_is_finished_here_with_device_and_threads(tmp_path, capsys):
+    """A run whose config names a GPU and more threads than this machine has (started on the GPU machine)
+    is refused with the way out, then finished here with --device cpu --threads 1: the run's config
+    untouched, the change in train.log, the weights of an uninterrupted run on this machine."""
+    cfg = tiny()
+    full = train(cfg, tmp_path / "full", progress=False)
+    run = train(cfg, tmp_path / "moved", progress=False, stop_at=6)
+    elsewhere = {**yaml.safe_load((run / "config.yaml").read_text()), "device": "cuda",
+                 "threads": (os.cpu_count() or 1) + 1}
+    (run / "config.yaml").write_text(yaml.safe_dump(elsewhere))
+    capsys.readouterr()
+    assert cli_exit(["train", "--resume", str(run), "--device", "cpu", "--no-progress"]) == 2
+    assert "more than this machine's" in capsys.readouterr().err  # the threads still refused
+    if not torch.cuda.is_available():
+        assert cli_exit(["train", "--resume", str(run), "--threads", "1", "--no-progress"]) == 2
+        assert "pass --device and/or --threads" in capsys.readouterr().err
+    assert [s for s, _ in list_checkpoints(run)][-1] == 6  # refusals touched nothing
+    assert cli_exit(["train", "--resume", str(run), "--device", "cpu", "--threads", "1", "--no-progress"]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text()) == elsewhere
+    log = (run / "train.log").read_text()
+    assert (f"continuing on cpu with 1 threads (the run's config names cuda with {elsewhere['threads']} threads)"
+            in log)
+    assert_same_weights(list_checkpoints(full)[-1][1], list_checkpoints(run)[-1][1])
+    with pytest.raises(PosymError, match="overrides are for resuming"):
+        train(cfg, tmp_path / "new", progress=False, device="cpu")
+    assert not (tmp_path / "new").exists()
+
+
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     cfg = tiny(max_steps=80, checkpoint_every=8)
     data = to_dict(cfg)

@@ -69,8 +69,11 @@ def train_command(
                                             "--config file's, else auto)."),
     precision: Optional[Precision] = typer.Option(None, help="fp32 (default, exact) or bf16 (forward and loss under "
                                                   "bfloat16 autocast; docs/results.md compares them)."),
+    threads: Optional[int] = typer.Option(None, min=1, help="torch CPU threads (default: the --config file's, else "
+                                          "torch's default)."),
     resume: Optional[Path] = typer.Option(None, help="Continue this run directory from its latest checkpoint "
-                                          "with its own config.yaml (other options are not allowed)."),
+                                          "with its own config.yaml (only --device, --threads, --stop-at and "
+                                          "--progress are allowed: where it runs, not what it computes)."),
     stop_at: Optional[int] = typer.Option(None, help="Stop after a checkpoint at this step, keeping the "
                                           "schedule of the full run; --resume continues it (train in pieces)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
@@ -82,16 +85,17 @@ def train_command(
     io.check_output(out, inputs=[config], is_dir=True)
     if resume is not None:
         given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
-                                          ("--train-steps", train_steps), ("--device", device),
-                                          ("--precision", precision)) if value is not None]
+                                          ("--train-steps", train_steps), ("--precision", precision))
+                 if value is not None]
         if given:
             raise PosymError(f"--resume continues a run with its own config; drop {', '.join(given)}")
-        run_dir = train.train(None, resume, resume=True, progress=progress, stop_at=stop_at)
+        run_dir = train.train(None, resume, resume=True, progress=progress, stop_at=stop_at,
+                              device=device and str(device), threads=threads)
     else:
         if out is None:
             raise PosymError("give the new run directory with --out (or --resume RUN_DIR)")
         flags = {"seed": seed, "max_steps": train_steps, "device": device and str(device),
-                 "precision": precision and str(precision)}
+                 "precision": precision and str(precision), "threads": threads}
         cfg = train.resolve_config(str(preset), str(task), config, {k: v for k, v in flags.items() if v is not None})
         run_dir = train.train(cfg, out, progress=progress, stop_at=stop_at)
     print(f"run directory: {run_dir}")

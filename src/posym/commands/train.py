@@ -198,7 +198,7 @@ def _kept(run_dir: Path) -> str:
 
 def train(
     config: TrainConfig | None, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
-    stop_at: int | None = None,
+    stop_at: int | None = None, device: str | None = None, threads: int | None = None,
 ) -> Path:
     """Train (or, with resume=True, continue) the run in `run_dir`; return `run_dir`.
 
@@ -206,21 +206,33 @@ def train(
     `stop_at` ends the session after a checkpoint at that step without touching the schedule (the lr
     still decays towards max_steps), so a later resume continues the very same run: the way to train
     the 6,000-step `paper` preset on a CPU up to its maximal accuracy, or in pieces.
+    `device` / `threads` (resume only) continue the run on another machine than its config names, e.g.
+    a run started on a GPU finished on a CPU: the config, its hash and the schedule stay the run's, and
+    train.log records the change (the steps after it then differ from an uninterrupted run by float
+    rounding and, for dropout, by the other device's random stream).
     """
     if stop_at is not None and stop_at < 1:
         raise PosymError(f"--stop-at must be a positive step, got {stop_at}")
+    if not resume and (device, threads) != (None, None):
+        raise PosymError("device and threads overrides are for resuming a run; a new run takes them from its config")
     run_dir = Path(run_dir)
     config = _run_config(config, run_dir, resume)
-    device = check_resources(config)  # before the run directory exists: a refused config leaves nothing
+    machine = dataclasses.replace(config, **{k: v for k, v in (("device", device), ("threads", threads)) if v is not None})
+    try:
+        resolved = check_resources(machine)  # before the run directory exists: a refused config leaves nothing
+    except PosymError as refused:
+        if resume:  # a run started elsewhere (a GPU, more cores) can still be finished here
+            raise PosymError(f"{refused}; to continue {run_dir} on this machine, pass --device and/or --threads") from None
+        raise
     with io.locked(run_dir), io.interruptible(lambda: _kept(run_dir)):
         if resume:
-            return _train(config, run_dir, resume, progress, stop_at, device)
+            return _train(config, run_dir, resume, progress, stop_at, resolved, machine)
         _run_config(config, run_dir, resume)  # again, under the lock: nobody started it meanwhile
         started = [io.write_yaml(run_dir / "config.yaml", to_dict(config)),
                    io.write_json(run_dir / "manifest.json", {**io.manifest(to_dict(config), seed=config.seed),
                                                                             "config_hash": run_hash(config)})]
         try:
-            return _train(config, run_dir, resume, progress, stop_at, device)
+            return _train(config, run_dir, resume, progress, stop_at, resolved, config)
         except BaseException:
             if not list_checkpoints(run_dir):  # a start that failed before its first checkpoint blocks nothing
                 for path in [*started, run_dir / "train.log", run_dir / "metrics.parquet", run_dir / CHECKPOINTS]:
@@ -228,14 +240,16 @@ def train(
             raise
 
 
-def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, stop_at: int | None, device: str) -> Path:
-    """The body of `train`, run under the run directory's lock."""
+def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, stop_at: int | None, device: str,
+           machine: TrainConfig) -> Path:
+    """The body of `train`, run under the run directory's lock, on `device` (resolved) with the threads of
+    `machine` (`config` with this session's device/threads overrides)."""
     import pandas as pd
     import torch
 
     chash = run_hash(config)
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    if machine.threads is not None:
+        torch.set_num_threads(machine.threads)
     task = config.task
 
     model = build_model(config.model, task.vocab_size, config.seed).to(device)
@@ -258,6 +272,9 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
         step, ckpt = _resume_point(run_dir, resumable, model, optimizer, device)
         rows = [read_checkpoint_meta(p)["metrics"] for s, p in list_checkpoints(run_dir) if s <= step]
         log_lines.append(f"resumed at step {step} from {ckpt.name}")
+        if (machine.device, machine.threads) != (config.device, config.threads):
+            log_lines.append(f"continuing on {device} with {machine.threads or 'default'} threads (the run's config "
+                             f"names {config.device} with {config.threads or 'default'} threads)")
     else:
         torch.manual_seed(config.seed)
         if torch.cuda.is_available():
