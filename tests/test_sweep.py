@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import os
 import statistics
 
 import pandas as pd
@@ -9,6 +10,7 @@ import pytest
 import yaml
 from cli_runner import run_posym
 
+from posym import io
 from posym.commands import sweep
 from posym.errors import PosymError
 
@@ -114,6 +116,19 @@ def test_failed_trial_is_a_row(tmp_path):
     row = sweep.run_trial(trial, str(tmp_path / "occupied"), False, 4, 1)
     assert row["status"] == "failed" and "already exists and is not empty" in row["error"]
     assert row["name"] == trial["name"] and "acc" not in row
+
+
+def test_a_second_sweep_into_the_same_out_is_refused(tmp_path, monkeypatch, capsys):
+    """While one sweep holds OUT (here: its lock, held by this test), another is refused with one line
+    naming the holder, before any trial starts or any table is written."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"tasks": ["number"], "seeds": [0], "train": TINY_TRAIN}))
+    out = tmp_path / "out"
+    with io.locked(out):
+        assert run_posym(monkeypatch, "sweep", path, "--out", out) == 2
+        assert sorted(p.name for p in out.iterdir()) == [io.LOCK]
+    err = capsys.readouterr().err
+    assert f"{out} is in use by posym process {os.getpid()}" in err
 
 
 @pytest.fixture(scope="module")

@@ -239,15 +239,22 @@ def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = Non
     """Run every trial not yet done on Ray (local unless `address`), at most `max_concurrent` at a
     time; write trials.parquet, aggregate.parquet, aggregate.png/svg and sweep.json into `out`.
     `progress(row)` is called after each trial. Returns sweep.json's content plus the two tables."""
+    out = Path(out)
+    grid = trials(config)
+    if max_concurrent is not None and max_concurrent < 1:
+        raise PosymError(f"--max-concurrent must be positive, got {max_concurrent}")
+    with io.locked(out):  # a second sweep into `out` would run the same trials and race on its tables
+        return _run_sweep(config, out, grid, address, max_concurrent, progress)
+
+
+def _run_sweep(config: SweepConfig, out: Path, grid: list[dict], address: str | None, max_concurrent: int | None,
+               progress: Callable[[dict], None] | None) -> dict:
+    """The body of `run_sweep`, run under `out`'s lock."""
     import json
 
     import pandas as pd
     import ray
 
-    out = Path(out)
-    grid = trials(config)
-    if max_concurrent is not None and max_concurrent < 1:
-        raise PosymError(f"--max-concurrent must be positive, got {max_concurrent}")
     rows = {t["name"]: json.loads(done_path(out, t["name"], SWEEP_JOB).read_text(encoding="utf-8"))["row"]
             for t in grid if is_done(out, t["name"], SWEEP_JOB)}
     todo = [t for t in grid if t["name"] not in rows]
