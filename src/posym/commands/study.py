@@ -28,7 +28,7 @@ from typing import Callable
 
 from posym import configs, io
 from posym.commands import bench, llm
-from posym.commands.study_report import build_study_report
+from posym.commands.study_report import JOB, build_study_report
 from posym.core.discrepancy import head_gaps
 from posym.core.geometry import channel_means, frequency_use, plane_scores
 from posym.core.interventions import ablated, head_means
@@ -42,7 +42,6 @@ from posym.sources import LoadedModel, tokenize
 from posym.stages import is_done, mark_done
 
 STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation")
-JOB = "study"
 SETS = ("binding-last", "binding-name", "number", "letter")
 """Prompt sets of stage 1: binding prompts queried at the last token and at the name token, and the
 Appendix H puzzles queried at the puzzle's final token."""

@@ -15,6 +15,10 @@ from pathlib import Path
 from posym import io
 from posym.commands.llm import plot_heads
 from posym.figures import save_figure, subplots
+from posym.stages import is_done
+
+JOB = "study"
+"""The job name of `posym llm-study`'s done-files (stages/study-<stage>.done.json)."""
 
 GEMMA_HALVES = (0.83, 0.56)
 """2511.11579: median positional score of Gemma-2-2b-it's early and late halves of layers."""
@@ -114,7 +118,7 @@ def plot_ablation(summary, stem) -> list[Path]:
 
 
 def _has(out: Path, stage: str) -> bool:
-    return (out / "stages" / f"study-{stage}.done.json").is_file()
+    return is_done(out, JOB, stage)
 
 
 def _sections(out: Path) -> list[dict]:
