@@ -6,6 +6,7 @@ exercised against a real HTTP server on 127.0.0.1.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -212,6 +213,47 @@ def test_endpoint_errors_are_clear_and_keep_the_key_secret(models, mode, expect,
     message = str(caught.value)
     assert expect in message and "sk-secret-123" not in message
     assert f"after {hits} attempt" in message and server.hits == hits
+
+
+def test_endpoint_goes_through_the_environments_proxy_unless_no_proxy_names_it(monkeypatch):
+    """HTTP_PROXY carries the request (absolute URL, the proxy's credentials as Proxy-Authorization, the
+    API key still for the endpoint) to a host only the proxy knows; NO_PROXY sends it straight there."""
+    seen = []
+
+    class Proxy(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append((self.path, self.headers.get("Host"), self.headers.get("Proxy-Authorization"),
+                         self.headers.get("Authorization")))
+            data = json.dumps({"choices": [{"message": {"content": "via proxy"}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://user:p%40ss@127.0.0.1:{proxy.server_address[1]}")
+    monkeypatch.setenv("TINY_KEY", "sk-secret-123")
+    try:
+        endpoint = bench.Endpoint("http://llm.example.invalid:8000/v1", "tiny", "TINY_KEY", timeout_s=5, retries=0)
+        assert bench.chat(endpoint, "Alice likes") == "via proxy"
+        assert seen == [("http://llm.example.invalid:8000/v1/chat/completions", "llm.example.invalid:8000",
+                         "Basic " + base64.b64encode(b"user:p@ss").decode(), "Bearer sk-secret-123")]
+        # the proxy is bypassed for a host NO_PROXY names: the request goes to that host itself
+        direct = f"http://127.0.0.1:{proxy.server_address[1]}/v1"
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there: a bypass is the only way
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        assert bench.chat(bench.Endpoint(direct, "tiny", None, timeout_s=5, retries=0), "Alice likes") == "via proxy"
+        assert seen[-1][:3] == ("/v1/chat/completions", direct[7:-3], None)
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
 
 
 def test_markers_both_runs_the_variants_side_by_side(models, tmp_path, capsys, monkeypatch):

@@ -179,6 +179,35 @@ def _masked(text: str, key: str | None, limit: int = 200) -> str:
     return text[:limit]
 
 
+def _connection(url: str, headers: dict, timeout_s: float):
+    """(connection, request target) for `url`, through the proxy the environment names for its scheme
+    (HTTP_PROXY / HTTPS_PROXY, unless NO_PROXY lists the host), as urllib and requests do: plain HTTP asks
+    the proxy for the absolute URL, HTTPS tunnels through it (CONNECT) so TLS still ends at the endpoint.
+    A proxy's user:password becomes its Proxy-Authorization header (added to `headers`)."""
+    import base64
+    import http.client
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return kind(parts.hostname, parts.port, timeout=timeout_s), target
+    via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    auth = {}
+    if via.username is not None:
+        token = f"{urllib.parse.unquote(via.username)}:{urllib.parse.unquote(via.password or '')}"
+        auth = {"Proxy-Authorization": "Basic " + base64.b64encode(token.encode()).decode()}
+    connection = kind(via.hostname, via.port or 8080, timeout=timeout_s)
+    if parts.scheme == "https":
+        connection.set_tunnel(parts.hostname, parts.port, headers=auth)
+        return connection, target
+    headers.update(auth)
+    return connection, url
+
+
 def _post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, str, bytes]:
     """POST `body`, return (status, reason, reply body). The whole exchange (connect, headers, body) must
     end within `timeout_s`: a timer shuts the socket down at the deadline, so a server that trickles
@@ -186,11 +215,9 @@ def _post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, 
     import http.client
     import socket
     import threading
-    import urllib.parse
 
-    parts = urllib.parse.urlsplit(url)
-    connection = (http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection)(
-        parts.hostname, parts.port, timeout=timeout_s)
+    headers = dict(headers)
+    connection, target = _connection(url, headers, timeout_s)
     expired, sockets = threading.Event(), []  # the socket itself: a closing reply detaches it from the connection
 
     def expire() -> None:
@@ -208,7 +235,7 @@ def _post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, 
         sockets.append(connection.sock)
         if expired.is_set():
             raise TimeoutError
-        connection.request("POST", parts.path + (f"?{parts.query}" if parts.query else ""), body, headers)
+        connection.request("POST", target, body, headers)
         reply = connection.getresponse()
         data = reply.read(MAX_REPLY_BYTES)
         if expired.is_set():  # the shutdown ended the read early: what came is only part of the reply
