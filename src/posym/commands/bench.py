@@ -200,7 +200,7 @@ def _connection(url: str, headers: dict, timeout_s: float):
     if via.username is not None:
         token = f"{urllib.parse.unquote(via.username)}:{urllib.parse.unquote(via.password or '')}"
         auth = {"Proxy-Authorization": "Basic " + base64.b64encode(token.encode()).decode()}
-    connection = kind(via.hostname, via.port or 8080, timeout=timeout_s)
+    connection = kind(via.hostname, via.port or (443 if via.scheme == "https" else 80), timeout=timeout_s)
     if parts.scheme == "https":
         connection.set_tunnel(parts.hostname, parts.port, headers=auth)
         return connection, target
