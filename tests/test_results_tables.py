@@ -294,6 +294,17 @@ def test_paper_seed0_claims_of_the_results_text():
     assert (letter.n == 480).all()
 
 
+def test_activation_table_backs_the_gelu_claim():
+    """docs/results.md, Fig. 5B letter: exact gelu (seed 0) against gelu_new (seeds 0-2), all at step 2,500."""
+    table = pd.read_parquet(RESULTS / "activation_letter.parquet")
+    assert {"activation", "seed", "step", "length", "hop", "n", "acc", "test_acc"} <= set(table.columns)
+    assert (table.step == 2500).all() and (table[table.hop == 0].n == 480).all() and (table.test_acc == 1.0).all()
+    acc = table[table.hop == 0].pivot_table(index="length", columns=["activation", "seed"], values="acc")
+    assert sorted(acc.index) == [68, 256, 512, 850]
+    assert acc.loc[850, "gelu_new"].round(2).tolist() == [0.57, 0.46, 0.51] and round(acc.loc[850, ("gelu", 0)], 2) == 0.58
+    assert (acc[("gelu", 0)] - acc[("gelu_new", 0)]).abs().max() <= 0.03
+
+
 def test_extra_token_mass_is_the_attention_the_model_computes():
     """scripts/extra_token_attention.py's mass on the extra tokens, from q/k logits, equals the sum of
     the eager attention weights (output_attentions, float64) over those keys, heads averaged."""
