@@ -32,15 +32,14 @@ from posym.configs import to_dict  # noqa: E402
 from posym.commands.lengthgen import LengthGenConfig, run_lengthgen  # noqa: E402
 from posym.loading import list_checkpoints, read_checkpoint_meta  # noqa: E402
 
-RUNS = {"gelu_new": "paper-s{seed}/letter", "gelu": "gelu-s{seed}/letter"}
-"""Activation -> run directory pattern under RUNS."""
+RUNS = {"gelu_new": "paper", "gelu": "gelu"}
+"""Activation -> the prefix of its runs' directories under RUNS (<prefix>-s<seed>/letter)."""
 
 
 def runs(root: Path) -> list[tuple[str, int, Path]]:
     """(activation, seed, run directory) of every letter run present."""
     found = []
-    for activation, pattern in RUNS.items():
-        prefix = pattern.split("-s")[0]
+    for activation, prefix in RUNS.items():
         for path in sorted(root.glob(f"{prefix}-s*/letter")):
             match = re.fullmatch(rf"{prefix}-s(\d+)", path.parent.name)
             if match:

@@ -179,11 +179,12 @@ def _masked(text: str, key: str | None, limit: int = 200) -> str:
     return text[:limit]
 
 
-def _connection(url: str, headers: dict, timeout_s: float):
-    """(connection, request target) for `url`, through the proxy the environment names for its scheme
-    (HTTP_PROXY / HTTPS_PROXY, unless NO_PROXY lists the host), as urllib and requests do: plain HTTP asks
-    the proxy for the absolute URL, HTTPS tunnels through it (CONNECT) so TLS still ends at the endpoint.
-    A proxy's user:password becomes its Proxy-Authorization header (added to `headers`)."""
+def _connection(url: str, timeout_s: float):
+    """(connection, request target, extra request headers) for `url`, through the proxy the environment
+    names for its scheme (HTTP_PROXY / HTTPS_PROXY, unless NO_PROXY lists the host), as urllib and
+    requests do: plain HTTP asks the proxy for the absolute URL, HTTPS tunnels through it (CONNECT) so
+    TLS still ends at the endpoint. A proxy's user:password becomes its Proxy-Authorization header (on
+    the CONNECT for HTTPS, on the request itself for plain HTTP)."""
     import base64
     import http.client
     import urllib.parse
@@ -194,7 +195,7 @@ def _connection(url: str, headers: dict, timeout_s: float):
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     proxy = urllib.request.getproxies().get(parts.scheme)
     if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
-        return kind(parts.hostname, parts.port, timeout=timeout_s), target
+        return kind(parts.hostname, parts.port, timeout=timeout_s), target, {}
     via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     auth = {}
     if via.username is not None:
@@ -203,9 +204,8 @@ def _connection(url: str, headers: dict, timeout_s: float):
     connection = kind(via.hostname, via.port or (443 if via.scheme == "https" else 80), timeout=timeout_s)
     if parts.scheme == "https":
         connection.set_tunnel(parts.hostname, parts.port, headers=auth)
-        return connection, target
-    headers.update(auth)
-    return connection, url
+        return connection, target, {}
+    return connection, url, auth
 
 
 def _post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, str, bytes]:
@@ -216,8 +216,7 @@ def _post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, 
     import socket
     import threading
 
-    headers = dict(headers)
-    connection, target = _connection(url, headers, timeout_s)
+    connection, target, proxy_headers = _connection(url, timeout_s)
     expired, sockets = threading.Event(), []  # the socket itself: a closing reply detaches it from the connection
 
     def expire() -> None:
@@ -235,7 +234,7 @@ def _post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, 
         sockets.append(connection.sock)
         if expired.is_set():
             raise TimeoutError
-        connection.request("POST", target, body, headers)
+        connection.request("POST", target, body, {**headers, **proxy_headers})
         reply = connection.getresponse()
         data = reply.read(MAX_REPLY_BYTES)
         if expired.is_set():  # the shutdown ended the read early: what came is only part of the reply

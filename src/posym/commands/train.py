@@ -232,7 +232,7 @@ def train(
                    io.write_json(run_dir / "manifest.json", {**io.manifest(to_dict(config), seed=config.seed),
                                                                             "config_hash": run_hash(config)})]
         try:
-            return _train(config, run_dir, resume, progress, stop_at, resolved, config)
+            return _train(config, run_dir, resume, progress, stop_at, resolved, machine)
         except BaseException:
             if not list_checkpoints(run_dir):  # a start that failed before its first checkpoint blocks nothing
                 for path in [*started, run_dir / "train.log", run_dir / "metrics.parquet", run_dir / CHECKPOINTS]:
