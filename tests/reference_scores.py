@@ -21,7 +21,20 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import eager_mask
 
 RECORDED: list[torch.Tensor] = []
+VISIBLE: list[torch.Tensor] = []
+"""Per recorded pass: [T, T] bool, which keys each query of the target layer sees under the model's
+own attention mask (its causal sliding window on local layers) and the written-out causal mask."""
 TARGET = {"layer": None, "own": False}
+
+
+def _visible(attention_mask, t: int) -> torch.Tensor:
+    """[t, t] bool: the keys each query sees, from the additive (0 = visible) or boolean mask the
+    layer received, and causality written out (no trust in the mask plumbing for that part)."""
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    if attention_mask is None:
+        return causal
+    mask = attention_mask[0, 0, :, :t].cpu()
+    return causal & (mask if mask.dtype == torch.bool else mask == 0)
 
 
 def _recording_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -31,6 +44,8 @@ def _recording_attention(module, query, key, value, attention_mask, scaling, dro
     TARGET["own"] the target layer runs the model's own eager kernel too and its weights are recorded
     (float32 softmax in most families)."""
     eager = sys.modules[type(module).__module__].eager_attention_forward
+    if module.layer_idx == TARGET["layer"]:
+        VISIBLE.append(_visible(attention_mask, key.shape[-2]))
     if module.layer_idx != TARGET["layer"] or TARGET["own"]:
         out = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         if module.layer_idx == TARGET["layer"]:
@@ -42,9 +57,7 @@ def _recording_attention(module, query, key, value, attention_mask, scaling, dro
     logits = query @ key.transpose(2, 3) * scaling  # [batch, heads, q, k]
     if kwargs.get("softcap") is not None:  # Gemma 2: logits soft-capped before the softmax
         logits = kwargs["softcap"] * torch.tanh(logits / kwargs["softcap"])
-    t = logits.shape[-1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=logits.device).tril()
-    logits = logits.masked_fill(~causal, float("-inf"))  # written out: no trust in the mask plumbing
+    logits = logits.masked_fill(~VISIBLE[-1].to(logits.device), float("-inf"))  # causal (+ the model's window)
     weights = torch.softmax(logits, dim=-1)
     RECORDED.append(weights.detach())
     return (weights @ value).transpose(1, 2).contiguous(), weights
@@ -134,6 +147,7 @@ def attention_rows(model, ids, layer, swap=None, own=False):
     handles = [decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True),
                decoder_layers(model)[layer].register_forward_hook(stop)]
     RECORDED.clear()
+    VISIBLE.clear()
     TARGET.update(layer=layer, own=own)
     try:
         with torch.no_grad():
@@ -151,23 +165,39 @@ class _Recorded(Exception):
     """Ends a reference pass once the target layer has run."""
 
 
+def visible_keys_of(model, ids, query, layer) -> list[int]:
+    """The key positions `query` sees in `layer` under the model's own attention mask (one pass)."""
+    attention_rows(model, ids, layer)
+    return VISIBLE[0][query].nonzero()[:, 0].tolist()
+
+
 def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, own=False, rows=None,
                            exclude_keys=()):
     """Per-head scores of one (prompt, query, layer) by re-running the layer once per swap
     (own: read the model's own eager attention weights, see `attention_rows`; rows: another
     function (model, ids, layer, swap) -> [heads, T, T], e.g. for TransformerLens models; exclude_keys:
-    positions no swap may move)."""
+    positions no swap may move). The swaps are those of keys the query sees under the model's own mask
+    (both keys inside a sliding window: the pairs a re-run can tell apart), and the row is over those keys."""
     rows = rows or (lambda m, i, layer_, swap=None: attention_rows(m, i, layer_, swap, own=own))
     ids = list(ids)  # the whole prompt, as the fast path runs it (the same shapes: the same float rounding upstream)
-    clean = rows(model, ids, layer)[:, query, : query + 1]  # [heads, n]
-    swaps = [(x, y) for x, y in reference_blocks(query, blocks) if not set(x + y) & set(exclude_keys)]
-    after = [rows(model, ids, layer, s)[:, query, : query + 1] for s in swaps]
+    VISIBLE.clear()  # filled by attention_rows; another `rows` function leaves it empty: every key 0..query
+    full = rows(model, ids, layer)  # [heads, T, T]
+    seen = VISIBLE[0][query].nonzero()[:, 0].tolist() if VISIBLE else list(range(query + 1))
+    first = seen[0]
+    assert seen == list(range(first, query + 1)), seen  # a causal window ending at the query
+    clean = full[:, query, first : query + 1]  # [heads, n]
+    # swaps of visible keys only, written in positions; the rows are indexed from `first`
+    swaps = [([first + x for x in a], [first + y for y in b]) for a, b in reference_blocks(query - first, blocks)]
+    swaps = [(a, b) for a, b in swaps if not set(a + b) & set(exclude_keys)]
+    after = [rows(model, ids, layer, s)[:, query, first : query + 1] for s in swaps]
+    swaps = [([x - first for x in a], [y - first for y in b]) for a, b in swaps]  # indices into the rows
     out = []
     for h in range(clean.shape[0]):
         s_pos, s_sym = _scores_from_rows(clean[h].double(), [r[h].double() for r in after], swaps, tau)
         p = clean[h].double()
         top = int(p.argmax())
         out.append({"head": h, "s_pos": s_pos, "s_sym": s_sym,
-                    "entropy": float(-(p * p.clamp_min(1e-300).log()).sum()), "n_swaps": len(swaps),
-                    "attn_first": float(p[0]), "top_key": top, "attn_top": float(p[top])})
+                    "entropy": float(-(p * p.clamp_min(1e-300).log()).sum()), "n_swaps": len(swaps), "keys": len(seen),
+                    "attn_first": float(p[0]) if first == 0 else float("nan"), "top_key": top + first,
+                    "attn_top": float(p[top])})
     return out

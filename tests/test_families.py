@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from reference_scores import attention_rows, reference_model_scores
 from tiny_models import FAMILIES, KINDS, random_prompts, tiny_model
 
@@ -89,11 +88,3 @@ def test_unsupported_models_say_why():
     for kind in KINDS + FAMILIES:
         check_rope(kind, "here")
 
-
-def test_prompts_beyond_a_sliding_window_are_refused():
-    config = transformers.MistralConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1, sliding_window=4)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(PosymError, match="sliding window"):
-        score_model(model, random_prompts([6]))
-    assert len(score_model(model, random_prompts([4]))) == 2

@@ -276,8 +276,8 @@ def test_streaming_batches_and_determinism():
     assert [sorted(set(p["prompt"])) for p in parts] == [[0], [1, 2], [3]]
     whole = score_model(model, prompts)
     assert whole.equals(score_model(model, prompts))
-    assert list(whole.columns) == ["prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps", "kept",
-                                   "bound", "attn_first", "top_key", "attn_top"]
+    assert list(whole.columns) == ["prompt", "query", "layer", "head", "keys", "s_pos", "s_sym", "entropy", "n_swaps",
+                                   "kept", "bound", "attn_first", "top_key", "attn_top"]
 
 
 def test_chunks_of_one_row_and_one_head_give_the_same_scores(monkeypatch):

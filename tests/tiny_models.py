@@ -20,9 +20,16 @@ projection, Gemma 3, Cohere), soft-capping and query pre-scaling (Gemma 2), loca
 VOCAB = 40
 
 
-def tiny_model(kind: str, dtype=torch.float64, seed: int = 0, qk_scale: float = 8.0):
+WINDOWED = ["mistral", "qwen2", "starcoder2", "gemma2", "gemma3_text"]
+"""Families whose layers can have a sliding window (`tiny_model(kind, window=w)`): every layer of
+Mistral, Starcoder2 and Qwen2 (use_sliding_window, max_window_layers=0), layer 0 of Gemma 2 and
+Gemma 3 (sliding, then full attention)."""
+
+
+def tiny_model(kind: str, dtype=torch.float64, seed: int = 0, qk_scale: float = 8.0, window: int | None = None):
     """A random 2-layer model of `kind` (eager attention) with query/key weights multiplied by
-    `qk_scale` so that attention is peaked."""
+    `qk_scale` so that attention is peaked; `window`: the sliding window of its local layers
+    (WINDOWED families; default: Gemma 2/3 a window of 32 past every test prompt, the others none)."""
     torch.manual_seed(seed)
     common = dict(vocab_size=VOCAB, max_position_embeddings=64, attn_implementation="eager")
     llama_like = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -64,6 +71,13 @@ def tiny_model(kind: str, dtype=torch.float64, seed: int = 0, qk_scale: float = 
         "phi": lambda: transformers.PhiConfig(partial_rotary_factor=0.5, qk_layernorm=True,
                                               **{k: v for k, v in llama_like.items() if k != "num_key_value_heads"}),
     }[kind]()
+    if window is not None:
+        if kind not in WINDOWED:
+            raise ValueError(f"{kind} has no sliding window")
+        config.sliding_window = window
+        if kind == "qwen2":
+            config.use_sliding_window, config.max_window_layers = True, 0
+            config.layer_types = ["sliding_attention"] * config.num_hidden_layers
     model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

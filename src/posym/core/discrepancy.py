@@ -34,8 +34,9 @@ def head_gaps(model, input_ids, queries=None, *, layers: list[int] | None = None
     """Largest minus second-largest attention logit of every head at every query (float64 maths).
 
     input_ids: 1-D id sequences; queries: "last" (default), "all" or per prompt a list of positions
-    (see `posym.core.swaps.query_batches`). Returns a DataFrame with GAP_COLUMNS: keys = query + 1 (the
-    keys it sees), top_key = the position of its largest logit, top_logit that logit.
+    (see `posym.core.swaps.query_batches`). Returns a DataFrame with GAP_COLUMNS: keys = the keys the
+    query sees (query + 1, or the layer's sliding window: the gaps are over those keys only), top_key =
+    the position of its largest logit, top_logit that logit.
     progress: optional callable(number of prompts just finished).
     """
     import pandas as pd
@@ -44,19 +45,21 @@ def head_gaps(model, input_ids, queries=None, *, layers: list[int] | None = None
         found = []
         heads = list(range(qk.q.shape[1]))
         for p, rows in jobs.items():
+            first = qk.first_key(p)  # keys first .. p are the ones query p sees
             logits = clean_logits(qk, torch.tensor(rows), heads, p)  # [G, H, n]
             top = logits.topk(2, dim=-1)  # values, indices [G, H, 2]
             gap = (top.values[..., 0] - top.values[..., 1]).tolist()  # [G][H]
-            key, best = top.indices[..., 0].tolist(), top.values[..., 0].tolist()
-            found += [(row, p, layer, h, gap[g][h], key[g][h], best[g][h]) for g, row in enumerate(rows) for h in heads]
+            key, best = (top.indices[..., 0] + first).tolist(), top.values[..., 0].tolist()
+            found += [(row, p, p - first + 1, layer, h, gap[g][h], key[g][h], best[g][h])
+                      for g, row in enumerate(rows) for h in heads]
         return found
 
     records = []
     for batch, results in scan(model, input_ids, queries, layer_gaps, layers=layers, batch_size=batch_size,
                                progress=progress):
-        records += [{"prompt": batch[row], "query": p, "keys": p + 1, "layer": layer, "head": h, "gap": gap,
+        records += [{"prompt": batch[row], "query": p, "keys": keys, "layer": layer, "head": h, "gap": gap,
                      "top_key": key, "top_logit": best}
-                    for found in results for row, p, layer, h, gap, key, best in found]
+                    for found in results for row, p, keys, layer, h, gap, key, best in found]
     frame = pd.DataFrame.from_records(records, columns=list(GAP_COLUMNS))
     return frame.sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
 

@@ -9,7 +9,11 @@ tables from `posym.core.qk`), so it works on every family `posym.core.qk` suppor
 half-split planes, partial rotary included).
 
 Definitions (what the numbers in Table 1 / Fig. 8 mean here):
-- channel logits: plane k's own contribution to the query's logits over keys 0..p.
+- channel logits: plane k's own contribution to the query's logits over the keys it sees (0..p; on
+  a sliding-window layer only the window's, docs/windows.md).
+- frequency IDs and theta are per layer: each layer's planes are read off its own rotary tables, so
+  a model with local and global RoPE bases (Gemma 3: 10,000 and 1,000,000) reports plane k of a local
+  layer at the local base's theta_k and of a global layer at the global one (`frequency`, `rope_base`).
 - max_logit of a channel on one (prompt, query): the largest of those contributions (SPEC 4, the
   paper's "max logit per frequency", Fig. 4C). "use" of a channel = max_logit averaged over all
   (prompt, query) rows.
@@ -54,7 +58,7 @@ PAPER_TABLE1 = {
     "number": [1, 2, 2, 2, 10, 39, 38, 38, 38, 37, 37, 38],
     "letter": [18, 32, 42, 37, 40, 38, 41, 38, 41, 39, 38, 40],
 }
-PLANE_COLUMNS = ("prompt", "query", "layer", "head", "channel", "frequency_id", "frequency",
+PLANE_COLUMNS = ("prompt", "query", "layer", "head", "keys", "channel", "frequency_id", "frequency",
                  "s_pos", "s_sym", "max_logit")
 
 
@@ -73,8 +77,10 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
 
     input_ids: 1-D id sequences (lengths may differ). queries: "last" (default), "all" or per prompt
     a list of positions. layers/heads: indices (default all). Channel c < r/2 is the plane of
-    frequency ID c + 1 (`frequency` = its theta); the position-free channel, if the head has
-    non-rotary dims, has frequency_id 0 and frequency 0. The channels' logits sum to the head's.
+    frequency ID c + 1 (`frequency` = its theta, read off that layer's own rotary tables: a local and
+    a global layer of Gemma 3 differ); the position-free channel, if the head has non-rotary dims, has
+    frequency_id 0 and frequency 0. The channels' logits sum to the head's. keys: the keys the query
+    sees (query + 1, or the layer's sliding window), over which the channel's row and swaps run.
     """
     import pandas as pd
 
@@ -91,7 +97,8 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
         freq = torch.cat((theta, torch.zeros(channels - theta.shape[0], dtype=theta.dtype)))
         frames = []
         for p, rows in jobs.items():
-            step = max(1, swaps.BUDGET // (len(heads) * channels * (p + 1) ** 2))
+            n = p - qk.first_key(p) + 1  # the keys query p sees (a sliding window's on a local layer)
+            step = max(1, swaps.BUDGET // (len(heads) * channels * n ** 2))
             for lo in range(0, len(rows), step):
                 chunk = rows[lo : lo + step]
                 swapped = swaps.plane_swap_logits(qk, torch.tensor(chunk), heads, p)  # [G, H, C, n, n]
@@ -100,7 +107,7 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
                 shape = clean.shape[:-1]  # [G, H, C]
                 frames.append(pd.DataFrame({
                     "row": torch.tensor(chunk)[:, None, None].expand(shape).flatten(),
-                    "query": p, "layer": layer,
+                    "query": p, "layer": layer, "keys": n,
                     "head": torch.tensor(heads)[None, :, None].expand(shape).flatten(),
                     "channel": torch.arange(channels)[None, None].expand(shape).flatten(),
                     "frequency_id": ids[None, None].expand(shape).flatten(),
@@ -160,7 +167,10 @@ def weighted_ids(ids, use) -> dict[str, float]:
 
 def frequency_use(planes):
     """Per (layer, head): weighted_id (linear) and weighted_id_<name> for each of WEIGHTINGS,
-    weighted_frequency, dominant_id, free_use, planes and uniform_id (module docstring).
+    weighted_frequency, dominant_id, dominant_frequency (its theta), rope_base, free_use, planes and
+    uniform_id (module docstring). Angles are the layer's own (its `frequency` column): rope_base =
+    theta_2^(-P), the base b of theta_k = b^(-(k - 1) / P) for P planes (exact for unscaled RoPE; a
+    scaled table's effective base), so Gemma 3's local and global layers show 10,000 and 1,000,000.
 
     planes: rows of `plane_scores` or `channel_means` (a `use` column is taken as already averaged).
     A weighted ID is NaN when its weights are all 0 (linear: no rotary plane has a positive use).
@@ -177,11 +187,14 @@ def frequency_use(planes):
         total = w.sum()
         free = g.use[g.frequency_id == 0]
         ids = weighted_ids(rotary.frequency_id.to_numpy(), use)
+        theta = rotary.frequency.to_numpy()  # [P], this layer's own angles
         rows.append({
             "layer": layer, "head": head, "weighted_id": ids["linear"],
             **{f"weighted_id_{name}": value for name, value in ids.items()},
             "weighted_frequency": float(w @ rotary.frequency.to_numpy() / total) if total > 0 else float("nan"),
             "dominant_id": int(rotary.frequency_id.to_numpy()[np.argmax(use)]),
+            "dominant_frequency": float(theta[np.argmax(use)]),
+            "rope_base": float(theta[1] ** -len(theta)) if len(theta) > 1 and theta[1] > 0 else float("nan"),
             "free_use": float(free.iloc[0]) if len(free) else float("nan"),
             "planes": len(rotary), "uniform_id": (len(rotary) + 1) / 2,
         })

@@ -63,11 +63,13 @@ def movable_items(keys: int, blocks: int | None, exclude_keys=()) -> Tensor:
     return items
 
 
-def sink_view(log_d: Tensor) -> dict[str, Tensor]:
-    """attn_first (attention on key 0), top_key (the most attended key) and attn_top (its attention) of
-    log-softmax rows [..., n]."""
+def sink_view(log_d: Tensor, first: int = 0) -> dict[str, Tensor]:
+    """attn_first (attention on token 0), top_key (the position of the most attended key) and attn_top
+    (its attention) of log-softmax rows [..., n] over key positions first .. first + n - 1. A row whose
+    window starts past token 0 (first > 0) has no token-0 sink: attn_first is NaN there, not 0."""
     top = log_d.max(-1)
-    return {"attn_first": log_d[..., 0].exp(), "top_key": top.indices, "attn_top": top.values.exp()}
+    attn_first = log_d[..., 0].exp() if first == 0 else torch.full_like(log_d[..., 0], float("nan"))
+    return {"attn_first": attn_first, "top_key": top.indices + first, "attn_top": top.values.exp()}
 
 
 def item_values(clean: Tensor, items: Tensor, compare: str) -> Tensor:
@@ -133,12 +135,13 @@ def _pair_chunks(counts: Tensor, order: Tensor, chunk: int):
         yield row, order[row, i], order[row, j]
 
 
-def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, tau: float = 1e-4, blocks: int | None = None,
+def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, first: int = 0, tau: float = 1e-4, blocks: int | None = None,
                compare: str = "probs", epsilon: float | None = 1e-12, exclude_keys=()) -> dict[str, Tensor]:
-    """Scores of R query rows from u, k [R, n, d] (`posym.swaps.unrotated_queries`, flattened).
+    """Scores of R query rows from u, k [R, n, d] (`posym.swaps.unrotated_queries`, flattened): the n
+    keys the queries see, positions first .. first + n - 1 (the last is the query, which never moves).
 
     epsilon: the bound on the dropped swap weight per row (None: every swap, the dense reference).
-    exclude_keys: key positions no swap moves (`movable_items`).
+    exclude_keys: key positions no swap moves (`movable_items`; positions outside the window are ignored).
     Returns s_pos, s_sym, entropy, kept (swaps weighed), bound (max change of s_pos and s_sym from
     the dropped swaps), the sink view (`sink_view`), all [R], and n_swaps (int).
     """
@@ -146,7 +149,7 @@ def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, tau: float = 1e-4, blocks: i
     clean = swaps.soft_capped(qk.scale * (u * k).sum(-1), qk.softcap)  # [R, n]
     log_d = torch.log_softmax(clean, dim=-1)
     entropy = -(log_d.exp() * log_d).sum(-1)  # [R]
-    items = movable_items(n - 1, blocks, exclude_keys).to(u.device)  # [M, size]
+    items = movable_items(n - 1, blocks, [int(key) - first for key in exclude_keys]).to(u.device)  # [M, size]
     x = item_values(clean, items, compare)  # [R, M]
     order, counts, top, dropped = kept_counts(x, tau, epsilon)
     kept = counts.sum(-1)  # [R]
@@ -182,4 +185,4 @@ def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, tau: float = 1e-4, blocks: i
     dropped_weight = (n_swaps - kept) * torch.exp((dropped - top) / tau)  # [R] (0 where dense)
     return {"s_pos": pos / weight, "s_sym": sym / weight, "entropy": entropy, "kept": kept,
             "bound": torch.where(sparse, 2 * dropped_weight / (weight + dropped_weight), 0.0),
-            "n_swaps": n_swaps, **sink_view(log_d)}
+            "n_swaps": n_swaps, **sink_view(log_d, first)}

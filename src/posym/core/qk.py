@@ -17,9 +17,13 @@ sliding window; the plane layout (half-split or interleaved) is read off the lay
 which must be reproduced to float rounding. Tested: GPT-J, GPT-NeoX, Llama, Mistral, Qwen2, Qwen3,
 Gemma, Gemma 2, Gemma 3 (text), Phi-3, OLMo 2, StableLM, Starcoder2, Granite, Mixtral, Qwen2-MoE,
 Qwen3-MoE, Cohere, Phi. Not decomposable: DeepSeek V2/V3 and Kimi K2 (decoupled RoPE; `check_rope` says so).
-Models without RoPE (e.g. GPT-2) are a PosymError. Sliding windows: prompts must fit in every
-layer's window (all keys visible), else a PosymError; `check_prompt` / `as_batch` validate ids
-(vocabulary, positions, sliding window) and `check_layers` layer indices before any pass.
+Models without RoPE (e.g. GPT-2) are a PosymError. Sliding windows (Gemma 2/3's local layers, Mistral,
+Qwen2, Starcoder2, ...): a layer with window w lets query p see keys p - w + 1 .. p only (`HeadQK.window`,
+`first_key`), and every engine works over the keys a query sees (docs/windows.md); `capture` checks
+that the attention mask the layer actually applies is exactly that causal window, so any other
+pattern (chunked or bidirectional attention) is a PosymError rather than a silently wrong score.
+`check_prompt` / `as_batch` validate ids (vocabulary, positions) and `check_layers` layer indices
+before any pass.
 """
 
 from __future__ import annotations
@@ -66,6 +70,13 @@ class HeadQK:
     query_pre_attn_scalar^-1/2; Granite: attention_multiplier)."""
     softcap: float | None = None
     """Attention-logit soft-capping (Gemma 2): the logit is softcap * tanh(raw / softcap); None = none."""
+    window: int | None = None
+    """The layer's sliding window w: query p sees keys max(0, p - w + 1) .. p (w keys, itself included);
+    None = every key 0 .. p (global attention)."""
+
+    def first_key(self, p: int) -> int:
+        """The first key position query p sees (0 unless the layer's window excludes earlier keys)."""
+        return 0 if self.window is None else max(0, p - self.window + 1)
 
 
 def _rotate_pairs(x: Tensor, pairing: str) -> Tensor:
@@ -171,7 +182,8 @@ def _spying(model, state: dict):
 
         def kernel_spy(attn, query, key, *args, **kwargs):
             if state["layer"] is not None:
-                state["kernel"] = (query, key, kwargs)
+                mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")  # (value, attention_mask, ...)
+                state["kernel"] = (query, key, {**kwargs, "attention_mask": mask})
             return kernel(attn, query, key, *args, **kwargs)
         return kernel_spy
 
@@ -222,7 +234,8 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
 
     Works on any model whose attention rotates with its modeling module's `apply_rotary_pos_emb` and
     calls a kernel from `ALL_ATTENTION_FUNCTIONS` (module docstring); each layer's rotation is checked
-    against the model's own (`pairing_of`), its scale, soft-cap and sliding window read from the kernel call.
+    against the model's own (`pairing_of`), its scale, soft-cap and sliding window read from the kernel call
+    (and its attention mask checked against that window: `check_mask`).
     The pass runs in eval mode (no dropout) and the model's training flag is restored afterwards.
     """
     if hasattr(model, "posym_capture"):  # a model from another library (posym.core.interop)
@@ -242,16 +255,15 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
             q, k, cos, sin, q_post, _ = _pre_rotation(state, kind)
             options = state["kernel"][2]
             window = options.get("sliding_window")
-            if window is not None and ids.shape[1] > window:
-                raise PosymError(f"{ids.shape[1]} tokens exceed layer {layer}'s sliding window ({window}); "
-                                 "scores need every key visible")
+            window = None if window is None or window >= ids.shape[1] else int(window)  # a window past T hides nothing
+            check_mask(options.get("attention_mask"), ids.shape[1], window, layer)
             pairing = pairing_of(q, cos, sin, q_post, kind, layer)
             heads = q.shape[1]
             k = k.repeat_interleave(heads // k.shape[1], dim=1)  # GQA: query head h reads key head h // groups
             batch = q.shape[0]  # the tables come as [1, T, r] when every prompt starts at position 0
             scale = options.get("scaling")
             qk = HeadQK(q, k, cos.expand(batch, -1, -1), sin.expand(batch, -1, -1), pairing,
-                        float(q.shape[-1] ** -0.5 if scale is None else scale), options.get("softcap"))
+                        float(q.shape[-1] ** -0.5 if scale is None else scale), options.get("softcap"), window)
             on_layer(layer, qk)
             if layer == layers[-1]:
                 raise _Done
@@ -274,6 +286,28 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
         for handle in handles:
             handle.remove()
         model.train(was_training)
+
+
+def visible_keys(T: int, window: int | None, device=None) -> Tensor:
+    """[T, T] bool: query p sees key j iff j <= p and (no window or j > p - window) (transformers'
+    causal mask and `sliding_window_overlay`)."""
+    p = torch.arange(T, device=device)[:, None]  # [T, 1]
+    j = torch.arange(T, device=device)[None, :]  # [1, T]
+    return (j <= p) & (j > p - window) if window is not None else j <= p  # [T, T]
+
+
+def check_mask(mask, T: int, window: int | None, layer: int) -> None:
+    """A PosymError unless the attention mask a layer's kernel received (None: causal, the kernel's own
+    flag; bool: True = visible; float: 0 = visible, additive) is the causal window `visible_keys`
+    for every prompt of the batch. A mask the kernel gets in another form (a flex BlockMask) is not
+    read; the window then comes from the kernel's `sliding_window` alone."""
+    if not isinstance(mask, Tensor) or mask.dim() != 4 or mask.shape[-2:] != (T, T):
+        return
+    seen = mask if mask.dtype == torch.bool else mask == 0  # [B, 1 or H, T, T]
+    if not bool((seen == visible_keys(T, window, mask.device)).all()):
+        expected = f"a sliding window of {window} keys" if window is not None else "causal attention"
+        raise PosymError(f"layer {layer}'s attention mask is not {expected} over {T} tokens (chunked, bidirectional "
+                         "or padded attention); posym scores only causal and sliding-window layers")
 
 
 def check_layers(model, layers) -> list[int]:
@@ -321,9 +355,6 @@ def check_prompt(model, ids, where: str = "prompt") -> Tensor:
     limit = _max_positions(model)
     if limit is not None and len(ids) > limit:
         raise PosymError(f"{where}: {len(ids)} tokens exceed the model's {limit} positions")
-    window = getattr(model.config, "sliding_window", None)
-    if window is not None and getattr(model.config, "use_sliding_window", True) and len(ids) > window:
-        raise PosymError(f"{where}: {len(ids)} tokens exceed the sliding window ({window}); scores need every key visible")
     return ids.long()
 
 

@@ -62,7 +62,8 @@ def swap_scores(
 ) -> dict[str, Tensor | int]:
     """Positional and symbolic scores of one query row (computed in float64).
 
-    clean   [..., n]     logits of the query (position n-1) over keys 0..n-1.
+    clean   [..., n]     logits of the query over the n keys it sees, the query last (keys 0..n-1 when
+                         the query is at position n-1; the window's keys on a sliding-window layer).
     swapped [..., n, n]  swapped[..., a, b] = logit at key position a holding the content of b
                          (its diagonal equals `clean`). Swaps move keys 0..n-2; the query never moves.
     tau: temperature of the swap weights alpha = softmax(|D_i - D_j| / tau) (1e-4: nearly a hard max).
@@ -110,8 +111,10 @@ def hop_queries(chain) -> list[int]:
 
 # ---- scoring -------------------------------------------------------------------------------------
 
-COLUMNS = ("prompt", "query", "layer", "head", "s_pos", "s_sym", "entropy", "n_swaps", "kept", "bound", "attn_first",
-           "top_key", "attn_top")
+COLUMNS = ("prompt", "query", "layer", "head", "keys", "s_pos", "s_sym", "entropy", "n_swaps", "kept", "bound",
+           "attn_first", "top_key", "attn_top")
+"""keys: how many keys the query sees (query + 1, or the layer's sliding window); top_key is a position;
+attn_first is NaN where the window excludes token 0 (no token-0 sink there)."""
 FLOAT_COLUMNS = ("s_pos", "s_sym", "entropy", "bound", "attn_first", "attn_top")
 ROW_KEYS = ("s_pos", "s_sym", "entropy", "kept", "bound", "attn_first", "top_key", "attn_top")
 """Per-row results of `posym.core.pruning.score_rows` that become columns."""
@@ -121,10 +124,14 @@ def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> di
     """Columns of one layer's scores for jobs {query position: [batch rows]}, vectorised over rows
     and heads: a chunk holds about BUDGET elements of queries and keys (many rows at short queries,
     one row and a few heads at a query thousands of tokens in)."""
-    out: dict[str, list] = {key: [] for key in ("row", "query", "head", "n_swaps", *ROW_KEYS)}
+    out: dict[str, list] = {key: [] for key in ("row", "query", "head", "keys", "n_swaps", *ROW_KEYS)}
     heads, d = qk.q.shape[1], qk.q.shape[-1]
     for p, rows in jobs.items():
-        per_head = (p + 1) * d
+        first = qk.first_key(p)
+        n = p - first + 1  # the keys query p sees (the query itself included)
+        if n < 3:
+            raise PosymError(f"a sliding window of {qk.window} keys leaves query {p} fewer than 2 earlier keys to swap")
+        per_head = n * d
         head_step = min(heads, max(1, swaps.BUDGET // per_head))
         row_step = max(1, swaps.BUDGET // (per_head * head_step))
         for start in range(0, len(rows), row_step):
@@ -132,10 +139,11 @@ def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> di
             for h0 in range(0, heads, head_step):
                 hs = list(range(h0, min(heads, h0 + head_step)))
                 u, k = swaps.unrotated_queries(qk, torch.tensor(chunk), hs, p, dtype)  # [G, h, n, d] each
-                res = score_rows(qk, u.flatten(0, 1), k.flatten(0, 1), **options)  # [G * h] each
+                res = score_rows(qk, u.flatten(0, 1), k.flatten(0, 1), first=first, **options)  # [G * h] each
                 out["row"] += [row for row in chunk for _ in hs]
                 out["head"] += hs * len(chunk)
                 out["query"] += [p] * (len(chunk) * len(hs))
+                out["keys"] += [n] * (len(chunk) * len(hs))
                 out["n_swaps"] += [res["n_swaps"]] * (len(chunk) * len(hs))
                 for key in ROW_KEYS:
                     out[key] += res[key].tolist()
@@ -199,8 +207,9 @@ def iter_scores(
         value (`posym.pruning`); "dense" weighs every swap (the reference; bound 0).
     dtype: precision of the score maths (float64 default: tau = 1e-4 amplifies rounding).
     progress: optional callable(number of prompts just finished).
-    One forward pass per batch; the attention maps are never materialised. Rows record n_swaps,
-    kept (the swaps weighed) and bound.
+    One forward pass per batch; the attention maps are never materialised. Rows record keys (the keys
+    the query sees: on a sliding-window layer only its window's, and every swap moves two of those),
+    n_swaps, kept (the swaps weighed) and bound.
     """
     import pandas as pd
 

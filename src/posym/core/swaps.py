@@ -10,6 +10,10 @@ and b of a query's attention row. With RoPE the logit of content b placed at pos
 (`pair_logits`). Its diagonal is the clean row (`clean_logits` computes it alone in O(n d)). Every
 function applies the head's attention-logit soft-capping (`HeadQK.softcap`) to whole-head logits.
 
+The keys are the ones the query sees: positions first .. p with first = `HeadQK.first_key(p)` (0 on
+global layers, p - w + 1 under a sliding window w), so index a of every row here is key position
+first + a and n = p - first + 1 (docs/windows.md: swaps move only visible keys, both of them).
+
 `scan` is the shared scaffolding of scores, geometry and discrepancy: checked prompts in batches of
 equal length (`query_batches`), one forward pass per batch in eval mode (`posym.qk.capture`), a
 callback per captured layer. Numbers are float64 unless a dtype is given; the model is not changed.
@@ -108,20 +112,21 @@ def soft_capped(logits: Tensor, softcap: float | None) -> Tensor:
 
 
 def unrotated_queries(qk: HeadQK, rows: Tensor, heads, p: int, dtype=torch.float64) -> tuple[Tensor, Tensor]:
-    """(u, k) for query p of batch `rows` and `heads` (a slice or index list), keys 0..p:
-    u[g, h, a] = R_a^T R_p q_p (so that scale * u_a . k_b is the logit of content b at position a)
-    and k[g, h, b] the pre-rotation keys, both [G, H, n, d] with n = p + 1."""
-    n = p + 1
+    """(u, k) for query p of batch `rows` and `heads` (a slice or index list), over the keys it sees,
+    positions first .. p (first = `qk.first_key(p)`, n = p - first + 1): u[g, h, a] = R_{first+a}^T R_p q_p
+    (so that scale * u_a . k_b is the logit of content first+b at position first+a) and k[g, h, b] the
+    pre-rotation keys, both [G, H, n, d]."""
+    first = qk.first_key(p)
     rows = torch.as_tensor(rows, device=qk.q.device)
-    cos, sin = qk.cos[rows, :n].to(dtype)[:, None], qk.sin[rows, :n].to(dtype)[:, None]  # [G, 1, n, r]
-    q = rotate(qk.q[rows][:, heads, p].to(dtype), cos[:, :, p], sin[:, :, p], qk.pairing)  # [G, H, d]
+    cos, sin = qk.cos[rows, first : p + 1].to(dtype)[:, None], qk.sin[rows, first : p + 1].to(dtype)[:, None]  # [G, 1, n, r]
+    q = rotate(qk.q[rows][:, heads, p].to(dtype), cos[:, :, -1], sin[:, :, -1], qk.pairing)  # [G, H, d]
     u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, H, n, d]
-    return u, qk.k[rows][:, heads, :n].to(dtype)  # [G, H, n, d] each
+    return u, qk.k[rows][:, heads, first : p + 1].to(dtype)  # [G, H, n, d] each
 
 
 def swap_logits(qk: HeadQK, rows: Tensor, heads, p: int, dtype=torch.float64) -> Tensor:
-    """swapped[g, h, a, b] [G, H, n, n]: the logit of key content b placed at position a (query p);
-    the diagonal is the clean row."""
+    """swapped[g, h, a, b] [G, H, n, n]: the logit of key content first+b placed at position first+a
+    (query p, the keys it sees: `unrotated_queries`); the diagonal is the clean row."""
     u, k = unrotated_queries(qk, rows, heads, p, dtype)
     return soft_capped(qk.scale * u @ k.transpose(-1, -2), qk.softcap)  # [G, H, n, n]
 
@@ -143,7 +148,7 @@ def plane_swap_logits(qk: HeadQK, rows: Tensor, heads, p: int) -> Tensor:
 
 
 def clean_logits(qk: HeadQK, rows: Tensor, heads, p: int, dtype=torch.float64) -> Tensor:
-    """The logits [G, H, n] of query p over keys 0..p, exactly as the model computes them."""
+    """The logits [G, H, n] of query p over the keys it sees (first .. p), exactly as the model computes them."""
     u, k = unrotated_queries(qk, rows, heads, p, dtype)
     return soft_capped(qk.scale * (u * k).sum(-1), qk.softcap)  # [G, H, n]
 
