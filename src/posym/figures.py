@@ -151,7 +151,9 @@ def plot_frequency_use(channels, heads, *, paper=None, paper_planes: int = 64) -
     """Fig. 8: use (mean max logit) of each rotary plane per layer as a heat map, and the weighted
     frequency ID per layer divided by the number of planes (so models of different widths share one
     axis) beside the paper's Table 1 (`paper`: one number per layer, out of `paper_planes`) and the
-    uniform baseline (planes + 1) / 2 (every plane used alike)."""
+    uniform baseline (planes + 1) / 2 (every plane used alike). Where layers have different RoPE bases
+    (Gemma 3's local and global layers), each layer's label carries its base: frequency ID k is a
+    different theta on each kind."""
     import numpy as np
 
     rotary = channels[channels.frequency_id > 0]
@@ -161,8 +163,12 @@ def plot_frequency_use(channels, heads, *, paper=None, paper_planes: int = 64) -
     image = left.imshow(grid.to_numpy().clip(min=0), aspect="auto", origin="lower", cmap="viridis",
                         extent=(0.5, planes + 0.5, -0.5, len(grid) - 0.5))
     fig.colorbar(image, ax=left, label="use (mean max logit, clipped at 0)")
-    left.set(xlabel="frequency ID (1 = fastest)", ylabel="layer", title="frequency use per layer",
-             yticks=range(len(grid)), yticklabels=[str(layer) for layer in grid.index])
+    bases = rotary.groupby("layer").apply(lambda g: g.frequency[g.frequency_id == 2].iloc[0] ** -g.frequency_id.max()
+                                          if (g.frequency_id == 2).any() else np.nan, include_groups=False)
+    mixed = bases.round(-1).nunique() > 1  # local and global RoPE bases (Gemma 3): label each layer's
+    left.set(xlabel="frequency ID (1 = fastest)", ylabel="layer (RoPE base)" if mixed else "layer",
+             title="frequency use per layer", yticks=range(len(grid)),
+             yticklabels=[f"{layer} ({bases[layer]:.0e})" if mixed else str(layer) for layer in grid.index])
     per_layer = heads.groupby("layer").weighted_id.mean()
     right.plot(per_layer.to_numpy() / planes, per_layer.index, "o-", label=f"ours ({planes} planes)")
     if paper is not None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from posym import figures
-from posym.core.geometry import (PAPER_TABLE1, WEIGHTINGS, channel_means, frequency_use, index_alignment, plane_scores,
-                                 qk_projection)
+from posym.core.geometry import (PAPER_TABLE1, WEIGHTINGS, channel_means, frequency_use, index_alignment, layer_bases,
+                                 plane_scores, qk_projection)
 from posym.core.qk import check_layers
 from posym.core.tasks import offset_ids, token_names
 from posym.errors import PosymError
@@ -84,6 +84,7 @@ def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane
                "weighted_id_per_layer": per_layer.weighted_id.round(2).tolist(),
                "weightings": {name: per_layer[f"weighted_id_{name}"].round(2).tolist() for name in WEIGHTINGS},
                "planes": int(heads.planes.max()), "uniform_id": float(heads.uniform_id.max()),
+               "rope_base_per_layer": [round(base, 1) for base in layer_bases(means).values()],
                "paper_table1": paper, "plane_figure": {"layer": plane_layer, "head": plane_head,
                                                        "frequency_id": dominant, "prompt": example,
                                                        "index_alignment": alignment},

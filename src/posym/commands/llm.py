@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from posym.commands.bench import bench_prompts
-from posym.core.geometry import plane_scores
+from posym.core.geometry import layer_bases, plane_scores
 from posym.core.scores import score_model, summarize_heads
 from posym.core.study import find_sinks, sink_changes
 from posym.errors import PosymError
@@ -139,7 +139,8 @@ def plot_planes(planes):
         ax.patch.set_visible(False)
         ax.plot(rows.frequency_id, rows.s_pos, "o-", ms=3, label="s_pos")
         ax.plot(rows.frequency_id, rows.s_sym, "s-", ms=3, label="s_sym")
-        ax.set(title=f"layer {layer} head {head}", ylabel="score", ylim=(-0.05, 1.05))
+        base = layer_bases(rows).get(int(layer), float("nan"))  # local and global layers differ (Gemma 3)
+        ax.set(title=f"layer {layer} head {head}, RoPE base {base:,.0f}", ylabel="score", ylim=(-0.05, 1.05))
     axes[-1, 0].set_xlabel("frequency ID (1 = fastest plane; 0 = non-rotary dims)")
     axes[0, 0].legend(fontsize=8)
     return fig
@@ -192,7 +193,7 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
         # one pass per chosen layer scores all of its chosen heads (posym.core.geometry's channel engine)
         per_prompt = pd.concat([plane_scores(loaded.model, ids, queries, layers=[layer], heads=chosen, tau=tau)
                                 for layer, chosen in _heads_by_layer(heads).items()])
-        planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id"], as_index=False)[
+        planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id", "frequency"], as_index=False)[
             ["s_pos", "s_sym", "max_logit"]].mean()
         write_parquet(out_dir / "planes.parquet", planes)
         save_figure(plot_planes(planes), out_dir / "planes")

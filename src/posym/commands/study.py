@@ -255,7 +255,10 @@ def stage_discrepancy(loaded: LoadedModel, config: StudyConfig, out: Path, progr
                          layers=sorted(set(chosen.layer.astype(int))))
         for head in chosen.itertuples():
             mine = gaps[(gaps.layer == head.layer) & (gaps["head"] == head.head)]
-            theta = frequency_angle(int(head.dominant_id), base=base, rotary_dim=head_dim)
+            # the dominant plane's angle off the head's own layer's tables (Gemma 3: local and global bases);
+            # a frequency stage written before that column existed falls back to the config's one base
+            theta = (float(head.dominant_frequency) if hasattr(head, "dominant_frequency")
+                     else frequency_angle(int(head.dominant_id), base=base, rotary_dim=head_dim))
             rows += [{"group": head.group, "layer": head.layer, "head": head.head, "length": length,
                       "prompt": int(g.prompt), "gap": float(g.gap), "top_key": int(g.top_key),
                       "dominant_id": int(head.dominant_id), "theta": theta, "index_bound": index_bound(theta, length)}
@@ -263,6 +266,8 @@ def stage_discrepancy(loaded: LoadedModel, config: StudyConfig, out: Path, progr
         progress(1)
     io.write_parquet(out / "gaps.parquet", pd.DataFrame(rows))
     io.write_json(out / "discrepancy.json", {"rope_base": base, "head_dim": head_dim,
+                                             "theta": "the dominant plane's angle read off the head's own layer's "
+                                                      "rotary tables (per-layer RoPE bases)",
                                              "bound": "Theorem 3.2 Index bound min(1 - cos theta, 2 pi^2 / n^2) for "
                                                       "unit-norm q, k; the measured gaps carry the head's norms"})
 

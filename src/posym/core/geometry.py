@@ -37,7 +37,8 @@ Public API
 - `plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau=1e-4)`: one row per
   (prompt, query, layer, head, channel) with frequency_id, frequency, s_pos, s_sym, max_logit.
 - `frequency_use(planes)`: per head weighted_id (+ every weighting), weighted_frequency, dominant_id,
-  free_use, planes, uniform_id; `weighted_ids(ids, use)` the weightings of one head.
+  dominant_frequency, rope_base, free_use, planes, uniform_id; `weighted_ids(ids, use)` the weightings
+  of one head; `layer_bases(planes)` the RoPE base of every layer.
 - `qk_projection(model, input_ids, layer, head, frequency_id)`: one prompt's queries and keys on
   one plane (Fig. 4B), before and after rotation.
 `posym geometry` (loading, Parquet tables, JSON summary, figures) is `posym.commands.geometry`.
@@ -125,6 +126,17 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
             frames.append(frame)
     out = pd.concat(frames, ignore_index=True)
     return out.sort_values(["prompt", "query", "layer", "head", "channel"], ignore_index=True)[list(PLANE_COLUMNS)]
+
+
+def layer_bases(planes) -> dict[int, float]:
+    """{layer: RoPE base} read off a plane table (`plane_scores` or `channel_means` rows): theta_2^(-P)
+    for the layer's P rotary planes (`frequency_use`'s rope_base; NaN with fewer than two planes)."""
+    rotary = planes[planes.frequency_id > 0]
+    out = {}
+    for layer, g in rotary.groupby("layer"):
+        second = g.frequency[g.frequency_id == 2]
+        out[int(layer)] = float(second.iloc[0]) ** -int(g.frequency_id.max()) if len(second) else float("nan")
+    return out
 
 
 def channel_means(planes):
