@@ -1,0 +1,97 @@
+"""The committed head-level retention tables (issue 33, item 5), read back: columns, ranges, row counts,
+values recomputed by hand from docs/results/paper/discrepancy.parquet and dynamics.parquet, and the
+script's own rebuild equal to what is committed."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import paper_head_retention  # noqa: E402
+
+PAPER = Path(__file__).resolve().parents[1] / "docs" / "results" / "paper"
+LENGTHS = [17, 34, 51, 68, 128, 256, 512, 850, 1024, 2048]
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return {name: pd.read_parquet(PAPER / f"{name}.parquet") for name in
+            ("head_retention", "head_retention_labels", "head_retention_seeds", "head_retention_layers",
+             "head_retention_first")}
+
+
+def test_rebuild_equals_committed(committed):
+    rebuilt = paper_head_retention.build(PAPER)
+    for name, table in committed.items():
+        pd.testing.assert_frame_equal(table, rebuilt[name], check_dtype=False)
+
+
+def test_head_table_columns_rows_ranges(committed):
+    heads = committed["head_retention"]
+    assert {"preset", "seed", "task", "layer", "head", "length", "factor", "inputs", "gap_q50", "gap_mean",
+            "gap_q50_base", "gap_mean_base", "retention_q50", "retention_mean", "label", "label_step"} <= set(heads)
+    assert len(heads) == 3 * 2 * 12 * len(LENGTHS)  # seeds x tasks x layers (one head each) x lengths
+    assert sorted(heads.length.unique()) == LENGTHS and (heads.inputs == 64).all()
+    assert heads.label.isin(["positional", "symbolic", "mixed", "uniform"]).all()
+    assert (heads.retention_q50 > 0).all() and (heads.retention_mean > 0).all()
+    np.testing.assert_allclose(heads[heads.length == 17][["retention_q50", "retention_mean"]], 1.0)
+    assert (heads.label_step == 6000).all()
+
+
+def test_values_recomputed_by_hand(committed):
+    gaps = pd.read_parquet(PAPER / "discrepancy.parquet")
+    dyn = pd.read_parquet(PAPER / "dynamics.parquet")
+
+    def gap(seed, task, layer, length, col="gap_q50"):
+        row = gaps[(gaps.preset == "paper") & (gaps.seed == seed) & (gaps.task == task) & (gaps.layer == layer)
+                   & (gaps["head"] == 0) & (gaps.length == length)]
+        return float(row[col].iloc[0])
+
+    heads = committed["head_retention"]
+    for seed, task, layer, length in [(0, "number", 2, 68), (1, "letter", 9, 128), (2, "number", 10, 2048)]:
+        row = heads[(heads.seed == seed) & (heads.task == task) & (heads.layer == layer) & (heads.length == length)]
+        assert row.retention_q50.iloc[0] == pytest.approx(gap(seed, task, layer, length) / gap(seed, task, layer, 17))
+        assert row.retention_mean.iloc[0] == pytest.approx(
+            gap(seed, task, layer, length, "gap_mean") / gap(seed, task, layer, 17, "gap_mean"))
+    # labels: dynamics at the run's last step, hop queries, gamma 0.1
+    hops = dyn[(dyn.preset == "paper") & (dyn.seed == 1) & (dyn.task == "number") & (dyn.query_mode == "hops")]
+    last = hops[hops.step == hops.step.max()].set_index("layer").label_gamma_0p1
+    ours = heads[(heads.seed == 1) & (heads.task == "number") & (heads.length == 17)].set_index("layer").label
+    assert (ours == last).all()
+    # per label: the median over the label's heads of the head retentions, per seed
+    positional = [layer for layer, label in last.items() if label == "positional"]
+    want = np.median([gap(1, "number", l, 68) / gap(1, "number", l, 17) for l in positional])
+    labels = committed["head_retention_labels"]
+    row = labels[(labels.seed == 1) & (labels.task == "number") & (labels.label == "positional")
+                 & (labels.length == 68) & (labels.measure == "gap_q50")].iloc[0]
+    assert row.median_retention == pytest.approx(want) and row.heads == len(positional)
+
+
+def test_over_seeds_and_the_issue_note(committed):
+    """The issue's note: the median ratio at 4x is about 0.30 for positional heads and above 1 for
+    symbolic heads (number model); what the tables hold, intervals over the three seeds."""
+    seeds = committed["head_retention_seeds"].set_index(["task", "label", "length", "measure"])
+    pos, sym = seeds.loc[("number", "positional", 68, "gap_q50")], seeds.loc[("number", "symbolic", 68, "gap_q50")]
+    assert pos.seeds == 3 and pos.seed_list == "0,1,2" and 0.2 < pos["mean"] < 0.4 and pos["max"] < 0.5
+    assert sym.seeds == 3 and sym["min"] > 1.0
+    assert seeds.loc[("letter", "symbolic", 68, "gap_q50")]["min"] > 1.0
+    per_seed = committed["head_retention_labels"]
+    sub = per_seed[(per_seed.task == "number") & (per_seed.label == "positional") & (per_seed.length == 68)
+                   & (per_seed.measure == "gap_q50")].median_retention
+    assert pos["mean"] == pytest.approx(sub.mean()) and pos["sd"] == pytest.approx(sub.std(ddof=1))
+    assert pos.lo == pytest.approx(sub.mean() - 4.302652729749464 * sub.std(ddof=1) / np.sqrt(3))
+    assert (seeds["lo"] <= seeds["mean"]).all() or seeds["lo"].isna().any()
+
+
+def test_which_layers_lose_their_margin_first(committed):
+    layers, first = committed["head_retention_layers"], committed["head_retention_first"]
+    assert len(layers) == 3 * 2 * 2 * 12  # seeds x lengths x measures x layers
+    assert sorted(layers.length.unique()) == [68, 128]
+    assert layers.groupby(["seed", "length", "measure"])["rank"].min().eq(1).all()
+    assert len(first) == 3 * 2 * 2
+    # in every seed, at 68 and 128 tokens, layers 1-4 lose their margin before layers 7-11
+    assert first.L1_L4_all_below_L7_L11.all()
+    assert (first.median_L1_L4 < 0.6).all() and (first.median_L7_L11 > 1.0).all()
