@@ -95,3 +95,51 @@ def test_which_layers_lose_their_margin_first(committed):
     # in every seed, at 68 and 128 tokens, layers 1-4 lose their margin before layers 7-11
     assert first.L1_L4_all_below_L7_L11.all()
     assert (first.median_L1_L4 < 0.6).all() and (first.median_L7_L11 > 1.0).all()
+
+
+# ---- posym run's two models (quick preset, seed 0): docs/results/run/ --------------------------------
+
+RUN = PAPER.parent / "run"
+
+
+def test_run_head_tables_columns_rows_ranges():
+    heads = pd.read_parquet(RUN / "head_retention.parquet")
+    groups = pd.read_parquet(RUN / "head_groups.parquet")
+    assert list(heads.columns) == ["task", "step", "layer", "head", "length", "margin", "margin_retention",
+                                   "attn_tracked", "attn_tracked_retention", "prompts", "s_pos", "s_sym", "label"]
+    assert list(groups.columns) == ["task", "step", "group", "factor", "measure", "length", "value", "lo", "hi",
+                                    "heads", "draws", "prompts"]
+    assert len(heads) == 2 * 8 * len(LENGTHS)  # tasks x layers (one head each: the quick preset) x lengths
+    assert heads.groupby("task").step.first().to_dict() == {"letter": 3000, "number": 1750}
+    assert (heads.prompts == 64).all() and (groups.prompts == 64).all()
+    assert (heads.margin > 0).all() and heads.attn_tracked.between(0, 1).all()
+    np.testing.assert_allclose(heads[heads.length == 17][["margin_retention", "attn_tracked_retention"]], 1.0)
+    # the labels of the run's own dynamics summary: number positional L1-L2, symbolic L3-L7; letter symbolic
+    # L0-L5, L7 (L6 mixed), no positional head
+    labels = heads[heads.length == 17].set_index(["task", "layer"]).label
+    assert [labels["number", l] for l in range(8)] == ["mixed", "positional", "positional"] + ["symbolic"] * 5
+    assert [labels["letter", l] for l in range(8)] == ["symbolic"] * 6 + ["mixed", "symbolic"]
+    # groups: every label present, random draws where enough heads lie outside the group
+    assert {(t, g) for t, g in zip(groups.task, groups.group)} == {
+        ("number", "positional"), ("number", "symbolic"), ("number", "mixed"), ("number", "random:positional"),
+        ("number", "random:mixed"), ("letter", "symbolic"), ("letter", "mixed"), ("letter", "random:mixed")}
+    assert len(groups) == 8 * 2 * len(LENGTHS)  # groups x measures x lengths
+    assert ((groups.lo <= groups.value + 1e-9) & (groups.value <= groups.hi + 1e-9)).all()
+    assert (groups[groups.group.str.startswith("random:")].draws == 10).all()
+    np.testing.assert_allclose(groups[groups.length == 17][["value", "lo", "hi"]], 1.0)
+
+
+def test_run_group_values_are_medians_of_head_retentions():
+    heads = pd.read_parquet(RUN / "head_retention.parquet")
+    groups = pd.read_parquet(RUN / "head_groups.parquet").set_index(["task", "group", "measure", "length"])
+    for task, label, length in [("number", "positional", 68), ("number", "symbolic", 68), ("letter", "symbolic", 68),
+                                ("number", "symbolic", 2048)]:
+        sub = heads[(heads.task == task) & (heads.label == label) & (heads.length == length)]
+        for measure in ("margin", "attn_tracked"):
+            row = groups.loc[(task, label, measure, length)]
+            assert row.value == pytest.approx(sub[f"{measure}_retention"].median()) and row.heads == len(sub)
+    # what the text reports: at 4x the number model's positional heads keep 0.41 of their margin and its
+    # symbolic heads 2.0, the letter model's symbolic heads 0.95
+    assert groups.loc[("number", "positional", "margin", 68)].value == pytest.approx(0.41, abs=0.01)
+    assert groups.loc[("number", "symbolic", "margin", 68)].value == pytest.approx(2.0, abs=0.01)
+    assert groups.loc[("letter", "symbolic", "margin", 68)].value == pytest.approx(0.95, abs=0.01)
