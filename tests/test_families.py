@@ -83,6 +83,8 @@ def test_unsupported_models_say_why():
         check_rope("gpt2", "here")
     with pytest.raises(PosymError, match="has rotary embeddings but .*decoupled RoPE"):
         check_rope("deepseek_v3", "here")
+    with pytest.raises(PosymError, match="has rotary embeddings but it rotates queries and keys as complex numbers"):
+        check_rope("llama4_text", "here")  # not "has none": Llama 4 has RoPE, in another form
     with pytest.raises(PosymError, match="does not implement"):
         check_rope("no_such_model", "here")
     for kind in KINDS + FAMILIES:

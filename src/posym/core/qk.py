@@ -44,6 +44,10 @@ UNDECOMPOSABLE = {
     kind: "its multi-head latent attention rotates a separate, head-shared key slice (decoupled RoPE) "
           "that posym cannot split into per-head pre-rotation queries and keys"
     for kind in ("deepseek_v2", "deepseek_v3", "kimi_k2")
+} | {
+    kind: "it rotates queries and keys as complex numbers (apply_rotary_emb with freqs_cis), not through "
+          "apply_rotary_pos_emb, which posym's capture reads, and its local layers attend in chunks"
+    for kind in ("llama4", "llama4_text")
 }
 
 
