@@ -172,17 +172,20 @@ def visible_keys_of(model, ids, query, layer) -> list[int]:
 
 
 def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, own=False, rows=None,
-                           exclude_keys=()):
+                           exclude_keys=(), window=None):
     """Per-head scores of one (prompt, query, layer) by re-running the layer once per swap
     (own: read the model's own eager attention weights, see `attention_rows`; rows: another
     function (model, ids, layer, swap) -> [heads, T, T], e.g. for TransformerLens models; exclude_keys:
     positions no swap may move). The swaps are those of keys the query sees under the model's own mask
-    (both keys inside a sliding window: the pairs a re-run can tell apart), and the row is over those keys."""
+    (both keys inside a sliding window: the pairs a re-run can tell apart), and the row is over those keys;
+    a `rows` function records no mask, so its layer's window is given as `window` (keys query - window + 1
+    .. query)."""
     rows = rows or (lambda m, i, layer_, swap=None: attention_rows(m, i, layer_, swap, own=own))
     ids = list(ids)  # the whole prompt, as the fast path runs it (the same shapes: the same float rounding upstream)
     VISIBLE.clear()  # filled by attention_rows; another `rows` function leaves it empty: every key 0..query
     full = rows(model, ids, layer)  # [heads, T, T]
-    seen = VISIBLE[0][query].nonzero()[:, 0].tolist() if VISIBLE else list(range(query + 1))
+    seen = (VISIBLE[0][query].nonzero()[:, 0].tolist() if VISIBLE
+            else list(range(max(0, query - window + 1) if window else 0, query + 1)))
     first = seen[0]
     assert seen == list(range(first, query + 1)), seen  # a causal window ending at the query
     clean = full[:, query, first : query + 1]  # [heads, n]

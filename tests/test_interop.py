@@ -30,12 +30,13 @@ def test_nnsight_language_model_scores_as_its_transformers_model():
     pd.testing.assert_frame_equal(plane_scores(wrapped, prompts, layers=[1]), plane_scores(model, prompts, layers=[1]))
 
 
-def _lens(adjacent: bool, kv_heads: int | None = None, seed: int = 0, qk_scale: float = 4.0):
+def _lens(adjacent: bool, kv_heads: int | None = None, seed: int = 0, qk_scale: float = 4.0, window: int | None = None):
     lens = pytest.importorskip("transformer_lens")
+    local = {"use_local_attn": True, "window_size": window, "attn_types": ["local", "global"]} if window else {}
     cfg = lens.HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=64, d_head=8, n_heads=4, d_vocab=40,
                                        act_fn="gelu", positional_embedding_type="rotary", rotary_dim=4,
                                        rotary_adjacent_pairs=adjacent, n_key_value_heads=kv_heads,
-                                       normalization_type="LN", dtype=torch.float64, seed=seed, device="cpu")
+                                       normalization_type="LN", dtype=torch.float64, seed=seed, device="cpu", **local)
     model = lens.HookedTransformer(cfg).eval()
     with torch.no_grad():
         for block in model.blocks:  # peaked attention: the scores then tell heads apart
@@ -85,6 +86,26 @@ def test_hooked_transformer_scores_equal_the_per_swap_reference(adjacent, kv_hea
     for r in gaps[gaps.layer == 1].itertuples():
         top = pattern[r.head, r.query, : r.query + 1].topk(2).values
         assert r.gap == pytest.approx(float(top[0].log() - top[1].log()), abs=1e-9)
+
+
+def test_hooked_transformer_local_layers_are_scored_over_their_window():
+    """A TransformerLens model whose layer 0 is local (window 4) at 10 tokens: the keys, the row (the
+    model's own pattern inside the window, 0 outside) and the scores of the per-swap reference."""
+    model = _lens(False, window=4)
+    prompts = random_prompts([10], seed=4)
+    frame = score_model(model, prompts, [[3, 6, 9]])
+    assert frame.groupby("layer")["keys"].apply(list).to_dict() == {0: [4] * 4 + [4] * 4 + [4] * 4,
+                                                                    1: [4] * 4 + [7] * 4 + [10] * 4}
+    assert frame[(frame.layer == 0) & (frame["query"] > 3)].attn_first.isna().all()
+    worst = 0.0
+    for (prompt, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
+        ref = reference_model_scores(model, prompts[prompt], query, layer, rows=_lens_rows, window=4 if layer == 0 else None)
+        for row, r in zip(rows.itertuples(), ref):
+            assert (row.keys, row.top_key) == (r["keys"], r["top_key"])
+            worst = max(worst, abs(row.s_pos - r["s_pos"]), abs(row.s_sym - r["s_sym"]), abs(row.entropy - r["entropy"]))
+    assert worst <= 1e-9, worst
+    pattern = _lens_rows(model, prompts[0], 0)  # [heads, T, T]
+    assert torch.all(pattern[:, 9, :6] == 0)
 
 
 def test_hooked_transformer_without_rope_is_refused():

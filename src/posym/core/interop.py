@@ -79,8 +79,12 @@ class LensModel(torch.nn.Module):
                 pairing = pairing_of(q, cos, sin, rot_q, "HookedTransformer", layer)
                 k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # GQA: as TransformerLens repeats
                 cap = self.lens.cfg.attn_scores_soft_cap
+                # local layers (Gemma 2, GPT-Neo style): TransformerLens masks keys j <= q - window_size, as
+                # transformers does; a window past the prompt hides nothing
+                window = self.lens.cfg.window_size if getattr(attn, "attn_type", "global") == "local" else None
+                window = int(window) if window is not None and window < t else None
                 on_layer(layer, HeadQK(q, k, cos.expand(q.shape[0], -1, -1), sin.expand(q.shape[0], -1, -1),
-                                       pairing, float(1.0 / attn.attn_scale), cap if cap and cap > 0 else None))
+                                       pairing, float(1.0 / attn.attn_scale), cap if cap and cap > 0 else None, window))
             return hook
 
         hooks = []
