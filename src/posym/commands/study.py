@@ -16,10 +16,17 @@ OUT skips the finished stages. `posym.commands.study_report` turns OUT into repo
 5. bench      the Appendix H benchmark (Table 3 analogue), whole-answer judge.
 6. ablation   zero/mean ablation of the top-k positional, top-k symbolic and k random heads: accuracy
               on the binding prompts and the size-12 Appendix H prompts, per prompt.
+7. screen     length-task formats at their base length, every one with its accuracy (`posym.commands.prediction`).
+8. lengths    the chosen task at 1x-16x its base length (distractors between fact and question, before
+              everything, and with markers): accuracy, head scores, per-head retention of the margin and of
+              the attention on the base-length key, per label and for layer-matched random heads.
+9. causal     mean-ablation of the top-k symbolic / positional heads and of layer-matched random heads at
+              several lengths: drop(L) - drop(base) with intervals, separated or not.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from posym import configs, io
-from posym.commands import bench, llm
+from posym.commands import bench, llm, prediction
 from posym.commands.study_report import JOB, build_study_report
 from posym.core.discrepancy import head_gaps
 from posym.core.geometry import channel_means, frequency_use, plane_scores
@@ -37,11 +44,12 @@ from posym.core.study import (GROUPS, ablation_groups, behaviour_frequency, find
                               label_agreement, label_counts, layer_profile, pearson, sink_changes)
 from posym.core.theory import frequency_angle, index_bound
 from posym.errors import PosymError
+from posym.lengthtasks import Builder, build
 from posym.loading import Prompt
 from posym.sources import LoadedModel, tokenize
 from posym.stages import is_done, mark_done
 
-STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation")
+STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation", "screen", "lengths", "causal")
 SETS = ("binding-last", "binding-name", "number", "letter")
 """Prompt sets of stage 1: binding prompts queried at the last token and at the name token, and the
 Appendix H puzzles queried at the puzzle's final token."""
@@ -84,6 +92,8 @@ class StudyConfig:
     """Ablation modes (posym.core.interventions.ablated)."""
     seed: int = 0
     """Seed of every prompt set and of the random head groups."""
+    prediction: prediction.PredictionConfig = field(default_factory=prediction.PredictionConfig)
+    """What the screen, lengths and causal stages measure (`posym.commands.prediction.PredictionConfig`)."""
 
     def __post_init__(self) -> None:
         counts = {"n_binding": self.n_binding, "n_bench": self.n_bench, "frequency_prompts": self.frequency_prompts,
@@ -310,14 +320,93 @@ def stage_ablation(loaded: LoadedModel, config: StudyConfig, out: Path, progress
     io.write_parquet(out / "ablation_summary.parquet", summary)
 
 
+def stage_screen(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    settings = config.prediction
+    rows = prediction.screen(loaded.model, Builder(loaded.tokenizer), settings, seed=config.seed,
+                             max_positions=loaded.max_positions, progress=progress)
+    summary = prediction.accuracy_rows(rows, ["format"]).merge(rows.drop_duplicates("format")[["format", "base_length"]])
+    io.write_parquet(out / "screen.parquet", rows)
+    io.write_parquet(out / "summary.parquet", summary)
+    io.write_json(out / "screen.json", prediction.choose_format(summary, settings))
+
+
+def _length_prompts(loaded: LoadedModel, config: StudyConfig, fmt: str) -> dict:
+    """{layout: {factor: prompts}} of the chosen format, the same questions in every layout."""
+    builder = Builder(loaded.tokenizer)
+    return {name: build(family, builder, config.prediction.n_length, seed=config.seed,
+                        max_positions=loaded.max_positions)
+            for name, family in prediction.families(fmt, config.prediction).items()}
+
+
+def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    import pandas as pd
+
+    from posym.core.retention import group_retention, head_retention
+
+    settings = config.prediction
+    chosen = json.loads((out.parent / "screen" / "screen.json").read_text(encoding="utf-8"))
+    layouts = _length_prompts(loaded, config, chosen["format"])
+    accuracy = []
+    for layout, by_factor in layouts.items():
+        for factor, prompts in by_factor.items():
+            correct = prediction.next_token_correct(loaded.model, prompts)
+            accuracy.append(pd.DataFrame({"layout": layout, "factor": factor, "length": prompts[0].length,
+                                          "prompt": [p.index for p in prompts], "correct": correct}))
+        progress(1)
+    accuracy = pd.concat(accuracy, ignore_index=True)
+    summary = prediction.accuracy_rows(accuracy, ["layout", "factor", "length"])
+    scores, sinks = {}, {}
+    for layout in ("between", "marked"):
+        scores[layout], sinks[layout] = prediction.score_heads(loaded.model, layouts[layout][1][: settings.n_scores],
+                                                               gamma=config.gammas[0], tau=config.tau)
+        progress(1)
+    retention, groups = [], []
+    for layout in ("between", "before"):
+        measures = prediction.measures_by_length(loaded.model, layouts[layout], settings.n_heads)
+        base = layouts[layout][1][0].length
+        for variant in ("sink-free", "plain"):
+            labels = scores["between"][scores["between"].variant == variant][["layer", "head", "label", "s_pos", "s_sym"]]
+            retention.append(head_retention(measures, base_length=base).merge(labels, on=["layer", "head"]).assign(
+                layout=layout, ranking=variant))
+            named = prediction.label_groups(scores["between"], variant, settings.draws, config.seed)
+            groups.append(group_retention(measures, named, base_length=base, n_boot=settings.n_boot,
+                                          seed=config.seed).assign(layout=layout, ranking=variant))
+        progress(1)
+    heads = pd.concat([frame.assign(layout=layout) for layout, frame in scores.items()], ignore_index=True)
+    io.write_parquet(out / "accuracy.parquet", accuracy)
+    io.write_parquet(out / "accuracy_summary.parquet", summary)
+    io.write_parquet(out / "heads.parquet", heads)
+    io.write_parquet(out / "head_retention.parquet", pd.concat(retention, ignore_index=True))
+    io.write_parquet(out / "group_retention.parquet", pd.concat(groups, ignore_index=True))
+    io.write_json(out / "lengths.json", {"format": chosen["format"], "sinks": sinks,
+                                         "base_lengths": {k: v[1][0].length for k, v in layouts.items()},
+                                         "prompts": {"accuracy": settings.n_length, "heads": settings.n_heads,
+                                                     "scores": settings.n_scores}})
+
+
+def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    settings = config.prediction
+    chosen = json.loads((out.parent / "screen" / "screen.json").read_text(encoding="utf-8"))
+    prompts = _length_prompts(loaded, config, chosen["format"])["between"]
+    heads = _read(out, "lengths", "heads")
+    heads = heads[heads.layout == "between"]
+    rows = prediction.causal_rows(loaded.model, prompts, settings, heads, seed=config.seed, progress=progress)
+    io.write_parquet(out / "causal.parquet", rows)
+    io.write_parquet(out / "causal_summary.parquet",
+                     prediction.causal_table(rows, n_boot=settings.n_boot, seed=config.seed))
+
+
 STAGE_WORK: dict[str, Callable] = {"scores": stage_scores, "profile": stage_profile, "frequency": stage_frequency,
-                                   "discrepancy": stage_discrepancy, "bench": stage_bench, "ablation": stage_ablation}
+                                   "discrepancy": stage_discrepancy, "bench": stage_bench, "ablation": stage_ablation,
+                                   "screen": stage_screen, "lengths": stage_lengths, "causal": stage_causal}
 
 
 def stage_steps(config: StudyConfig) -> dict[str, int]:
     """Progress steps of each stage (for one progress bar over the study)."""
+    p = config.prediction
     return {"scores": len(SETS), "profile": 1, "frequency": 1, "discrepancy": len(config.lengths), "bench": 1,
-            "ablation": len(config.ablation_ks) * len(GROUPS)}
+            "ablation": len(config.ablation_ks) * len(GROUPS), "screen": len(p.formats), "lengths": 3 + 2 + 2,
+            "causal": 1 + len(p.causal_ks) * len(p.causal_modes) * (4 + 2 * p.draws)}
 
 
 def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, progress=None,

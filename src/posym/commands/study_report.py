@@ -14,6 +14,7 @@ from pathlib import Path
 
 from posym import io
 from posym.commands.llm import plot_heads
+from posym.commands.prediction import plot_accuracy, plot_causal, plot_retention
 from posym.figures import save_figure, subplots
 from posym.stages import is_done
 
@@ -23,7 +24,7 @@ JOB = "study"
 GEMMA_HALVES = (0.83, 0.56)
 """2511.11579: median positional score of Gemma-2-2b-it's early and late halves of layers."""
 SECTIONS = ("Settings", "Accuracy", "Scores and sinks", "Layer profile", "Frequency", "Discrepancy",
-            "Table 3", "Ablation")
+            "Table 3", "Ablation", "Length task", "Head retention", "Causal tests")
 
 TEMPLATE = """<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
 <style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -191,6 +192,9 @@ def _sections(out: Path) -> list[dict]:
     table3 = section("Table 3", "bench")
     if _has(out, "bench"):
         table3["pres"].append((out / "bench" / "table.md").read_text(encoding="utf-8"))
+        note = _chance_note(pd.read_parquet(out / "bench" / "summary.parquet"))
+        if note:
+            table3["texts"].append(note)
         table3["figures"].append(_figure(out / "bench" / "bench", out, "Table 3 analogue",
                                          "Whole-answer accuracy per target-window size, std over runs; the paper's "
                                          "models dashed."))
@@ -201,7 +205,74 @@ def _sections(out: Path) -> list[dict]:
         ablation["figures"].append(_figure(out / "figures" / "ablation", out, "Ablation effects",
                                            "Top-k positional, top-k symbolic and k random heads (binding, last token)."))
         ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "sem", "prompts"]))
-    return [settings, accuracy, scores, profile, frequency, discrepancy, table3, ablation]
+    return [settings, accuracy, scores, profile, frequency, discrepancy, table3, ablation, *_prediction_sections(out, section)]
+
+
+def _chance_note(summary) -> str | None:
+    """A sentence when every Appendix H accuracy's Wilson interval reaches down to chance (1 / size):
+    the benchmark then cannot rank anything."""
+    from posym.core.stats import wilson_interval
+
+    rows = [(r, wilson_interval(round(r.acc_mean * r.runs * r.per_run), int(r.runs * r.per_run)))
+            for r in summary.itertuples()]
+    if rows and all(lo <= 1 / r.size for r, (lo, _) in rows):
+        return ("The model is at chance on every size (each accuracy's 95% Wilson interval reaches 1 / size), so "
+                "this table says nothing about how its heads behave.")
+    return None
+
+
+def _prediction_sections(out: Path, section) -> list[dict]:
+    """Length task (screen), Head retention and Causal tests (`posym.commands.prediction`)."""
+    import pandas as pd
+
+    task, kept, causal = (section("Length task", "screen"), section("Head retention", "lengths"),
+                          section("Causal tests", "causal"))
+    if _has(out, "screen"):
+        summary = pd.read_parquet(out / "screen" / "summary.parquet")
+        chosen = json.loads((out / "screen" / "screen.json").read_text(encoding="utf-8"))
+        task["texts"].append(f"Every format tried at its base length ('between' layout), with its 95% Wilson interval. "
+                             f"Rule: {chosen['rule']}. Chosen: {chosen['format']} ({chosen['accuracy']:.3f})"
+                             + ("." if chosen["passes"] else "; NO format reached the threshold, so the length and "
+                                "causal stages describe a task the model does not solve."))
+        task["tables"].append(_table(summary, ["format", "base_length", "acc", "lo", "hi", "n"]))
+    if _has(out, "lengths"):
+        acc = pd.read_parquet(out / "lengths" / "accuracy_summary.parquet")
+        info = json.loads((out / "lengths" / "lengths.json").read_text(encoding="utf-8"))
+        save_figure(plot_accuracy(acc, info["format"]), out / "figures" / "length-accuracy")
+        task["figures"].append(_figure(out / "figures" / "length-accuracy", out, "Accuracy by length",
+                                       "between: distractors between the facts and the question; before: distractors "
+                                       "before everything; marked: between, each fact tagged with a marker the question "
+                                       "repeats. Bands: Wilson 95%."))
+        task["tables"].append(_table(acc, ["layout", "factor", "length", "acc", "lo", "hi", "n"]))
+        groups = pd.read_parquet(out / "lengths" / "group_retention.parquet")
+        for (layout, ranking), rows in groups.groupby(["layout", "ranking"], sort=False):
+            stem = out / "figures" / f"retention-{layout}-{ranking}"
+            save_figure(plot_retention(rows, f"{info['format']} / {layout}: heads labelled by {ranking} scores"), stem)
+            kept["figures"].append(_figure(stem, out, f"Head retention, {layout}, {ranking} labels",
+                                           "Median over a group's heads of (mean at L / mean at the base length) of the "
+                                           "top-1 minus top-2 logit and of the attention on the key the head attended at "
+                                           "the base length; dashed: layer-matched random heads; bands: paired prompt "
+                                           f"bootstrap 95% over {int(rows.prompts.iloc[0])} prompts."))
+        if len(groups):
+            longest = groups[groups.length == groups.length.max()]
+            kept["tables"].append(_table(longest, ["layout", "ranking", "measure", "group", "length", "value", "lo", "hi",
+                                                   "heads", "draws", "prompts"]))
+        else:
+            kept["texts"].append("No head has a positional, symbolic or mixed label here, so there are no groups.")
+    if _has(out, "causal"):
+        table = pd.read_parquet(out / "causal" / "causal_summary.parquet")
+        save_figure(plot_causal(table), out / "figures" / "causal")
+        causal["figures"].append(_figure(out / "figures" / "causal", out, "Length effect of ablations",
+                                         "drop(L) - drop(base) of each ablated group (sink-free ranking) and of its "
+                                         "layer-matched random heads; bars: paired prompt bootstrap 95%."))
+        named = table[~table.group.str.startswith("random")]
+        causal["texts"].append("separated: the 95% interval of (group's length effect - its random heads') excludes 0; "
+                               "needed: the prompt count that would separate them if the measured difference held.")
+        causal["tables"].append(_table(named.assign(separated=named.separated.astype(str), needed=named.needed.astype(str)),
+                                       ["k", "mode", "ranking", "group", "length", "acc", "drop", "effect", "effect_lo",
+                                        "effect_hi", "vs_random", "vs_random_lo", "vs_random_hi", "separated", "needed",
+                                        "prompts"]))
+    return [task, kept, causal]
 
 
 def build_study_report(out) -> Path:

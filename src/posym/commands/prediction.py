@@ -1,0 +1,398 @@
+"""What a head type predicts on a real model: a length task it solves, head retention, causal tests.
+
+The three stages `posym llm-study` runs after its first six (`posym.commands.study`), each on the
+length-controlled prompt families of `posym.lengthtasks` (answer fixed, only the length grows):
+
+screen   every format of `PredictionConfig.formats` at the base length ('between' layout), with its
+         accuracy and Wilson 95% interval; none is hidden. The task of the next stages is the first
+         format (in the listed order) whose base accuracy reaches `min_accuracy`; if none does, the
+         stages say so and measure the best one (its results then describe a task the model fails).
+lengths  for that task: accuracy at every factor x the base length in both layouts ('between': the
+         fact-to-question distance grows; 'before': it does not) and with markers (the brief's prompt
+         advice); every head's sink-free and plain scores at the base length (last token) with and
+         without markers; and per head and length the margin and the attention on the key it attended
+         at the base length (`posym.core.retention`), summarised per label and for layer-matched random
+         draws with paired-bootstrap 95% intervals over prompts.
+causal   mean-ablation (zero as an option) of the top-k symbolic and top-k positional heads (ranked
+         by the sink-free scores, and by the plain scores beside), and of `draws` layer-matched random
+         sets of k heads per group: accuracy at each causal factor; drop(L) = acc(clean) - acc(ablated),
+         the length effect drop(L) - drop(base), each group against its matched random heads, with
+         paired-bootstrap intervals, "separated" when the interval of the difference excludes 0, and
+         otherwise the prompt count that would separate them at the measured effect.
+
+The model is judged on its next token (`posym.lengthtasks`: the answer's distinguishing token).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from posym.core.interventions import ablated, head_means
+from posym.core.retention import RANDOM, base_tracking, head_measures, matched_random
+from posym.core.scores import score_model, summarize_heads
+from posym.core.stats import N_BOOT, bootstrap_weights, needed_prompts, percentile_interval, wilson_interval
+from posym.core.study import find_sinks
+from posym.errors import PosymError
+from posym.figures import subplots
+from posym.lengthtasks import FACTORS, FORMATS, Builder, LengthFamily, LengthPrompt, build
+
+LABEL_GROUPS = ("positional", "symbolic", "mixed")
+RANKINGS = ("sink-free", "plain")
+"""Which scores rank the heads of the causal groups: with the attention sinks left out of the swaps
+(the default: most plain 'symbolic' labels of a real model are the sink), or plainly."""
+
+
+@dataclass
+class PredictionConfig:
+    """What the screen, lengths and causal stages of `posym llm-study` measure (part of study.yaml)."""
+
+    formats: list[str] = field(default_factory=lambda: ["kv-code", "copy", "kv-list", "kv-fewshot", "possession",
+                                                        "arithmetic"])
+    """Formats screened, in order of preference (`posym.lengthtasks.FORMATS`)."""
+    n_screen: int = 200
+    """Prompts per format at the base length in the screen."""
+    min_accuracy: float = 0.8
+    """Base-length accuracy a format needs to be the task of the length and causal stages."""
+    factors: list[int] = field(default_factory=lambda: list(FACTORS))
+    """Lengths of the lengths stage, as multiples of the base length."""
+    n_length: int = 32
+    """Prompts per layout and length for the accuracy curves."""
+    n_heads: int = 8
+    """Prompts per layout and length for the head measures (a capture pass each)."""
+    n_scores: int = 24
+    """Base-length prompts whose scores label and rank the heads."""
+    draws: int = 10
+    """Layer-matched random head sets per group (retention and causal)."""
+    causal_factors: list[int] = field(default_factory=lambda: [1, 16])
+    """Lengths of the causal stage (multiples of the base length; must include 1)."""
+    n_causal: int = 12
+    """Prompts per length in the causal stage."""
+    causal_ks: list[int] = field(default_factory=lambda: [8])
+    """Sizes k of the ablated groups (about 3% of SmolLM2's 270 heads)."""
+    causal_modes: list[str] = field(default_factory=lambda: ["mean"])
+    """Ablation modes: mean and/or zero (`posym.core.interventions.ablated`)."""
+    n_boot: int = N_BOOT
+    """Bootstrap draws of every interval."""
+
+    def __post_init__(self) -> None:
+        bad = [f for f in self.formats if f not in FORMATS]
+        if bad or not self.formats:
+            raise PosymError(f"formats must be among {', '.join(FORMATS)}, got {self.formats}")
+        counts = {"n_screen": self.n_screen, "n_length": self.n_length, "n_heads": self.n_heads,
+                  "n_scores": self.n_scores, "draws": self.draws, "n_causal": self.n_causal, "n_boot": self.n_boot}
+        for name, value in counts.items():
+            if not 1 <= value <= 100_000:
+                raise PosymError(f"{name} must lie in 1..100000, got {value}")
+        if self.n_heads > self.n_length or self.n_causal > self.n_length:
+            raise PosymError("n_heads and n_causal cannot exceed n_length (they reuse its prompts)")
+        for name, factors in (("factors", self.factors), ("causal_factors", self.causal_factors)):
+            if 1 not in factors or min(factors) < 1 or max(factors) > 64:
+                raise PosymError(f"{name} must lie in 1..64 and include 1 (the base length), got {factors}")
+        if not set(self.causal_factors) <= set(self.factors):
+            raise PosymError(f"causal_factors {self.causal_factors} must be among factors {self.factors}")
+        if not self.causal_ks or min(self.causal_ks) < 1:
+            raise PosymError(f"causal_ks must be positive head counts, got {self.causal_ks}")
+        if any(m not in ("zero", "mean") for m in self.causal_modes) or not self.causal_modes:
+            raise PosymError(f"causal_modes must be zero and/or mean, got {self.causal_modes}")
+        if not 0 < self.min_accuracy <= 1:
+            raise PosymError(f"min_accuracy must lie in (0, 1], got {self.min_accuracy}")
+
+
+# ---- the model's answers --------------------------------------------------------------------------
+
+
+def next_token_correct(model, prompts: list[LengthPrompt], *, batch_tokens: int = 8192) -> list[bool]:
+    """Whether the model's greedy next token is each prompt's answer token (equal-length batches,
+    no-grad, logits at the last position only)."""
+    out: dict[int, bool] = {}
+    by_length: dict[int, list[int]] = {}
+    for k, p in enumerate(prompts):
+        by_length.setdefault(len(p.ids), []).append(k)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for length, members in by_length.items():
+            step = max(1, batch_tokens // length)
+            for lo in range(0, len(members), step):
+                chunk = members[lo : lo + step]
+                ids = torch.tensor([prompts[k].ids for k in chunk], device=device)  # [b, T]
+                logits = model(input_ids=ids, logits_to_keep=1).logits[:, -1]  # [b, vocab]
+                for k, best in zip(chunk, logits.argmax(-1).tolist()):
+                    out[k] = best == prompts[k].answer_id
+    return [out[k] for k in range(len(prompts))]
+
+
+def accuracy_rows(frame, by):
+    """Accuracy per group of `by` with n and the Wilson 95% interval (columns acc, lo, hi, n)."""
+    rows = []
+    for key, group in frame.groupby(by, sort=False):
+        k, n = int(group.correct.sum()), len(group)
+        lo, hi = wilson_interval(k, n)
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "acc": k / n, "lo": lo, "hi": hi,
+                     "n": n})
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+# ---- stages' work ---------------------------------------------------------------------------------
+
+
+def screen(model, builder: Builder, config: PredictionConfig, *, seed: int, max_positions: int, progress=None):
+    """Per-prompt rows of every screened format at its base length: format, index, base_length, correct."""
+    import pandas as pd
+
+    frames = []
+    for fmt in config.formats:
+        family = LengthFamily(fmt, factors=[1])
+        prompts = build(family, builder, config.n_screen, seed=seed, max_positions=max_positions)[1]
+        correct = next_token_correct(model, prompts)
+        frames.append(pd.DataFrame({"format": fmt, "index": [p.index for p in prompts], "base_length": prompts[0].length,
+                                    "correct": correct}))
+        if progress:
+            progress(1)
+    return pd.concat(frames, ignore_index=True)
+
+
+def choose_format(summary, config: PredictionConfig) -> dict:
+    """The first format (config order) whose base accuracy reaches min_accuracy, else the most accurate."""
+    acc = dict(zip(summary.format, summary.acc))
+    passing = [f for f in config.formats if acc.get(f, 0.0) >= config.min_accuracy]
+    chosen = passing[0] if passing else max(config.formats, key=lambda f: acc.get(f, 0.0))
+    return {"format": chosen, "accuracy": float(acc[chosen]), "passes": bool(passing),
+            "rule": f"the first of {config.formats} with base accuracy >= {config.min_accuracy}"}
+
+
+def families(fmt: str, config: PredictionConfig) -> dict[str, LengthFamily]:
+    """The lengths stage's three layouts of a format, by name."""
+    return {name: LengthFamily(fmt, variant=variant, markers=markers, factors=list(config.factors))
+            for name, variant, markers in (("between", "between", False), ("before", "before", False),
+                                           ("marked", "between", True))}
+
+
+def score_heads(model, prompts: list[LengthPrompt], *, gamma: float = 0.1, tau: float = 1e-4):
+    """Every head's plain and sink-free scores at the last token of base-length prompts: rows of
+    `summarize_heads` with a `variant` column ('plain', 'sink-free') and the sinks found."""
+    import pandas as pd
+
+    ids, queries = [p.ids for p in prompts], [[p.query] for p in prompts]
+    plain = score_model(model, ids, queries, tau=tau)
+    sinks = find_sinks(plain)
+    free = score_model(model, ids, queries, tau=tau, exclude_keys=sinks) if sinks else plain
+    heads = pd.concat([summarize_heads(plain, gamma=gamma).assign(variant="plain"),
+                       summarize_heads(free, gamma=gamma).assign(variant="sink-free")], ignore_index=True)
+    return heads, sinks
+
+
+def label_groups(heads, variant: str, draws: int, seed: int) -> dict[str, list[tuple[int, int]]]:
+    """Heads per label (LABEL_GROUPS) of one score variant, plus `draws` layer-matched random sets per
+    label, named 'random:<label>:<i>' (`posym.core.retention.group_retention` pools them)."""
+    rows = heads[heads.variant == variant]
+    every = [(int(a), int(b)) for a, b in zip(rows.layer, rows["head"])]
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for k, label in enumerate(LABEL_GROUPS):
+        members = [(int(a), int(b)) for a, b in zip(rows.layer[rows.label == label], rows["head"][rows.label == label])]
+        if not members or len(members) > len(every) - len(members):
+            continue
+        groups[label] = members
+        for i, draw in enumerate(matched_random(every, members, draws, seed=seed + 97 * k)):
+            groups[f"{RANDOM}:{label}:{i}"] = draw
+    return groups
+
+
+def measures_by_length(model, prompts: dict[int, list[LengthPrompt]], n: int, progress=None):
+    """head_measures of the first n prompts at every factor, the tracked key being each head's top key
+    at the base length moved to its place (`LengthPrompt.position_map`); a `length` and `factor` column."""
+    import pandas as pd
+
+    base = [p for p in prompts[1][:n]]
+    first = head_measures(model, [p.ids for p in base], [[p.query] for p in base], batch_size=n)
+    frames = []
+    for factor, group in prompts.items():
+        chosen = group[:n]
+        maps = {k: p for k, p in enumerate(chosen)}
+        tracked = base_tracking(first, lambda k, pos: maps[k].position_map(pos))
+        frame = head_measures(model, [p.ids for p in chosen], [[p.query] for p in chosen], tracked=tracked,
+                              batch_size=max(1, min(n, 16384 // len(chosen[0].ids))))
+        frames.append(frame.assign(length=chosen[0].length, factor=factor))
+        if progress:
+            progress(0)
+    return pd.concat(frames, ignore_index=True)
+
+
+def causal_groups(heads, k: int, draws: int, seed: int) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """{(ranking, group): heads}: the top-k symbolic and positional heads by each ranking's behaviour
+    (s_pos - s_sym), and per sink-free group `draws` layer-matched random sets ('random:<group>:<i>')."""
+    out: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for ranking in RANKINGS:
+        rows = heads[heads.variant == ranking]
+        order = rows.assign(b=rows.s_pos - rows.s_sym).sort_values(["b", "layer", "head"])
+        pairs = [(int(a), int(b)) for a, b in zip(order.layer, order["head"])]
+        out[(ranking, "symbolic")] = sorted(pairs[:k])
+        out[(ranking, "positional")] = sorted(pairs[::-1][:k])
+    every = [(int(a), int(b)) for a, b in zip(heads.layer[heads.variant == "sink-free"],
+                                              heads["head"][heads.variant == "sink-free"])]
+    for g, group in enumerate(("symbolic", "positional")):
+        for i, draw in enumerate(matched_random(every, out[("sink-free", group)], draws, seed=seed + 31 * g + k)):
+            out[("sink-free", f"{RANDOM}:{group}:{i}")] = draw
+    return out
+
+
+def causal_rows(model, prompts: dict[int, list[LengthPrompt]], config: PredictionConfig, heads, *, seed: int,
+                progress=None):
+    """Per (condition, factor, prompt) whether the answer is right: the clean model (k = 0, group 'none')
+    and every ablation of `causal_groups` for each k and mode."""
+    import pandas as pd
+
+    chosen = {f: prompts[f][: config.n_causal] for f in sorted(config.causal_factors)}
+    every_group = {k: causal_groups(heads, k, config.draws, seed) for k in config.causal_ks}
+    means = None
+    if "mean" in config.causal_modes:
+        needed = sorted({h for groups in every_group.values() for hs in groups.values() for h in hs})
+        means = head_means(model, [p.ids for p in prompts[1][: config.n_length]], needed)
+    rows: list[dict] = []
+    done: dict[tuple, list[dict]] = {}  # (k, mode, heads) -> its rows: a plain group equal to a sink-free one is not re-run
+
+    def measure(condition: dict, context) -> None:
+        key = (condition["k"], condition["mode"], condition["heads"])
+        if key not in done:
+            found = []
+            with context:
+                for factor, group in chosen.items():
+                    found += [{"factor": factor, "length": p.length, "prompt": p.index, "correct": ok}
+                              for p, ok in zip(group, next_token_correct(model, group))]
+            done[key] = found
+        if progress:
+            progress(1)
+        rows.extend({**condition, **r} for r in done[key])
+
+    measure({"k": 0, "mode": "none", "ranking": "none", "group": "none", "draw": -1, "heads": ""}, nullcontext())
+    for k, groups in every_group.items():
+        for mode in config.causal_modes:
+            for (ranking, name), members in groups.items():
+                pool, draw = (name.rsplit(":", 1)[0], int(name.rsplit(":", 1)[1])) if name.startswith(RANDOM) else (name, -1)
+                text = ",".join(f"{a}.{b}" for a, b in members)
+                measure({"k": k, "mode": mode, "ranking": ranking, "group": pool, "draw": draw, "heads": text},
+                        ablated(model, members, mode, means))
+    return pd.DataFrame(rows)
+
+
+def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
+    """Drops and length effects per ablated group, against its layer-matched random heads.
+
+    rows: `causal_rows`. Per (k, mode, ranking, group, length): acc, drop = acc clean - acc ablated,
+    effect = drop(L) - drop(base), each with a paired-bootstrap 95% interval over prompts (the random
+    pools average their draws per prompt first); for the named groups also vs_random = the group's
+    effect minus its random pool's (sink-free matched pools) with interval, `separated` (interval
+    excludes 0) and `needed` (the prompt count that would separate them at the measured difference)."""
+    import pandas as pd
+
+    clean = rows[rows.group == "none"].pivot_table(index="prompt", columns="factor", values="correct", aggfunc="mean")
+    prompts, factors = clean.index.tolist(), sorted(clean.columns.tolist())
+    weights = bootstrap_weights(len(prompts), n_boot, seed)  # [B, P]
+    n = len(prompts)
+
+    def boot(matrix):  # [P, F] per-prompt values -> point [F], samples [B, F]
+        return matrix.mean(0), weights @ matrix / n
+
+    c_point, c_boot = boot(clean[factors].to_numpy(dtype=float))
+    length_of = rows.drop_duplicates("factor").set_index("factor")["length"].to_dict()
+    ablations = rows[rows.group != "none"]
+    stats: dict[tuple, tuple] = {}
+    out = []
+    for (k, mode, ranking, group), g in ablations.groupby(["k", "mode", "ranking", "group"], sort=False):
+        per_prompt = g.pivot_table(index="prompt", columns="factor", values="correct", aggfunc="mean")
+        a_point, a_boot = boot(per_prompt.reindex(index=prompts, columns=factors).to_numpy(dtype=float))
+        drop, drop_boot = c_point - a_point, c_boot - a_boot
+        effect, effect_boot = drop - drop[0], drop_boot - drop_boot[:, :1]
+        stats[(k, mode, ranking, group)] = (effect, effect_boot)
+        dlo, dhi = percentile_interval(drop_boot)
+        elo, ehi = percentile_interval(effect_boot)
+        for j, factor in enumerate(factors):
+            out.append({"k": k, "mode": mode, "ranking": ranking, "group": group, "factor": factor,
+                        "length": length_of[factor], "acc": float(a_point[j]), "acc_clean": float(c_point[j]),
+                        "drop": float(drop[j]), "drop_lo": float(dlo[j]), "drop_hi": float(dhi[j]),
+                        "effect": float(effect[j]), "effect_lo": float(elo[j]), "effect_hi": float(ehi[j]),
+                        "draws": int(g.draw.nunique()) if group.startswith(RANDOM) else 1, "prompts": n})
+    table = pd.DataFrame(out)
+    for column in ("vs_random", "vs_random_lo", "vs_random_hi", "drop_vs_random", "separated", "needed"):
+        table[column] = None
+    for i, row in table.iterrows():
+        pool = (row.k, row["mode"], "sink-free", f"{RANDOM}:{row.group}")
+        if row.group.startswith(RANDOM) or pool not in stats:
+            continue
+        j = factors.index(row.factor)
+        mine, theirs = stats[(row.k, row["mode"], row.ranking, row.group)], stats[pool]
+        diff, diff_boot = mine[0][j] - theirs[0][j], mine[1][:, j] - theirs[1][:, j]
+        lo, hi = percentile_interval(diff_boot)
+        separated = bool(lo > 0 or hi < 0) if j > 0 else None
+        table.loc[i, ["vs_random", "vs_random_lo", "vs_random_hi", "separated"]] = [
+            float(diff), float(lo), float(hi), separated]
+        table.loc[i, "needed"] = None if j == 0 or separated else needed_prompts(n, diff, float(np.std(diff_boot)))
+    return table
+
+
+# ---- figures --------------------------------------------------------------------------------------
+
+
+def plot_accuracy(summary, chosen: str):
+    """Accuracy (Wilson 95% bands) against length per layout of the chosen format."""
+    fig, ax = subplots(figsize=(6, 4))
+    for k, (layout, rows) in enumerate(summary.groupby("layout", sort=False)):
+        rows = rows.sort_values("length")
+        ax.plot(rows.length, rows.acc, "o-", color=f"C{k}", label=f"{layout} (n = {int(rows.n.iloc[0])})")
+        ax.fill_between(rows.length, rows.lo, rows.hi, color=f"C{k}", alpha=0.2)
+    ax.set(xscale="log", xlabel="prompt length (tokens)", ylabel="accuracy (next token)", ylim=(-0.02, 1.02),
+           title=f"{chosen}: accuracy by length")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_retention(groups, title: str):
+    """Median head retention against length per group (margin and attention on the base key), 95% bands."""
+    measures = list(dict.fromkeys(groups.measure))
+    fig, axes = subplots(1, len(measures), figsize=(5.5 * len(measures), 4), squeeze=False)
+    for ax, measure in zip(axes[0], measures):
+        for k, (group, rows) in enumerate(groups[groups.measure == measure].groupby("group", sort=False)):
+            rows = rows.sort_values("length")
+            dashed = group.startswith(RANDOM)
+            ax.plot(rows.length, rows.value, "--" if dashed else "o-", color=f"C{k}",
+                    label=f"{group} ({int(rows.heads.iloc[0])} heads{', %d draws' % rows.draws.iloc[0] if dashed else ''})")
+            ax.fill_between(rows.length, rows.lo, rows.hi, color=f"C{k}", alpha=0.15)
+        ax.axhline(1, color="gray", lw=0.8, ls=":")
+        ax.set(xscale="log", xlabel="prompt length (tokens)", ylabel=f"{measure} retention (median over heads)",
+               title=measure)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_causal(table):
+    """Length effect drop(L) - drop(base) per ablated group (sink-free ranking), 95% intervals."""
+    panels = list(table[table.ranking != "plain"].groupby(["k", "mode"]))
+    fig, axes = subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False, sharey=True)
+    for ax, ((k, mode), rows) in zip(axes[0], panels):
+        for c, (group, g) in enumerate(rows.groupby("group", sort=False)):
+            g = g.sort_values("length")
+            ax.errorbar(g.length * (1 + 0.04 * c), g.effect, yerr=[g.effect - g.effect_lo, g.effect_hi - g.effect],
+                        marker="o", capsize=3, ls="--" if group.startswith(RANDOM) else "-", color=f"C{c}", label=group)
+        ax.axhline(0, color="gray", lw=0.8)
+        ax.set(xscale="log", xlabel="prompt length (tokens)", title=f"k = {k}, {mode}-ablation")
+    axes[0, 0].set_ylabel("drop(L) - drop(base)")
+    axes[0, -1].legend(fontsize=7)
+    return fig
+
+
+def label_moves(plain_heads, marked_heads, chosen: list[tuple[int, int]]):
+    """The heads that matter (`chosen`), with their sink-free scores and labels without and with markers."""
+    keep = ["layer", "head", "s_pos", "s_sym", "label"]
+    a = plain_heads[plain_heads.variant == "sink-free"][keep]
+    b = marked_heads[marked_heads.variant == "sink-free"][keep]
+    both = a.merge(b, on=["layer", "head"], suffixes=("", "_marked"))
+    wanted = set(chosen)
+    return both[[(int(x), int(y)) in wanted for x, y in zip(both.layer, both["head"])]].reset_index(drop=True)
+

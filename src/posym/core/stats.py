@@ -1,0 +1,61 @@
+"""Intervals for behavioural numbers on prompts: binomial (Wilson) and the paired prompt bootstrap.
+
+Every behavioural number posym reports on prompts carries its n and a 95% interval. Accuracies get
+the Wilson score interval (exact enough at n >= 10 and never outside [0, 1], unlike the normal
+approximation at accuracies near 0 or 1). Statistics that are functions of several per-prompt tables
+measured on the SAME prompts (a retention = mean at length L / mean at the base length; a drop under
+ablation = accuracy clean - accuracy ablated) get the paired bootstrap: resample prompts with
+replacement, recompute the statistic on every table with the same resampled prompts, take the 2.5 and
+97.5 percentiles.
+
+>>> lo, hi = wilson_interval(18, 20)
+>>> round(lo, 3), round(hi, 3)
+(0.699, 0.972)
+>>> weights = bootstrap_weights(4, 3, seed=0)  # [draws, prompts]: how often each prompt is drawn
+>>> weights.shape, weights.sum(axis=1).tolist()
+((3, 4), [4.0, 4.0, 4.0])
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+Z95 = 1.959963984540054
+"""The standard normal's 97.5% quantile: two-sided 95% intervals."""
+N_BOOT = 1000
+"""Bootstrap draws of every interval unless a caller says otherwise."""
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion successes / n (NaNs when n = 0)."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    # at 0 and n successes the bounds are exactly 0 and 1 (the formula gives them up to rounding)
+    return (0.0 if successes == 0 else max(0.0, centre - half)), (1.0 if successes == n else min(1.0, centre + half))
+
+
+def bootstrap_weights(n: int, draws: int = N_BOOT, seed: int = 0):
+    """Resampling weights [draws, n] (float64): row b counts how often each of the n prompts is drawn
+    in bootstrap sample b, so `weights @ values / n` is every bootstrap mean at once."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=draws).astype(np.float64)  # [B, n]
+
+
+def percentile_interval(samples, axis: int = 0) -> tuple:
+    """(2.5%, 97.5%) percentiles of bootstrap samples along `axis`, NaN-aware."""
+    with np.errstate(all="ignore"):
+        return np.nanpercentile(samples, 2.5, axis=axis), np.nanpercentile(samples, 97.5, axis=axis)
+
+
+def needed_prompts(n: int, effect: float, spread: float) -> int | None:
+    """Prompts a paired comparison would need for its 95% interval to exclude zero, if its effect and
+    its per-prompt spread stayed as measured: n * (z * se / |effect|)^2 with se = spread (the bootstrap
+    standard error at n prompts). None when the measured effect is zero (no count would do)."""
+    if not effect or not math.isfinite(effect) or not math.isfinite(spread):
+        return None
+    return max(n, math.ceil(n * (Z95 * spread / abs(effect)) ** 2))

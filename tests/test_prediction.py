@@ -1,0 +1,267 @@
+"""What a head type predicts: posym.core.stats, posym.core.retention, posym.lengthtasks and
+posym.commands.prediction (the screen / lengths / causal stages of `posym llm-study`; the stages on a
+tiny model are in tests/test_study.py, the committed SmolLM2 tables at the end)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tiny_llms import tokenizer
+from tiny_models import tiny_model
+
+from posym import lengthtasks
+from posym.commands import prediction
+from posym.core import constructions, retention, stats, theory
+from posym.core.tasks import task_config
+from posym.errors import PosymError
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "llm-study"
+
+
+# ---- stats ------------------------------------------------------------------------------------------
+
+
+def test_wilson_interval_known_values_and_edges():
+    lo, hi = stats.wilson_interval(18, 20)
+    assert lo == pytest.approx(0.6990, abs=1e-4) and hi == pytest.approx(0.9721, abs=1e-4)
+    assert stats.wilson_interval(0, 10)[0] == pytest.approx(0.0, abs=1e-12) and stats.wilson_interval(10, 10)[1] == 1.0
+    assert all(math.isnan(v) for v in stats.wilson_interval(0, 0))
+    # the normal approximation's interval at p = 0.5 and large n agrees
+    lo, hi = stats.wilson_interval(5000, 10000)
+    assert hi - lo == pytest.approx(2 * 1.96 * 0.005, rel=1e-3)
+
+
+def test_bootstrap_weights_and_needed_prompts():
+    w = stats.bootstrap_weights(7, 500, seed=3)
+    assert w.shape == (500, 7) and (w.sum(1) == 7).all()
+    assert np.array_equal(w, stats.bootstrap_weights(7, 500, seed=3))  # seeded
+    assert abs(w.mean() - 1.0) < 0.05
+    assert stats.needed_prompts(20, 0.0, 0.1) is None
+    # effect 0.1 with standard error 0.1 at n = 20: (1.96)^2 x 20 = 77 prompts
+    assert stats.needed_prompts(20, 0.1, 0.1) == 77
+    assert stats.needed_prompts(20, 0.5, 0.01) == 20  # never fewer than measured
+
+
+# ---- retention: the maths -----------------------------------------------------------------------------
+
+
+def test_row_measures_by_hand():
+    logits = torch.tensor([[0.0, 2.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    margin, top, attn_top, probs = retention.row_measures(logits)
+    assert margin.tolist() == [1.0, 0.0] and top.tolist()[0] == 1
+    e = math.exp
+    assert attn_top[0].item() == pytest.approx(e(2) / (1 + e(2) + e(1)), abs=1e-15)
+    assert torch.allclose(probs.sum(-1), torch.ones(2, dtype=torch.float64))
+
+
+def test_head_measures_match_eager_attention_weights():
+    model = tiny_model("llama")  # float64, eager
+    ids = [[3, 5, 7, 9, 11, 2, 4, 6, 8, 10, 12, 1]]
+    frame = retention.head_measures(model, ids, "last", tracked=lambda p, q: 4)
+    with torch.no_grad():
+        attn = model(torch.tensor(ids), output_attentions=True).attentions  # per layer [1, H, T, T]
+    for row in frame.itertuples():
+        weights = attn[row.layer][0, row.head, row.query]  # [T]
+        assert row.attn_top == pytest.approx(float(weights.max()), abs=1e-6)  # eager attention: float32 logits
+        assert row.top_key == int(weights.argmax())
+        assert row.attn_tracked == pytest.approx(float(weights[4]), abs=1e-6)
+        top2 = torch.log(weights).topk(2).values  # log-weights differ from logits by a constant per row
+        assert row.margin == pytest.approx(float(top2[0] - top2[1]), abs=1e-4)
+    assert set(frame.columns) == set(retention.MEASURE_COLUMNS) and len(frame) == 2 * 4
+    # a tracked key the query cannot see gives NaN, not a number
+    late = retention.head_measures(model, ids, [8], tracked=lambda p, q: 10)
+    assert late.attn_tracked.isna().all()
+
+
+def test_base_tracking_follows_moved_tokens():
+    model = tiny_model("qwen2")
+    base = [[3, 5, 7, 9, 11, 2, 4, 6]]
+    long = [[13, 14, 15, 16] + base[0]]  # four tokens prepended: every base position moves by 4
+    first = retention.head_measures(model, base)
+    tracked = retention.base_tracking(first, lambda prompt, pos: pos + 4)
+    moved = retention.head_measures(model, long, tracked=tracked)
+    assert (moved.tracked_key.to_numpy() == first.top_key.to_numpy() + 4).all()
+    same = retention.head_measures(model, base, tracked=retention.base_tracking(first, lambda p, pos: pos))
+    assert np.allclose(same.attn_tracked, same.attn_top, atol=1e-12)
+
+
+def _construction_measures(head, cfg, base_ids, extras, rng, *, avoid=None):
+    """Measures of a construction head at its base inputs lengthened by E prepended tokens (drawn from
+    each input's own tokens, never the position `avoid` gives, so no second match appears)."""
+    rows = []
+    for extra in extras:
+        ids = base_ids
+        if extra:
+            pool = [[t for j, t in enumerate(row.tolist()[:-1]) if avoid is None or j != int(avoid[i])]
+                    for i, row in enumerate(base_ids)]
+            front = torch.tensor([[p[int(rng.integers(len(p)))] for _ in range(extra)] for p in pool])
+            ids = torch.cat((front, base_ids), dim=1)
+        logits = constructions.attention_logits(head, ids, last_only=True)[:, 0]  # [B, L]
+        margin, _, attn_top, _ = retention.row_measures(logits)
+        rows.append(pd.DataFrame({"prompt": range(len(ids)), "query": ids.shape[1] - 1, "layer": 0, "head": 0,
+                                  "length": ids.shape[1], "margin": margin.numpy(), "attn_tracked": attn_top.numpy()}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_retention_of_hand_built_positional_head_falls_and_symbolic_head_holds():
+    rng = np.random.default_rng(0)
+    number = task_config("number")
+    index = constructions.index_head(number, theory.frequency_angle(2))
+    ids = theory.index_inputs(number, 16)[:200]  # [200, 17]: queries at position 16
+    falls = retention.head_retention(_construction_measures(index, number, ids, [0, 17, 51], rng), base_length=17)
+    letter = task_config("letter")
+    retr = constructions.retrieval_head(letter, theory.frequency_angle(42))
+    ids, _ = theory.retrieval_inputs(letter, 16, theory.frequency_angle(42), samples=200)
+    ids = ids[:200]
+    holds = retention.head_retention(_construction_measures(retr, letter, ids, [0, 17, 51], rng,
+                                                            avoid=theory.target_key(letter, ids)), base_length=17)
+    at = lambda t, n: float(t[t.length == n].margin_retention.iloc[0])  # noqa: E731
+    assert at(falls, 68) < 0.3 and at(falls, 34) < at(falls, 17) == 1.0  # T_Index: the 2 pi^2 / n^2 squeeze
+    # T_Retrieval keeps most of its margin while n theta < omega / 2: the nearest other letter's logit
+    # cos(omega - n theta) creeps up only by the slow plane's turn (1 - cos(omega - 68 theta)) / (1 - cos omega) ~ 0.6
+    assert at(holds, 68) > 0.6 and at(holds, 68) > 3 * at(falls, 68) and at(holds, 34) > 0.85
+
+
+def test_group_retention_intervals_pooling_and_matching():
+    rng = np.random.default_rng(1)
+    rows = []
+    for prompt in range(12):
+        for layer in range(3):
+            for head in range(4):
+                base = 1.0 + rng.random()
+                for length, factor in ((8, 1.0), (16, 0.5 if head == 0 else 1.0)):
+                    rows.append({"prompt": prompt, "query": length - 1, "layer": layer, "head": head, "length": length,
+                                 "margin": base * factor * (1 + 0.1 * rng.standard_normal()), "attn_tracked": 0.5})
+    measures = pd.DataFrame(rows)
+    group = [(0, 0), (1, 0), (2, 0)]
+    every = [(l, h) for l in range(3) for h in range(4)]
+    draws = retention.matched_random(every, group, 5, seed=2)
+    assert all(sorted(l for l, _ in d) == [0, 1, 2] and not set(d) & set(group) for d in draws)
+    groups = {"positional": group, **{f"random:positional:{i}": d for i, d in enumerate(draws)}}
+    table = retention.group_retention(measures, groups, base_length=8, n_boot=300)
+    margin = table[table.measure == "margin"].set_index(["group", "length"])
+    assert set(table.group) == {"positional", "random:positional"}
+    assert margin.loc[("positional", 16), "value"] == pytest.approx(0.5, abs=0.1)
+    assert margin.loc[("random:positional", 16), "value"] == pytest.approx(1.0, abs=0.1)
+    assert margin.loc[("random:positional", 16), "draws"] == 5 and margin.loc[("positional", 16), "heads"] == 3
+    assert ((table.lo <= table.value + 1e-12) & (table.value <= table.hi + 1e-12)).all()
+    assert margin.loc[("positional", 16), "hi"] < margin.loc[("random:positional", 16), "lo"]  # separated
+    with pytest.raises(PosymError, match="cannot draw"):
+        retention.matched_random([(0, 0)], [(0, 0)], 1)
+    with pytest.raises(PosymError, match="base length"):
+        retention.group_retention(measures, groups, base_length=99)
+    # one head per layer (the toy models): the match falls back to the nearest layer
+    single = retention.matched_random([(l, 0) for l in range(4)], [(1, 0)], 3, seed=0)
+    assert all(d[0][0] in (0, 2) for d in single)
+
+
+# ---- the length families ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def builder():
+    return lengthtasks.Builder(tokenizer())
+
+
+@pytest.mark.parametrize("fmt", lengthtasks.FORMATS)
+@pytest.mark.parametrize("variant", lengthtasks.VARIANTS)
+def test_families_keep_every_base_token_and_the_answer(builder, fmt, variant):
+    family = lengthtasks.LengthFamily(fmt, variant=variant, factors=[1, 2, 4])
+    prompts = lengthtasks.build(family, builder, 6, seed=3)
+    base = prompts[1][0].length
+    for factor, group in prompts.items():
+        assert {len(p.ids) for p in group} == {factor * base} and all(p.length == factor * base for p in group)
+        for p, b in zip(group, prompts[1]):
+            assert (p.answer, p.answer_id, p.query, p.index) == (b.answer, b.answer_id, p.length - 1, b.index)
+            assert all(p.ids[p.position_map(k)] == t for k, t in enumerate(b.ids))  # every base token kept
+            assert p.inserted == p.length - base
+    long = prompts[4][0]
+    if variant == "between":  # the facts stay at their positions, the question moves away
+        assert long.ids[: long.insert_at] == prompts[1][0].ids[: long.insert_at]
+    else:  # everything but the base prompt's own leading filler comes after the inserted distractors
+        head, tail, _ = builder.core_ids(family.core(3, 0, builder.keys))
+        assert long.insert_at == len(builder.bos) + base - len(head) - len(tail) - len(builder.encode("\n"))
+
+
+def test_families_answer_token_is_the_one_distinct_candidate_token(builder):
+    for fmt in lengthtasks.FORMATS:
+        core = lengthtasks.LengthFamily(fmt).core(0, 1, builder.keys)
+        head, tail, answer = builder.core_ids(core)
+        assert answer == builder.encode(core.answer)[-1]
+        others = {builder.encode(c)[-1] for c in core.candidates if c != core.answer}
+        assert answer not in others
+    marked = lengthtasks.LengthFamily("kv-code", markers=True).core(0, 1)
+    assert sum(m in " ".join(marked.facts) for m in lengthtasks.MARKERS) == 4
+    assert any(m in marked.question[0] for m in lengthtasks.MARKERS)
+
+
+def test_family_is_a_pure_function_of_seed_and_index(builder):
+    family = lengthtasks.LengthFamily("copy", factors=[1, 2])
+    a = lengthtasks.build(family, builder, 4, seed=5)
+    b = lengthtasks.build(family, builder, 4, seed=5)
+    c = lengthtasks.build(family, builder, 4, seed=6)
+    assert [p.ids for p in a[2]] == [p.ids for p in b[2]] and [p.ids for p in a[2]] != [p.ids for p in c[2]]
+
+
+def test_family_bad_input(builder):
+    with pytest.raises(PosymError, match="format"):
+        lengthtasks.LengthFamily("riddle")
+    with pytest.raises(PosymError, match="variant"):
+        lengthtasks.LengthFamily("copy", variant="after")
+    with pytest.raises(PosymError, match="factors"):
+        lengthtasks.LengthFamily("copy", factors=[2, 4])
+    with pytest.raises(PosymError, match="positions"):
+        lengthtasks.build(lengthtasks.LengthFamily("copy", factors=[1, 64]), builder, 2, max_positions=512)
+    with pytest.raises(PosymError, match="n_screen"):
+        prediction.PredictionConfig(n_screen=0)
+    with pytest.raises(PosymError, match="causal_factors"):
+        prediction.PredictionConfig(causal_factors=[1, 3])
+
+
+# ---- the causal table ---------------------------------------------------------------------------
+
+
+def _causal_rows(n=40):
+    """Clean: right everywhere. 'symbolic' ablation: wrong at the long length on 3/4 of the prompts;
+    its random draws: right everywhere; 'positional': wrong on half the prompts at every length."""
+    rows = []
+    for prompt in range(n):
+        for factor, length in ((1, 10), (4, 40)):
+            def add(group, draw, ok, ranking="sink-free", k=2):
+                rows.append({"k": k, "mode": "mean", "ranking": ranking, "group": group, "draw": draw, "heads": "",
+                             "factor": factor, "length": length, "prompt": prompt, "correct": ok})
+            add("none", -1, True, ranking="none", k=0)
+            add("symbolic", -1, not (factor == 4 and prompt % 4 != 0))
+            add("positional", -1, prompt % 2 == 0)
+            for draw in range(3):
+                add("random:symbolic", draw, True)
+                add("random:positional", draw, True)
+    return pd.DataFrame(rows)
+
+
+def test_causal_table_drops_effects_and_separation():
+    table = prediction.causal_table(_causal_rows(), n_boot=400).set_index(["group", "factor"])
+    assert table.loc[("symbolic", 4), "drop"] == pytest.approx(0.75)
+    assert table.loc[("symbolic", 4), "effect"] == pytest.approx(0.75)
+    assert table.loc[("positional", 4), "drop"] == pytest.approx(0.5)
+    assert table.loc[("positional", 4), "effect"] == pytest.approx(0.0)
+    assert table.loc[("symbolic", 4), "separated"] is True or table.loc[("symbolic", 4), "separated"] == True  # noqa: E712
+    assert table.loc[("positional", 4), "separated"] == False  # noqa: E712 - no length effect beyond random's
+    assert table.loc[("random:symbolic", 4), "draws"] == 3
+    assert pd.isna(table.loc[("symbolic", 1), "separated"])  # the base length is the reference
+    assert (table.drop_lo <= table["drop"] + 1e-12).all() and (table["drop"] <= table.drop_hi + 1e-12).all()
+
+
+def test_causal_table_gives_the_needed_count_when_not_separated():
+    rows = _causal_rows(8)
+    flip = (rows.group == "symbolic") & (rows.factor == 4)
+    rows.loc[flip, "correct"] = rows.loc[flip, "prompt"] % 8 != 0  # a small effect on 8 prompts
+    table = prediction.causal_table(rows, n_boot=400).set_index(["group", "factor"])
+    assert table.loc[("symbolic", 4), "separated"] == False  # noqa: E712
+    assert table.loc[("symbolic", 4), "needed"] > 8
