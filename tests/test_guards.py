@@ -509,3 +509,458 @@ def test_a_second_train_process_on_one_run_is_refused(runs, tmp_path):
         first.wait(timeout=60)
     one_line(second.returncode, second.stderr, f"{out} is in use by posym process {first.pid}")
     assert first.returncode == 130
+
+
+# ==== round three (issue 31): nothing deleted, no secret printed, no remote code, every count bounded ====
+
+
+def _ablate(run: Path, tmp_path: Path, save: Path) -> list:
+    return ["ablate", run, "--heads", "0", "--mode", "zero", "--factors", "1", "--n", 4, "--label-prompts", 2,
+            "--save", save, "--out", tmp_path / "ablation"]
+
+
+@pytest.mark.parametrize("target", ["unrelated-directory", "the-run-itself"])
+def test_ablate_save_never_deletes_a_non_empty_directory(runs, tmp_path, capsys, monkeypatch, target):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    if target == "the-run-itself":
+        save = run
+    else:
+        save = tmp_path / "mine"
+        (save / "notes").mkdir(parents=True)
+        (save / "notes" / "thesis.tex").write_text("two years of work\n")
+    before = snapshot(tmp_path)
+    code, err = cli(capsys, monkeypatch, *_ablate(run, tmp_path, save))
+    one_line(code, err, f"--save {save} already exists and is not an empty directory")
+    assert snapshot(tmp_path) == before and not (tmp_path / "ablation").exists()
+
+
+def test_directory_outputs_refuse_foreign_files_and_accept_their_own(runs, tmp_path, capsys, monkeypatch):
+    from posym.cli.options import OUTPUTS
+
+    out = tmp_path / "analysis"
+    out.mkdir()
+    (out / "dynamics.json").write_text("{}")  # a previous run of the same command: fine
+    assert io.check_output(out, is_dir=True, owns=OUTPUTS["dynamics"]) == out
+    (out / "paper.pdf").write_text("%PDF")  # anything else: refused
+    code, err = cli(capsys, monkeypatch, "dynamics", runs / "run", "--out", out)
+    one_line(code, err, "already holds files this command does not write (first: 'paper.pdf')")
+    with pytest.raises(PosymError, match="already exists and is not an empty directory"):  # the writer refuses too
+        with io.atomic_path(out, is_dir=True) as tmp:
+            (tmp / "x").write_text("x")
+    assert sorted(p.name for p in out.iterdir()) == ["dynamics.json", "paper.pdf"]
+
+
+def test_outputs_never_name_the_lock_and_the_lock_is_never_replaced(runs, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    with io.locked(run) as lock:
+        held = lock.read_bytes()
+        code, err = cli(capsys, monkeypatch, "data", "--n", 2, "--out", lock)
+        one_line(code, err, "is one of posym's own control files")
+        assert lock.read_bytes() == held
+    mine = tmp_path / "elsewhere"
+    with io.locked(mine) as lock:  # a file put over the lock while it is held is not deleted at the end
+        (mine / "user.txt").write_text("the user's\n")
+        os.replace(mine / "user.txt", lock)
+    assert lock.read_text() == "the user's\n"
+    for name in ("validation.parquet", "validation.json"):  # `--step best` reads them: part of the run
+        code, err = cli(capsys, monkeypatch, "data", "--n", 2, "--out", run / name)
+        one_line(code, err, "would overwrite an input of this command")
+
+
+class _Recorder(Endpoint):
+    """An Endpoint that records the Authorization header of every request."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        seen = self.seen = []
+        handler = self.httpd.RequestHandlerClass
+        original = handler.do_POST
+
+        def do_post(request):
+            seen.append(request.headers.get("Authorization"))
+            original(request)
+
+        handler.do_POST = do_post
+
+
+def test_a_key_file_saved_on_windows_works_and_broken_keys_never_leak(monkeypatch):
+    with _Recorder(body=chat_reply("E")) as server:
+        monkeypatch.setenv("POSYM_TEST_KEY", KEY + "\r\n")  # trailing CR LF: stripped, the key works
+        assert bench.chat(server.endpoint, "hi") == "E" and server.seen == [f"Bearer {KEY}"]
+        for bad in (KEY[:8] + "\n" + KEY[8:], KEY[:8] + "\r" + KEY[8:], "sk-ключ-0123456789"):
+            monkeypatch.setenv("POSYM_TEST_KEY", bad)
+            with pytest.raises(PosymError, match="holds a character an HTTP header cannot carry") as caught:
+                bench.chat(server.endpoint, "hi")
+            assert "sk-" not in str(caught.value) and "0123" not in str(caught.value)
+        assert len(server.seen) == 1  # the broken keys were never sent
+
+
+def test_an_endpoint_echoing_the_key_gets_it_masked(monkeypatch):
+    monkeypatch.setenv("POSYM_TEST_KEY", KEY)
+    with Endpoint(body=chat_reply(f"{KEY} is your key")) as server:
+        reply = bench.chat(server.endpoint, "hi")
+    assert reply == "*** is your key"  # and so never in bench.parquet's predicted column
+
+
+BENCH_OPTIONS = [  # (extra llm-bench arguments, words of the error)
+    pytest.param(["--retries", "-1"], "--retries must lie in 0..100", id="retries-negative"),
+    pytest.param(["--timeout", "-1"], "--timeout must be a number of seconds", id="timeout-negative"),
+    pytest.param(["--timeout", "nan"], "--timeout must be a number of seconds", id="timeout-nan"),
+    pytest.param(["--timeout", "inf"], "--timeout must be a number of seconds", id="timeout-inf"),
+    pytest.param(["--base-url", "http://127.0.0.1:99999/v1"], "is not a usable URL", id="port-out-of-range"),
+    pytest.param(["--base-url", "http:///v1"], "names no host", id="no-host"),
+    pytest.param(["--base-url", "http://user:hunter2@127.0.0.1:1/v1", "--retries", "0", "--timeout", "2"],
+                 "endpoint http://127.0.0.1:1/v1/chat/completions failed", id="credentials-in-the-url"),
+]
+
+
+@pytest.mark.parametrize("extra, words", BENCH_OPTIONS)
+def test_llm_bench_options_and_urls_are_checked(tmp_path, capsys, monkeypatch, extra, words):
+    argv = ["llm-bench", "--base-url", "http://127.0.0.1:1/v1", "--model-name", "m", "--n", 1, "--runs", 1,
+            "--sizes", 12, "--task", "letter", "--out", tmp_path / "out"]
+    for option, value in zip(extra[::2], extra[1::2]):  # replace the option's value, or add it
+        if option in argv:
+            argv[argv.index(option) + 1] = value
+        else:
+            argv += [option, value]
+    code, err = cli(capsys, monkeypatch, *argv)
+    one_line(code, err, words)
+    assert "hunter2" not in err and not (tmp_path / "out").exists()
+
+
+def test_tokenizer_auto_map_never_runs_the_directorys_code(tmp_path, monkeypatch):
+    import builtins
+
+    from posym import sources
+
+    model = tmp_path / "model"
+    model.mkdir()
+    ran = tmp_path / "ran"
+    (model / "evil.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\nclass EvilTokenizer:\n    pass\n")
+    (model / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}}))
+    monkeypatch.setattr(builtins, "input", lambda *a: "y")  # a user answering transformers' [y/N] prompt
+    with pytest.raises(PosymError, match="cannot load the tokenizer"):
+        sources._tokenizer_loader(model)()
+    assert not ran.exists()
+
+
+def test_every_from_pretrained_goes_through_the_one_loader():
+    """`posym.loading.pretrained` (trust_remote_code=False) is the only caller of transformers' from_pretrained."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "posym"
+    calls = []
+    for path in sorted(src.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "from_pretrained":
+                function = node
+                while not isinstance(function, ast.FunctionDef):
+                    function = parents[function]
+                remote = {k.arg: k.value for k in node.keywords}.get("trust_remote_code")
+                calls.append((str(path.relative_to(src)), function.name, getattr(remote, "value", None)))
+    assert calls == [("loading.py", "pretrained", False)]
+
+
+def _raw_gguf(path: Path, fields: list, tensors: list = ()) -> Path:
+    """A GGUF file written byte by byte: fields (key, type id, payload bytes), tensors (name, dims) of float32
+    zeros, 32-byte aligned."""
+    import math
+    import struct
+
+    def text(value: str) -> bytes:
+        return struct.pack("<Q", len(value.encode())) + value.encode()
+
+    data = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(fields))
+    for key, kind, payload in fields:
+        data += text(key) + struct.pack("<I", kind) + payload
+    offset = 0
+    for name, dims in tensors:
+        data += text(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        data += struct.pack("<IQ", 0, offset)
+        offset += -(-math.prod(dims) * 4 // 32) * 32
+    path.write_bytes(data + b"\0" * (-len(data) % 32) + b"\0" * offset)
+    return path
+
+
+def _gguf_fields(**sizes) -> list:
+    import struct
+
+    fields = [("general.architecture", 8, struct.pack("<Q", 5) + b"llama")]
+    return fields + [(f"llama.{k}", 4, struct.pack("<I", v)) for k, v in sizes.items()]
+
+
+_SMALL = dict(block_count=1, embedding_length=8, feed_forward_length=16, context_length=16)
+_NESTED = b"".join(__import__("struct").pack("<IQ", 9, 1) for _ in range(5000)) + __import__("struct").pack("<IQ", 4, 0)
+GGUFS = {  # name -> (fields, tensors, words of the error)
+    "only-the-architecture": (_gguf_fields(), [], "holds no tensors (only metadata)"),
+    "sizes-but-no-blocks": (_gguf_fields(**{**_SMALL, "block_count": 2}), [("token_embd.weight", [8, 16])],
+                            "declares 2 blocks"),
+    "huge-feed-forward": (_gguf_fields(**{**_SMALL, "feed_forward_length": 10**9}),
+                          [("token_embd.weight", [8, 16]), ("blk.0.attn_q.weight", [8, 8])], "metadata describes"),
+    "nested-arrays": (_gguf_fields() + [("x.nested", 9, _NESTED)], [], "header is truncated or corrupt"),
+    "alignment-zero": (_gguf_fields() + [("general.alignment", 4, (0).to_bytes(4, "little"))], [],
+                       "general.alignment must be a positive integer"),
+    "alignment-string": (_gguf_fields() + [("general.alignment", 8, (2).to_bytes(8, "little") + b"32")], [],
+                         "general.alignment must be a positive integer"),
+}
+
+
+@pytest.mark.parametrize("name", list(GGUFS))
+def test_a_gguf_file_without_its_weights_is_refused_before_anything_is_built(tmp_path, capsys, monkeypatch, name):
+    from posym import sources
+
+    def build(*args):
+        raise AssertionError("transformers was asked to build the model")
+
+    monkeypatch.setattr(sources, "_gguf_model", build)
+    fields, tensors, words = GGUFS[name]
+    path = _raw_gguf(tmp_path / "m.gguf", fields, tensors)
+    code, err = cli(capsys, monkeypatch, "llm-scores", path, "--text", "a b c d", "--out", tmp_path / "out")
+    one_line(code, err, words)
+    assert not (tmp_path / "out").exists()
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("where", ["prompts", "config.json", "posym.json", "yaml"])
+def test_deep_nesting_is_one_line(runs, tmp_path, capsys, monkeypatch, where):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(_step(runs), ckpt)
+    argv = ["score", ckpt, "--n", 2, "--out", tmp_path / "s.parquet"]
+    if where == "prompts":
+        (tmp_path / "p.jsonl").write_text('{"input_ids": ' + DEEP + "}\n")
+        argv += ["--prompts", tmp_path / "p.jsonl"]
+    elif where == "yaml":
+        (tmp_path / "c.yaml").write_text("model: " + "[" * 20_000 + "]" * 20_000 + "\n")
+        argv = ["train", "--config", tmp_path / "c.yaml", "--out", tmp_path / "new"]
+    else:
+        (ckpt / where).write_text('{"a": ' + DEEP + "}")
+    code, err = cli(capsys, monkeypatch, *argv)
+    one_line(code, err, "levels deep")
+
+
+COUNTS = [  # (argv with {run}, {ckpt}, {tmp}; words of the error)
+    pytest.param(["eval", "{ckpt}", "--n", 10**12], "--n 1,000,000,000,000 asks for at least", id="eval-n"),
+    pytest.param(["score", "{run}", "--n", 10**12, "--out", "{tmp}/s.parquet"], "asks for at least", id="score-n"),
+    pytest.param(["dynamics", "{run}", "--n", 10**12, "--out", "{tmp}/d"], "asks for at least", id="dynamics-n"),
+    pytest.param(["geometry", "{run}", "--n", 10**12, "--out", "{tmp}/g"], "asks for at least", id="geometry-n"),
+    pytest.param(["data", "--n", 10**12, "--out", "{tmp}/d.parquet"], "--n 1,000,000,000,000 asks", id="data-n"),
+    pytest.param(["data", "--n", 1, "--extra-target", 10**12, "--out", "{tmp}/d.parquet"],
+                 "--extra-target 1,000,000,000,000 asks", id="data-extra-target"),
+    pytest.param(["llm-bench", "--base-url", "http://127.0.0.1:1/v1", "--model-name", "m", "--n", 10**12, "--runs", 1,
+                  "--sizes", 12, "--out", "{tmp}/b"], "--n 1,000,000,000,000 asks", id="llm-bench-n"),
+    pytest.param(["llm-bench", "--base-url", "http://127.0.0.1:1/v1", "--model-name", "m", "--n", 1, "--runs", 1,
+                  "--sizes", 10**12, "--out", "{tmp}/b"], "--size 1,000,000,000,000 asks", id="llm-bench-size"),
+]
+
+
+@pytest.mark.parametrize("argv, words", COUNTS)
+def test_every_count_option_is_bounded_by_a_memory_estimate(runs, tmp_path, capsys, monkeypatch, argv, words):
+    args = [a.format(run=runs / "run", ckpt=_step(runs), tmp=tmp_path) if isinstance(a, str) else a for a in argv]
+    code, err = cli(capsys, monkeypatch, *args)
+    one_line(code, err, words, "GiB", "use at most")
+    assert not list(tmp_path.iterdir())
+
+
+def test_llm_scores_size_and_n_are_bounded(tmp_path, capsys, monkeypatch):
+    from tiny_llms import save_model, tokenizer
+
+    model = save_model(tmp_path / "llama", "llama", tokenizer(), positions=64)
+    code, err = cli(capsys, monkeypatch, "llm-scores", model, "--prompts", "number", "--size", 10**8,
+                    "--out", tmp_path / "o")
+    one_line(code, err, "--size 100000000 makes number prompts of at least", "positions of llama")
+    code, err = cli(capsys, monkeypatch, "llm-scores", model, "--prompts", "letter", "--size", 4, "--n", 10**12,
+                    "--out", tmp_path / "o")
+    one_line(code, err, "--n 1,000,000,000,000 asks for at least")
+    assert not (tmp_path / "o").exists()
+
+
+VALUES = [  # (YAML of a train config, words of the error)
+    pytest.param("eps: -1\n", "eps (AdamW's epsilon) must be positive", id="eps"),
+    pytest.param("model: {initializer_range: -1}\n", "model.initializer_range", id="initializer_range"),
+    pytest.param("model: {layer_norm_epsilon: 0}\n", "model.layer_norm_epsilon must be positive", id="layer_norm_eps"),
+    pytest.param("seed: 100000000000000000000000\n", "seed must be an integer in 0..4,294,967,295", id="seed"),
+    pytest.param("max_steps: 1000000000000000000000\n", "max_steps must be at most", id="max_steps"),
+    pytest.param("eval_size: 100000000000\n", "GiB to train", id="eval_size"),
+]
+
+
+@pytest.mark.parametrize("text, words", VALUES)
+def test_values_that_used_to_crash_later_are_refused_first(tmp_path, capsys, monkeypatch, text, words):
+    (tmp_path / "c.yaml").write_text(text)
+    code, err = cli(capsys, monkeypatch, "train", "--config", tmp_path / "c.yaml", "--out", tmp_path / "out")
+    one_line(code, err, words)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, words", [({"vocab_size": "64"}, "vocab_size must be a positive integer, got '64'"),
+                                           ({"n_head": 0}, "n_head must be a positive integer, got 0")],
+                         ids=["vocab_size-a-string", "no-heads"])
+def test_config_json_sizes_are_checked(runs, tmp_path, capsys, monkeypatch, change, words):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(_step(runs), ckpt)
+    (ckpt / "config.json").write_text(json.dumps({**json.loads((ckpt / "config.json").read_text()), **change}))
+    code, err = cli(capsys, monkeypatch, "score", ckpt, "--n", 2, "--out", tmp_path / "s.parquet")
+    one_line(code, err, words)
+
+
+def test_a_llm_config_json_with_zero_heads_is_one_line(tmp_path, capsys, monkeypatch):
+    from tiny_llms import save_model, tokenizer
+
+    model = save_model(tmp_path / "llama", "llama", tokenizer(), positions=64)
+    (model / "config.json").write_text(json.dumps({**json.loads((model / "config.json").read_text()),
+                                                   "num_attention_heads": 0}))
+    code, err = cli(capsys, monkeypatch, "llm-scores", model, "--text", "a b c", "--out", tmp_path / "o")
+    one_line(code, err, "num_attention_heads must be a positive integer, got 0")
+
+
+@pytest.mark.parametrize("run_files", ["validation.parquet", "metrics.parquet"])
+def test_damaged_run_tables_are_one_line_for_step_best(runs, tmp_path, capsys, monkeypatch, run_files):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    table = run / run_files
+    if not table.exists():
+        io.write_parquet(table, __import__("pandas").DataFrame({"step": [0], "val_n": [8], "val_acc": [0.5]}))
+    table.write_bytes(table.read_bytes()[: table.stat().st_size // 2])
+    code, err = cli(capsys, monkeypatch, "validate", run, "--n", 8)
+    one_line(code, err, f"{table} is damaged")
+    if run_files == "validation.parquet":  # --step best reads the cache (not metrics.parquet)
+        code, err = cli(capsys, monkeypatch, "eval", run, "--step", "best", "--n", 8)
+        one_line(code, err, f"{table} is damaged")
+
+
+@pytest.mark.parametrize("content", ["not json", "{}", "[]"], ids=["not-json", "empty-object", "a-list"])
+def test_a_damaged_theory_json_is_one_line_in_report(tmp_path, capsys, monkeypatch, content):
+    theory = tmp_path / "theory"
+    theory.mkdir()
+    (theory / "theory.json").write_text(content)
+    code, err = cli(capsys, monkeypatch, "report", theory, "--out", tmp_path / "report")
+    one_line(code, err, str(theory))
+    assert not (tmp_path / "report").exists()
+
+
+def test_a_malicious_pickle_with_allow_pickle_is_one_line(tmp_path, capsys, monkeypatch):
+    import torch
+    from tiny_llms import save_model, tokenizer
+
+    model = save_model(tmp_path / "llama", "llama", tokenizer(), positions=64, pickle=True)
+    ran = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {ran}",))
+
+    torch.save({"model.embed_tokens.weight": Evil()}, model / "pytorch_model.bin")  # torch.save pickles it
+    code, err = cli(capsys, monkeypatch, "llm-scores", model, "--allow-pickle", "--text", "a b c", "--out",
+                    tmp_path / "o")
+    one_line(code, err, "restricted unpickler refused them")
+    assert not ran.exists()
+
+
+def test_outputs_honour_the_umask(runs, tmp_path, capsys, monkeypatch):
+    old = os.umask(0o022)
+    try:
+        monkeypatch.setattr(io, "_UMASK", 0o022)
+        run = tmp_path / "run"
+        train(resolve_config("quick", "number", runs / "train.yaml"), run, progress=False, stop_at=1)
+        code, err = cli(capsys, monkeypatch, "ablate", run, "--heads", "0", "--mode", "zero", "--factors", "1",
+                        "--n", 4, "--label-prompts", 2, "--save", tmp_path / "pruned", "--out", tmp_path / "abl")
+        assert code == 0, err
+    finally:
+        os.umask(old)
+    checked = [*(run / "checkpoints").rglob("*"), tmp_path / "pruned", *(tmp_path / "pruned").iterdir()]
+    assert any(p.name == "model.safetensors" for p in checked)
+    for path in [run / "checkpoints", *checked]:
+        assert stat.S_IMODE(path.stat().st_mode) == (0o755 if path.is_dir() else 0o644), path
+
+
+@pytest.mark.slow
+def test_sigterm_is_answered_as_ctrl_c(runs, tmp_path):
+    out = tmp_path / "run"
+    proc = start(["train", "--config", runs / "full.yaml", "--out", out, "--no-progress"], tmp_path)
+    deadline = time.time() + 180
+    while not (out / "checkpoints" / "step-00000004").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGTERM)
+    err = proc.stderr.read()
+    code = proc.wait(timeout=60)
+    assert code == 143 and err.startswith("posym: terminated: kept checkpoints up to step") and err.count("\n") == 1, err
+    assert not (out / io.LOCK).exists() and not [p for p in out.rglob(".*")]
+
+
+def test_sigterm_during_score_exits_143_and_leaves_nothing(runs, tmp_path):
+    out = tmp_path / "scores" / "s.parquet"
+    proc = start(["score", runs / "run", "--n", 100000, "--batch-size", 1, "--out", out], tmp_path)
+    deadline = time.time() + 180
+    while not (out.parent.is_dir() and any(out.parent.iterdir())) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.stderr.read()[-2000:]
+    os.killpg(proc.pid, signal.SIGTERM)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 143, err
+    assert err.startswith("posym: terminated: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not list(out.parent.iterdir())
+
+
+def test_minor_cases_are_one_line_or_work(runs, tmp_path, capsys, monkeypatch):
+    # a newline in a path: the error stays one line
+    code, err = cli(capsys, monkeypatch, "score", tmp_path / "no\nsuch", "--out", tmp_path / "s.parquet")
+    one_line(code, err, "no\\nsuch")
+    # a raw U+2028 inside a JSON string of a prompt file is part of the string, not a line break
+    (tmp_path / "p.jsonl").write_text('{"input_ids": [1, 2, 3, 4], "note": "a\u2028b"}\n', encoding="utf-8")
+    code, err = cli(capsys, monkeypatch, "score", runs / "run", "--prompts", tmp_path / "p.jsonl",
+                    "--out", tmp_path / "s.parquet")
+    assert code == 0, err
+    # bare `posym`: the help on stdout, one error line
+    capsys.readouterr()
+    code = __import__("cli_runner").run_posym(monkeypatch)
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out.startswith("Usage: ") and "COMMAND [ARGS]" in captured.out
+    assert captured.err.startswith("posym: error: give a command") and captured.err.count("\n") == 1
+
+
+def test_non_utf8_bytes_in_out_are_one_line_before_the_work(tmp_path):
+    out = os.fsencode(tmp_path) + b"/d\xff.parquet"
+    done = subprocess.run([sys.executable, "-m", "posym", "data", "--n", "2", "--out", out], env=ENV,
+                          capture_output=True, timeout=120)
+    one_line(done.returncode, done.stderr.decode("utf-8", "replace"), "is not UTF-8 text", "d\\xff.parquet")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", ["eval", "score"])
+def test_nan_weights_are_named_as_such(runs, tmp_path, capsys, monkeypatch, command):
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(_step(runs), ckpt)
+    weights = load_file(ckpt / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name][0] = float("nan")
+    save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    argv = ["eval", ckpt, "--n", 8] if command == "eval" else ["score", ckpt, "--n", 2, "--out", tmp_path / "s.parquet"]
+    code, err = cli(capsys, monkeypatch, *argv)
+    one_line(code, err, f"the weights of {ckpt} hold NaN or infinite values")
+
+
+def test_options_that_had_no_effect_are_refused(runs, tmp_path, capsys, monkeypatch):
+    from tiny_llms import save_model, tokenizer
+
+    (tmp_path / "p.jsonl").write_text('{"input_ids": [1, 2]}\n')
+    code, err = cli(capsys, monkeypatch, "score", runs / "run", "--prompts", tmp_path / "p.jsonl", "--out",
+                    tmp_path / "s.parquet")
+    one_line(code, err, "a prompt needs at least 3 tokens", "got 2")
+    code, err = cli(capsys, monkeypatch, "score", runs / "run", "--task", "letter", "--prompts", tmp_path / "p.jsonl",
+                    "--out", tmp_path / "s.parquet")
+    one_line(code, err, "--task draws the task's test prompts and --prompts reads a file")
+    model = save_model(tmp_path / "llama", "llama", tokenizer(), positions=64)
+    for keys in ("-1", "500"):
+        code, err = cli(capsys, monkeypatch, "llm-scores", model, "--text", "alice likes red and bob likes blue",
+                        "--exclude-keys", keys, "--out", tmp_path / "o")
+        one_line(code, err, f"--exclude-keys {keys} is not a key of every prompt")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "s.parquet").exists()

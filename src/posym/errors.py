@@ -10,4 +10,9 @@ class PosymError(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C during a command; the message says what was kept and how re-running continues (exit 130)."""
+    """Ctrl-C (or SIGTERM) during a command; the message says what was kept and how re-running continues
+    (exit 128 + `signum`: 130, 143)."""
+
+    def __init__(self, message: str, signum: int = 2):
+        super().__init__(message)
+        self.signum = signum

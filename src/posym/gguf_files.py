@@ -33,11 +33,16 @@ class _Short(Exception):
     """The file ended inside the GGUF header."""
 
 
+MAX_DEPTH = 8
+"""Deepest nesting of arrays a GGUF header may hold (llama.cpp writes one level; a deeper one is corrupt)."""
+
+
 def gguf_header(path: Path) -> dict:
     """The general.* metadata of a GGUF file, read from its header in milliseconds (transformers' own
     reader parses every field, the 49k-token vocabulary included, in tens of seconds), after checking
     that the file holds every tensor byte the header declares: a truncated or corrupt file is a
-    PosymError before anything else happens."""
+    PosymError before anything else happens. The other scalar fields are kept as well, and the tensors'
+    shapes under "tensors" (name -> dims)."""
     _require_gguf()
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -55,15 +60,17 @@ def gguf_header(path: Path) -> dict:
                 raise _Short
             return f.read(length)
 
-        def value(kind: int, keep: bool):
+        def value(kind: int, keep: bool, depth: int = 0):
             if kind == _GGUF_STRING:
                 return string().decode("utf-8", "replace")
             if kind == _GGUF_ARRAY:
+                if depth >= MAX_DEPTH:  # nested arrays: a corrupt or hostile header, never a recursion error
+                    raise ValueError("arrays nested too deep")
                 item, count = read("<I"), read("<Q")
                 if item in _GGUF_SCALARS and not keep:  # skip a numeric array (the size check catches a short one)
                     f.seek(count * struct.calcsize(_GGUF_SCALARS[item]), 1)
                     return None
-                return [value(item, keep) for _ in range(count)]
+                return [value(item, keep, depth + 1) for _ in range(count)]
             return read(_GGUF_SCALARS[kind])
 
         try:
@@ -71,26 +78,69 @@ def gguf_header(path: Path) -> dict:
                 raise PosymError(f"{path} is not a GGUF file (no GGUF magic number)")
             read("<I")  # format version
             n_tensors, n_fields = read("<Q"), read("<Q")
-            meta = {}
+            meta, tensors = {}, {}
             for _ in range(n_fields):
                 key = string().decode("utf-8", "replace")
                 got = value(read("<I"), key.startswith("general."))
-                if key.startswith("general."):
+                if key.startswith("general.") or not isinstance(got, (list, type(None))):
                     meta[key] = got
             end = 0
             for _ in range(n_tensors):
-                string()  # tensor name
-                dims = [read("<Q") for _ in range(read("<I"))]
+                name = string().decode("utf-8", "replace")
+                n_dims = read("<I")
+                if n_dims > MAX_DEPTH:
+                    raise ValueError("too many dimensions")
+                dims = [read("<Q") for _ in range(n_dims)]
                 block, size = GGML_QUANT_SIZES[GGMLQuantizationType(read("<I"))]
                 end = max(end, read("<Q") + math.prod(dims) // block * size)
+                tensors[name] = dims
         except (_Short, KeyError, ValueError, struct.error):
             raise PosymError(f"{path} is not a readable GGUF model: its header is truncated or corrupt") from None
-        alignment = int(meta.get("general.alignment", 32))
+        alignment = meta.get("general.alignment", 32)
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or not 1 <= alignment <= 2**20:
+            raise PosymError(f"{path} is not a readable GGUF model: general.alignment must be a positive integer, "
+                             f"got {str(alignment)[:40]!r}")
         needed = -(-f.tell() // alignment) * alignment + end
     if have < needed:
         raise PosymError(f"{path} is truncated: its header declares {needed:,} bytes of tensors and metadata, "
                          f"the file holds {have:,}")
-    return meta
+    return {**meta, "tensors": tensors}
+
+
+def check_gguf_weights(path: Path, meta: dict) -> None:
+    """Refuse, before transformers builds anything, a GGUF file whose tensors do not make the model its
+    metadata describes: transformers fills every missing size with a 7B default and every missing tensor
+    with random weights (a 96-byte file holding only general.architecture allocated 23 GB). The file must
+    hold the token embedding, and one set of attention tensors for each of its `ARCH.block_count` blocks,
+    of the `ARCH.embedding_length` width; transformers' load report catches any other missing tensor."""
+    tensors, arch = meta.get("tensors") or {}, str(meta.get("general.architecture"))
+    if not tensors:
+        raise PosymError(f"{path} holds no tensors (only metadata): it is not a model posym can load")
+    embedding = tensors.get("token_embd.weight")
+    if embedding is None:
+        raise PosymError(f"{path} has no token_embd.weight tensor: its weights are incomplete")
+    blocks, width = meta.get(f"{arch}.block_count"), meta.get(f"{arch}.embedding_length")
+    if not (isinstance(blocks, int) and isinstance(width, int)) or isinstance(blocks, bool) or isinstance(width, bool):
+        raise PosymError(f"{path} does not give {arch}.block_count and {arch}.embedding_length as integers: its "
+                         "metadata is incomplete")
+    present = {int(n.split(".")[1]) for n in tensors if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    if present != set(range(blocks)):
+        missing = sorted(set(range(blocks)) - present)
+        raise PosymError(f"{path} declares {blocks} blocks ({arch}.block_count) but holds tensors for "
+                         f"{len(present & set(range(blocks)))}" + (f" (first missing: blk.{missing[0]})" if missing else
+                                                                    f" and for blocks beyond {blocks - 1}"))
+    if not embedding or embedding[0] != width:
+        raise PosymError(f"{path}: token_embd.weight has shape {embedding[:4]}, not the {width} of "
+                         f"{arch}.embedding_length: its metadata does not match its weights")
+    # what transformers will allocate from the metadata, against what the file holds: a huge
+    # feed_forward_length or vocab_size over small tensors would otherwise allocate before any check
+    sizes = [meta.get(f"{arch}.{key}") for key in ("feed_forward_length", "vocab_size")]
+    ffn, vocab = (int(s) if isinstance(s, int) and not isinstance(s, bool) else 0 for s in sizes)
+    declared = blocks * (4 * width * width + 3 * width * ffn) + 2 * width * max(vocab, embedding[-1])
+    held = sum(math.prod(dims) for dims in tensors.values())
+    if declared > 4 * held + 2**20:
+        raise PosymError(f"{path}: its metadata describes a model of about {declared:,} weights, but the file "
+                         f"holds {held:,}: its metadata does not match its weights")
 
 
 def gguf_model_type(path: Path) -> str:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import glob
 import hashlib
 import json
 import os
 import platform
+import re
 import reprlib
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -62,14 +65,21 @@ def _running(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling path; on success rename it to `path` (replacing it).
 
-    On any exception the temporary file or directory is removed and `path` is left untouched.
+    On any exception the temporary file or directory is removed and `path` is left untouched. A
+    directory `path` that exists and is not empty is replaced only with `replace=True` (the caller owns
+    it, as `posym train` owns its checkpoints); otherwise it is refused before anything is written, so
+    a directory output never deletes what it lands on.
     """
     path = Path(path)
     parent = path.parent
     _refuse_special(path, is_dir)
+    _refuse_control(path)
+    if is_dir and not replace and _entries(path):
+        raise PosymError(f"{path} already exists and is not an empty directory; posym replaces no directory it "
+                         "did not write")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -81,6 +91,7 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
     prefix = f".{path.name}.tmp-{_HOST}-{os.getpid()}-"
     if is_dir:
         tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes it 0700; a plain mkdir would give the umask's mode
     else:  # mkstemp creates the file, so no other writer can take the name between choosing and opening it
         handle, name = tempfile.mkstemp(prefix=prefix, dir=parent)
         os.close(handle)
@@ -88,6 +99,8 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it 0600; a plain open() would give the umask's mode
     try:
         yield tmp
+        if is_dir:
+            _umask_modes(tmp)
         if is_dir and path.exists():
             # A directory cannot be renamed over a non-empty one: move the old one aside first.
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=parent))
@@ -107,6 +120,18 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         if type(exc).__name__ == "SafetensorError":  # the safetensors writer's own I/O error (e.g. disk full)
             raise PosymError(f"cannot write {path}: {_first_line(exc)}") from None
         raise
+
+
+def _umask_modes(directory: Path) -> None:
+    """Give what a writer left in `directory` the modes the umask gives: safetensors' writer and
+    temporary files make 0600 files, so others could not read a shared checkpoint."""
+    for root, dirs, files in os.walk(directory):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~_UMASK)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o666 & ~_UMASK)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -137,9 +162,33 @@ def _refuse_special(path: Path, is_dir: bool) -> None:
                          f"{'directory' if is_dir else 'regular file'} is")
 
 
+def _entries(path: Path) -> list[str]:
+    """The names in directory `path` (none if it is absent or not a directory), posym's own hidden
+    temporaries of a killed writer left out."""
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        raise PosymError(f"cannot read directory {path}: {exc.strerror}") from None
+    return sorted(name for name in names if not _TEMPORARY.match(name))
+
+
+_TEMPORARY = re.compile(r"^\..+\.(tmp|old)-")
+"""The names `atomic_path` gives its temporaries (`.NAME.tmp-HOST-PID-*`) and the old directory it moves aside."""
+
+
+def _refuse_control(path: Path) -> None:
+    """An output may never be one of posym's own control files: a directory's lock (replacing it would
+    admit a second process) or an atomic write's temporary."""
+    if path.name == LOCK or _TEMPORARY.match(path.name):
+        raise PosymError(f"{path} is one of posym's own control files ({'the lock of a directory' if path.name == LOCK else 'the temporary of a write in progress'}); choose another name")
+
+
 # ---- outputs never replace inputs ------------------------------------------------------------------
 
-RUN_FILES = ("checkpoints", "config.yaml", "manifest.json", "metrics.parquet", "train.log", "pipeline.yaml", "stages")
+RUN_FILES = ("checkpoints", "config.yaml", "manifest.json", "metrics.parquet", "train.log", "pipeline.yaml", "stages",
+             "validation.parquet", "validation.json")
 """What `posym train` / `posym run` keep in their directories: outputs may go beside these, never over or into them."""
 
 
@@ -176,15 +225,27 @@ def _overlap(output: Path, is_dir: bool, source: Path) -> Path | None:
 
 
 def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bool = False,
-                 option: str = "--out") -> Path | None:
+                 option: str = "--out", owns: Any = (), marker: str | None = None) -> Path | None:
     """Refuse (PosymError, before any work) an output path that exists and is not a regular file (a
-    directory for `is_dir`), or that is or lies inside one of `inputs` (None entries are skipped).
-    Model and run directories around the output count as inputs too: `posym data --out RUN/config.yaml`
-    would break the run. Returns the path (None for None)."""
+    directory for `is_dir`), that is one of posym's control files (a lock, a temporary), or that is or
+    lies inside one of `inputs` (None entries are skipped). Model and run directories around the output
+    count as inputs too: `posym data --out RUN/config.yaml` would break the run.
+
+    A directory output that exists and is not empty must be the command's own: every entry matches
+    one of the glob patterns `owns` (what the command writes there), or the directory holds `marker`
+    (the file a resumable command keeps, e.g. pipeline.yaml). With neither, it must be new or empty.
+    Returns the path (None for None)."""
     if path is None:
         return None
     path = Path(path)
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes that are not UTF-8 (os.fsdecode's surrogates): Arrow cannot write there
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")[:200]  # the bytes as \xff
+        raise PosymError(f"{option} {shown} is not UTF-8 text (byte {exc.start + 1} of the name is not); choose a "
+                         "UTF-8 name") from None
     _refuse_special(path, is_dir)
+    _refuse_control(path)
     output = Path(os.path.realpath(path))
     around = [a for a in output.parents if a.is_dir() and (_is_model_dir(a) or _is_run_dir(a))]
     given = [Path(os.path.realpath(p)) for p in inputs if p is not None and os.path.lexists(p)]
@@ -193,6 +254,18 @@ def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bo
         if hit is not None:
             raise PosymError(f"{option} {path} would overwrite {'' if hit == output else 'part of '}an input of this "
                              f"command ({hit}); choose another {option}")
+    if is_dir:
+        names = [name for name in _entries(path) if name != LOCK]
+        if names and not (marker is not None and marker in names):
+            foreign = [name for name in names if not any(fnmatch.fnmatchcase(name, p) for p in owns)]
+            if foreign and marker is not None and not owns:  # a resumable command's directory: its marker says so
+                raise PosymError(f"{option} {path} exists, is not empty and holds no {marker}; choose another {option}")
+            if foreign and not owns:
+                raise PosymError(f"{option} {path} already exists and is not an empty directory (it holds "
+                                 f"{quote(foreign[0])}); choose a new or empty directory")
+            if foreign:
+                raise PosymError(f"{option} {path} already holds files this command does not write (first: "
+                                 f"{quote(foreign[0])}); choose a new or empty directory")
     return path
 
 
@@ -242,7 +315,9 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
     try:
         yield path
     finally:
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # never a file that replaced our lock
+                path.unlink()
         os.close(fd)
         if created:
             with contextlib.suppress(OSError):
@@ -252,14 +327,52 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
 # ---- Ctrl-C --------------------------------------------------------------------------------------
 
 
+class Signalled(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised where the main thread is (`handle_signals`), so that every `finally`
+    runs: temporaries are removed and locks released as after a Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def handle_signals() -> None:
+    """The one handler for SIGINT and SIGTERM (`posym.cli.main` installs it): both raise `Signalled`, so a
+    `kill` (SIGTERM, what job schedulers and `timeout` send first) is answered as a Ctrl-C is: one line on
+    what was kept, the lock released, exit 128 + the signal (130, 143). A signal that the parent left
+    ignored (`nohup`, a background job's SIGINT) stays ignored."""
+    def handler(signum, frame):
+        _RECEIVED.append(signum)
+        raise Signalled(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
+            signal.signal(signum, handler)
+
+
+_RECEIVED: list[int] = []
+"""The signals `handle_signals` turned into `Signalled`, in order."""
+
+
+def signal_number(exc: BaseException | None = None) -> int:
+    """The signal behind a KeyboardInterrupt (or one it caused, as Click's Abort; without one, the last
+    signal received), SIGINT by default."""
+    while exc is not None:
+        if isinstance(exc, Signalled):
+            return exc.signum
+        exc = exc.__cause__ or exc.__context__
+    return _RECEIVED[-1] if _RECEIVED else int(signal.SIGINT)
+
+
 @contextlib.contextmanager
 def interruptible(kept: Any) -> Iterator[None]:
-    """Turn a KeyboardInterrupt in the body into `Interrupted(kept())`: the CLI prints that one line
-    (what was kept, how re-running continues) and exits 130."""
+    """Turn a KeyboardInterrupt (Ctrl-C, or SIGTERM through `handle_signals`) in the body into
+    `Interrupted(kept())`: the CLI prints that one line (what was kept, how re-running continues) and
+    exits 130 (143 for SIGTERM)."""
     try:
         yield
-    except KeyboardInterrupt:
-        raise Interrupted(kept()) from None
+    except KeyboardInterrupt as exc:
+        raise Interrupted(kept(), signum=signal_number(exc)) from None
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -286,15 +399,69 @@ def write_parquet(path: str | os.PathLike, frame) -> Path:
     return Path(path)
 
 
-def read_json_object(path: str | os.PathLike) -> dict:
-    """A JSON file that must hold an object; anything else (not JSON, a list, not UTF-8) is one PosymError line."""
+MAX_DEPTH = 64
+"""Deepest nesting of lists and mappings posym reads from any JSON, YAML or GGUF metadata (none of its
+inputs needs more than a handful): deeper is one PosymError line, never a RecursionError traceback."""
+
+
+def _depth(value: Any) -> int:
+    """How deeply `value` nests lists/tuples/dicts (0 for a scalar), counted without recursion, each
+    container once (YAML aliases share them: a billion laughs is a few dozen nodes) and stopping past
+    MAX_DEPTH."""
+    if not isinstance(value, (list, tuple, dict)):
+        return 0
+    deepest, stack, seen = 0, [(value, 0)], set()
+    while stack:
+        item, depth = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        children = item.values() if isinstance(item, dict) else item
+        depth += 1
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        stack.extend((child, depth) for child in children if isinstance(child, (list, tuple, dict)))
+    return deepest
+
+
+def bounded(value: Any, where: str) -> Any:
+    """`value` if it nests at most MAX_DEPTH levels, else a PosymError naming `where`."""
+    if _depth(value) > MAX_DEPTH:
+        raise PosymError(f"{where} nests lists or objects more than {MAX_DEPTH} levels deep")
+    return value
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """`json.loads` for every JSON posym reads: nesting bounded (MAX_DEPTH), a RecursionError or a
+    JSONDecodeError become one PosymError naming `where`. A raw U+2028 inside a string stays in it
+    (JSON allows it; splitting a JSONL file on it would cut the record in two)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise PosymError(f"{where} nests lists or objects more than {MAX_DEPTH} levels deep") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer beyond Python's digit limit
+        raise PosymError(f"{where} is not valid JSON ({getattr(exc, 'msg', None) or quote(str(exc))})") from None
+    return bounded(value, where)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Any JSON file (`parse_json`); a missing file or one that is not UTF-8 is one PosymError line."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise PosymError(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise PosymError(f"{path} is not valid JSON") from None
+    except (OSError, UnicodeDecodeError):
+        raise PosymError(f"{path} is not valid JSON (not readable UTF-8 text)") from None
+    return parse_json(text, str(path))
+
+
+def read_json_object(path: str | os.PathLike) -> dict:
+    """A JSON file that must hold an object; anything else (not JSON, a list, not UTF-8, nested too
+    deep) is one PosymError line."""
+    path = Path(path)
+    data = read_json(path)
     if not isinstance(data, dict):
         raise PosymError(f"{path} must hold a JSON object, not a {type(data).__name__}")
     return data
@@ -347,6 +514,8 @@ def read_yaml(path: str | os.PathLike) -> dict:
         raise PosymError(f"config file {path} does not exist")
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except RecursionError:
+        raise PosymError(f"config file {path} nests lists or mappings more than {MAX_DEPTH} levels deep") from None
     except UnicodeDecodeError:
         raise PosymError(f"config file {path} is not UTF-8 text") from None
     except PosymError as exc:
@@ -357,7 +526,7 @@ def read_yaml(path: str | os.PathLike) -> dict:
         return {}
     if not isinstance(data, dict):
         raise PosymError(f"config file {path} must hold a mapping of keys to values")
-    return data
+    return bounded(data, f"config file {path}")
 
 
 def config_hash(obj: Any) -> str:

@@ -16,7 +16,6 @@ Nothing here computes a score; the maths lives in `posym.core`.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -31,7 +30,8 @@ from posym.core.scores import COLUMNS, FLOAT_COLUMNS, check_query_mode, queries_
 from posym.core.swaps import resolve_queries
 from posym.core.tasks import TaskConfig
 from posym.errors import PosymError
-from posym.io import atomic_path, quote, read_json_object, write_json
+from posym.io import atomic_path, parse_json, quote, read_json, read_json_object, write_json
+from posym.resources import check_count, sequence_bytes
 
 
 # ---- posym checkpoints and run directories -------------------------------------------------------
@@ -94,6 +94,48 @@ def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path,
     return by_step[step], path
 
 
+SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "intermediate_size", "max_position_embeddings", "head_dim", "n_layer", "n_head", "n_embd", "n_positions",
+             "rotary_dim")
+"""The sizes of a config.json that must be positive integers when present (head_dim and rotary_dim may be null)."""
+
+
+def check_config_sizes(config: dict, where: str | Path) -> dict:
+    """A config.json's sizes as transformers will build them: every SIZE_KEYS entry present must be a
+    positive integer (`"vocab_size": "64"` or `"num_attention_heads": 0` used to pass here and crash
+    inside transformers). Returns `config`."""
+    for key in SIZE_KEYS:
+        value = config.get(key)
+        if value is None and key in ("head_dim", "rotary_dim", "num_key_value_heads"):
+            continue
+        if key in config and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise PosymError(f"{where}: {key} must be a positive integer, got {quote(value)}")
+    return config
+
+
+def check_finite(model, where: str | Path):
+    """Refuse weights holding NaN or infinity (a diverged training, a damaged file): scores of them are
+    meaningless (they read as "rotates its queries differently from RoPE") and an evaluation says loss
+    nan. Returns `model`."""
+    import torch
+
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise PosymError(f"the weights of {where} hold NaN or infinite values (first: {name}): a diverged "
+                             "training or a damaged file; posym cannot score or evaluate them")
+    return model
+
+
+def pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
+    """The one call of transformers' `from_pretrained` in posym (models, configs, tokenizers, GGUF files):
+    `trust_remote_code=False`, so an `auto_map` in config.json or tokenizer_config.json never runs the
+    directory's Python (transformers would otherwise ask "run the custom code? [y/N]" in a terminal),
+    and `local_files_only`, so a model spec is never fetched from the network."""
+    kwargs.pop("trust_remote_code", None)
+    kwargs.setdefault("local_files_only", True)
+    return loader.from_pretrained(path, trust_remote_code=False, **kwargs)
+
+
 def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     """`loader.from_pretrained(path, **kwargs)`, a broken weights file (bad safetensors header, truncated or
     missing tensors, a config.json that disagrees with the weights) answered with one PosymError line naming
@@ -104,9 +146,15 @@ def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' multi-line load report; the check below says it in one line
     try:
-        model, report = loader.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
-    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
+        model, report = pretrained(loader, path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    except Exception as exc:  # noqa: BLE001 (only the kinds below are the file's fault; the rest re-raise)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if type(exc).__name__ == "UnpicklingError":  # torch's weights_only unpickler refused a pickle (--allow-pickle)
+            raise PosymError(f"cannot load the model in {path}: its pickle weights hold more than tensors (torch's "
+                             f"restricted unpickler refused them: {quote(first)}); posym never runs code from a "
+                             "weights file") from None
+        if not isinstance(exc, (OSError, ValueError, RuntimeError, KeyError, SafetensorError)):
+            raise
         raise PosymError(f"cannot load the model in {path}: {first}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -143,10 +191,9 @@ def load_checkpoint(
 
     hf_logging.disable_progress_bar()  # a per-file "Loading weights" bar is noise for tiny models
     ckpt, run_dir = resolve_checkpoint(path, step)
-    try:
-        hf_config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        raise PosymError(f"{ckpt / 'config.json'} is not valid JSON") from None
+    hf_config = read_json(ckpt / "config.json")
+    if isinstance(hf_config, dict):
+        check_config_sizes(hf_config, ckpt / "config.json")
     if not isinstance(hf_config, dict) or hf_config.get("model_type") != "gptj":
         kind = hf_config.get("model_type") if isinstance(hf_config, dict) else None
         raise PosymError(f"{ckpt} is not a GPT-J model (model_type {kind!r}); posym analyses GPT-J checkpoints")
@@ -157,6 +204,7 @@ def load_checkpoint(
     model = from_pretrained(GPTJForCausalLM, ckpt, use_safetensors=True, local_files_only=True,
                             attn_implementation=attn_implementation,
                             dtype=dtype if dtype is not None else torch.float32)
+    check_finite(model, ckpt)
     model.to(device).eval()
 
     meta = read_checkpoint_meta(ckpt)
@@ -217,13 +265,11 @@ def jsonl_records(path) -> list[tuple[int, object]]:
     except UnicodeDecodeError as exc:
         raise PosymError(f"prompt file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)") from None
     records = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # lines end at \n only: str.splitlines() would also split at a raw U+2028 inside a JSON string
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            records.append((number, json.loads(line)))
-        except ValueError as exc:  # JSONDecodeError, or an integer beyond Python's digit limit
-            raise PosymError(f"{path} line {number} is not valid JSON ({getattr(exc, 'msg', exc)})") from None
+        records.append((number, parse_json(line, f"{path} line {number}")))
     if not records:
         raise PosymError(f"prompt file {path} holds no prompts")
     return records
@@ -250,6 +296,9 @@ def read_token_prompts(path, model, encode=None) -> list[dict]:
             if value is not None and not all(-2**63 <= v < 2**63 for v in value):  # beyond any tensor's integers
                 raise PosymError(f"{where}: {key} holds an integer out of range ({quote(max(value, key=abs))})")
             fields[key] = value
+        if len(fields["input_ids"]) < 3:
+            raise PosymError(f"{where}: a prompt needs at least 3 tokens (two keys to swap before the query), got "
+                             f"{len(fields['input_ids'])}")
         ids = check_prompt(model, fields["input_ids"], where)
         if fields["queries"] is not None:
             resolve_queries(fields["queries"], len(ids), where)
@@ -287,4 +336,5 @@ def score_prompts(model, *, task_config=None, n_prompts=100, seed=0, prompts_fil
         return [r["input_ids"] for r in records], queries_for(records, queries)
     if task_config is None:
         raise PosymError("give --task or --prompts: the model carries no posym task config")
+    check_count("--n", n_prompts, sequence_bytes(task_config), what="prompt")
     return task_prompts(task_config, n_prompts, seed, queries)

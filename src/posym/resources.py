@@ -26,14 +26,16 @@ def parameter_count(model, vocab_size: int) -> int:
 def memory_estimate(config) -> int:
     """Bytes training needs at least: float32 weights, gradients and AdamW's two moments, GPT-J's
     rotary table (one per layer), the activations one training batch keeps for backward and those of
-    one evaluation batch. A lower bound (allocator slack and framework buffers come on top)."""
+    one evaluation batch, and the eval_size + val_size sequences each evaluation generates at once.
+    A lower bound (allocator slack and framework buffers come on top)."""
     m, t = config.model, config.task
     width, layers, seq = m.n_embd, m.n_layer, t.seq_len
     params = parameter_count(m, t.vocab_size)
     rotary = layers * m.n_positions * m.resolved_rotary_dim
     activations = config.batch_size * seq * layers * ((8 + 2 * m.mlp_ratio) * width + 2 * m.n_head * seq)
     evaluation = config.eval_batch_size * seq * ((4 + m.mlp_ratio) * width + m.n_head * seq)
-    return 4 * (4 * params + rotary + activations + evaluation)
+    held = (config.eval_size + config.val_size) * sequence_bytes(t)
+    return 4 * (4 * params + rotary + activations + evaluation) + held
 
 
 def machine_memory(device: str) -> int:
@@ -62,6 +64,37 @@ def check_resources(config) -> str:
     if need > have:
         m = config.model
         raise PosymError(f"this config needs at least {need / 2**30:,.1f} GiB to train (n_layer {m.n_layer}, n_embd "
-                         f"{m.n_embd}, n_positions {m.n_positions}, batch_size {config.batch_size}), more than the "
+                         f"{m.n_embd}, n_positions {m.n_positions}, batch_size {config.batch_size}, eval_size "
+                         f"{config.eval_size}), more than the "
                          f"{have / 2**30:,.1f} GiB of {device} memory here")
     return device
+
+
+# ---- count options (--n, --size, --extra-target, eval_size) ------------------------------------------
+
+SAMPLE_BYTES_PER_TOKEN = 64
+"""Bytes one token of a generated or scored sequence costs at least while a command holds it: the int64 id,
+generate()'s temporaries, its copy as a Python list and tensor, its text and one score row's share."""
+
+
+def sequence_bytes(task_config) -> int:
+    """Bytes one generated task sequence (ids, answer, hops, chain, text) costs a command at least."""
+    return SAMPLE_BYTES_PER_TOKEN * (task_config.seq_len + task_config.max_hops + 3)
+
+
+def check_count(option: str, value: int, each: int, *, what: str, device: str = "cpu") -> int:
+    """The range check of every count option: `value` items of `each` bytes (a lower bound, from the
+    command's own memory estimate) must fit the machine's memory (RAM or the cgroup limit; the GPU's
+    for device cuda). A count that does not is one line naming the most that fits, before any work:
+    `--n 10**12` used to allocate until the kernel stepped in. Returns `value`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PosymError(f"{option} must be an integer, got {value!r}")
+    if value < 0:
+        raise PosymError(f"{option} must not be negative, got {value}")
+    each, have = max(int(each), 1), machine_memory(device)
+    if value * each > have:
+        most = have // each
+        raise PosymError(f"{option} {value:,} asks for at least {value * each / 2**30:,.1f} GiB ({each:,} bytes per "
+                         f"{what}), more than the {have / 2**30:,.1f} GiB of {device} memory here; "
+                         + (f"use at most {most:,}" if most else f"not even one {what} fits"))
+    return value

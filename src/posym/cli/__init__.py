@@ -10,10 +10,12 @@ importing them registers them on `app`, in that order (the order of `posym --hel
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 import typer
 
+from posym import io
 from posym.errors import Interrupted, PosymError
 
 NOTHING_KEPT = ("every file written so far is whole and nothing half-written is left; the output is written only "
@@ -97,32 +99,50 @@ def parse_head_pairs(text: str | None) -> list[tuple[int, int]]:
     return heads
 
 
+def _interrupted(message: str, signum: int) -> None:
+    """The one line of a Ctrl-C (SIGINT) or a kill (SIGTERM), and exit 128 + the signal."""
+    print(f"posym: {'interrupted' if signum == signal.SIGINT else 'terminated'}: {message}", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
 def main() -> None:
     """Console-script entry point: run the app, answering bad input with one line and exit 2."""
+    io.handle_signals()
+    for stream in (sys.stdout, sys.stderr):  # a path of non-UTF-8 bytes is shown escaped, never a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         code = app(standalone_mode=False)
     except PosymError as exc:
-        print(f"posym: error: {exc}", file=sys.stderr)
+        print(f"posym: error: {_one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as exc:
-        print(f"posym: interrupted: {exc}", file=sys.stderr)
-        sys.exit(130)
+        _interrupted(str(exc), exc.signum)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
-        code = 130
+    except (typer.Abort, KeyboardInterrupt) as exc:
+        _interrupted(NOTHING_KEPT, io.signal_number(exc))
     except Exception as exc:
         # Click usage errors (bad option values, missing arguments) are user errors too. Typer
         # bundles its own copy of click, so recognise them by shape rather than by class.
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `posym`: the help as help, then one error line
+            print(exc.ctx.get_help() if getattr(exc, "ctx", None) else "", file=sys.stdout)
+            print("posym: error: give a command (listed above; posym COMMAND --help says more)", file=sys.stderr)
+            sys.exit(2)
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-            print(f"posym: error: {exc.format_message()}", file=sys.stderr)
+            print(f"posym: error: {_one_line(exc.format_message())}", file=sys.stderr)
             sys.exit(2)
         raise
-    if code == 130:  # Typer's answer to a Ctrl-C that no command turned into Interrupted
-        print(f"posym: interrupted: {NOTHING_KEPT}", file=sys.stderr)
-        sys.exit(130)
+    if code == 130:  # Typer's answer to a Ctrl-C (or SIGTERM) that no command turned into Interrupted
+        _interrupted(NOTHING_KEPT, io.signal_number())
     if code:
         sys.exit(code)
+
+
+def _one_line(message: str) -> str:
+    """An error message as one line: a newline inside it (a path holding one, a library's multi-line
+    text) is shown escaped, as \\n, so the line stays one and still says what the input held."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 for _module in ("training", "analysis", "models", "runs"):

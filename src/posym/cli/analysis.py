@@ -8,8 +8,9 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step, progress_bar
-from posym.cli.options import (Compare, Device, Exactness, Protocol, Queries, Task, announce, device_of, device_option,
+from posym.cli.options import (OUTPUTS, Compare, Device, Exactness, Protocol, Queries, Task, announce, device_of, device_option,
                                list_option, n_option, path_argument, step_option, values)
+from posym.errors import PosymError
 
 
 # ---- commands: score (scores) -------------------------------------------------------------------
@@ -58,6 +59,8 @@ def score_command(
     from posym.core import scores
 
     io.check_output(out, inputs=[path, prompts])
+    if task is not None and prompts is not None:
+        raise PosymError("--task draws the task's test prompts and --prompts reads a file: give one of them")
     device = device_of(device)
     loaded = sources.load(path, step=checkpoint_step(path, step, device), device=device)
     hf_model, task_config = loaded.model, loaded.info.get("task_config")
@@ -115,7 +118,7 @@ def dynamics_command(
     from posym.loading import list_checkpoints
 
     run_dir = path
-    io.check_output(out, inputs=[run_dir], is_dir=True)
+    io.check_output(out or Path(run_dir) / "analysis", inputs=[run_dir], is_dir=True, owns=OUTPUTS["dynamics"])
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
     print(announce(run_dir, None, "hops and last") + f" (every checkpoint, {total})")
     bar, advance = progress_bar(total, "scoring checkpoints")
@@ -169,7 +172,7 @@ def geometry_command(
     from posym import io
     from posym.commands import geometry
 
-    io.check_output(out, inputs=[path, prompts], is_dir=True)
+    io.check_output(out, inputs=[path, prompts], is_dir=True, owns=OUTPUTS["geometry"])
     hf_logging.disable_progress_bar()
     device = device_of(device)
     job = geometry.prepare(path, step=checkpoint_step(path, step, device), n_prompts=n, seed=seed, prompts=prompts,
@@ -218,7 +221,7 @@ def theory_command(
     from posym.commands import theory
     from posym.core.theory import TheoryConfig
 
-    io.check_output(out, is_dir=True)
+    io.check_output(out, is_dir=True, owns=OUTPUTS["theory"])
     config = TheoryConfig(n0=values(n0, int, option="--n0"), index_freq_id=index_freq_id,
                                  retrieval_freq_id=retrieval_freq_id,
                                  curve_freq_ids=values(curve_freq_id, int, option="--curve-freq-id"), alphabet_size=alphabet_size, eps=eps,
@@ -278,7 +281,7 @@ def lengthgen_command(
                                        factors=values(factors, int, option="--factors"), protocol=str(protocol),
                                        n=n, seed=seed, max_tokens=max_tokens, device=device_of(device))
     step = checkpoint_step(run_dir, step, config.device)
-    out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True)
+    out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True, owns=OUTPUTS["lengthgen"])
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
         result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
@@ -324,7 +327,7 @@ def discrepancy_command(
     from posym import io
     from posym.commands import discrepancy
 
-    io.check_output(out, inputs=[path, prompts], is_dir=True)
+    io.check_output(out, inputs=[path, prompts], is_dir=True, owns=OUTPUTS["discrepancy"])
     hf_logging.disable_progress_bar()
     device = device_of(device)
     with Progress(transient=True) as bar:

@@ -8,8 +8,9 @@ from typing import Optional
 import typer
 
 from posym.cli import app, parse_head_pairs, parse_list, progress_bar
-from posym.cli.options import (Device, Dtype, Exactness, Focus, OnOffBoth, StudyStage, Task, announce, device_of, device_option,
+from posym.cli.options import (OUTPUTS, Device, Dtype, Exactness, Focus, OnOffBoth, StudyStage, Task, announce, device_of, device_option,
                                list_option, n_option, path_argument, values)
+from posym.errors import PosymError
 
 
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
@@ -25,7 +26,7 @@ def llm_scores_cmd(
                                 '{"text": ..., "focus": ...} object per line.'),
     text: Optional[str] = typer.Option(None, help="Score this single text instead of a prompt set."),
     n: int = n_option(20, "How many prompts to draw from a built-in set."),
-    size: int = typer.Option(12, help="Target-window size of the number/letter prompts."),
+    size: int = typer.Option(12, min=1, help="Target-window size of the number/letter prompts."),
     query: Focus = typer.Option(Focus.last, help="Query position: the last token, or name (the final token of "
                                 "the name asked about, for binding prompts or JSONL 'focus')."),
     heads: Optional[list[str]] = list_option(None, "Heads to score per RoPE frequency plane, as LAYER.HEAD, "
@@ -51,11 +52,14 @@ def llm_scores_cmd(
     from posym import io, sources
     from posym.commands import llm
 
-    io.check_output(out, inputs=[path, prompts], is_dir=True)
+    io.check_output(out, inputs=[path, prompts], is_dir=True, owns=OUTPUTS["llm-scores"])
     query, dtype, exact = str(query), str(dtype), str(exact)
     loaded = sources.load(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
+    if text is None and prompts in ("number", "letter") and 4 * (size + 9) > loaded.max_positions:
+        raise PosymError(f"--size {size} makes {prompts} prompts of at least {4 * (size + 9):,} tokens (three worked "
+                         f"examples and the puzzle), more than the {loaded.max_positions:,} positions of {loaded.name}")
     chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
-    out = out or Path("runs") / "llm-scores" / loaded.name
+    out = io.check_output(out or Path("runs") / "llm-scores" / loaded.name, is_dir=True, owns=OUTPUTS["llm-scores"])
     heads = ",".join(values(heads, option="--heads")) or None
     print(announce(path, None, query))
     settings = {"model_dir": str(path), "checkpoint": str(path), "step": None, "prompts": prompts, "text": text,
@@ -100,7 +104,7 @@ def llm_bench_cmd(
     from posym import io
     from posym.commands import bench
 
-    io.check_output(out, inputs=[path], is_dir=True)
+    io.check_output(out, inputs=[path], is_dir=True, owns=OUTPUTS["llm-bench"])
     markers, dtype = str(markers), str(dtype)
     variants = bench.MARKER_CHOICES[markers]
     task_list = values(task, option="--task", choices=Task)
@@ -108,7 +112,7 @@ def llm_bench_cmd(
     judge, label = bench.make_judge(path, base_url=base_url, model_name=model_name,
                                     api_key_env=api_key_env, timeout_s=timeout, retries=retries,
                                     device=str(device), dtype=dtype, allow_pickle=allow_pickle)
-    out = out or Path("runs") / "llm-bench" / label
+    out = io.check_output(out or Path("runs") / "llm-bench" / label, is_dir=True, owns=OUTPUTS["llm-bench"])
     settings = {"model": label, "tasks": task_list, "sizes": size_list, "runs": runs, "n": n,
                 "markers": markers, "base_url": base_url, "dtype": dtype}
     bar, advance = progress_bar(len(task_list) * len(size_list) * len(variants) * runs * n, "asking questions")
@@ -134,7 +138,7 @@ def llm_study_cmd(
     from posym import configs, io, sources
     from posym.commands import study
 
-    io.check_output(out, inputs=[path, config], is_dir=True)
+    io.check_output(out, inputs=[path, config], is_dir=True, marker="study.yaml")
     settings = configs.from_dict(study.StudyConfig, io.read_yaml(config) if config else {},
                                  where=str(config or "study config"))
     chosen = values(stages, option="--stages", choices=StudyStage)
@@ -142,7 +146,7 @@ def llm_study_cmd(
     spec = path or "smollm2-135m"
     device = device_of(device)
     loaded = sources.load(spec, device=device)
-    out = out or Path("runs") / "llm-study" / loaded.name
+    out = io.check_output(out or Path("runs") / "llm-study" / loaded.name, is_dir=True, marker="study.yaml")
     steps = study.stage_steps(settings)
     bar, advance = progress_bar(sum(steps[s] for s in only or study.STAGES), "llm-study")
     with bar:

@@ -179,3 +179,32 @@ def announce(source, step, queries) -> str:
     """The line every scoring or analysing command prints: which checkpoint and query mode it used."""
     where = f"step {step} of {source}" if step is not None else str(source)
     return f"checkpoint: {where}; queries: {queries}"
+
+
+# ---- what each command writes into its output directory --------------------------------------------
+
+_ANALYSIS = ("dynamics.parquet", "dynamics_prompts.parquet", "purity.parquet", "purity_counts.parquet",
+             "composition.parquet", "composition_summary.parquet", "dynamics.json", "fig2a_accuracy.*",
+             "fig2b_scores.*", "fig6_entropy.*", "fig7_purity.*", "fig7_roles.*",  # posym dynamics
+             "planes.parquet", "channels.parquet", "frequency.parquet", "qk_plane.parquet", "fig8_frequency.*",
+             "fig4b_qk_plane.*", "geometry.json")  # posym geometry (both default to RUN/analysis)
+
+OUTPUTS: dict[str, tuple[str, ...]] = {
+    "dynamics": _ANALYSIS,
+    "geometry": _ANALYSIS,
+    "theory": ("theory.parquet", "discrepancy.parquet", "fig5a.*", "theory.json"),
+    "lengthgen": ("lengthgen.parquet", "fig5b.*", "lengthgen.json", "head_retention.parquet", "head_groups.parquet",
+                  "head_retention.*"),
+    "discrepancy": ("gaps.parquet", "discrepancy.parquet", "fig_discrepancy.*", "discrepancy.json"),
+    "report": ("report.html", "figures"),
+    "sweep": ("trials", "trials.parquet", "aggregate.parquet", "aggregate.*", "sweep.json"),
+    "ablate": ("ablation.parquet", "ablation.json", "ablation.png", "ablation.svg"),
+    "finetune": ("finetune.parquet", "finetune.json", "finetune.png", "finetune.svg", "models"),
+    "llm-scores": ("scores.parquet", "scores_excluded.parquet", "sinks.parquet", "heads.parquet", "prompts.parquet",
+                   "layers.parquet", "heads.png", "heads.svg", "planes.parquet", "planes.png", "planes.svg",
+                   "summary.json"),
+    "llm-bench": ("bench.parquet", "summary.parquet", "table.md", "bench.png", "bench.svg", "manifest.json"),
+}
+"""Glob patterns of the entries each command writes in its output directory: `posym.io.check_output`
+refuses an existing directory holding anything else (a re-run into the command's own output is fine;
+a directory of other files is never written into, nor replaced)."""

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step
-from posym.cli.options import (AblationMode, Device, Preset, Task, announce, device_of, device_option, list_option,
+from posym.cli.options import (OUTPUTS, AblationMode, Device, Preset, Task, announce, device_of, device_option, list_option,
                                n_option, path_argument, step_option, values)
 from posym.errors import PosymError
 
@@ -45,7 +45,7 @@ def run_command(
     from posym import io
     from posym.commands import pipeline, report
 
-    io.check_output(out, inputs=[config, bench], is_dir=True)
+    io.check_output(out, inputs=[config, bench], is_dir=True, marker="pipeline.yaml")
     flags = {"preset": preset and str(preset), "tasks": values(task, option="--task", choices=Task) or None,
              "device": device and str(device), "workers": workers}
     cfg = pipeline.resolve_pipeline(config, {k: v for k, v in flags.items() if v is not None})
@@ -79,7 +79,7 @@ def report_command(
     from posym import io
     from posym.commands import report
 
-    io.check_output(out, inputs=paths, is_dir=True)
+    io.check_output(out, inputs=paths, is_dir=True, owns=OUTPUTS["report"])
     html_path = report.build_report(paths, out or Path(paths[0]).resolve().parent / "report", title=title)
     print(f"report: {html_path}")
 
@@ -110,7 +110,7 @@ def sweep_command(
     from posym import io
     from posym.commands import sweep
 
-    io.check_output(out, inputs=[config], is_dir=True)
+    io.check_output(out, inputs=[config], is_dir=True, owns=OUTPUTS["sweep"])
     cfg = sweep.load_sweep(config)
     console = Console()
     with Progress(console=console, transient=True) as bar:
@@ -195,7 +195,7 @@ def ablate_command(
     from posym.commands.interventions import run_ablation
 
     hf_logging.disable_progress_bar()
-    out = io.check_output(out or Path(path) / "ablation", inputs=[path], is_dir=True)
+    out = io.check_output(out or Path(path) / "ablation", inputs=[path], is_dir=True, owns=OUTPUTS["ablate"])
     io.check_output(save, inputs=[path], is_dir=True, option="--save")
     device = device_of(device)
     with Status("scoring heads") as status:
@@ -241,7 +241,7 @@ def finetune_command(
     from posym.commands.interventions import run_finetune
 
     hf_logging.disable_progress_bar()
-    out = io.check_output(out or Path(path) / "finetune", inputs=[path], is_dir=True)
+    out = io.check_output(out or Path(path) / "finetune", inputs=[path], is_dir=True, owns=OUTPUTS["finetune"])
     device = device_of(device)
     with Status("scoring heads") as status:
         result = run_finetune(path, freeze, out, step=checkpoint_step(path, step, device), steps=train_steps, lr=lr,

@@ -82,7 +82,7 @@ def train_command(
     from posym import io
     from posym.commands import train
 
-    io.check_output(out, inputs=[config], is_dir=True)
+    io.check_output(out, inputs=[config], is_dir=True, owns=io.RUN_FILES)
     if resume is not None:
         given = [name for name, value in (("--out", out), ("--config", config), ("--seed", seed),
                                           ("--train-steps", train_steps), ("--precision", precision))

@@ -29,6 +29,7 @@ from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.io import manifest, write_json, write_parquet, write_text
 from posym.loading import Prompt
+from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_count, sequence_bytes
 from posym.sources import LoadedModel, load, tokenize
 
 
@@ -83,8 +84,10 @@ def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool 
     """
     if task not in INSTRUCTIONS:
         raise PosymError(f"task must be number or letter, got {task!r}")
+    check_count("--size", size, 4 * 2 * SAMPLE_BYTES_PER_TOKEN, what="target-window token of one prompt")
     extra = {"int_range": size + 8} if task == "number" else {}
     config = task_config(task, target_size=size, max_hops=1, markers=bool(markers), **extra)
+    check_count("--n", n, 4 * sequence_bytes(config), what=f"prompt of target-window size {size}")  # 3 examples + the puzzle
     puzzles = generate(config, n, seed, "test")
     examples = generate(config, 3 * n, seed, "train")
     head = INSTRUCTIONS[task] + (MARKER_NOTE[task] if markers else "")
@@ -158,12 +161,48 @@ class Endpoint:
 
 
 def _api_key(endpoint: Endpoint) -> str | None:
+    """The key, without the surrounding white space a key file saved on Windows adds (CR LF). A key that
+    still holds a character an HTTP header cannot carry (a line break, a control or non-ASCII character)
+    is refused by position, never shown: http.client would put `Bearer <key>` in its traceback."""
     if endpoint.api_key_env is None:
         return None
-    key = os.environ.get(endpoint.api_key_env)
+    key = os.environ.get(endpoint.api_key_env, "").strip()
     if not key:
         raise PosymError(f"environment variable {endpoint.api_key_env} (named by --api-key-env) is not set")
+    bad = next((k for k, c in enumerate(key) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise PosymError(f"the API key in {endpoint.api_key_env} holds a character an HTTP header cannot carry (a "
+                         f"space, line break, control or non-ASCII character) at position {bad + 1} of {len(key)}; "
+                         "fix the key file it came from")
     return key
+
+
+def check_url(base_url: str) -> str:
+    """`--base-url` checked before the first question: http(s), a host, a port in 1..65535. Returns the
+    URL as error lines show it, without any user:password it carries."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(base_url)
+        port = parts.port
+    except ValueError as exc:  # e.g. "Port out of range 0-65535", an unclosed [ipv6
+        raise PosymError(f"--base-url {shown_url(base_url)!r} is not a usable URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise PosymError(f"--base-url must start with http:// or https://, got {shown_url(base_url)!r}")
+    if not parts.hostname:
+        raise PosymError(f"--base-url {shown_url(base_url)!r} names no host")
+    if port == 0:
+        raise PosymError(f"--base-url {shown_url(base_url)!r}: port 0 is not a port an endpoint listens on")
+    return shown_url(base_url)
+
+
+def shown_url(url: str) -> str:
+    """`url` without the user:password of its authority (as an error line may show it), cut to 200 characters."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        authority, slash, path = rest.partition("/")
+        url = f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+    return url[:200]
 
 
 MAX_REPLY_BYTES = 64 * 2**20
@@ -240,7 +279,7 @@ def _post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, 
         if expired.is_set():  # the shutdown ended the read early: what came is only part of the reply
             raise TimeoutError
         return reply.status, reply.reason, data
-    except (OSError, http.client.HTTPException) as exc:  # TimeoutError is an OSError
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # TimeoutError is an OSError
         if expired.is_set():
             raise TimeoutError(f"no whole reply within {timeout_s:g} s") from None
         raise OSError(str(exc) or type(exc).__name__) from None
@@ -287,11 +326,12 @@ def chat(endpoint: Endpoint, content: str) -> str:
                 break  # a client error (bad key, bad model name) will not go away by retrying
             continue
         try:
-            return reply_content(json.loads(data.decode("utf-8")))
+            content = reply_content(json.loads(data.decode("utf-8")))
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             last = "the reply is not an OpenAI-style chat completion"
             break
-    raise PosymError(f"endpoint {url} failed after {attempt + 1} attempt(s): {last}")
+        return content.replace(key, "***") if key else content  # an endpoint echoing the key gets it masked
+    raise PosymError(f"endpoint {shown_url(url)} failed after {attempt + 1} attempt(s): {last}")
 
 
 def reply_answer(reply: str) -> str:
@@ -422,8 +462,11 @@ def make_judge(model_dir, *, base_url=None, model_name=None, api_key_env=None, t
     if base_url is not None:
         if not model_name:
             raise PosymError("--base-url needs --model-name (the model the endpoint should run)")
-        if not base_url.startswith(("http://", "https://")):
-            raise PosymError(f"--base-url must start with http:// or https://, got {base_url!r}")
+        check_url(base_url)
+        if not (isinstance(retries, int) and 0 <= retries <= 100):
+            raise PosymError(f"--retries must lie in 0..100, got {retries}")
+        if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 86400):  # also refuses nan
+            raise PosymError(f"--timeout must be a number of seconds in (0, 86400], got {timeout_s}")
         endpoint = Endpoint(base_url, model_name, api_key_env, timeout_s=timeout_s, retries=retries)
         _api_key(endpoint)  # fail before the first question if the variable is missing
         return (lambda prompt: endpoint_correct(endpoint, prompt)), model_name.replace("/", "_")

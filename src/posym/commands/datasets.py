@@ -22,6 +22,7 @@ from posym import io
 from posym.configs import from_dict
 from posym.core.tasks import SAMPLE_FIELDS, Samples, TaskConfig, check_int, concat, generate, iter_batches, texts
 from posym.errors import PosymError
+from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_count, sequence_bytes
 
 
 FORMATS = ("parquet", "jsonl", "npz")
@@ -53,6 +54,9 @@ def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | P
     import pyarrow.parquet as pq
 
     check_int("n", n, 0)
+    # every sequence is held until the file is written (npz and the parquet table are one block)
+    check_count("--extra-target", config.extra_target, SAMPLE_BYTES_PER_TOKEN, what="token of one sequence")
+    check_count("--n", n, sequence_bytes(config), what=f"{config.seq_len}-token sequence")
     if fmt not in FORMATS:
         raise PosymError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     chunk = 50_000

@@ -43,6 +43,7 @@ from posym.core.scores import head_labels, head_scores, label_column, prompt_sco
 from posym.errors import PosymError
 from posym.io import manifest, read_parquet, write_json, write_parquet
 from posym.loading import list_checkpoints, load_checkpoint
+from posym.resources import check_count, sequence_bytes
 
 
 GAMMAS = (0.1, 0.05)
@@ -105,6 +106,8 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
         if info["task_config"] is None:
             raise PosymError(f"{path} has no posym.json task config; dynamics needs posym training checkpoints")
         if ids is None:  # one prompt set for every checkpoint: the task config never changes within a run
+            rows = len(checkpoints) * len(QUERY_MODES) * model.config.n_layer * model.config.n_head  # per prompt
+            check_count("--n", n_prompts, sequence_bytes(info["task_config"]) + 80 * rows, what="prompt")
             ids, hops = task_prompts(info["task_config"], n_prompts, seed, queries="hops")
         parts.append(_score_checkpoint(model, ids, hops).assign(step=step))
         if progress is not None:

@@ -124,13 +124,15 @@ def run_ablation(path, conditions: list[str], out_dir, *, modes=("zero", "mean")
     return _write(out_dir, "ablation", table, result, f"{task.task} task, step {info['step']}: head ablation")
 
 
-def save_model(model, info: dict, out, extra: dict) -> Path:
+def save_model(model, info: dict, out, extra: dict, *, replace: bool = False) -> Path:
     """Save `model` as a plain GPT-J checkpoint directory with a posym.json (the source checkpoint's
-    task and model config plus `extra`), so every posym command and `transformers` load it."""
+    task and model config plus `extra`), so every posym command and `transformers` load it. An existing
+    non-empty `out` is replaced only with `replace` (finetune's own OUT/models/); `ablate --save` must
+    name a new or empty directory."""
     meta = {"step": info["step"], "task": to_dict(info["task_config"]), "source": str(info["path"]), **extra}
     if info["model_config"] is not None:
         meta["model"] = to_dict(info["model_config"])
-    with atomic_path(out, is_dir=True) as tmp:
+    with atomic_path(out, is_dir=True, replace=replace) as tmp:
         model.save_pretrained(tmp)
         write_json(tmp / CHECKPOINT_META, meta)
     return Path(out)
@@ -202,7 +204,7 @@ def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = Non
                               finetune_steps=steps)
         if save_models:
             save_model(fresh, info, Path(out_dir) / "models" / spec.replace(",", "_"),
-                       {"finetune": {"frozen": _head_text(heads), "steps": steps, "lr": config.lr}})
+                       {"finetune": {"frozen": _head_text(heads), "steps": steps, "lr": config.lr}}, replace=True)
     table = pd.DataFrame(rows)
     result = {"checkpoint": str(info["path"]), "step": info["step"], "queries": LABEL_QUERIES, "task": task.task,
               "lr": config.lr,

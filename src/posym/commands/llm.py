@@ -169,6 +169,12 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
                              f"layers of {config.num_attention_heads} heads")
     ids = [tokenize(loaded, p.text)[0] for p in prompts]  # checks every length before any work
     queries = [[query_position(loaded, p, query)] for p in prompts]
+    if exclude_keys is not None and exclude_keys != "auto":
+        shortest = min(min(q) for q in queries)  # keys lie before the query of every prompt
+        outside = [k for k in exclude_keys if not 0 <= k < shortest]
+        if outside:
+            raise PosymError(f"--exclude-keys {outside[0]} is not a key of every prompt: key positions lie in "
+                             f"0..{shortest - 1} (before the earliest query)")
     frame = score_model(loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, progress=progress)
     head_means = summarize_heads(frame)
     layers, r = layer_summary(head_means)

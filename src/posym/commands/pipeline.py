@@ -137,6 +137,7 @@ def _pool_worker() -> None:
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's handler (posym.io.handle_signals): die
 
 
 def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:

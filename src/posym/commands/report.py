@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -77,7 +76,18 @@ def kind_of(path: Path) -> str:
 
 
 def _read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    """A posym output's JSON object, or None if absent; not JSON, not an object or nested too deep is one line."""
+    return io.read_json_object(path) if path.is_file() else None
+
+
+def _guarded(build, path: Path, *args):
+    """`build(path, *args)`, a section of the page; an output whose JSON or tables lack what posym writes
+    there (a hand-edited `{}`, a list, another program's file) is one PosymError line naming `path`."""
+    try:
+        return build(path, *args)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise PosymError(f"{path} does not hold what posym writes there ({type(exc).__name__}: "
+                         f"{io.quote(str(exc))}); re-run the command that wrote it") from None
 
 
 def first_pure_steps(metrics, threshold: float = 0.95) -> dict[int, int | None]:
@@ -344,15 +354,15 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
     sections, summaries = [], []
     for kind, path in kinds:
         if kind == "run":
-            section, summary = _run_section(path, out_dir)
+            section, summary = _guarded(_run_section, path, out_dir)
             sections.append(section)
             summaries.append(summary)
     theory = [p for k, p in kinds if k == "theory"]
-    sections += [_theory_section(p, out_dir) for p in theory] or [_section(
+    sections += [_guarded(_theory_section, p, out_dir) for p in theory] or [_section(
         "theory", "Theory (Theorems 3.1, 3.2)",
         items=[{"absent": "Fig. 5A and the constructions: absent; run posym theory and pass its directory."}])]
     bench = [p for k, p in kinds if k == "bench"]
-    sections += [_bench_section(p, out_dir, k) for k, p in enumerate(bench)] or [_section(
+    sections += [_guarded(_bench_section, p, out_dir, k) for k, p in enumerate(bench)] or [_section(
         "table3", "Table 3: real models",
         items=[{"absent": "Table 3 (real models): absent; no llm-bench result was given (run posym llm-bench "
                           "and pass its directory)."}])]

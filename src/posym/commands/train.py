@@ -25,7 +25,7 @@ from posym.core.train import (PRESETS, TrainConfig, checkpoint_steps, evaluate, 
 from posym.errors import PosymError
 from posym.loading import (CHECKPOINT_META, CHECKPOINTS, checkpoint_name, list_checkpoints, load_checkpoint,
                             read_checkpoint_meta)
-from posym.resources import check_resources
+from posym.resources import check_count, check_resources, sequence_bytes
 
 TRAINER_TENSORS = "trainer_state.safetensors"
 TRAINER_JSON = "trainer_state.json"
@@ -69,6 +69,7 @@ def evaluate_checkpoint(
             )
         if cfg.seq_len > model.config.n_positions:
             raise PosymError(f"sequences of {cfg.seq_len} tokens exceed the model's {model.config.n_positions} positions")
+        check_count("--n", n, sequence_bytes(cfg), what=f"{cfg.seq_len}-token test sequence")
         # the batch rule of posym lengthgen: bounded tokens per forward pass keep long lengths in memory
         metrics = evaluate(model, cfg, n, seed, split, lengthgen.batch_size(cfg.seq_len, lengthgen.LengthGenConfig.max_tokens))
         rows.append({"checkpoint": str(info["path"]), "step": info["step"], "task": cfg.task,
@@ -292,7 +293,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
             metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics = {"step": step, **metrics, "train_loss": train_loss, "time": time.time()}
         previous = list_checkpoints(run_dir)
-        with io.atomic_path(run_dir / "checkpoints" / checkpoint_name(step), is_dir=True) as tmp:
+        with io.atomic_path(run_dir / "checkpoints" / checkpoint_name(step), is_dir=True, replace=True) as tmp:
             model.save_pretrained(tmp)
             io.write_json(tmp / CHECKPOINT_META, {
                 "step": step, "seed": config.seed, "config_hash": chash,

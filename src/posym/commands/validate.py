@@ -60,7 +60,7 @@ def validation_table(run_dir, *, n: int | None = None, device: str = "cpu", prog
     if not 1 <= n <= SPLIT_SIZES["val"]:
         raise PosymError(f"the val split has {SPLIT_SIZES['val']} samples; n must be 1..{SPLIT_SIZES['val']}, got {n}")
     cache_path = run_dir / VALIDATION
-    cached = pd.read_parquet(cache_path) if cache_path.is_file() else pd.DataFrame(columns=["step", "val_n"])
+    cached = io.read_parquet(cache_path) if cache_path.is_file() else pd.DataFrame(columns=["step", "val_n"])
     cached = cached[cached.val_n == n].set_index("step")
     rows, computed = [], False
     for step, path in checkpoints:
@@ -113,7 +113,7 @@ def run_validation(run_dir, *, n: int | None = None, device: str = "cpu", progre
 
     run_dir = Path(run_dir)
     table = validation_table(run_dir, n=n, device=device, progress=progress)
-    test = pd.read_parquet(run_dir / "metrics.parquet").drop_duplicates("step", keep="last")[["step", "acc"]]
+    test = io.read_parquet(run_dir / "metrics.parquet").drop_duplicates("step", keep="last")[["step", "acc"]]
     table = table.merge(test, on="step", how="left")
     best = int(table[table.val_acc == table.val_acc.max()].step.min())
     best_test = int(table[table.acc == table.acc.max()].step.min())

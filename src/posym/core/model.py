@@ -62,6 +62,11 @@ class ModelConfig:
         check_variant(self)
         if not 0.0 <= self.dropout < 1.0:
             raise PosymError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if not self.layer_norm_epsilon > 0:
+            raise PosymError(f"model.layer_norm_epsilon must be positive, got {self.layer_norm_epsilon}")
+        if not self.initializer_range >= 0:
+            raise PosymError(f"model.initializer_range (the std of the initial weights) must be >= 0, got "
+                             f"{self.initializer_range}")
         from transformers.activations import ACT2FN
 
         if self.activation not in ACT2FN:

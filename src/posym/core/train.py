@@ -80,6 +80,13 @@ class TrainConfig:
             raise PosymError(f"val_size must be between 0 and the val split's {SPLIT_SIZES['val']}, got {self.val_size}")
         if self.warmup_steps < 0 or self.lr <= 0 or self.weight_decay < 0:
             raise PosymError("warmup_steps and weight_decay must be >= 0 and lr > 0")
+        if not self.eps > 0:
+            raise PosymError(f"eps (AdamW's epsilon) must be positive, got {self.eps}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise PosymError(f"seed must be an integer in 0..{MAX_SEED:,} (what every random generator takes), "
+                             f"got {self.seed}")
+        if self.max_steps > MAX_STEPS:
+            raise PosymError(f"max_steps must be at most {MAX_STEPS:,}, got {self.max_steps}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise PosymError(f"grad_clip must be positive or null, got {self.grad_clip}")
         if self.device not in ("cpu", "cuda", "auto"):
@@ -89,6 +96,12 @@ class TrainConfig:
         if self.model.n_positions < self.task.seq_len:
             raise PosymError(f"model.n_positions ({self.model.n_positions}) must cover the task's "
                              f"{self.task.seq_len}-token sequences")
+
+
+MAX_SEED = 2**32 - 1
+"""Largest seed: numpy's and torch's generators all take 0..2**32 - 1 (10**23 overflowed later)."""
+MAX_STEPS = 10**9
+"""Largest max_steps (the paper trains 6,000; 10**21 overflowed the int64 step counters)."""
 
 
 def _paper(task: TaskConfig) -> TrainConfig:
