@@ -109,7 +109,8 @@ def test_run_matches_reference_and_writes_table_and_figure(tiny_run, tmp_path):
     table = result["table"]
     H = 4
     assert len(table) == (4 + 3) * (H + 1)
-    assert ticks[-1] == (64 * (17 + 34 + 40 + 51 + 100 + 256),) * 2  # each distinct length once
+    # each distinct length once, for the accuracy (n = 64) and the head-level retention (head_prompts = 64)
+    assert ticks[-1] == ((64 + cfg.head_prompts) * (17 + 34 + 40 + 51 + 100 + 256),) * 2
     for protocol, lengths in [("paper", [17, 40, 100, 256]), ("seed", [17, 34, 51])]:
         sub = table[table["protocol"] == protocol]
         for hop in range(H + 1):

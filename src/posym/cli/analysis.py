@@ -259,6 +259,11 @@ def lengthgen_command(
                                       "tokens."),
     seed: int = typer.Option(0, help="Seed of the test data."),
     max_tokens: int = typer.Option(16384, help="Tokens per forward pass; bounds memory at long lengths."),
+    head_retention: bool = typer.Option(True, help="Also measure every head at every length (margin and attention "
+                                        "on the chain key at each pointer of the chain) and write head_retention.parquet, "
+                                        "head_groups.parquet (per label and layer-matched random heads, 95% bootstrap "
+                                        "intervals) and head_retention.png/svg."),
+    head_prompts: int = typer.Option(64, help="Test sequences per length of the head-level retention."),
     device: Device = device_option(),
     out: Optional[Path] = typer.Option(None, help="Output directory for lengthgen.parquet, lengthgen.json and "
                                        "fig5b.png/svg (default: RUN_DIR/lengthgen)."),
@@ -279,7 +284,8 @@ def lengthgen_command(
     run_dir = path
     config = lengthgen.LengthGenConfig(lengths=values(lengths, int, option="--lengths"),
                                        factors=values(factors, int, option="--factors"), protocol=str(protocol),
-                                       n=n, seed=seed, max_tokens=max_tokens, device=device_of(device))
+                                       n=n, seed=seed, max_tokens=max_tokens, device=device_of(device),
+                                       heads=head_retention, head_prompts=head_prompts)
     step = checkpoint_step(run_dir, step, config.device)
     out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True, owns=OUTPUTS["lengthgen"])
     with Progress(transient=True) as bar:
@@ -298,7 +304,23 @@ def lengthgen_command(
                      *(f"{acc[h]:.3f}" for h in hops), f"{rows.set_index('hop')['retention'][0]:.3f}")
     console = Console()
     console.print(view)
-    console.print(f"wrote {out}/lengthgen.parquet, lengthgen.json, fig5b.png/svg")
+    if "group_table" in result and not len(result["group_table"]):
+        labels = result["head_retention"]["labels"]
+        console.print("head-level retention: no positional, symbolic or mixed head to group (labels: "
+                      + ", ".join(f"{label} {len(heads)}" for label, heads in labels.items()) + ")")
+    elif "group_table" in result:
+        groups = result["group_table"]
+        margin = groups[groups["measure"] == "margin"]
+        heads = Table(title=f"head-level retention of the margin (median over heads, 95% bootstrap over "
+                            f"{result['config']['head_prompts']} prompts)")
+        heads.add_column("group")
+        for length in sorted(margin["length"].unique()):
+            heads.add_column(str(length), justify="right")
+        for name, rows in margin.groupby("group", sort=False):
+            heads.add_row(name, *(f"{r.value:.2f} [{r.lo:.2f}, {r.hi:.2f}]" for r in rows.sort_values("length").itertuples()))
+        console.print(heads)
+    console.print(f"wrote {out}/lengthgen.parquet, lengthgen.json, fig5b.png/svg"
+                  + (", head_retention.parquet, head_groups.parquet, head_retention.png/svg" if head_retention else ""))
 
 
 @app.command("discrepancy")

@@ -55,12 +55,18 @@ RUN_FIGURES = [
      "Use of every RoPE plane per layer, and the weighted frequency ID per layer divided by the number of planes, "
      "with the uniform baseline."),
     ("lengthgen", "fig5b", "Fig. 5B", "Accuracy against sequence length per hop count (extra target-window tokens)."),
+    ("lengthgen", "head_retention", "Head-level retention",
+     "Retention (value at L / value at the training length) of every head's margin (top-1 minus top-2 logit) and "
+     "attention on the chain key at each pointer of the chain: median over the heads of each label (solid, 95% "
+     "paired bootstrap over prompts as a band) and over layer-matched random heads (dashed)."),
     ("discrepancy", "fig_discrepancy", "Theorem 3.2 on trained heads",
      "Top-1 minus top-2 attention logit at the last token against sequence length, per layer: median "
      "(solid) and minimum (dotted)."),
 ]
 MISSING = {"analysis": "posym dynamics RUN_DIR and posym geometry RUN_DIR", "lengthgen": "posym lengthgen RUN_DIR"}
 """What to run for a missing figure; figures of other subdirectories (discrepancy) are optional extras."""
+OPTIONAL = {"head_retention"}
+"""Figures of those subdirectories that are optional extras too (runs analysed before them, or without them)."""
 
 
 def kind_of(path: Path) -> str:
@@ -225,6 +231,9 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
         "Fig. 8 / Table 1": "weighted frequency ID per layer " + ", ".join(
             str(v) for v in _paper_table1(task)) + f" (12 layers, {PAPER_PLANES} planes).",
         "Fig. 5B": f"{PAPER_LENGTHGEN[task]}; {EXPECTED_RETENTION[task]}.",
+        "Head-level retention": "a positional head's best margin can only shrink like 2 pi^2 / n^2 (Theorem 3.2), a "
+                                "symbolic head's need not; seed summary: symbolic >= 80% of its accuracy at 2x-4x, "
+                                "positional ~30%.",
         "Theorem 3.2 on trained heads": "a positional (Index) head's best gap can only shrink like 2 pi^2 / n^2, "
                                         "a symbolic (Retrieval) head's need not; the letter model generalizes, "
                                         "the number model does not.",
@@ -240,15 +249,38 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
         "Fig. 5B": f"Ours: {lengthgen_headline(s['lengthgen'])}." if s["lengthgen"] else "",
         "Theorem 3.2 on trained heads": _discrepancy_numbers(run_dir),
     }
+    head_table = _head_retention_table(run_dir)
     items = []
     for sub, stem, title, caption in RUN_FIGURES:
         figure = _figure(run_dir / sub / stem, out_dir, f"{name}-{stem}", f"{title}, {task} task",
                          f"{caption} {ours.get(title, '')}".strip(), references[title])
-        if figure or sub in MISSING:
+        if figure and stem == "head_retention" and head_table:
+            figure["table"] = head_table
+        if figure or (sub in MISSING and stem not in OPTIONAL):
             items.append(figure or {"absent": f"{title} ({task}): absent; run {MISSING[sub]} first."})
     section = _section(f"run-{name}", f"{task.capitalize()} task: step {s['step']} of {s['max_steps']}",
                        source=run_dir, items=items)
     return section, s
+
+
+def _head_retention_table(run_dir: Path) -> dict | None:
+    """The head-level retention per group (lengthgen/head_groups.parquet) as a table: one row per group and
+    measure, one column per length, each cell 'value [lo, hi]'; None without the file."""
+    path = run_dir / "lengthgen" / "head_groups.parquet"
+    if not path.is_file():
+        return None
+    groups = io.read_parquet(path)
+    if not len(groups):
+        return None
+    lengths = sorted(int(v) for v in groups["length"].unique())
+    rows = []
+    for (group, measure), sub in groups.groupby(["group", "measure"], sort=False):
+        cells = {int(r.length): f"{r.value:.2f} [{r.lo:.2f}, {r.hi:.2f}]" for r in sub.itertuples()}
+        rows.append([group, measure, int(sub["heads"].iloc[0]), int(sub["draws"].iloc[0]),
+                     *(cells.get(n, "") for n in lengths)])
+    return {"header": ["group", "measure", "heads", "draws", *(f"{n} tokens" for n in lengths)], "rows": rows,
+            "caption": f"Retention per group: median head retention [95% paired bootstrap over "
+                       f"{int(groups['prompts'].iloc[0])} prompts]; random groups: the mean over draws."}
 
 
 def _alignment_text(alignment: dict | None) -> str:
