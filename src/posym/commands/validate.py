@@ -109,8 +109,6 @@ def best_step(run_dir, *, device: str = "cpu") -> int:
 def run_validation(run_dir, *, n: int | None = None, device: str = "cpu", progress=None) -> dict:
     """`posym validate`: the validation table, with test accuracy beside it, the best step by
     validation and the best step by test (for comparison only); writes RUN_DIR/validation.json."""
-    import pandas as pd
-
     run_dir = Path(run_dir)
     table = validation_table(run_dir, n=n, device=device, progress=progress)
     test = io.read_parquet(run_dir / "metrics.parquet").drop_duplicates("step", keep="last")[["step", "acc"]]
