@@ -265,3 +265,54 @@ def test_causal_table_gives_the_needed_count_when_not_separated():
     table = prediction.causal_table(rows, n_boot=400).set_index(["group", "factor"])
     assert table.loc[("symbolic", 4), "separated"] == False  # noqa: E712
     assert table.loc[("symbolic", 4), "needed"] > 8
+
+
+# ---- the committed SmolLM2 tables (docs/results/llm-study, default llm-study) ----------------------
+
+
+def _committed(stage, table):
+    path = RESULTS / stage / f"{table}.parquet"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run the study's screen/lengths/causal stages and copy them (docs/results.md)")
+    return pd.read_parquet(path)
+
+
+def test_committed_screen_has_a_task_the_model_solves():
+    summary = _committed("screen", "summary")
+    rows = _committed("screen", "screen")
+    assert set(summary.format) == set(lengthtasks.FORMATS) and (summary.n >= 200).all()  # every format reported
+    counts = rows.groupby("format").size()
+    assert (counts.loc[summary.format].to_numpy() == summary.n.to_numpy()).all()
+    chosen = json.loads((RESULTS / "screen" / "screen.json").read_text())
+    best = summary.set_index("format").loc[chosen["format"]]
+    assert best.acc >= 0.8 and best.n >= 200
+    recomputed = rows.groupby("format").correct.mean()
+    assert np.allclose(recomputed.loc[summary.format], summary.acc)
+    for r in summary.itertuples():
+        assert (r.lo, r.hi) == pytest.approx(stats.wilson_interval(round(r.acc * r.n), r.n))
+
+
+def test_committed_lengths_tables():
+    acc = _committed("lengths", "accuracy_summary")
+    assert set(acc.layout) == {"between", "before", "marked"} and set(acc.factor) == set(lengthtasks.FACTORS)
+    assert ((acc.lo <= acc.acc) & (acc.acc <= acc.hi)).all()
+    groups = _committed("lengths", "group_retention")
+    assert {"symbolic", "random:symbolic"} <= set(groups.group)
+    assert ((groups.lo <= groups.value + 1e-9) & (groups.value <= groups.hi + 1e-9)).all()
+    base = groups[groups.length == groups.groupby("layout").length.transform("min")]
+    assert np.allclose(base.value, 1.0)
+    kept = _committed("lengths", "head_retention")
+    assert len(kept) == 2 * 2 * 270 * len(lengthtasks.FACTORS)  # layouts x rankings x SmolLM2's heads x lengths
+    assert kept.attn_tracked.between(0, 1).all() and (kept.margin >= 0).all()
+
+
+def test_committed_causal_table():
+    table = _committed("causal", "causal_summary")
+    named = table[~table.group.str.startswith("random")]
+    assert set(named.group) == {"symbolic", "positional"} and set(named.ranking) == {"sink-free", "plain"}
+    longer = named[named.factor > 1]
+    assert longer.separated.notna().all() and (longer.separated.astype(bool) | longer.needed.notna()).all()
+    assert (table[table.group.str.startswith("random")].draws == 10).all()
+    rows = _committed("causal", "causal")
+    clean = rows[rows.group == "none"].groupby("factor").correct.mean()
+    assert np.allclose(table.groupby("factor").acc_clean.first().loc[clean.index], clean)

@@ -187,6 +187,9 @@ def test_stage_tables(finished):
     base = kept[kept.length == kept.groupby("layout").length.transform("min")]
     assert np.allclose(base.margin_retention, 1.0) and (kept.prompts == p["n_heads"]).all()
     assert kept.attn_tracked.between(0, 1).all()
+    moves = pd.read_parquet(out / "lengths" / "label_moves.parquet")
+    assert len(moves) == 2 * p["causal_ks"][0] and set(moves.group) == {"symbolic", "positional"}
+    assert moves.label_marked.isin(["positional", "symbolic", "mixed", "uniform"]).all()
     causal = pd.read_parquet(out / "causal" / "causal.parquet")
     conditions = 1 + len(p["causal_ks"]) * (4 + 2 * p["draws"])  # clean + 2 rankings x 2 groups + random draws
     assert len(causal) == conditions * len(p["causal_factors"]) * p["n_causal"]
@@ -291,3 +294,10 @@ def test_cli_stage_choices_are_the_study_stages():
     from posym.cli.options import StudyStage
 
     assert [stage.value for stage in StudyStage] == list(study.STAGES)
+
+
+def test_resume_refuses_another_model(finished, tiny):
+    out, _ = finished
+    loaded = sources.load(tiny[0], device="cpu")
+    with pytest.raises(PosymError, match="holds a study of"):
+        study.run_study(loaded, out, configs.from_dict(study.StudyConfig, TINY), settings={"model": "another-model"})

