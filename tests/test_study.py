@@ -301,3 +301,13 @@ def test_resume_refuses_another_model(finished, tiny):
     loaded = sources.load(tiny[0], device="cpu")
     with pytest.raises(PosymError, match="holds a study of"):
         study.run_study(loaded, out, configs.from_dict(study.StudyConfig, TINY), settings={"model": "another-model"})
+
+
+def test_sizes_past_the_model_are_refused_before_any_stage(tiny, tmp_path):
+    loaded = sources.load(tiny[0], device="cpu")  # 512 positions
+    too_long = [({**TINY, "lengths": [16, 4096]}, "lengths reach 4096"),
+                ({**TINY, "prediction": {**TINY["prediction"], "factors": [1, 64], "causal_factors": [1]}}, "family reaches")]
+    for settings, message in too_long:
+        with pytest.raises(PosymError, match=message):
+            study.run_study(loaded, tmp_path / "o", configs.from_dict(study.StudyConfig, settings), settings={})
+        assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())  # nothing written

@@ -45,7 +45,7 @@ from posym.core.study import (GROUPS, ablation_groups, behaviour_frequency, find
                               label_agreement, label_counts, layer_profile, pearson, sink_changes)
 from posym.core.theory import frequency_angle, index_bound
 from posym.errors import PosymError
-from posym.lengthtasks import Builder, build
+from posym.lengthtasks import Builder, base_length, build
 from posym.loading import Prompt
 from posym.sources import LoadedModel, tokenize
 from posym.stages import is_done, mark_done
@@ -428,6 +428,7 @@ def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, 
     """Run the stages not yet done (all, or `only`), then the report; returns {stage: seconds or "done"}.
     One process per OUT (`posym.io.locked`); Ctrl-C keeps the finished stages."""
     out = Path(out)
+    check_sizes(loaded, config, only or list(STAGES))
     with io.locked(out), io.interruptible(lambda: _kept(out)):
         _prepare(out, config, settings)
         progress = progress or (lambda k=1: None)
@@ -443,6 +444,28 @@ def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, 
             mark_done(out, JOB, stage, timings[stage], cpu_seconds=round(time.process_time() - cpu, 2))
         build_study_report(out)
     return timings
+
+
+def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> None:
+    """Refuse, before any stage runs, a study whose prompts would not fit the model's positions: the
+    discrepancy lengths, the longest Appendix H prompt of the bench and the longest length family."""
+    top = loaded.max_positions
+    if "discrepancy" in stages and max(config.lengths) > top:
+        raise PosymError(f"lengths reach {max(config.lengths)} tokens but the model has {top} positions")
+    if "bench" in stages:
+        for task in ("number", "letter"):
+            prompt = bench.bench_prompts(task, max(config.bench_sizes), 1, seed=config.seed)[0]
+            if len(loaded.text_ids(prompt.text)) > top:
+                raise PosymError(f"the Appendix H prompts of size {max(config.bench_sizes)} do not fit the model's "
+                                 f"{top} positions; choose smaller bench_sizes")
+    if {"screen", "lengths", "causal"} & set(stages):
+        builder, p = Builder(loaded.tokenizer), config.prediction
+        for fmt in p.formats:
+            for family in prediction.families(fmt, p).values():
+                base = base_length(family, builder, p.n_length, config.seed)
+                if max(p.factors) * base > top:
+                    raise PosymError(f"the {family.name} family reaches {max(p.factors) * base} tokens at "
+                                     f"{max(p.factors)}x but the model has {top} positions; choose smaller factors")
 
 
 def _prepare(out: Path, config: StudyConfig, settings: dict) -> None:
