@@ -417,7 +417,8 @@ def test_run_killed_then_rerun_equals_uninterrupted(run_reference, tmp_path, poi
     assert_complete(out)
     assert_done_means_complete(out)
     tables = sorted(str(p.relative_to(reference)) for p in reference.rglob("*.parquet"))
-    assert len(tables) == 16 and tables == sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet"))
+    # 18: lengthgen now also writes head_retention.parquet and head_groups.parquet (16 before)
+    assert len(tables) == 18 and tables == sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet"))
     for name in tables:
         drop = ["time"] if name.endswith("metrics.parquet") else []  # wall-clock stamps of training
         pd.testing.assert_frame_equal(pd.read_parquet(out / name).drop(columns=drop),

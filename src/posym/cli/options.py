@@ -197,7 +197,7 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
                   "head_retention.*"),
     "discrepancy": ("gaps.parquet", "discrepancy.parquet", "fig_discrepancy.*", "discrepancy.json"),
     "report": ("report.html", "figures"),
-    "sweep": ("trials", "trials.parquet", "aggregate.parquet", "aggregate.*", "sweep.json"),
+    "sweep": ("trials", "trials.parquet", "aggregate.parquet", "aggregate.*", "sweep.json", "stages"),
     "ablate": ("ablation.parquet", "ablation.json", "ablation.png", "ablation.svg"),
     "finetune": ("finetune.parquet", "finetune.json", "finetune.png", "finetune.svg", "models"),
     "llm-scores": ("scores.parquet", "scores_excluded.parquet", "sinks.parquet", "heads.parquet", "prompts.parquet",
