@@ -211,13 +211,15 @@ def measures_by_length(model, prompts: dict[int, list[LengthPrompt]], n: int, pr
     at the base length moved to its place (`LengthPrompt.position_map`); a `length` and `factor` column."""
     import pandas as pd
 
-    base = [p for p in prompts[1][:n]]
+    base = prompts[1][:n]
     first = head_measures(model, [p.ids for p in base], [[p.query] for p in base], batch_size=n)
-    frames = []
+    # at the base length each head's tracked key is its own top key: no second pass
+    frames = [first.assign(tracked_key=first.top_key, attn_tracked=first.attn_top, length=base[0].length, factor=1)]
     for factor, group in prompts.items():
+        if factor == 1:
+            continue
         chosen = group[:n]
-        maps = {k: p for k, p in enumerate(chosen)}
-        tracked = base_tracking(first, lambda k, pos: maps[k].position_map(pos))
+        tracked = base_tracking(first, lambda k, pos: chosen[k].position_map(pos))
         frame = head_measures(model, [p.ids for p in chosen], [[p.query] for p in chosen], tracked=tracked,
                               batch_size=max(1, min(n, 16384 // len(chosen[0].ids))))
         frames.append(frame.assign(length=chosen[0].length, factor=factor))

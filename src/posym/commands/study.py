@@ -26,7 +26,6 @@ OUT skips the finished stages. `posym.commands.study_report` turns OUT into repo
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -343,7 +342,7 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     import pandas as pd
 
     settings = config.prediction
-    chosen = json.loads((out.parent / "screen" / "screen.json").read_text(encoding="utf-8"))
+    chosen = io.read_json_object(out.parent / "screen" / "screen.json")
     layouts = _length_prompts(loaded, config, chosen["format"])
     accuracy = []
     for layout, by_factor in layouts.items():
@@ -400,7 +399,7 @@ def label_moves(heads, config: StudyConfig):
 
 def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
     settings = config.prediction
-    chosen = json.loads((out.parent / "screen" / "screen.json").read_text(encoding="utf-8"))
+    chosen = io.read_json_object(out.parent / "screen" / "screen.json")
     prompts = _length_prompts(loaded, config, chosen["format"])["between"]
     heads = _read(out, "lengths", "heads")
     heads = heads[heads.layout == "between"]
