@@ -23,7 +23,7 @@ from posym.errors import PosymError
 TINY = {"n_binding": 4, "n_bench": 2, "frequency_prompts": 2, "lengths": [16, 40], "gap_prompts": 2,
         "gap_heads": 1, "bench_sizes": [12], "bench_runs": 2, "bench_n": 1, "ablation_ks": [1, 2],
         "exclude_keys": [0],
-        "prediction": {"formats": ["kv-code", "copy"], "n_screen": 6, "factors": [1, 2, 4], "n_length": 5, "n_heads": 3,
+        "prediction": {"formats": ["kv-code", "copy"], "n_screen": 6, "n_probe": 3, "factors": [1, 2, 4], "n_length": 5, "n_heads": 3,
                        "n_scores": 4, "draws": 2, "causal_factors": [1, 4], "n_causal": 4, "causal_ks": [1],
                        "n_boot": 50}}
 LAYERS, HEADS = 2, 4
@@ -169,7 +169,8 @@ def test_stage_tables(finished):
 
     p = TINY["prediction"]
     screen = pd.read_parquet(out / "screen" / "screen.parquet")
-    assert len(screen) == len(p["formats"]) * p["n_screen"] and screen.correct.dtype == bool
+    counts = screen.groupby("format").size()
+    assert set(counts) <= {p["n_probe"], p["n_screen"]} and screen.correct.dtype == bool  # probed, some topped up
     summary = pd.read_parquet(out / "screen" / "summary.parquet")
     assert list(summary.format) == p["formats"] and (summary.lo <= summary.acc).all() and (summary.acc <= summary.hi).all()
     chosen = json.loads((out / "screen" / "screen.json").read_text())
@@ -267,7 +268,7 @@ def test_real_model_study(tmp_path):
                                gap_heads=1, bench_sizes=[12], bench_runs=1, bench_n=1, ablation_ks=[2],
                                ablation_modes=["zero"],
                                prediction=prediction.PredictionConfig(
-                                   formats=["copy"], n_screen=4, factors=[1, 2], n_length=3, n_heads=2, n_scores=3,
+                                   formats=["copy"], n_screen=4, n_probe=4, factors=[1, 2], n_length=3, n_heads=2, n_scores=3,
                                    draws=1, causal_factors=[1, 2], n_causal=2, causal_ks=[2], n_boot=20))
     loaded = sources.load("smollm2-135m", device="cpu")  # the embedded GGUF
     study.run_study(loaded, tmp_path / "out", config, settings={"model": "smollm2-135m"})

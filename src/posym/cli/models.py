@@ -134,7 +134,8 @@ def llm_study_cmd(
                                               choices=StudyStage),
     device: Device = device_option(),
 ) -> None:
-    """The lens of 2511.11579 and 2605.31558 on one real model: six resumable stages and report.html."""
+    """The lens of 2511.11579 and 2605.31558 on one real model, then what a head type predicts on a
+    length task: nine resumable stages and report.html."""
     from posym import configs, io, sources
     from posym.commands import study
 

@@ -1,4 +1,4 @@
-"""`posym llm-study`: the lens of 2511.11579 and 2605.31558 on one real model, in six resumable stages.
+"""`posym llm-study`: the lens of 2511.11579 and 2605.31558 on one real model, in nine resumable stages.
 
 Every stage reads the model and the tables of earlier stages and writes its own folder under OUT;
 its done-file (`posym.stages`, job "study") is written last, so a killed study re-run with the same
@@ -46,6 +46,7 @@ from posym.core.theory import frequency_angle, index_bound
 from posym.errors import PosymError
 from posym.lengthtasks import Builder, base_length, build
 from posym.loading import Prompt
+from posym.parallel import cpu_workers
 from posym.sources import LoadedModel, tokenize
 from posym.stages import is_done, mark_done
 
@@ -346,10 +347,11 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     layouts = _length_prompts(loaded, config, chosen["format"])
     accuracy = []
     for layout, by_factor in layouts.items():
+        correct = prediction.correct_by_length(loaded.model, by_factor,  # every length in one shared-prefix pass
+                                               workers=cpu_workers(settings.workers, loaded.model))
         for factor, prompts in by_factor.items():
-            correct = prediction.next_token_correct(loaded.model, prompts)
             accuracy.append(pd.DataFrame({"layout": layout, "factor": factor, "length": prompts[0].length,
-                                          "prompt": [p.index for p in prompts], "correct": correct}))
+                                          "prompt": [p.index for p in prompts], "correct": correct[factor]}))
         progress(1)
     accuracy = pd.concat(accuracy, ignore_index=True)
     summary = prediction.accuracy_rows(accuracy, ["layout", "factor", "length"])
@@ -403,7 +405,9 @@ def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
     prompts = _length_prompts(loaded, config, chosen["format"])["between"]
     heads = _read(out, "lengths", "heads")
     heads = heads[heads.layout == "between"]
-    rows = prediction.causal_rows(loaded.model, prompts, settings, heads, seed=config.seed, progress=progress)
+    accuracy = _read(out, "lengths", "accuracy")  # the clean model on these prompts: measured once, there
+    rows = prediction.causal_rows(loaded.model, prompts, settings, heads, seed=config.seed,
+                                  clean=accuracy[accuracy.layout == "between"], progress=progress)
     io.write_parquet(out / "causal.parquet", rows)
     io.write_parquet(out / "causal_summary.parquet",
                      prediction.causal_table(rows, n_boot=settings.n_boot, seed=config.seed))

@@ -238,7 +238,9 @@ def _prediction_sections(out: Path, section) -> list[dict]:
     if _has(out, "screen"):
         summary = pd.read_parquet(out / "screen" / "summary.parquet")
         chosen = json.loads((out / "screen" / "screen.json").read_text(encoding="utf-8"))
-        task["texts"].append(f"Every format tried at its base length ('between' layout), with its 95% Wilson interval. "
+        task["texts"].append(f"Every format tried at its base length ('between' layout), with its n and 95% Wilson "
+                             f"interval: each is probed first, and a format that can still reach the threshold is then "
+                             f"asked the full count, in order, until one passes. "
                              f"Rule: {chosen['rule']}. Chosen: {chosen['format']} ({chosen['accuracy']:.3f})"
                              + ("." if chosen["passes"] else "; NO format reached the threshold, so the length and "
                                 "causal stages describe a task the model does not solve."))

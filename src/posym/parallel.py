@@ -1,0 +1,83 @@
+"""Independent pieces of CPU work split over forked processes, one torch thread each.
+
+On a small CPU a 135M-parameter model's forward does not use two cores well (SmolLM2 on 2 cores:
+358 tokens/s with 2 threads in one process, 253 with 1 thread, so two 1-thread processes do about 1.4x
+the work of one 2-thread process; benchmarks/forked_map.py). `forked_map` runs `fn` over items in
+`workers` processes forked from this one: they share the loaded model's weights copy-on-write and the
+forward hooks registered on it (an ablation entered before the call applies in every worker), return
+their results through a pipe (so results must pickle; `fn` need not), and ignore Ctrl-C, which stays
+the parent's to handle (it terminates them). Where forking is wrong (a model on a GPU, a platform
+without fork) or pointless (one worker, one item), it is a plain loop in this process.
+
+Results are those of the same work run alone, up to the floating-point order of one thread against
+several (about 1e-6 on float32 logits, so a greedy answer flips only on a near tie).
+
+>>> forked_map(lambda x: x * x, [1, 2, 3], workers=2)
+[1, 4, 9]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from typing import Callable
+
+_JOB: tuple[Callable, list] | None = None
+"""The function and items of the running `forked_map`, inherited by its forked workers."""
+
+
+def cpu_workers(requested: int = 0, model=None) -> int:
+    """Processes `forked_map` should use: `requested` when > 0, else one per CPU this process may run
+    on; 1 when the model is not on the CPU or the platform cannot fork."""
+    if model is not None and next(model.parameters()).device.type != "cpu":
+        return 1
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    if requested > 0:
+        return requested
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def forked_map(fn: Callable, items, *, workers: int, progress: Callable | None = None) -> list:
+    """[fn(item) for item in items], in order, over `workers` forked 1-thread processes (a plain loop
+    for workers <= 1 or a single item). progress(1) is called in this process as each item finishes."""
+    global _JOB
+    items = list(items)
+    workers = min(workers, len(items))
+    if workers <= 1:
+        out = []
+        for item in items:
+            out.append(fn(item))
+            if progress:
+                progress(1)
+        return out
+    if _JOB is not None:
+        raise RuntimeError("forked_map does not nest")
+    _JOB = (fn, items)
+    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_start_worker)
+    try:
+        out = []
+        for result in pool.imap(_run, range(len(items))):  # chunks of one item: the slowest one is last alone
+            out.append(result)
+            if progress:
+                progress(1)
+        pool.close()
+        return out
+    finally:
+        pool.terminate()
+        pool.join()
+        _JOB = None
+
+
+def _start_worker() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it terminates the pool
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (`posym.io.handle_signals`)
+
+
+def _run(index: int):
+    fn, items = _JOB
+    return fn(items[index])
