@@ -12,4 +12,41 @@ os.environ["NO_PROXY"] = os.environ["no_proxy"] = ",".join(
 
 import torch  # noqa: E402
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+import pytest  # noqa: E402
+
+# `python -m pytest` runs on two pytest-xdist workers (pyproject's addopts: -n 2 --dist loadgroup). Each
+# worker gets an equal share of the cores for torch (the 2-core test machine: one thread each, instead
+# of two workers with two threads each fighting over two cores); a single process keeps two threads.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+
+# Tests that share one worker (xdist_group): the real pretrained models, so that SmolLM2's GGUF is
+# dequantized once (posym.sources keeps it per process) and the two real models are never loaded and
+# run side by side; and the two tests that start a local Ray instance, so that two Ray heads never
+# start at once on one machine.
+REAL_MODEL_FIXTURES = {"smollm2", "gemma3"}  # tests/test_real_model.py, test_gemma3.py, test_pruning.py
+REAL_MODEL_TESTS = {"tests/test_study.py::test_real_model_study"}  # loads smollm2-135m itself
+RAY_TESTS = {"tests/test_sweep.py::test_two_trials_on_local_ray",
+             "tests/test_reliability.py::test_sweep_killed_then_rerun_skips_finished_trials_and_equals_uninterrupted"}
+
+
+def xdist_group_of(item) -> str | None:
+    """The xdist group a collected test runs in, or None (any worker)."""
+    node = item.nodeid.split("[")[0]
+    if node in REAL_MODEL_TESTS or REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "real-models"
+    if node in RAY_TESTS:
+        return "ray"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m / -k deselect: `items` is every collected test
+def pytest_collection_modifyitems(config, items):
+    if config.args_source == pytest.Config.ArgsSource.TESTPATHS:  # the whole suite was collected
+        known = {item.nodeid.split("[")[0] for item in items}
+        missing = (REAL_MODEL_TESTS | RAY_TESTS) - known  # a renamed test would silently lose its group
+        assert not missing, f"conftest names tests that do not exist: {sorted(missing)}"
+    for item in items:
+        group = xdist_group_of(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
