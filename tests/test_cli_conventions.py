@@ -146,3 +146,18 @@ def test_documented_options_exist():
                     wrong += [f"{path.name}: posym {command} {flag}" for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
                               if flag not in known[command]]
     assert not wrong, wrong
+
+
+def test_every_help_that_names_an_embedded_model_names_both():
+    """Where a user picks a model, the help names every embedded model (posym.sources.EMBEDDED), not only
+    the first one that was embedded."""
+    from posym.sources import EMBEDDED
+
+    naming = {}
+    for name in COMMANDS:
+        for param in GROUP.commands[name].params:
+            text = param.help or ""
+            if any(model in text for model in EMBEDDED):
+                naming[name] = text
+                assert all(model in text for model in EMBEDDED), (name, param.name, text)
+    assert set(naming) == {"score", "geometry", "discrepancy", "llm-scores", "llm-bench", "llm-study", "convert"}

