@@ -97,3 +97,57 @@ def test_gemma3_long_prompt_benchmark():
         assert last[n]["max_bound"] <= 4.3e-14
     every = next(r for r in runs if r["queries"] == "all")
     assert (every["tokens"], round(every["scores_s"]), round(every["time_ratio"])) == (512, 458, 48)
+
+
+# ---- what a head type predicts (issue 33): the screen, lengths and causal stages on Gemma 3 270M ----
+
+
+def test_gemma3_length_task_screen_and_accuracy():
+    from posym.core.stats import wilson_interval
+
+    summary = pd.read_parquet(STUDY / "screen" / "summary.parquet").set_index("format")
+    assert summary.n.to_dict() == {"kv-code": 200, "copy": 50, "kv-list": 50, "kv-fewshot": 50, "possession": 50,
+                                   "arithmetic": 50}
+    assert summary.acc.round(3).to_dict() == {"kv-code": 0.845, "copy": 1.0, "kv-list": 0.66, "kv-fewshot": 0.64,
+                                              "possession": 0.52, "arithmetic": 0.04}
+    assert (summary.lo["kv-code"], summary.hi["kv-code"]) == wilson_interval(169, 200)
+    chosen = json.loads((STUDY / "screen" / "screen.json").read_text())
+    assert (chosen["format"], chosen["passes"], chosen["prompts"]) == ("kv-code", True, 200)
+    acc = pd.read_parquet(STUDY / "lengths" / "accuracy_summary.parquet")
+    by = {layout: rows.sort_values("factor").acc.round(3).tolist() for layout, rows in acc.groupby("layout")}
+    assert by == {"between": [0.875, 0.656, 0.594, 0.625, 0.531], "before": [0.875, 0.906, 0.875, 0.875, 0.875],
+                  "marked": [0.625, 0.531, 0.375, 0.406, 0.406]}
+    assert (acc.n == 32).all() and acc[acc.layout == "between"].length.max() == 896
+
+
+def test_gemma3_head_retention_reproduces_the_thesis_on_the_key():
+    heads = pd.read_parquet(STUDY / "lengths" / "heads.parquet")
+    between = heads[heads.layout == "between"]
+    assert _counts(between[between.variant == "sink-free"].label) == (31, 19, 22)
+    assert _counts(between[between.variant == "plain"].label) == (57, 11, 4)
+    groups = pd.read_parquet(STUDY / "lengths" / "group_retention.parquet")
+    at = groups[(groups.layout == "between") & (groups.ranking == "sink-free") & (groups.length == 896)]
+    value = at.set_index(["measure", "group"])[["value", "lo", "hi"]].round(2)
+    assert value.loc[("attn_tracked", "symbolic")].tolist() == [1.06, 1.02, 1.08]
+    assert value.loc[("attn_tracked", "random:symbolic")].tolist() == [0.43, 0.41, 0.45]
+    assert value.loc[("attn_tracked", "positional")].tolist() == [0.12, 0.11, 0.13]
+    assert value.loc[("attn_tracked", "random:positional")].tolist() == [0.96, 0.90, 1.07]
+    assert value.loc[("margin", "symbolic")].tolist() == [1.02, 0.80, 1.15]
+    assert value.loc[("margin", "positional")].tolist() == [1.56, 1.38, 1.72]
+    moves = pd.read_parquet(STUDY / "lengths" / "label_moves.parquet")
+    assert len(moves) == 16 and (moves.label == moves.label_marked).all()
+
+
+def test_gemma3_causal_table():
+    table = pd.read_parquet(STUDY / "causal" / "causal_summary.parquet")
+    free = table[(table.ranking == "sink-free")].set_index(["group", "factor"])
+    assert free.loc["symbolic"].acc.round(2).tolist() == [0.17, 0.17, 0.17, 0.08, 0.17]
+    assert free.loc["symbolic"].acc_clean.round(2).tolist() == [0.92, 0.75, 0.67, 0.75, 0.58]
+    assert free.loc["symbolic"].drop_separated.tolist() == [True, True, True, True, False]
+    assert free.loc["positional"].drop_separated.tolist() == [True] * 5
+    assert free.loc["positional"].separated.tolist()[1:] == [False] * 4
+    assert free.loc["positional"].needed.tolist()[1:] == [192, 59, 109, 137]
+    assert free.loc["random:symbolic"]["drop"].round(2).tolist() == [0.08, -0.09, 0.07, 0.39, 0.37]
+    plain = table[(table.ranking == "plain") & (table.group == "symbolic")]
+    assert not plain.drop_separated.astype(bool).any()  # the sink heads: no drop beyond random ones
+    assert (table.prompts == 12).all() and (table[table.group.str.startswith("random")].draws == 10).all()

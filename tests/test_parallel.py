@@ -66,3 +66,14 @@ def test_cpu_workers(monkeypatch):
     assert parallel.cpu_workers(4, model) == 4
     monkeypatch.setattr(parallel.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     assert parallel.cpu_workers(4) == 1  # no fork: a plain loop
+
+
+def test_cpu_seconds_count_the_workers():
+    def spin(_):
+        end = os.times().user + 0.3
+        while os.times().user < end:
+            pass
+
+    before = parallel.cpu_seconds()
+    parallel.forked_map(spin, range(2), workers=2)
+    assert parallel.cpu_seconds() - before >= 0.5  # two workers' 0.3 s each, though this process only waited

@@ -39,6 +39,12 @@ def cpu_workers(requested: int = 0, model=None) -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the `forked_map` workers), in seconds."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def forked_map(fn: Callable, items, *, workers: int, progress: Callable | None = None) -> list:
     """[fn(item) for item in items], in order, over `workers` forked 1-thread processes (a plain loop
     for workers <= 1 or a single item). progress(1) is called in this process as each item finishes."""

@@ -46,7 +46,7 @@ from posym.core.theory import frequency_angle, index_bound
 from posym.errors import PosymError
 from posym.lengthtasks import Builder, base_length, build
 from posym.loading import Prompt
-from posym.parallel import cpu_workers
+from posym.parallel import cpu_seconds, cpu_workers
 from posym.sources import LoadedModel, tokenize
 from posym.stages import is_done, mark_done
 
@@ -248,6 +248,23 @@ def _long_prompts(loaded: LoadedModel, config: StudyConfig, length: int) -> list
     return out
 
 
+def rope_bases(model_config) -> tuple[dict, list[float]]:
+    """The RoPE bases of a model's config: (the fields discrepancy.json reports, the base of every layer).
+    One base (Llama, SmolLM2): {"rope_base": base}. One base per layer kind (Gemma 3's rope_parameters keyed
+    by layer type: local "sliding_attention" 10,000, global "full_attention" 1,000,000): {"rope_bases":
+    {kind: base}, "layers_by_kind": {kind: [layers]}}, so no single base stands for the model."""
+    params = getattr(model_config, "rope_parameters", None) or {}
+    per_kind = {kind: float(p["rope_theta"]) for kind, p in params.items() if isinstance(p, dict) and "rope_theta" in p}
+    layer_types = list(getattr(model_config, "layer_types", None) or [])
+    if per_kind and layer_types and set(layer_types) <= set(per_kind):
+        kinds = [kind for kind in per_kind if kind in layer_types]
+        return ({"rope_bases": {kind: per_kind[kind] for kind in kinds},
+                 "layers_by_kind": {kind: [k for k, t in enumerate(layer_types) if t == kind] for kind in kinds}},
+                [per_kind[t] for t in layer_types])
+    base = float(getattr(model_config, "rope_theta", None) or params.get("rope_theta", 10_000.0))
+    return {"rope_base": base}, [base] * int(model_config.num_hidden_layers)
+
+
 def stage_discrepancy(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
     import pandas as pd
 
@@ -258,8 +275,7 @@ def stage_discrepancy(loaded: LoadedModel, config: StudyConfig, out: Path, progr
                         behaviour.head(config.gap_heads).assign(group="symbolic")])
     model_config = loaded.model.config
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
-    base = float(getattr(model_config, "rope_theta", None) or (getattr(model_config, "rope_parameters", None) or {}).get(
-        "rope_theta", 10_000.0))
+    bases, layer_base = rope_bases(model_config)
     rows = []
     for length in config.lengths:
         gaps = head_gaps(loaded.model, _long_prompts(loaded, config, length), "last",
@@ -267,16 +283,18 @@ def stage_discrepancy(loaded: LoadedModel, config: StudyConfig, out: Path, progr
         for head in chosen.itertuples():
             mine = gaps[(gaps.layer == head.layer) & (gaps["head"] == head.head)]
             # the dominant plane's angle off the head's own layer's tables (Gemma 3: local and global bases);
-            # a frequency stage written before that column existed falls back to the config's one base
+            # a frequency stage written before that column existed falls back to the config's base of its layer
+            base = layer_base[int(head.layer)]
             theta = (float(head.dominant_frequency) if hasattr(head, "dominant_frequency")
                      else frequency_angle(int(head.dominant_id), base=base, rotary_dim=head_dim))
             rows += [{"group": head.group, "layer": head.layer, "head": head.head, "length": length,
                       "prompt": int(g.prompt), "gap": float(g.gap), "top_key": int(g.top_key),
-                      "dominant_id": int(head.dominant_id), "theta": theta, "index_bound": index_bound(theta, length)}
+                      "dominant_id": int(head.dominant_id), "theta": theta, "index_bound": index_bound(theta, length),
+                      "rope_base": base}
                      for g in mine.itertuples()]
         progress(1)
     io.write_parquet(out / "gaps.parquet", pd.DataFrame(rows))
-    io.write_json(out / "discrepancy.json", {"rope_base": base, "head_dim": head_dim,
+    io.write_json(out / "discrepancy.json", {**bases, "head_dim": head_dim,
                                              "theta": "the dominant plane's angle read off the head's own layer's "
                                                       "rotary tables (per-layer RoPE bases)",
                                              "bound": "Theorem 3.2 Index bound min(1 - cos theta, 2 pi^2 / n^2) for "
@@ -441,10 +459,10 @@ def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, 
                 timings[stage] = "done"
                 progress(stage_steps(config)[stage])
                 continue
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu = time.perf_counter(), cpu_seconds()
             STAGE_WORK[stage](loaded, config, out / stage, progress)
             timings[stage] = round(time.perf_counter() - start, 2)
-            mark_done(out, JOB, stage, timings[stage], cpu_seconds=round(time.process_time() - cpu, 2))
+            mark_done(out, JOB, stage, timings[stage], cpu_seconds=round(cpu_seconds() - cpu, 2))
         build_study_report(out)
     return timings
 

@@ -283,12 +283,16 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                                          "drop(L) - drop(base) of each ablated group (sink-free ranking) and of its "
                                          "layer-matched random heads; bars: paired prompt bootstrap 95%."))
         named = table[~table.group.str.startswith("random")]
-        causal["texts"].append("separated: the 95% interval of (group's length effect - its random heads') excludes 0; "
-                               "needed: the prompt count that would separate them if the measured difference held.")
-        causal["tables"].append(_table(named.assign(separated=named.separated.astype(str), needed=named.needed.astype(str)),
-                                       ["k", "mode", "ranking", "group", "length", "acc", "drop", "effect", "effect_lo",
-                                        "effect_hi", "vs_random", "vs_random_lo", "vs_random_hi", "separated", "needed",
-                                        "prompts"]))
+        causal["texts"].append("drop_separated: the 95% interval of (group's drop - its random heads' drop) at that "
+                               "length excludes 0 (the heads matter there beyond random ones); separated: the same for "
+                               "the length effect drop(L) - drop(base) (they matter MORE at L than at the base length); "
+                               "needed: the prompt count that would separate the length effects if the measured "
+                               "difference held.")
+        causal["tables"].append(_table(named.assign(separated=named.separated.astype(str), needed=named.needed.astype(str),
+                                                    drop_separated=named.drop_separated.astype(str)),
+                                       ["k", "mode", "ranking", "group", "length", "acc", "drop", "drop_vs_random",
+                                        "drop_separated", "effect", "effect_lo", "effect_hi", "vs_random", "vs_random_lo",
+                                        "vs_random_hi", "separated", "needed", "prompts"]))
     return [task, kept, causal]
 
 
