@@ -46,7 +46,11 @@ def pytest_collection_modifyitems(config, items):
         known = {item.nodeid.split("[")[0] for item in items}
         missing = (REAL_MODEL_TESTS | RAY_TESTS) - known  # a renamed test would silently lose its group
         assert not missing, f"conftest names tests that do not exist: {sorted(missing)}"
-    for item in items:
-        group = xdist_group_of(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_itemcollected(item):
+    """The group marker goes on as each test is collected, before any collection_modifyitems hook (xdist's
+    worker turns the marker into the node id's @group suffix there)."""
+    group = xdist_group_of(item)
+    if group:
+        item.add_marker(pytest.mark.xdist_group(group))
