@@ -6,8 +6,9 @@ Importable from any test in tests/ (pytest puts this folder on sys.path):
 `reference_swap_scores` loops over swaps with an explicit softmax of the modified row.
 `reference_model_scores` is the definition itself: for every swap it exchanges the residual
 vectors entering the layer (a pre-hook on the decoder layer), re-runs that layer and reads the
-query's attention row, computed by a recording attention function in the model's own dtype (Hugging
-Face's eager attention rounds logits/softmax to float32 even in float64 models).
+query's attention row, computed alone (one row, so long prompts stay cheap) by a recording attention
+function in the model's own dtype (Hugging Face's eager attention rounds logits/softmax to float32 even
+in float64 models); the layers before it run the model's own attention implementation (eager or SDPA).
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ import sys
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.masking_utils import eager_mask
 
 RECORDED: list[torch.Tensor] = []
 VISIBLE: list[torch.Tensor] = []
 """Per recorded pass: [T, T] bool, which keys each query of the target layer sees under the model's
 own attention mask (its causal sliding window on local layers) and the written-out causal mask."""
-TARGET = {"layer": None, "own": False}
+TARGET = {"layer": None, "own": False, "query": None, "kernel": None}
+"""The layer being recorded, whether it runs the model's own eager kernel, the one query row to compute
+(None: every row) and the kernel of every other layer (the model's own attention implementation)."""
 
 
 def _visible(attention_mask, t: int) -> torch.Tensor:
@@ -42,25 +46,37 @@ def _recording_attention(module, query, key, value, attention_mask, scaling, dro
     target layer only; every other layer runs the model's own eager kernel, so the residual stream
     entering the target layer is exactly the one the fast path's forward pass sees. With
     TARGET["own"] the target layer runs the model's own eager kernel too and its weights are recorded
-    (float32 softmax in most families)."""
+    (float32 softmax in most families). Every other layer runs the model's own attention implementation
+    (TARGET["kernel"]: eager, or SDPA for a model set to it). With TARGET["query"] = q only query q's
+    row of the target layer is computed ([batch, heads, 1, k]; the layer's other outputs are zeros, and
+    the pass stops after the layer), so a long prompt costs one row, not a [T, T] map."""
     eager = sys.modules[type(module).__module__].eager_attention_forward
     if module.layer_idx == TARGET["layer"]:
         VISIBLE.append(_visible(attention_mask, key.shape[-2]))
-    if module.layer_idx != TARGET["layer"] or TARGET["own"]:
+    if module.layer_idx != TARGET["layer"]:
+        kernel = TARGET["kernel"] or eager
+        return kernel(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if TARGET["own"]:
         out = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-        if module.layer_idx == TARGET["layer"]:
-            RECORDED.append(out[1].detach())
+        RECORDED.append(out[1].detach())
         return out
     groups = query.shape[1] // key.shape[1]  # grouped-query attention: each key head serves `groups`
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
+    visible = VISIBLE[-1]
+    row = TARGET["query"]
+    if row is not None:
+        query, visible = query[:, :, row : row + 1], visible[row : row + 1]
     logits = query @ key.transpose(2, 3) * scaling  # [batch, heads, q, k]
     if kwargs.get("softcap") is not None:  # Gemma 2: logits soft-capped before the softmax
         logits = kwargs["softcap"] * torch.tanh(logits / kwargs["softcap"])
-    logits = logits.masked_fill(~VISIBLE[-1].to(logits.device), float("-inf"))  # causal (+ the model's window)
+    logits = logits.masked_fill(~visible.to(logits.device), float("-inf"))  # causal (+ the model's window)
     weights = torch.softmax(logits, dim=-1)
     RECORDED.append(weights.detach())
-    return (weights @ value).transpose(1, 2).contiguous(), weights
+    out = weights @ value  # [batch, heads, q, d]
+    if row is not None:  # the other rows are never read: the pass ends with this layer
+        out = torch.zeros_like(value).index_copy_(2, torch.tensor([row], device=out.device), out)
+    return out.transpose(1, 2).contiguous(), weights
 
 
 AttentionInterface.register("posym_reference", _recording_attention)
@@ -124,11 +140,12 @@ def decoder_layers(model):
     return base.h if hasattr(base, "h") else base.layers
 
 
-def attention_rows(model, ids, layer, swap=None, own=False):
+def attention_rows(model, ids, layer, swap=None, own=False, query=None):
     """Attention weights [heads, T, T] of `layer` on prompt `ids` after exchanging the residual
     vectors entering that layer at the positions swap = (A, B) (lists, element-wise): recomputed in
     the model's dtype from the layer's own rotated queries and keys, or with own=True the weights of
-    the model's own eager kernel."""
+    the model's own eager kernel. query: only that query's row, [heads, T] (recomputed alone, unless
+    own=True). The layers before `layer` run the model's own attention implementation."""
 
     def exchange(module, args, kwargs):
         hidden = (args[0] if args else kwargs["hidden_states"]).clone()  # [1, T, width]
@@ -143,12 +160,13 @@ def attention_rows(model, ids, layer, swap=None, own=False):
         raise _Recorded  # later layers cannot change this one's attention
 
     previous = model.config._attn_implementation
-    model.set_attn_implementation("posym_reference")
+    kernel = None if previous == "eager" else ALL_ATTENTION_FUNCTIONS[previous]
     handles = [decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True),
                decoder_layers(model)[layer].register_forward_hook(stop)]
     RECORDED.clear()
     VISIBLE.clear()
-    TARGET.update(layer=layer, own=own)
+    TARGET.update(layer=layer, own=own, query=None if own else query, kernel=kernel)
+    model.set_attn_implementation("posym_reference")
     try:
         with torch.no_grad():
             model(torch.tensor([ids]))
@@ -158,7 +176,11 @@ def attention_rows(model, ids, layer, swap=None, own=False):
         for handle in handles:
             handle.remove()
         model.set_attn_implementation(previous)
-    return RECORDED[0][0]
+        TARGET.update(query=None, kernel=None)
+    weights = RECORDED[0][0]  # [heads, T, T], or [heads, 1, T] for one recomputed row
+    if query is None:
+        return weights
+    return weights[:, query] if own else weights[:, 0]
 
 
 class _Recorded(Exception):
@@ -180,19 +202,22 @@ def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, o
     (both keys inside a sliding window: the pairs a re-run can tell apart), and the row is over those keys;
     a `rows` function records no mask, so its layer's window is given as `window` (keys query - window + 1
     .. query)."""
-    rows = rows or (lambda m, i, layer_, swap=None: attention_rows(m, i, layer_, swap, own=own))
+    if rows is None:  # the query's row alone (recomputed by itself from the layer's q/k, or the eager kernel's)
+        row = lambda m, i, layer_, swap=None: attention_rows(m, i, layer_, swap, own=own, query=query)  # noqa: E731
+    else:
+        row = lambda m, i, layer_, swap=None: rows(m, i, layer_, swap)[:, query]  # noqa: E731
     ids = list(ids)  # the whole prompt, as the fast path runs it (the same shapes: the same float rounding upstream)
     VISIBLE.clear()  # filled by attention_rows; another `rows` function leaves it empty: every key 0..query
-    full = rows(model, ids, layer)  # [heads, T, T]
+    full = row(model, ids, layer)  # [heads, T]
     seen = (VISIBLE[0][query].nonzero()[:, 0].tolist() if VISIBLE
             else list(range(max(0, query - window + 1) if window else 0, query + 1)))
     first = seen[0]
     assert seen == list(range(first, query + 1)), seen  # a causal window ending at the query
-    clean = full[:, query, first : query + 1]  # [heads, n]
+    clean = full[:, first : query + 1]  # [heads, n]
     # swaps of visible keys only, written in positions; the rows are indexed from `first`
     swaps = [([first + x for x in a], [first + y for y in b]) for a, b in reference_blocks(query - first, blocks)]
     swaps = [(a, b) for a, b in swaps if not set(a + b) & set(exclude_keys)]
-    after = [rows(model, ids, layer, s)[:, query, first : query + 1] for s in swaps]
+    after = [row(model, ids, layer, s)[:, first : query + 1] for s in swaps]
     swaps = [([x - first for x in a], [y - first for y in b]) for a, b in swaps]  # indices into the rows
     out = []
     for h in range(clean.shape[0]):

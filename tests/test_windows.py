@@ -170,3 +170,29 @@ def test_masks_other_than_the_causal_window_are_refused():
 def test_a_window_without_two_earlier_keys_is_refused():
     with pytest.raises(PosymError, match="window of 2 keys leaves query 5 fewer than 2 earlier keys"):
         score_model(tiny_model("mistral", window=2), random_prompts([6]))
+
+
+@pytest.mark.parametrize("length", [1024, pytest.param(4096, marks=pytest.mark.slow)])  # 4,096: ~10x 1,024's time
+@pytest.mark.parametrize("kind", WINDOWED)
+def test_long_prompts_past_the_window(kind, length):
+    """Issue 26's acceptance on the tiny families: a 1,024- and a 4,096-token prompt (positions=4096; SDPA,
+    as posym loads real models, so no [T, T] map is built; Gemma 2 eager), last query: local rows see WINDOW keys, global
+    ones all; pruned == dense within the recorded bound; float64 scores equal the per-swap reference that
+    recomputes the query's row from the layer's own rotated q/k under the model's own mask (<= 1e-9), with
+    single swaps on local layers and 3 block swaps on Gemma's global layer (C(T - 1, 2) single ones there)."""
+    model = tiny_model(kind, window=WINDOW, positions=4096)
+    if kind != "gemma2":  # transformers has no SDPA kernel for Gemma 2 (its logit soft-capping): eager there
+        model.set_attn_implementation("sdpa")
+    prompts = random_prompts([length], seed=length)
+    query = [[length - 1]]
+    global_layers = [1] if kind.startswith("gemma") else []
+    for layers, blocks in (([0, 1][: 2 - len(global_layers)], None), (global_layers, 3)):
+        if not layers:
+            continue
+        pruned = score_model(model, prompts, query, layers=layers, blocks=blocks)
+        dense = score_model(model, prompts, query, layers=layers, blocks=blocks, exact="dense")
+        assert set(pruned["keys"]) == {length if blocks else WINDOW} and len(pruned) == 4 * len(layers)
+        assert pruned.attn_first.isna().all() != bool(blocks)  # token 0 only on the global layer
+        for column in ("s_pos", "s_sym"):
+            assert ((pruned[column] - dense[column]).abs() <= pruned.bound + 1e-12).all()
+        assert _worst(model, prompts, pruned, blocks=blocks) <= 1e-9

@@ -26,17 +26,21 @@ Mistral, Starcoder2 and Qwen2 (use_sliding_window, max_window_layers=0), layer 0
 Gemma 3 (sliding, then full attention)."""
 
 
-def tiny_model(kind: str, dtype=torch.float64, seed: int = 0, qk_scale: float = 8.0, window: int | None = None):
+def tiny_model(kind: str, dtype=torch.float64, seed: int = 0, qk_scale: float = 8.0, window: int | None = None,
+               positions: int = 64):
     """A random 2-layer model of `kind` (eager attention) with query/key weights multiplied by
     `qk_scale` so that attention is peaked; `window`: the sliding window of its local layers
-    (WINDOWED families; default: Gemma 2/3 a window of 32 past every test prompt, the others none)."""
+    (WINDOWED families; default: Gemma 2/3 a window of 32 past every test prompt, the others none);
+    `positions`: its max_position_embeddings (n_positions of GPT-J), the longest prompt it takes. The
+    weights and rotary tables do not depend on it (no family here scales them by it except Llama's YaRN,
+    whose original length is set apart), so a longer one gives the same numbers on shorter prompts."""
     torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, max_position_embeddings=64, attn_implementation="eager")
+    common = dict(vocab_size=VOCAB, max_position_embeddings=positions, attn_implementation="eager")
     llama_like = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, **common)
     moe = dict(experts_implementation="eager", **llama_like)  # the grouped-mm experts kernel has no float64
     config = {
-        "gptj": lambda: transformers.GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+        "gptj": lambda: transformers.GPTJConfig(vocab_size=VOCAB, n_positions=positions, n_embd=32, n_layer=2, n_head=2,
                                                 rotary_dim=8, attn_implementation="eager"),
         "gpt_neox": lambda: transformers.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                        intermediate_size=64, rotary_pct=0.5, attention_bias=True,
