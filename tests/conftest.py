@@ -24,6 +24,9 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 # dequantized once (posym.sources keeps it per process) and the two real models are never loaded and
 # run side by side; and the two tests that start a local Ray instance, so that two Ray heads never
 # start at once on one machine.
+# NOT yet in effect: in the full -n 2 run of 2026-12-01 (810 passed, 632 s) the Gemma reference test ran on
+# gw0 and test_real_model's on gw1, and -v showed no '@real-models' node ids. Harmless (both passed), but
+# unexplained; see the notes of issue 31.
 REAL_MODEL_FIXTURES = {"smollm2", "gemma3"}  # tests/test_real_model.py, test_gemma3.py, test_pruning.py
 REAL_MODEL_TESTS = {"tests/test_study.py::test_real_model_study"}  # loads smollm2-135m itself
 RAY_TESTS = {"tests/test_sweep.py::test_two_trials_on_local_ray",

@@ -24,7 +24,7 @@ TINY = {"n_binding": 4, "n_bench": 2, "frequency_prompts": 2, "lengths": [16, 40
         "gap_heads": 1, "bench_sizes": [12], "bench_runs": 2, "bench_n": 1, "ablation_ks": [1, 2],
         "exclude_keys": [0],
         "prediction": {"formats": ["kv-code", "copy"], "n_screen": 6, "n_probe": 3, "factors": [1, 2, 4], "n_length": 5, "n_heads": 3,
-                       "n_scores": 4, "draws": 2, "causal_factors": [1, 4], "n_causal": 4, "causal_ks": [1],
+                       "n_scores": 4, "draws": 2, "causal_factors": [1, 4], "n_causal": 4, "causal_ks": [1], "causal_modes": ["mean", "zero"],
                        "n_boot": 50}}
 LAYERS, HEADS = 2, 4
 
@@ -192,8 +192,14 @@ def test_stage_tables(finished):
     assert len(moves) == 2 * p["causal_ks"][0] and set(moves.group) == {"symbolic", "positional"}
     assert moves.label_marked.isin(["positional", "symbolic", "mixed", "uniform"]).all()
     causal = pd.read_parquet(out / "causal" / "causal.parquet")
-    conditions = 1 + len(p["causal_ks"]) * (4 + 2 * p["draws"])  # clean + 2 rankings x 2 groups + random draws
+    conditions = 1 + len(p["causal_ks"]) * 2 * (4 + 2 * p["draws"])  # clean + modes x (2 rankings x 2 groups + draws)
     assert len(causal) == conditions * len(p["causal_factors"]) * p["n_causal"]
+    assert set(causal["mode"]) == {"none", "mean", "zero"}
+    accuracy_between = accuracy[(accuracy.layout == "between") & (accuracy.prompt < p["n_causal"])
+                                & accuracy.factor.isin(p["causal_factors"])]
+    clean = causal[causal.group == "none"]  # the lengths stage's own answers, not a second pass
+    assert sorted(zip(clean.factor, clean.prompt, clean.correct)) == sorted(
+        zip(accuracy_between.factor, accuracy_between.prompt, accuracy_between.correct))
     table = pd.read_parquet(out / "causal" / "causal_summary.parquet")
     assert set(table.group) == {"symbolic", "positional", "random:symbolic", "random:positional"}
     assert (table.drop_lo <= table["drop"] + 1e-12).all() and table.effect[table.factor == 1].eq(0).all()

@@ -1,8 +1,9 @@
 """Independent pieces of CPU work split over forked processes, one torch thread each.
 
-On a small CPU a 135M-parameter model's forward does not use two cores well (SmolLM2 on 2 cores:
-358 tokens/s with 2 threads in one process, 253 with 1 thread, so two 1-thread processes do about 1.4x
-the work of one 2-thread process; benchmarks/forked_map.py). `forked_map` runs `fn` over items in
+On a small CPU a 135M-parameter model's forward does not use every core fully from one process
+(SmolLM2, 896-token prompts, 2 cores: two forked 1-thread processes finish the same forwards 1.08x
+faster than one 2-thread process, docs/benchmarks/forked_map.json; more cores, more workers).
+`forked_map` runs `fn` over items in
 `workers` processes forked from this one: they share the loaded model's weights copy-on-write and the
 forward hooks registered on it (an ablation entered before the call applies in every worker), return
 their results through a pipe (so results must pickle; `fn` need not), and ignore Ctrl-C, which stays
@@ -10,7 +11,8 @@ the parent's to handle (it terminates them). Where forking is wrong (a model on 
 without fork) or pointless (one worker, one item), it is a plain loop in this process.
 
 Results are those of the same work run alone, up to the floating-point order of one thread against
-several (about 1e-6 on float32 logits, so a greedy answer flips only on a near tie).
+several (SmolLM2's logits came out identical in the benchmark; a greedy answer could flip only on a
+near tie).
 
 >>> forked_map(lambda x: x * x, [1, 2, 3], workers=2)
 [1, 4, 9]

@@ -24,8 +24,8 @@ causal   mean-ablation (zero as an option) of the top-k symbolic and top-k posit
 The model is judged on its next token (`posym.lengthtasks`: the answer's distinguishing token). Every
 length of a question is answered from one key-value cache of its longest prompt (`last_logits`: the
 lengths share all but the question's tail), the questions split over forked CPU workers
-(`posym.parallel`); for SmolLM2 that is about 1.8x fewer tokens than a forward per length, times 1.4x
-from the workers on 2 cores.
+(`posym.parallel`); for SmolLM2 that is about 1.8x fewer tokens than a forward per length (the
+workers add 1.08x on 2 cores).
 """
 
 from __future__ import annotations
