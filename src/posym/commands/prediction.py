@@ -16,8 +16,9 @@ lengths  for that task: accuracy at every factor x the base length in both layou
          draws with paired-bootstrap 95% intervals over prompts.
 causal   mean-ablation (zero as an option) of the top-k symbolic and top-k positional heads (ranked
          by the sink-free scores, and by the plain scores beside), and of `draws` layer-matched random
-         sets of k heads per group: accuracy at each causal factor (every length by default); drop(L) = acc(clean) - acc(ablated),
-         the length effect drop(L) - drop(base), each group against its matched random heads, with
+         sets of k heads per group: accuracy at each causal factor (every length by default);
+         drop(L) = acc(clean) - acc(ablated), the length effect drop(L) - drop(base), each group against
+         its matched random heads, with
          paired-bootstrap intervals, "separated" when the interval of the difference excludes 0, and
          otherwise the prompt count that would separate them at the measured effect.
 

@@ -364,9 +364,9 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     chosen = io.read_json_object(out.parent / "screen" / "screen.json")
     layouts = _length_prompts(loaded, config, chosen["format"])
     accuracy = []
+    workers = cpu_workers(settings.workers, loaded.model)
     for layout, by_factor in layouts.items():
-        correct = prediction.correct_by_length(loaded.model, by_factor,  # every length in one shared-prefix pass
-                                               workers=cpu_workers(settings.workers, loaded.model))
+        correct = prediction.correct_by_length(loaded.model, by_factor, workers=workers)  # one shared-prefix pass
         for factor, prompts in by_factor.items():
             accuracy.append(pd.DataFrame({"layout": layout, "factor": factor, "length": prompts[0].length,
                                           "prompt": [p.index for p in prompts], "correct": correct[factor]}))
