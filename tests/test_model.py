@@ -38,11 +38,19 @@ def test_paper_shape_and_multi_head_rotary():
 @pytest.mark.parametrize(
     "kwargs",
     [dict(n_embd=30, n_head=4), dict(rotary_dim=3), dict(rotary_dim=64, n_embd=32), dict(dropout=1.0),
-     dict(activation="nope"), dict(n_layer=0), dict(rope_base=1.0), dict(rope_bands=[[0, 4]]), dict(nope_from=13)],
+     dict(embd_dropout=-0.1), dict(attn_dropout=1.0), dict(activation="nope"), dict(n_layer=0), dict(rope_base=1.0), dict(rope_bands=[[0, 4]]), dict(nope_from=13)],
 )
 def test_bad_model_config(kwargs):
     with pytest.raises(PosymError):
         ModelConfig(**kwargs)
+
+
+def test_each_dropout_site_reaches_gptj_and_defaults_to_the_shared_value():
+    config = gptj_config(ModelConfig(dropout=0.2, embd_dropout=0.0, attn_dropout=0.05), 20)
+    assert (config.embd_pdrop, config.attn_pdrop, config.resid_pdrop) == (0.0, 0.05, 0.2)
+    model = build_model(ModelConfig(n_layer=1, n_embd=16, embd_dropout=0.0, resid_dropout=0.3), 20, 0)
+    assert model.transformer.drop.p == 0.0 and model.transformer.h[0].attn.resid_dropout.p == 0.3
+    assert model.transformer.h[0].attn.attention_dropout == 0.1 and model.transformer.h[0].mlp.dropout.p == 0.3
 
 
 def _fake_run(tmp_path, steps):

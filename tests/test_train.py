@@ -19,10 +19,12 @@ from transformers import get_linear_schedule_with_warmup
 from posym import cli, io
 from posym.configs import to_dict
 from posym.errors import PosymError
-from posym.commands.train import TRAINER_TENSORS, resolve_config, run_hash, train
+from posym.commands.train import (LEGACY_DEFAULTS, LEGACY_MODEL_DEFAULTS, TRAINER_TENSORS, resolve_config,
+                                  run_hash, train)
 from posym.core.model import ModelConfig, build_model
 from posym.core.tasks import SPLIT_SIZES, generate, task_config
 from posym.core.train import (
+    PRESETS,
     TrainConfig,
     checkpoint_steps,
     evaluate,
@@ -30,6 +32,7 @@ from posym.core.train import (
     lr_factor,
     train_batch,
 )
+from posym.cli.options import Preset
 from posym.loading import list_checkpoints, load_checkpoint, read_checkpoint_meta
 
 SMALL_TASK = dict(target_size=4, pretarget_size=3, max_hops=2, alphabet_size=4, int_range=7)
@@ -135,6 +138,24 @@ def test_presets_and_overrides(tmp_path):
         resolve_config("quick", "number", overrides={"task": {"max_hops": 12}})  # impossible task
     with pytest.raises(PosymError, match="unknown preset"):
         resolve_config("huge", "number")
+
+
+def test_the_authors_preset_is_the_paper_preset_with_embedding_dropout_0():
+    """SPEC section 6: the only difference the released code makes effective is embd_pdrop 0."""
+    paper, authors = to_dict(resolve_config("paper", "letter")), to_dict(resolve_config("authors", "letter"))
+    assert authors.pop("preset") == "authors" and paper.pop("preset") == "paper"
+    assert authors["model"].pop("embd_dropout") == 0.0 and paper["model"].pop("embd_dropout") is None
+    assert authors == paper
+    assert {p.value for p in Preset} == set(PRESETS)  # the CLI offers every preset the code has
+
+
+def test_dropout_fields_left_at_none_keep_the_hash_of_runs_from_before_they_existed():
+    cfg = tiny()
+    data = {k: v for k, v in to_dict(cfg).items() if LEGACY_DEFAULTS.get(k, ...) != v}
+    for name in ("embd_dropout", "resid_dropout", "attn_dropout"):
+        del data["model"][name]
+    assert run_hash(cfg) == io.config_hash(data)  # what the code of that time wrote
+    assert run_hash(tiny(model=ModelConfig(n_layer=2, n_head=1, n_embd=32, embd_dropout=0.0))) != run_hash(cfg)
 
 
 # ---- the run directory and exact resume ---------------------------------------------------------
@@ -281,6 +302,8 @@ def test_a_config_yaml_from_before_val_size_and_precision_resumes_unchanged(tmp_
     train(cfg, old, progress=False, stop_at=6)
     data = yaml.safe_load((old / "config.yaml").read_text())
     del data["val_size"], data["precision"]
+    for name in LEGACY_MODEL_DEFAULTS:  # and the per-site dropouts, newer still
+        del data["model"][name]
     (old / "config.yaml").write_text(yaml.safe_dump(data))
     legacy_hash = io.config_hash(data)  # what the code of that time wrote
     assert json.loads((old / "manifest.json").read_text())["config_hash"] == legacy_hash

@@ -48,6 +48,7 @@ class Preset(enum.StrEnum):
     quick = "quick"
     seed = "seed"
     paper = "paper"
+    authors = "authors"
 
 
 class Split(enum.StrEnum):

@@ -58,7 +58,8 @@ def data_command(
 @app.command("train")
 def train_command(
     preset: Preset = typer.Option(Preset.quick, help="Starting point: quick (minutes on a CPU), paper (the "
-                                  "paper's 12 layers x 1 head, 6,000 steps) or seed (6 layers x 8 heads)."),
+                                  "paper's 12 layers x 1 head, 6,000 steps), authors (paper with the authors' effective embedding dropout 0) "
+                                  "or seed (6 layers x 8 heads)."),
     task: Task = typer.Option(Task.number, help="Task to learn: number (positional) or letter (symbolic)."),
     out: Optional[Path] = typer.Option(None, help="New run directory (must not exist or be empty)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML file overriding any field of the "

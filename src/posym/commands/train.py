@@ -162,12 +162,19 @@ def _resume_point(run_dir: Path, resumable: list[tuple[int, Path]], model, optim
 
 LEGACY_DEFAULTS = {"val_size": 0, "precision": "fp32"}
 """Fields added to TrainConfig after runs existed, with the value that reproduces those runs."""
+LEGACY_MODEL_DEFAULTS = {"embd_dropout": None, "resid_dropout": None, "attn_dropout": None}
+"""The same for fields added to its ModelConfig (None: the site takes the shared `dropout`)."""
+
+
+def _without_legacy(data: dict, legacy: dict) -> dict:
+    return {k: v for k, v in data.items() if legacy.get(k, ...) != v}
 
 
 def run_hash(config: TrainConfig) -> str:
-    """The config hash of a run, leaving out LEGACY_DEFAULTS fields at their legacy value, so a run
-    started before a field existed keeps its hash when resumed by newer code."""
-    data = {k: v for k, v in to_dict(config).items() if LEGACY_DEFAULTS.get(k, ...) != v}
+    """The config hash of a run, leaving out LEGACY_DEFAULTS (and LEGACY_MODEL_DEFAULTS) fields at their
+    legacy value, so a run started before a field existed keeps its hash when resumed by newer code."""
+    data = _without_legacy(to_dict(config), LEGACY_DEFAULTS)
+    data["model"] = _without_legacy(data["model"], LEGACY_MODEL_DEFAULTS)
     return io.config_hash(data)
 
 

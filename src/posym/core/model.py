@@ -14,6 +14,10 @@ from posym.core.rope import apply_variant, check_variant
 from posym.errors import PosymError
 
 
+DROPOUTS = ("dropout", "embd_dropout", "resid_dropout", "attn_dropout")
+"""ModelConfig's dropout fields: the shared value and the three per-site overrides."""
+
+
 @dataclass
 class ModelConfig:
     """Shape of a GPT-J decoder (the paper: 12 layers x 1 head, width 128, rotary on all dims)."""
@@ -42,7 +46,16 @@ class ModelConfig:
     activation: str = "gelu_new"
     """MLP activation (a `transformers.activations` name); GPT-J's default is the tanh GELU `gelu_new`."""
     dropout: float = 0.1
-    """Dropout on embeddings, attention probabilities and residual branches (training only)."""
+    """Dropout on embeddings, attention probabilities and residual branches (training only), wherever
+    the three fields below are None."""
+    embd_dropout: float | None = None
+    """Dropout on the token embeddings (GPT-J's `embd_pdrop`); None = `dropout`. The authors' released
+    code passed it under a misspelt keyword, so their effective value was 0.0 (SPEC section 6)."""
+    resid_dropout: float | None = None
+    """Dropout on the attention output and the MLP output before each residual add (`resid_pdrop`);
+    None = `dropout`."""
+    attn_dropout: float | None = None
+    """Dropout on the attention probabilities (`attn_pdrop`); None = `dropout`."""
     layer_norm_epsilon: float = 1e-5
     """LayerNorm epsilon."""
     initializer_range: float = 0.02
@@ -60,8 +73,10 @@ class ModelConfig:
                 f"model.rotary_dim must be an even number between 2 and the head dimension {self.head_dim}, got {rot}"
             )
         check_variant(self)
-        if not 0.0 <= self.dropout < 1.0:
-            raise PosymError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        for name in DROPOUTS:
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise PosymError(f"model.{name} must be in [0, 1), got {value}")
         if not self.layer_norm_epsilon > 0:
             raise PosymError(f"model.layer_norm_epsilon must be positive, got {self.layer_norm_epsilon}")
         if not self.initializer_range >= 0:
@@ -71,6 +86,15 @@ class ModelConfig:
 
         if self.activation not in ACT2FN:
             raise PosymError(f"model.activation {self.activation!r} is not a transformers activation name")
+
+    def resolved_dropout(self, name: str) -> float:
+        """The dropout probability of one site (`embd_dropout`, `resid_dropout` or `attn_dropout`).
+
+        >>> ModelConfig(embd_dropout=0.0).resolved_dropout("embd_dropout"), ModelConfig().resolved_dropout("attn_dropout")
+        (0.0, 0.1)
+        """
+        value = getattr(self, name)
+        return self.dropout if value is None else value
 
     @property
     def head_dim(self) -> int:
@@ -99,9 +123,9 @@ def gptj_config(config: ModelConfig, vocab_size: int):
         rotary_dim=config.resolved_rotary_dim,
         n_inner=config.mlp_ratio * config.n_embd,
         activation_function=config.activation,
-        resid_pdrop=config.dropout,
-        embd_pdrop=config.dropout,
-        attn_pdrop=config.dropout,
+        resid_pdrop=config.resolved_dropout("resid_dropout"),
+        embd_pdrop=config.resolved_dropout("embd_dropout"),
+        attn_pdrop=config.resolved_dropout("attn_dropout"),
         layer_norm_epsilon=config.layer_norm_epsilon,
         initializer_range=config.initializer_range,
         use_cache=False,
