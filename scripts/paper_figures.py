@@ -24,9 +24,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import pandas as pd  # noqa: E402
-from paper_scoreboard import PAPER_LABELS  # noqa: E402
-
-from posym.core.geometry import PAPER_TABLE1, WEIGHTINGS  # noqa: E402
+from posym.core import paper  # noqa: E402
+from posym.core.geometry import WEIGHTINGS  # noqa: E402
 from posym.figures import colormap, save_figure, spaced_tick_labels, subplots  # noqa: E402
 
 TASKS = ("number", "letter")
@@ -72,7 +71,7 @@ def roles_figure(composition: pd.DataFrame):
             for score, color in (("s_pos", "tab:blue"), ("s_sym", "tab:orange")):
                 _seed_lines(ax, heads.pivot_table(index="layer", columns="seed", values=score), color, score)
             for kind, color in (("positional", "tab:blue"), ("symbolic", "tab:orange")):
-                for layer in PAPER_LABELS[task][kind]:  # the paper's Fig. 7 labels, shaded behind ours
+                for layer in paper.FIG7_LABELS[GAMMA][task][kind]:  # the paper's Fig. 7 labels, shaded behind ours
                     ax.axvspan(layer - 0.5, layer + 0.5, color=color, alpha=0.08, lw=0)
             ax.axhline(GAMMA, color="grey", ls=":", lw=1)
             ax.set(title=f"{task}, {role} queries" if role != "hops" else _seeds_title(runs, task) + ", hop queries",
@@ -94,9 +93,9 @@ def frequency_figure(geometry: pd.DataFrame):
         for k, weighting in enumerate(WEIGHTINGS):
             _seed_lines(ax, runs.pivot_table(index="layer", columns="seed", values=f"weighted_id_{weighting}"),
                         colors(k), weighting)
-        ax.plot(range(len(PAPER_TABLE1[task])), PAPER_TABLE1[task], "ks--", ms=4, label="paper (Table 1)")
+        ax.plot(range(len(paper.TABLE1[task])), paper.TABLE1[task], "ks--", ms=4, label="paper (Table 1)")
         ax.axhline(runs.uniform_id.iloc[0], color="grey", ls=":", lw=1, label="uniform use")
-        ax.set(title=_seeds_title(runs, task), xlabel="layer", xticks=range(len(PAPER_TABLE1[task])))
+        ax.set(title=_seeds_title(runs, task), xlabel="layer", xticks=range(len(paper.TABLE1[task])))
     axes[0].set_ylabel("weighted frequency ID")
     axes[1].legend(fontsize=8, loc="lower right")
     fig.suptitle("Table 1 over seeds: every weighting beside the paper's row", y=1.02)
@@ -116,11 +115,13 @@ def length_figure(lengthgen: pd.DataFrame):
         ax.set_xscale("log")
         ax.set_xticks(lengths, spaced_tick_labels(lengths))
         ax.minorticks_off()
+        curve = paper.FIG5B[task]
+        ax.plot(list(curve), list(curve.values()), "ks--", ms=4, label="paper (Fig. 5B, read point by point)")
         ax.axhline(0.9, color="grey", ls=":", lw=1)
         ax.set(title=_seeds_title(runs, task), xlabel="prompt length (tokens, log)", ylim=(-0.02, 1.02))
     axes[0].set_ylabel("accuracy, all hops (0.9 dotted)")
     axes[0].legend(fontsize=8)
-    fig.suptitle("Fig. 5B over seeds: letter >= 0.9 up to 850 tokens in the paper; number barely generalizes", y=1.02)
+    fig.suptitle("Fig. 5B over seeds beside the paper's curve (dashed)", y=1.02)
     return fig
 
 

@@ -16,7 +16,7 @@ from reference_scores import channel_dims, reference_swap_scores  # noqa: E402
 from tiny_models import VOCAB, tiny_model  # noqa: E402
 from tiny_runs import train_tiny  # noqa: E402
 
-from posym.core import geometry  # noqa: E402
+from posym.core import geometry, paper  # noqa: E402
 from posym.errors import PosymError  # noqa: E402
 from posym.core.qk import head_qk, rotate  # noqa: E402
 
@@ -251,7 +251,7 @@ def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
         assert summary["weightings"][name] == pytest.approx(
             heads.groupby("layer")[f"weighted_id_{name}"].mean().round(2).tolist())
         assert heads[f"weighted_id_{name}"].between(1, 16).all()
-    assert summary["paper_table1"] == geometry.PAPER_TABLE1["letter"]
+    assert summary["paper_table1"] == paper.TABLE1["letter"]
     assert summary["plane_figure"]["layer"] == 1
     assert summary["plane_figure"]["index_alignment"] is None  # a letter run: no integers, no offsets
     assert summary["settings"]["queries"] == "hops" and summary["settings"]["step"] == 20  # what was analysed

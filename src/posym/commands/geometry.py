@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from posym import figures
-from posym.core.geometry import (PAPER_TABLE1, WEIGHTINGS, channel_means, frequency_use, index_alignment, layer_bases,
+from posym.core.paper import TABLE1 as PAPER_TABLE1
+from posym.core.geometry import (WEIGHTINGS, channel_means, frequency_use, index_alignment, layer_bases,
                                  plane_scores, qk_projection)
 from posym.core.qk import check_layers
 from posym.core.tasks import offset_ids, token_names

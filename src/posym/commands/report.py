@@ -23,7 +23,7 @@ from pathlib import Path
 
 import posym
 from posym import io
-from posym.core.geometry import PAPER_TABLE1
+from posym.core.paper import TABLE1 as PAPER_TABLE1
 from posym.errors import PosymError
 
 # Pure heads at gamma = 0.1 of the paper's 12-layer models (arXiv 2605.31558, Fig. 2B / 7).

@@ -54,11 +54,6 @@ from posym.core.qk import as_batch, check_layers, head_qk, pair_planes, rotate
 from posym.core.scores import swap_scores
 from posym.errors import PosymError
 
-# Table 1 of 2605: weighted-average frequency ID per layer of the paper-preset models (12 layers).
-PAPER_TABLE1 = {
-    "number": [1, 2, 2, 2, 10, 39, 38, 38, 38, 37, 37, 38],
-    "letter": [18, 32, 42, 37, 40, 38, 41, 38, 41, 39, 38, 40],
-}
 PLANE_COLUMNS = ("prompt", "query", "layer", "head", "keys", "channel", "frequency_id", "frequency",
                  "s_pos", "s_sym", "max_logit")
 
