@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from reference_scores import attention_rows, reference_model_scores
@@ -193,3 +194,31 @@ def test_gemma3_270m_is_read_with_its_windows_and_bases_and_matches_the_referenc
     use = frequency_use(plane_scores(model, [short], layers=[LOCAL, GLOBAL]))
     assert use.groupby("layer").rope_base.first().to_numpy() == pytest.approx([1e4, 1e6], rel=1e-5)
     assert not math.isnan(use.dominant_frequency.iloc[0])
+
+
+@pytest.mark.slow  # writes and reloads 1 GB of float32 weights: ~2 minutes on 2 cores
+def test_posym_convert_gemma3_270m_writes_a_directory_that_scores_identically(gemma3, tmp_path, capsys, monkeypatch):
+    """`posym convert gemma3-270m --out DIR` end to end: the directory reloads with the same weights,
+    tokenizer, windows (layer_types, sliding_window) and per-layer RoPE bases, and `posym score` gives
+    bit-identical tables on the GGUF and the directory at a prompt past the 512-token window."""
+    out = tmp_path / "hf"
+    code, _, err = run_cli(["convert", "gemma3-270m", "--out", out], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads((out / "conversion.json").read_text())["spec"] == "gemma3-270m"
+    again = sources.load(out)
+    for (name, a), b in zip(gemma3.model.named_parameters(), again.model.parameters()):
+        assert torch.equal(a, b), name
+    for key in ("layer_types", "sliding_window", "rope_theta", "rope_local_base_freq", "query_pre_attn_scalar"):
+        assert getattr(again.model.config, key, None) == getattr(gemma3.model.config, key, None), key
+    ids = gemma3.text_ids(TEXT)
+    assert again.text_ids(TEXT) == ids
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": (ids * 40)[:600], "queries": [599]}) + "\n")
+    tables = {}
+    for name, model in (("gguf", "gemma3-270m"), ("hf", out)):
+        code, _, err = run_cli(["score", model, "--prompts", prompts, "--out", tmp_path / f"{name}.parquet"],
+                               capsys, monkeypatch)
+        assert code == 0, err
+        tables[name] = pd.read_parquet(tmp_path / f"{name}.parquet")
+    assert sorted(tables["gguf"]["keys"].unique()) == [512, 600]  # local layers their window, global ones all
+    pd.testing.assert_frame_equal(tables["gguf"], tables["hf"], check_exact=True)
