@@ -32,13 +32,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
+from paper_variants import VARIANTS  # noqa: E402
+
 from posym.io import write_json, write_parquet  # noqa: E402
 
-RUN = re.compile(r"(?P<preset>paper|seed)-s(?P<seed>\d+)")
+RUN = re.compile(r"(?P<preset>[a-z0-9]+)-s(?P<seed>\d+)")
 TABLES = {  # kind -> path of the run's own table, relative to the run directory
     "training": "metrics.parquet",
     "dynamics": "analysis/dynamics.parquet",
@@ -52,24 +55,27 @@ LENGTHGEN = {"last": "lengthgen/lengthgen.parquet", "best": "lengthgen-best/leng
 THEORY = {"theory": "theory/theory.parquet", "theory_bounds": "theory/discrepancy.parquet"}  # relative to RUNS
 
 
-def finished(run: Path) -> bool:
-    """Whether the run's training reached its schedule's last step (its metrics hold a row of max_steps)."""
-    max_steps = yaml.safe_load((run / "config.yaml").read_text())["max_steps"]
-    return (run / "metrics.parquet").is_file() and pd.read_parquet(run / "metrics.parquet").step.max() >= max_steps
+def finished(run: Path, final_step: int = 0) -> bool:
+    """Whether the run's training reached its schedule's last step (its metrics hold a row of max_steps),
+    or `final_step` when that is set (a variant compared before its schedule ends)."""
+    end = final_step or yaml.safe_load((run / "config.yaml").read_text())["max_steps"]
+    return (run / "metrics.parquet").is_file() and pd.read_parquet(run / "metrics.parquet").step.max() >= end
 
 
-def runs(root: Path) -> list[tuple[dict, Path]]:
-    """({preset, seed, task}, run directory) for every finished RUNS/<preset>-s<seed>/<task>; a run still
-    training is left out (its tables would mix a partial schedule into the seeds' mean ± std)."""
+def runs(root: Path, presets=("paper", "seed")) -> list[tuple[dict, Path]]:
+    """({preset, seed, task}, run directory) for every finished RUNS/<preset>-s<seed>/<task> of `presets`
+    (paper, seed, or a variant of scripts/paper_variants.py); a run still training is left out (its tables
+    would mix a partial schedule into the seeds' mean ± std)."""
     found = []
     for directory in sorted(root.iterdir()):
         match = RUN.fullmatch(directory.name)
-        if match is None or not directory.is_dir():
+        if match is None or not directory.is_dir() or match["preset"] not in presets:
             continue
+        variant = VARIANTS.get(match["preset"])
         for task in ("number", "letter"):
             run = directory / task
             if (run / "config.yaml").is_file():
-                if finished(run):
+                if finished(run, variant.final_step if variant else 0):
                     found.append(({"preset": match["preset"], "seed": int(match["seed"]), "task": task}, run))
                 else:
                     print(f"{run}: training not finished, left out")
@@ -82,10 +88,10 @@ def _tagged(frame: pd.DataFrame, keys: dict, **extra) -> pd.DataFrame:
     return frame.assign(**keys, **extra)[[*keys, *extra, *frame.columns]]
 
 
-def collect(root: Path) -> dict[str, pd.DataFrame]:
-    """Every table kind, concatenated over the runs that have it."""
+def collect(root: Path, presets=("paper", "seed")) -> dict[str, pd.DataFrame]:
+    """Every table kind, concatenated over the runs of `presets` that have it."""
     parts: dict[str, list[pd.DataFrame]] = {kind: [] for kind in (*TABLES, "validation", "lengthgen")}
-    for keys, run in runs(root):
+    for keys, run in runs(root, presets):
         for kind, relative in TABLES.items():
             if (run / relative).is_file():
                 frame = pd.read_parquet(run / relative)
@@ -108,10 +114,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, help="the RUNS directory of scripts/paper_seeds.sh")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "paper")
+    parser.add_argument("--presets", default="paper,seed", help="comma-separated: paper, seed or variants of "
+                        f"scripts/paper_variants.py ({', '.join(v for v in VARIANTS if v != 'paper')})")
     args = parser.parse_args()
     if not args.runs.is_dir():
         sys.exit(f"{args.runs} is not a directory")
-    tables = collect(args.runs)
+    presets = tuple(args.presets.split(","))
+    unknown = [p for p in presets if p != "seed" and p not in VARIANTS]
+    if unknown:
+        sys.exit(f"unknown preset(s) {', '.join(unknown)}; choose among seed, {', '.join(VARIANTS)}")
+    tables = collect(args.runs, presets)
     if not tables:
         sys.exit(f"no run under {args.runs} has outputs yet")
     present = {}

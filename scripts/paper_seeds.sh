@@ -8,7 +8,11 @@
 #   lengthgen                480 questions per length up to 2,048 tokens, at the last checkpoint
 #   lengthgen --step best    the same at the best checkpoint by validation (paper preset runs)
 #   discrepancy              top-1 minus top-2 logit by length (paper preset runs)
-# then `posym theory` once and one report per seed.
+# then `posym theory` once and one report per seed of the paper preset.
+# PRESETS may also name issue 28's variants of the paper preset (scripts/paper_variants.py: authors,
+# horizon, batch64, noid1): each trains RUNS/<variant>-s<seed>/<task> from its preset plus its config
+# overrides, to its final step (horizon: step 6,000 of a 22,500-step schedule), analysed like the paper
+# preset; collect them with `collect_paper_results.py RUNS --presets authors,... --out docs/results/paper-variants`.
 #
 # Idempotent and resumable: a run with a config.yaml is resumed from its latest checkpoint (never
 # restarted), a finished run is not touched, and an analysis whose output file exists is skipped.
@@ -41,8 +45,9 @@ PRESETS=${PRESETS:-paper seed}
 N=${N:-480}; LENGTHS=${LENGTHS:-17,34,51,68,128,256,512,850,1024,2048}; TRAIN_EXTRA=${TRAIN_EXTRA:-}
 mkdir -p "$RUNS/logs"
 threads=$([ "$DEVICE" = cuda ] && echo null || echo 1)
-for preset in paper seed; do  # the paper preset checkpoints every 500 by default; the study wants 250
-  { [ $preset = paper ] && echo "checkpoint_every: 250"
+variant() { python3 "$ROOT/scripts/paper_variants.py" "$1" "$2"; }  # overrides|preset|final|tasks NAME
+for preset in $PRESETS; do  # the paper preset checkpoints every 500 by default; the study wants 250
+  { [ $preset != seed ] && echo "checkpoint_every: 250" && variant overrides "$preset" | sed 's/^{\(.*\)}$/\1/'
     printf 'threads: %s\nprecision: %s\ndevice: %s\n%s\n' "$threads" "$PRECISION" "$DEVICE" "$TRAIN_EXTRA"
   } > "$RUNS/$preset.yaml"
 done
@@ -65,21 +70,27 @@ EOF
 train_run() {  # preset seed task: start or resume one run up to STOP_AT (or the end)
   local preset=$1 seed=$2 task=$3 dir="$RUNS/$1-s$2/$3" log="$RUNS/logs/train-$1-s$2-$3.log"
   read -r latest max_steps < <(progress "$dir")
-  local target=${STOP_AT:-$max_steps}
-  if [ "$latest" -ge 0 ] && { [ "$latest" -ge "$max_steps" ] || [ "$latest" -ge "$target" ]; }; then
+  local start=$preset final=0
+  if [ "$preset" != seed ]; then start=$(variant preset "$preset"); final=$(variant final "$preset"); fi
+  local stop=${STOP_AT:-}  # this session's last step: STOP_AT, capped at a variant's final step
+  if [ "$final" -gt 0 ] && { [ -z "$stop" ] || [ "$stop" -gt "$final" ]; }; then stop=$final; fi
+  local end=$max_steps; [ "$final" -gt 0 ] && end=$final  # where the run counts as finished
+  if [ "$latest" -ge 0 ] && { [ "$latest" -ge "$end" ] || { [ -n "$stop" ] && [ "$latest" -ge "$stop" ]; }; }; then
     return 0  # finished, or already at this session's stop
   fi
   if [ "$latest" -ge 0 ] || [ -f "$dir/config.yaml" ]; then
-    $POSYM train --resume "$dir" ${STOP_AT:+--stop-at "$STOP_AT"} --no-progress >> "$log" 2>&1
+    $POSYM train --resume "$dir" ${stop:+--stop-at "$stop"} --no-progress >> "$log" 2>&1
   else
-    $POSYM train --preset "$preset" --task "$task" --seed "$seed" --config "$RUNS/$preset.yaml" --out "$dir" \
-      ${STOP_AT:+--stop-at "$STOP_AT"} --no-progress >> "$log" 2>&1
+    $POSYM train --preset "$start" --task "$task" --seed "$seed" --config "$RUNS/$preset.yaml" --out "$dir" \
+      ${stop:+--stop-at "$stop"} --no-progress >> "$log" 2>&1
   fi
 }
 
 RUN_LIST=()
-case " $PRESETS " in *" paper "*) for seed in $SEEDS; do for task in number letter; do RUN_LIST+=("paper $seed $task"); done; done;; esac
-case " $PRESETS " in *" seed "*) RUN_LIST+=("seed 0 number" "seed 0 letter");; esac
+for preset in $PRESETS; do
+  if [ "$preset" = seed ]; then RUN_LIST+=("seed 0 number" "seed 0 letter"); continue; fi
+  for seed in $SEEDS; do for task in $(variant tasks "$preset"); do RUN_LIST+=("$preset $seed $task"); done; done
+done
 
 width=$([ "$DEVICE" = cuda ] && echo "${#RUN_LIST[@]}" || echo "$JOBS")
 each_run() {  # function failure-message: `function preset seed task` for every run, `width` at a time
@@ -113,7 +124,7 @@ analyse() {  # preset seed task
   stage "$dir/validation.json" "validate-$name" $POSYM validate "$dir" --device "$DEVICE"
   stage "$dir/analysis/dynamics.json" "dynamics-$name" $POSYM dynamics "$dir"
   stage "$dir/analysis/geometry.json" "geometry-$name" $POSYM geometry "$dir" --device "$DEVICE"
-  if [ "$1" = paper ]; then
+  if [ "$1" != seed ]; then  # the paper preset and its variants: the paper protocol at last and best
     stage "$dir/lengthgen/lengthgen.json" "lengthgen-$name" $POSYM lengthgen "$dir" --n "$N" --lengths "$LENGTHS" \
       --device "$DEVICE"
     stage "$dir/lengthgen-best/lengthgen.json" "lengthgen-best-$name" $POSYM lengthgen "$dir" --step best --n "$N" \
@@ -127,6 +138,7 @@ analyse() {  # preset seed task
 }
 each_run analyse "an analysis failed; see $RUNS/logs/"
 stage "$RUNS/theory/theory.json" theory $POSYM theory --out "$RUNS/theory"
+case " $PRESETS " in *" paper "*) ;; *) echo "done: per-run outputs under $RUNS/*/*/"; exit 0;; esac
 for seed in $SEEDS; do
   stage "$RUNS/report-s$seed/report.html" "report-s$seed" $POSYM report "$RUNS/paper-s$seed/number" \
     "$RUNS/paper-s$seed/letter" "$RUNS/theory" --out "$RUNS/report-s$seed" --title "posym: paper preset, seed $seed"

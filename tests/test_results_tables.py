@@ -11,6 +11,8 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
+from posym.commands.train import resolve_config
+from posym.configs import to_dict
 from posym.core import paper as paper_values
 from posym.core.constructions import index_head
 from posym.core.tasks import TaskConfig, generate
@@ -21,6 +23,7 @@ from collect_paper_results import collect  # noqa: E402
 from extra_token_attention import extra_mass  # noqa: E402
 from paper_scoreboard import BEGIN, END, hop_order, labels_rows, replace_block, scoreboard  # noqa: E402
 import paper_figures  # noqa: E402
+import paper_variants  # noqa: E402
 import paper_tables  # noqa: E402
 from paper_tables import accuracy, spread  # noqa: E402
 
@@ -139,6 +142,37 @@ def test_scoreboard_verdicts_follow_their_rules():
     assert row[5:] == ["11.0 ± 1.0 of 12", "differs at L0, L5"]
     text = f"a\n{BEGIN}\nold\n{END}\nb\n"
     assert replace_block(text, "new") == f"a\n{BEGIN}\n\nnew\n\n{END}\nb\n"
+
+
+def test_each_variant_is_its_preset_plus_only_its_declared_overrides():
+    """scripts/paper_variants.py: every variant resolves to a valid config that differs from the paper
+    preset exactly where it says (and the authors preset only in the embedding dropout)."""
+    base = to_dict(resolve_config("paper", "number"))
+    changed = {}
+    for name, variant in paper_variants.VARIANTS.items():
+        config = to_dict(resolve_config(variant.preset, variant.tasks[0], overrides=variant.overrides))
+        diff = {k for k in base if k not in ("preset", "model") and config[k] != base[k]}
+        diff |= {f"model.{k}" for k in base["model"] if config["model"][k] != base["model"][k]}
+        changed[name] = diff
+        assert variant.final_step == 0 or variant.final_step < config["max_steps"]
+    assert changed == {"paper": set(), "authors": {"model.embd_dropout"}, "horizon": {"max_steps"},
+                       "batch64": {"batch_size"}, "noid1": {"model.rope_bands"}}
+    assert resolve_config("paper", "number", overrides={"model": {"rope_bands": [[2, 64]]}}).model.rope_bands == [[2, 64]]
+
+
+@pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
+def test_results_fig5b_variants_block_is_the_committed_tables():
+    """docs/results.md's Fig. 5B variants table is scripts/paper_variants.py's output on the committed
+    tables; its default rows are the issue's table (paper / posym) read back."""
+    text = (RESULTS.parent / "results.md").read_text()
+    block = text[text.index(paper_variants.BEGIN) + len(paper_variants.BEGIN):text.index(paper_variants.END)].strip()
+    variants = RESULTS / "paper-variants" / "lengthgen.parquet"
+    expected = paper_variants.variants_table(pd.read_parquet(PAPER / "lengthgen.parquet"),
+                                             pd.read_parquet(variants) if variants.is_file() else None)
+    assert block == expected
+    assert ("| default paper preset | last | 3 | 0.34 ± 0.05 | 0.21 ± 0.04 | 0.05 ± 0.02 | 0.02 ± 0.00 | 0.01 ± 0.00 "
+            "| 0.02 ± 0.01 | 0.01 ± 0.00 |") in block
+    assert "| paper (Fig. 5B, read point by point) | - | 1 | 1.00 | 1.00 | 0.99 | 0.95 | 0.89 | 0.86 | 0.73 |" in block
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")

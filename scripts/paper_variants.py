@@ -1,0 +1,136 @@
+"""Issue 28's training variants of the paper preset, defined once, and Fig. 5B over them beside the paper.
+
+Each variant is a preset plus config overrides (and, for a longer learning-rate horizon, the step at
+which it is compared); `scripts/paper_seeds.sh` trains and analyses RUNS/<variant>-s<seed>/<task> for
+the variants named in PRESETS, `scripts/collect_paper_results.py RUNS --presets ... --out
+docs/results/paper-variants` collects them, and this script prints the Fig. 5B table of docs/results.md
+(between `<!-- fig5b-variants:begin -->` and `<!-- fig5b-variants:end -->`; `--write FILE` rewrites it):
+per task, the paper's curve (posym.core.paper.FIG5B), the default preset's three seeds and each variant,
+mean ± std over the seeds present, at the last and the best-by-validation checkpoint.
+
+    python scripts/paper_variants.py table [--write docs/results.md]
+    python scripts/paper_variants.py overrides NAME     # the variant's YAML overrides (for paper_seeds.sh)
+    python scripts/paper_variants.py preset NAME        # the preset it starts from
+    python scripts/paper_variants.py final NAME         # the step it is compared at (0: the schedule's end)
+    python scripts/paper_variants.py tasks NAME         # the tasks it is trained on
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import yaml  # noqa: E402
+
+from posym.core import paper  # noqa: E402
+
+BEGIN, END = "<!-- fig5b-variants:begin -->", "<!-- fig5b-variants:end -->"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One training variant of the paper-scale study."""
+
+    preset: str
+    """The posym preset it starts from."""
+    what: str
+    """What it changes, in words (the table's row label)."""
+    overrides: dict = field(default_factory=dict)
+    """Config overrides on top of the preset (the YAML of `posym train --config`)."""
+    final_step: int = 0
+    """The step it is trained to and compared at; 0 = the schedule's last step (max_steps)."""
+    tasks: tuple[str, ...] = ("number", "letter")
+    """The tasks it is trained on."""
+
+
+VARIANTS = {
+    "paper": Variant("paper", "default paper preset"),
+    "authors": Variant("authors", "embedding dropout 0 (the authors' effective setting)"),
+    "horizon": Variant("paper", "lr horizon 22,500 steps, compared at step 6,000", {"max_steps": 22500}, 6000),
+    "batch64": Variant("paper", "batch 64 (one device of the authors' three)", {"batch_size": 64}),
+    "noid1": Variant("paper", "plane ID 1 not rotated (the number cliff's fast plane)",
+                     {"model": {"rope_bands": [[2, 64]]}}, tasks=("number",)),
+}
+"""Variant name -> its definition; `paper` is the committed default study (docs/results/paper/)."""
+LENGTHS = tuple(paper.FIG5B["letter"])
+"""The lengths of Fig. 5B's table (those the paper's curve is read at)."""
+
+
+def curve_rows(lengthgen, task: str, label: str) -> list[list[str]]:
+    """One row per checkpoint (last, best): accuracy mean ± std over seeds at each of LENGTHS."""
+    from paper_tables import spread  # pandas: imported only for tables (paper_seeds.sh asks the variants often)
+
+    rows = []
+    runs = lengthgen[(lengthgen.protocol == "paper") & (lengthgen.hop == 0) & (lengthgen.task == task)]
+    for checkpoint in ("last", "best"):
+        chosen = runs[runs.checkpoint == checkpoint]
+        if chosen.empty:
+            continue
+        cells = [spread(chosen[chosen.length == length].acc, 2) for length in LENGTHS]
+        rows.append([label, checkpoint, str(chosen.seed.nunique()), *cells])
+    return rows
+
+
+def variants_table(default, variants) -> str:
+    """The Markdown block (DataFrames of lengthgen rows in; `variants` may be None): per task the paper's
+    curve, the default preset and every variant present."""
+    from paper_tables import table
+
+    parts = []
+    for task in ("number", "letter"):
+        rows = [["paper (Fig. 5B, read point by point)", "-", "1", *(f"{paper.FIG5B[task][n]:.2f}" for n in LENGTHS)]]
+        rows += curve_rows(default[default.preset == "paper"], task, VARIANTS["paper"].what)
+        for name, variant in VARIANTS.items():
+            if name != "paper" and variants is not None:
+                rows += curve_rows(variants[variants.preset == name], task, f"{name}: {variant.what}")
+        header = ["model", "checkpoint", "seeds", *(f"{n:,}" for n in LENGTHS)]
+        parts.append(f"Fig. 5B, {task} model (accuracy, all hops, 480 questions per length and seed; mean ± "
+                     f"std over seeds):\n\n" + table(header, rows))
+    missing = [name for name in VARIANTS if name != "paper" and (variants is None or not (variants.preset == name).any())]
+    if missing:
+        parts.append("Not trained yet: " + ", ".join(f"`{name}` ({VARIANTS[name].what})" for name in missing) + ".")
+    return "\n\n".join(parts)
+
+
+def replace_block(text: str, block: str) -> str:
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"no {BEGIN} ... {END} block to replace")
+    head, rest = text.split(BEGIN, 1)
+    return f"{head}{BEGIN}\n\n{block}\n\n{END}{rest.split(END, 1)[1]}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["table", "overrides", "preset", "final", "tasks"])
+    parser.add_argument("name", nargs="?", help="a variant (for overrides, preset, final, tasks)")
+    parser.add_argument("--default", type=Path, default=ROOT / "docs" / "results" / "paper")
+    parser.add_argument("--variants", type=Path, default=ROOT / "docs" / "results" / "paper-variants")
+    parser.add_argument("--write", type=Path, help="rewrite the Fig. 5B variants block of this Markdown file")
+    args = parser.parse_args()
+    if args.what != "table":
+        if args.name not in VARIANTS:
+            sys.exit(f"unknown variant {args.name!r}; choose one of {', '.join(VARIANTS)}")
+        variant = VARIANTS[args.name]
+        print({"overrides": lambda: yaml.safe_dump(variant.overrides, default_flow_style=True).strip()
+               if variant.overrides else "", "preset": lambda: variant.preset,
+               "final": lambda: variant.final_step, "tasks": lambda: " ".join(variant.tasks)}[args.what]())
+        return
+    import pandas as pd
+
+    variants = args.variants / "lengthgen.parquet"
+    block = variants_table(pd.read_parquet(args.default / "lengthgen.parquet"),
+                           pd.read_parquet(variants) if variants.is_file() else None)
+    if args.write:
+        args.write.write_text(replace_block(args.write.read_text(), block))
+    else:
+        print(block)
+
+
+if __name__ == "__main__":
+    main()
