@@ -24,9 +24,10 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 # dequantized once (posym.sources keeps it per process) and the two real models are never loaded and
 # run side by side; and the two tests that start a local Ray instance, so that two Ray heads never
 # start at once on one machine.
-# NOT yet in effect: in the full -n 2 run of 2026-12-01 (810 passed, 632 s) the Gemma reference test ran on
-# gw0 and test_real_model's on gw1, and -v showed no '@real-models' node ids. Harmless (both passed), but
-# unexplained; see the notes of issue 31.
+# pytest-xdist 3.8 groups tests by an '@group' suffix of the node id, which it writes to item._nodeid;
+# pytest 9 keeps node ids in item._id, so that write is lost and groups were silently not in effect (the
+# real models ran on both workers). pytest_collection_modifyitems below writes the suffix where pytest 9
+# reads it; test_cli_conventions::test_xdist_groups_are_in_effect fails if the groups lapse again.
 REAL_MODEL_FIXTURES = {"smollm2", "gemma3"}  # tests/test_real_model.py, test_gemma3.py, test_pruning.py
 REAL_MODEL_TESTS = {"tests/test_study.py::test_real_model_study"}  # loads smollm2-135m itself
 RAY_TESTS = {"tests/test_sweep.py::test_two_trials_on_local_ray",
@@ -49,11 +50,24 @@ def pytest_collection_modifyitems(config, items):
         known = {item.nodeid.split("[")[0] for item in items}
         missing = (REAL_MODEL_TESTS | RAY_TESTS) - known  # a renamed test would silently lose its group
         assert not missing, f"conftest names tests that do not exist: {sorted(missing)}"
+    _suffix_groups(config, items)
 
 
 def pytest_itemcollected(item):
-    """The group marker goes on as each test is collected, before any collection_modifyitems hook (xdist's
-    worker turns the marker into the node id's @group suffix there)."""
+    """The group marker goes on as each test is collected, before any collection_modifyitems hook."""
     group = xdist_group_of(item)
     if group:
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _suffix_groups(config, items) -> None:
+    """On an xdist worker with --dist loadgroup: the '@group' node-id suffix the controller schedules by."""
+    if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):
+        return
+    from _pytest.nodeid import coerce_node_id  # pytest >= 9 (the node id's structured form)
+
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid:
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")
