@@ -81,6 +81,12 @@ def test_gemma3_frequency_use_per_layer_kind_and_discrepancy():
     assert symbolic[symbolic.length == 1024].top_key.eq(962).all()
     assert sorted(symbolic[symbolic.length == 4096].top_key.unique()) == [3848, 3849]
     assert (symbolic[symbolic.length >= 1024].top_key >= symbolic[symbolic.length >= 1024].length - 512).all()
+    # the RoPE base of each gap row is its layer's (all four heads sit on local layers), and the stage records
+    # both kinds' bases instead of the config's single fallback
+    assert gaps.rope_base.eq(10000.0).all()
+    info = json.loads((STUDY / "discrepancy" / "discrepancy.json").read_text())
+    assert info["rope_bases"] == {"full_attention": 1e6, "sliding_attention": 1e4} and "rope_base" not in info
+    assert info["layers_by_kind"]["full_attention"] == [5, 11, 17]
 
 
 def test_gemma3_long_prompt_benchmark():
