@@ -92,11 +92,12 @@ def test_no_import_cycle():
 
 
 def late_posym_imports(root: Path) -> list[str]:
-    """posym imports inside functions, outside the CLI (which imports lazily to keep --help fast)."""
+    """posym imports inside functions, outside the CLI and the package root (both import lazily: `posym
+    --help` and `import posym` stay fast; the root's __getattr__ hands out its entry points on first use)."""
     found = []
     for path in root.rglob("*.py"):
         name = module_name(path, root)
-        if name == "posym.cli" or name.startswith("posym.cli."):
+        if name in ("posym", "posym.cli") or name.startswith("posym.cli."):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

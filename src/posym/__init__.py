@@ -3,6 +3,19 @@
 Implements the study of arXiv 2605.31558 (Urrutia et al., 2026) and the head metric of
 arXiv 2511.11579: multi-hop tasks, GPT-J training, exact head scores, RoPE geometry, theory,
 length generalization and the same analysis on real Hugging Face models.
+
+The handful of entry points a notebook needs are importable from here (loaded on first use, so
+that `import posym` stays cheap); examples/quickstart.ipynb walks through them:
+
+>>> import posym
+>>> sorted(posym.__all__)  # doctest: +NORMALIZE_WHITESPACE
+['LoadedModel', 'head_labels', 'head_scores', 'load', 'plot_heads', 'save_figure', 'score_model',
+ 'summarize_heads']
+
+    loaded = posym.load("smollm2-135m")                     # or a .gguf, an HF directory, a posym run
+    frame = posym.score_model(loaded.model, [loaded.text_ids("Alice likes red. Bob likes")])
+    heads = posym.summarize_heads(frame)                    # per head: s_pos, s_sym, label
+    posym.save_figure(posym.plot_heads(heads, heads.s_pos.corr(heads.s_sym)), "heads")
 """
 
 import os
@@ -12,3 +25,25 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
+__all__ = ["load", "LoadedModel", "score_model", "head_scores", "summarize_heads", "head_labels", "plot_heads",
+           "save_figure"]
+
+
+def __getattr__(name: str):
+    """The entry points of __all__, imported on first use (torch and transformers load only then)."""
+    if name in ("load", "LoadedModel"):
+        from posym import sources as module
+    elif name in ("score_model", "head_scores", "summarize_heads", "head_labels"):
+        from posym.core import scores as module
+    elif name == "plot_heads":
+        from posym.commands import llm as module
+    elif name == "save_figure":
+        from posym import figures as module
+    else:
+        raise AttributeError(f"module 'posym' has no attribute {name!r}")
+    value = globals()[name] = getattr(module, name)  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
