@@ -234,6 +234,12 @@ def test_auroc_against_counting_pairs():
     assert math.isnan(atlas.auroc(np.arange(3.0), np.zeros(3, bool)))
     lo, hi = atlas.auroc_interval(scores, positive, draws=200)
     assert lo <= atlas.auroc(scores, positive) <= hi
+    # layer-matched: only pairs inside one layer; a score that is the layer itself gets exactly 0.5
+    layers = gen.integers(0, 3, size=30)
+    inside = [(1.0 if a > b else 0.5 if a == b else 0.0) for i in np.flatnonzero(positive) for j in np.flatnonzero(~positive)
+              if layers[i] == layers[j] for a, b in [(scores[i], scores[j])]]
+    assert atlas.auroc(scores, positive, layers) == pytest.approx(np.mean(inside), abs=1e-12)
+    assert atlas.auroc(layers.astype(float), positive, layers) == 0.5
 
 
 def test_spearman_pairs_and_top_heads():

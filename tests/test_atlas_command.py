@@ -15,7 +15,7 @@ from posym.core import atlas
 from posym.errors import PosymError
 
 SMALL = dict(n_binding=3, frequency_prompts=2, needle_lengths=[64, 96], needle_depths=[0.2, 0.8], stream_length=96,
-             stream_prompts=1, windows=[8, 32], sink=2, repeat_period=10, repeats=3, repeat_prompts=2, top_share=0.25)
+             stream_prompts=1, windows=[8, 32], sink=2, repeat_period=10, repeats=3, repeat_prompts=2, top_share=0.25, draws=100)
 GRID = [[0.9, 0.1], [0.2, 0.7]]
 """An imported layer x KV-head table (2 layers x 2 KV heads), as another tool would write it."""
 
@@ -34,7 +34,7 @@ def run(model_dir, tmp_path_factory):
     patch = pytest.MonkeyPatch()  # the fixture is module-wide: its own patcher, undone at once
     try:
         code = run_posym(patch, "atlas", str(model_dir), "--out", str(root / "out"), "--config",
-                         str(root / "atlas.yaml"), "--compare", str(root / "other.tsv"), "--no-figures",
+                         str(root / "atlas.yaml"), "--kv-table", str(root / "other.tsv"), "--no-figures",
                          "--device", "cpu")
     finally:
         patch.undo()
@@ -145,7 +145,7 @@ def test_figures_are_figures():
 def test_bad_input_is_one_line(model_dir, tmp_path, capsys, monkeypatch):
     wrong = tmp_path / "wrong.tsv"
     wrong.write_text("1\t2\t3\n4\t5\t6\n")
-    code, _, err = run_cli(["atlas", model_dir, "--compare", wrong, "--out", tmp_path / "o", "--lengths", "64",
+    code, _, err = run_cli(["atlas", model_dir, "--kv-table", wrong, "--out", tmp_path / "o", "--lengths", "64",
                             "--depths", "0.5", "--n", "5", "--no-figures"], capsys, monkeypatch)
     assert code == 2 and err.count("\n") == 1 and "is 2 x 3 but the model has 2 layers x 2 KV heads" in err
     ragged = tmp_path / "ragged.tsv"

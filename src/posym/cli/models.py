@@ -176,7 +176,7 @@ def atlas_cmd(
     sink: Optional[int] = typer.Option(None, min=1, help="Keys at the start a streaming cache keeps (default 4)."),
     quantile: Optional[float] = typer.Option(None, help="Quantile of the non-streaming score above which a KV "
                                              "head is marked full attention in full_attention_mask.tsv (default 0.5)."),
-    compare: Optional[Path] = typer.Option(None, help="A layer x KV-head table of another tool (e.g. DuoAttention's "
+    kv_table: Optional[Path] = typer.Option(None, help="A layer x KV-head table of another tool (e.g. DuoAttention's "
                                            "full_attention_heads.tsv) to cross-tabulate with posym's labels."),
     seed: Optional[int] = typer.Option(None, help="Seed of every prompt set (default 0)."),
     figures: bool = typer.Option(True, help="Draw maps and scatter (PNG + SVG); --no-figures writes the tables "
@@ -188,7 +188,7 @@ def atlas_cmd(
     from posym import configs, io, sources
     from posym.commands import atlas
 
-    io.check_output(out, inputs=[path, config, compare], is_dir=True, owns=OUTPUTS["atlas"])
+    io.check_output(out, inputs=[path, config, kv_table], is_dir=True, owns=OUTPUTS["atlas"])
     given = io.read_yaml(config) if config else {}
     flags = {"n_binding": n, "needle_lengths": values(lengths, int, option="--lengths") or None,
              "needle_depths": values(depths, float, option="--depths") or None,
@@ -203,8 +203,8 @@ def atlas_cmd(
     bar, advance = progress_bar(4, "atlas")
     with bar:
         summary = atlas.write_atlas(loaded, out, settings, settings={"model": str(spec), "device": device,
-                                                                     "compare": None if compare is None else str(compare)},
-                                    compare=compare, figures=figures, progress=advance)
+                                                                     "kv_table": None if kv_table is None else str(kv_table)},
+                                    compare=kv_table, figures=figures, progress=advance)
     recall = summary["needle_recall"]
     print(f"needle recall {recall['recalled']}/{recall['n']}; {summary['full_attention_kv_heads']} of "
           f"{summary['kv_heads']} KV heads marked full attention; {summary['timings']['total']:.1f} s; wrote {out}")

@@ -12,7 +12,7 @@ scores of `posym.core.atlas` (docs/atlas.md defines each with its paper):
 - echo and induction (RazorAttention) on random tokens repeated several times.
 Then the per-KV-head tables (max and mean over the query heads sharing a KV head), the export in the
 shape KV-cache tools read (full_attention_heads.tsv, layer x KV head, and a boolean mask at a
-quantile), the agreement of every pair of scores, figures and report.md. `--compare FILE` reads such
+quantile), the agreement of every pair of scores, figures and report.md. `--kv-table FILE` reads such
 a layer x KV-head table from elsewhere and cross-tabulates it with posym's labels.
 """
 
@@ -83,13 +83,15 @@ class AtlasConfig:
     """The top retrieval / non-streaming / induction heads whose ranking by s_sym the AUROC measures."""
     quantile: float = 0.5
     """Quantile of the non-streaming score above which a KV head is marked full attention in the mask."""
+    draws: int = 1000
+    """Bootstrap draws (heads resampled) of every AUROC interval."""
     seed: int = 0
     """Seed of every prompt set."""
 
     def __post_init__(self) -> None:
         counts = {"n_binding": self.n_binding, "frequency_prompts": self.frequency_prompts, "needle_prompts":
                   self.needle_prompts, "needle_words": self.needle_words, "stream_prompts": self.stream_prompts,
-                  "repeat_prompts": self.repeat_prompts, "repeats": self.repeats}
+                  "repeat_prompts": self.repeat_prompts, "repeats": self.repeats, "draws": self.draws}
         for name, value in counts.items():
             if value < 1:
                 raise PosymError(f"{name} must be at least 1, got {value}")
@@ -198,7 +200,7 @@ def repeated_tokens(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]
 # ---- attention scores over prompts --------------------------------------------------------------
 
 
-def attention_scores(model, prompts: list[list[int]], queries: list[list[int]], row_scores) -> "object":
+def attention_scores(model, prompts: list[list[int]], queries: list[list[int]], row_scores):
     """Per (prompt, layer, head) the prompt means of the per-query scores `row_scores(probs, ids,
     queries, prompt) -> {name: [1, H, Q]}`; one capture pass per prompt, attention from q/k in chunks."""
     import pandas as pd
@@ -248,7 +250,8 @@ def needle_recall(model, needles: list[Needle]) -> list[bool]:
 
 
 def swap_table(loaded: LoadedModel, config: AtlasConfig):
-    """Per head: s_pos, s_sym and label, plain and with the binding prompts' sinks left out of the swaps."""
+    """Per head: s_pos, s_sym and label, plain and with the binding prompts' sinks left out of the swaps,
+    weighted frequency ID and dominant plane; and the sink keys."""
     prompts = binding_prompts(config.n_binding, seed=config.seed)
     ids = [tokenize(loaded, p.text)[0].tolist() for p in prompts]
     queries = [[query_position(loaded, p, "last")] for p in prompts]
@@ -260,7 +263,7 @@ def swap_table(loaded: LoadedModel, config: AtlasConfig):
     heads = heads.merge(free, on=["layer", "head"], suffixes=("", "_sinkfree"))
     geometry = frequency_use(channel_means(plane_scores(loaded.model, ids[:config.frequency_prompts],
                                                        queries[:config.frequency_prompts], tau=config.tau)))
-    return heads.merge(geometry[["layer", "head", "weighted_id", "dominant_id"]], on=["layer", "head"]), sinks, ids
+    return heads.merge(geometry[["layer", "head", "weighted_id", "dominant_id"]], on=["layer", "head"]), sinks
 
 
 def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict:
@@ -274,7 +277,7 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
     n_kv = getattr(model.config, "num_key_value_heads", None) or n_heads
 
     start = time.perf_counter()
-    heads, sinks, _ = swap_table(loaded, config)
+    heads, sinks = swap_table(loaded, config)
     timings["swap_scores"] = time.perf_counter() - start
     progress(1)
 
@@ -327,8 +330,7 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
         table = table.merge(prompt_mean(part, columns), on=["layer", "head"])
     table[non_streaming(config)] = 1 - table[f"streaming_w{windows[0]}"]
     table.insert(2, "kv_head", [atlas.kv_group(int(h), n_heads, n_kv) for h in table["head"]])
-    numeric = [c for c in score_columns(config)]
-    kv = atlas.kv_pool(table.drop(columns="kv_head"), numeric, n_heads, n_kv)
+    kv = atlas.kv_pool(table.drop(columns="kv_head"), score_columns(config), n_heads, n_kv)
     return {"atlas": table, "kv": kv, "retrieval": retrieval, "needles": needle_rows, "sinks": sinks,
             "timings": {k: round(v, 2) for k, v in timings.items()}, "n_heads": n_heads, "n_kv_heads": n_kv,
             "n_layers": model.config.num_hidden_layers}
@@ -337,10 +339,15 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
 # ---- agreement -----------------------------------------------------------------------------------
 
 
+SCORERS = (("s_sym_sinkfree", False), ("s_sym_sinkfree", True), ("s_sym", False), ("s_pos_sinkfree", False),
+           ("layer", False))
+"""(score, layer-matched) pairs whose AUROC is reported: s_sym sink-free over all heads and only against
+heads of the same layer, plain s_sym, sink-free s_pos, and the layer index (what depth alone gives)."""
+
+
 def agreement(table, config: AtlasConfig) -> dict:
-    """Spearman rho of every pair of scores; AUROC (with a head-bootstrap interval) of s_sym sink-free,
-    s_sym plain and the layer index (a depth-only baseline) for the top retrieval, non-streaming and
-    induction heads; label confusion tables; where the sinks decide an agreement."""
+    """Spearman rho of every pair of scores; AUROC (with a head-bootstrap interval) of `SCORERS` for the
+    top retrieval, non-streaming and induction heads; label confusion tables; where the sinks decide an agreement."""
     import pandas as pd
 
     columns = score_columns(config)
@@ -349,10 +356,13 @@ def agreement(table, config: AtlasConfig) -> dict:
     rows = []
     for target, column in targets.items():
         positive = atlas.top_heads(table[column], config.top_share)
-        for scorer in ("s_sym_sinkfree", "s_sym", "s_pos_sinkfree", "layer"):
-            lo, hi = atlas.auroc_interval(table[scorer], positive, seed=config.seed)
-            rows.append({"target": target, "column": column, "scorer": scorer, "auroc": atlas.auroc(table[scorer], positive),
-                         "low": lo, "high": hi, "positives": int(positive.sum()), "heads": len(table)})
+        for scorer, strata in SCORERS:
+            layers = table.layer if strata else None
+            name = f"{scorer} within layers" if strata else scorer
+            lo, hi = atlas.auroc_interval(table[scorer], positive, layers, draws=config.draws, seed=config.seed)
+            rows.append({"target": target, "column": column, "scorer": name,
+                         "auroc": atlas.auroc(table[scorer], positive, layers), "low": lo, "high": hi,
+                         "positives": int(positive.sum()), "heads": len(table)})
     auroc = pd.DataFrame(rows)
     flags = {name: atlas.top_heads(table[column], config.top_share) for name, column in targets.items()}
     confusion = pd.concat(
@@ -480,14 +490,18 @@ def report(result: dict, agree: dict, summary: dict, config: AtlasConfig, figure
         f"Needle recall of the model (teacher-forced, every answer word its greedy token): {recall['recalled']}/"
         f"{recall['n']} = {recall['rate']:.2f} (95% Wilson {recall['low']:.2f}-{recall['high']:.2f}). Binding-prompt "
         f"sinks left out of the sink-free swaps: {result['sinks']}.",
+        "Settings (atlas.yaml): " + ", ".join(f"{k} {v}" for k, v in configs.to_dict(config).items()) + ".",
         f"## AUROC: does s_sym rank the top {config.top_share:.0%} heads of each taxonomy first?\n\n"
-        "0.5 is chance; `layer` is a depth-only baseline (the layer index as the score); intervals resample heads.\n\n"
+        "0.5 is chance; `layer` is a depth-only baseline (the layer index as the score); `within layers` counts only "
+        f"pairs of heads in the same layer (layer-matched); intervals resample heads ({config.draws:,} draws).\n\n"
         + markdown_table(agree["auroc"][["target", "scorer", "auroc", "low", "high", "positives", "heads"]]),
         "## Strongest rank correlations (Spearman rho over heads)\n\n"
         + markdown_table(spearman.head(15)[["a", "b", "rho", "heads"]]),
         "## Where the sinks decide an agreement (opposite signs, plain vs sink-free)\n\n"
         + markdown_table(agree["sink_decides"]),
         "## Labels (plain x sink-free)\n\n" + markdown_table(counts),
+        f"## Labels of the top {config.top_share:.0%} heads of each taxonomy (a: label, b: in the top set)\n\n"
+        + markdown_table(agree["confusion"][agree["confusion"].table.str.contains("top")][["table", "a", "b", "heads"]]),
         "![maps](maps.png)\n\n![scatter](scatter.png)" if figures else "(figures not drawn: --no-figures)",
         f"Timings (s): {summary['timings']}",
     ]) + "\n"
@@ -512,7 +526,7 @@ def write_atlas(loaded: LoadedModel, out, config: AtlasConfig, *, settings: dict
     mask = atlas.full_attention_mask(grid, config.quantile)
     recalled = result["needles"].recalled
     lo, hi = wilson_interval(int(recalled.sum()), len(recalled))
-    summary = {"model": loaded.name, "needle_recall": {"recalled": int(recalled.sum()), "n": len(recalled),
+    summary = {"model": loaded.name, "config": configs.to_dict(config), "needle_recall": {"recalled": int(recalled.sum()), "n": len(recalled),
                                                        "rate": float(recalled.mean()), "low": lo, "high": hi},
                "sinks": result["sinks"], "timings": result["timings"], "export_column": column,
                "full_attention_kv_heads": int(mask.sum()), "kv_heads": int(mask.size)}

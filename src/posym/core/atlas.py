@@ -219,29 +219,44 @@ def spearman_pairs(heads, columns):
     return pd.DataFrame(rows, columns=["a", "b", "rho", "heads"])
 
 
-def auroc(scores, positive) -> float:
+def average_ranks(values):
+    """Ranks 1..n of a float array, tied values sharing their average rank (ties count one half in U)."""
+    import numpy as np
+
+    unique, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    before = np.cumsum(counts) - counts  # values below each unique value
+    return (before + (counts + 1) / 2)[inverse]
+
+
+def auroc(scores, positive, strata=None) -> float:
     """Area under the ROC curve of `scores` for telling `positive` (bool) heads from the rest: the
     probability that a random positive outscores a random negative, ties counting one half
-    (Mann-Whitney U / (n+ n-)); NaN without positives or negatives."""
+    (Mann-Whitney U / (n+ n-)); NaN without positives or negatives. strata (e.g. each head's layer):
+    only pairs inside one stratum count (a layer-matched AUROC: depth alone cannot score above 0.5)."""
     import numpy as np
-    import pandas as pd
 
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if not n_pos or not n_neg:
-        return float("nan")
-    ranks = pd.Series(scores).rank().to_numpy()  # average ranks: ties count one half
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    strata = np.zeros(len(scores)) if strata is None else np.asarray(strata)
+    u, pairs = 0.0, 0
+    for stratum in np.unique(strata):
+        inside = strata == stratum
+        s, p = scores[inside], positive[inside]
+        n_pos, n_neg = int(p.sum()), int((~p).sum())
+        if n_pos and n_neg:
+            u += average_ranks(s)[p].sum() - n_pos * (n_pos + 1) / 2
+            pairs += n_pos * n_neg
+    return float(u / pairs) if pairs else float("nan")
 
 
-def auroc_interval(scores, positive, draws: int = 1000, seed: int = 0) -> tuple[float, float]:
+def auroc_interval(scores, positive, strata=None, draws: int = 1000, seed: int = 0) -> tuple[float, float]:
     """95% percentile interval of `auroc` under resampling the heads with replacement (seeded)."""
     import numpy as np
 
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
+    strata = np.zeros(len(scores)) if strata is None else np.asarray(strata)
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(scores), size=(draws, len(scores)))  # [draws, heads]
-    values = np.array([auroc(scores[p], positive[p]) for p in picks])
+    values = np.array([auroc(scores[p], positive[p], strata[p]) for p in picks])
     values = values[~np.isnan(values)]
     if not len(values):
         return float("nan"), float("nan")
