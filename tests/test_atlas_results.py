@@ -75,6 +75,7 @@ def test_spearman_and_where_the_sink_decides(heads):
     assert round(rho[("s_sym_sinkfree", "induction")], 3) == 0.793
     assert round(rho[("s_sym_sinkfree", "weighted_id")], 3) == 0.830
     assert round(rho[("s_sym_sinkfree", "previous_token")], 3) == -0.728
+    assert round(rho[("weighted_id", "retrieval")], 3) == 0.530 and round(rho[("weighted_id", "induction")], 3) == 0.770
     assert rho[("s_sym_sinkfree", "induction")] == pytest.approx(atlas.spearman(heads.s_sym_sinkfree, heads.induction))
     decides = pd.read_parquet(DIR / "agreement_sink_decides.parquet")
     flipped = decides[decides.sink_decides]
