@@ -15,7 +15,7 @@ from posym.cli import app, main
 GROUP = typer.main.get_command(app)
 COMMANDS = sorted(GROUP.commands)
 READS_A_MODEL = {"score", "eval", "dynamics", "geometry", "lengthgen", "discrepancy", "ablate", "finetune",
-                 "llm-scores", "llm-bench", "convert"}
+                 "llm-scores", "llm-bench", "convert", "atlas"}
 """Commands whose input is a model or run: it is the positional PATH."""
 CHOICE_OPTIONS = {"--task", "--queries", "--query", "--device", "--preset", "--split", "--format", "--compare",
                   "--protocol", "--dtype", "--markers", "--mode", "--exact"}
@@ -160,4 +160,4 @@ def test_every_help_that_names_an_embedded_model_names_both():
             if any(model in text for model in EMBEDDED):
                 naming[name] = text
                 assert all(model in text for model in EMBEDDED), (name, param.name, text)
-    assert set(naming) == {"score", "geometry", "discrepancy", "llm-scores", "llm-bench", "llm-study", "convert"}
+    assert set(naming) == {"score", "geometry", "discrepancy", "llm-scores", "llm-bench", "llm-study", "atlas", "convert"}

@@ -158,6 +158,58 @@ def llm_study_cmd(
     print(f"wrote {out / 'report.html'}")
 
 
+@app.command("atlas")
+def atlas_cmd(
+    path: Optional[Path] = path_argument("The model (default smollm2-135m): " + EMBEDDED_HELP + " or any model spec "
+                                         "posym loads (a .gguf file, a Hugging Face directory); RoPE models only.",
+                                         default=None),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default runs/atlas/<model>)."),
+    config: Optional[Path] = typer.Option(None, help="YAML file of AtlasConfig fields (see OUT/atlas.yaml); the "
+                                          "options below override it."),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="Binding prompts on which s_pos and s_sym are scored "
+                                    "(default 20)."),
+    lengths: Optional[list[str]] = list_option(None, "Token lengths of the needle-in-a-haystack prompts "
+                                               "(default 256,512,1024)."),
+    depths: Optional[list[str]] = list_option(None, "Needle depths in [0, 1] (default 0.1,0.5,0.9).", item="D"),
+    windows: Optional[list[str]] = list_option(None, "Recent-window sizes of the streaming score (default 64,256; "
+                                               "the first one defines the non-streaming heads and the export)."),
+    sink: Optional[int] = typer.Option(None, min=1, help="Keys at the start a streaming cache keeps (default 4)."),
+    quantile: Optional[float] = typer.Option(None, help="Quantile of the non-streaming score above which a KV "
+                                             "head is marked full attention in full_attention_mask.tsv (default 0.5)."),
+    kv_table: Optional[Path] = typer.Option(None, help="A layer x KV-head table of another tool (e.g. DuoAttention's "
+                                           "full_attention_heads.tsv) to cross-tabulate with posym's labels."),
+    seed: Optional[int] = typer.Option(None, help="Seed of every prompt set (default 0)."),
+    figures: bool = typer.Option(True, help="Draw maps and scatter (PNG + SVG); --no-figures writes the tables "
+                                 "and report only."),
+    device: Device = device_option(),
+) -> None:
+    """The head atlas: positional/symbolic scores beside retrieval, streaming, echo, induction,
+    previous-token and sink scores of every head, their agreement, the KV-head export, report.md."""
+    from posym import configs, io, sources
+    from posym.commands import atlas
+
+    io.check_output(out, inputs=[path, config, kv_table], is_dir=True, owns=OUTPUTS["atlas"])
+    given = io.read_yaml(config) if config else {}
+    flags = {"n_binding": n, "needle_lengths": values(lengths, int, option="--lengths") or None,
+             "needle_depths": values(depths, float, option="--depths") or None,
+             "windows": values(windows, int, option="--windows") or None, "sink": sink, "quantile": quantile,
+             "seed": seed}
+    settings = configs.from_dict(atlas.AtlasConfig, {**given, **{k: v for k, v in flags.items() if v is not None}},
+                                 where=str(config or "atlas config"))
+    spec = path or "smollm2-135m"
+    device = device_of(device)
+    loaded = sources.load(spec, device=device)
+    out = io.check_output(out or Path("runs") / "atlas" / loaded.name, is_dir=True, owns=OUTPUTS["atlas"])
+    bar, advance = progress_bar(4, "atlas")
+    with bar:
+        summary = atlas.write_atlas(loaded, out, settings, settings={"model": str(spec), "device": device,
+                                                                     "kv_table": None if kv_table is None else str(kv_table)},
+                                    compare=kv_table, figures=figures, progress=advance)
+    recall = summary["needle_recall"]
+    print(f"needle recall {recall['recalled']}/{recall['n']}; {summary['full_attention_kv_heads']} of "
+          f"{summary['kv_heads']} KV heads marked full attention; {summary['timings']['total']:.1f} s; wrote {out}")
+
+
 # ---- commands: convert --------------------------------------------------------------------------
 
 

@@ -208,6 +208,9 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "llm-scores": ("scores.parquet", "scores_excluded.parquet", "sinks.parquet", "heads.parquet", "prompts.parquet",
                    "layers.parquet", "heads.png", "heads.svg", "planes.parquet", "planes.png", "planes.svg",
                    "summary.json"),
+    "atlas": ("atlas.parquet", "atlas_kv.parquet", "retrieval.parquet", "needles.parquet", "agreement_*.parquet",
+              "compare.parquet", "compare_confusion.parquet", "full_attention_heads.tsv", "full_attention_mask.tsv",
+              "maps.png", "maps.svg", "scatter.png", "scatter.svg", "atlas.yaml", "summary.json", "report.md"),
     "llm-bench": ("bench.parquet", "summary.parquet", "table.md", "bench.png", "bench.svg", "manifest.json"),
 }
 """Glob patterns of the entries each command writes in its output directory: `posym.io.check_output`

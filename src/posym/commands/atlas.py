@@ -1,0 +1,549 @@
+"""`posym atlas`: every head of a real model under posym's lens and the long-context field's taxonomies.
+
+One table per model with one row per head (OUT/atlas.parquet): s_pos / s_sym plainly and with the
+attention sinks left out of the swaps, their labels (`posym.core.scores`, on the binding prompts of
+2511 at the last token), weighted frequency ID and dominant plane (`posym.core.geometry`), and the
+scores of `posym.core.atlas` (docs/atlas.md defines each with its paper):
+- retrieval (Wu et al. 2024) on needle-in-a-haystack prompts built from the model's own tokenizer at
+  several lengths and needle depths; the model's own needle recall beside it (Wilson intervals);
+- streaming (DuoAttention's training-free proxy) for each recent-window size, attention entropy, sink
+  mass and previous-token score over long natural English text (the Python reference documentation
+  that every CPython installs, `pydoc_data.topics`);
+- echo and induction (RazorAttention) on random tokens repeated several times.
+Then the per-KV-head tables (max and mean over the query heads sharing a KV head), the export in the
+shape KV-cache tools read (full_attention_heads.tsv, layer x KV head, and a boolean mask at a
+quantile), the agreement of every pair of scores, figures and report.md. `--kv-table FILE` reads such
+a layer x KV-head table from elsewhere and cross-tabulates it with posym's labels.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from posym import configs, io
+from posym.commands.llm import binding_prompts, query_position
+from posym.core import atlas
+from posym.core.geometry import channel_means, frequency_use, plane_scores
+from posym.core.qk import as_batch, capture, check_layers
+from posym.core.scores import score_model, summarize_heads
+from posym.core.stats import wilson_interval
+from posym.core.study import find_sinks
+from posym.errors import PosymError
+from posym.figures import save_figure, subplots
+from posym.lengthtasks import Builder
+from posym.loading import read_kv_table
+from posym.sources import LoadedModel, tokenize
+
+BUDGET = 1 << 23
+"""Float64 elements of one chunk of attention rows [prompts, heads, queries, keys] (~64 MB)."""
+NEEDLE_PREFIX, QUESTION = " The secret words are", " What are the secret words? The secret words are"
+"""The needle sentence (its words follow the prefix) and the question that asks for them."""
+
+
+@dataclass
+class AtlasConfig:
+    """What `posym atlas` computes (written to OUT/atlas.yaml)."""
+
+    n_binding: int = 20
+    """Binding prompts of 2511 on which s_pos and s_sym are scored (last token)."""
+    frequency_prompts: int = 5
+    """Binding prompts of the per-plane analysis (weighted frequency ID, dominant plane)."""
+    tau: float = 1e-4
+    """Temperature of the swap weights (posym.core.scores.swap_scores)."""
+    gamma: float = 0.1
+    """Purity threshold of the labels (footnote 3 of 2605)."""
+    needle_lengths: list[int] = field(default_factory=lambda: [256, 512, 1024])
+    """Token lengths of the needle-in-a-haystack prompts."""
+    needle_depths: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
+    """Where the needle sits in the haystack (0: its start, 1: its end)."""
+    needle_prompts: int = 1
+    """Needle prompts per (length, depth), each with its own needle words."""
+    needle_words: int = 4
+    """Words of a needle (single-token key words of the model's tokenizer, drawn per prompt)."""
+    stream_length: int = 1024
+    """Tokens of each natural-text prompt of the streaming, entropy, sink and previous-token scores."""
+    stream_prompts: int = 2
+    """Natural-text prompts (consecutive stretches of the text)."""
+    sink: int = 4
+    """Keys at the start that a streaming cache keeps (StreamingLLM keeps 4), and of the sink mass."""
+    windows: list[int] = field(default_factory=lambda: [64, 256])
+    """Recent-window sizes of the streaming score (one column each; the first defines the non-streaming heads)."""
+    repeat_period: int = 50
+    """Random tokens per repeat of the echo/induction prompts."""
+    repeats: int = 4
+    """How many times the random tokens are repeated."""
+    repeat_prompts: int = 4
+    """Echo/induction prompts (fresh random tokens each)."""
+    top_share: float = 0.1
+    """The top retrieval / non-streaming / induction heads whose ranking by s_sym the AUROC measures."""
+    quantile: float = 0.5
+    """Quantile of the non-streaming score above which a KV head is marked full attention in the mask."""
+    draws: int = 1000
+    """Bootstrap draws (heads resampled) of every AUROC interval."""
+    seed: int = 0
+    """Seed of every prompt set."""
+
+    def __post_init__(self) -> None:
+        counts = {"n_binding": self.n_binding, "frequency_prompts": self.frequency_prompts, "needle_prompts":
+                  self.needle_prompts, "needle_words": self.needle_words, "stream_prompts": self.stream_prompts,
+                  "repeat_prompts": self.repeat_prompts, "repeats": self.repeats, "draws": self.draws}
+        for name, value in counts.items():
+            if value < 1:
+                raise PosymError(f"{name} must be at least 1, got {value}")
+        if self.repeats < 2:
+            raise PosymError(f"repeats must be at least 2 (echo and induction need an earlier copy), got {self.repeats}")
+        if self.frequency_prompts > self.n_binding:
+            raise PosymError("frequency_prompts cannot exceed n_binding (the per-plane analysis reuses the binding prompts)")
+        if not self.needle_lengths or not self.needle_depths or not self.windows:
+            raise PosymError("needle_lengths, needle_depths and windows each need at least one value")
+        if any(not 0 <= d <= 1 for d in self.needle_depths):
+            raise PosymError(f"needle_depths must lie in [0, 1], got {self.needle_depths}")
+        if self.sink < 1 or any(w < 1 for w in self.windows):
+            raise PosymError(f"sink and windows must be positive, got sink {self.sink}, windows {self.windows}")
+        if self.sink + max(self.windows) >= self.stream_length:
+            raise PosymError(f"stream_length {self.stream_length} leaves no query with keys outside the sink "
+                             f"({self.sink}) and the largest window ({max(self.windows)})")
+        if not 0 < self.top_share <= 1 or not 0 <= self.quantile <= 1 or not 0 < self.gamma < 0.5:
+            raise PosymError("top_share must lie in (0, 1], quantile in [0, 1] and gamma in (0, 0.5)")
+
+
+def streaming_columns(config: AtlasConfig) -> list[str]:
+    return [f"streaming_w{w}" for w in config.windows]
+
+
+def non_streaming(config: AtlasConfig) -> str:
+    """The column of 1 - streaming at the first window: the attention mass a sink + window cache loses."""
+    return f"non_streaming_w{config.windows[0]}"
+
+
+def score_columns(config: AtlasConfig) -> list[str]:
+    """Every per-head score of atlas.parquet, in the order of the agreement tables and figures."""
+    return ["s_pos", "s_sym", "s_pos_sinkfree", "s_sym_sinkfree", "weighted_id", "dominant_id", "entropy",
+            "sink_mass", "previous_token", *streaming_columns(config), non_streaming(config), "retrieval", "echo",
+            "induction"]
+
+
+# ---- prompts ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Needle:
+    """One needle-in-a-haystack prompt with its teacher-forced answer (the needle's words)."""
+
+    ids: list[int]
+    needle: list[int]
+    """Positions of the needle's words in the haystack."""
+    queries: list[int]
+    """Answer steps: query p generates ids[p + 1], one of the needle's words."""
+    length: int
+    depth: float
+    words: list[str]
+
+
+def needle_prompts(loaded: LoadedModel, config: AtlasConfig) -> list[Needle]:
+    """Haystack (`posym.lengthtasks.FILLER` sentences) with the needle sentence at each depth, then the
+    question and the needle words as the answer, exactly `length` tokens each."""
+    builder = Builder(loaded.tokenizer)
+    out = []
+    for length in config.needle_lengths:
+        for depth in config.needle_depths:
+            for k in range(config.needle_prompts):
+                rng = random.Random(f"needle:{config.seed}:{length}:{depth}:{k}")
+                words = rng.sample(builder.keys, config.needle_words)
+                word_ids = [builder.encode(f" {w}")[0] for w in words]  # Builder.keys are single tokens
+                prefix, dot, question = builder.encode(NEEDLE_PREFIX), builder.encode("."), builder.encode(QUESTION)
+                fixed = len(builder.bos) + len(prefix) + len(word_ids) + len(dot) + len(question) + len(word_ids)
+                if length - fixed < 1:
+                    raise PosymError(f"a needle prompt of {length} tokens cannot hold the needle and the question")
+                hay = builder.filler(f"needle:{config.seed}:{length}:{depth}:{k}", length - fixed)
+                cut = round(depth * len(hay))
+                head = builder.bos + hay[:cut] + prefix
+                ids = head + word_ids + dot + hay[cut:] + question + word_ids
+                answer = len(ids) - len(word_ids)
+                out.append(Needle(ids, list(range(len(head), len(head) + len(word_ids))),
+                                  list(range(answer - 1, len(ids) - 1)), length, depth, words))
+    return out
+
+
+def natural_text(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]:
+    """`stream_prompts` consecutive stretches of `stream_length` tokens of the Python reference
+    documentation (English prose with code, in every CPython), each after the tokenizer's BOS."""
+    from pydoc_data.topics import topics
+
+    builder = Builder(loaded.tokenizer)
+    body = config.stream_length - len(builder.bos)
+    text, ids = "", []
+    names = iter(sorted(topics))
+    while len(ids) < body * config.stream_prompts:
+        chunk = "\n\n".join(topics[next(names)] for _ in range(20))
+        text += chunk + "\n\n"
+        ids = builder.encode(text)
+    return [builder.bos + ids[k * body:(k + 1) * body] for k in range(config.stream_prompts)]
+
+
+def repeated_tokens(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]:
+    """Random tokens (distinct within a repeat, no special tokens) repeated `repeats` times, after the BOS."""
+    builder = Builder(loaded.tokenizer)
+    special = set(loaded.tokenizer.all_special_ids)
+    pool = [t for t in range(min(len(loaded.tokenizer), loaded.model.config.vocab_size)) if t not in special]
+    if len(pool) < config.repeat_period:
+        raise PosymError(f"the vocabulary has {len(pool)} ordinary tokens, fewer than repeat_period {config.repeat_period}")
+    rng = random.Random(f"repeats:{config.seed}")
+    return [builder.bos + rng.sample(pool, config.repeat_period) * config.repeats for _ in range(config.repeat_prompts)]
+
+
+# ---- attention scores over prompts --------------------------------------------------------------
+
+
+def attention_scores(model, prompts: list[list[int]], queries: list[list[int]], row_scores):
+    """Per (prompt, layer, head) the prompt means of the per-query scores `row_scores(probs, ids,
+    queries, prompt) -> {name: [1, H, Q]}`; one capture pass per prompt, attention from q/k in chunks."""
+    import pandas as pd
+
+    layers = check_layers(model, None)
+    rows = []
+    for k, (ids, wanted) in enumerate(zip(prompts, queries)):
+        batch = as_batch(model, [ids])  # [1, T]
+        sums: dict = {}
+
+        def on_layer(layer, qk):
+            heads, T = qk.q.shape[1], qk.q.shape[2]
+            step = atlas.query_chunk(1, heads, T, BUDGET)
+            parts: dict[str, list] = {}
+            for lo in range(0, len(wanted), step):
+                chunk = torch.tensor(wanted[lo:lo + step])
+                probs = atlas.attention(qk, chunk)  # [1, H, Q, T]
+                for name, value in row_scores(probs, batch.cpu(), chunk, k).items():
+                    parts.setdefault(name, []).append(value)
+            sums[layer] = {name: atlas.row_mean(torch.cat(v, dim=-1))[0] for name, v in parts.items()}  # [H]
+
+        capture(model, batch, layers, on_layer)
+        for layer, scores in sums.items():
+            for h in range(len(next(iter(scores.values())))):
+                rows.append({"prompt": k, "layer": layer, "head": h, **{n: float(v[h]) for n, v in scores.items()}})
+    return pd.DataFrame(rows)
+
+
+def prompt_mean(frame, columns):
+    """Per (layer, head): the mean over prompts of each column (NaN prompts skipped)."""
+    return frame.groupby(["layer", "head"], as_index=False)[list(columns)].mean()
+
+
+def needle_recall(model, needles: list[Needle]) -> list[bool]:
+    """Whether the model's greedy next token is the needle's word at every answer step (teacher-forced)."""
+    out = []
+    with torch.inference_mode():
+        for n in needles:
+            ids = torch.tensor([n.ids], device=model.device)
+            logits = model(input_ids=ids, use_cache=False).logits[0]  # [T, vocab]
+            predicted = logits[n.queries].argmax(-1).tolist()
+            out.append(predicted == [n.ids[q + 1] for q in n.queries])
+    return out
+
+
+# ---- the table -----------------------------------------------------------------------------------
+
+
+def swap_table(loaded: LoadedModel, config: AtlasConfig):
+    """Per head: s_pos, s_sym and label, plain and with the binding prompts' sinks left out of the swaps,
+    weighted frequency ID and dominant plane; and the sink keys."""
+    prompts = binding_prompts(config.n_binding, seed=config.seed)
+    ids = [tokenize(loaded, p.text)[0].tolist() for p in prompts]
+    queries = [[query_position(loaded, p, "last")] for p in prompts]
+    plain = score_model(loaded.model, ids, queries, tau=config.tau)
+    sinks = find_sinks(plain)
+    excluded = score_model(loaded.model, ids, queries, tau=config.tau, exclude_keys=sinks) if sinks else plain
+    heads = summarize_heads(plain, config.gamma)[["layer", "head", "s_pos", "s_sym", "label"]]
+    free = summarize_heads(excluded, config.gamma)[["layer", "head", "s_pos", "s_sym", "label"]]
+    heads = heads.merge(free, on=["layer", "head"], suffixes=("", "_sinkfree"))
+    geometry = frequency_use(channel_means(plane_scores(loaded.model, ids[:config.frequency_prompts],
+                                                       queries[:config.frequency_prompts], tau=config.tau)))
+    return heads.merge(geometry[["layer", "head", "weighted_id", "dominant_id"]], on=["layer", "head"]), sinks
+
+
+def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict:
+    """Every table of the atlas as DataFrames (no file written): atlas (per head), kv (per KV head),
+    retrieval (per needle prompt and head), needles (per needle prompt), and the timings."""
+    import pandas as pd
+
+    progress = progress or (lambda k=1: None)
+    model, timings = loaded.model, {}
+    n_heads = model.config.num_attention_heads
+    n_kv = getattr(model.config, "num_key_value_heads", None) or n_heads
+
+    start = time.perf_counter()
+    heads, sinks = swap_table(loaded, config)
+    timings["swap_scores"] = time.perf_counter() - start
+    progress(1)
+
+    start = time.perf_counter()
+    needles = needle_prompts(loaded, config)
+    if max(n.length for n in needles) > loaded.max_positions:
+        raise PosymError(f"needle_lengths reach {max(config.needle_lengths)} tokens but {loaded.name} has "
+                         f"{loaded.max_positions} positions")
+    marks = []
+    for n in needles:
+        mark = torch.zeros(1, len(n.ids), dtype=torch.bool)
+        mark[0, n.needle] = True
+        marks.append(mark)
+    retrieval = attention_scores(model, [n.ids for n in needles], [n.queries for n in needles],
+                                 lambda probs, ids, q, k: {"retrieval": atlas.copy_events(probs, ids, q, marks[k])})
+    recalled = needle_recall(model, needles)
+    needle_rows = pd.DataFrame([{"prompt": k, "length": n.length, "depth": n.depth, "words": " ".join(n.words),
+                                 "recalled": r} for k, (n, r) in enumerate(zip(needles, recalled))])
+    retrieval = retrieval.merge(needle_rows[["prompt", "length", "depth"]], on="prompt")
+    timings["retrieval"] = time.perf_counter() - start
+    progress(1)
+
+    start = time.perf_counter()
+    text = natural_text(loaded, config)
+    first = config.sink + max(config.windows)  # every streaming column is defined from here on
+    windows = config.windows
+
+    def stream_rows(probs, ids, q, k):
+        out = {"entropy": atlas.entropy(probs), "sink_mass": atlas.sink_mass(probs, config.sink),
+               "previous_token": atlas.previous_token(probs, q)}
+        for w in windows:
+            out[f"streaming_w{w}"] = atlas.streaming(probs, q, sink=config.sink, window=w)
+        return out
+    stream = attention_scores(model, text, [list(range(first, len(t))) for t in text], stream_rows)
+    timings["streaming"] = time.perf_counter() - start
+    progress(1)
+
+    start = time.perf_counter()
+    repeats = repeated_tokens(loaded, config)
+    offset = len(repeats[0]) - config.repeat_period * config.repeats  # the BOS
+    later = list(range(offset + config.repeat_period, len(repeats[0])))  # repeats 2..R
+    echo = attention_scores(model, repeats, [later] * len(repeats), lambda probs, ids, q, k: {
+        "echo": atlas.match_mass(probs, ids, q, 0), "induction": atlas.match_mass(probs, ids, q, 1)})
+    timings["echo_induction"] = time.perf_counter() - start
+    progress(1)
+
+    table = heads
+    for part, columns in ((stream, ["entropy", "sink_mass", "previous_token", *streaming_columns(config)]),
+                          (retrieval, ["retrieval"]), (echo, ["echo", "induction"])):
+        table = table.merge(prompt_mean(part, columns), on=["layer", "head"])
+    table[non_streaming(config)] = 1 - table[f"streaming_w{windows[0]}"]
+    table.insert(2, "kv_head", [atlas.kv_group(int(h), n_heads, n_kv) for h in table["head"]])
+    kv = atlas.kv_pool(table.drop(columns="kv_head"), score_columns(config), n_heads, n_kv)
+    return {"atlas": table, "kv": kv, "retrieval": retrieval, "needles": needle_rows, "sinks": sinks,
+            "timings": {k: round(v, 2) for k, v in timings.items()}, "n_heads": n_heads, "n_kv_heads": n_kv,
+            "n_layers": model.config.num_hidden_layers}
+
+
+# ---- agreement -----------------------------------------------------------------------------------
+
+
+SCORERS = (("s_sym_sinkfree", False), ("s_sym_sinkfree", True), ("s_sym", False), ("s_pos_sinkfree", False),
+           ("layer", False))
+"""(score, layer-matched) pairs whose AUROC is reported: s_sym sink-free over all heads and only against
+heads of the same layer, plain s_sym, sink-free s_pos, and the layer index (what depth alone gives)."""
+
+
+def agreement(table, config: AtlasConfig) -> dict:
+    """Spearman rho of every pair of scores; AUROC (with a head-bootstrap interval) of `SCORERS` for the
+    top retrieval, non-streaming and induction heads; label confusion tables; where the sinks decide an agreement."""
+    import pandas as pd
+
+    columns = score_columns(config)
+    rho = atlas.spearman_pairs(table, columns)
+    targets = {"retrieval": "retrieval", "non-streaming": non_streaming(config), "induction": "induction"}
+    rows = []
+    for target, column in targets.items():
+        positive = atlas.top_heads(table[column], config.top_share)
+        for scorer, strata in SCORERS:
+            layers = table.layer if strata else None
+            name = f"{scorer} within layers" if strata else scorer
+            lo, hi = atlas.auroc_interval(table[scorer], positive, layers, draws=config.draws, seed=config.seed)
+            rows.append({"target": target, "column": column, "scorer": name,
+                         "auroc": atlas.auroc(table[scorer], positive, layers), "low": lo, "high": hi,
+                         "positives": int(positive.sum()), "heads": len(table)})
+    auroc = pd.DataFrame(rows)
+    flags = {name: atlas.top_heads(table[column], config.top_share) for name, column in targets.items()}
+    confusion = pd.concat(
+        [atlas.confusion(table.label, table.label_sinkfree, "a", "b").assign(table="label x label_sinkfree")]
+        + [atlas.confusion(table[lab], flags[name], "a", "b").assign(table=f"{lab} x top {name}")
+           for lab in ("label", "label_sinkfree") for name in targets], ignore_index=True)
+    confusion["a"], confusion["b"] = confusion.a.astype(str), confusion.b.astype(str)
+    by_pair = {(r.a, r.b): r.rho for r in rho.itertuples()} | {(r.b, r.a): r.rho for r in rho.itertuples()}
+    decides = []  # Spearman rho: opposite signs; AUROC: opposite sides of chance (0.5)
+    for score in ("s_pos", "s_sym"):
+        for other in columns:
+            if not other.startswith(("s_pos", "s_sym")):
+                plain, free = by_pair[(score, other)], by_pair[(f"{score}_sinkfree", other)]
+                decides.append({"score": score, "measure": f"spearman rho with {other}", "plain": plain,
+                                "sinkfree": free, "sink_decides": bool(plain * free < 0)})
+    for target in targets:
+        plain, free = (auroc[(auroc.target == target) & (auroc.scorer == s)].auroc.iloc[0] for s in ("s_sym", "s_sym_sinkfree"))
+        decides.append({"score": "s_sym", "measure": f"AUROC for the top {target} heads", "plain": plain,
+                        "sinkfree": free, "sink_decides": bool((plain - 0.5) * (free - 0.5) < 0)})
+    return {"spearman": rho, "auroc": auroc, "confusion": confusion, "sink_decides": pd.DataFrame(decides)}
+
+
+# ---- export and import ---------------------------------------------------------------------------
+
+
+def format_grid(grid, *, as_bool: bool = False) -> str:
+    """A layer x KV-head grid as tab-separated lines (DuoAttention's full_attention_heads.tsv: no header)."""
+    lines = ["\t".join(str(int(v)) if as_bool else repr(float(v)) for v in row) for row in grid]
+    return "\n".join(lines) + "\n"
+
+
+def check_grid(grid, n_layers: int, n_kv: int) -> None:
+    """An imported table must have one line per layer and one value per KV head."""
+    if grid.shape != (n_layers, n_kv):
+        raise PosymError(f"the imported table is {grid.shape[0]} x {grid.shape[1]} but the model has {n_layers} layers "
+                         f"x {n_kv} KV heads")
+
+
+def compare_table(table, grid, quantile: float):
+    """Per query head: the imported layer x KV-head value of its KV head, whether it is at or above
+    the grid's `quantile` (imported_full), beside posym's labels; and the confusion of those."""
+    import numpy as np
+    import pandas as pd
+
+    grid = np.asarray(grid, dtype=float)
+    check_grid(grid, int(table.layer.max()) + 1, int(table.kv_head.max()) + 1)
+    mask = atlas.full_attention_mask(grid, quantile)
+    out = table[["layer", "head", "kv_head", "label", "label_sinkfree"]].copy()
+    out["imported"] = grid[out.layer, out.kv_head]
+    out["imported_full"] = mask[out.layer, out.kv_head]
+    confusion = pd.concat([atlas.confusion(out[lab], out.imported_full, "a", "b").assign(table=f"{lab} x imported_full")
+                           for lab in ("label", "label_sinkfree")], ignore_index=True)
+    confusion["a"], confusion["b"] = confusion.a.astype(str), confusion.b.astype(str)
+    return out, confusion
+
+
+# ---- figures and report --------------------------------------------------------------------------
+
+
+def plot_maps(table, columns):
+    """A layer x head map per score (one panel each, its own colour scale)."""
+    import numpy as np
+
+    n_layers, n_heads = int(table.layer.max()) + 1, int(table["head"].max()) + 1
+    cols = 4
+    rows = -(-len(columns) // cols)
+    fig, axes = subplots(rows, cols, figsize=(3.4 * cols, 3.2 * rows), squeeze=False)
+    for ax, column in zip(axes.flat, columns):
+        grid = np.full((n_layers, n_heads), np.nan)  # [layers, heads]
+        grid[table.layer.to_numpy(), table["head"].to_numpy()] = table[column].to_numpy(dtype=float)
+        image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis")
+        ax.set(title=column, xlabel="head", ylabel="layer")
+        fig.colorbar(image, ax=ax)
+    for ax in list(axes.flat)[len(columns):]:
+        ax.set_visible(False)
+    fig.subplots_adjust(hspace=0.45, wspace=0.35)  # tight_layout measures every tick label: minutes on a busy CPU
+    return fig
+
+
+def plot_scatter(table, columns):
+    """A scatter matrix of the scores over heads (histograms on the diagonal), coloured by layer."""
+    k = len(columns)
+    fig, axes = subplots(k, k, figsize=(1.9 * k, 1.9 * k), squeeze=False)
+    for i, y in enumerate(columns):
+        for j, x in enumerate(columns):
+            ax = axes[i, j]
+            if i == j:
+                ax.hist(table[x].dropna(), bins=20, color="grey")
+            else:
+                ax.scatter(table[x], table[y], c=table.layer, cmap="plasma", s=4)
+            ax.set_xticks([])  # ranks are what the agreement is about; 36 panels of tick labels cost minutes
+            ax.set_yticks([])
+            if i == k - 1:
+                ax.set_xlabel(x, fontsize=7)
+            if j == 0:
+                ax.set_ylabel(y, fontsize=7)
+    fig.subplots_adjust(wspace=0.05, hspace=0.05)
+    return fig
+
+
+SCATTER = ("s_pos_sinkfree", "s_sym_sinkfree", "weighted_id", "previous_token", "retrieval", "induction")
+
+
+def markdown_table(frame, digits: int = 3) -> str:
+    """A DataFrame as a GitHub markdown table (floats rounded)."""
+    def cell(v):
+        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+    head = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rule = "|" + "---|" * len(frame.columns)
+    return "\n".join([head, rule, *("| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False))])
+
+
+def report(result: dict, agree: dict, summary: dict, config: AtlasConfig, figures: bool = True) -> str:
+    """report.md: what was measured, the needle recall, the AUROC table, the strongest rank correlations,
+    where the sinks decide, label counts."""
+    table = result["atlas"]
+    spearman = agree["spearman"].assign(abs_rho=lambda f: f.rho.abs()).sort_values("abs_rho", ascending=False)
+    recall = summary["needle_recall"]
+    counts = table.groupby(["label", "label_sinkfree"], as_index=False).size().rename(columns={"size": "heads"})
+    return "\n\n".join([
+        f"# Head atlas of {summary['model']}",
+        f"{len(table)} heads ({result['n_layers']} layers x {result['n_heads']} heads, {result['n_kv_heads']} KV heads "
+        "per layer). Scores are defined in docs/atlas.md; every attention row is rebuilt from the captured queries "
+        "and keys in float64.",
+        f"Needle recall of the model (teacher-forced, every answer word its greedy token): {recall['recalled']}/"
+        f"{recall['n']} = {recall['rate']:.2f} (95% Wilson {recall['low']:.2f}-{recall['high']:.2f}). Binding-prompt "
+        f"sinks left out of the sink-free swaps: {result['sinks']}.",
+        "Settings (atlas.yaml): " + ", ".join(f"{k} {v}" for k, v in configs.to_dict(config).items()) + ".",
+        f"## AUROC: does s_sym rank the top {config.top_share:.0%} heads of each taxonomy first?\n\n"
+        "0.5 is chance; `layer` is a depth-only baseline (the layer index as the score); `within layers` counts only "
+        f"pairs of heads in the same layer (layer-matched); intervals resample heads ({config.draws:,} draws).\n\n"
+        + markdown_table(agree["auroc"][["target", "scorer", "auroc", "low", "high", "positives", "heads"]]),
+        "## Strongest rank correlations (Spearman rho over heads)\n\n"
+        + markdown_table(spearman.head(15)[["a", "b", "rho", "heads"]]),
+        "## Where the sinks decide an agreement (opposite signs, plain vs sink-free)\n\n"
+        + markdown_table(agree["sink_decides"]),
+        "## Labels (plain x sink-free)\n\n" + markdown_table(counts),
+        f"## Labels of the top {config.top_share:.0%} heads of each taxonomy (a: label, b: in the top set)\n\n"
+        + markdown_table(agree["confusion"][agree["confusion"].table.str.contains("top")][["table", "a", "b", "heads"]]),
+        "![maps](maps.png)\n\n![scatter](scatter.png)" if figures else "(figures not drawn: --no-figures)",
+        f"Timings (s): {summary['timings']}",
+    ]) + "\n"
+
+
+def write_atlas(loaded: LoadedModel, out, config: AtlasConfig, *, settings: dict, compare=None, figures: bool = True,
+                progress=None) -> dict:
+    """Build the atlas and write every file of OUT (module docstring; maps and scatter PNG/SVG unless
+    figures=False); returns summary.json's dict."""
+    start = time.perf_counter()
+    out = Path(out)
+    grid_in = None
+    if compare is not None:  # a bad file fails before any work
+        grid_in = read_kv_table(compare)
+        config_ = loaded.model.config
+        check_grid(grid_in, config_.num_hidden_layers, getattr(config_, "num_key_value_heads", None) or
+                   config_.num_attention_heads)
+    result = build_atlas(loaded, config, progress)
+    agree = agreement(result["atlas"], config)
+    column = f"{non_streaming(config)}_max"
+    grid = atlas.kv_grid(result["kv"], column, result["n_layers"], result["n_kv_heads"])
+    mask = atlas.full_attention_mask(grid, config.quantile)
+    recalled = result["needles"].recalled
+    lo, hi = wilson_interval(int(recalled.sum()), len(recalled))
+    summary = {"model": loaded.name, "config": configs.to_dict(config), "needle_recall": {"recalled": int(recalled.sum()), "n": len(recalled),
+                                                       "rate": float(recalled.mean()), "low": lo, "high": hi},
+               "sinks": result["sinks"], "timings": result["timings"], "export_column": column,
+               "full_attention_kv_heads": int(mask.sum()), "kv_heads": int(mask.size)}
+    tables = {"atlas": result["atlas"], "atlas_kv": result["kv"], "retrieval": result["retrieval"],
+              "needles": result["needles"], **{f"agreement_{k}": v for k, v in agree.items()}}
+    if grid_in is not None:
+        compared, confusion = compare_table(result["atlas"], grid_in, config.quantile)
+        tables |= {"compare": compared, "compare_confusion": confusion}
+    for name, frame in tables.items():
+        io.write_parquet(out / f"{name}.parquet", frame)
+    io.write_text(out / "full_attention_heads.tsv", format_grid(grid))
+    io.write_text(out / "full_attention_mask.tsv", format_grid(mask, as_bool=True))
+    if figures:
+        save_figure(plot_maps(result["atlas"], score_columns(config)), out / "maps")
+        save_figure(plot_scatter(result["atlas"], list(SCATTER)), out / "scatter")
+    summary["timings"]["total"] = round(time.perf_counter() - start, 2)
+    io.write_yaml(out / "atlas.yaml", configs.to_dict(config))
+    io.write_json(out / "summary.json", {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary})
+    io.write_text(out / "report.md", report(result, agree, summary, config, figures))
+    return summary

@@ -1,0 +1,286 @@
+"""The head atlas: the head taxonomies of the long-context literature, scored from queries and keys.
+
+Every score here is computed from the attention a query gives its keys, and that attention is
+rebuilt from the layer's captured pre-rotation queries and keys (`posym.core.qk.HeadQK`) in float64:
+logit = scale * (R_p q_p) . (R_j k_j) (soft-capped where the model caps), softmax over the keys the
+query sees (causal, or the layer's sliding window). The model's own post-softmax weights are never
+read: in float32 or bfloat16 a weight below ~1e-38 underflows to 0 and a head's mass on far keys,
+which the streaming score measures, would be lost.
+
+Per query row (the functions below return one value per query, NaN where it is undefined):
+- `previous_token`   attention on key p - 1 (the previous-token heads every interpretability
+                     library points at; Olsson et al. 2022, "In-context learning and induction heads").
+- `sink_mass`        attention on the first `sink` keys (the attention sink: Xiao et al. 2023,
+                     "Efficient streaming language models with attention sinks").
+- `entropy`          entropy of the attention row in nats (0: one key; log(keys): uniform).
+- `streaming`        attention on the sink and the recent window: the keys j < sink and
+                     p - window < j <= p. A head that keeps (nearly) all its attention there loses
+                     (nearly) nothing under a sink + recent-window KV cache, a streaming head of
+                     DuoAttention (Xiao et al. 2024); 1 - streaming is the attention mass outside
+                     sink + recent window, the training-free proxy of its full-attention gate.
+                     Defined for queries with keys outside both (p >= sink + window).
+- `match_mass`       RazorAttention (Tang et al. 2024) on random tokens repeated several times:
+                     shift 0, the echo score, is the attention on earlier keys holding the query's own
+                     token; shift 1, the induction score, the attention on the keys right after an
+                     earlier occurrence of the query's token (the token that came next last time).
+- `copy_events`      Wu et al. 2024, "Retrieval head mechanistically explains long-context
+                     factuality": at a step that generates token w, a head copy-pastes when its most
+                     attended key lies inside the needle and holds w. Here the answer is
+                     teacher-forced (the needle itself), so the token generated at query p is the
+                     prompt's token p + 1; a head's retrieval score is the share of answer steps at
+                     which it copy-pastes (Wu's |g_h intersect k| / |k| when each needle token is
+                     generated once).
+
+Aggregation follows posym's prompt-mean rule (`posym.core.scores.head_scores`): a prompt's score is the
+mean of its defined query rows, a head's the mean over prompts.
+
+Grouped-query attention: `kv_pool` pools query-head scores per key-value head (max and mean), the
+granularity KV-cache tools work at (`kv_grid` lays them out layer x KV head; `full_attention_mask` marks
+the heads at or above a quantile, as DuoAttention's full_attention_heads.tsv does).
+
+Agreement (`spearman_pairs`, `auroc`, `auroc_interval`, `top_heads`, `confusion`): rank correlation of
+every pair of scores over heads, and how well one score ranks the heads another score singles out.
+
+>>> import torch
+>>> probs = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [0, 1.0, 0]])   # [q, k]: key 0, then key 1
+>>> previous_token(probs, torch.arange(3)).tolist()
+[nan, 0.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from posym.core.qk import HeadQK, rotate, visible_keys
+from posym.core.swaps import soft_capped
+from posym.errors import PosymError
+
+BYTES = 8
+"""float64: the attention rows here are float64 (the module docstring says why)."""
+
+
+def attention(qk: HeadQK, queries: Tensor, heads=slice(None)) -> Tensor:
+    """probs [B, H, Q, T] (float64): the attention of the query rows `queries` [Q] (positions) of every
+    prompt of the batch over all T keys, rebuilt from the layer's queries and keys; keys a query does
+    not see (later ones, or outside its sliding window) get exactly 0."""
+    queries = torch.as_tensor(queries, device=qk.q.device)
+    T = qk.q.shape[2]
+    cos, sin = qk.cos.to(torch.float64)[:, None], qk.sin.to(torch.float64)[:, None]  # [B, 1, T, r]
+    q = rotate(qk.q[:, heads][:, :, queries].to(torch.float64), cos[:, :, queries], sin[:, :, queries], qk.pairing)
+    k = rotate(qk.k[:, heads].to(torch.float64), cos, sin, qk.pairing)  # [B, H, T, d]
+    logits = soft_capped(qk.scale * q @ k.transpose(-1, -2), qk.softcap)  # [B, H, Q, T]
+    seen = visible_keys(T, qk.window, logits.device)[queries]  # [Q, T]
+    return torch.softmax(logits.masked_fill(~seen, -math.inf), dim=-1)  # [B, H, Q, T]
+
+
+def query_chunk(batch: int, heads: int, T: int, budget: int) -> int:
+    """Query rows per `attention` call so that one chunk of probs [B, H, Q, T] stays within `budget`
+    float64 elements (at least one row); the caller estimates memory before it allocates."""
+    return max(1, budget // max(1, batch * heads * T))
+
+
+# ---- per-query scores ---------------------------------------------------------------------------
+
+
+def previous_token(probs: Tensor, queries: Tensor) -> Tensor:
+    """[..., Q]: attention on key p - 1 of each query p (NaN at p = 0, which has no previous key)."""
+    queries = torch.as_tensor(queries, device=probs.device)
+    prev = (queries - 1).clamp_min(0)  # [Q]
+    out = probs.gather(-1, prev[:, None].expand(*probs.shape[:-1], 1)).squeeze(-1)  # [..., Q]
+    return out.masked_fill(queries == 0, math.nan)
+
+
+def sink_mass(probs: Tensor, sink: int = 1) -> Tensor:
+    """[..., Q]: attention on the first `sink` keys."""
+    if sink < 1:
+        raise PosymError(f"the sink must hold at least 1 key, got {sink}")
+    return probs[..., :sink].sum(-1)
+
+
+def entropy(probs: Tensor) -> Tensor:
+    """[..., Q]: entropy of each attention row in nats (0 log 0 = 0)."""
+    return -torch.special.xlogy(probs, probs).sum(-1)
+
+
+def streaming(probs: Tensor, queries: Tensor, *, sink: int, window: int) -> Tensor:
+    """[..., Q]: attention on the sink keys j < sink and the recent window p - window < j <= p (NaN for
+    queries p < sink + window, whose keys all lie in one of the two)."""
+    if sink < 0 or window < 1:
+        raise PosymError(f"streaming needs sink >= 0 and window >= 1, got sink {sink}, window {window}")
+    queries = torch.as_tensor(queries, device=probs.device)
+    j = torch.arange(probs.shape[-1], device=probs.device)[None, :]  # [1, T]
+    kept = (j < sink) | (j > queries[:, None] - window)  # [Q, T]
+    out = (probs * kept).sum(-1)  # [..., Q]
+    return out.masked_fill(queries < sink + window, math.nan)
+
+
+def match_keys(ids: Tensor, queries: Tensor, shift: int) -> Tensor:
+    """[B, Q, T] bool: keys j < p with ids[j - shift] == ids[p] (shift 0: earlier copies of the query's
+    token; shift 1: the keys right after them), for ids [B, T] and query positions [Q]."""
+    if shift not in (0, 1):
+        raise PosymError(f"shift must be 0 (echo) or 1 (induction), got {shift}")
+    queries = torch.as_tensor(queries, device=ids.device)
+    T = ids.shape[-1]
+    j = torch.arange(T, device=ids.device)
+    held = torch.roll(ids, shifts=shift, dims=-1)  # held[:, j] = ids[:, j - shift]
+    same = held[:, None, :] == ids[:, queries][:, :, None]  # [B, Q, T]
+    return same & (j[None, None, :] < queries[None, :, None]) & (j >= shift)[None, None, :]
+
+
+def match_mass(probs: Tensor, ids: Tensor, queries: Tensor, shift: int) -> Tensor:
+    """[B, H, Q]: attention on `match_keys` (echo for shift 0, induction for shift 1); NaN for queries
+    with no such key (the token has not occurred before)."""
+    keys = match_keys(ids, queries, shift)  # [B, Q, T]
+    out = (probs * keys[:, None]).sum(-1)  # [B, H, Q]
+    return out.masked_fill(~keys.any(-1)[:, None], math.nan)
+
+
+def copy_events(probs: Tensor, ids: Tensor, queries: Tensor, needle: Tensor) -> Tensor:
+    """[B, H, Q] float (1.0 / 0.0): whether each query's most attended key lies in the needle and holds
+    the token generated at that step, ids[p + 1] (teacher-forced). needle: [B, T] bool, the needle's
+    positions. Queries must lie before the last position (the generated token is in the prompt)."""
+    queries = torch.as_tensor(queries, device=ids.device)
+    if int(queries.max()) + 1 >= ids.shape[-1]:
+        raise PosymError("copy_events needs the generated token of every query: queries must lie before the last token")
+    top = probs.argmax(-1)  # [B, H, Q]
+    held = ids[:, None, :].expand(-1, top.shape[1], -1).gather(-1, top)  # [B, H, Q]
+    inside = needle[:, None, :].expand(-1, top.shape[1], -1).gather(-1, top)  # [B, H, Q]
+    return (inside & (held == ids[:, queries + 1][:, None, :])).to(torch.float64)
+
+
+def row_mean(values: Tensor) -> Tensor:
+    """Mean over the last axis of the defined (non-NaN) entries; NaN where none is defined."""
+    return values.nanmean(-1)
+
+
+# ---- grouped-query attention and the KV-cache tables ----------------------------------------------
+
+
+def kv_group(head: int, n_heads: int, n_kv_heads: int) -> int:
+    """The key-value head that query head `head` reads (transformers' repeat_kv: h // (H / KVH))."""
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise PosymError(f"{n_heads} query heads cannot share {n_kv_heads} key-value heads evenly")
+    return head // (n_heads // n_kv_heads)
+
+
+def kv_pool(heads, columns, n_heads: int, n_kv_heads: int):
+    """Per (layer, kv_head): <column>_max and <column>_mean over its query heads, for every column, and
+    query_heads (how many were pooled). heads: one row per (layer, head)."""
+    frame = heads.assign(kv_head=[kv_group(int(h), n_heads, n_kv_heads) for h in heads["head"]])
+    aggs = {f"{c}_{how}": (c, how) for c in columns for how in ("max", "mean")}
+    return frame.groupby(["layer", "kv_head"], as_index=False).agg(**aggs, query_heads=("head", "size"))
+
+
+def kv_grid(pooled, column: str, n_layers: int, n_kv_heads: int):
+    """numpy [layers, kv_heads] of one pooled column (the layout of DuoAttention's
+    full_attention_heads.tsv: one line per layer, one column per KV head); a missing cell is an error."""
+    import numpy as np
+
+    grid = np.full((n_layers, n_kv_heads), np.nan)  # [layers, kv_heads]
+    grid[pooled.layer.to_numpy(dtype=int), pooled.kv_head.to_numpy(dtype=int)] = pooled[column].to_numpy(dtype=float)
+    if np.isnan(grid).any():
+        raise PosymError(f"the {column} table lacks {int(np.isnan(grid).sum())} (layer, KV head) cells")
+    return grid
+
+
+def full_attention_mask(grid, quantile: float):
+    """bool array like grid: True (full attention) where the score is at or above its `quantile` over
+    all cells, so a share of about 1 - quantile of the KV heads keeps the full cache."""
+    import numpy as np
+
+    if not 0 <= quantile <= 1:
+        raise PosymError(f"the quantile must lie in [0, 1], got {quantile}")
+    return np.asarray(grid) >= np.quantile(grid, quantile)
+
+
+# ---- agreement ------------------------------------------------------------------------------------
+
+
+def spearman(x, y) -> float:
+    """Spearman rho of two equal-length arrays (average ranks for ties); NaN when either is constant."""
+    import pandas as pd
+
+    a, b = pd.Series(x, dtype=float).rank(), pd.Series(y, dtype=float).rank()
+    return float("nan") if a.nunique() < 2 or b.nunique() < 2 else float(a.corr(b))
+
+
+def spearman_pairs(heads, columns):
+    """One row per pair of columns (a, b, rho, heads): Spearman rho over the heads where both are defined."""
+    import pandas as pd
+
+    rows = []
+    for i, a in enumerate(columns):
+        for b in columns[i + 1:]:
+            both = heads[[a, b]].dropna()
+            rows.append({"a": a, "b": b, "rho": spearman(both[a], both[b]), "heads": len(both)})
+    return pd.DataFrame(rows, columns=["a", "b", "rho", "heads"])
+
+
+def average_ranks(values):
+    """Ranks 1..n of a float array, tied values sharing their average rank (ties count one half in U)."""
+    import numpy as np
+
+    unique, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    before = np.cumsum(counts) - counts  # values below each unique value
+    return (before + (counts + 1) / 2)[inverse]
+
+
+def auroc(scores, positive, strata=None) -> float:
+    """Area under the ROC curve of `scores` for telling `positive` (bool) heads from the rest: the
+    probability that a random positive outscores a random negative, ties counting one half
+    (Mann-Whitney U / (n+ n-)); NaN without positives or negatives. strata (e.g. each head's layer):
+    only pairs inside one stratum count (a layer-matched AUROC: depth alone cannot score above 0.5)."""
+    import numpy as np
+
+    scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
+    strata = np.zeros(len(scores)) if strata is None else np.asarray(strata)
+    u, pairs = 0.0, 0
+    for stratum in np.unique(strata):
+        inside = strata == stratum
+        s, p = scores[inside], positive[inside]
+        n_pos, n_neg = int(p.sum()), int((~p).sum())
+        if n_pos and n_neg:
+            u += average_ranks(s)[p].sum() - n_pos * (n_pos + 1) / 2
+            pairs += n_pos * n_neg
+    return float(u / pairs) if pairs else float("nan")
+
+
+def auroc_interval(scores, positive, strata=None, draws: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of `auroc` under resampling the heads with replacement (seeded)."""
+    import numpy as np
+
+    scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
+    strata = np.zeros(len(scores)) if strata is None else np.asarray(strata)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(scores), size=(draws, len(scores)))  # [draws, heads]
+    values = np.array([auroc(scores[p], positive[p], strata[p]) for p in picks])
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return float("nan"), float("nan")
+    return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
+
+
+def top_heads(values, share: float):
+    """bool array: the heads whose value is among the top `share` (at least one head; ties at the
+    cut included), NaNs never."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=float)
+    if not 0 < share <= 1:
+        raise PosymError(f"the top share must lie in (0, 1], got {share}")
+    defined = values[~np.isnan(values)]
+    if not len(defined):
+        return np.zeros(len(values), dtype=bool)
+    cut = np.sort(defined)[::-1][max(1, round(share * len(defined))) - 1]
+    return ~np.isnan(values) & (values >= cut)
+
+
+def confusion(a, b, name_a: str, name_b: str):
+    """Long table (name_a, name_b, heads): how many heads carry each pair of values of a and b."""
+    import pandas as pd
+
+    frame = pd.DataFrame({name_a: list(a), name_b: list(b)})
+    return frame.groupby([name_a, name_b], as_index=False).size().rename(columns={"size": "heads"})

@@ -1,0 +1,161 @@
+"""posym.commands.atlas and `posym atlas` on a tiny GQA Llama (4 query heads sharing 2 KV heads, tests/tiny_llms.py):
+the per-head table, pooling per KV head, the export round trip and the import's cross-tabulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from cli_runner import run_posym
+from tiny_llms import run_cli, save_model, tokenizer
+
+from posym import loading, sources
+from posym.commands import atlas as command
+from posym.core import atlas
+from posym.errors import PosymError
+
+SMALL = dict(n_binding=3, frequency_prompts=2, needle_lengths=[64, 96], needle_depths=[0.2, 0.8], stream_length=96,
+             stream_prompts=1, windows=[8, 32], sink=2, repeat_period=10, repeats=3, repeat_prompts=2, top_share=0.25, draws=100)
+GRID = [[0.9, 0.1], [0.2, 0.7]]
+"""An imported layer x KV-head table (2 layers x 2 KV heads), as another tool would write it."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_model(tmp_path_factory.mktemp("atlas") / "llama", "llama", tokenizer())
+
+
+@pytest.fixture(scope="module")
+def run(model_dir, tmp_path_factory):
+    """`posym atlas` once through the CLI (tables and report; figures are tested without rendering)."""
+    root = tmp_path_factory.mktemp("atlas-run")
+    (root / "atlas.yaml").write_text("".join(f"{k}: {v}\n" for k, v in SMALL.items()))
+    (root / "other.tsv").write_text("\n".join("\t".join(map(str, row)) for row in GRID) + "\n")
+    patch = pytest.MonkeyPatch()  # the fixture is module-wide: its own patcher, undone at once
+    try:
+        code = run_posym(patch, "atlas", str(model_dir), "--out", str(root / "out"), "--config",
+                         str(root / "atlas.yaml"), "--kv-table", str(root / "other.tsv"), "--no-figures",
+                         "--device", "cpu")
+    finally:
+        patch.undo()
+    assert code == 0
+    return root / "out"
+
+
+def test_one_row_per_head_with_every_score(run):
+    table = pd.read_parquet(run / "atlas.parquet")
+    config = command.AtlasConfig(**SMALL)
+    assert len(table) == 8 and set(command.score_columns(config)) <= set(table.columns)
+    assert table.kv_head.tolist() == [0, 0, 1, 1] * 2
+    for column in ("sink_mass", "previous_token", "streaming_w8", "streaming_w32", "retrieval", "echo", "induction"):
+        assert table[column].between(0, 1).all(), column
+    assert (table.streaming_w32 >= table.streaming_w8 - 1e-12).all()  # a larger window keeps more
+    assert np.allclose(table.non_streaming_w8, 1 - table.streaming_w8)
+    # the retrieval score is the prompt mean of the per-prompt table (one row per needle prompt and head)
+    per_prompt = pd.read_parquet(run / "retrieval.parquet")
+    assert len(per_prompt) == 4 * 8 and sorted(per_prompt.length.unique()) == [64, 96]
+    means = per_prompt.groupby(["layer", "head"]).retrieval.mean().to_numpy()
+    assert np.allclose(table.sort_values(["layer", "head"]).retrieval.to_numpy(), means)
+
+
+def test_pooling_per_kv_head_keeps_max_and_mean(run):
+    table = pd.read_parquet(run / "atlas.parquet")
+    kv = pd.read_parquet(run / "atlas_kv.parquet")
+    assert len(kv) == 4 and (kv.query_heads == 2).all()
+    for row in kv.itertuples():
+        group = table[(table.layer == row.layer) & (table.kv_head == row.kv_head)]
+        assert list(group["head"]) == [2 * row.kv_head, 2 * row.kv_head + 1]
+        for column in ("retrieval", "non_streaming_w8", "s_sym_sinkfree"):
+            assert getattr(row, f"{column}_max") == group[column].max()
+            assert getattr(row, f"{column}_mean") == pytest.approx(group[column].mean(), abs=1e-12)
+
+
+def test_export_round_trips(run):
+    kv = pd.read_parquet(run / "atlas_kv.parquet")
+    grid = atlas.kv_grid(kv, "non_streaming_w8_max", 2, 2)
+    back = loading.read_kv_table(run / "full_attention_heads.tsv")
+    assert back.shape == (2, 2) and np.array_equal(back, grid)  # repr(float) is exact
+    mask = loading.read_kv_table(run / "full_attention_mask.tsv")
+    assert np.array_equal(mask.astype(bool), atlas.full_attention_mask(grid, 0.5)) and mask.sum() == 2
+    # importing the export cross-tabulates exactly the heads the export marked
+    table = pd.read_parquet(run / "atlas.parquet")
+    compared, confusion = command.compare_table(table, back, 0.5)
+    assert compared.imported_full.tolist() == [bool(mask[r.layer, r.kv_head]) for r in compared.itertuples()]
+    assert confusion.heads.sum() == 2 * len(table)
+
+
+def test_import_cross_tabulates_with_the_labels(run):
+    compared = pd.read_parquet(run / "compare.parquet")
+    assert compared.imported.tolist() == [GRID[r.layer][r.kv_head] for r in compared.itertuples()]
+    assert compared.imported_full.tolist() == [True, True, False, False, False, False, True, True]  # median 0.45
+    confusion = pd.read_parquet(run / "compare_confusion.parquet")
+    assert set(confusion.table) == {"label x imported_full", "label_sinkfree x imported_full"}
+    plain = confusion[confusion.table == "label x imported_full"]
+    expected = compared.groupby(["label", "imported_full"]).size()
+    assert {(r.a, r.b == "True"): r.heads for r in plain.itertuples()} == expected.to_dict()
+
+
+def test_agreement_tables_and_report(run):
+    rho = pd.read_parquet(run / "agreement_spearman.parquet")
+    columns = command.score_columns(command.AtlasConfig(**SMALL))
+    assert len(rho) == len(columns) * (len(columns) - 1) // 2
+    auroc = pd.read_parquet(run / "agreement_auroc.parquet")
+    assert set(auroc.target) == {"retrieval", "non-streaming", "induction"} and (auroc.positives >= 1).all()
+    table = pd.read_parquet(run / "atlas.parquet")
+    top = atlas.top_heads(table.retrieval, 0.25)
+    row = auroc[(auroc.target == "retrieval") & (auroc.scorer == "s_sym_sinkfree")].iloc[0]
+    assert row.auroc == atlas.auroc(table.s_sym_sinkfree, top) and row.low <= row.auroc <= row.high
+    decides = pd.read_parquet(run / "agreement_sink_decides.parquet")
+    assert (decides.sink_decides == (decides.plain * decides.sinkfree < 0))[decides.measure.str.startswith("spearman")].all()
+    text = (run / "report.md").read_text()
+    assert "Needle recall" in text and "AUROC" in text and "Wilson" in text
+    summary = (run / "summary.json").read_text()
+    assert '"config_hash"' in summary and '"needle_recall"' in summary
+
+
+def test_prompts_are_exact(model_dir):
+    loaded = sources.load(model_dir, device="cpu")
+    config = command.AtlasConfig(**SMALL)
+    needles = command.needle_prompts(loaded, config)
+    assert [n.length for n in needles] == [64, 64, 96, 96] and all(len(n.ids) == n.length for n in needles)
+    for n in needles:
+        words = [n.ids[p] for p in n.needle]
+        assert [n.ids[q + 1] for q in n.queries] == words  # every answer step generates the next needle word
+        assert n.queries[-1] == n.length - 2
+    shallow, deep = needles[0], needles[1]
+    assert shallow.needle[0] < deep.needle[0]  # depth 0.2 before depth 0.8
+    assert command.needle_prompts(loaded, config)[0].ids == shallow.ids  # seeded
+    repeats = command.repeated_tokens(loaded, config)
+    body = repeats[0][-30:]
+    assert body[:10] == body[10:20] == body[20:] and len(set(body[:10])) == 10
+    text = command.natural_text(loaded, config)
+    assert [len(t) for t in text] == [96]
+
+
+def test_figures_are_figures():
+    from matplotlib.figure import Figure
+
+    table = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "a": [0.1, 0.2, 0.3, 0.4], "b": [1.0, 0, 1, 0]})
+    maps = command.plot_maps(table, ["a", "b"])
+    scatter = command.plot_scatter(table, ["a", "b"])
+    assert isinstance(maps, Figure) and isinstance(scatter, Figure)
+    assert sum(ax.get_visible() for ax in maps.axes if ax.get_label() != "<colorbar>") == 2 and len(scatter.axes) == 4
+
+
+def test_bad_input_is_one_line(model_dir, tmp_path, capsys, monkeypatch):
+    wrong = tmp_path / "wrong.tsv"
+    wrong.write_text("1\t2\t3\n4\t5\t6\n")
+    code, _, err = run_cli(["atlas", model_dir, "--kv-table", wrong, "--out", tmp_path / "o", "--lengths", "64",
+                            "--depths", "0.5", "--n", "5", "--no-figures"], capsys, monkeypatch)
+    assert code == 2 and err.count("\n") == 1 and "is 2 x 3 but the model has 2 layers x 2 KV heads" in err
+    ragged = tmp_path / "ragged.tsv"
+    ragged.write_text("1\t2\n3\n")
+    with pytest.raises(PosymError, match="different lengths"):
+        loading.read_kv_table(ragged)
+    ragged.write_text("1\tx\n")
+    with pytest.raises(PosymError, match="not a number"):
+        loading.read_kv_table(ragged)
+    with pytest.raises(PosymError, match="depths"):
+        command.AtlasConfig(needle_depths=[1.5])
+    with pytest.raises(PosymError, match="no query"):
+        command.AtlasConfig(stream_length=200, windows=[256])

@@ -1,0 +1,92 @@
+"""The committed SmolLM2-135M atlas (docs/results/atlas-smollm2/): the agreement numbers docs/results.md quotes,
+read back from the tables and recomputed from the per-head table (no model is run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from posym import configs, loading
+from posym.commands import atlas as command
+from posym.core import atlas
+
+ROOT = Path(__file__).resolve().parents[1]
+DIR = ROOT / "docs" / "results" / "atlas-smollm2"
+CONFIG = command.AtlasConfig()
+
+
+@pytest.fixture(scope="module")
+def heads():
+    return pd.read_parquet(DIR / "atlas.parquet")
+
+
+def quoted(auroc, target: str, scorer: str) -> float:
+    return round(float(auroc[(auroc.target == target) & (auroc.scorer == scorer)].auroc.iloc[0]), 3)
+
+
+def test_the_default_config_made_it(heads):
+    summary = json.loads((DIR / "summary.json").read_text())
+    assert summary["model"] == "smollm2-135m" and summary["config"] == configs.to_dict(CONFIG)
+    assert len(heads) == 270 and heads.layer.nunique() == 30 and heads.kv_head.nunique() == 3
+    assert summary["needle_recall"]["recalled"] == 8 and summary["needle_recall"]["n"] == 9
+    assert summary["sinks"] == [0]
+    timing = json.loads((DIR / "timing.json").read_text())
+    assert timing["wall_s"] <= timing["acceptance_bound_s"] == 600  # ten minutes end to end
+
+
+def test_auroc_table_is_the_per_head_table_and_what_results_md_quotes(heads):
+    auroc = pd.read_parquet(DIR / "agreement_auroc.parquet")
+    targets = {"retrieval": "retrieval", "non-streaming": "non_streaming_w64", "induction": "induction"}
+    for row in auroc.itertuples():
+        positive = atlas.top_heads(heads[targets[row.target]], CONFIG.top_share)
+        scorer = row.scorer.removesuffix(" within layers")
+        layers = heads.layer if row.scorer.endswith("within layers") else None
+        assert row.auroc == pytest.approx(atlas.auroc(heads[scorer], positive, layers), abs=1e-12)
+        assert row.low <= row.auroc <= row.high and row.positives == 27
+    quotes = {("retrieval", "s_sym_sinkfree"): 0.961, ("retrieval", "s_sym_sinkfree within layers"): 0.923,
+              ("retrieval", "s_sym"): 0.771, ("retrieval", "layer"): 0.764, ("induction", "s_sym_sinkfree"): 0.954,
+              ("induction", "s_sym_sinkfree within layers"): 0.879, ("induction", "s_sym"): 0.789,
+              ("induction", "layer"): 0.748, ("non-streaming", "s_sym_sinkfree"): 0.570,
+              ("non-streaming", "s_sym_sinkfree within layers"): 0.685, ("non-streaming", "s_sym"): 0.697,
+              ("non-streaming", "layer"): 0.150, ("non-streaming", "s_pos_sinkfree"): 0.424}
+    for (target, scorer), value in quotes.items():
+        assert quoted(auroc, target, scorer) == value, (target, scorer)
+    # the one weak agreement stays weak: its interval reaches chance
+    row = auroc[(auroc.target == "non-streaming") & (auroc.scorer == "s_sym_sinkfree")].iloc[0]
+    assert row.low < 0.5 < row.high
+
+
+def test_retrieval_heads_are_symbolic_and_non_streaming_heads_are_early(heads):
+    top = atlas.top_heads(heads.retrieval, CONFIG.top_share)
+    assert top.sum() == 27 and (heads.label_sinkfree[top] == "symbolic").all()
+    early = atlas.top_heads(heads.non_streaming_w64, CONFIG.top_share)
+    assert heads.layer[early].max() == 8  # the first 9 layers
+    assert heads.label_sinkfree[early].value_counts().to_dict() == {"mixed": 16, "symbolic": 11}
+    counts = heads.groupby(["label", "label_sinkfree"]).size()
+    assert (counts[("symbolic", "mixed")], counts[("symbolic", "positional")], counts[("symbolic", "symbolic")]) == (83, 21, 105)
+
+
+def test_spearman_and_where_the_sink_decides(heads):
+    rho = pd.read_parquet(DIR / "agreement_spearman.parquet").set_index(["a", "b"]).rho
+    assert round(rho[("s_sym_sinkfree", "induction")], 3) == 0.793
+    assert round(rho[("s_sym_sinkfree", "weighted_id")], 3) == 0.830
+    assert round(rho[("s_sym_sinkfree", "previous_token")], 3) == -0.728
+    assert round(rho[("weighted_id", "retrieval")], 3) == 0.530 and round(rho[("weighted_id", "induction")], 3) == 0.770
+    assert rho[("s_sym_sinkfree", "induction")] == pytest.approx(atlas.spearman(heads.s_sym_sinkfree, heads.induction))
+    decides = pd.read_parquet(DIR / "agreement_sink_decides.parquet")
+    flipped = decides[decides.sink_decides]
+    assert sorted(flipped.measure) == ["spearman rho with entropy"] * 2
+    s_sym = flipped[flipped.score == "s_sym"].iloc[0]
+    assert (round(s_sym.plain, 3), round(s_sym.sinkfree, 3)) == (-0.325, 0.366)
+
+
+def test_the_export_is_the_pooled_table():
+    kv = pd.read_parquet(DIR / "atlas_kv.parquet")
+    grid = atlas.kv_grid(kv, "non_streaming_w64_max", 30, 3)
+    assert np.array_equal(loading.read_kv_table(DIR / "full_attention_heads.tsv"), grid)
+    mask = loading.read_kv_table(DIR / "full_attention_mask.tsv").astype(bool)
+    assert np.array_equal(mask, atlas.full_attention_mask(grid, CONFIG.quantile)) and mask.sum() == 45
