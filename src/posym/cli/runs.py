@@ -84,6 +84,32 @@ def report_command(
     print(f"report: {html_path}")
 
 
+@app.command("explore")
+def explore_command(
+    paths: list[Path] = typer.Argument(..., metavar="TABLES...", help="Directories of score tables: an llm-scores "
+                                       "output, an llm-study output, a posym run output or a training run directory."),
+    out: Path = typer.Option(Path("explorer.html"), help="The HTML file to write (one self-contained file)."),
+    model: bool = typer.Option(True, "--model/--no-model", help="Recompute attention rows and the heaviest swaps "
+                               "from the model the tables name (--no-model: the tables alone, much faster)."),
+    model_spec: Optional[str] = typer.Option(None, "--model-spec", help="Use this model instead of the one the tables "
+                                             "name (e.g. smollm2-135m for an llm-study output without manifest.json)."),
+    detail_prompts: int = typer.Option(8, min=0, help="Prompts per head set that get attention rows and swaps."),
+    top: int = typer.Option(8, min=1, help="Heaviest swaps shown per head and prompt."),
+    device: Device = device_option(" for the model's forward passes"),
+    title: Optional[str] = typer.Option(None, help="Title of the page."),
+) -> None:
+    """An offline HTML head explorer: layer x head maps; per head its attention row, heaviest swaps,
+    per-plane scores, margin vs length and per-prompt scores."""
+    from posym import io
+    from posym.commands import explore
+
+    io.check_output(out, inputs=paths)
+    result = explore.explore(paths, out, model=model, model_spec=model_spec, detail_prompts=detail_prompts, top=top,
+                             device=device_of(device), title=title)
+    print(f"explorer: {result['path']} ({result['bytes'] / 1e6:.2f} MB; {result['sets']} head sets, "
+          f"{result['heads']} heads)")
+
+
 @app.command("sweep")
 def sweep_command(
     config: Path = typer.Argument(..., help="Sweep YAML: tasks, seeds, presets, rotary_dims, rope_bases, rope_bands, "
