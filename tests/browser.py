@@ -16,6 +16,7 @@ import base64
 import fcntl
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -26,6 +27,13 @@ from pathlib import Path
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)),
                 None)
 SKIP_REASON = "no chromium binary on PATH (Debian: apt-get install chromium; .ci/run installs it where apt-get works)"
+
+
+def page_data(path) -> dict:
+    """The JSON a `posym explore` page embeds (its <script id="data">), read without a browser."""
+    html = Path(path).read_text(encoding="utf-8")
+    blob = re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S).group(1)
+    return json.loads(blob.replace("<\\/", "</"))
 
 
 class BrowserError(RuntimeError):

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from browser import CHROMIUM, SKIP_REASON, Chromium
+from browser import CHROMIUM, SKIP_REASON, Chromium, page_data
 from cli_runner import run_posym
 from tiny_llms import run_cli, save_model, tokenizer
 
@@ -20,12 +20,6 @@ from posym.commands import explore
 from posym.core.scores import head_details, head_scores, prompt_scores
 from posym.errors import PosymError
 from posym.sources import load
-
-
-def page_data(path) -> dict:
-    html = path.read_text(encoding="utf-8")
-    blob = re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S).group(1)
-    return json.loads(blob.replace("<\\/", "</"))
 
 
 def unpack(text: str, step: float) -> np.ndarray:
@@ -61,6 +55,24 @@ def test_pack_round_trips_and_refuses_what_does_not_fit():
     assert np.allclose(back[[0, 1, 3]], [0.1235, -1.0, 3.2767], atol=1e-12) and np.isnan(back[2])
     with pytest.raises(PosymError, match="int16"):
         explore.pack([3.3], 1e-4)
+
+
+def test_rows_with_fewer_swaps_are_padded_and_nan_is_null():
+    details = pd.DataFrame([{"layer": 0, "head": h, "first": 0, "attention": [0.5, 0.25, 0.25], "s_pos": 1.0,
+                             "s_sym": 0.0, "a": [0] * n, "b": [1] * n, **{c: [0.5] * n for c in (
+                                 "weight", "before_a", "before_b", "after_a", "after_b", "cos_pos", "cos_sym")}}
+                            for h, n in ((0, 2), (1, 1))])
+    s = explore.HeadSet("toy", 1, 2, {"s_pos": {(0, 0): 1.0, (0, 1): float("nan")}, "label": {(0, 0): "positional"}},
+                        prompts=[{"text": "a b c", "ids": [1, 2, 3], "query": 2}], details={0: details},
+                        planes={(0, 1): [[1, explore._num(float("nan")), 0.5, 1.0]]})
+    data = json.loads(explore.render(explore.encode([s], title="t", sources=[]))
+                      .split('type="application/json">')[1].split("</script>")[0])
+    entry = data["sets"][0]["prompts"][0]
+    assert entry["top"] == 2 and entry["keys"] == [0, 1, 0, 1, 0, 1, -1, -1]
+    swaps = unpack(entry["swaps"], explore.FINE).reshape(2, 2, 7)
+    assert np.isnan(swaps[1, 1]).all() and not np.isnan(swaps[:, 0]).any()
+    assert data["sets"][0]["planes"]["0.1"] == [[1, None, 0.5, 1.0]] and data["sets"][0]["labels"] == ["positional", ""]
+    assert np.isnan(unpack(data["sets"][0]["maps"]["s_pos"], 1e-4)[1])
 
 
 def test_the_page_embeds_the_tables_and_the_models_details(scores_dir, page):
@@ -101,9 +113,9 @@ def test_the_page_embeds_the_tables_and_the_models_details(scores_dir, page):
 
 def test_without_the_model_the_page_says_so(scores_dir, tmp_path):
     path = tmp_path / "tables.html"
-    explore.explore([scores_dir], path, model=False)
+    explore.explore([scores_dir], path, details=False)
     s = page_data(path)["sets"][0]
-    assert "--no-model" in s["note"] and all("attention" not in p for p in s["prompts"])
+    assert "--no-details" in s["note"] and all("attention" not in p for p in s["prompts"])
     moved = tmp_path / "moved"
     shutil.copytree(scores_dir, moved)
     summary = json.loads((moved / "summary.json").read_text())
@@ -127,7 +139,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys, monkeypatch):
 
 def test_cli_reports_the_file_size(scores_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "e.html"
-    code, stdout, err = run_cli(["explore", scores_dir, "--no-model", "--out", out], capsys, monkeypatch)
+    code, stdout, err = run_cli(["explore", scores_dir, "--no-details", "--out", out], capsys, monkeypatch)
     assert code == 0, err
     assert f"({out.stat().st_size / 1e6:.2f} MB; 1 head sets, 8 heads)" in stdout
 

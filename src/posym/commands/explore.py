@@ -11,7 +11,7 @@ Each input gives one or more head sets (a task and query mode of a run, a prompt
 with the layer x head maps (s_pos, s_sym, their sink-free values where the tables hold them, label,
 entropy, sink mass = attention on token 0, frequency ID), per-prompt scores, per-plane scores and
 margin vs length where present. The tables hold no attention rows and no swaps: with the model at
-hand (`model=True`, the model the tables name), `posym.core.scores.head_details` recomputes them for
+hand (`details=True`: the model the tables name, or `model`), `posym.core.scores.head_details` recomputes them for
 the first `detail_prompts` prompts (the last token's row, the `top` heaviest swaps); without it the
 head page says so. Numbers are quantised to 1e-4 (scores, attention) or 1e-3 (entropy, frequency ID)
 and embedded base64 (int16), one JSON blob read by the page's own script (posym/templates/
@@ -26,9 +26,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posym import io
-from posym.core.scores import LABELS, head_details, head_scores
+from posym import io, sources
+from posym.configs import from_dict
+from posym.core.scores import LABELS, head_details, head_scores, prompt_scores, task_prompts
 from posym.core.tasks import token_names
+from posym.core.train import TrainConfig
 from posym.errors import PosymError
 
 STEPS = {"s_pos": 1e-4, "s_sym": 1e-4, "s_pos_sf": 1e-4, "s_sym_sf": 1e-4, "entropy": 1e-3, "sink": 1e-4,
@@ -38,6 +40,8 @@ FINE = 1e-4
 """Quantisation step of attention rows, swap weights, attention pairs and cosines (all in [-1, 1])."""
 MISSING = -32768
 """The int16 code of a missing value (NaN)."""
+EXPLORER = "explorer.html"
+"""The file name of the explorer that `posym report` and `posym llm-study` write beside report.html."""
 TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "explore.html"
 
 
@@ -119,11 +123,12 @@ def encode(sets: list[HeadSet], *, title: str, sources: list[str]) -> dict:
                     raise PosymError(f"details of prompt {k} cover {len(rows)} heads, not {n}")
                 entry["first"] = [int(f) for f in rows["first"]]
                 entry["attention"] = pack([x for row in rows.attention for x in row], FINE)
-                entry["top"] = int(len(rows.a.iloc[0]))
-                entry["keys"] = [int(x) for a, b in zip(rows.a, rows.b) for pair in zip(a, b) for x in pair]
-                entry["swaps"] = pack([x for row in rows.itertuples() for i in range(len(row.a)) for x in (
-                    row.weight[i], row.before_a[i], row.before_b[i], row.after_a[i], row.after_b[i], row.cos_pos[i],
-                    row.cos_sym[i])], FINE)
+                top = entry["top"] = max(len(a) for a in rows.a)  # a row with fewer swaps is padded (-1, NaN)
+                entry["keys"] = [int(x) for a, b in zip(rows.a, rows.b)
+                                 for pair in [*zip(a, b), *[(-1, -1)] * (top - len(a))] for x in pair]
+                entry["swaps"] = pack([x for row in rows.itertuples() for i in range(top) for x in (
+                    (row.weight[i], row.before_a[i], row.before_b[i], row.after_a[i], row.after_b[i], row.cos_pos[i],
+                     row.cos_sym[i]) if i < len(row.a) else (math.nan,) * 7)], FINE)
                 entry["dense"] = pack(list(rows.s_pos) + list(rows.s_sym), FINE)
             prompts.append(entry)
         out.append({"name": s.name, "query": s.query, "layers": s.layers, "heads": s.heads, "maps": maps,
@@ -154,8 +159,6 @@ def _values(frame, column) -> dict:
 
 def _prompt_scores(frame) -> dict[int, dict]:
     """prompt -> {(layer, head): (s_pos, s_sym)} by the prompt-mean rule's first step."""
-    from posym.core.scores import prompt_scores
-
     out: dict[int, dict] = {}
     for r in prompt_scores(frame).itertuples():
         out.setdefault(int(r.prompt), {})[(int(r.layer), int(r.head))] = (float(r.s_pos), float(r.s_sym))
@@ -191,11 +194,16 @@ def llm_scores_sets(path: Path) -> list[HeadSet]:
     return [out]
 
 
+def _num(x) -> float | None:
+    """A table value for the page's JSON: 4 decimals (as the page's 1e-4 codes), None for NaN."""
+    return round(float(x), 4) if math.isfinite(float(x)) else None
+
+
 def _planes(frame, use: str) -> dict:
     out: dict = {}
     for r in frame.sort_values("frequency_id").itertuples():
         out.setdefault((int(r.layer), int(r.head)), []).append(
-            [int(r.frequency_id), round(float(r.s_pos), 4), round(float(r.s_sym), 4), round(float(getattr(r, use)), 4)])
+            [int(r.frequency_id), _num(r.s_pos), _num(r.s_sym), _num(getattr(r, use))])
     return out
 
 
@@ -204,7 +212,7 @@ def _margins(frame, series) -> dict:
     for keys, rows in frame.groupby(["layer", "head", *series]):
         name = " / ".join(str(k) for k in keys[2:]) or "margin"
         out.setdefault((int(keys[0]), int(keys[1])), {})[name] = [
-            [int(r.length), round(float(r.margin), 4)] for r in rows.sort_values("length").itertuples()]
+            [int(r.length), _num(r.margin)] for r in rows.sort_values("length").itertuples()]
     return out
 
 
@@ -244,10 +252,6 @@ def run_sets(run_dir: Path, *, detail_prompts: int) -> list[HeadSet]:
 
 def _task_prompts(config: dict, settings: dict, n: int) -> list[dict]:
     """The first n of the prompts `posym dynamics` scored (the same seed and split), with token names."""
-    from posym.configs import from_dict
-    from posym.core.scores import task_prompts
-    from posym.core.train import TrainConfig
-
     if n < 1:
         return []
     task_config = from_dict(TrainConfig, config).task
@@ -332,17 +336,15 @@ def collect(paths, *, detail_prompts: int = 8) -> list[HeadSet]:
 
 
 def add_details(sets: list[HeadSet], *, detail_prompts: int = 8, top: int = 8, device: str = "cpu",
-                model_spec: str | None = None) -> None:
-    """Fill `details` of each set from its model (loaded once per spec and step; `model_spec` replaces
+                model: str | None = None) -> None:
+    """Fill `details` of each set from its model (loaded once per spec and step; `model` replaces
     the spec the tables name) for its first `detail_prompts` prompts at their query token; a set
     whose model cannot be loaded gets `note`."""
-    from posym import sources
-
     loaded: dict = {}
     for s in sets:
         chosen = s.prompts[:detail_prompts]
-        if model_spec is not None:
-            s.model = {**(s.model or {}), "spec": model_spec, "step": None}
+        if model is not None:
+            s.model = {**(s.model or {}), "spec": model, "step": None}
         spec = (s.model or {}).get("spec")
         if not chosen or spec is None:
             s.note = "the tables name no model and no prompts, so attention rows and swaps are not shown"
@@ -353,15 +355,15 @@ def add_details(sets: list[HeadSet], *, detail_prompts: int = 8, top: int = 8, d
                 loaded[key] = sources.load(spec, step=s.model.get("step"), device=device, dtype="float32")
             except PosymError as exc:
                 loaded[key] = exc
-        model = loaded[key]
-        if isinstance(model, PosymError):
-            s.note = f"the model {spec} could not be loaded ({model}), so attention rows and swaps are not shown"
+        found = loaded[key]
+        if isinstance(found, PosymError):
+            s.note = f"the model {spec} could not be loaded ({found}), so attention rows and swaps are not shown"
             continue
-        if model.has_tokenizer:  # task runs name their tokens already
+        if found.has_tokenizer:  # task runs name their tokens already
             for p in chosen:
                 if p.get("tokens") is None:
-                    p["tokens"] = [model.tokenizer.decode([int(i)]) for i in p["ids"][: p["query"] + 1]]
-        frame = head_details(model.model, [p["ids"] for p in chosen], [[p["query"]] for p in chosen],
+                    p["tokens"] = [found.tokenizer.decode([int(i)]) for i in p["ids"][: p["query"] + 1]]
+        frame = head_details(found.model, [p["ids"] for p in chosen], [[p["query"]] for p in chosen],
                              tau=float(s.model.get("tau") or 1e-4), top=top)
         s.details = {int(k): rows for k, rows in frame.groupby("prompt")}
 
@@ -369,24 +371,24 @@ def add_details(sets: list[HeadSet], *, detail_prompts: int = 8, top: int = 8, d
 def no_details(sets: list[HeadSet]) -> None:
     """Mark every set as explored from the tables alone."""
     for s in sets:
-        s.note = ("explored from the tables alone (--no-model): run posym explore with the model available for "
-                  "attention rows and swaps")
+        s.note = ("explored from the tables alone (--no-details): posym explore with the model available "
+                  "(or --model SPEC) adds attention rows and swaps")
 
 
-def explore(paths, out, *, model: bool = True, model_spec: str | None = None, detail_prompts: int = 8, top: int = 8,
+def explore(paths, out, *, details: bool = True, model: str | None = None, detail_prompts: int = 8, top: int = 8,
             device: str = "cpu", title: str | None = None) -> dict:
     """`posym explore`: write one self-contained HTML file `out`; returns {"path", "bytes", "sets", "heads"}.
 
-    model: recompute attention rows and swaps from the model the tables name (or `model_spec`);
-    False: the tables alone (every head page says so)."""
+    details: recompute attention rows and swaps from the model the tables name (or `model`, a
+    `posym.sources.load` spec); False: the tables alone (every head page says so)."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise PosymError("posym explore needs at least one directory of score tables")
     if detail_prompts < 0 or top < 1:
         raise PosymError(f"--detail-prompts must be >= 0 and --top >= 1, got {detail_prompts} and {top}")
     sets = collect(paths, detail_prompts=detail_prompts)
-    if model and detail_prompts:
-        add_details(sets, detail_prompts=detail_prompts, top=top, device=device, model_spec=model_spec)
+    if details and detail_prompts:
+        add_details(sets, detail_prompts=detail_prompts, top=top, device=device, model=model)
     else:
         no_details(sets)
     data = encode(sets, title=title or "posym explore: " + ", ".join(p.name for p in paths),
