@@ -27,12 +27,13 @@ def browser() -> str | None:
     return next((found for name in BROWSERS if (found := shutil.which(name))), None)
 
 
-def render(html: Path, width: int, png: Path, *, binary: str, height: int = PAGE_HEIGHT) -> None:
-    """Render `html` in a width x height headless window to `png` (scrollbars hidden)."""
+def render(html: Path, width: int, png: Path, *, binary: str, height: int = PAGE_HEIGHT, fragment: str = "") -> None:
+    """Render `html` (+ `fragment`, e.g. an explorer permalink "#head=3.1") in a width x height headless
+    window to `png` (scrollbars hidden)."""
     with tempfile.TemporaryDirectory() as profile:  # a throwaway profile: no state carries between shots
         subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                         f"--user-data-dir={profile}", f"--window-size={width},{height}", f"--screenshot={png}",
-                        html.resolve().as_uri()], check=True, capture_output=True, timeout=120)
+                        html.resolve().as_uri() + fragment], check=True, capture_output=True, timeout=120)
 
 
 def tiles(png: Path, out_dir: Path, width: int, *, tile_height: int = 2000) -> list[Path]:
@@ -50,7 +51,7 @@ def tiles(png: Path, out_dir: Path, width: int, *, tile_height: int = 2000) -> l
     return paths
 
 
-def screenshots(html: Path, out_dir: Path, widths=(1400, 800)) -> list[Path]:
+def screenshots(html: Path, out_dir: Path, widths=(1400, 800), fragment: str = "") -> list[Path]:
     """Tiles of `html` at every width in `out_dir`; a RuntimeError when no browser is installed."""
     binary = browser()
     if binary is None:
@@ -59,7 +60,7 @@ def screenshots(html: Path, out_dir: Path, widths=(1400, 800)) -> list[Path]:
     paths = []
     for width in widths:
         full = out_dir / f"{width}-full.png"
-        render(html, width, full, binary=binary)
+        render(html, width, full, binary=binary, fragment=fragment)
         paths += tiles(full, out_dir, width)
         full.unlink()
     return paths
@@ -67,13 +68,16 @@ def screenshots(html: Path, out_dir: Path, widths=(1400, 800)) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("html", type=Path, help="report.html written by posym report or posym run")
+    parser.add_argument("html", type=Path, help="report.html written by posym report or posym run (or any page, "
+                        "e.g. posym explore's explorer.html)")
+    parser.add_argument("--fragment", default="", help="URL fragment to open, e.g. '#head=3.1&prompt=0' (an explorer "
+                        "permalink)")
     parser.add_argument("--out", type=Path, default=Path("report-screenshots"), help="directory for the tiles")
     parser.add_argument("--widths", default="1400,800", help="comma-separated window widths in px")
     args = parser.parse_args()
     if not args.html.is_file():
         sys.exit(f"screenshot_report: {args.html} does not exist")
-    for path in screenshots(args.html, args.out, tuple(int(w) for w in args.widths.split(","))):
+    for path in screenshots(args.html, args.out, tuple(int(w) for w in args.widths.split(",")), args.fragment):
         print(path)
 
 

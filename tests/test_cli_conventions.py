@@ -160,4 +160,5 @@ def test_every_help_that_names_an_embedded_model_names_both():
             if any(model in text for model in EMBEDDED):
                 naming[name] = text
                 assert all(model in text for model in EMBEDDED), (name, param.name, text)
-    assert set(naming) == {"score", "geometry", "discrepancy", "llm-scores", "llm-bench", "llm-study", "atlas", "convert"}
+    assert set(naming) == {"score", "geometry", "discrepancy", "llm-scores", "llm-bench", "llm-study", "atlas", "convert",
+                            "explore"}

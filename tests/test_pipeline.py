@@ -189,3 +189,30 @@ def test_killed_run_leaves_no_worker(tiny_config, tmp_path):
     while time.time() < deadline and any(_alive(p) for p in workers):
         time.sleep(0.2)
     assert not [p for p in workers if _alive(p)]
+
+
+def test_explore_reads_the_run_output(finished, tmp_path, monkeypatch, capsys):
+    """`posym explore` on a `posym run` output: one head set per task and query mode at the last step,
+    the dynamics tables' numbers, and attention rows over the task's token names from the checkpoint;
+    the report links its own tables-only explorer."""
+    import base64
+
+    import numpy as np
+    import pandas as pd
+    from browser import page_data
+
+    _, _, out = finished
+    assert '<a href="explorer.html">' in (out / "report" / "report.html").read_text()
+    assert "--no-details" in page_data(out / "report" / "explorer.html")["sets"][0]["note"]
+    code = run_posym(monkeypatch, "explore", out, "--out", tmp_path / "e.html", "--detail-prompts", 2, "--device", "cpu")
+    assert code == 0 and "explorer: " in capsys.readouterr().out
+    sets = page_data(tmp_path / "e.html")["sets"]
+    assert len(sets) == 2 * 4  # number and letter x hops, inner, last, target
+    for s in sets:
+        task, mode = s["name"].split(" ")[0], s["name"].split(", ")[-1].split(" ")[0]
+        table = pd.read_parquet(out / task / "analysis" / "dynamics.parquet")
+        rows = table[(table.step == table.step.max()) & (table.query_mode == mode)].sort_values(["layer", "head"])
+        codes = np.frombuffer(base64.b64decode(s["maps"]["s_sym"]), dtype="<i2")
+        assert np.abs(codes * 1e-4 - rows.s_sym.to_numpy()).max() <= 5e-5 + 1e-12
+        assert s["note"] == "" and all("attention" in p and p["tokens"] for p in s["prompts"][:2])
+        assert s["margins"] and s["planes"]

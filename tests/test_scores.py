@@ -431,3 +431,56 @@ def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, caps
                     "--out", tmp_path / "bad.parquet") == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad.parquet").exists()
+
+
+# ---- swap_details / head_details: what the explorer's head page shows ---------------------------
+
+from posym.core.scores import DETAIL_LISTS, head_details, swap_details  # noqa: E402
+
+
+def test_swap_details_weights_and_rows_match_a_loop():
+    gen = torch.Generator().manual_seed(3)
+    clean = torch.randn(7, generator=gen, dtype=torch.float64) * 3
+    swapped = torch.randn(7, 7, generator=gen, dtype=torch.float64) * 3
+    swapped[range(7), range(7)] = clean
+    d = swap_details(clean, swapped, tau=0.05, top=4, exclude_keys=[2])
+    ref = reference_swap_scores(clean, swapped, tau=0.05, exclude_keys=[2])
+    assert abs(float(d["s_pos"]) - float(ref["s_pos"])) < 1e-12 and abs(float(d["s_sym"]) - float(ref["s_sym"])) < 1e-12
+    p = torch.softmax(clean, -1)
+    pairs = [(i, j) for i in range(6) for j in range(i + 1, 6) if 2 not in (i, j)]
+    gaps = torch.tensor([abs(float(p[i] - p[j])) for i, j in pairs], dtype=torch.float64) / 0.05
+    alpha = torch.softmax(gaps, -1)
+    order = sorted(range(len(pairs)), key=lambda s: -float(alpha[s]))[:4]
+    assert [(int(a), int(b)) for a, b in zip(d["a"], d["b"])] == [pairs[s] for s in order]
+    for k, s in enumerate(order):
+        i, j = pairs[s]
+        row = clean.clone()
+        row[i], row[j] = swapped[i, j], swapped[j, i]
+        after = torch.softmax(row, -1)
+        assert abs(float(d["weight"][k] - alpha[s])) < 1e-12
+        assert abs(float(d["before_a"][k] - p[i])) < 1e-12 and abs(float(d["after_b"][k] - after[j])) < 1e-12
+        assert abs(float(d["after_a"][k] - after[i])) < 1e-12
+        v, w = torch.stack([p[i], p[j]]), torch.stack([after[i], after[j]])
+        assert abs(float(d["cos_pos"][k]) - float(v @ w / v.norm() / w.norm())) < 1e-12
+        assert abs(float(d["cos_sym"][k]) - float(v.flip(0) @ w / v.norm() / w.norm())) < 1e-12
+    with pytest.raises(PosymError, match="one query row"):
+        swap_details(clean[None], swapped[None])
+
+
+@pytest.mark.parametrize("kind", ["llama", "gptj"])
+def test_head_details_match_the_model_rerun_per_swap(kind):
+    model = tiny_model(kind)
+    prompts = _prompts([7, 9])
+    details = head_details(model, prompts, "last", top=3)
+    dense = score_model(model, prompts, "last", exact="dense")
+    assert len(details) == len(dense) == 2 * 2 * model.config.num_attention_heads
+    assert (details[["prompt", "query", "layer", "head"]].to_numpy() == dense[["prompt", "query", "layer", "head"]].to_numpy()).all()
+    assert (details.s_pos - dense.s_pos).abs().max() < 1e-9 and (details.s_sym - dense.s_sym).abs().max() < 1e-9
+    for row in details.itertuples():
+        ids, q = prompts[row.prompt], row.query
+        clean = attention_rows(model, ids, row.layer, query=q)[row.head]  # [T]
+        assert torch.allclose(torch.tensor(row.attention, dtype=clean.dtype), clean[: q + 1], atol=1e-9)
+        assert all(len(getattr(row, key)) == 3 for key in DETAIL_LISTS)
+        for a, b, after_a, after_b in zip(row.a, row.b, row.after_a, row.after_b):
+            moved = attention_rows(model, ids, row.layer, swap=([a], [b]), query=q)[row.head]
+            assert abs(after_a - float(moved[a])) < 1e-9 and abs(after_b - float(moved[b])) < 1e-9

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from browser import page_data
 from tiny_llms import run_cli, save_model, tokenizer
 
 from posym import configs, sources
@@ -214,6 +215,11 @@ def test_report_sections(finished):
     # heads are all near-uniform, so it has no labelled head groups and no retention figure)
     assert "Absent" not in page and page.count("<img") == 9 and "0.83" in page
     assert "No head has a positional, symbolic or mixed label here" in page
+    assert '<a href="explorer.html">' in page and (out / "explorer.html").is_file()  # posym explore, tables only
+    sets = page_data(out / "explorer.html")["sets"]
+    assert [s["name"].split(": ")[-1] for s in sets] == ["binding-last", "binding-name", "number", "letter"]
+    assert all({"s_pos_sf", "sink", "freq"} <= set(s["maps"]) for s in sets)
+    assert bool(sets[0]["margins"]) == (len(pd.read_parquet(out / "lengths" / "head_retention.parquet")) > 0)
     for figure in ("heads-plain", "heads-sinks-excluded", "profile", "behaviour", "gaps", "ablation", "length-accuracy",
                    "causal"):
         assert (out / "figures" / f"{figure}.png").is_file() and (out / "figures" / f"{figure}.svg").is_file()

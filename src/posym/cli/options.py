@@ -201,7 +201,7 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "lengthgen": ("lengthgen.parquet", "fig5b.*", "lengthgen.json", "head_retention.parquet", "head_groups.parquet",
                   "head_retention.*"),
     "discrepancy": ("gaps.parquet", "discrepancy.parquet", "fig_discrepancy.*", "discrepancy.json"),
-    "report": ("report.html", "figures"),
+    "report": ("report.html", "figures", "explorer.html"),
     "sweep": ("trials", "trials.parquet", "aggregate.parquet", "aggregate.*", "sweep.json", "stages"),
     "ablate": ("ablation.parquet", "ablation.json", "ablation.png", "ablation.svg"),
     "finetune": ("finetune.parquet", "finetune.json", "finetune.png", "finetune.svg", "models"),

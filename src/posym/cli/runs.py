@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step
-from posym.cli.options import (OUTPUTS, AblationMode, Device, Preset, Task, announce, device_of, device_option, list_option,
-                               n_option, path_argument, step_option, values)
+from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, AblationMode, Device, Preset, Task, announce, device_of,
+                               device_option, list_option, n_option, path_argument, step_option, values)
 from posym.errors import PosymError
 
 
@@ -82,6 +82,33 @@ def report_command(
     io.check_output(out, inputs=paths, is_dir=True, owns=OUTPUTS["report"])
     html_path = report.build_report(paths, out or Path(paths[0]).resolve().parent / "report", title=title)
     print(f"report: {html_path}")
+
+
+@app.command("explore")
+def explore_command(
+    paths: list[Path] = typer.Argument(..., metavar="TABLES...", help="Directories of score tables: an llm-scores "
+                                       "output, an llm-study output, a posym run output or a training run directory."),
+    out: Path = typer.Option(Path("explorer.html"), help="The HTML file to write (one self-contained file)."),
+    details: bool = typer.Option(True, "--details/--no-details", help="Recompute attention rows and the heaviest "
+                                 "swaps from the model the tables name (--no-details: the tables alone, faster)."),
+    model: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help="Use this model instead of the one the "
+                                        "tables name: " + EMBEDDED_HELP + ", a .gguf file or a model directory (e.g. "
+                                        "for an llm-study output without manifest.json)."),
+    detail_prompts: int = typer.Option(8, min=0, help="Prompts per head set that get attention rows and swaps."),
+    top: int = typer.Option(8, min=1, help="Heaviest swaps shown per head and prompt."),
+    device: Device = device_option(" for the model's forward passes"),
+    title: Optional[str] = typer.Option(None, help="Title of the page."),
+) -> None:
+    """An offline HTML head explorer: layer x head maps; per head its attention row, heaviest swaps,
+    per-plane scores, margin vs length and per-prompt scores."""
+    from posym import io
+    from posym.commands import explore
+
+    io.check_output(out, inputs=paths)
+    result = explore.explore(paths, out, details=details, model=model, detail_prompts=detail_prompts, top=top,
+                             device=device_of(device), title=title)
+    print(f"explorer: {result['path']} ({result['bytes'] / 1e6:.2f} MB; {result['sets']} head sets, "
+          f"{result['heads']} heads)")
 
 
 @app.command("sweep")

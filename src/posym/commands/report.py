@@ -23,6 +23,7 @@ from pathlib import Path
 
 import posym
 from posym import io
+from posym.commands import explore
 from posym.core.paper import TABLE1 as PAPER_TABLE1
 from posym.errors import PosymError
 
@@ -180,10 +181,24 @@ def _figure(src_stem: Path, out_dir: Path, name: str, title: str, caption: str, 
             "data": base64.b64encode(png.read_bytes()).decode("ascii"), "files": f"figures/{name}.png, .svg"}
 
 
-def _section(id: str, title: str, *, source=None, table=None, text=None, pre=None, items=()) -> dict:
-    """One <h2> part of the page: optional source path, table, paragraph, preformatted text, figures."""
+def _section(id: str, title: str, *, source=None, table=None, text=None, pre=None, items=(), link=None) -> dict:
+    """One <h2> part of the page: optional source path, table, paragraph, preformatted text, figures, and a
+    link {"href", "text"} to a file beside the page."""
     return {"id": id, "title": title, "source": source and str(source), "table": table, "text": text, "pre": pre,
-            "items": list(items)}
+            "items": list(items), "link": link}
+
+
+def _explorer_section(runs: list[Path], out_dir: Path) -> dict:
+    """out_dir/explorer.html from the runs' score tables (`posym explore --no-details`: the report recomputes
+    nothing) and the section that links it."""
+    names = ", ".join(r.name for r in runs)
+    result = explore.explore(runs, out_dir / explore.EXPLORER, details=False, title=f"posym explore: {names}")
+    size = f"{explore.EXPLORER} ({result['bytes'] / 1e6:.2f} MB)"
+    return _section("explorer", "Head explorer", link={"href": explore.EXPLORER, "text": size},
+                    text=f"Every head of {names} ({result['heads']} heads in {result['sets']} sets: task and query "
+                         "mode, last step) on one offline page: layer x head maps of s_pos, s_sym, label, entropy and "
+                         "frequency ID, filters, and per head its per-prompt scores, per-plane scores and margin vs "
+                         "length. Attention rows and swaps need the model: posym explore RUN --out explorer.html.")
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -389,6 +404,9 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
             section, summary = _guarded(_run_section, path, out_dir)
             sections.append(section)
             summaries.append(summary)
+    explorable = [p for k, p in kinds if k == "run" and (p / "analysis" / "dynamics.parquet").is_file()]
+    if explorable:
+        sections.append(_guarded(_explorer_section, explorable, out_dir))
     theory = [p for k, p in kinds if k == "theory"]
     sections += [_guarded(_theory_section, p, out_dir) for p in theory] or [_section(
         "theory", "Theory (Theorems 3.1, 3.2)",

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from posym import io
+from posym.commands.explore import EXPLORER, explore
 from posym.commands.llm import plot_heads
 from posym.commands.prediction import plot_accuracy, plot_causal, plot_retention
 from posym.core.stats import wilson_interval
@@ -25,7 +26,7 @@ JOB = "study"
 GEMMA_HALVES = (0.83, 0.56)
 """2511.11579: median positional score of Gemma-2-2b-it's early and late halves of layers."""
 SECTIONS = ("Settings", "Accuracy", "Scores and sinks", "Layer profile", "Frequency", "Discrepancy",
-            "Table 3", "Ablation", "Length task", "Head retention", "Causal tests")
+            "Table 3", "Ablation", "Length task", "Head retention", "Causal tests", "Head explorer")
 
 TEMPLATE = """<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
 <style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -39,6 +40,7 @@ with the same --out to resume).</p>{% endif %}
 {% for table in section.tables %}<table><tr>{% for h in table.header %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in table.rows %}<tr>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</table>{% endfor %}
 {% for pre in section.pres %}<pre>{{ pre }}</pre>{% endfor %}
+{% for link in section.links %}<p><a href="{{ link.href }}">{{ link.text }}</a></p>{% endfor %}
 {% for fig in section.figures %}<figure><img alt="{{ fig.title }}" src="data:image/png;base64,{{ fig.data }}">
 <figcaption><b>{{ fig.title }}.</b> {{ fig.caption }} (files: {{ fig.files }})</figcaption></figure>{% endfor %}
 {% endfor %}</body></html>
@@ -128,7 +130,7 @@ def _sections(out: Path) -> list[dict]:
 
     def section(name, stage=None, **parts):
         absent = stage if stage and not _has(out, stage) else None
-        return {"name": name, "absent": absent, "texts": [], "tables": [], "pres": [], "figures": [], **parts}
+        return {"name": name, "absent": absent, "texts": [], "tables": [], "pres": [], "figures": [], "links": [], **parts}
 
     settings = section("Settings", pres=[(out / "study.yaml").read_text(encoding="utf-8")] if (out / "study.yaml").is_file() else [])
     accuracy, scores, profile = section("Accuracy", "profile"), section("Scores and sinks", "scores"), section("Layer profile", "profile")
@@ -215,7 +217,17 @@ def _sections(out: Path) -> list[dict]:
                     f"The intact model is at chance on {row.set} ({row.acc:.2f}, Wilson 95% [{lo:.2f}, {hi:.2f}] over "
                     f"{row.prompts} prompts reaches chance {chance:.2f}), so its ablation rows say nothing about "
                     "which heads matter.")
-    return [settings, accuracy, scores, profile, frequency, discrepancy, table3, ablation, *_prediction_sections(out, section)]
+    explorer = section("Head explorer", "scores")
+    if _has(out, "scores"):
+        # the tables alone (the report recomputes nothing); `posym explore OUT` adds attention rows and swaps
+        result = explore([out], out / EXPLORER, details=False, title=f"posym explore: {out.name}")
+        explorer["texts"].append(f"Every head on one offline page ({result['heads']} heads in {result['sets']} prompt sets): "
+                                 "layer x head maps of s_pos, s_sym (plain and sink-free), label, entropy, sink mass and "
+                                 "frequency ID, filters, and per head its per-plane use, margin vs length and prompts. "
+                                 "Attention rows and swaps need the model: posym explore OUT --model MODEL.")
+        explorer["links"].append({"href": EXPLORER, "text": f"{EXPLORER} ({result['bytes'] / 1e6:.2f} MB)"})
+    return [settings, accuracy, scores, profile, frequency, discrepancy, table3, ablation, *_prediction_sections(out, section),
+            explorer]
 
 
 def _chance_note(summary) -> str | None:

@@ -100,6 +100,41 @@ def swap_scores(
             "n_swaps": len(ia), **sink_view(log_d)}
 
 
+def swap_details(clean: Tensor, swapped: Tensor, *, tau: float = 1e-4, top: int = 8, exclude_keys=()) -> dict[str, Tensor]:
+    """The heaviest swaps of one query row, for display (single-token swaps, compare="probs").
+
+    clean [n], swapped [n, n]: as `swap_scores` (keys 0..n-1 of the row, the query last). Returns, in
+    float64: attention [n] (softmax of clean), s_pos and s_sym (over every swap: `swap_scores`'
+    values), and for the `top` swaps of largest weight alpha, heaviest first: a, b [top] (key indices,
+    a < b), weight [top] (alpha), before_a/before_b (attention on a and b), after_a/after_b (attention
+    on a and b once their contents are swapped, the whole row renormalised), cos_pos and cos_sym.
+
+    >>> d = swap_details(torch.tensor([3.0, 0.0, 0.0, 0.0]), torch.zeros(4, 4) + torch.diag(torch.tensor([3.0, 0, 0, 0])), top=1)
+    >>> (int(d["a"][0]), int(d["b"][0]))   # the swap that moves the most attention: key 0 with key 1
+    (0, 1)
+    """
+    if clean.dim() != 1:
+        raise PosymError(f"swap_details takes one query row: clean [n], got shape {tuple(clean.shape)}")
+    clean, swapped = clean.to(torch.float64), swapped.to(torch.float64)
+    scores = swap_scores(clean, swapped, tau=tau, exclude_keys=exclude_keys)  # validates shapes and tau
+    n = clean.shape[-1]
+    items = movable_items(n - 1, None, exclude_keys)[:, 0]  # [M]: the keys that may move
+    ia, ib = torch.triu_indices(len(items), len(items), offset=1)  # [swaps] each
+    a, b = items[ia], items[ib]  # [swaps]
+    attention = torch.softmax(clean, dim=-1)  # [n]
+    alpha = torch.softmax((attention[a] - attention[b]).abs() / tau, dim=-1)  # [swaps]
+    heaviest = alpha.argsort(descending=True, stable=True)[:top]  # [top]
+    a, b = a[heaviest], b[heaviest]  # [top] each
+    cos_pos, cos_sym = pair_cosines(clean[a, None], clean[b, None], swapped[a, b, None], swapped[b, a, None], "probs")
+    after = clean.expand(len(a), n).clone()  # [top, n]: each row one swap applied
+    rows = torch.arange(len(a))
+    after[rows, a], after[rows, b] = swapped[a, b], swapped[b, a]
+    after = torch.softmax(after, dim=-1)  # [top, n]
+    return {"attention": attention, "s_pos": scores["s_pos"], "s_sym": scores["s_sym"], "a": a, "b": b,
+            "weight": alpha[heaviest], "before_a": attention[a], "before_b": attention[b],
+            "after_a": after[rows, a], "after_b": after[rows, b], "cos_pos": cos_pos, "cos_sym": cos_sym}
+
+
 # ---- queries -------------------------------------------------------------------------------------
 
 
@@ -237,6 +272,47 @@ def score_model(model, input_ids, queries=None, **options):
     import pandas as pd
 
     return pd.concat(list(iter_scores(model, input_ids, queries, **options)), ignore_index=True)
+
+
+DETAIL_LISTS = ("a", "b", "weight", "before_a", "before_b", "after_a", "after_b", "cos_pos", "cos_sym")
+"""Per-swap columns of `head_details` (one list per row, heaviest swap first; a and b are key positions)."""
+
+
+def head_details(model, input_ids, queries=None, *, tau: float = 1e-4, top: int = 8, exclude_keys=(),
+                 layers: list[int] | None = None, batch_size: int = 16):
+    """What a head does at each query, for display: one row per (prompt, query, layer, head) with
+    `first` (the first key the query sees), `attention` (a list over keys first..query), s_pos and
+    s_sym (every swap weighed: the dense value), and the `top` heaviest swaps (`swap_details`) as
+    lists (DETAIL_LISTS; a and b as key positions). input_ids and queries as `iter_scores`; one
+    forward pass per batch; one head's [n, n] swapped logits at a time (n = keys the query sees).
+    """
+    import pandas as pd
+
+    swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau)  # validates tau early
+    input_ids, queries = prompt_inputs(input_ids, queries)
+
+    def work(layer: int, qk: HeadQK, jobs: dict[int, list[int]]) -> list[dict]:
+        out = []
+        heads = qk.q.shape[1]
+        for p, rows in jobs.items():
+            first = qk.first_key(p)
+            keep = [int(key) - first for key in exclude_keys]
+            for row in rows:
+                for head in range(heads):
+                    swapped = swaps.swap_logits(qk, [row], [head], p)[0, 0]  # [n, n]
+                    d = swap_details(swapped.diagonal(), swapped, tau=tau, top=top, exclude_keys=keep)
+                    lists = {key: (d[key] + first if key in ("a", "b") else d[key]).tolist() for key in DETAIL_LISTS}
+                    out.append({"row": row, "query": p, "layer": layer, "head": head, "first": first,
+                                "attention": d["attention"].tolist(), "s_pos": float(d["s_pos"]),
+                                "s_sym": float(d["s_sym"]), **lists})
+        return out
+
+    frames = []
+    for batch, results in swaps.scan(model, input_ids, queries, work, layers=layers, batch_size=batch_size):
+        rows = pd.DataFrame([r for layer_rows in results for r in layer_rows])
+        rows.insert(0, "prompt", [batch[row] for row in rows.pop("row")])
+        frames.append(rows)
+    return pd.concat(frames, ignore_index=True).sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
 
 
 # ---- the score of a head over a prompt set ------------------------------------------------------
