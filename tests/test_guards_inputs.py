@@ -114,7 +114,7 @@ def test_a_streamed_file_holds_exactly_the_generated_rows(tmp_path, monkeypatch,
 def test_posym_data_beyond_the_free_disk_is_refused_before_writing(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(resources, "free_disk", lambda directory: 10 * 2**20, raising=False)  # 10 MiB free
     code, err = cli(capsys, monkeypatch, "data", "--n", 100_000, "--format", "npz", "--out", tmp_path / "d.npz")
-    one_line(code, err, "--n 100,000 asks for at least", "free disk space", "use at most 52,428")  # 200 bytes a row
+    one_line(code, err, "--n 100,000 asks for at least", "free disk space", "use at most 26,214")  # 400 bytes a row: spooled, then archived
     assert not list(tmp_path.iterdir())
 
 

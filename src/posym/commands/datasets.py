@@ -50,11 +50,12 @@ streamed chunk by chunk, so `posym data --n` needs this much memory whatever n i
 
 
 def row_bytes(config: TaskConfig, fmt: str) -> int:
-    """Bytes one row takes on disk at least, in format `fmt`: npz exactly (five int64 fields), jsonl at
-    least two characters per id and per token of the text plus the keys, Parquet (compressed) at least
-    two bits per token. `posym data` refuses an n whose rows would not fit the free disk space."""
+    """Bytes one row takes on disk at least, in format `fmt`: npz exactly twice its five int64 fields
+    (spooled, then archived), jsonl at least two characters per id and per token of the text plus the
+    keys, Parquet (compressed) at least two bits per token. `posym data` refuses an n whose rows would
+    not fit the free disk space."""
     L, H = config.seq_len, config.max_hops
-    return {"npz": 8 * (L + H + 4), "jsonl": 4 * L + 60}.get(fmt, L // 4 + 1)
+    return {"npz": 2 * 8 * (L + H + 4), "jsonl": 4 * L + 60}.get(fmt, L // 4 + 1)
 
 
 def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | Path,
@@ -96,11 +97,11 @@ def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | P
 def _write_jsonl(config: TaskConfig, n: int, parts: Iterable[Samples], path: Path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for samples in parts:
-            f.writelines(
+            f.write("".join(
                 json.dumps({"input_ids": ids, "answer": a, "hops": h, "chain": c, "text": t}) + "\n"
                 for ids, a, h, c, t in zip(samples.input_ids.tolist(), samples.answer.tolist(),
                                            samples.hops.tolist(), _chain_lists(samples),
-                                           texts(config, samples.input_ids)))
+                                           texts(config, samples.input_ids))))
 
 
 def _write_parquet(config: TaskConfig, n: int, parts: Iterable[Samples], path: Path) -> None:
@@ -108,7 +109,7 @@ def _write_parquet(config: TaskConfig, n: int, parts: Iterable[Samples], path: P
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    writer = None
+    writer, f = None, open(path, "wb")
     try:
         for samples in parts:
             offsets = np.concatenate([[0], np.cumsum(samples.hops + 1)]).astype(np.int32)
@@ -121,11 +122,14 @@ def _write_parquet(config: TaskConfig, n: int, parts: Iterable[Samples], path: P
                 "chain": pa.ListArray.from_arrays(pa.array(offsets), pa.array(chain_flat)),
                 "text": texts(config, samples.input_ids),
             })
-            writer = writer or pq.ParquetWriter(path, table.schema)
+            writer = writer or pq.ParquetWriter(f, table.schema)
             writer.write_table(table)
     finally:
-        if writer is not None:
-            writer.close()
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            f.close()
 
 
 def _write_npz(config: TaskConfig, n: int, parts: Iterable[Samples], path: Path) -> None:
@@ -142,7 +146,7 @@ def _write_npz(config: TaskConfig, n: int, parts: Iterable[Samples], path: Path)
                 array = getattr(samples, name)
                 first.setdefault(name, array)
                 spools[name].write(np.ascontiguousarray(array).tobytes())
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        with open(path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name in SAMPLE_FIELDS:
                 header = {"descr": np.lib.format.dtype_to_descr(first[name].dtype), "fortran_order": False,
                           "shape": (n, *first[name].shape[1:])}
