@@ -185,16 +185,19 @@ def pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     kwargs.pop("trust_remote_code", None)
     kwargs.setdefault("local_files_only", True)
     if "gguf_file" not in kwargs:  # transformers' own json.load would meet a 100,000-deep file with RecursionError
-        for name in TRANSFORMERS_JSON:
+        kind = "tokenizer" if "Tokenizer" in getattr(loader, "__name__", "") else "model"
+        for name in TRANSFORMERS_JSON[kind]:
             if (Path(path) / name).is_file():
                 read_json(Path(path) / name)
     return loader.from_pretrained(path, trust_remote_code=False, **kwargs)
 
 
-TRANSFORMERS_JSON = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
-                     "special_tokens_map.json", "added_tokens.json", "chat_template.json")
-"""The JSON files of a model directory that transformers reads; `pretrained` reads each first with posym's
-bounded reader (`posym.io.read_json`), so nesting past MAX_DEPTH or a file that is not JSON is one line."""
+TRANSFORMERS_JSON = {"model": ("config.json", "generation_config.json"),
+                     "tokenizer": ("config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json",
+                                   "added_tokens.json", "chat_template.json")}
+"""The JSON files of a model directory that transformers reads for a model and for a tokenizer; `pretrained`
+reads each first with posym's bounded reader (`posym.io.read_json`), so nesting past MAX_DEPTH or a file
+that is not JSON is one line."""
 
 
 def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
