@@ -1,7 +1,8 @@
 """Task datasets on disk: parquet, jsonl or npz files with a JSON manifest (SPEC section 1).
 
 `save_dataset(config, n, seed, split, out, fmt)` generates samples with `posym.core.tasks.generate` and
-writes them atomically with a manifest next to them (`manifest_path`: OUT.manifest.json, holding the
+writes them atomically, streamed chunk by chunk (memory bounded whatever n; n checked against the free
+disk space first), with a manifest next to them (`manifest_path`: OUT.manifest.json, holding the
 task config, seed, split, format, versions and the `content_hash` of the ids); `load_dataset(path)`
 reads any of the three formats back into (TaskConfig, Samples) and refuses a file whose ids do not
 match the manifest's hash. Rows hold input_ids, answer, hops, chain (positions from the query to the
