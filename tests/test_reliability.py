@@ -512,16 +512,32 @@ def cli(argv, capsys, monkeypatch) -> tuple[int, str]:
     return run_posym(monkeypatch, *argv), capsys.readouterr().err
 
 
+class _FullDisk:
+    """A file whose every write puts half its bytes out, then fails with ENOSPC."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        self.file.write(data[: len(data) // 2])
+        enospc()
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "npz"])
 def test_enospc_in_posym_data_is_one_line_exit_2(tmp_path, capsys, monkeypatch, fmt):
-    import numpy as np
-    import pyarrow.parquet as pq
-    from pathlib import PosixPath
+    from posym.commands import datasets
 
-    monkeypatch.setattr(pq, "write_table", enospc)
-    monkeypatch.setattr(PosixPath, "write_text", half_then_enospc(PosixPath.write_text))
-    monkeypatch.setattr(np, "savez_compressed", enospc)
-    monkeypatch.setattr(np, "savez", enospc)
+    # posym data streams every format through the files it opens (Parquet and the npz archive on file objects)
+    monkeypatch.setattr(datasets, "open", lambda *args, **kwargs: _FullDisk(open(*args, **kwargs)), raising=False)
     code, err = cli(["data", "--n", "40", "--format", fmt, "--out", tmp_path / f"d.{fmt}"], capsys, monkeypatch)
     assert code == 2 and err.count("\n") == 1 and err.startswith("posym: error: cannot write"), err
     assert "No space left on device" in err and not list(tmp_path.iterdir())

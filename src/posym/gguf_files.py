@@ -14,6 +14,7 @@ import struct
 from pathlib import Path
 
 from posym.errors import PosymError
+from posym.resources import check_declared_weights, decoder_weights
 
 GGUF_EXTRA = "pip install 'posym-rope[gguf]'"
 
@@ -136,11 +137,8 @@ def check_gguf_weights(path: Path, meta: dict) -> None:
     # feed_forward_length or vocab_size over small tensors would otherwise allocate before any check
     sizes = [meta.get(f"{arch}.{key}") for key in ("feed_forward_length", "vocab_size")]
     ffn, vocab = (int(s) if isinstance(s, int) and not isinstance(s, bool) else 0 for s in sizes)
-    declared = blocks * (4 * width * width + 3 * width * ffn) + 2 * width * max(vocab, embedding[-1])
     held = sum(math.prod(dims) for dims in tensors.values())
-    if declared > 4 * held + 2**20:
-        raise PosymError(f"{path}: its metadata describes a model of about {declared:,} weights, but the file "
-                         f"holds {held:,}: its metadata does not match its weights")
+    check_declared_weights(path, "its metadata", decoder_weights(blocks, width, ffn, max(vocab, embedding[-1])), held)
 
 
 def gguf_model_type(path: Path) -> str:

@@ -17,6 +17,7 @@ Nothing here computes a score; the maths lives in `posym.core`.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from posym.core.swaps import resolve_queries
 from posym.core.tasks import TaskConfig
 from posym.errors import PosymError
 from posym.io import atomic_path, parse_json, quote, read_json, read_json_object, write_json
-from posym.resources import check_count, sequence_bytes
+from posym.resources import check_count, check_declared_weights, decoder_weights, sequence_bytes
 
 
 # ---- posym checkpoints and run directories -------------------------------------------------------
@@ -102,9 +103,11 @@ SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
 
 
 def check_config_sizes(config: dict, where: str | Path) -> dict:
-    """A config.json's sizes as transformers will build them: every SIZE_KEYS entry present must be a
-    positive integer (`"vocab_size": "64"` or `"num_attention_heads": 0` used to pass here and crash
+    """A config.json's model_type and sizes as transformers will build them: model_type a string, every
+    SIZE_KEYS entry present a positive integer (`"vocab_size": "64"` or `"num_attention_heads": 0` used to pass here and crash
     inside transformers). Returns `config`."""
+    if "model_type" in config and not isinstance(config["model_type"], str):
+        raise PosymError(f"{where}: model_type must be a string, got {quote(config['model_type'])}")
     for key in SIZE_KEYS:
         value = config.get(key)
         if value is None and key in ("head_dim", "rotary_dim", "num_key_value_heads"):
@@ -112,6 +115,53 @@ def check_config_sizes(config: dict, where: str | Path) -> dict:
         if key in config and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise PosymError(f"{where}: {key} must be a positive integer, got {quote(value)}")
     return config
+
+
+SIZE_NAMES = {"blocks": ("num_hidden_layers", "n_layer", "num_layers"), "width": ("hidden_size", "n_embd", "d_model"),
+              "ffn": ("intermediate_size", "n_inner", "ffn_dim"), "vocab": ("vocab_size",)}
+"""The config.json keys the families use for the sizes of `posym.resources.decoder_weights` (first present wins;
+a missing feed-forward size is 4 x the width, GPT-J's n_inner null)."""
+
+
+def check_config_weights(directory: Path, dtype=None, device: str = "cpu") -> None:
+    """Before a Hugging Face directory (or posym checkpoint) is built: the model its config.json describes
+    must be about what its safetensors files hold and fit in memory (`posym.resources.check_declared_weights`;
+    `num_hidden_layers: 100000` over a 2-layer file used to build 100,000 layers before any check)."""
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        return
+    config = read_json_object(config_path)
+    config = config["text_config"] if isinstance(config.get("text_config"), dict) else config
+    sizes = {}
+    for name, keys in SIZE_NAMES.items():
+        value = next((config[k] for k in keys if isinstance(config.get(k), int) and not isinstance(config[k], bool)), None)
+        sizes[name] = value
+    if sizes["ffn"] is None and sizes["width"] is not None:
+        sizes["ffn"] = 4 * sizes["width"]
+    if any(value is None for value in sizes.values()):
+        return  # an unusual family: transformers' load report still catches a mismatch after the build
+    held = _safetensors_weights(directory)
+    width = getattr(dtype, "itemsize", 4) if dtype is not None else 4
+    check_declared_weights(directory, "its config.json", decoder_weights(**sizes), held, device=device,
+                           bytes_per_weight=width)
+
+
+def _safetensors_weights(directory: Path) -> int | None:
+    """Weights the safetensors files of `directory` hold, from their headers alone (None: none, or one
+    unreadable; the loader then names the damage)."""
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    try:
+        for file in files:
+            with safe_open(str(file), "pt") as f:
+                total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    except Exception:  # noqa: BLE001 (a damaged header: from_pretrained reports it in one line)
+        return None
+    return total
 
 
 def check_finite(model, where: str | Path):
@@ -131,10 +181,24 @@ def pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     """The one call of transformers' `from_pretrained` in posym (models, configs, tokenizers, GGUF files):
     `trust_remote_code=False`, so an `auto_map` in config.json or tokenizer_config.json never runs the
     directory's Python (transformers would otherwise ask "run the custom code? [y/N]" in a terminal),
-    and `local_files_only`, so a model spec is never fetched from the network."""
+    and `local_files_only`, so a model spec is never fetched from the network. The directory's JSON files
+    (`TRANSFORMERS_JSON`) are read first with the bounded reader."""
     kwargs.pop("trust_remote_code", None)
     kwargs.setdefault("local_files_only", True)
+    if "gguf_file" not in kwargs:  # transformers' own json.load would meet a 100,000-deep file with RecursionError
+        kind = "tokenizer" if "Tokenizer" in getattr(loader, "__name__", "") else "model"
+        for name in TRANSFORMERS_JSON[kind]:
+            if (Path(path) / name).is_file():
+                read_json(Path(path) / name)
     return loader.from_pretrained(path, trust_remote_code=False, **kwargs)
+
+
+TRANSFORMERS_JSON = {"model": ("config.json", "generation_config.json"),
+                     "tokenizer": ("config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json",
+                                   "added_tokens.json", "chat_template.json")}
+"""The JSON files of a model directory that transformers reads for a model and for a tokenizer; `pretrained`
+reads each first with posym's bounded reader (`posym.io.read_json`), so nesting past MAX_DEPTH or a file
+that is not JSON is one line."""
 
 
 def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
@@ -144,6 +208,7 @@ def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     from safetensors import SafetensorError
     from transformers.utils import logging as hf_logging
 
+    check_config_weights(Path(path), kwargs.get("dtype"))
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' multi-line load report; the check below says it in one line
     try:
@@ -154,7 +219,11 @@ def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
             raise PosymError(f"cannot load the model in {path}: its pickle weights hold more than tensors (torch's "
                              f"restricted unpickler refused them: {quote(first)}); posym never runs code from a "
                              "weights file") from None
-        if not isinstance(exc, (OSError, ValueError, RuntimeError, KeyError, SafetensorError)):
+        # TypeError / a strict-dataclass error: a config.json value of the wrong type ("rms_norm_eps": -1,
+        # "rope_theta": "abc"), found by transformers' config validation or while it builds the model
+        strict = type(exc).__name__.startswith("StrictDataclass")
+        first = " ".join(str(exc).split())[:300] if strict else first  # its reason is on the second line
+        if not (strict or isinstance(exc, (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError))):
             raise
         raise PosymError(f"cannot load the model in {path}: {first}") from None
     finally:

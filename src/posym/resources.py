@@ -8,6 +8,7 @@ otherwise try a 400 TB allocation, an n_layer of 10^5 hang while building) or mo
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from posym.errors import PosymError
@@ -70,6 +71,33 @@ def check_resources(config) -> str:
     return device
 
 
+def decoder_weights(blocks: int, width: int, ffn: int, vocab: int) -> int:
+    """Weights a decoder of these sizes has, about: per block the four attention projections and a gated
+    MLP, plus the token embedding and the output head (models with fewer key/value heads or tied
+    embeddings have a little less).
+
+    >>> decoder_weights(30, 576, 1536, 49152)  # SmolLM2-135M's sizes (it has 134.5 M: tied, 3 of 9 kv heads)
+    176062464
+    """
+    return blocks * (4 * width * width + 3 * width * ffn) + 2 * width * vocab
+
+
+def check_declared_weights(path, what: str, declared: int, held: int | None, *, device: str = "cpu",
+                           bytes_per_weight: int = 4) -> None:
+    """Refuse, before transformers builds anything, a model whose metadata (`what`: config.json, a GGUF
+    header) describes about `declared` weights when its files hold only `held` (transformers would
+    allocate the described model and fill the rest with random weights: a 96-byte GGUF file built a 7B
+    model), or more weights than this machine's memory holds (the build would allocate until the kernel
+    steps in). `held` None: unknown (pickle weights are never opened to count them)."""
+    if held is not None and declared > 4 * held + 2**20:
+        raise PosymError(f"{path}: {what} describes a model of about {declared:,} weights, but the file holds "
+                         f"{held:,}: {what} does not match its weights")
+    need, have = declared * bytes_per_weight, machine_memory(device)
+    if need > have:
+        raise PosymError(f"{path}: {what} describes a model of about {declared:,} weights ({need / 2**30:,.1f} GiB), "
+                         f"more than the {have / 2**30:,.1f} GiB of {device} memory here")
+
+
 # ---- count options (--n, --size, --extra-target, eval_size) ------------------------------------------
 
 SAMPLE_BYTES_PER_TOKEN = 64
@@ -82,19 +110,42 @@ def sequence_bytes(task_config) -> int:
     return SAMPLE_BYTES_PER_TOKEN * (task_config.seq_len + task_config.max_hops + 3)
 
 
-def check_count(option: str, value: int, each: int, *, what: str, device: str = "cpu") -> int:
+def check_count(option: str, value: int, each: int, *, what: str, device: str = "cpu",
+                disk: str | os.PathLike | None = None) -> int:
     """The range check of every count option: `value` items of `each` bytes (a lower bound, from the
     command's own memory estimate) must fit the machine's memory (RAM or the cgroup limit; the GPU's
-    for device cuda). A count that does not is one line naming the most that fits, before any work:
-    `--n 10**12` used to allocate until the kernel stepped in. Returns `value`."""
+    for device cuda), or with `disk` (a directory, for a command that streams its items to a file) the
+    free space of the disk that directory (or its nearest existing parent) lies on. A count that does not
+    is one line naming the most that fits, before any work: `--n 10**12` used to allocate until the
+    kernel stepped in. Returns `value`.
+
+    >>> check_count("--n", 10, 1000, what="prompt")
+    10
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise PosymError(f"{option} must be an integer, got {value!r}")
     if value < 0:
         raise PosymError(f"{option} must not be negative, got {value}")
-    each, have = max(int(each), 1), machine_memory(device)
+    if disk is None:
+        have, where = machine_memory(device), f"{device} memory here"
+    else:
+        have, where = free_disk(disk), f"free disk space under {disk}"
+    each = max(int(each), 1)
     if value * each > have:
         most = have // each
         raise PosymError(f"{option} {value:,} asks for at least {value * each / 2**30:,.1f} GiB ({each:,} bytes per "
-                         f"{what}), more than the {have / 2**30:,.1f} GiB of {device} memory here; "
+                         f"{what}), more than the {have / 2**30:,.1f} GiB of {where}; "
                          + (f"use at most {most:,}" if most else f"not even one {what} fits"))
     return value
+
+
+def free_disk(directory: str | os.PathLike) -> int:
+    """Bytes free for an unprivileged writer on the disk of `directory` (its nearest existing parent if it
+    does not exist yet)."""
+    path = Path(directory).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError as exc:
+        raise PosymError(f"cannot read the free disk space under {directory}: {exc.strerror}") from None

@@ -33,7 +33,6 @@ import functools
 import hashlib
 import importlib
 import importlib.util
-import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from posym.core.model import resolve_device
 from posym.core.qk import check_rope
 from posym.errors import PosymError
 from posym.gguf_files import check_gguf_weights, gguf_header, gguf_model_type
-from posym.io import atomic_path, manifest, read_json_object, write_json
+from posym.io import atomic_path, manifest, read_json, read_json_object, write_json
 from posym.loading import (CHECKPOINT_META, CHECKPOINTS, check_config_sizes, check_finite, from_pretrained, load_checkpoint,
                             pretrained)
 
@@ -125,9 +124,9 @@ def assembled_path(name: str) -> Path:
     stamp = target.with_name(target.name + ".sha256.json")
     if target.is_file():
         try:
-            if json.loads(stamp.read_text(encoding="utf-8")) == _stamp(target, expected):
+            if read_json(stamp) == _stamp(target, expected):
                 return target
-        except (OSError, ValueError):
+        except PosymError:  # a missing or damaged stamp: check the file itself
             pass
         if _sha256(target) == expected:
             write_json(stamp, _stamp(target, expected))
@@ -176,7 +175,8 @@ def resolve(spec: str | os.PathLike) -> Source:
 
 
 def _config_json(path: Path) -> dict:
-    return read_json_object(path / "config.json")  # bounded nesting, one line for anything that is not an object
+    # bounded nesting, one line for anything that is not an object; model_type and sizes of the right types
+    return check_config_sizes(read_json_object(path / "config.json"), path / "config.json")
 
 
 def model_type(source: Source) -> str | None:
@@ -199,7 +199,7 @@ def check_model_dir(model_dir: str | os.PathLike, *, allow_pickle: bool = False)
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise PosymError(f"{path} is not a Hugging Face model directory (no config.json)")
-    config = check_config_sizes(_config_json(path), path / "config.json")
+    config = _config_json(path)
     check_rope(config.get("model_type"), str(path))
     if not any(path.glob("*.safetensors")):
         if not any(path.glob("*.bin")):

@@ -114,7 +114,7 @@ def llm_bench_cmd(
                                     device=str(device), dtype=dtype, allow_pickle=allow_pickle)
     out = io.check_output(out or Path("runs") / "llm-bench" / label, is_dir=True, owns=OUTPUTS["llm-bench"])
     settings = {"model": label, "tasks": task_list, "sizes": size_list, "runs": runs, "n": n,
-                "markers": markers, "base_url": base_url, "dtype": dtype}
+                "markers": markers, "base_url": base_url and bench.shown_url(base_url), "dtype": dtype}  # no user:password in bench.json
     bar, advance = progress_bar(len(task_list) * len(size_list) * len(variants) * runs * n, "asking questions")
     with bar:
         table = bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 from posym.core.tasks import decode, generate, task_config
 from posym.errors import PosymError
 from posym.figures import save_figure, subplots
-from posym.io import manifest, write_json, write_parquet, write_text
+from posym.io import manifest, parse_json, write_json, write_parquet, write_text
 from posym.loading import Prompt
 from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_count, sequence_bytes
 from posym.sources import LoadedModel, load, tokenize
@@ -325,9 +325,9 @@ def chat(endpoint: Endpoint, content: str) -> str:
             if status not in (408, 429) and status < 500:
                 break  # a client error (bad key, bad model name) will not go away by retrying
             continue
-        try:
-            content = reply_content(json.loads(data.decode("utf-8")))
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        try:  # the bounded reader: a reply nested 100,000 deep is a bad reply, not a RecursionError
+            content = reply_content(parse_json(data, "the reply"))
+        except (PosymError, KeyError, IndexError, TypeError, AttributeError, ValueError):
             last = "the reply is not an OpenAI-style chat completion"
             break
         return content.replace(key, "***") if key else content  # an endpoint echoing the key gets it masked

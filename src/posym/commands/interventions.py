@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from posym import io
-from posym.commands.lengthgen import LengthGenConfig, measure
+from posym.commands.lengthgen import LengthGenConfig, measure, plan
 from posym.configs import from_dict, override, to_dict
 from posym.core.interventions import (LABEL_QUERIES, HeadFreezer, ablated, fold_ablation, head_means, head_slice,
                                       label_heads, select_heads)
@@ -23,6 +23,7 @@ from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.io import atomic_path, write_json, write_parquet
 from posym.loading import CHECKPOINT_META, load_checkpoint
+from posym.resources import check_count, sequence_bytes
 from posym.sources import resolve
 
 
@@ -41,10 +42,20 @@ def _expand(specs: list[str], model) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _lengths(task, factors: list[int]) -> list[int]:
+def _lengths(model, task, factors: list[int], n: int, n_prompts: int) -> list[int]:
+    """The lengths (factors of the training length) to measure, checked as `posym lengthgen` checks its
+    own (lengthgen.plan: within the position table, `n` test sequences that fit in memory at the longest),
+    and the `n_prompts` label prompts against memory too."""
     if not factors or min(factors) < 1:
         raise PosymError(f"length factors must be positive integers, got {factors}")
-    return sorted({k * task.seq_len for k in factors})
+    if 1 not in factors:  # the figure's top panel compares every condition at the training length
+        raise PosymError(f"--factors must include 1 (the training length, where the conditions are compared), "
+                         f"got {','.join(map(str, factors))}")
+    lengths = sorted({k * task.seq_len for k in factors})
+    plan(task, LengthGenConfig(lengths=lengths, protocol="paper", n=n, heads=False), model.config.n_positions)
+    rows = model.config.n_layer * model.config.n_head * task.max_hops  # score rows per label prompt
+    check_count("--label-prompts", n_prompts, sequence_bytes(task) + 80 * rows, what="label prompt")
+    return lengths
 
 
 def _measure_rows(model, task, lengths, n: int, seed: int, **labels) -> list[dict]:
@@ -87,7 +98,7 @@ def run_ablation(path, conditions: list[str], out_dir, *, modes=("zero", "mean")
         raise PosymError("give at least one set of heads to ablate (--heads)")
     model, info = _load(path, step, device)
     task = info["task_config"]
-    lengths = _lengths(task, list(factors))
+    lengths = _lengths(model, task, list(factors), n, n_prompts)
     labels = label_heads(model, task, n_prompts=n_prompts, seed=seed, gamma=gamma)
     every = [(layer, h) for layer in range(model.config.n_layer) for h in range(model.config.n_head)]
     means = head_means(model, generate(task, mean_samples, seed, split="train").input_ids, every)
@@ -183,7 +194,7 @@ def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = Non
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     task = info["task_config"]
-    lengths = _lengths(task, list(factors))
+    lengths = _lengths(model, task, list(factors), n, n_prompts)
     labels = label_heads(model, task, n_prompts=n_prompts, seed=seed, gamma=gamma)
     note = progress or (lambda text: None)
     rows, costs, skipped = [], {}, []

@@ -53,6 +53,7 @@ from posym.errors import PosymError
 from posym.figures import colormap, save_figure, spaced_tick_labels, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.loading import load_checkpoint
+from posym.resources import check_count, sequence_bytes
 
 
 PROTOCOLS = ("paper", "seed", "both")
@@ -135,7 +136,8 @@ def extension(task: TaskConfig, length: int) -> TaskConfig:
 def plan(task: TaskConfig, config: LengthGenConfig, n_positions: int) -> list[tuple[str, int, float]]:
     """(protocol, length, factor = length / training length) to evaluate, each protocol by length.
 
-    A length beyond the model's position table (`n_positions`) is a PosymError.
+    A length beyond the model's position table (`n_positions`), or more test sequences (`n`,
+    `head_prompts`) than memory holds at the longest length, is a PosymError.
     """
     base = task.seq_len
     points = []
@@ -147,6 +149,12 @@ def plan(task: TaskConfig, config: LengthGenConfig, n_positions: int) -> list[tu
         if length > n_positions:
             raise PosymError(f"length {length} exceeds the model's position table of {n_positions} tokens "
                              f"(n_positions); choose lengths <= {n_positions}")
+    # each length's test sequences are generated at once: the longest bounds the counts
+    longest = max(length for _, length, _ in points)
+    each = sequence_bytes(extension(task, longest))
+    check_count("--n", config.n, each, what=f"{longest}-token test sequence")
+    if config.heads:
+        check_count("--head-prompts", config.head_prompts, each, what=f"{longest}-token test sequence")
     return points
 
 

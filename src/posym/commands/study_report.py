@@ -9,7 +9,6 @@ planes, symbolic on slow ones), 2605.31558's Table 3 (`posym.commands.bench.PAPE
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 
 from posym import io
@@ -136,7 +135,7 @@ def _sections(out: Path) -> list[dict]:
     accuracy, scores, profile = section("Accuracy", "profile"), section("Scores and sinks", "scores"), section("Layer profile", "profile")
     if _has(out, "scores"):
         heads = pd.read_parquet(out / "scores" / "heads.parquet")
-        sinks = json.loads((out / "scores" / "sinks.json").read_text(encoding="utf-8"))
+        sinks = io.read_json(out / "scores" / "sinks.json")
         scores["texts"].append("Sink key positions left out of the swaps, per prompt set: "
                                + "; ".join(f"{k}: {v or 'none'}" for k, v in sinks.items()))
         for variant, rows in heads[heads.set == "binding-last"].groupby("variant", sort=False):
@@ -147,7 +146,7 @@ def _sections(out: Path) -> list[dict]:
         counts = heads.groupby(["set", "variant", "label"]).size().unstack(fill_value=0).reset_index()
         scores["tables"].append(_table(counts, counts.columns))
     if _has(out, "profile"):
-        summary = json.loads((out / "profile" / "profile.json").read_text(encoding="utf-8"))
+        summary = io.read_json(out / "profile" / "profile.json")
         rows = pd.DataFrame([{"set": k, **v} for k, v in summary.items()])
         accuracy["tables"].append(_table(rows.dropna(subset=["accuracy"]) if "accuracy" in rows else rows.iloc[:0],
                                          ["set", "accuracy", "prompts"] if "accuracy" in rows else ["set"]))
@@ -176,7 +175,7 @@ def _sections(out: Path) -> list[dict]:
                                                           "s_pos_excluded", "s_sym_excluded", "label_excluded"]))
     frequency = section("Frequency", "frequency")
     if _has(out, "frequency"):
-        info = json.loads((out / "frequency" / "frequency.json").read_text(encoding="utf-8"))
+        info = io.read_json(out / "frequency" / "frequency.json")
         plot_behaviour(pd.read_parquet(out / "frequency" / "behaviour.parquet"), info, out / "figures" / "behaviour")
         frequency["texts"].append(f"Weighting: {info['weighting']}. Mean weighted frequency ID {info['mean_weighted_id']:.2f} "
                                   f"(uniform weighting: {info['uniform_weighted_id']:.1f}); over {info['heads']} heads, "
@@ -189,7 +188,7 @@ def _sections(out: Path) -> list[dict]:
     discrepancy = section("Discrepancy", "discrepancy")
     if _has(out, "discrepancy"):
         plot_gaps(pd.read_parquet(out / "discrepancy" / "gaps.parquet"), out / "figures" / "gaps")
-        info = json.loads((out / "discrepancy" / "discrepancy.json").read_text(encoding="utf-8"))
+        info = io.read_json(out / "discrepancy" / "discrepancy.json")
         discrepancy["figures"].append(_figure(out / "figures" / "gaps", out, "Discrepancy by length",
                                               f"Median gap over prompts; dotted: {info['bound']}."))
     table3 = section("Table 3", "bench")
@@ -249,7 +248,7 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                           section("Causal tests", "causal"))
     if _has(out, "screen"):
         summary = pd.read_parquet(out / "screen" / "summary.parquet")
-        chosen = json.loads((out / "screen" / "screen.json").read_text(encoding="utf-8"))
+        chosen = io.read_json(out / "screen" / "screen.json")
         task["texts"].append(f"Every format tried at its base length ('between' layout), with its n and 95% Wilson "
                              f"interval: each is probed first, and a format that can still reach the threshold is then "
                              f"asked the full count, in order, until one passes. "
@@ -259,7 +258,7 @@ def _prediction_sections(out: Path, section) -> list[dict]:
         task["tables"].append(_table(summary, ["format", "base_length", "acc", "lo", "hi", "n"]))
     if _has(out, "lengths"):
         acc = pd.read_parquet(out / "lengths" / "accuracy_summary.parquet")
-        info = json.loads((out / "lengths" / "lengths.json").read_text(encoding="utf-8"))
+        info = io.read_json(out / "lengths" / "lengths.json")
         save_figure(plot_accuracy(acc, info["format"]), out / "figures" / "length-accuracy")
         task["figures"].append(_figure(out / "figures" / "length-accuracy", out, "Accuracy by length",
                                        "between: distractors between the facts and the question; before: distractors "

@@ -250,12 +250,10 @@ def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = Non
 def _run_sweep(config: SweepConfig, out: Path, grid: list[dict], address: str | None, max_concurrent: int | None,
                progress: Callable[[dict], None] | None) -> dict:
     """The body of `run_sweep`, run under `out`'s lock."""
-    import json
-
     import pandas as pd
     import ray
 
-    rows = {t["name"]: json.loads(done_path(out, t["name"], SWEEP_JOB).read_text(encoding="utf-8"))["row"]
+    rows = {t["name"]: io.read_json(done_path(out, t["name"], SWEEP_JOB))["row"]
             for t in grid if is_done(out, t["name"], SWEEP_JOB)}
     todo = [t for t in grid if t["name"] not in rows]
     if todo:

@@ -16,6 +16,7 @@ from posym.core.theory import (TheoryConfig, discrepancy_curve, frequency_angle,
                                verify)
 from posym.figures import save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
+from posym.resources import check_count, sequence_bytes
 
 
 def plot_discrepancy(curves: list[dict]):
@@ -48,6 +49,9 @@ def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
 
     step = progress or (lambda name: None)
     out_dir = Path(out_dir)
+    # a sampled length holds its inputs, their tokens and logits at once: a few int64 per position
+    check_count("--samples", config.samples, 4 * 8 * (max(config.n0) + 2), what=f"input of {max(config.n0) + 1} tokens")
+    check_count("task_samples", config.task_samples, sequence_bytes(task_config("number")), what="task sample")
     step("verifying the constructions at every length")
     rows = verify(config)
     summary = summarize_lengths(rows, config.n0)

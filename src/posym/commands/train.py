@@ -9,7 +9,6 @@ bit-identical to an uninterrupted one on the same machine), metrics.parquet and 
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import time
 from pathlib import Path
@@ -103,7 +102,7 @@ def _load_trainer_state(directory: Path, optimizer) -> int:
     from safetensors.torch import load_file
 
     tensors = load_file(str(directory / TRAINER_TENSORS))
-    meta = json.loads((directory / TRAINER_JSON).read_text(encoding="utf-8"))
+    meta = io.read_json(directory / TRAINER_JSON)
     slots: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         if key.startswith("optimizer."):
@@ -123,7 +122,7 @@ def _restore(model, optimizer, ckpt: Path, device: str) -> None:
     from safetensors.torch import load_file
 
     steps = [(ckpt / "model.safetensors", lambda f: model.load_state_dict(load_file(str(f), device=device))),
-             (ckpt / TRAINER_JSON, lambda f: json.loads(f.read_text(encoding="utf-8"))["param_groups"]),
+             (ckpt / TRAINER_JSON, lambda f: io.read_json(f)["param_groups"]),
              (ckpt / TRAINER_TENSORS, lambda f: _load_trainer_state(ckpt, optimizer))]
     for path, load in steps:
         try:
