@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -958,3 +959,223 @@ def test_options_that_had_no_effect_are_refused(runs, tmp_path, capsys, monkeypa
                         "--exclude-keys", keys, "--out", tmp_path / "o")
         one_line(code, err, f"--exclude-keys {keys} is not a key of every prompt")
     assert not (tmp_path / "o").exists() and not (tmp_path / "s.parquet").exists()
+
+
+# ---- round three, part A (issue 31, items 1, 2, 3, 5, 6, 11, 13, 14): what the first pass left open ----
+
+
+def test_a_study_resumed_with_another_model_is_refused_by_its_weights(tmp_path, monkeypatch):
+    """llm-study compares the model's identity (`sources.identity`: its config and a digest of its weights),
+    not the spec string: another model under the same path, or one given without a name, is refused; the
+    same model under another spec continues."""
+    from test_study import TINY
+    from tiny_llms import save_model, tokenizer
+
+    from posym import configs, sources
+    from posym.commands import study
+
+    config = configs.from_dict(study.StudyConfig, TINY)
+    monkeypatch.setitem(study.STAGE_WORK, "bench", lambda loaded, config, out, progress: None)  # the resume check
+    monkeypatch.setattr(study, "build_study_report", lambda out: None)  # is what this test is about
+    path, out = tmp_path / "model", tmp_path / "study"
+    words = tokenizer()
+    save_model(path, "llama", words)
+    first = sources.load(path)
+    study.run_study(first, out, config, settings={"model": str(path)}, only=["bench"])
+    before = snapshot(out)
+    shutil.rmtree(path)
+    save_model(path, "llama", words, seed=1)  # another model where the first one was
+    for settings in ({"model": str(path)}, {}):
+        with pytest.raises(PosymError, match=f"{out} holds a study of model .weights [0-9a-f]+., not of model"):
+            study.run_study(sources.load(path), out, config, settings=settings, only=["bench"])
+        assert snapshot(out) == before
+    shutil.copytree(out, tmp_path / "again")
+    timings = study.run_study(first, tmp_path / "again", config, settings={"model": "another/spec/of/it"},
+                              only=["bench"])
+    assert timings == {"bench": "done"}
+
+
+_SIGNALS = """
+import os, signal, sys, time
+from pathlib import Path
+from posym import io
+from posym.cli import app, main
+
+@app.command("probe")
+def probe(out: Path, more: int) -> None:
+    with io.locked(out):
+        try:
+            with io.interruptible(lambda: "kept what was finished"):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+        finally:  # the cleanup after the SIGTERM, while `more` Ctrl-Cs arrive
+            for _ in range(more):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+            (out / "cleaned").write_text("yes")
+
+sys.argv = ["posym", "probe", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("more", [1, 2], ids=["a-second-signal-is-noted", "a-third-stops-at-once"])
+def test_signals_during_the_cleanup_neither_cut_it_short_nor_change_the_line(tmp_path, more):
+    """`kill` then Ctrl-C (or Ctrl-C twice): the second signal arrives while posym unwinds from the first. It
+    used to be raised there: the lock's cleanup cut short and the command's line replaced by the generic
+    one with exit 130. Now it is noted, the cleanup ends, the line and exit 143 are the first signal's; a
+    third stops posym at once with one line."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", _SIGNALS, str(out), str(more)], env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    if more == 1:
+        assert done.stderr == "posym: terminated: kept what was finished\n"
+        assert sorted(p.name for p in out.iterdir()) == ["cleaned"]  # the lock released, the cleanup whole
+    else:
+        assert done.stderr == f"posym: terminated: {io.STOPPED}\n"
+
+
+_B64_KEY = "sk-Ab9/cD+ef0123456789=="  # base64 characters, as many providers' keys have
+
+
+@pytest.mark.parametrize("spell", [
+    lambda k: json.dumps({"error": f"bad key {k}"}).replace("/", "\\/"),  # PHP's json_encode
+    lambda k: '{"error": "bad key ' + "".join(f"\\u{ord(c):04X}" for c in k) + '"}',  # every character escaped
+    lambda k: "no such route /v1?key=" + __import__("urllib.parse").parse.quote(k, safe="").lower(),  # URL-encoded
+], ids=["slash-escaped-json", "unicode-escaped-json", "url-encoded"])
+def test_the_api_key_is_masked_in_every_spelling_of_it(monkeypatch, spell):
+    """An endpoint echoing the key JSON-escaped or URL-encoded got past the mask (it matched the key as it is)."""
+    monkeypatch.setenv("POSYM_TEST_KEY", _B64_KEY)
+    body = spell(_B64_KEY)
+    with Endpoint(401, "Unauthorized", body.encode()) as server, pytest.raises(PosymError) as caught:
+        bench.chat(server.endpoint, "hi")
+    message = str(caught.value)
+    assert "***" in message and "ef0123" not in message.lower() and "0065\\u0066" not in message.lower(), message
+    with Endpoint(body=json.dumps({"choices": [{"message": {"content": spell(_B64_KEY)}}]}).encode()) as server:
+        reply = bench.chat(server.endpoint, "hi")  # the answer bench.parquet stores
+    assert "***" in reply and "ef0123" not in reply.lower() and "0065\\u0066" not in reply.lower(), reply
+
+
+@pytest.mark.parametrize("name", ["stages/study-scores.done.json", "study.yaml", "manifest.json", "scores/heads.parquet"])
+def test_outputs_never_name_a_done_file_or_a_study_file(tmp_path, capsys, monkeypatch, name):
+    """A forged done-file makes a re-run skip its stage, and a study's study.yaml and tables are what a resume
+    compares and reads: an output naming them is refused like one naming the lock (it was written)."""
+    out = tmp_path / "study"
+    for path, text in [("study.yaml", "seed: 0\n"), ("manifest.json", "{}"), ("stages/study-scores.done.json", "{}"),
+                       ("scores/heads.parquet", "PAR1")]:
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text(text)
+    before = snapshot(tmp_path)
+    code, err = cli(capsys, monkeypatch, "data", "--n", 2, "--out", out / name)
+    one_line(code, err, *(["is one of posym's own control files (the done-file"] if name.endswith(".done.json")
+                          else ["would overwrite", "an input of this command"]))
+    assert snapshot(tmp_path) == before
+    code, err = cli(capsys, monkeypatch, "data", "--n", 2, "--out", tmp_path / "elsewhere" / "stages" / "x.done.json")
+    one_line(code, err, "is one of posym's own control files")  # wherever the stages folder is
+
+
+def test_a_replaced_directory_output_never_takes_foreign_files_with_it(tmp_path):
+    """`atomic_path(DIR, is_dir=True, replace=True)` (train's checkpoints, finetune's OUT/models/NAME) replaced
+    DIR whatever it held; now only by a newer version of itself: every old entry must be in the new one."""
+    saved = tmp_path / "models" / "none"
+    saved.mkdir(parents=True)
+    (saved / "config.json").write_text("{}")  # an earlier save: replaced
+    with io.atomic_path(saved, is_dir=True, replace=True) as tmp:
+        (tmp / "config.json").write_text('{"new": 1}')
+        (tmp / "model.safetensors").write_text("weights")
+    assert (saved / "config.json").read_text() == '{"new": 1}'
+    (saved / "thesis.tex").write_text("two years of work\n")  # someone else's file: the write is refused
+    with pytest.raises(PosymError, match="holds 'thesis.tex', which the new none does not"):
+        with io.atomic_path(saved, is_dir=True, replace=True) as tmp:
+            (tmp / "config.json").write_text('{"newer": 1}')
+            (tmp / "model.safetensors").write_text("weights")
+    assert (saved / "thesis.tex").read_text() == "two years of work\n" and (saved / "config.json").read_text() == '{"new": 1}'
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["none"]  # no temporary left
+
+
+def test_every_read_of_a_posym_output_goes_through_the_guarded_readers():
+    """Parquet tables are read only by `io.read_parquet`, JSON files only by `io.read_json(_object)` (a damaged
+    file is one line naming it): llm-study's report and resume, sweep's done-files and trial metrics read
+    theirs raw (truncated file: ArrowInvalid traceback). Two raw JSON reads remain, each in a handler of
+    its own: the trainer state (`train._restore`: names the damaged checkpoint) and the cache stamp of an
+    assembled model (`sources`: a bad stamp means "check the sha256 again")."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "posym"
+    raw = []
+    for path in sorted(src.rglob("*.py")):
+        if path.name == "io.py":
+            continue
+        tree = ast.parse(path.read_text())
+        guarded = {alias.asname or alias.name for node in ast.walk(tree)  # `from posym.io import read_parquet`
+                   if isinstance(node, ast.ImportFrom) and node.module == "posym.io" for alias in node.names}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            owner = getattr(getattr(node.func, "value", None), "id", None)
+            if name in ("read_parquet", "read_table", "ParquetFile") and owner != "io" and not (owner is None and name in guarded):
+                raw.append((str(path.relative_to(src)), node.lineno, f"{owner}.{name}"))
+            if name == "loads" and owner == "json" and "read_text" in ast.dump(node):
+                raw.append((str(path.relative_to(src)), node.lineno, "json.loads(read_text)"))
+    assert {(file, what) for file, _, what in raw} == {("commands/train.py", "json.loads(read_text)"),
+                                                        ("sources.py", "json.loads(read_text)"),
+                                                        ("commands/datasets.py", "pq.read_table"),
+                                                        ("commands/datasets.py", "json.loads(read_text)")}, raw
+
+
+@pytest.mark.parametrize("damage", ["truncated-table", "json-list", "another-shape", "not-utf8-settings"])
+def test_a_damaged_study_output_is_one_line_in_its_report(tmp_path, damage):
+    """The report of `posym llm-study` (rebuilt on every resume) read its stage outputs raw: a truncated
+    heads.parquet, a sinks.json holding a list, a table without posym's columns, a study.yaml that is not
+    UTF-8 were tracebacks. Each is one line naming the file (or the folder) now; nothing is written."""
+    import pandas as pd
+
+    from posym.commands import study_report
+    from posym.stages import mark_done
+
+    out = tmp_path / "study"
+    (out / "scores").mkdir(parents=True)
+    (out / "study.yaml").write_text("seed: 0\n")
+    io.write_parquet(out / "scores" / "heads.parquet", pd.DataFrame({"x": [1.0]}))
+    io.write_json(out / "scores" / "sinks.json", {"binding-last": [0]})
+    mark_done(out, study_report.JOB, "scores", 1.0)
+    heads = out / "scores" / "heads.parquet"
+    if damage == "truncated-table":
+        heads.write_bytes(heads.read_bytes()[:40])
+        words = f"{heads} is damaged"
+    elif damage == "json-list":
+        (out / "scores" / "sinks.json").write_text("[]")
+        words = "sinks.json must hold a JSON object, not a list"
+    elif damage == "another-shape":
+        words = "holds a stage output that is not what posym llm-study writes there"
+    else:
+        (out / "study.yaml").write_bytes(b"seed: \xff\n")
+        words = "study.yaml is damaged (not UTF-8 text"
+    before = snapshot(tmp_path)
+    with pytest.raises(PosymError, match=re.escape(words)):
+        study_report.build_study_report(out)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_damaged_sweep_done_file_is_one_line(tmp_path):
+    from posym.commands import sweep
+
+    done = tmp_path / "stages" / "t0-trial.done.json"
+    done.parent.mkdir()
+    for text, words in [("{}", "holds no table row"), ("[1]", "must hold a JSON object"), ("{", "is not valid JSON")]:
+        done.write_text(text)
+        with pytest.raises(PosymError, match=re.escape(words)):
+            sweep._done_row(done)
+
+
+def test_resume_keeps_a_train_log_that_is_not_utf8(runs, tmp_path):
+    """train.log only informs: `train --resume` of a run whose log holds bytes that are not UTF-8 raised
+    UnicodeDecodeError (a traceback); now it reads what it can and continues."""
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run", run)
+    (run / "train.log").write_bytes(b"step 0 \xff\xfe\n")
+    assert train(None, run, resume=True, progress=False) == run  # (the run is finished: nothing to train)
+    assert (run / "train.log").read_bytes().startswith(b"step 0 ")

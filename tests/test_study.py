@@ -309,9 +309,10 @@ def test_cli_stage_choices_are_the_study_stages():
     assert [stage.value for stage in StudyStage] == list(study.STAGES)
 
 
-def test_resume_refuses_another_model(finished, tiny):
+def test_resume_refuses_another_model(finished, tmp_path):
+    """Another model (other weights) is refused whatever its spec; tests/test_guards.py has the other cases."""
     out, _ = finished
-    loaded = sources.load(tiny[0], device="cpu")
+    loaded = sources.load(save_model(tmp_path / "llama", "llama", tokenizer(), seed=1), device="cpu")
     with pytest.raises(PosymError, match="holds a study of"):
         study.run_study(loaded, out, configs.from_dict(study.StudyConfig, TINY), settings={"model": "another-model"})
 

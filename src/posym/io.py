@@ -70,13 +70,14 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
 
     On any exception the temporary file or directory is removed and `path` is left untouched. A
     directory `path` that exists and is not empty is replaced only with `replace=True` (the caller owns
-    it, as `posym train` owns its checkpoints); otherwise it is refused before anything is written, so
-    a directory output never deletes what it lands on.
+    it, as `posym train` owns its checkpoints), and then only if the new directory holds every name the
+    old one held (`_refuse_foreign`); otherwise it is refused before anything is written, so a directory
+    output never deletes what it lands on.
     """
     path = Path(path)
     parent = path.parent
     _refuse_special(path, is_dir)
-    _refuse_control(path)
+    _refuse_control(path, done_files=False)
     if is_dir and not replace and _entries(path):
         raise PosymError(f"{path} already exists and is not an empty directory; posym replaces no directory it "
                          "did not write")
@@ -101,6 +102,8 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
         yield tmp
         if is_dir:
             _umask_modes(tmp)
+        if is_dir and replace and _entries(path):
+            _refuse_foreign(path, tmp)
         if is_dir and path.exists():
             # A directory cannot be renamed over a non-empty one: move the old one aside first.
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=parent))
@@ -120,6 +123,16 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
         if type(exc).__name__ == "SafetensorError":  # the safetensors writer's own I/O error (e.g. disk full)
             raise PosymError(f"cannot write {path}: {_first_line(exc)}") from None
         raise
+
+
+def _refuse_foreign(path: Path, new: Path) -> None:
+    """`replace=True` replaces a directory only by a newer version of itself: every entry of the old `path`
+    must be one the `new` directory holds too, so a file someone put there (or a directory of other files
+    under the same name) is never deleted with it."""
+    foreign = sorted(set(_entries(path)) - set(os.listdir(new)) - {LOCK})
+    if foreign:
+        raise PosymError(f"{path} holds {quote(foreign[0])}, which the new {path.name} does not; posym replaces a "
+                         "directory only by a newer version of itself: move that file away, then run again")
 
 
 def _umask_modes(directory: Path) -> None:
@@ -178,11 +191,30 @@ _TEMPORARY = re.compile(r"^\..+\.(tmp|old)-")
 """The names `atomic_path` gives its temporaries (`.NAME.tmp-HOST-PID-*`) and the old directory it moves aside."""
 
 
-def _refuse_control(path: Path) -> None:
-    """An output may never be one of posym's own control files: a directory's lock (replacing it would
-    admit a second process) or an atomic write's temporary."""
-    if path.name == LOCK or _TEMPORARY.match(path.name):
-        raise PosymError(f"{path} is one of posym's own control files ({'the lock of a directory' if path.name == LOCK else 'the temporary of a write in progress'}); choose another name")
+STAGES = "stages"
+"""The folder of done-files in the directory of a resumable command (`posym.stages`)."""
+DONE = ".done.json"
+"""How a done-file's name ends (`posym.stages.done_path`: stages/JOB-STAGE.done.json)."""
+
+
+def _control(path: Path, *, done_files: bool = True) -> str | None:
+    """Which of posym's own control files `path` names, in words, or None (a done-file only with
+    `done_files`: `posym.stages.mark_done` writes them through `atomic_path`)."""
+    if path.name == LOCK:
+        return "the lock of a directory: replacing it would admit a second process"
+    if _TEMPORARY.match(path.name):
+        return "the temporary of a write in progress"
+    if done_files and path.parent.name == STAGES and path.name.endswith(DONE):
+        return "the done-file of a finished stage: a re-run would skip that stage"
+    return None
+
+
+def _refuse_control(path: Path, *, done_files: bool = True) -> None:
+    """An output may never be one of posym's own control files (`_control`): a directory's lock, an atomic
+    write's temporary, a stage's done-file (`check_output`; the writer refuses the first two)."""
+    what = _control(path, done_files=done_files)
+    if what is not None:
+        raise PosymError(f"{path} is one of posym's own control files ({what}); choose another name")
 
 
 # ---- outputs never replace inputs ------------------------------------------------------------------
@@ -198,6 +230,14 @@ def _is_model_dir(path: Path) -> bool:
 
 def _is_run_dir(path: Path) -> bool:
     return (path / "config.yaml").is_file() or (path / "checkpoints").is_dir() or (path / "pipeline.yaml").is_file()
+
+
+STUDY_MARKER = "study.yaml"
+"""The file `posym llm-study` keeps in its output directory (the config a re-run must match)."""
+
+
+def _is_study_dir(path: Path) -> bool:
+    return (path / STUDY_MARKER).is_file()
 
 
 def _overlap(output: Path, is_dir: bool, source: Path) -> Path | None:
@@ -228,8 +268,9 @@ def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bo
                  option: str = "--out", owns: Any = (), marker: str | None = None) -> Path | None:
     """Refuse (PosymError, before any work) an output path that exists and is not a regular file (a
     directory for `is_dir`), that is one of posym's control files (a lock, a temporary), or that is or
-    lies inside one of `inputs` (None entries are skipped). Model and run directories around the output
-    count as inputs too: `posym data --out RUN/config.yaml` would break the run.
+    lies inside one of `inputs` (None entries are skipped). Model, run and llm-study directories around the
+    output count as inputs too: `posym data --out RUN/config.yaml` would break the run, `--out
+    STUDY/study.yaml` the study.
 
     A directory output that exists and is not empty must be the command's own: every entry matches
     one of the glob patterns `owns` (what the command writes there), or the directory holds `marker`
@@ -247,7 +288,7 @@ def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bo
     _refuse_special(path, is_dir)
     _refuse_control(path)
     output = Path(os.path.realpath(path))
-    around = [a for a in output.parents if a.is_dir() and (_is_model_dir(a) or _is_run_dir(a))]
+    around = [a for a in output.parents if a.is_dir() and (_is_model_dir(a) or _is_run_dir(a) or _is_study_dir(a))]
     given = [Path(os.path.realpath(p)) for p in inputs if p is not None and os.path.lexists(p)]
     for source in [*given, *around]:
         hit = _overlap(output, is_dir, source)
@@ -340,28 +381,45 @@ def handle_signals() -> None:
     """The one handler for SIGINT and SIGTERM (`posym.cli.main` installs it): both raise `Signalled`, so a
     `kill` (SIGTERM, what job schedulers and `timeout` send first) is answered as a Ctrl-C is: one line on
     what was kept, the lock released, exit 128 + the signal (130, 143). A signal that the parent left
-    ignored (`nohup`, a background job's SIGINT) stays ignored."""
+    ignored (`nohup`, a background job's SIGINT) stays ignored.
+
+    Only the first signal is raised: a second one (an impatient second Ctrl-C, `kill` then Ctrl-C) arrives
+    while posym is already unwinding, and raising it there would cut the cleanup short (a temporary or the
+    lock left behind) and replace the command's line with a traceback or a generic one; it is noted and
+    the cleanup goes on. A third stops posym at once (os._exit, exit 128 + the first signal) with the
+    command-independent line `STOPPED`, for a cleanup that hangs; SIGKILL still ends it any time."""
     def handler(signum, frame):
         _RECEIVED.append(signum)
-        raise Signalled(signum)
+        if len(_RECEIVED) == 1:
+            raise Signalled(signum)
+        if len(_RECEIVED) >= 3:
+            first = _RECEIVED[0]
+            word = "interrupted" if first == signal.SIGINT else "terminated"
+            os.write(2, f"posym: {word}: {STOPPED}\n".encode())
+            os._exit(128 + first)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
             signal.signal(signum, handler)
 
 
+STOPPED = ("stopped at once by a third signal, before the cleanup ended: finished outputs are whole; hidden "
+           "temporaries (.NAME.tmp-*) left behind are never read and the next write of NAME removes them")
+"""The line of a third signal (`handle_signals`)."""
+
+
 _RECEIVED: list[int] = []
-"""The signals `handle_signals` turned into `Signalled`, in order."""
+"""The signals `handle_signals` received, in order (the first was raised as `Signalled`)."""
 
 
 def signal_number(exc: BaseException | None = None) -> int:
-    """The signal behind a KeyboardInterrupt (or one it caused, as Click's Abort; without one, the last
+    """The signal behind a KeyboardInterrupt (or one it caused, as Click's Abort; without one, the first
     signal received), SIGINT by default."""
     while exc is not None:
         if isinstance(exc, Signalled):
             return exc.signum
         exc = exc.__cause__ or exc.__context__
-    return _RECEIVED[-1] if _RECEIVED else int(signal.SIGINT)
+    return _RECEIVED[0] if _RECEIVED else int(signal.SIGINT)
 
 
 @contextlib.contextmanager
@@ -443,6 +501,20 @@ def parse_json(text: str | bytes, where: str) -> Any:
     except ValueError as exc:  # JSONDecodeError, or an integer beyond Python's digit limit
         raise PosymError(f"{where} is not valid JSON ({getattr(exc, 'msg', None) or quote(str(exc))})") from None
     return bounded(value, where)
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """A UTF-8 text file posym wrote (a table.md, a study.yaml shown as it is); a missing file or one that
+    is not UTF-8 text is one PosymError line."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PosymError(f"{path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise PosymError(f"{path} is damaged (not UTF-8 text: byte {exc.start + 1} is not)") from None
+    except OSError as exc:
+        raise PosymError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def read_json(path: str | os.PathLike) -> Any:

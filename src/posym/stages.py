@@ -18,7 +18,7 @@ from posym import io
 
 def done_path(out: Path, job: str, stage: str) -> Path:
     """Where the done-file of `stage` of `job` (a task name or "theory") lives."""
-    return Path(out) / "stages" / f"{job}-{stage}.done.json"
+    return Path(out) / io.STAGES / f"{job}-{stage}{io.DONE}"
 
 
 def is_done(out: Path, job: str, stage: str) -> bool:

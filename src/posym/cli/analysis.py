@@ -87,9 +87,7 @@ def score_command(
                                     exact=exact, batch_size=batch_size, progress=advance)
         rows = loading.write_score_parquet(out, frames, io.manifest(settings, seed=seed, settings=settings,
                                                             hf_config=hf_model.config.to_dict()))
-    import pandas as pd
-
-    summary = scores.summarize_heads(pd.read_parquet(out, columns=["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
+    summary = scores.summarize_heads(io.read_parquet(out, columns=["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
     table = Table(title=f"mean scores over {len(ids)} prompts (gamma = {gamma})")
     for column in ("layer", "head", "s_pos", "s_sym", "entropy", "label"):
         table.add_column(column, justify="left" if column == "label" else "right")

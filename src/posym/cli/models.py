@@ -139,7 +139,7 @@ def llm_study_cmd(
     from posym import configs, io, sources
     from posym.commands import study
 
-    io.check_output(out, inputs=[path, config], is_dir=True, marker="study.yaml")
+    io.check_output(out, inputs=[path, config], is_dir=True, marker=io.STUDY_MARKER)
     settings = configs.from_dict(study.StudyConfig, io.read_yaml(config) if config else {},
                                  where=str(config or "study config"))
     chosen = values(stages, option="--stages", choices=StudyStage)
@@ -147,7 +147,7 @@ def llm_study_cmd(
     spec = path or "smollm2-135m"
     device = device_of(device)
     loaded = sources.load(spec, device=device)
-    out = io.check_output(out or Path("runs") / "llm-study" / loaded.name, is_dir=True, marker="study.yaml")
+    out = io.check_output(out or Path("runs") / "llm-study" / loaded.name, is_dir=True, marker=io.STUDY_MARKER)
     steps = study.stage_steps(settings)
     bar, advance = progress_bar(sum(steps[s] for s in only or study.STAGES), "llm-study")
     with bar:

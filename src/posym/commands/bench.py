@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,11 +212,30 @@ MAX_STORED = 200
 """Characters of a predicted answer kept in bench.parquet: a runaway answer is stored as its prefix."""
 
 
-def _masked(text: str, key: str | None, limit: int = 200) -> str:
-    """`text` with the API key replaced, then cut to `limit` characters (in that order: a key that straddles
-    the cut would otherwise survive it half)."""
-    text = text.replace(key, "***") if key else text
-    return text[:limit]
+def key_spellings(key: str) -> list[str]:
+    """Every way a reply may spell `key`: as it is, JSON-escaped (`/` as `\\/`, as PHP writes it; any
+    character as `\\u00XX`, as Go writes `<>&`) and URL-encoded (an error that quotes the request URL),
+    longest first. A key of base64 characters (`/`, `+`) echoed in a JSON error body would otherwise pass
+    the mask.
+
+    >>> key_spellings("a/b")
+    ['\\u0061\\u002f\\u0062', 'a\\u002fb', 'a%2Fb', 'a\\/b', 'a/b']
+    """
+    import urllib.parse
+
+    escaped = json.dumps(key)[1:-1]  # printable ASCII only (`_api_key`): `"` and `\\` escaped
+    spellings = {key, escaped, escaped.replace("/", "\\/"), urllib.parse.quote(key, safe=""),
+                 urllib.parse.quote_plus(key), "".join(f"\\u{ord(c):04x}" for c in key),
+                 "".join(c if c.isalnum() else f"\\u{ord(c):04x}" for c in key)}
+    return sorted(spellings, key=lambda s: (-len(s), s))
+
+
+def _masked(text: str, key: str | None, limit: int | None = 200) -> str:
+    """`text` with every spelling of the API key (`key_spellings`) replaced, then cut to `limit`
+    characters (in that order: a key that straddles the cut would otherwise survive it half)."""
+    for spelling in key_spellings(key) if key else ():
+        text = re.sub(re.escape(spelling), "***", text, flags=re.IGNORECASE)  # %2f as %2F, \\u002F as \\u002f
+    return text if limit is None else text[:limit]
 
 
 def _connection(url: str, timeout_s: float):
@@ -330,7 +350,7 @@ def chat(endpoint: Endpoint, content: str) -> str:
         except (PosymError, KeyError, IndexError, TypeError, AttributeError, ValueError):
             last = "the reply is not an OpenAI-style chat completion"
             break
-        return content.replace(key, "***") if key else content  # an endpoint echoing the key gets it masked
+        return _masked(content, key, None)  # an endpoint echoing the key gets it masked
     raise PosymError(f"endpoint {shown_url(url)} failed after {attempt + 1} attempt(s): {last}")
 
 

@@ -368,7 +368,7 @@ def _bench_section(bench_dir: Path, out_dir: Path, k: int) -> dict:
                      "Accuracy of a real model on the 1-hop Appendix H prompts per target-window size, ours with std.",
                      "GPT-5.4, GPT-5.5, Claude Sonnet 3.7 (dashed).")
     return _section(f"table3-{k}", "Table 3: real models on 1-hop prompts", source=bench_dir,
-                    pre=(bench_dir / "table.md").read_text(encoding="utf-8"), items=[figure] if figure else [])
+                    pre=io.read_text(bench_dir / "table.md"), items=[figure] if figure else [])
 
 
 def _provenance(summaries: list[dict]) -> dict[str, str]:

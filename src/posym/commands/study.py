@@ -47,7 +47,7 @@ from posym.errors import PosymError
 from posym.lengthtasks import Builder, base_length, build
 from posym.loading import Prompt
 from posym.parallel import cpu_seconds, cpu_workers
-from posym.sources import LoadedModel, tokenize
+from posym.sources import LoadedModel, identity, tokenize
 from posym.stages import is_done, mark_done
 
 STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation", "screen", "lengths", "causal")
@@ -150,9 +150,7 @@ def accuracy_rows(loaded: LoadedModel, prompts: list[Prompt], **labels) -> list[
 
 def _read(out: Path, stage: str, table: str):
     """Table `table` written by an earlier `stage` (out is the current stage's folder)."""
-    import pandas as pd
-
-    return pd.read_parquet(out.parent / stage / f"{table}.parquet")
+    return io.read_parquet(out.parent / stage / f"{table}.parquet")
 
 
 
@@ -451,7 +449,7 @@ def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, 
     out = Path(out)
     check_sizes(loaded, config, only or list(STAGES))
     with io.locked(out), io.interruptible(lambda: _kept(out)):
-        _prepare(out, config, settings)
+        _prepare(out, config, loaded, settings)
         progress = progress or (lambda k=1: None)
         timings: dict[str, float | str] = {}
         for stage in only or STAGES:
@@ -489,22 +487,31 @@ def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> 
                                      f"{max(p.factors)}x but the model has {top} positions; choose smaller factors")
 
 
-def _prepare(out: Path, config: StudyConfig, settings: dict) -> None:
-    """OUT/study.yaml and manifest.json; a study with another config, or a foreign directory, is refused."""
-    stored = out / "study.yaml"
+def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict) -> None:
+    """OUT/study.yaml and manifest.json (with the model's `identity`); a study with another config or of
+    another model, or a foreign directory, is refused."""
+    stored = out / io.STUDY_MARKER
+    model = identity(loaded)
     if stored.is_file():
         if io.config_hash(io.read_yaml(stored)) != io.config_hash(configs.to_dict(config)):
             raise PosymError(f"{out} holds a study with a different config (see {stored}); re-run with the same "
                              "config to continue it, or choose another --out")
-        before = (out / "manifest.json")
-        model = io.read_json_object(before).get("model") if before.is_file() else None
-        if model is not None and settings.get("model") is not None and str(model) != str(settings["model"]):
-            raise PosymError(f"{out} holds a study of {model}, not of {settings['model']}; re-run with that model "
-                             "to continue it, or choose another --out")
+        before = io.read_json_object(out / "manifest.json") if (out / "manifest.json").is_file() else {}
+        held = before.get("identity")
+        if isinstance(held, dict) and "digest" in held:  # the weights decide, not the spec that named them
+            was, now = (f"{m.get('name')} (weights {m.get('digest')})" for m in (held, model))
+            other = held["digest"] != model["digest"]
+        else:  # a study written before identities were recorded: its spec is all there is to compare
+            was, now = before.get("model"), settings.get("model", model["name"])
+            other = was is not None and str(was) != str(now)
+        if other:
+            raise PosymError(f"{out} holds a study of {was}, not of {now}; re-run with that model to continue it, "
+                             "or choose another --out")
     elif any(p.name != io.LOCK for p in out.iterdir()):
         raise PosymError(f"{out} exists, is not empty and holds no study.yaml; choose another --out")
     io.write_yaml(stored, configs.to_dict(config))
-    io.write_json(out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, **settings))
+    io.write_json(out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, identity=model,
+                                                     **settings))
 
 
 def _kept(out: Path) -> str:

@@ -16,6 +16,7 @@ from posym.commands.explore import EXPLORER, explore
 from posym.commands.llm import plot_heads
 from posym.commands.prediction import plot_accuracy, plot_causal, plot_retention
 from posym.core.stats import wilson_interval
+from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.stages import is_done
 
@@ -131,11 +132,11 @@ def _sections(out: Path) -> list[dict]:
         absent = stage if stage and not _has(out, stage) else None
         return {"name": name, "absent": absent, "texts": [], "tables": [], "pres": [], "figures": [], "links": [], **parts}
 
-    settings = section("Settings", pres=[(out / "study.yaml").read_text(encoding="utf-8")] if (out / "study.yaml").is_file() else [])
+    settings = section("Settings", pres=[io.read_text(out / io.STUDY_MARKER)] if (out / io.STUDY_MARKER).is_file() else [])
     accuracy, scores, profile = section("Accuracy", "profile"), section("Scores and sinks", "scores"), section("Layer profile", "profile")
     if _has(out, "scores"):
-        heads = pd.read_parquet(out / "scores" / "heads.parquet")
-        sinks = io.read_json(out / "scores" / "sinks.json")
+        heads = io.read_parquet(out / "scores" / "heads.parquet")
+        sinks = io.read_json_object(out / "scores" / "sinks.json")
         scores["texts"].append("Sink key positions left out of the swaps, per prompt set: "
                                + "; ".join(f"{k}: {v or 'none'}" for k, v in sinks.items()))
         for variant, rows in heads[heads.set == "binding-last"].groupby("variant", sort=False):
@@ -146,7 +147,7 @@ def _sections(out: Path) -> list[dict]:
         counts = heads.groupby(["set", "variant", "label"]).size().unstack(fill_value=0).reset_index()
         scores["tables"].append(_table(counts, counts.columns))
     if _has(out, "profile"):
-        summary = io.read_json(out / "profile" / "profile.json")
+        summary = io.read_json_object(out / "profile" / "profile.json")
         rows = pd.DataFrame([{"set": k, **v} for k, v in summary.items()])
         accuracy["tables"].append(_table(rows.dropna(subset=["accuracy"]) if "accuracy" in rows else rows.iloc[:0],
                                          ["set", "accuracy", "prompts"] if "accuracy" in rows else ["set"]))
@@ -154,20 +155,20 @@ def _sections(out: Path) -> list[dict]:
                                                "pearson_r", "mean_attn_first", "sink_label_changes"]))
         profile["texts"].append(f"2511.11579 (Gemma-2-2b-it): median s_pos {GEMMA_HALVES[0]} in the early half of the "
                                 f"layers vs {GEMMA_HALVES[1]} in the late half.")
-        plot_profile(pd.read_parquet(out / "profile" / "layers.parquet"), out / "figures" / "profile")
+        plot_profile(io.read_parquet(out / "profile" / "layers.parquet"), out / "figures" / "profile")
         halves = "; ".join(f"{k}: {v['early_s_pos']:.2f} vs {v['late_s_pos']:.2f}" for k, v in summary.items()
                            if v.get("early_s_pos") is not None)
         profile["figures"].append(_figure(out / "figures" / "profile", out, "Layer profile",
                                           "Median s_pos (solid) and s_sym (dashed) per layer and prompt set. Median "
                                           f"s_pos, early vs late half of the layers, ours: {halves}; 2511.11579 "
                                           f"(Gemma-2-2b-it): {GEMMA_HALVES[0]} vs {GEMMA_HALVES[1]}."))
-        labels = pd.read_parquet(out / "profile" / "labels.parquet")
+        labels = io.read_parquet(out / "profile" / "labels.parquet")
         profile["tables"].append(_table(labels.pivot_table(index=["set", "variant", "gamma"], columns="label",
                                                            values="heads").reset_index(),
                                         ["set", "variant", "gamma", "positional", "symbolic", "mixed", "uniform"]))
-        profile["tables"].append(_table(pd.read_parquet(out / "profile" / "agreement.parquet"),
+        profile["tables"].append(_table(io.read_parquet(out / "profile" / "agreement.parquet"),
                                         ["a", "b", "heads", "agreement"]))
-        changes = pd.read_parquet(out / "profile" / "sink_changes.parquet")
+        changes = io.read_parquet(out / "profile" / "sink_changes.parquet")
         changed = changes[changes.changed]
         scores["texts"].append(f"{len(changed)} of {len(changes)} (set, head) labels change when the sinks are "
                                "excluded from the swaps; the first 40:")
@@ -175,8 +176,8 @@ def _sections(out: Path) -> list[dict]:
                                                           "s_pos_excluded", "s_sym_excluded", "label_excluded"]))
     frequency = section("Frequency", "frequency")
     if _has(out, "frequency"):
-        info = io.read_json(out / "frequency" / "frequency.json")
-        plot_behaviour(pd.read_parquet(out / "frequency" / "behaviour.parquet"), info, out / "figures" / "behaviour")
+        info = io.read_json_object(out / "frequency" / "frequency.json")
+        plot_behaviour(io.read_parquet(out / "frequency" / "behaviour.parquet"), info, out / "figures" / "behaviour")
         frequency["texts"].append(f"Weighting: {info['weighting']}. Mean weighted frequency ID {info['mean_weighted_id']:.2f} "
                                   f"(uniform weighting: {info['uniform_weighted_id']:.1f}); over {info['heads']} heads, "
                                   f"Pearson r = {info['pearson']:.3f}, Spearman rho = {info['spearman']:.3f}.")
@@ -187,14 +188,14 @@ def _sections(out: Path) -> list[dict]:
                                             "slow ones, i.e. a negative correlation (no coefficient given)."))
     discrepancy = section("Discrepancy", "discrepancy")
     if _has(out, "discrepancy"):
-        plot_gaps(pd.read_parquet(out / "discrepancy" / "gaps.parquet"), out / "figures" / "gaps")
-        info = io.read_json(out / "discrepancy" / "discrepancy.json")
+        plot_gaps(io.read_parquet(out / "discrepancy" / "gaps.parquet"), out / "figures" / "gaps")
+        info = io.read_json_object(out / "discrepancy" / "discrepancy.json")
         discrepancy["figures"].append(_figure(out / "figures" / "gaps", out, "Discrepancy by length",
                                               f"Median gap over prompts; dotted: {info['bound']}."))
     table3 = section("Table 3", "bench")
     if _has(out, "bench"):
-        table3["pres"].append((out / "bench" / "table.md").read_text(encoding="utf-8"))
-        note = _chance_note(pd.read_parquet(out / "bench" / "summary.parquet"))
+        table3["pres"].append(io.read_text(out / "bench" / "table.md"))
+        note = _chance_note(io.read_parquet(out / "bench" / "summary.parquet"))
         if note:
             table3["texts"].append(note)
         table3["figures"].append(_figure(out / "bench" / "bench", out, "Table 3 analogue",
@@ -202,12 +203,12 @@ def _sections(out: Path) -> list[dict]:
                                          "models dashed."))
     ablation = section("Ablation", "ablation")
     if _has(out, "ablation"):
-        summary = pd.read_parquet(out / "ablation" / "ablation_summary.parquet")
+        summary = io.read_parquet(out / "ablation" / "ablation_summary.parquet")
         plot_ablation(summary, out / "figures" / "ablation")
         ablation["figures"].append(_figure(out / "figures" / "ablation", out, "Ablation effects",
                                            "Top-k positional, top-k symbolic and k random heads (binding, last token)."))
         ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "sem", "prompts"]))
-        size = int(io.read_yaml(out / "study.yaml").get("bench_size", 12)) if (out / "study.yaml").is_file() else 12
+        size = int(io.read_yaml(out / io.STUDY_MARKER).get("bench_size", 12)) if (out / io.STUDY_MARKER).is_file() else 12
         for row in summary[summary.k == 0].itertuples():
             chance = 0.25 if row.set.startswith("binding") else 1 / size  # 4 facts; one of `size` target tokens
             lo, hi = wilson_interval(round(row.acc * row.prompts), int(row.prompts))
@@ -242,13 +243,11 @@ def _chance_note(summary) -> str | None:
 
 def _prediction_sections(out: Path, section) -> list[dict]:
     """Length task (screen), Head retention and Causal tests (`posym.commands.prediction`)."""
-    import pandas as pd
-
     task, kept, causal = (section("Length task", "screen"), section("Head retention", "lengths"),
                           section("Causal tests", "causal"))
     if _has(out, "screen"):
-        summary = pd.read_parquet(out / "screen" / "summary.parquet")
-        chosen = io.read_json(out / "screen" / "screen.json")
+        summary = io.read_parquet(out / "screen" / "summary.parquet")
+        chosen = io.read_json_object(out / "screen" / "screen.json")
         task["texts"].append(f"Every format tried at its base length ('between' layout), with its n and 95% Wilson "
                              f"interval: each is probed first, and a format that can still reach the threshold is then "
                              f"asked the full count, in order, until one passes. "
@@ -257,15 +256,15 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                                 "causal stages describe a task the model does not solve."))
         task["tables"].append(_table(summary, ["format", "base_length", "acc", "lo", "hi", "n"]))
     if _has(out, "lengths"):
-        acc = pd.read_parquet(out / "lengths" / "accuracy_summary.parquet")
-        info = io.read_json(out / "lengths" / "lengths.json")
+        acc = io.read_parquet(out / "lengths" / "accuracy_summary.parquet")
+        info = io.read_json_object(out / "lengths" / "lengths.json")
         save_figure(plot_accuracy(acc, info["format"]), out / "figures" / "length-accuracy")
         task["figures"].append(_figure(out / "figures" / "length-accuracy", out, "Accuracy by length",
                                        "between: distractors between the facts and the question; before: distractors "
                                        "before everything; marked: between, each fact tagged with a marker the question "
                                        "repeats. Bands: Wilson 95%."))
         task["tables"].append(_table(acc, ["layout", "factor", "length", "acc", "lo", "hi", "n"]))
-        groups = pd.read_parquet(out / "lengths" / "group_retention.parquet")
+        groups = io.read_parquet(out / "lengths" / "group_retention.parquet")
         for (layout, ranking), rows in groups.groupby(["layout", "ranking"], sort=False):
             stem = out / "figures" / f"retention-{layout}-{ranking}"
             save_figure(plot_retention(rows, f"{info['format']} / {layout}: heads labelled by {ranking} scores"), stem)
@@ -276,7 +275,7 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                                            f"bootstrap 95% over {int(rows.prompts.iloc[0])} prompts."))
         moves = out / "lengths" / "label_moves.parquet"
         if moves.is_file():
-            moves = pd.read_parquet(moves)
+            moves = io.read_parquet(moves)
             kept["texts"].append(f"The heads the causal stage ablates, sink-free scores without and with markers: "
                                  f"{int((moves.label != moves.label_marked).sum())} of {len(moves)} change label.")
             kept["tables"].append(_table(moves, ["group", "layer", "head", "s_pos", "s_sym", "label", "s_pos_marked",
@@ -288,7 +287,7 @@ def _prediction_sections(out: Path, section) -> list[dict]:
         else:
             kept["texts"].append("No head has a positional, symbolic or mixed label here, so there are no groups.")
     if _has(out, "causal"):
-        table = pd.read_parquet(out / "causal" / "causal_summary.parquet")
+        table = io.read_parquet(out / "causal" / "causal_summary.parquet")
         save_figure(plot_causal(table), out / "figures" / "causal")
         causal["figures"].append(_figure(out / "figures" / "causal", out, "Length effect of ablations",
                                          "drop(L) - drop(base) of each ablated group (sink-free ranking) and of its "
@@ -313,5 +312,11 @@ def build_study_report(out) -> Path:
 
     out = Path(out)
     template = Environment(autoescape=True).from_string(TEMPLATE)
-    page = template.render(title=f"posym llm-study: {out.name}", sections=_sections(out))
+    try:
+        sections = _sections(out)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:  # a stage output of another shape
+        raise PosymError(f"{out} holds a stage output that is not what posym llm-study writes there "
+                         f"({type(exc).__name__}: {io.quote(str(exc))}); delete that stage's folder and its "
+                         f"{io.STAGES}/{JOB}-STAGE{io.DONE} to run it again") from None
+    page = template.render(title=f"posym llm-study: {out.name}", sections=sections)
     return io.write_text(out / "report.html", page)

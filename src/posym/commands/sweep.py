@@ -163,14 +163,13 @@ def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads
     start = time.perf_counter()
     row = {k: trial[k] for k in TRIAL_KEYS}
     try:
-        import pandas as pd
         import torch
 
         torch.set_num_threads(threads)
         run_path = Path(run_dir)
         cfg = from_dict(TrainConfig, trial["config"])
         train.train(cfg, run_path, resume=(run_path / "config.yaml").is_file(), progress=False)
-        last = pd.read_parquet(run_path / "metrics.parquet").sort_values("step").iloc[-1]
+        last = io.read_parquet(run_path / "metrics.parquet").sort_values("step").iloc[-1]
         row.update({k: float(last[k]) for k in last.index if k == "acc" or k.startswith("acc_hop")})
         row["step"] = int(last.step)
         if dynamics:
@@ -247,14 +246,22 @@ def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = Non
         return _run_sweep(config, out, grid, address, max_concurrent, progress)
 
 
+def _done_row(path: Path) -> dict:
+    """The table row a finished trial's done-file keeps; a damaged one is one PosymError line saying how to
+    run that trial again."""
+    row = io.read_json_object(path).get("row")
+    if not isinstance(row, dict):
+        raise PosymError(f"{path} is damaged (it holds no table row); delete it to run that trial again")
+    return row
+
+
 def _run_sweep(config: SweepConfig, out: Path, grid: list[dict], address: str | None, max_concurrent: int | None,
                progress: Callable[[dict], None] | None) -> dict:
     """The body of `run_sweep`, run under `out`'s lock."""
     import pandas as pd
     import ray
 
-    rows = {t["name"]: io.read_json(done_path(out, t["name"], SWEEP_JOB))["row"]
-            for t in grid if is_done(out, t["name"], SWEEP_JOB)}
+    rows = {t["name"]: _done_row(done_path(out, t["name"], SWEEP_JOB)) for t in grid if is_done(out, t["name"], SWEEP_JOB)}
     todo = [t for t in grid if t["name"] not in rows]
     if todo:
         started = not ray.is_initialized()

@@ -264,7 +264,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
     end = config.max_steps if stop_at is None else min(stop_at, config.max_steps)
     saves = set(checkpoint_steps(config.max_steps, config.checkpoint_every)) | {end}
     log_path = run_dir / "train.log"
-    log_lines = log_path.read_text(encoding="utf-8").splitlines() if resume and log_path.is_file() else []
+    # the log only informs: a damaged one (bytes that are not UTF-8) is kept as far as it reads, never a refusal
+    log_lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines() if resume and log_path.is_file() else []
     rows: list[dict] = []
 
     step = 0
