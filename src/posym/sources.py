@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import json
 import importlib.util
 import os
 import sys
