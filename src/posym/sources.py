@@ -32,8 +32,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
-import json
 import importlib.util
+import json
 import os
 import sys
 from dataclasses import dataclass, field
