@@ -34,7 +34,9 @@ Public API
 The queries, keys and rotary tables come from `posym.core.qk` (GPT-J, GPT-NeoX/Pythia, Llama, Mistral,
 Qwen2; others, e.g. GPT-2 without RoPE, are a PosymError) through the swapped-logit engine
 `posym.core.swaps`. By default only the swaps that carry all but epsilon = 1e-12 of the swap weights
-are weighed (`posym.core.pruning`: O(n d) per peaked head and query instead of O(n^2 d)); every row
+are weighed (`posym.core.pruning`: O(n d) per peaked head and query instead of O(n^2 d)), and a layer's
+queries are scored in blocks of every head at once (`posym.core.batched`; engine="loop" scores one
+query position at a time, the reference the tests hold it to); every row
 records the bound its s_pos and s_sym satisfy against weighing every swap (exact="dense", the
 reference). Numbers are computed in float64 from the model's tensors; the model is not changed.
 """
