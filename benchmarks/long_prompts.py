@@ -59,6 +59,10 @@ JSON = {"smollm2-135m": "docs/benchmarks/long_prompts.json", "gemma3-270m": "doc
 
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+ROUNDING = 1e-12
+"""Slack of diff_within_bound: pruned (batched: logits from one matrix product) and dense (per query: dot
+products) round their float64 logits differently, and the swap weights divide them by tau = 1e-4
+(6.7e-14 measured on SmolLM2 at 24 tokens, every query)."""
 
 
 def measure(fn, device: str) -> tuple[float, int, object]:
@@ -135,6 +139,7 @@ def main(argv=None) -> None:
                              "attention (as posym.sources loads the model), LM head included; measured before and "
                              "after each scoring, time_ratio = scores_s / their mean",
                   "scores": "posym.core.scores.score_model, float64, exact='pruned' (epsilon 1e-12), engine='batched'",
+                  "diff_within_bound": f"max |pruned - dense| <= the row's bound + {ROUNDING:g} (float64 rounding)",
                   "skipped_lengths": skipped, "runs": runs}
         write_json(args.json, result)
 
@@ -165,7 +170,7 @@ def main(argv=None) -> None:
             diff = frame.assign(diff=(frame.s_pos - dense.s_pos).abs().combine((frame.s_sym - dense.s_sym).abs(), max))
             entry.update(dense_s=dense_s, dense_peak_bytes=dense_mem, dense_over_scores=dense_s / scores_s,
                          max_abs_diff=float(diff["diff"].max()),
-                         diff_within_bound=bool((diff["diff"] <= frame["bound"] + 1e-15).all()))
+                         diff_within_bound=bool((diff["diff"] <= frame["bound"] + ROUNDING).all()))
             entry.update({f"max_abs_diff_{kind}": value for kind, value in by_kind(
                 diff, lambda rows: float(rows["diff"].max())).items()})
         entry["load_average_at_end"] = list(os.getloadavg())
