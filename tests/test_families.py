@@ -62,6 +62,40 @@ def test_captured_logits_and_gaps_are_the_models_own(kind):
             assert r.gap == pytest.approx(float(top[0].log() - top[1].log()), abs=1e-9)
 
 
+@pytest.mark.parametrize("kind", KINDS + FAMILIES)
+def test_the_capture_pass_stops_at_the_last_layers_kernel(kind):
+    """Scoring layer 0 of a 2-layer model runs only what its queries and keys need: the embedding, the
+    rotary tables, layer 0's input norm and q/k/v projections (and q/k norms). Its attention kernel,
+    output projection and MLP, layer 1, the final norm and the LM head never run, and the scores equal
+    those of a pass that runs layer 0 to the end (scoring layers 0 and 1), bit for bit."""
+    model = tiny_model(kind)
+    prompts = random_prompts([9, 9], seed=4)
+    called = []
+    hooks = [module.register_forward_hook(lambda m, a, o, name=name: called.append(name))
+             for name, module in model.named_modules() if name]
+    try:
+        alone = score_model(model, prompts, "all", layers=[0])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    names = dict(model.named_modules())
+    layer0 = next(name for name in names if name.endswith((".layers.0", ".h.0")))
+    attention = next(name for name in names if name.startswith(layer0 + ".") and name.count(".") == layer0.count(".") + 1
+                     and name.rsplit(".", 1)[1] in ("self_attn", "attn", "attention"))
+    ran = set(called)
+    assert all(name.startswith(layer0 + ".") or "." not in name.split(".", 1)[1] for name in ran)  # layer 0, or embeddings
+    assert not any(names[name] is model.get_output_embeddings() or name.endswith(("norm", "ln_f")) and layer0 not in name
+                   for name in ran)
+    before = {name.rsplit(".", 1)[1] for name in ran if name.startswith(layer0 + ".") and not name.startswith(attention)}
+    assert all(("norm" in leaf or leaf.startswith("ln_")) and "post" not in leaf for leaf in before)  # no MLP
+    outputs = {name for name in names if name.startswith(attention + ".") and name.endswith(("o_proj", "out_proj", "dense"))}
+    assert outputs and not outputs & ran
+    assert all(any(tag in name[len(attention) + 1 :].split(".")[0] for tag in ("q_", "k_", "v_", "qkv", "query_key_value"))
+               for name in ran if name.startswith(attention + "."))  # the attention's inputs only
+    both = score_model(model, prompts, "all", layers=[0, 1])
+    assert alone.equals(both[both.layer == 0].reset_index(drop=True))
+
+
 def test_family_specifics_are_read_from_the_layers():
     """Gemma 2: query_pre_attn_scalar and soft-cap; Granite: attention multiplier; Gemma 3: a local
     and a global RoPE base; Cohere: interleaved planes; Phi-3 / StableLM: partial rotary."""

@@ -117,9 +117,12 @@ def test_pruned_equals_dense_on_tiny_models(kind, monkeypatch):
         dense = score_model(model, prompts, queries, exact="dense", **options)
         assert (pruned["kept"] < pruned["n_swaps"]).any() and (dense["kept"] == dense["n_swaps"]).all()
         assert (pruned["bound"] <= 2e-12).all() and (dense["bound"] == 0).all()
+        # pruned runs the batched engine (clean logits from one matrix product), dense the per-query
+        # path (dot products): their float64 logits differ by rounding, which compare="logits" divides
+        # by tau = 1e-4 inside the swap weights (measured 2.6e-13 on mistral), hence 1e-12, not 1e-13
         for key in ("s_pos", "s_sym"):
-            assert ((pruned[key] - dense[key]).abs() <= pruned["bound"] + 1e-13).all()
-        assert pruned["entropy"].equals(dense["entropy"])
+            assert ((pruned[key] - dense[key]).abs() <= pruned["bound"] + 1e-12).all()
+        assert (pruned["entropy"] - dense["entropy"]).abs().max() <= 1e-12
 
 
 # ---- the real model (SmolLM2-135M, 270 heads) on real text ---------------------------------------

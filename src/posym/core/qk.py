@@ -3,7 +3,8 @@
 Every attention logit of a supported model is scale * (R_p q_p) . (R_j k_j): `head_qk` (or, one
 layer at a time, `capture`) returns the pre-rotation queries q and keys k of every head (projection
 outputs, grouped-query keys repeated per query head) and the cos/sin tables and plane pairing the
-model itself rotates with, from one forward pass that stops after the last requested layer.
+model itself rotates with, from one forward pass that stops at the last requested layer's attention
+kernel (that kernel, the rest of the pass and the LM head never run).
 `rotate` applies RoPE (or its transpose) and `pair_planes` splits vectors into RoPE planes, so
 `posym.core.scores` (swap scores) and `posym.core.geometry` (per-plane scores) compute any logit exactly.
 
@@ -83,7 +84,7 @@ class HeadQK:
         return 0 if self.window is None else max(0, p - self.window + 1)
 
 
-def _rotate_pairs(x: Tensor, pairing: str) -> Tensor:
+def rotate_pairs(x: Tensor, pairing: str) -> Tensor:
     """J x: each RoPE plane (x1, x2) -> (-x2, x1) (rotate_every_two or rotate_half)."""
     if pairing == "interleaved":
         return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
@@ -99,7 +100,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, pairing: str, *, inverse: bool =
     """
     r = cos.shape[-1]
     head, rest = x[..., :r], x[..., r:]
-    turned = head * cos + _rotate_pairs(head, pairing) * (-sin if inverse else sin)
+    turned = head * cos + rotate_pairs(head, pairing) * (-sin if inverse else sin)
     return torch.cat((turned, rest.expand(*turned.shape[:-1], -1)), dim=-1)  # broadcast like the tables
 
 
@@ -162,14 +163,17 @@ def _kind(model) -> str | None:
 
 
 class _Done(Exception):
-    """Raised from a hook once the last requested layer is captured: the rest of the pass is skipped."""
+    """Raised by the kernel spy of the last requested layer once it holds that layer's queries and keys:
+    the rest of the pass (that layer's attention kernel and output projection, its MLP, every later
+    layer, the final norm; the LM head never runs, `capture` calls the base model) is skipped."""
 
 
 @contextmanager
 def _spying(model, state: dict):
     """Within: the modeling module's `apply_rotary_pos_emb` and the attention kernel every layer asks
     `ALL_ATTENTION_FUNCTIONS` for append what they receive to state["rope"] / state["kernel"] while
-    state["layer"] is set (by the attention pre-hooks of `capture`)."""
+    state["layer"] is set (by the attention pre-hooks of `capture`); the kernel of layer state["last"]
+    raises _Done instead of running."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     check_rope(_kind(model), "this model")
@@ -188,6 +192,8 @@ def _spying(model, state: dict):
             if state["layer"] is not None:
                 mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")  # (value, attention_mask, ...)
                 state["kernel"] = (query, key, {**kwargs, "attention_mask": mask})
+                if state["layer"] == state["last"]:
+                    raise _Done  # scores need nothing the kernel computes: the pass can stop here
             return kernel(attn, query, key, *args, **kwargs)
         return kernel_spy
 
@@ -239,13 +245,16 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
     Works on any model whose attention rotates with its modeling module's `apply_rotary_pos_emb` and
     calls a kernel from `ALL_ATTENTION_FUNCTIONS` (module docstring); each layer's rotation is checked
     against the model's own (`pairing_of`), its scale, soft-cap and sliding window read from the kernel call
-    (and its attention mask checked against that window: `check_mask`).
+    (and its attention mask checked against that window: `check_mask`, once per distinct mask).
+    The pass stops when the last requested layer's kernel is called (it does not run: scores need
+    only its inputs), so that layer's output projection and MLP, later layers and the final norm never
+    run; the LM head never does (the base model is called).
     The pass runs in eval mode (no dropout) and the model's training flag is restored afterwards.
     """
     if hasattr(model, "posym_capture"):  # a model from another library (posym.core.interop)
         return model.posym_capture(ids, layers, on_layer)
     kind = _kind(model)
-    state: dict = {"layer": None, "rope": [], "kernel": None}
+    state: dict = {"layer": None, "rope": [], "kernel": None, "last": layers[-1], "masks": []}
     handles = []
 
     def pre(layer):
@@ -253,29 +262,36 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
             state.update(layer=layer, rope=[], kernel=None)
         return hook
 
+    def finish(layer):
+        """Build the layer's HeadQK from the spied calls and hand it to on_layer."""
+        state["layer"] = None
+        q, k, cos, sin, q_post, _ = _pre_rotation(state, kind)
+        options = state["kernel"][2]
+        window = options.get("sliding_window")
+        window = None if window is None or window >= ids.shape[1] else int(window)  # a window past T hides nothing
+        mask = options.get("attention_mask")
+        # layers of one kind share one mask tensor: check each (mask, window) once per pass
+        if not any(seen is mask and w == window for seen, w in state["masks"]):
+            check_mask(mask, ids.shape[1], window, layer)
+            state["masks"].append((mask, window))
+        pairing = pairing_of(q, cos, sin, q_post, kind, layer)
+        heads = q.shape[1]
+        k = k.repeat_interleave(heads // k.shape[1], dim=1)  # GQA: query head h reads key head h // groups
+        batch = q.shape[0]  # the tables come as [1, T, r] when every prompt starts at position 0
+        scale = options.get("scaling")
+        qk = HeadQK(q, k, cos.expand(batch, -1, -1), sin.expand(batch, -1, -1), pairing,
+                    float(q.shape[-1] ** -0.5 if scale is None else scale), options.get("softcap"), window)
+        on_layer(layer, qk)
+
     def post(layer):
         def hook(module, args, output):
-            state["layer"] = None
-            q, k, cos, sin, q_post, _ = _pre_rotation(state, kind)
-            options = state["kernel"][2]
-            window = options.get("sliding_window")
-            window = None if window is None or window >= ids.shape[1] else int(window)  # a window past T hides nothing
-            check_mask(options.get("attention_mask"), ids.shape[1], window, layer)
-            pairing = pairing_of(q, cos, sin, q_post, kind, layer)
-            heads = q.shape[1]
-            k = k.repeat_interleave(heads // k.shape[1], dim=1)  # GQA: query head h reads key head h // groups
-            batch = q.shape[0]  # the tables come as [1, T, r] when every prompt starts at position 0
-            scale = options.get("scaling")
-            qk = HeadQK(q, k, cos.expand(batch, -1, -1), sin.expand(batch, -1, -1), pairing,
-                        float(q.shape[-1] ** -0.5 if scale is None else scale), options.get("softcap"), window)
-            on_layer(layer, qk)
-            if layer == layers[-1]:
-                raise _Done
+            finish(layer)
         return hook
 
     decoder = _decoder_layers(model)
     was_training = model.training
     model.eval()  # dropout off: whoever calls, the numbers are those of the deterministic model
+    stopped = False
     try:
         with _spying(model, state):
             for layer in layers:
@@ -284,12 +300,15 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
                 handles.append(attn.register_forward_hook(post(layer)))
             with torch.inference_mode():
                 getattr(model, "base_model", model)(input_ids=ids, use_cache=False)
-    except _Done:
-        pass
+    except _Done:  # the last layer's kernel stopped the pass: its queries and keys are in state
+        stopped = True
     finally:
         for handle in handles:
             handle.remove()
         model.train(was_training)
+    if stopped:
+        with torch.inference_mode():
+            finish(layers[-1])
 
 
 def visible_keys(T: int, window: int | None, device=None) -> Tensor:

