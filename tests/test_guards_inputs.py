@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import cli, one_line
 
 from posym import io, resources
 from posym.commands import datasets
@@ -51,22 +52,6 @@ def llama(tmp_path) -> Path:
 
     return save_model(tmp_path / "llama", "llama", tokenizer(), positions=64)
 
-
-def cli(capsys, monkeypatch, *argv) -> tuple[int, str]:
-    """`posym ARGV` in-process: (exit code, stderr)."""
-    from cli_runner import run_posym
-
-    capsys.readouterr()
-    code = run_posym(monkeypatch, *argv)
-    return code, capsys.readouterr().err
-
-
-def one_line(code: int, err: str, *needles: str) -> None:
-    assert code == 2, (code, err[-2000:])
-    assert err.startswith("posym: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    assert len(err) < 600, err
-    for needle in needles:
-        assert needle in err, err
 
 
 # ---- posym data: streamed, bounded by the disk ----------------------------------------------------------------

@@ -171,7 +171,7 @@ def _shape(frame) -> tuple[int, int]:
 
 def llm_scores_sets(path: Path) -> list[HeadSet]:
     """One set from an `llm-scores` output directory."""
-    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    summary = io.read_json_object(path / "summary.json")
     heads, scores = io.read_parquet(path / "heads.parquet"), io.read_parquet(path / "scores.parquet")
     prompts = io.read_parquet(path / "prompts.parquet")
     layers, n_heads = _shape(heads)
@@ -227,7 +227,7 @@ def run_sets(run_dir: Path, *, detail_prompts: int) -> list[HeadSet]:
     table = table[table.step == step]
     per_prompt = io.read_parquet(analysis / "dynamics_prompts.parquet")
     per_prompt = per_prompt[per_prompt.step == step]
-    settings = json.loads((analysis / "dynamics.json").read_text(encoding="utf-8")).get("settings", {})
+    settings = io.read_json_object(analysis / "dynamics.json").get("settings", {})
     layers, n_heads = _shape(table)
     freq = io.read_parquet(analysis / "frequency.parquet") if (analysis / "frequency.parquet").is_file() else None
     planes = (_planes(io.read_parquet(analysis / "channels.parquet"), "use")
