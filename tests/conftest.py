@@ -41,6 +41,8 @@ def xdist_group_of(item) -> str | None:
         return "real-models"
     if node in RAY_TESTS:
         return "ray"
+    if "finished" in getattr(item, "fixturenames", ()) and node.startswith("tests/test_pipeline.py::"):
+        return "pipeline"  # one worker builds test_pipeline's module-scoped finished run (~50 s) once
     return None
 
 
