@@ -77,3 +77,45 @@ def test_cpu_seconds_count_the_workers():
     before = parallel.cpu_seconds()
     parallel.forked_map(spin, range(2), workers=2)
     assert parallel.cpu_seconds() - before >= 0.5  # two workers' 0.3 s each, though this process only waited
+
+
+def test_a_worker_terminated_before_its_initializer_dies_quietly(monkeypatch, capfd):
+    """Workers fork with SIGINT/SIGTERM blocked: one that pool.terminate() hits before its initializer
+    ran (here: held back 2 s) must not run the parent's raising handler (posym.io.handle_signals, which
+    every in-process CLI call installs): that printed a Signalled traceback, and an exception escaping
+    right after fork() runs the parent's own code on in the child (under xdist: a crashed worker)."""
+    import multiprocessing
+    import signal
+    import time
+
+    from posym import io
+
+    started = multiprocessing.get_context("fork").Value("i", 0)
+    original = parallel._start_worker
+
+    def held_back():
+        with started.get_lock():
+            started.value += 1
+            late = started.value > 1
+        if late:
+            time.sleep(2)  # still here when the first worker's failure terminates the pool
+        original()
+
+    def fail(x):
+        if x == 3:
+            raise ValueError("item 3")
+        return x
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for s in saved:
+            signal.signal(s, signal.SIG_DFL if s == signal.SIGTERM else signal.default_int_handler)
+        io.handle_signals()
+        monkeypatch.setattr(parallel, "_start_worker", held_back)
+        with pytest.raises(ValueError, match="item 3"):
+            parallel.forked_map(fail, range(5), workers=2)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    err = capfd.readouterr().err
+    assert "Signalled" not in err and "Traceback" not in err, err

@@ -63,7 +63,15 @@ def forked_map(fn: Callable, items, *, workers: int, progress: Callable | None =
     if _JOB is not None:
         raise RuntimeError("forked_map does not nest")
     _JOB = (fn, items)
-    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_start_worker)
+    # Fork with SIGINT/SIGTERM blocked: a child signalled before its initializer ran would otherwise run the
+    # parent's handler (posym.io.handle_signals raises), and an exception escaping right after fork() runs
+    # the parent's code on in the child (under pytest-xdist: a second "worker" reporting an interrupt).
+    # Blocked, such a signal waits until _start_worker has set the child's own dispositions.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_start_worker)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # the parent's pending signals arrive now
     try:
         out = []
         for result in pool.imap(_run, range(len(items))):  # chunks of one item: the slowest one is last alone
@@ -78,12 +86,17 @@ def forked_map(fn: Callable, items, *, workers: int, progress: Callable | None =
         _JOB = None
 
 
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+"""The signals forked workers are created with blocked (forked_map) and then handle themselves."""
+
+
 def _start_worker() -> None:
     import torch
 
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it terminates the pool
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (`posym.io.handle_signals`)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # forked blocked (forked_map): a pending one lands here
 
 
 def _run(index: int):
