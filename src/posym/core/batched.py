@@ -85,7 +85,7 @@ def query_blocks(positions: list[int], first_key, rows: int, budget: int, dtype=
 def _movable(qk: HeadQK, ps: Tensor, k0: int, width: int, exclude_keys) -> Tensor:
     """[Q, width] bool: key k0 + j is a movable item of query ps[q] (seen, not the query, not excluded)."""
     j = k0 + torch.arange(width, device=ps.device)  # [W] key positions
-    first = torch.zeros_like(ps) if qk.window is None else (ps - qk.window + 1).clamp_min(0)  # [Q]
+    first = qk.first_keys(ps)  # [Q]
     seen = (j >= first[:, None]) & (j < ps[:, None])  # [Q, W]
     fixed = torch.tensor(sorted({int(key) for key in exclude_keys}), dtype=torch.long, device=ps.device)
     return seen & ~torch.isin(j, fixed) if len(fixed) else seen
@@ -151,7 +151,7 @@ def score_block(qk: HeadQK, rows: Tensor, ps: list[int], dtype, *, tau: float, c
     """
     device = qk.q.device
     p = torch.tensor(ps, device=device)  # [Q]
-    first = torch.zeros_like(p) if qk.window is None else (p - qk.window + 1).clamp_min(0)  # [Q]
+    first = qk.first_keys(p)  # [Q]
     k0, k1 = int(first.min()), int(p.max())
     width = k1 - k0 + 1
     r = qk.cos.shape[-1]

@@ -83,6 +83,10 @@ class HeadQK:
         """The first key position query p sees (0 unless the layer's window excludes earlier keys)."""
         return 0 if self.window is None else max(0, p - self.window + 1)
 
+    def first_keys(self, positions: Tensor) -> Tensor:
+        """`first_key` of every query position in `positions` (a long tensor; same shape and device)."""
+        return torch.zeros_like(positions) if self.window is None else (positions - self.window + 1).clamp_min(0)
+
 
 def rotate_pairs(x: Tensor, pairing: str) -> Tensor:
     """J x: each RoPE plane (x1, x2) -> (-x2, x1) (rotate_every_two or rotate_half)."""

@@ -229,7 +229,7 @@ def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, engine: str = "b
             out["row"].append(torch.tensor(rows)[g.cpu()])
             out["head"].append(h.cpu())
             out["query"].append(p.cpu())
-            out["keys"].append((p - (0 if qk.window is None else (p - qk.window + 1).clamp_min(0)) + 1).cpu())
+            out["keys"].append((p - qk.first_keys(p) + 1).cpu())
             for key in (*ROW_KEYS, "n_swaps"):
                 out[key].append(res[key][done].cpu())
             left: dict[tuple[int, int], list[int]] = {}
