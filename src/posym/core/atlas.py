@@ -219,21 +219,13 @@ def spearman_pairs(heads, columns):
     return pd.DataFrame(rows, columns=["a", "b", "rho", "heads"])
 
 
-def average_ranks(values):
-    """Ranks 1..n of a float array, tied values sharing their average rank (ties count one half in U)."""
-    import numpy as np
-
-    unique, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    before = np.cumsum(counts) - counts  # values below each unique value
-    return (before + (counts + 1) / 2)[inverse]
-
-
 def auroc(scores, positive, strata=None) -> float:
     """Area under the ROC curve of `scores` for telling `positive` (bool) heads from the rest: the
     probability that a random positive outscores a random negative, ties counting one half
     (Mann-Whitney U / (n+ n-)); NaN without positives or negatives. strata (e.g. each head's layer):
     only pairs inside one stratum count (a layer-matched AUROC: depth alone cannot score above 0.5)."""
     import numpy as np
+    import pandas as pd
 
     scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
     strata = np.zeros(len(scores)) if strata is None else np.asarray(strata)
@@ -243,7 +235,8 @@ def auroc(scores, positive, strata=None) -> float:
         s, p = scores[inside], positive[inside]
         n_pos, n_neg = int(p.sum()), int((~p).sum())
         if n_pos and n_neg:
-            u += average_ranks(s)[p].sum() - n_pos * (n_pos + 1) / 2
+            ranks = pd.Series(s).rank().to_numpy()  # 1..n, ties sharing their average (counting one half in U)
+            u += ranks[p].sum() - n_pos * (n_pos + 1) / 2
             pairs += n_pos * n_neg
     return float(u / pairs) if pairs else float("nan")
 
