@@ -357,11 +357,12 @@ def scoreboard(tables: dict[str, pd.DataFrame]) -> str:
     return "\n\n".join(parts)
 
 
-def replace_block(text: str, block: str) -> str:
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    """`text` with the part between the markers `begin` and `end` (the scoreboard's by default) set to `block`."""
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise SystemExit(f"no {BEGIN} ... {END} block to replace")
-    return pattern.sub(lambda _: f"{BEGIN}\n\n{block}\n\n{END}", text)
+        raise SystemExit(f"no {begin} ... {end} block to replace")
+    return pattern.sub(lambda _: f"{begin}\n\n{block}\n\n{end}", text)
 
 
 def main() -> None:

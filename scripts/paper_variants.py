@@ -98,13 +98,6 @@ def variants_table(default, variants) -> str:
     return "\n\n".join(parts)
 
 
-def replace_block(text: str, block: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"no {BEGIN} ... {END} block to replace")
-    head, rest = text.split(BEGIN, 1)
-    return f"{head}{BEGIN}\n\n{block}\n\n{END}{rest.split(END, 1)[1]}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["table", "overrides", "preset", "final", "tasks"])
@@ -127,7 +120,9 @@ def main() -> None:
     block = variants_table(pd.read_parquet(args.default / "lengthgen.parquet"),
                            pd.read_parquet(variants) if variants.is_file() else None)
     if args.write:
-        args.write.write_text(replace_block(args.write.read_text(), block))
+        from paper_scoreboard import replace_block
+
+        args.write.write_text(replace_block(args.write.read_text(), block, BEGIN, END))
     else:
         print(block)
 
