@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 from cli_runner import cli, one_line
 from safetensors.torch import load_file
+from tiny_runs import TRAIN_2HOP
 
 from posym import io
 from posym.commands import bench
@@ -39,11 +40,7 @@ from posym.loading import list_checkpoints, load_checkpoint
 
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-# the 2-layer, 2-hop run of tests/test_reliability.py: 96 steps, 11 checkpoints, ~2 s
-TRAIN = {"task": {"target_size": 4, "pretarget_size": 3, "max_hops": 2, "alphabet_size": 4, "int_range": 7},
-         "model": {"n_layer": 2, "n_head": 1, "n_embd": 32, "dropout": 0.1, "n_positions": 64},
-         "lr": 3e-3, "warmup_steps": 3, "max_steps": 96, "batch_size": 8, "checkpoint_every": 16,
-         "eval_size": 24, "eval_batch_size": 12, "threads": 1, "device": "cpu"}
+TRAIN = TRAIN_2HOP  # 96 steps, 11 checkpoints, ~2 s
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_runner import cli, one_line
+from tiny_runs import TRAIN_2HOP
 
 from posym import io, resources
 from posym.commands import datasets
@@ -31,11 +32,7 @@ from posym.core.tasks import SAMPLE_FIELDS, TaskConfig, generate
 from posym.loading import list_checkpoints
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "posym"
-# a 2-layer, 2-hop run of 16 steps (~2 s), as tests/test_guards.py's
-TRAIN = {"task": {"target_size": 4, "pretarget_size": 3, "max_hops": 2, "alphabet_size": 4, "int_range": 7},
-         "model": {"n_layer": 2, "n_head": 1, "n_embd": 32, "dropout": 0.1, "n_positions": 64},
-         "lr": 3e-3, "warmup_steps": 3, "max_steps": 16, "batch_size": 8, "checkpoint_every": 8,
-         "eval_size": 24, "eval_batch_size": 12, "threads": 1, "device": "cpu"}
+TRAIN = {**TRAIN_2HOP, "max_steps": 16, "checkpoint_every": 8}  # 16 steps
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from tiny_runs import TRAIN_2HOP
 
 from posym import io
 from posym.errors import PosymError
@@ -44,12 +45,7 @@ POSYM = [str(_SCRIPT)] if _SCRIPT.is_file() else ([shutil.which("posym")] if shu
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1"}
 
-# A 2-layer model on a 2-hop number task (8 tokens) with dropout, so that resuming needs the RNG;
-# 96 steps with 11 checkpoints take ~2 s, long enough to kill a process in the middle.
-TRAIN = {"task": {"target_size": 4, "pretarget_size": 3, "max_hops": 2, "alphabet_size": 4, "int_range": 7},
-         "model": {"n_layer": 2, "n_head": 1, "n_embd": 32, "dropout": 0.1, "n_positions": 64},
-         "lr": 3e-3, "warmup_steps": 3, "max_steps": 96, "batch_size": 8, "checkpoint_every": 16,
-         "eval_size": 24, "val_size": 24, "eval_batch_size": 12, "threads": 1, "device": "cpu"}
+TRAIN = {**TRAIN_2HOP, "val_size": 24}
 DYNAMICS = ["--n", "8"]
 LENGTHGEN = ["--protocol", "paper", "--lengths", "8,24,64", "--n", "32"]
 

@@ -1,6 +1,14 @@
 """Tiny configurations of whole-pipeline commands, shared by the tests that run them
-(importable from any test in tests/):  from tiny_runs import PIPELINE
+(importable from any test in tests/):  from tiny_runs import PIPELINE, TRAIN_2HOP
 """
+
+TRAIN_2HOP = {"task": {"target_size": 4, "pretarget_size": 3, "max_hops": 2, "alphabet_size": 4, "int_range": 7},
+              "model": {"n_layer": 2, "n_head": 1, "n_embd": 32, "dropout": 0.1, "n_positions": 64},
+              "lr": 3e-3, "warmup_steps": 3, "max_steps": 96, "batch_size": 8, "checkpoint_every": 16,
+              "eval_size": 24, "eval_batch_size": 12, "threads": 1, "device": "cpu"}
+"""A `posym train --config` file's content: a 2-layer model on a 2-hop number task (8 tokens) with
+dropout, so that resuming needs the RNG; 96 steps with 11 checkpoints take ~2 s, long enough to kill a
+process in the middle (the reliability and guard tests)."""
 
 PIPELINE = {
     "train": {"max_steps": 12, "checkpoint_every": 6, "eval_size": 48, "val_size": 48, "model": {"n_layer": 2, "n_embd": 32}},
