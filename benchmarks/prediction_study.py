@@ -35,12 +35,12 @@ def main() -> None:
     args = parser.parse_args()
     load = os.getloadavg()
     if not args.record_only:
-        from posym import sources
-        from posym.commands import study
+        from posym import models
+        from posym.commands import llm_study
 
         args.out.mkdir(parents=True, exist_ok=True)
-        loaded = sources.load("smollm2-135m")
-        study.run_study(loaded, args.out, study.StudyConfig(), settings={"model": "smollm2-135m", "device": "cpu"},
+        loaded = models.load("smollm2-135m")
+        llm_study.run_study(loaded, args.out, llm_study.StudyConfig(), settings={"model": "smollm2-135m", "device": "cpu"},
                         only=list(STAGES))
     done = {stage: json.loads(done_path(args.out, "study", stage).read_text()) for stage in STAGES}
     seconds = {stage: d["seconds"] for stage, d in done.items()}

@@ -66,9 +66,9 @@ def text_prompts(path: Path) -> None:
 def write_prompts(path: Path) -> None:
     from pydoc_data.topics import topics
 
-    from posym import sources
+    from posym import models
 
-    tokenizer = sources.load("smollm2-135m").tokenizer
+    tokenizer = models.load("smollm2-135m").tokenizer
     texts = [topics[name] for name in sorted(topics)[:2]]
     lines = [json.dumps({"text": tokenizer.decode(tokenizer(t, add_special_tokens=False).input_ids[:PROMPT_TOKENS])})
              for t in texts]

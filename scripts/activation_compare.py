@@ -28,9 +28,10 @@ sys.path.insert(0, str(ROOT / "src"))
 import pandas as pd  # noqa: E402
 
 from posym import io  # noqa: E402
+from posym.commands.lengthgen import run_lengthgen  # noqa: E402
 from posym.configs import to_dict  # noqa: E402
-from posym.commands.lengthgen import LengthGenConfig, run_lengthgen  # noqa: E402
-from posym.loading import list_checkpoints, read_checkpoint_meta  # noqa: E402
+from posym.core.lengthgen import LengthGenConfig  # noqa: E402
+from posym.models import list_checkpoints, read_checkpoint_meta  # noqa: E402
 
 RUNS = {"gelu_new": "paper", "gelu": "gelu"}
 """Activation -> the prefix of its runs' directories under RUNS (<prefix>-s<seed>/letter)."""

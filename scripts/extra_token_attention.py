@@ -30,15 +30,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-
 from collect_paper_results import runs  # noqa: E402
 
-from posym.commands.lengthgen import extension  # noqa: E402
+from posym.core.lengthgen import extension  # noqa: E402
 from posym.core.swaps import clean_logits, scan  # noqa: E402
 from posym.core.tasks import generate  # noqa: E402
 from posym.core.train import answer_logits  # noqa: E402
 from posym.io import write_parquet  # noqa: E402
-from posym.loading import load_checkpoint  # noqa: E402
+from posym.models import load_checkpoint  # noqa: E402
 
 
 def extra_mass(model, samples, extra: int) -> pd.DataFrame:

@@ -57,7 +57,7 @@ progress() {  # "<latest checkpoint step> <max_steps>" of a run directory ("-1 0
 import sys
 from pathlib import Path
 import yaml
-from posym.loading import list_checkpoints
+from posym.models import list_checkpoints
 run = Path(sys.argv[1])
 if not (run / "config.yaml").is_file():
     print(-1, 0)

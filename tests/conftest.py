@@ -10,9 +10,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["NO_PROXY"] = os.environ["no_proxy"] = ",".join(
     filter(None, [os.environ.get("NO_PROXY") or os.environ.get("no_proxy"), "127.0.0.1", "localhost"]))
 
-import torch  # noqa: E402
-
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # `python -m pytest` runs on two pytest-xdist workers (pyproject's addopts: -n 2 --dist loadgroup). Each
 # worker gets an equal share of the cores for torch (the 2-core test machine: one thread each, instead
@@ -21,7 +20,7 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 # Tests that share one worker (xdist_group): the real pretrained models, so that SmolLM2's GGUF is
-# dequantized once (posym.sources keeps it per process) and the two real models are never loaded and
+# dequantized once (posym.models keeps it per process) and the two real models are never loaded and
 # run side by side; and the two tests that start a local Ray instance, so that two Ray heads never
 # start at once on one machine.
 # pytest-xdist 3.8 groups tests by an '@group' suffix of the node id, which it writes to item._nodeid;
@@ -29,7 +28,7 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 # real models ran on both workers). pytest_collection_modifyitems below writes the suffix where pytest 9
 # reads it; test_cli_conventions::test_xdist_groups_are_in_effect fails if the groups lapse again.
 REAL_MODEL_FIXTURES = {"smollm2", "gemma3"}  # tests/test_real_model.py, test_gemma3.py, test_pruning.py
-REAL_MODEL_TESTS = {"tests/test_study.py::test_real_model_study"}  # loads smollm2-135m itself
+REAL_MODEL_TESTS = {"tests/test_llm_study.py::test_real_model_study"}  # loads smollm2-135m itself
 RAY_TESTS = {"tests/test_sweep.py::test_two_trials_on_local_ray",
              "tests/test_reliability.py::test_sweep_killed_then_rerun_skips_finished_trials_and_equals_uninterrupted"}
 
@@ -41,8 +40,8 @@ def xdist_group_of(item) -> str | None:
         return "real-models"
     if node in RAY_TESTS:
         return "ray"
-    if "finished" in getattr(item, "fixturenames", ()) and node.startswith("tests/test_pipeline.py::"):
-        return "pipeline"  # one worker builds test_pipeline's module-scoped finished run (~50 s) once
+    if "finished" in getattr(item, "fixturenames", ()) and node.startswith("tests/test_run.py::"):
+        return "pipeline"  # one worker builds test_run's module-scoped finished run (~50 s) once
     return None
 
 

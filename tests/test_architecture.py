@@ -136,9 +136,9 @@ def test_a_core_module_importing_a_command_fails(package_copy):
     assert layer_violations(import_graph(package_copy)) == ["posym.core.bad imports posym.commands.dynamics"]
 
 
-def test_a_core_module_importing_loading_fails(package_copy):
-    (package_copy / "core" / "bad.py").write_text("from posym import loading\n")
-    assert layer_violations(import_graph(package_copy)) == ["posym.core.bad imports posym.loading"]
+def test_a_core_module_importing_models_fails(package_copy):
+    (package_copy / "core" / "bad.py").write_text("from posym import models\n")
+    assert layer_violations(import_graph(package_copy)) == ["posym.core.bad imports posym.models"]
 
 
 def test_a_late_import_is_found(package_copy):
@@ -151,3 +151,110 @@ def test_a_cycle_hidden_by_a_late_import_is_found(package_copy):
     (package_copy / "commands" / "pong.py").write_text("def f():\n    from posym.commands.ping import g\n")
     cycle = find_cycle(import_graph(package_copy))
     assert cycle is not None and set(cycle) == {"posym.commands.ping", "posym.commands.pong"}
+
+
+# ---- commands as leaves, one module per CLI command, a CLI that calls ---------------------------------
+
+COMMANDS = "posym.commands"
+ORCHESTRATORS = ("run", "llm_study", "sweep")
+"""The commands that run other commands as their stages (`posym run`, `posym llm-study`, `posym sweep`):
+the only command modules that may import other command modules (a package's own submodules count as it)."""
+LEAF_EDGES_ALLOWED = {("report", "explore")}
+"""Imports between non-orchestrator commands that stay: `posym report` embeds the explorer page of its runs."""
+CLI_MAY_IMPORT = ("posym.cli", "posym.commands", "posym.io", "posym.errors", "posym.configs", "posym.models",
+                  "posym.prompts")
+"""What the CLI layer may import: itself, the commands it calls, and what it needs to name their inputs
+(loading a model or a prompt set, reading a config, checking an output path)."""
+CLI_CORE_NAMES = {"LengthGenConfig", "ALL_HOPS", "TheoryConfig", "task_config", "resolve_device"}
+"""Names the CLI may import from the core: configs it builds from flags and constants it prints by."""
+
+
+def command_of(module: str) -> str | None:
+    """posym.commands.llm_study.report -> 'llm_study'; None outside posym.commands."""
+    if not module.startswith(COMMANDS + "."):
+        return None
+    return module[len(COMMANDS) + 1:].split(".")[0]
+
+
+def command_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(command, command) import edges between different command modules (submodules count as their command)."""
+    edges = set()
+    for name, targets in graph.items():
+        source = command_of(name)
+        for target in targets:
+            other = command_of(target)
+            if source and other and other != source:
+                edges.add((source, other))
+    return edges
+
+
+def leaf_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} imports {b}" for a, b in command_edges(graph)
+                  if a not in ORCHESTRATORS and (a, b) not in LEAF_EDGES_ALLOWED)
+
+
+def cli_violations(root: Path) -> list[str]:
+    """Imports of the CLI layer outside CLI_MAY_IMPORT (a core import only for CLI_CORE_NAMES)."""
+    found = []
+    for path in (root / "cli").rglob("*.py"):
+        name = module_name(path, root)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                modules = [(a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [(node.module, [a.name for a in node.names])]
+            else:
+                continue
+            for module, names in modules:
+                if not (module == "posym" or module.startswith("posym.")):
+                    continue
+                if module.startswith("posym.core"):
+                    if names is None or module == "posym.core" or set(names) - CLI_CORE_NAMES:
+                        found.append(f"{name}:{node.lineno} imports {module} {names or ''}".rstrip())
+                elif module != "posym" and not module.startswith(CLI_MAY_IMPORT):
+                    found.append(f"{name}:{node.lineno} imports {module}")
+                elif module == "posym" and set(names or ()) - {n.split(".")[-1] for n in CLI_MAY_IMPORT}:
+                    found.append(f"{name}:{node.lineno} imports posym {sorted(set(names) - {'io', 'errors', 'configs', 'models', 'prompts'})}")
+    return sorted(found)
+
+
+def cli_commands() -> set[str]:
+    """The CLI's command names, as module names (llm-study -> llm_study)."""
+    import typer.main
+
+    from posym.cli import app  # importing it registers every command
+
+    return {name.replace("-", "_") for name in typer.main.get_command(app).commands}
+
+
+def test_commands_are_leaves():
+    graph = import_graph(PACKAGE)
+    assert leaf_violations(graph) == []
+    assert len({(a, b) for a, b in command_edges(graph) if a not in ORCHESTRATORS}) <= 3
+
+
+def test_one_command_module_per_cli_command():
+    modules = {p.stem for p in (PACKAGE / "commands").glob("*.py") if p.stem != "__init__"}
+    modules |= {p.parent.name for p in (PACKAGE / "commands").glob("*/__init__.py")}
+    assert modules == cli_commands()
+
+
+def test_the_cli_calls_and_does_not_compute():
+    assert cli_violations(PACKAGE) == []
+
+
+def test_a_leaf_command_importing_another_fails(package_copy):
+    (package_copy / "commands" / "geometry.py").write_text("from posym.commands import theory\n")
+    assert leaf_violations(import_graph(package_copy)) == ["geometry imports theory"]
+
+
+def test_an_orchestrator_may_import_commands(package_copy):
+    (package_copy / "commands" / "sweep.py").write_text("from posym.commands import theory\n")
+    assert leaf_violations(import_graph(package_copy)) == []
+
+
+def test_a_cli_module_computing_fails(package_copy):
+    (package_copy / "cli" / "bad.py").write_text("def f():\n    from posym.core.scores import score_model\n"
+                                                 "    from posym import figures\n")
+    assert cli_violations(package_copy) == ["posym.cli.bad:2 imports posym.core.scores ['score_model']",
+                                            "posym.cli.bad:3 imports posym ['figures']"]

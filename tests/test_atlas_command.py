@@ -9,7 +9,8 @@ import pytest
 from cli_runner import run_posym
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import loading, sources
+from posym import models
+from posym.commands import atlas as atlas_command
 from posym.commands import atlas as command
 from posym.core import atlas
 from posym.errors import PosymError
@@ -73,9 +74,9 @@ def test_pooling_per_kv_head_keeps_max_and_mean(run):
 def test_export_round_trips(run):
     kv = pd.read_parquet(run / "atlas_kv.parquet")
     grid = atlas.kv_grid(kv, "non_streaming_w8_max", 2, 2)
-    back = loading.read_kv_table(run / "full_attention_heads.tsv")
+    back = atlas_command.read_kv_table(run / "full_attention_heads.tsv")
     assert back.shape == (2, 2) and np.array_equal(back, grid)  # repr(float) is exact
-    mask = loading.read_kv_table(run / "full_attention_mask.tsv")
+    mask = atlas_command.read_kv_table(run / "full_attention_mask.tsv")
     assert np.array_equal(mask.astype(bool), atlas.full_attention_mask(grid, 0.5)) and mask.sum() == 2
     # importing the export cross-tabulates exactly the heads the export marked
     table = pd.read_parquet(run / "atlas.parquet")
@@ -114,7 +115,7 @@ def test_agreement_tables_and_report(run):
 
 
 def test_prompts_are_exact(model_dir):
-    loaded = sources.load(model_dir, device="cpu")
+    loaded = models.load(model_dir, device="cpu")
     config = command.AtlasConfig(**SMALL)
     needles = command.needle_prompts(loaded, config)
     assert [n.length for n in needles] == [64, 64, 96, 96] and all(len(n.ids) == n.length for n in needles)
@@ -151,10 +152,10 @@ def test_bad_input_is_one_line(model_dir, tmp_path, capsys, monkeypatch):
     ragged = tmp_path / "ragged.tsv"
     ragged.write_text("1\t2\n3\n")
     with pytest.raises(PosymError, match="different lengths"):
-        loading.read_kv_table(ragged)
+        atlas_command.read_kv_table(ragged)
     ragged.write_text("1\tx\n")
     with pytest.raises(PosymError, match="not a number"):
-        loading.read_kv_table(ragged)
+        atlas_command.read_kv_table(ragged)
     with pytest.raises(PosymError, match="depths"):
         command.AtlasConfig(needle_depths=[1.5])
     with pytest.raises(PosymError, match="no query"):

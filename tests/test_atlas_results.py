@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from posym import configs, loading
+from posym import configs
+from posym.commands import atlas as atlas_command
 from posym.commands import atlas as command
 from posym.core import atlas
 
@@ -87,6 +88,6 @@ def test_spearman_and_where_the_sink_decides(heads):
 def test_the_export_is_the_pooled_table():
     kv = pd.read_parquet(DIR / "atlas_kv.parquet")
     grid = atlas.kv_grid(kv, "non_streaming_w64_max", 30, 3)
-    assert np.array_equal(loading.read_kv_table(DIR / "full_attention_heads.tsv"), grid)
-    mask = loading.read_kv_table(DIR / "full_attention_mask.tsv").astype(bool)
+    assert np.array_equal(atlas_command.read_kv_table(DIR / "full_attention_heads.tsv"), grid)
+    mask = atlas_command.read_kv_table(DIR / "full_attention_mask.tsv").astype(bool)
     assert np.array_equal(mask, atlas.full_attention_mask(grid, CONFIG.quantile)) and mask.sum() == 45

@@ -149,9 +149,9 @@ def test_documented_options_exist():
 
 
 def test_every_help_that_names_an_embedded_model_names_both():
-    """Where a user picks a model, the help names every embedded model (posym.sources.EMBEDDED), not only
+    """Where a user picks a model, the help names every embedded model (posym.models.EMBEDDED), not only
     the first one that was embedded."""
-    from posym.sources import EMBEDDED
+    from posym.models import EMBEDDED
 
     naming = {}
     for name in COMMANDS:

@@ -6,12 +6,12 @@ import math
 
 import pandas as pd
 import pytest
-
 from cli_runner import run_posym
 from tiny_runs import train_tiny
+
 from posym.commands import dynamics
-from posym.core.tasks import generate
 from posym.core.scores import label_column
+from posym.core.tasks import generate
 from posym.errors import PosymError
 
 # (s_pos, s_sym) giving each label at gamma 0.1 AND 0.05, and one that is pure only at gamma 0.1
@@ -103,7 +103,8 @@ def tiny_run(tmp_path_factory):
 
 def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
     from posym.core.scores import score_model
-    from posym.loading import list_checkpoints, load_checkpoint, score_prompts
+    from posym.models import list_checkpoints, load_checkpoint
+    from posym.prompts import score_prompts
 
     table, per_prompt = dynamics.collect_dynamics(tiny_run, n_prompts=8, seed=3)
     steps = [s for s, _ in list_checkpoints(tiny_run)]
@@ -162,7 +163,7 @@ def test_ablate_and_dynamics_give_every_head_the_same_scores_and_label(tiny_run)
     from posym.core.interventions import label_heads
     from posym.core.scores import score_model
     from posym.core.tasks import generate
-    from posym.loading import load_checkpoint
+    from posym.models import load_checkpoint
 
     table, _ = dynamics.collect_dynamics(tiny_run, n_prompts=8, seed=3)
     model, info = load_checkpoint(tiny_run, step=60)

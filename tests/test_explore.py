@@ -19,7 +19,7 @@ from tiny_llms import run_cli, save_model, tokenizer
 from posym.commands import explore
 from posym.core.scores import head_details, head_scores, prompt_scores
 from posym.errors import PosymError
-from posym.sources import load
+from posym.models import load
 
 
 def unpack(text: str, step: float) -> np.ndarray:

@@ -11,12 +11,12 @@ from reference_scores import attention_rows, reference_model_scores
 from tiny_models import FAMILIES, KINDS, random_prompts, tiny_model
 
 from posym.core.discrepancy import head_gaps
-from posym.errors import PosymError
 from posym.core.geometry import plane_angles
 from posym.core.qk import head_qk, rotate
 from posym.core.scores import score_model
 from posym.core.swaps import soft_capped
-from posym.sources import check_rope
+from posym.errors import PosymError
+from posym.models import check_rope
 
 
 def _worst(model, prompts, frame, **options) -> float:

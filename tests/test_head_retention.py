@@ -8,10 +8,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
 from cli_runner import run_posym
 from tiny_runs import train_tiny
+
 from posym.commands import lengthgen as lg
+from posym.core import lengthgen as core_lengthgen
 from posym.commands import report
 from posym.core.retention import MEASURES, RANDOM
 from posym.core.scores import LABELS
@@ -43,7 +44,7 @@ def measured(tiny_run, tmp_path_factory):
     """`run_lengthgen` with the head-level retention on, the heads' labels set to FORCED (their scores are
     the model's own): (result, output directory)."""
     out = tmp_path_factory.mktemp("lg")
-    config = lg.LengthGenConfig(lengths=LENGTHS, factors=[1, 2], n=16, head_prompts=PROMPTS, max_tokens=256)
+    config = core_lengthgen.LengthGenConfig(lengths=LENGTHS, factors=[1, 2], n=16, head_prompts=PROMPTS, max_tokens=256)
     real = lg.label_heads
 
     def forced(*args, **kwargs):
@@ -76,14 +77,14 @@ def test_head_table_columns_ranges_and_rows(measured):
 def test_head_measures_track_the_chain_key(tiny_run):
     """Queries are the chain's pointers and the tracked key the next chain position, at every length
     moved by the extra tokens; the values are the prompt means of those rows."""
-    from posym.loading import load_checkpoint
+    from posym.models import load_checkpoint
 
     model, info = load_checkpoint(tiny_run)
     task = info["task_config"]
-    config = lg.LengthGenConfig(n=4, head_prompts=4)
-    rows = lg.measure_heads(model, task, [17, 40], config)
+    config = core_lengthgen.LengthGenConfig(n=4, head_prompts=4)
+    rows = core_lengthgen.measure_heads(model, task, [17, 40], config)
     for length, extra in [(17, 0), (40, 23)]:
-        samples = generate(lg.extension(task, length), 4, 0, "test")
+        samples = generate(core_lengthgen.extension(task, length), 4, 0, "test")
         base = generate(task, 4, 0, "test")
         np.testing.assert_array_equal(np.where(base.chain >= 0, base.chain + extra, -1), samples.chain)
         sub = rows[rows.length == length]
@@ -101,7 +102,7 @@ def test_group_table_intervals_contain_the_point(measured):
     groups = pd.read_parquet(out / "head_groups.parquet")
     assert list(groups.columns) == GROUP_COLUMNS
     table = result["head_table"]
-    real = [g for g in lg.HEAD_GROUPS if (table.label == g).any()]
+    real = [g for g in core_lengthgen.HEAD_GROUPS if (table.label == g).any()]
     assert [g for g in dict.fromkeys(groups.group) if not g.startswith(RANDOM)] == real
     assert len(groups) == len(groups.group.unique()) * len(MEASURES) * len(LENGTHS)
     _check_intervals(groups)
@@ -142,21 +143,21 @@ def test_random_draws_are_matched_to_their_group(measured):
     for r in random[random.measure == "margin"].itertuples():
         assert r.value == pytest.approx(other.loc[r.length, "margin_retention"])
     labels = per_head.drop_duplicates(["layer", "head"])
-    drawn, _ = lg.head_groups(labels)
+    drawn, _ = core_lengthgen.head_groups(labels)
     assert all((0, 0) not in heads for name, heads in drawn.items() if name.startswith("random:positional"))
     assert all(sorted(heads) == [(0, 0), (1, 0)] for name, heads in drawn.items() if name.startswith("random:mixed"))
 
 
 def test_too_few_heads_outside_a_group_get_no_draws():
     labels = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "label": ["mixed", "mixed", "mixed", "uniform"]})
-    groups, notes = lg.head_groups(labels)
+    groups, notes = core_lengthgen.head_groups(labels)
     assert list(groups) == ["mixed"] and notes["mixed"] == {"heads": 3, "draws": 0,
                                                           "random": "none: 1 heads outside the group of 3"}
 
 
 def test_one_head_per_layer_falls_back_to_nearest_layers():
     labels = pd.DataFrame({"layer": range(4), "head": 0, "label": ["positional", "mixed", "symbolic", "symbolic"]})
-    groups, notes = lg.head_groups(labels)
+    groups, notes = core_lengthgen.head_groups(labels)
     assert "one head per layer" in notes["positional"]["random"] and notes["positional"]["layer_matched_draws"] == 0
     assert all(heads in ([(1, 0)], [(0, 0)]) for name, heads in groups.items() if name.startswith("random:mixed"))
     assert notes["symbolic"]["draws"] == 10 and all(len(groups[f"random:symbolic:{i}"]) == 2 for i in range(10))
@@ -197,8 +198,8 @@ def test_switched_off_writes_no_head_tables(tiny_run, tmp_path, monkeypatch, cap
 
 def test_bad_head_prompts_is_one_line():
     with pytest.raises(PosymError, match="head_prompts must be at least 2"):
-        lg.LengthGenConfig(head_prompts=1)
-    assert math.isclose(lg.LengthGenConfig().head_prompts, 64) and lg.LengthGenConfig().heads
+        core_lengthgen.LengthGenConfig(head_prompts=1)
+    assert math.isclose(core_lengthgen.LengthGenConfig().head_prompts, 64) and core_lengthgen.LengthGenConfig().heads
 
 
 def _construction_measures(head, task, lengths, n=32):
@@ -210,10 +211,10 @@ def _construction_measures(head, task, lengths, n=32):
 
     rows = []
     for length in lengths:
-        samples = generate(lg.extension(task, length), n, 0, "test")
+        samples = generate(core_lengthgen.extension(task, length), n, 0, "test")
         logits = attention_logits(head, torch.as_tensor(samples.input_ids))  # [B, L, L]
         for k, chain in enumerate(samples.chain):
-            for query, key in lg.chain_keys(chain).items():
+            for query, key in core_lengthgen.chain_keys(chain).items():
                 row = logits[k, query, : query + 1]  # [query + 1]: the keys the pointer sees
                 top = row.topk(2).values  # [2]
                 rows.append({"prompt": k, "query": query, "layer": 0, "head": 0, "length": length,

@@ -7,12 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from cli_runner import run_posym
 from tiny_runs import train_tiny
+
 from posym.commands import lengthgen as lg
-from posym.errors import PosymError
+from posym.core import lengthgen as core_lengthgen
 from posym.core.tasks import follow_chain, generate, task_config
+from posym.errors import PosymError
 
 TINY_POSITIONS = 256
 
@@ -21,7 +22,7 @@ TINY_POSITIONS = 256
 @pytest.mark.parametrize("length", [17, 18, 60, 300])
 def test_extension_leaves_questions_and_answers_unchanged(task, length):
     base = task_config(task)
-    ext = lg.extension(base, length)
+    ext = core_lengthgen.extension(base, length)
     assert ext.seq_len == length and ext.extra_target == length - 17
     s, ref = generate(ext, 96, 3, "test"), generate(base, 96, 3, "test")
     assert s.input_ids.shape == (96, length)
@@ -37,45 +38,45 @@ def test_extension_leaves_questions_and_answers_unchanged(task, length):
 def test_extension_and_plan_errors():
     base = task_config("number")
     with pytest.raises(PosymError, match="shorter than the run's training length 17"):
-        lg.extension(base, 16)
+        core_lengthgen.extension(base, 16)
     with pytest.raises(PosymError, match="exceeds the model's position table of 100"):
-        lg.plan(base, lg.LengthGenConfig(lengths=[17, 101]), n_positions=100)
+        core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(lengths=[17, 101]), n_positions=100)
     with pytest.raises(PosymError, match="exceeds the model's position table of 50"):
-        lg.plan(base, lg.LengthGenConfig(protocol="seed", factors=[1, 3]), n_positions=50)
+        core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(protocol="seed", factors=[1, 3]), n_positions=50)
     with pytest.raises(PosymError, match="shorter"):
-        lg.plan(base, lg.LengthGenConfig(lengths=[10, 20]), n_positions=100)
+        core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(lengths=[10, 20]), n_positions=100)
     for bad in [dict(protocol="nope"), dict(n=0), dict(max_tokens=0), dict(lengths=[]),
                 dict(protocol="seed", factors=[0, 2])]:
         with pytest.raises(PosymError):
-            lg.LengthGenConfig(**bad)
+            core_lengthgen.LengthGenConfig(**bad)
 
 
 def test_plan_orders_lengths_and_factors():
     base = task_config("letter", target_size=4, pretarget_size=4, max_hops=3)  # training length 9
-    points = lg.plan(base, lg.LengthGenConfig(lengths=[90, 9, 30, 30], factors=[4, 1, 2]), n_positions=100)
+    points = core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(lengths=[90, 9, 30, 30], factors=[4, 1, 2]), n_positions=100)
     assert points == [("paper", 9, 1.0), ("paper", 30, 30 / 9), ("paper", 90, 10.0),
                       ("seed", 9, 1.0), ("seed", 18, 2.0), ("seed", 36, 4.0)]
-    assert [p[1] for p in lg.plan(base, lg.LengthGenConfig(protocol="paper", lengths=[9]), 9)] == [9]
+    assert [p[1] for p in core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(protocol="paper", lengths=[9]), 9)] == [9]
 
 
 @pytest.mark.parametrize("length, max_tokens", [(17, 16384), (2048, 16384), (5000, 4096), (3, 7)])
 def test_batch_is_bounded_by_tokens(length, max_tokens):
-    b = lg.batch_size(length, max_tokens)
+    b = core_lengthgen.batch_size(length, max_tokens)
     assert b >= 1 and (b * length <= max_tokens or b == 1) and (b + 1) * length > max_tokens
 
 
 def test_discrepancy_bound_is_theorem_3_2_at_the_query_position():
-    cfg = lg.LengthGenConfig()
+    cfg = core_lengthgen.LengthGenConfig()
     th_i, th_r = 10000 ** (-2 / 128), 10000 ** (-82 / 128)  # IDs 2 and 42 of the 128-dim RoPE
     for length in [17, 100, 2048]:
         n = length - 1
-        assert lg.discrepancy_bound(task_config("number"), length, cfg) == pytest.approx(
+        assert core_lengthgen.discrepancy_bound(task_config("number"), length, cfg) == pytest.approx(
             min(1 - math.cos(th_i), 2 * math.pi**2 / n**2))
     omega = 2 * math.pi / 8
-    assert lg.discrepancy_bound(task_config("letter"), 17, cfg) == pytest.approx(1 - math.cos(omega - 16 * th_r))
+    assert core_lengthgen.discrepancy_bound(task_config("letter"), 17, cfg) == pytest.approx(1 - math.cos(omega - 16 * th_r))
     last_valid = math.ceil(omega / 2 / th_r)  # n theta < omega / 2 fails from n = last_valid on
-    assert not math.isnan(lg.discrepancy_bound(task_config("letter"), last_valid, cfg))
-    assert math.isnan(lg.discrepancy_bound(task_config("letter"), last_valid + 1, cfg))
+    assert not math.isnan(core_lengthgen.discrepancy_bound(task_config("letter"), last_valid, cfg))
+    assert math.isnan(core_lengthgen.discrepancy_bound(task_config("letter"), last_valid + 1, cfg))
 
 
 # ---- a tiny trained run ------------------------------------------------------------------------------
@@ -91,10 +92,10 @@ def tiny_run(tmp_path_factory):
 
 def _reference_accuracy(run_dir, length, n, seed):
     """Slow, obvious path: one sequence at a time through the full forward (all positions' logits)."""
-    from posym.loading import load_checkpoint
+    from posym.models import load_checkpoint
 
     model, info = load_checkpoint(run_dir, dtype=torch.float64)  # eager attention, float64
-    s = generate(lg.extension(info["task_config"], length), n, seed, "test")
+    s = generate(core_lengthgen.extension(info["task_config"], length), n, seed, "test")
     with torch.no_grad():
         pred = np.array([model(input_ids=torch.as_tensor(ids)[None]).logits[0, -1].argmax().item()
                          for ids in s.input_ids])
@@ -103,7 +104,7 @@ def _reference_accuracy(run_dir, length, n, seed):
 
 
 def test_run_matches_reference_and_writes_table_and_figure(tiny_run, tmp_path):
-    cfg = lg.LengthGenConfig(lengths=[40, 17, 256, 100], factors=[1, 2, 3], n=64, seed=5, max_tokens=512)
+    cfg = core_lengthgen.LengthGenConfig(lengths=[40, 17, 256, 100], factors=[1, 2, 3], n=64, seed=5, max_tokens=512)
     ticks = []
     result = lg.run_lengthgen(tiny_run, cfg, tmp_path, progress=lambda done, total: ticks.append((done, total)))
     table = result["table"]
@@ -140,9 +141,9 @@ def test_summary_longest_length_above_090():
     task = task_config("letter")
     table = pd.DataFrame({"protocol": "paper", "hop": 0, "length": [17, 34, 68, 128],
                           "acc": [1.0, 0.95, 0.5, 0.97], "factor": 1.0, "retention": 1.0})
-    assert lg.summarize_protocols(table, task)["paper"]["longest_length_acc_ge_0.9"] == 34  # no credit for 128
+    assert core_lengthgen.summarize_protocols(table, task)["paper"]["longest_length_acc_ge_0.9"] == 34  # no credit for 128
     table["acc"] = [0.8, 0.95, 0.95, 0.95]
-    assert lg.summarize_protocols(table, task)["paper"]["longest_length_acc_ge_0.9"] is None
+    assert core_lengthgen.summarize_protocols(table, task)["paper"]["longest_length_acc_ge_0.9"] is None
 
 
 def test_cli_lengthgen_and_too_long_error(tiny_run, tmp_path, monkeypatch, capsys):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPTJForCausalLM
 
-from posym.errors import PosymError
 from posym.core.model import ModelConfig, build_model, gptj_config
-from posym.loading import list_checkpoints, load_checkpoint
+from posym.errors import PosymError
+from posym.models import list_checkpoints, load_checkpoint
 
 TINY = ModelConfig(n_layer=2, n_head=2, n_embd=32, dropout=0.1)
 

@@ -1,6 +1,6 @@
-"""What a head type predicts: posym.core.stats, posym.core.retention, posym.lengthtasks and
-posym.commands.prediction (the screen / lengths / causal stages of `posym llm-study`; the stages on a
-tiny model are in tests/test_study.py, the committed SmolLM2 tables at the end)."""
+"""What a head type predicts: posym.core.stats, posym.core.retention, posym.prompts and
+posym.commands.llm_study.prediction (the screen / lengths / causal stages of `posym llm-study`; the stages on a
+tiny model are in tests/test_llm_study.py, the committed SmolLM2 tables at the end)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 from tiny_llms import tokenizer
 from tiny_models import FAMILIES, KINDS, WINDOWED, tiny_model
 
-from posym import lengthtasks
-from posym.commands import prediction
+from posym import prompts as prompt_sets
+from posym.commands.llm_study import prediction
 from posym.core import constructions, retention, stats, theory
 from posym.core.tasks import task_config
 from posym.errors import PosymError
@@ -167,14 +167,14 @@ def test_group_retention_intervals_pooling_and_matching():
 
 @pytest.fixture(scope="module")
 def builder():
-    return lengthtasks.Builder(tokenizer())
+    return prompt_sets.Builder(tokenizer())
 
 
-@pytest.mark.parametrize("fmt", lengthtasks.FORMATS)
-@pytest.mark.parametrize("variant", lengthtasks.VARIANTS)
+@pytest.mark.parametrize("fmt", prompt_sets.FORMATS)
+@pytest.mark.parametrize("variant", prompt_sets.VARIANTS)
 def test_families_keep_every_base_token_and_the_answer(builder, fmt, variant):
-    family = lengthtasks.LengthFamily(fmt, variant=variant, factors=[1, 2, 4])
-    prompts = lengthtasks.build(family, builder, 6, seed=3)
+    family = prompt_sets.LengthFamily(fmt, variant=variant, factors=[1, 2, 4])
+    prompts = prompt_sets.build(family, builder, 6, seed=3)
     base = prompts[1][0].length
     for factor, group in prompts.items():
         assert {len(p.ids) for p in group} == {factor * base} and all(p.length == factor * base for p in group)
@@ -191,34 +191,34 @@ def test_families_keep_every_base_token_and_the_answer(builder, fmt, variant):
 
 
 def test_families_answer_token_is_the_one_distinct_candidate_token(builder):
-    for fmt in lengthtasks.FORMATS:
-        core = lengthtasks.LengthFamily(fmt).core(0, 1, builder.keys)
+    for fmt in prompt_sets.FORMATS:
+        core = prompt_sets.LengthFamily(fmt).core(0, 1, builder.keys)
         head, tail, answer = builder.core_ids(core)
         assert answer == builder.encode(core.answer)[-1]
         others = {builder.encode(c)[-1] for c in core.candidates if c != core.answer}
         assert answer not in others
-    marked = lengthtasks.LengthFamily("kv-code", markers=True).core(0, 1)
-    assert sum(m in " ".join(marked.facts) for m in lengthtasks.MARKERS) == 4
-    assert any(m in marked.question[0] for m in lengthtasks.MARKERS)
+    marked = prompt_sets.LengthFamily("kv-code", markers=True).core(0, 1)
+    assert sum(m in " ".join(marked.facts) for m in prompt_sets.MARKERS) == 4
+    assert any(m in marked.question[0] for m in prompt_sets.MARKERS)
 
 
 def test_family_is_a_pure_function_of_seed_and_index(builder):
-    family = lengthtasks.LengthFamily("copy", factors=[1, 2])
-    a = lengthtasks.build(family, builder, 4, seed=5)
-    b = lengthtasks.build(family, builder, 4, seed=5)
-    c = lengthtasks.build(family, builder, 4, seed=6)
+    family = prompt_sets.LengthFamily("copy", factors=[1, 2])
+    a = prompt_sets.build(family, builder, 4, seed=5)
+    b = prompt_sets.build(family, builder, 4, seed=5)
+    c = prompt_sets.build(family, builder, 4, seed=6)
     assert [p.ids for p in a[2]] == [p.ids for p in b[2]] and [p.ids for p in a[2]] != [p.ids for p in c[2]]
 
 
 def test_family_bad_input(builder):
     with pytest.raises(PosymError, match="format"):
-        lengthtasks.LengthFamily("riddle")
+        prompt_sets.LengthFamily("riddle")
     with pytest.raises(PosymError, match="variant"):
-        lengthtasks.LengthFamily("copy", variant="after")
+        prompt_sets.LengthFamily("copy", variant="after")
     with pytest.raises(PosymError, match="factors"):
-        lengthtasks.LengthFamily("copy", factors=[2, 4])
+        prompt_sets.LengthFamily("copy", factors=[2, 4])
     with pytest.raises(PosymError, match="positions"):
-        lengthtasks.build(lengthtasks.LengthFamily("copy", factors=[1, 64]), builder, 2, max_positions=512)
+        prompt_sets.build(prompt_sets.LengthFamily("copy", factors=[1, 64]), builder, 2, max_positions=512)
     with pytest.raises(PosymError, match="n_screen"):
         prediction.PredictionConfig(n_screen=0)
     with pytest.raises(PosymError, match="n_probe"):
@@ -265,7 +265,7 @@ def _prefix_family(n=2, seed=0, vocab=40):
         head, stream, tail = (rng.integers(2, vocab, size) .tolist() for size in (4, 32, 3))
         for f in out:
             ids = head + stream[: 8 * f] + tail
-            out[f].append(lengthtasks.LengthPrompt("t", i, f, len(ids), ids, " x", int(rng.integers(2, vocab)),
+            out[f].append(prompt_sets.LengthPrompt("t", i, f, len(ids), ids, " x", int(rng.integers(2, vocab)),
                                                    4 + 8, 8 * (f - 1), len(ids) - 1))
     return out
 
@@ -378,7 +378,7 @@ def _committed(stage, table):
 def test_committed_screen_has_a_task_the_model_solves():
     summary = _committed("screen", "summary")
     rows = _committed("screen", "screen")
-    assert set(summary.format) == set(lengthtasks.FORMATS) and (summary.n >= 50).all()  # every format tried, reported
+    assert set(summary.format) == set(prompt_sets.FORMATS) and (summary.n >= 50).all()  # every format tried, reported
     counts = rows.groupby("format").size()
     assert (counts.loc[summary.format].to_numpy() == summary.n.to_numpy()).all()
     chosen = json.loads((RESULTS / "screen" / "screen.json").read_text())
@@ -392,7 +392,7 @@ def test_committed_screen_has_a_task_the_model_solves():
 
 def test_committed_lengths_tables():
     acc = _committed("lengths", "accuracy_summary")
-    assert set(acc.layout) == {"between", "before", "marked"} and set(acc.factor) == set(lengthtasks.FACTORS)
+    assert set(acc.layout) == {"between", "before", "marked"} and set(acc.factor) == set(prompt_sets.FACTORS)
     assert ((acc.lo <= acc.acc) & (acc.acc <= acc.hi)).all()
     groups = _committed("lengths", "group_retention")
     assert {"symbolic", "random:symbolic"} <= set(groups.group)
@@ -400,7 +400,7 @@ def test_committed_lengths_tables():
     base = groups[groups.length == groups.groupby("layout").length.transform("min")]
     assert np.allclose(base.value, 1.0)
     kept = _committed("lengths", "head_retention")
-    assert len(kept) == 2 * 2 * 270 * len(lengthtasks.FACTORS)  # layouts x rankings x SmolLM2's heads x lengths
+    assert len(kept) == 2 * 2 * 270 * len(prompt_sets.FACTORS)  # layouts x rankings x SmolLM2's heads x lengths
     assert kept.attn_tracked.between(0, 1).all() and (kept.margin >= 0).all()
 
 
@@ -411,7 +411,7 @@ def test_committed_causal_table():
     longer = named[named.factor > 1]
     assert longer.separated.notna().all() and (longer.separated.astype(bool) | longer.needed.notna()).all()
     assert (table[table.group.str.startswith("random")].draws == 10).all()
-    assert set(table.factor) == set(lengthtasks.FACTORS)  # every length of the lengths stage
+    assert set(table.factor) == set(prompt_sets.FACTORS)  # every length of the lengths stage
     rows = _committed("causal", "causal")
     clean = rows[rows.group == "none"].groupby("factor").correct.mean()
     assert np.allclose(table.groupby("factor").acc_clean.first().loc[clean.index], clean)

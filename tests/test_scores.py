@@ -9,8 +9,8 @@ import pytest
 import torch
 from reference_scores import reference_blocks, reference_swap_scores
 
-from posym.errors import PosymError
 from posym.core.scores import swap_scores
+from posym.errors import PosymError
 
 
 def _random_row(n, gen, scale=3.0, batch=()):
@@ -108,12 +108,13 @@ def test_bad_inputs_are_posym_errors():
 
 import pandas as pd  # noqa: E402
 import transformers  # noqa: E402
+from reference_scores import attention_rows, reference_model_scores  # noqa: E402
 from tiny_models import KINDS, VOCAB, tiny_model  # noqa: E402
 from tiny_models import random_prompts as _prompts  # noqa: E402
-from reference_scores import attention_rows, reference_model_scores  # noqa: E402
 
 from posym.core.qk import head_qk  # noqa: E402
 from posym.core.scores import hop_queries, iter_scores, score_model, summarize_heads  # noqa: E402
+
 
 def _assert_matches_reference(model, prompts, frame, tol, blocks=None, tau=1e-4, exclude_keys=()):
     """Every (prompt, query, layer) of frame against the per-swap reference; returns the max error."""
@@ -333,6 +334,7 @@ def test_bad_models_and_prompts_are_posym_errors():
 # ---- a trained posym checkpoint and the `posym score` command ------------------------------------
 
 import json  # noqa: E402
+
 from cli_runner import run_posym  # noqa: E402
 from tiny_runs import train_tiny  # noqa: E402
 
@@ -345,7 +347,8 @@ def trained_run(tmp_path_factory):
 
 @pytest.mark.parametrize("dtype, tol, first", [(torch.float64, 1e-6, True), (torch.float32, 1e-4, False)])
 def test_trained_checkpoint_hops_match_reference(trained_run, dtype, tol, first):
-    from posym.loading import load_checkpoint, score_prompts
+    from posym.models import load_checkpoint
+    from posym.prompts import score_prompts
 
     model, info = load_checkpoint(trained_run, dtype=dtype)
     ids, wanted = score_prompts(model, task_config=info["task_config"], n_prompts=2, seed=5, queries="hops")
@@ -360,7 +363,8 @@ def test_trained_checkpoint_hops_match_reference(trained_run, dtype, tol, first)
 def test_trained_checkpoint_pruned_equals_dense_at_hops(trained_run, monkeypatch, limit):
     """The pruned path (default; limit 1.0 prunes wherever the bound allows) against weighing every swap."""
     from posym.core import pruning
-    from posym.loading import load_checkpoint, score_prompts
+    from posym.models import load_checkpoint
+    from posym.prompts import score_prompts
 
     if limit is not None:
         monkeypatch.setattr(pruning, "SPARSE_LIMIT", limit)
@@ -376,7 +380,8 @@ def test_trained_checkpoint_pruned_equals_dense_at_hops(trained_run, monkeypatch
 def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch, capsys):
     import pandas as pd
 
-    from posym.loading import load_checkpoint, score_prompts
+    from posym.models import load_checkpoint
+    from posym.prompts import score_prompts
 
     out = tmp_path / "scores.parquet"
     assert run_posym(monkeypatch, "score", trained_run, "--n", 5, "--seed", 2,

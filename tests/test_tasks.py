@@ -1,4 +1,4 @@
-"""posym.core.tasks: worked examples, chain checker, exact balance, determinism, knobs (files: test_datasets.py)."""
+"""posym.core.tasks: worked examples, chain checker, exact balance, determinism, knobs (files: test_data.py)."""
 
 import math
 from dataclasses import replace
@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posym.commands.datasets import content_hash
-from posym.errors import PosymError
+from posym.commands.data import content_hash
 from posym.core.tasks import (
     SPLIT_SIZES,
     TASKS,
@@ -25,6 +24,7 @@ from posym.core.tasks import (
     task_config,
     token_names,
 )
+from posym.errors import PosymError
 
 NUMBER_EXAMPLE = "n h n v h y r s | 6 3 2 7 7 8 4 7 | 2"
 LETTER_EXAMPLE = "e1 b2 e1 g6 a2 b2 e1 g6 | be db ca ge eb hc dg fh | eh"
@@ -372,7 +372,7 @@ def test_marked_letter_lookup_counts_marked_matches():
 def test_data_command_writes_marked_samples(tmp_path, monkeypatch):
     from cli_runner import run_posym
 
-    from posym.commands.datasets import load_dataset
+    from posym.commands.data import load_dataset
 
     out = tmp_path / "marked.jsonl"
     assert run_posym(monkeypatch, "data", "--task", "letter", "--n", 40, "--format", "jsonl", "--markers", "on",

@@ -17,10 +17,16 @@ from safetensors.torch import load_file, save_file
 from transformers import get_linear_schedule_with_warmup
 
 from posym import cli, io
+from posym.cli.options import Preset
+from posym.commands.train import (
+    LEGACY_DEFAULTS,
+    LEGACY_MODEL_DEFAULTS,
+    TRAINER_TENSORS,
+    resolve_config,
+    run_hash,
+    train,
+)
 from posym.configs import to_dict
-from posym.errors import PosymError
-from posym.commands.train import (LEGACY_DEFAULTS, LEGACY_MODEL_DEFAULTS, TRAINER_TENSORS, resolve_config,
-                                  run_hash, train)
 from posym.core.model import ModelConfig, build_model
 from posym.core.tasks import SPLIT_SIZES, generate, task_config
 from posym.core.train import (
@@ -32,8 +38,8 @@ from posym.core.train import (
     lr_factor,
     train_batch,
 )
-from posym.cli.options import Preset
-from posym.loading import list_checkpoints, load_checkpoint, read_checkpoint_meta
+from posym.errors import PosymError
+from posym.models import list_checkpoints, load_checkpoint, read_checkpoint_meta
 
 SMALL_TASK = dict(target_size=4, pretarget_size=3, max_hops=2, alphabet_size=4, int_range=7)
 

@@ -7,13 +7,14 @@ import shutil
 
 import pandas as pd
 import pytest
-
 from cli_runner import run_posym
 from tiny_runs import train_tiny
+
 from posym.commands import validate as checkpoints
+from posym import models
 from posym.core.tasks import SPLIT_SIZES
 from posym.errors import PosymError
-from posym.loading import CHECKPOINT_META, list_checkpoints, resolve_checkpoint
+from posym.models import CHECKPOINT_META, list_checkpoints, resolve_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -32,21 +33,21 @@ def _strip_validation(run, into):
 
 
 def test_computed_validation_equals_recorded_and_is_cached(tiny_run, tmp_path):
-    recorded = checkpoints.validation_table(tiny_run)
-    assert (recorded.source == "recorded").all() and not (tiny_run / checkpoints.VALIDATION).exists()
+    recorded = models.validation_table(tiny_run)
+    assert (recorded.source == "recorded").all() and not (tiny_run / models.VALIDATION).exists()
     legacy = _strip_validation(tiny_run, tmp_path / "legacy")
-    computed = checkpoints.validation_table(legacy, n=40)
+    computed = models.validation_table(legacy, n=40)
     assert (computed.source == "computed").all()
     columns = [c for c in recorded if c.startswith("val_acc")]
     pd.testing.assert_frame_equal(recorded[columns], computed[columns])
     assert computed.val_loss.to_numpy() == pytest.approx(recorded.val_loss.to_numpy(), abs=1e-5)
     # cached: a second call evaluates nothing (a progress callback would be called per evaluation)
     calls = []
-    again = checkpoints.validation_table(legacy, n=40, progress=calls.append)
+    again = models.validation_table(legacy, n=40, progress=calls.append)
     assert calls == [] and (again.source == "computed").all()
     pd.testing.assert_frame_equal(again[columns], computed[columns])
     # another n is another evaluation
-    checkpoints.validation_table(legacy, n=8, progress=calls.append)
+    models.validation_table(legacy, n=8, progress=calls.append)
     assert calls == [s for s, _ in list_checkpoints(legacy)]
 
 
@@ -57,19 +58,19 @@ def test_best_step_is_the_earliest_validation_maximum_not_the_test_one(tiny_run,
     frame = pd.DataFrame({"step": steps, "val_acc": [val[s] for s in steps], "val_loss": 1.0,
                           "val_n": SPLIT_SIZES["val"],
                           "source": "computed"})
-    frame.to_parquet(run / checkpoints.VALIDATION)
-    assert checkpoints.best_step(run) == 16
+    frame.to_parquet(run / models.VALIDATION)
+    assert models.best_step(run) == 16
     metrics = pd.read_parquet(run / "metrics.parquet")
     metrics["acc"] = [1.0 if s == 40 else 0.0 for s in metrics.step]  # test says 40
     metrics.to_parquet(run / "metrics.parquet")
     result = checkpoints.run_validation(run)
     assert (result["best_step"], result["best_test_step"], result["test_acc_at_best"]) == (16, 40, 0.0)
-    assert resolve_checkpoint(run, checkpoints.resolve_step(run, "best"))[0].name == "step-00000016"
-    assert checkpoints.resolve_step(run, 20) == 20 and checkpoints.resolve_step(run, None) is None
+    assert resolve_checkpoint(run, models.resolve_step(run, "best"))[0].name == "step-00000016"
+    assert models.resolve_step(run, 20) == 20 and models.resolve_step(run, None) is None
 
 
 def test_step_best_in_commands(tiny_run, tmp_path, monkeypatch, capsys):
-    best = checkpoints.best_step(tiny_run)
+    best = models.best_step(tiny_run)
     out = tmp_path / "eval.json"
     assert run_posym(monkeypatch, "eval", tiny_run, "--step", "best", "--n", "8", "--out", out) == 0
     assert json.loads(out.read_text())["rows"][0]["step"] == best  # eval --out: manifest + rows
@@ -81,16 +82,16 @@ def test_step_best_in_commands(tiny_run, tmp_path, monkeypatch, capsys):
 
 
 def test_bad_steps_are_posym_errors(tiny_run, monkeypatch, capsys):
-    assert checkpoints.parse_step(None) is None and checkpoints.parse_step("best") == "best"
-    assert checkpoints.parse_step("250") == 250
+    assert models.parse_step(None) is None and models.parse_step("best") == "best"
+    assert models.parse_step("250") == 250
     for bad in ("latest", "-1"):
         with pytest.raises(PosymError, match="--step"):
-            checkpoints.parse_step(bad)
+            models.parse_step(bad)
     single = list_checkpoints(tiny_run)[-1][1]
     with pytest.raises(PosymError, match="needs a run directory"):
-        checkpoints.resolve_step(single, "best")
+        models.resolve_step(single, "best")
     assert run_posym(monkeypatch, "eval", tiny_run, "--step", "lastest") == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("posym: error: --step") and "\n" not in err
     with pytest.raises(PosymError, match="val split"):
-        checkpoints.validation_table(tiny_run, n=10**6)
+        models.validation_table(tiny_run, n=10**6)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 from cli_runner import run_posym
 
-from posym import lengthtasks
-from posym.commands.bench import bench_prompts
-from posym.commands.llm import binding_prompts
+from posym import prompts as prompt_sets
 from posym.core.tasks import task_config, token_names
+from posym.prompts import bench_prompts, binding_prompts
 
 SIZES = (12, 16)
 
@@ -30,10 +29,10 @@ def tokenizer():
         corpus += [p.text for p in bench_prompts(task, 12, 1)]
         extra = {"int_range": max(SIZES) + 8} if task == "number" else {}
         corpus.append(" ".join(token_names(task_config(task, target_size=max(SIZES), **extra))[1:]))
-    corpus += [" ".join(lengthtasks.FILLER), " ".join(lengthtasks.KEYS + lengthtasks.OWNERS + lengthtasks.OBJECTS
-                                                   + lengthtasks.VARIABLES + lengthtasks.MARKERS)]
-    for fmt in lengthtasks.FORMATS:  # the length families' own words (posym.lengthtasks)
-        core = lengthtasks.LengthFamily(fmt, markers=True).core(0, 0)
+    corpus += [" ".join(prompt_sets.FILLER), " ".join(prompt_sets.KEYS + prompt_sets.OWNERS + prompt_sets.OBJECTS
+                                                   + prompt_sets.VARIABLES + prompt_sets.MARKERS)]
+    for fmt in prompt_sets.FORMATS:  # the length families' own words (posym.prompts)
+        core = prompt_sets.LengthFamily(fmt, markers=True).core(0, 0)
         corpus.append(" ".join([core.prefix, *core.facts, *core.question, core.answer, *map(str, range(10))]))
     raw = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()

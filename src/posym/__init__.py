@@ -32,11 +32,11 @@ __all__ = ["load", "LoadedModel", "score_model", "head_scores", "summarize_heads
 def __getattr__(name: str):
     """The entry points of __all__, imported on first use (torch and transformers load only then)."""
     if name in ("load", "LoadedModel"):
-        from posym import sources as module
+        from posym import models as module
     elif name in ("score_model", "head_scores", "summarize_heads", "head_labels"):
         from posym.core import scores as module
     elif name == "plot_heads":
-        from posym.commands import llm as module
+        from posym import figures as module
     elif name == "save_figure":
         from posym import figures as module
     else:

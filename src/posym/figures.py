@@ -215,3 +215,23 @@ def plot_qk_plane(projection, *, token_names=None) -> Figure:
     first = projection.iloc[0]
     fig.suptitle(f"layer {first.layer} head {first['head']}, RoPE plane ID {first.frequency_id}")
     return fig
+
+
+def plot_heads(heads, r: float):
+    """Layer x head heatmaps of s_pos and s_sym, and the positional-symbolic plane (one dot per head)."""
+    import numpy as np
+
+    n_layers, n_heads = int(heads.layer.max()) + 1, int(heads["head"].max()) + 1
+    fig, axes = subplots(1, 3, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1, 1, 1.1]})
+    for ax, key in zip(axes, ("s_pos", "s_sym")):
+        grid = np.full((n_layers, n_heads), np.nan)  # [layers, heads]
+        grid[heads.layer.to_numpy(), heads["head"].to_numpy()] = heads[key].to_numpy()
+        image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=1)
+        ax.set(xlabel="head", ylabel="layer", title=key)
+        fig.colorbar(image, ax=ax)
+    dots = axes[2].scatter(heads.s_pos, heads.s_sym, c=heads.layer, cmap="plasma", s=14)
+    axes[2].plot([0, 1], [1, 0], ":", color="grey")
+    axes[2].set(xlabel="s_pos", ylabel="s_sym", title=f"heads (Pearson r = {r:.2f})", xlim=(-0.05, 1.05),
+                ylim=(-0.05, 1.05))
+    fig.colorbar(dots, ax=axes[2], label="layer")
+    return fig

@@ -2,7 +2,7 @@
 a truncated or corrupt file refused before anything else, and the transformers model type it loads as.
 
 transformers' own reader (gguf.GGUFReader) parses every field, the 49k-token vocabulary of
-SmolLM2 included, in tens of seconds; `posym.sources` loads the weights through transformers once
+SmolLM2 included, in tens of seconds; `posym.models` loads the weights through transformers once
 this module has said the file is whole and of a RoPE architecture.
 """
 

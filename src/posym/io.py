@@ -219,7 +219,9 @@ def _refuse_control(path: Path, *, done_files: bool = True) -> None:
 
 # ---- outputs never replace inputs ------------------------------------------------------------------
 
-RUN_FILES = ("checkpoints", "config.yaml", "manifest.json", "metrics.parquet", "train.log", "pipeline.yaml", "stages",
+PIPELINE_MARKER = "pipeline.yaml"
+"""The file `posym run` keeps in its output directory (the config a re-run must match)."""
+RUN_FILES = ("checkpoints", "config.yaml", "manifest.json", "metrics.parquet", "train.log", PIPELINE_MARKER, STAGES,
              "validation.parquet", "validation.json")
 """What `posym train` / `posym run` keep in their directories: outputs may go beside these, never over or into them."""
 
@@ -229,7 +231,7 @@ def _is_model_dir(path: Path) -> bool:
 
 
 def _is_run_dir(path: Path) -> bool:
-    return (path / "config.yaml").is_file() or (path / "checkpoints").is_dir() or (path / "pipeline.yaml").is_file()
+    return (path / "config.yaml").is_file() or (path / "checkpoints").is_dir() or (path / PIPELINE_MARKER).is_file()
 
 
 STUDY_MARKER = "study.yaml"

@@ -11,8 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
-from posym.errors import PosymError
+from posym.core.lengthgen import extension
 from posym.core.model import resolve_device
+from posym.errors import PosymError
 
 
 def parameter_count(model, vocab_size: int) -> int:
@@ -149,3 +150,15 @@ def free_disk(directory: str | os.PathLike) -> int:
         return shutil.disk_usage(path).free
     except OSError as exc:
         raise PosymError(f"cannot read the free disk space under {directory}: {exc.strerror}") from None
+
+
+def check_lengths(task_config, config, points) -> None:
+    """Refuse (PosymError) more test sequences of a length-generalization plan than memory holds at its
+    longest length: `config.n` (and `config.head_prompts` with `config.heads`) of
+    `posym.core.lengthgen.LengthGenConfig`; `points` are `posym.core.lengthgen.plan`'s. Each length's
+    test sequences are generated at once, so the longest bounds the counts."""
+    longest = max(length for _, length, _ in points)
+    each = sequence_bytes(extension(task_config, longest))
+    check_count("--n", config.n, each, what=f"{longest}-token test sequence")
+    if config.heads:
+        check_count("--head-prompts", config.head_prompts, each, what=f"{longest}-token test sequence")

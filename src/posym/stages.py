@@ -1,19 +1,29 @@
-"""Stages of long jobs that survive being killed: done-files and worker processes tied to their parent.
+"""The one stage runner of the long jobs (`posym run`, `posym llm-study`, `posym sweep`): work that survives
+being killed and continues when the same command runs again.
 
-`posym run` (each stage of each task) and `posym sweep` (each trial) skip work whose done-file
-exists, so re-running the same command continues it; their worker processes call
-`die_with_parent` so a killed run leaves no orphan still writing into its output directory.
+- `resumable(out, kept)`: one process per output directory (`posym.io.locked`) and the Ctrl-C line that
+  says what was kept (`posym.io.interruptible`);
+- `claim(out, marker, config)`: the config of a resumable directory (its marker file: pipeline.yaml,
+  study.yaml) is written once; a second run with another config, or a foreign non-empty directory, is
+  refused with one line;
+- `run_stage(out, job, stage, work)`: a stage runs unless its done-file exists, and its done-file
+  (written atomically, after the stage's outputs) records its wall and CPU seconds;
+- `die_with_parent`: worker processes tied to the driver, so a killed run leaves no orphan still
+  writing into the directory a re-run is about to use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from posym import io
+from posym.errors import PosymError
+from posym.parallel import cpu_seconds
 
 
 def done_path(out: Path, job: str, stage: str) -> Path:
@@ -40,3 +50,42 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux/glibc: workers end when they next read their queue
         pass
+
+
+@contextlib.contextmanager
+def resumable(out: Path, kept: Callable[[], str]) -> Iterator[Path]:
+    """Hold `out`'s lock for the body (a second process on the same output is refused) and, on Ctrl-C or
+    SIGTERM, end with the one line `kept()` returns (what is kept, how to continue)."""
+    with io.locked(out), io.interruptible(kept):
+        yield Path(out)
+
+
+def claim(out: Path, marker: str, config: dict, *, what: str) -> bool:
+    """Write `config` as OUT/`marker` for a new output directory; for one that holds `marker`, refuse
+    (PosymError) a config whose hash differs. A non-empty directory without `marker` (the lock file
+    aside) is refused too. `what` names the job in the messages ("a run", "a study"). Returns True when
+    the directory is new."""
+    path = Path(out) / marker
+    if path.is_file():
+        if io.config_hash(io.read_yaml(path)) != io.config_hash(config):
+            raise PosymError(f"{out} holds {what} with a different config (see {path}); re-run with the same "
+                             "config to continue it, or choose another --out")
+        return False
+    if Path(out).exists() and any(p.name != io.LOCK for p in Path(out).iterdir()):
+        raise PosymError(f"{out} exists, is not empty and holds no {marker}; choose another --out")
+    io.write_yaml(path, config)
+    return True
+
+
+def run_stage(out: Path, job: str, stage: str, work: Callable[[], Any]) -> float | None:
+    """Run `work` unless `stage` of `job` is done; then mark it done. Returns the wall seconds it took,
+    or None when it was already done. The done-file also holds the stage's CPU seconds (this process,
+    all threads, and its finished children): unlike wall time they do not grow when other programs share
+    the cores."""
+    if is_done(out, job, stage):
+        return None
+    start, cpu = time.perf_counter(), cpu_seconds()
+    work()
+    seconds = time.perf_counter() - start
+    mark_done(out, job, stage, seconds, cpu_seconds=round(cpu_seconds() - cpu, 2))
+    return seconds

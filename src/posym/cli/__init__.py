@@ -67,11 +67,11 @@ def progress_bar(total: int, what: str):
 
 def checkpoint_step(path, text: str | None, device: str = "cpu") -> int | None:
     """A --step value for the run or checkpoint at `path`: None, an integer step, or "best", the run's
-    best step by validation accuracy (`posym.commands.validate`, evaluating on `device` the
+    best step by validation accuracy (`posym.models.resolve_step`, evaluating on `device` the
     checkpoints that recorded none)."""
-    from posym.commands import validate
+    from posym import models
 
-    return validate.resolve_step(path, validate.parse_step(text), device=device)
+    return models.resolve_step(path, models.parse_step(text), device=device)
 
 
 def parse_list(text: str, kind: type) -> list:

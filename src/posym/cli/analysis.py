@@ -8,10 +8,24 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step, progress_bar
-from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, Compare, Device, Exactness, Protocol, Queries, Task, announce,
-                               device_of, device_option, list_option, n_option, path_argument, step_option, values)
-from posym.errors import PosymError
-
+from posym.cli.options import (
+    EMBEDDED_HELP,
+    OUTPUTS,
+    Compare,
+    Device,
+    Exactness,
+    Protocol,
+    Queries,
+    Task,
+    announce,
+    device_of,
+    device_option,
+    list_option,
+    n_option,
+    path_argument,
+    step_option,
+    values,
+)
 
 # ---- commands: score (scores) -------------------------------------------------------------------
 
@@ -52,49 +66,34 @@ def score_command(
 ) -> None:
     """Positional and symbolic scores of every head (exact, one forward pass per prompt batch)."""
     from rich.console import Console
+    from rich.progress import Progress
     from rich.table import Table
 
-    from posym import io, loading, sources
-    from posym.configs import to_dict
-    from posym.core import scores
+    from posym import io
+    from posym.commands import score
 
     io.check_output(out, inputs=[path, prompts])
-    if task is not None and prompts is not None:
-        raise PosymError("--task draws the task's test prompts and --prompts reads a file: give one of them")
     device = device_of(device)
-    loaded = sources.load(path, step=checkpoint_step(path, step, device), device=device)
-    hf_model, task_config = loaded.model, loaded.info.get("task_config")
-    queries = queries and str(queries)
-    compare, exact = str(compare), str(exact)
-    if task is not None and (task_config is None or task_config.task != task):
-        from posym.core.tasks import task_config as paper_task
+    with Progress(transient=True) as bar:
+        job = bar.add_task("scoring prompts", total=None)
 
-        task_config = paper_task(task)
-    ids, wanted = loading.score_prompts(hf_model, task_config=None if prompts else task_config, n_prompts=n,
-                                        seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
-    used = queries or ("the file's (else last)" if prompts else "last")
-    model_path = loaded.info.get("path", loaded.source.path)
-    print(announce(model_path, loaded.info.get("step"), used))
-    settings = {"model": str(model_path), "checkpoint": str(model_path), "step": loaded.info.get("step"),
-                "prompts": str(prompts) if prompts else None,
-                "task": to_dict(task_config) if task_config is not None and not prompts else None,
-                "n": len(ids), "queries": used, "tau": tau, "blocks": blocks,
-                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare,
-                "epsilon": epsilon, "exact": exact}
-    bar, advance = progress_bar(len(ids), "scoring prompts")
-    with bar:
-        frames = scores.iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare, epsilon=epsilon,
-                                    exact=exact, batch_size=batch_size, progress=advance)
-        rows = loading.write_score_parquet(out, frames, io.manifest(settings, seed=seed, settings=settings,
-                                                            hf_config=hf_model.config.to_dict()))
-    summary = scores.summarize_heads(io.read_parquet(out, columns=["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
-    table = Table(title=f"mean scores over {len(ids)} prompts (gamma = {gamma})")
+        def started(settings: dict, total: int) -> None:
+            print(announce(settings["model"], settings["step"], settings["queries"]))
+            bar.update(job, total=total)
+
+        result = score.run_score(path, out, step=checkpoint_step(path, step, device), task=task and str(task), n=n,
+                                 seed=seed, prompts=prompts, queries=queries and str(queries), tau=tau, blocks=blocks,
+                                 compare=str(compare), epsilon=epsilon, exact=str(exact), gamma=gamma,
+                                 batch_size=batch_size, device=device, progress=lambda k=1: bar.advance(job, k),
+                                 started=started)
+    summary, n_prompts = result["summary"], result["settings"]["n"]
+    table = Table(title=f"mean scores over {n_prompts} prompts (gamma = {gamma})")
     for column in ("layer", "head", "s_pos", "s_sym", "entropy", "label"):
         table.add_column(column, justify="left" if column == "label" else "right")
     for r in summary.itertuples():
         table.add_row(str(r.layer), str(r.head), f"{r.s_pos:.3f}", f"{r.s_sym:.3f}", f"{r.entropy:.3f}", r.label)
     Console().print(table)
-    print(f"wrote {rows} rows to {out} (settings in {out}.json)")
+    print(f"wrote {result['rows']} rows to {out} (settings in {out}.json)")
 
 # ---- commands: dynamics / geometry --------------------------------------------------------------
 
@@ -113,10 +112,10 @@ def dynamics_command(
 
     from posym import io
     from posym.commands import dynamics
-    from posym.loading import list_checkpoints
+    from posym.models import RunDir, list_checkpoints
 
     run_dir = path
-    io.check_output(out or Path(run_dir) / "analysis", inputs=[run_dir], is_dir=True, owns=OUTPUTS["dynamics"])
+    io.check_output(out or RunDir(run_dir).output("analysis"), inputs=[run_dir], is_dir=True, owns=OUTPUTS["dynamics"])
     total = len(list_checkpoints(run_dir)) if Path(run_dir).is_dir() else 0
     print(announce(run_dir, None, "hops and last") + f" (every checkpoint, {total})")
     bar, advance = progress_bar(total, "scoring checkpoints")
@@ -140,7 +139,7 @@ def dynamics_command(
                                              for k in ("positional", "symbolic", "mixed", "uniform")))
     Console().print(table)
     Console().print(roles)
-    out_dir = out or Path(run_dir) / "analysis"
+    out_dir = out or RunDir(run_dir).output("analysis")
     print(f"{len(result['steps'])} checkpoints in {result['seconds_total']:.1f} s; wrote {out_dir}/dynamics.parquet, "
           "purity*.parquet, composition*.parquet, dynamics.json and fig2a/fig2b/fig6/fig7/fig7_roles PNG+SVG")
 
@@ -271,34 +270,35 @@ def lengthgen_command(
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
-
     from transformers.utils import logging as hf_logging
 
     from posym import io
     from posym.commands import lengthgen
+    from posym.core.lengthgen import ALL_HOPS, LengthGenConfig
+    from posym.models import RunDir
 
     hf_logging.disable_progress_bar()  # our own bar follows the work; no per-load weight bars
 
     run_dir = path
-    config = lengthgen.LengthGenConfig(lengths=values(lengths, int, option="--lengths"),
-                                       factors=values(factors, int, option="--factors"), protocol=str(protocol),
+    config = LengthGenConfig(lengths=values(lengths, int, option="--lengths"),
+                             factors=values(factors, int, option="--factors"), protocol=str(protocol),
                                        n=n, seed=seed, max_tokens=max_tokens, device=device_of(device),
                                        heads=head_retention, head_prompts=head_prompts)
     step = checkpoint_step(run_dir, step, config.device)
-    out = io.check_output(out or Path(run_dir) / "lengthgen", inputs=[run_dir], is_dir=True, owns=OUTPUTS["lengthgen"])
+    out = io.check_output(out or RunDir(run_dir).output("lengthgen"), inputs=[run_dir], is_dir=True, owns=OUTPUTS["lengthgen"])
     with Progress(transient=True) as bar:
         job = bar.add_task("evaluating lengths (tokens read)", total=None)
         result = lengthgen.run_lengthgen(run_dir, config, out, step=step,
                                          progress=lambda done, total: bar.update(job, completed=done, total=total))
     print(announce(result["checkpoint"], result["step"], "last (the answer token)"))
     table = result["table"]
-    hops = sorted(h for h in table["hop"].unique() if h != lengthgen.ALL_HOPS)
+    hops = sorted(h for h in table["hop"].unique() if h != ALL_HOPS)
     view = Table(title=f"{result['summary']['task']} task, step {result['step']}: accuracy by length")
     for col in ["protocol", "length", "factor", "all", *(f"hop {h}" for h in hops), "retention"]:
         view.add_column(col, justify="right")
     for (prot, length), rows in table.groupby(["protocol", "length"], sort=False):
         acc = rows.set_index("hop")["acc"]
-        view.add_row(prot, str(length), f"{rows['factor'].iloc[0]:.2f}", f"{acc[lengthgen.ALL_HOPS]:.3f}",
+        view.add_row(prot, str(length), f"{rows['factor'].iloc[0]:.2f}", f"{acc[ALL_HOPS]:.3f}",
                      *(f"{acc[h]:.3f}" for h in hops), f"{rows.set_index('hop')['retention'][0]:.3f}")
     console = Console()
     console.print(view)

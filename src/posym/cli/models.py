@@ -8,10 +8,25 @@ from typing import Optional
 import typer
 
 from posym.cli import app, parse_head_pairs, parse_list, progress_bar
-from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, Device, Dtype, Exactness, Focus, OnOffBoth, StudyStage, Task, announce,
-                               device_of, device_option, list_option, n_option, path_argument, values)
+from posym.cli.options import (
+    EMBEDDED_HELP,
+    OUTPUTS,
+    Device,
+    Dtype,
+    Exactness,
+    Focus,
+    OnOffBoth,
+    StudyStage,
+    Task,
+    announce,
+    device_of,
+    device_option,
+    list_option,
+    n_option,
+    path_argument,
+    values,
+)
 from posym.errors import PosymError
-
 
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
 
@@ -49,16 +64,17 @@ def llm_scores_cmd(
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
 ) -> None:
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
-    from posym import io, sources
-    from posym.commands import llm
+    from posym import io, models
+    from posym import prompts as prompt_sets
+    from posym.commands import llm_scores
 
     io.check_output(out, inputs=[path, prompts], is_dir=True, owns=OUTPUTS["llm-scores"])
     query, dtype, exact = str(query), str(dtype), str(exact)
-    loaded = sources.load(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
+    loaded = models.load(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
     if text is None and prompts in ("number", "letter") and 4 * (size + 9) > loaded.max_positions:
         raise PosymError(f"--size {size} makes {prompts} prompts of at least {4 * (size + 9):,} tokens (three worked "
                          f"examples and the puzzle), more than the {loaded.max_positions:,} positions of {loaded.name}")
-    chosen = llm.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
+    chosen = prompt_sets.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = io.check_output(out or Path("runs") / "llm-scores" / loaded.name, is_dir=True, owns=OUTPUTS["llm-scores"])
     heads = ",".join(values(heads, option="--heads")) or None
     print(announce(path, None, query))
@@ -68,7 +84,7 @@ def llm_scores_cmd(
     excluded = exclude_keys if exclude_keys in (None, "auto") else parse_list(exclude_keys, int)
     bar, advance = progress_bar(len(chosen) * (1 if exclude_keys is None else 2), "scoring prompts")
     with bar:
-        result = llm.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
+        result = llm_scores.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
                                   epsilon=epsilon, exact=exact, exclude_keys=excluded, settings=settings,
                                   progress=advance)
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
@@ -102,22 +118,22 @@ def llm_bench_cmd(
 ) -> None:
     """Appendix H accuracy (1-hop number/letter tasks, 3 worked examples) with the paper's Table 3 beside."""
     from posym import io
-    from posym.commands import bench
+    from posym.commands import llm_bench
 
     io.check_output(out, inputs=[path], is_dir=True, owns=OUTPUTS["llm-bench"])
     markers, dtype = str(markers), str(dtype)
-    variants = bench.MARKER_CHOICES[markers]
+    variants = llm_bench.MARKER_CHOICES[markers]
     task_list = values(task, option="--task", choices=Task)
-    size_list = values(sizes, int, option="--sizes") or list(bench.BENCH_SIZES)
-    judge, label = bench.make_judge(path, base_url=base_url, model_name=model_name,
+    size_list = values(sizes, int, option="--sizes") or list(llm_bench.BENCH_SIZES)
+    judge, label = llm_bench.make_judge(path, base_url=base_url, model_name=model_name,
                                     api_key_env=api_key_env, timeout_s=timeout, retries=retries,
                                     device=str(device), dtype=dtype, allow_pickle=allow_pickle)
     out = io.check_output(out or Path("runs") / "llm-bench" / label, is_dir=True, owns=OUTPUTS["llm-bench"])
     settings = {"model": label, "tasks": task_list, "sizes": size_list, "runs": runs, "n": n,
-                "markers": markers, "base_url": base_url and bench.shown_url(base_url), "dtype": dtype}  # no user:password in bench.json
+                "markers": markers, "base_url": base_url and llm_bench.shown_url(base_url), "dtype": dtype}  # no user:password in llm_bench.json
     bar, advance = progress_bar(len(task_list) * len(size_list) * len(variants) * runs * n, "asking questions")
     with bar:
-        table = bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
+        table = llm_bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
                                   settings=settings, markers=variants, progress=advance)
     print(table)
 
@@ -136,22 +152,22 @@ def llm_study_cmd(
 ) -> None:
     """The lens of 2511.11579 and 2605.31558 on one real model, then what a head type predicts on a
     length task: nine resumable stages and report.html."""
-    from posym import configs, io, sources
-    from posym.commands import study
+    from posym import configs, io, models
+    from posym.commands import llm_study
 
     io.check_output(out, inputs=[path, config], is_dir=True, marker=io.STUDY_MARKER)
-    settings = configs.from_dict(study.StudyConfig, io.read_yaml(config) if config else {},
+    settings = configs.from_dict(llm_study.StudyConfig, io.read_yaml(config) if config else {},
                                  where=str(config or "study config"))
     chosen = values(stages, option="--stages", choices=StudyStage)
-    only = [stage for stage in study.STAGES if stage in chosen] or None
+    only = [stage for stage in llm_study.STAGES if stage in chosen] or None
     spec = path or "smollm2-135m"
     device = device_of(device)
-    loaded = sources.load(spec, device=device)
+    loaded = models.load(spec, device=device)
     out = io.check_output(out or Path("runs") / "llm-study" / loaded.name, is_dir=True, marker=io.STUDY_MARKER)
-    steps = study.stage_steps(settings)
-    bar, advance = progress_bar(sum(steps[s] for s in only or study.STAGES), "llm-study")
+    steps = llm_study.stage_steps(settings)
+    bar, advance = progress_bar(sum(steps[s] for s in only or llm_study.STAGES), "llm-study")
     with bar:
-        timings = study.run_study(loaded, out, settings, settings={"model": str(spec), "device": device},
+        timings = llm_study.run_study(loaded, out, settings, settings={"model": str(spec), "device": device},
                                   progress=advance, only=only)
     for stage, seconds in timings.items():
         print(f"{stage:12s} {seconds if seconds == 'done' else f'{seconds:.1f} s'}")
@@ -185,7 +201,7 @@ def atlas_cmd(
 ) -> None:
     """The head atlas: positional/symbolic scores beside retrieval, streaming, echo, induction,
     previous-token and sink scores of every head, their agreement, the KV-head export, report.md."""
-    from posym import configs, io, sources
+    from posym import configs, io, models
     from posym.commands import atlas
 
     io.check_output(out, inputs=[path, config, kv_table], is_dir=True, owns=OUTPUTS["atlas"])
@@ -198,7 +214,7 @@ def atlas_cmd(
                                  where=str(config or "atlas config"))
     spec = path or "smollm2-135m"
     device = device_of(device)
-    loaded = sources.load(spec, device=device)
+    loaded = models.load(spec, device=device)
     out = io.check_output(out or Path("runs") / "atlas" / loaded.name, is_dir=True, owns=OUTPUTS["atlas"])
     bar, advance = progress_bar(4, "atlas")
     with bar:
@@ -222,7 +238,7 @@ def convert_cmd(
     """Write a plain Hugging Face directory (config.json, float32 model.safetensors, tokenizer) that any tool
     reads with from_pretrained, e.g. from a GGUF file (dequantized once, loaded in seconds afterwards)."""
     from posym import io
-    from posym.sources import convert
+    from posym.commands.convert import convert
 
     io.check_output(out, inputs=[path], is_dir=True)
     print(f"wrote {convert(path, out)}")

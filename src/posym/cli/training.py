@@ -8,10 +8,24 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step, progress_bar
-from posym.cli.options import (Device, Format, OnOff, Precision, Preset, Split, Task, announce, device_of, device_option,
-                               list_option, n_option, path_argument, step_option, values)
+from posym.cli.options import (
+    Device,
+    Format,
+    OnOff,
+    Precision,
+    Preset,
+    Split,
+    Task,
+    announce,
+    device_of,
+    device_option,
+    list_option,
+    n_option,
+    path_argument,
+    step_option,
+    values,
+)
 from posym.errors import PosymError
-
 
 # ---- commands: data (tasks) -------------------------------------------------------------------
 
@@ -39,14 +53,14 @@ def data_command(
     """Generate a number- or letter-task dataset (with a JSON manifest) for training or evaluation."""
 
     from posym import io
-    from posym.commands import datasets
-    from posym.core import tasks
+    from posym.commands import data as datasets
+    from posym.core.tasks import task_config
 
     io.check_output(out)
     knobs = dict(target_size=target_size, pretarget_size=pretarget_size, max_hops=max_hops,
                  alphabet_size=alphabet_size, int_range=int_range, extra_target=extra_target)
     task, split, fmt = str(task), str(split), str(fmt)
-    config = tasks.task_config(task, markers=markers == OnOff.on, **{k: v for k, v in knobs.items() if v is not None})
+    config = task_config(task, markers=markers == OnOff.on, **{k: v for k, v in knobs.items() if v is not None})
     bar, advance = progress_bar(n, f"{task} task, {split}")
     with bar:
         path = datasets.save_dataset(config, n, seed, split, out, fmt, progress=advance)
@@ -120,11 +134,11 @@ def eval_command(
     from rich.table import Table
 
     from posym import io
-    from posym.commands import train
+    from posym.commands import eval as eval_command
 
     io.check_output(out, inputs=[path])
     device = device_of(device)
-    rows = train.evaluate_checkpoint(path, step=checkpoint_step(path, step, device), task=task and str(task), n=n,
+    rows = eval_command.evaluate_checkpoint(path, step=checkpoint_step(path, step, device), task=task and str(task), n=n,
                                      seed=seed, split=str(split),
                                      extra_targets=values(extra_target, int, option="--extra-target") or [0],
                                      device=device)
@@ -152,7 +166,7 @@ def validate_command(
     """Validation accuracy of every checkpoint (recorded in training, else computed and cached in
     PATH/validation.parquet) and the best step by validation, which `--step best` selects."""
     from posym.commands import validate
-    from posym.loading import list_checkpoints
+    from posym.models import list_checkpoints
 
     total = len(list_checkpoints(path)) if Path(path).is_dir() else 0
     bar, advance = progress_bar(total, "validating checkpoints")

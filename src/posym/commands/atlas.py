@@ -18,7 +18,9 @@ a layer x KV-head table from elsewhere and cross-tabulates it with posym's label
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,6 @@ from pathlib import Path
 import torch
 
 from posym import configs, io
-from posym.commands.llm import binding_prompts, query_position
 from posym.core import atlas
 from posym.core.geometry import channel_means, frequency_use, plane_scores
 from posym.core.qk import as_batch, capture, check_layers
@@ -35,14 +36,52 @@ from posym.core.stats import wilson_interval
 from posym.core.study import find_sinks
 from posym.errors import PosymError
 from posym.figures import save_figure, subplots
-from posym.lengthtasks import Builder
-from posym.loading import read_kv_table
-from posym.sources import LoadedModel, tokenize
+from posym.io import quote
+from posym.models import LoadedModel, tokenize
+from posym.prompts import Builder, binding_prompts, query_position
 
 BUDGET = 1 << 23
 """Float64 elements of one chunk of attention rows [prompts, heads, queries, keys] (~64 MB)."""
 NEEDLE_PREFIX, QUESTION = " The secret words are", " What are the secret words? The secret words are"
 """The needle sentence (its words follow the prefix) and the question that asks for them."""
+
+
+# ---- inputs: layer x KV-head tables -----------------------------------------------------------
+
+
+KV_TABLE_BYTES = 1 << 24
+"""The largest layer x KV-head table `read_kv_table` reads (16 MB: far past any model's heads)."""
+
+
+def read_kv_table(path: str | os.PathLike):
+    """A layer x KV-head table of numbers (one line per layer, values separated by tabs, commas or
+    spaces; DuoAttention's full_attention_heads.tsv and `posym atlas`'s own export) as a float64 numpy
+    array [layers, kv_heads]; 0/1 masks and true/false are read as numbers too."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.is_file():
+        raise PosymError(f"{quote(path)} is not a file")
+    if path.stat().st_size > KV_TABLE_BYTES:
+        raise PosymError(f"{quote(path)} is larger than {KV_TABLE_BYTES:,} bytes: not a layer x KV-head table")
+    words = {"true": 1.0, "false": 0.0}
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        cells = [c for c in re.split(r"[\t, ]+", line.strip()) if c]
+        if not cells:
+            continue
+        try:
+            rows.append([words[c.lower()] if c.lower() in words else float(c) for c in cells])
+        except ValueError:
+            raise PosymError(f"{quote(path)} line {number} holds a value that is not a number: {line.strip()[:60]!r}") from None
+    if not rows:
+        raise PosymError(f"{quote(path)} holds no table")
+    if len({len(r) for r in rows}) != 1:
+        raise PosymError(f"{quote(path)} has lines of different lengths; a layer x KV-head table has one value per KV head")
+    grid = np.array(rows, dtype=np.float64)  # [layers, kv_heads]
+    if not np.isfinite(grid).all():
+        raise PosymError(f"{quote(path)} holds NaN or infinite values")
+    return grid
 
 
 @dataclass
@@ -146,7 +185,7 @@ class Needle:
 
 
 def needle_prompts(loaded: LoadedModel, config: AtlasConfig) -> list[Needle]:
-    """Haystack (`posym.lengthtasks.FILLER` sentences) with the needle sentence at each depth, then the
+    """Haystack (`posym.prompts.FILLER` sentences) with the needle sentence at each depth, then the
     question and the needle words as the answer, exactly `length` tokens each."""
     builder = Builder(loaded.tokenizer)
     out = []

@@ -1,7 +1,7 @@
 """`posym discrepancy`: the gaps of every head by sequence length, as files (Definition 3.1 of 2605).
 
 The gaps themselves are `posym.core.discrepancy` (one forward pass per batch); this module loads
-the model (`posym.sources`: any model spec), lengthens a posym task with the `posym lengthgen` protocol or reads a
+the model (`posym.models`: any model spec), lengthens a posym task with the `posym lengthgen` protocol or reads a
 prompt file, and writes gaps.parquet, discrepancy.parquet, discrepancy.json and the figure.
 """
 
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from posym.commands import lengthgen
+from posym.core import lengthgen as core_lengthgen
 from posym.core.discrepancy import head_gaps, summarize_gaps
 from posym.errors import PosymError
 from posym.figures import colormap, save_figure, spaced_tick_labels, subplots
 from posym.io import manifest, write_json, write_parquet
-from posym.loading import score_prompts
-from posym.sources import load_analysable
+from posym.models import load_analysable
+from posym.prompts import score_prompts
+from posym.resources import check_lengths
 
 
 def plot_gaps(summary, *, title: str = ""):
@@ -52,7 +53,7 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
 
     A posym run or checkpoint: its task's test questions (the same `n` at every length), lengthened
     to each of `lengths` by extra target-window tokens (the paper protocol of `posym lengthgen`).
-    Any other model (`posym.sources`: smollm2-135m, GGUF, Hugging Face directory): the prompts of the
+    Any other model (`posym.models`: smollm2-135m, GGUF, Hugging Face directory): the prompts of the
     JSONL file `prompts` as they are (token ids or text; their lengths are the lengths; queries None =
     the file's own "queries", else the last token). A forward pass reads at most `max_tokens` tokens (bounds the memory
     of a batch of long prompts). Writes
@@ -64,27 +65,28 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     if queries not in (None, "last", "hops", "all"):
         raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
     # gaps come from queries and keys (posym.core.qk), never from attention weights: the fast kernel serves
-    loaded, out = load_analysable(path, step=step, device=device, out=out_dir, attn_implementation="sdpa")
+    loaded, out_dir = load_analysable(path, step=step, device=device, out=out_dir, default="discrepancy",
+                                      attn_implementation="sdpa")
     model, task, step = loaded.model, loaded.info.get("task_config"), loaded.info.get("step")
-    out_dir = out.parent / "discrepancy" if out_dir is None else out  # a run's default: RUN_DIR/discrepancy
     if prompts is not None:  # any model: the file's prompts at their own lengths
         if lengths:
             raise PosymError("--lengths lengthens a posym task; a prompt file's prompts keep their own lengths")
         ids, wanted = score_prompts(model, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
-        batch = lengthgen.batch_size(max(len(x) for x in ids), max_tokens)
+        batch = core_lengthgen.batch_size(max(len(x) for x in ids), max_tokens)
         frame = head_gaps(model, ids, wanted, batch_size=batch, progress=progress)
         frame["length"] = frame["prompt"].map({k: len(x) for k, x in enumerate(ids)})
     elif task is None:
         raise PosymError("give --prompts: the model carries no posym task to lengthen")
     else:  # a posym model: the same n test questions, lengthened by extra target tokens
-        lengths = sorted(set(lengths or lengthgen.LengthGenConfig().lengths))
-        lengthgen.plan(task, dataclasses.replace(lengthgen.LengthGenConfig(), lengths=lengths, protocol="paper"),
-                       model.config.n_positions)  # every length is checked before any pass
+        lengths = sorted(set(lengths or core_lengthgen.LengthGenConfig().lengths))
+        planned = dataclasses.replace(core_lengthgen.LengthGenConfig(), lengths=lengths, protocol="paper")
+        # every length is checked before any pass
+        check_lengths(task, planned, core_lengthgen.plan(task, planned, model.config.n_positions))
         parts = []
         for length in lengths:
-            ids, wanted = score_prompts(model, task_config=lengthgen.extension(task, length), n_prompts=n, seed=seed,
+            ids, wanted = score_prompts(model, task_config=core_lengthgen.extension(task, length), n_prompts=n, seed=seed,
                                      queries=queries)
-            batch = lengthgen.batch_size(length, max_tokens)
+            batch = core_lengthgen.batch_size(length, max_tokens)
             parts.append(head_gaps(model, ids, wanted, batch_size=batch, progress=progress).assign(length=length))
         frame = pd.concat(parts, ignore_index=True)
     summary = summarize_gaps(frame)

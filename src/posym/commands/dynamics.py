@@ -38,13 +38,18 @@ import time
 from pathlib import Path
 
 from posym import figures
-from posym.commands.validate import validation_table
-from posym.core.scores import head_labels, head_scores, label_column, prompt_scores, score_model, task_prompts
+from posym.core.scores import (
+    head_labels,
+    head_scores,
+    label_column,
+    prompt_scores,
+    score_model,
+    task_prompts,
+)
 from posym.errors import PosymError
 from posym.io import manifest, read_parquet, write_json, write_parquet
-from posym.loading import list_checkpoints, load_checkpoint
+from posym.models import RunDir, list_checkpoints, load_checkpoint, validation_table
 from posym.resources import check_count, sequence_bytes
-
 
 GAMMAS = (0.1, 0.05)
 QUERY_MODES = ("hops", "last", "target", "inner")
@@ -89,11 +94,11 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints:
         raise PosymError(f"{run_dir} has no checkpoints/step-* directories (is it a posym run directory?)")
-    if not (run_dir / "metrics.parquet").is_file():
+    if not RunDir(run_dir).metrics.is_file():
         raise PosymError(f"{run_dir} has no metrics.parquet (written by posym train at every checkpoint)")
     if n_prompts < 1:
         raise PosymError(f"--n-prompts must be at least 1, got {n_prompts}")
-    metrics = read_parquet(run_dir / "metrics.parquet").drop_duplicates("step", keep="last").set_index("step")
+    metrics = read_parquet(RunDir(run_dir).metrics).drop_duplicates("step", keep="last").set_index("step")
     missing = [s for s, _ in checkpoints if s not in metrics.index]
     if missing:
         raise PosymError(f"{run_dir}/metrics.parquet has no row for checkpoint step {missing[0]}")
@@ -251,7 +256,7 @@ def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, 
     fig7_roles (scores and prompt purity per query role at the max-accuracy step) (PNG + SVG) to out_dir (default RUN_DIR/analysis). Returns the dynamics.json dict."""
     start = time.perf_counter()
     run_dir = Path(run_dir)
-    out_dir = Path(out_dir) if out_dir is not None else run_dir / "analysis"
+    out_dir = Path(out_dir) if out_dir is not None else RunDir(run_dir).output("analysis")
     table, per_prompt = collect_dynamics(run_dir, n_prompts=n_prompts, seed=seed, progress=progress)
     scored = time.perf_counter() - start
     pure = purity(table)

@@ -26,12 +26,19 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from posym import io, sources
+from posym import io, models
 from posym.configs import from_dict
-from posym.core.scores import LABELS, head_details, head_scores, prompt_scores, task_prompts
+from posym.core.scores import (
+    LABELS,
+    head_details,
+    head_scores,
+    prompt_scores,
+    task_prompts,
+)
 from posym.core.tasks import token_names
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
+from posym.models import RunDir
 
 STEPS = {"s_pos": 1e-4, "s_sym": 1e-4, "s_pos_sf": 1e-4, "s_sym_sf": 1e-4, "entropy": 1e-3, "sink": 1e-4,
          "freq": 1e-3}
@@ -64,7 +71,7 @@ class HeadSet:
     margins: dict = field(default_factory=dict)
     """(layer, head) -> {series: [[length, margin], ...]}."""
     model: dict | None = None
-    """How to recompute attention rows and swaps: {"spec", "step"} (posym.sources.load) or None."""
+    """How to recompute attention rows and swaps: {"spec", "step"} (posym.models.load) or None."""
     details: dict = field(default_factory=dict)
     """prompt index -> head_details rows (filled by `add_details`)."""
     note: str = ""
@@ -218,10 +225,10 @@ def _margins(frame, series) -> dict:
 
 def run_sets(run_dir: Path, *, detail_prompts: int) -> list[HeadSet]:
     """One set per query mode of a training run's `posym dynamics` tables, at its last step."""
-    analysis = run_dir / "analysis"
+    analysis = RunDir(run_dir).output("analysis")
     if not (analysis / "dynamics.parquet").is_file():
         raise PosymError(f"{run_dir} has no analysis/dynamics.parquet: run posym dynamics {run_dir} first")
-    config = io.read_yaml(run_dir / "config.yaml")
+    config = io.read_yaml(RunDir(run_dir).config)
     table = io.read_parquet(analysis / "dynamics.parquet")
     step = int(table.step.max())
     table = table[table.step == step]
@@ -232,7 +239,7 @@ def run_sets(run_dir: Path, *, detail_prompts: int) -> list[HeadSet]:
     freq = io.read_parquet(analysis / "frequency.parquet") if (analysis / "frequency.parquet").is_file() else None
     planes = (_planes(io.read_parquet(analysis / "channels.parquet"), "use")
               if (analysis / "channels.parquet").is_file() else {})
-    retention = run_dir / "lengthgen" / "head_retention.parquet"
+    retention = RunDir(run_dir).output("lengthgen") / "head_retention.parquet"
     margins = _margins(io.read_parquet(retention), []) if retention.is_file() else {}
     prompts = _task_prompts(config, settings, min(detail_prompts, int(settings.get("n_prompts", 0))))
     task = config.get("task", {}).get("task", run_dir.name)
@@ -300,7 +307,7 @@ def kind_of(path: Path) -> str:
         return "llm-scores"
     if (path / "pipeline.yaml").is_file():
         return "pipeline"
-    if (path / "config.yaml").is_file():
+    if RunDir(path).config.is_file():
         return "run"
     if (path / "scores" / "heads.parquet").is_file():
         return "study"
@@ -322,7 +329,7 @@ def collect(paths, *, detail_prompts: int = 8) -> list[HeadSet]:
         elif kind == "run":
             sets += run_sets(path, detail_prompts=detail_prompts)
         else:
-            runs = sorted(p for p in path.iterdir() if (p / "config.yaml").is_file() and (p / "analysis").is_dir())
+            runs = sorted(p for p in path.iterdir() if RunDir(p).config.is_file() and RunDir(p).output("analysis").is_dir())
             if not runs:
                 raise PosymError(f"{path} is a posym run output without analysed tasks (no <task>/analysis/)")
             for run in runs:
@@ -352,7 +359,7 @@ def add_details(sets: list[HeadSet], *, detail_prompts: int = 8, top: int = 8, d
         key = (spec, s.model.get("step"))
         if key not in loaded:
             try:
-                loaded[key] = sources.load(spec, step=s.model.get("step"), device=device, dtype="float32")
+                loaded[key] = models.load(spec, step=s.model.get("step"), device=device, dtype="float32")
             except PosymError as exc:
                 loaded[key] = exc
         found = loaded[key]
@@ -380,7 +387,7 @@ def explore(paths, out, *, details: bool = True, model: str | None = None, detai
     """`posym explore`: write one self-contained HTML file `out`; returns {"path", "bytes", "sets", "heads"}.
 
     details: recompute attention rows and swaps from the model the tables name (or `model`, a
-    `posym.sources.load` spec); False: the tables alone (every head page says so)."""
+    `posym.models.load` spec); False: the tables alone (every head page says so)."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise PosymError("posym explore needs at least one directory of score tables")

@@ -1,6 +1,6 @@
 """`posym geometry`: RoPE frequency use and per-plane scores of a trained or real model, as files.
 
-Loads any model spec (`posym.sources`: a posym run/checkpoint, smollm2-135m, a GGUF file, a Hugging
+Loads any model spec (`posym.models`: a posym run/checkpoint, smollm2-135m, a GGUF file, a Hugging
 Face directory), computes with
 `posym.core.geometry` (plane scores, channel means, frequency use, the q/k plane projection) and
 writes planes/channels/frequency/qk_plane.parquet, geometry.json and the Fig. 8 / Fig. 4B figures.
@@ -11,20 +11,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from posym import figures
+from posym.core.geometry import (
+    WEIGHTINGS,
+    channel_means,
+    frequency_use,
+    index_alignment,
+    layer_bases,
+    plane_scores,
+    qk_projection,
+)
 from posym.core.paper import TABLE1 as PAPER_TABLE1
-from posym.core.geometry import (WEIGHTINGS, channel_means, frequency_use, index_alignment, layer_bases,
-                                 plane_scores, qk_projection)
 from posym.core.qk import check_layers
 from posym.core.tasks import offset_ids, token_names
 from posym.errors import PosymError
 from posym.io import manifest, write_json, write_parquet
-from posym.loading import score_prompts
-from posym.sources import load_analysable
+from posym.models import load_analysable
+from posym.prompts import score_prompts
 
 
 def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
             queries: str | None = None, tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
-    """Load what `posym geometry PATH` analyses (`posym.sources.load_analysable`) and its prompts: the
+    """Load what `posym geometry PATH` analyses (`posym.models.load_analysable`) and its prompts: the
     run's own task's test prompts, or the JSONL file `prompts` (token ids, or text for the model's
     tokenizer; required for other models). queries: last, hops, all or None (a file's own
     "queries", else the last token).

@@ -26,6 +26,7 @@ from posym import io
 from posym.commands import explore
 from posym.core.paper import TABLE1 as PAPER_TABLE1
 from posym.errors import PosymError
+from posym.models import RunDir
 
 # Pure heads at gamma = 0.1 of the paper's 12-layer models (arXiv 2605.31558, Fig. 2B / 7).
 PAPER_PURE = {"number": ("L0-L3", "L4-L11"), "letter": ("none", "L1-L11")}
@@ -72,7 +73,7 @@ OPTIONAL = {"head_retention"}
 
 def kind_of(path: Path) -> str:
     """'run', 'theory' or 'bench' by the files a directory holds; anything else is a PosymError."""
-    if (path / "config.yaml").is_file():
+    if RunDir(path).config.is_file():
         return "run"
     if (path / "theory.json").is_file():
         return "theory"
@@ -111,34 +112,34 @@ def run_summary(run_dir: str | Path) -> dict:
     hop, pure layers at the end (gamma 0.1, hop queries; None before posym dynamics), weighted
     frequency ID per layer (None before posym geometry) and the length-generalization summary."""
     run_dir = Path(run_dir)
-    config = io.read_yaml(run_dir / "config.yaml")
-    if not (run_dir / "metrics.parquet").is_file():
+    config = io.read_yaml(RunDir(run_dir).config)
+    if not RunDir(run_dir).metrics.is_file():
         raise PosymError(f"{run_dir} has no metrics.parquet: has training started?")
-    metrics = io.read_parquet(run_dir / "metrics.parquet").sort_values("step")
+    metrics = io.read_parquet(RunDir(run_dir).metrics).sort_values("step")
     last = metrics.iloc[-1]
     out = {"run_dir": str(run_dir), "task": config["task"]["task"], "preset": config["preset"],
            "layers": config["model"]["n_layer"], "step": int(last.step), "max_steps": config["max_steps"],
            "acc": float(last.acc), "acc_hops": {int(c[7:]): float(last[c]) for c in metrics if c.startswith("acc_hop")},
            "first_step_ge_0.95": first_pure_steps(metrics), "positional": None, "symbolic": None,
            "weighted_id": None, "lengthgen": None}
-    comp = run_dir / "analysis" / "composition_summary.parquet"
+    comp = RunDir(run_dir).output("analysis") / "composition_summary.parquet"
     if comp.is_file():
         c = io.read_parquet(comp)
         row = c[(c.gamma == 0.1) & (c.stage == "end") & (c.query_mode == "hops")].iloc[0]
         out["positional"] = row.layers_positional or "none"
         out["symbolic"] = row.layers_symbolic or "none"
         out["frac_positional"], out["frac_symbolic"] = float(row.frac_positional), float(row.frac_symbolic)
-    freq = run_dir / "analysis" / "frequency.parquet"
+    freq = RunDir(run_dir).output("analysis") / "frequency.parquet"
     if freq.is_file():
         per_layer = io.read_parquet(freq).groupby("layer").mean(numeric_only=True)
         out["weighted_id"] = per_layer.weighted_id.round(1).tolist()
         out["weightings"] = {c[len("weighted_id_"):]: per_layer[c].round(1).tolist()
                              for c in per_layer if c.startswith("weighted_id_")}  # runs analysed before: none
-    geometry = _read_json(run_dir / "analysis" / "geometry.json") or {}
+    geometry = _read_json(RunDir(run_dir).output("analysis") / "geometry.json") or {}
     out["index_alignment"] = geometry.get("plane_figure", {}).get("index_alignment")  # number runs only
     out["planes"] = _rope_planes(config["model"])
-    out["manifest"] = _read_json(run_dir / "manifest.json")
-    lengthgen = _read_json(run_dir / "lengthgen" / "lengthgen.json")
+    out["manifest"] = _read_json(RunDir(run_dir).manifest)
+    lengthgen = _read_json(RunDir(run_dir).output("lengthgen") / "lengthgen.json")
     if lengthgen is not None:
         out["lengthgen"] = lengthgen["summary"]
     return out
@@ -207,7 +208,7 @@ def _fmt(value, digits: int = 3) -> str:
 
 def _discrepancy_numbers(run_dir: Path) -> str:
     """'median gap at N1 -> N2 tokens: x-y times smaller (1 / n^2: z)' from discrepancy.json ('' if absent)."""
-    result = _read_json(run_dir / "discrepancy" / "discrepancy.json")
+    result = _read_json(RunDir(run_dir).output("discrepancy") / "discrepancy.json")
     if not result or not result.get("median_gap"):
         return ""
     gaps: dict[str, dict[int, float]] = {}
@@ -281,7 +282,7 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
 def _head_retention_table(run_dir: Path) -> dict | None:
     """The head-level retention per group (lengthgen/head_groups.parquet) as a table: one row per group and
     measure, one column per length, each cell 'value [lo, hi]'; None without the file."""
-    path = run_dir / "lengthgen" / "head_groups.parquet"
+    path = RunDir(run_dir).output("lengthgen") / "head_groups.parquet"
     if not path.is_file():
         return None
     groups = io.read_parquet(path)
@@ -404,7 +405,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
             section, summary = _guarded(_run_section, path, out_dir)
             sections.append(section)
             summaries.append(summary)
-    explorable = [p for k, p in kinds if k == "run" and (p / "analysis" / "dynamics.parquet").is_file()]
+    explorable = [p for k, p in kinds if k == "run" and (RunDir(p).output("analysis") / "dynamics.parquet").is_file()]
     if explorable:
         sections.append(_guarded(_explorer_section, explorable, out_dir))
     theory = [p for k, p in kinds if k == "theory"]

@@ -1,7 +1,7 @@
 """`posym sweep`: a grid of training runs (tasks x seeds x presets x RoPE settings) executed with Ray.
 
 Every trial is a normal posym run directory `<out>/trials/<name>` (posym.core.train), optionally followed
-by posym.commands.dynamics; a finished trial leaves a done-file (posym.commands.pipeline's) holding its result row, so
+by posym.commands.dynamics; a finished trial leaves a done-file (posym.commands.run's) holding its result row, so
 re-running a sweep skips finished trials and resumes interrupted ones from their last checkpoint.
 A trial that fails is reported with its error and does not stop the others.
 
@@ -30,14 +30,15 @@ from pathlib import Path
 from typing import Callable
 
 from posym import io
-from posym.commands import dynamics as dyn, train
+from posym.commands import dynamics as dyn
+from posym.commands import train
 from posym.configs import from_dict, to_dict
 from posym.core.rope import layer_bands
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
 from posym.figures import save_figure, subplots
-from posym.stages import die_with_parent, done_path, is_done, mark_done
-
+from posym.models import RunDir
+from posym.stages import die_with_parent, done_path, is_done, mark_done, resumable
 
 SWEEP_JOB = "trial"
 """Stage name of the done-file of a trial."""
@@ -168,8 +169,8 @@ def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads
         torch.set_num_threads(threads)
         run_path = Path(run_dir)
         cfg = from_dict(TrainConfig, trial["config"])
-        train.train(cfg, run_path, resume=(run_path / "config.yaml").is_file(), progress=False)
-        last = io.read_parquet(run_path / "metrics.parquet").sort_values("step").iloc[-1]
+        train.train(cfg, run_path, resume=RunDir(run_path).config.is_file(), progress=False)
+        last = io.read_parquet(RunDir(run_path).metrics).sort_values("step").iloc[-1]
         row.update({k: float(last[k]) for k in last.index if k == "acc" or k.startswith("acc_hop")})
         row["step"] = int(last.step)
         if dynamics:
@@ -242,8 +243,16 @@ def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = Non
     grid = trials(config)
     if max_concurrent is not None and max_concurrent < 1:
         raise PosymError(f"--max-concurrent must be positive, got {max_concurrent}")
-    with io.locked(out):  # a second sweep into `out` would run the same trials and race on its tables
+    # one process per OUT: a second sweep into `out` would run the same trials and race on its tables
+    with resumable(out, lambda: _kept(out, grid)):
         return _run_sweep(config, out, grid, address, max_concurrent, progress)
+
+
+def _kept(out: Path, grid: list[dict]) -> str:
+    """The Ctrl-C line of `posym sweep`: the finished trials and how to continue."""
+    done = sum(is_done(out, t["name"], SWEEP_JOB) for t in grid)
+    return f"kept {done} of {len(grid)} finished trials in {out}; re-running the same command resumes"
+
 
 
 def _done_row(path: Path) -> dict:

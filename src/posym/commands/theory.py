@@ -10,10 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from posym.configs import to_dict
-from posym.core.constructions import construction_scores, index_head, multihop, retrieval_head, with_beta
+from posym.core.constructions import (
+    construction_scores,
+    index_head,
+    multihop,
+    retrieval_head,
+    with_beta,
+)
 from posym.core.tasks import generate, task_config
-from posym.core.theory import (TheoryConfig, discrepancy_curve, frequency_angle, needed_beta, summarize_lengths,
-                               verify)
+from posym.core.theory import (
+    TheoryConfig,
+    discrepancy_curve,
+    frequency_angle,
+    needed_beta,
+    summarize_lengths,
+    verify,
+)
 from posym.figures import save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.resources import check_count, sequence_bytes

@@ -15,16 +15,29 @@ from pathlib import Path
 from typing import Any
 
 from posym import io
-from posym.commands import lengthgen
 from posym.configs import from_dict, override, to_dict
 from posym.core.model import build_model
 from posym.core.tasks import task_config
-from posym.core.train import (PRESETS, TrainConfig, checkpoint_steps, evaluate, make_optimizer, to_tensor,
-                              train_batch, train_step)
+from posym.core.train import (
+    PRESETS,
+    TrainConfig,
+    checkpoint_steps,
+    evaluate,
+    make_optimizer,
+    to_tensor,
+    train_batch,
+    train_step,
+)
 from posym.errors import PosymError
-from posym.loading import (CHECKPOINT_META, CHECKPOINTS, checkpoint_name, list_checkpoints, load_checkpoint,
-                            read_checkpoint_meta)
-from posym.resources import check_count, check_resources, sequence_bytes
+from posym.models import (
+    CHECKPOINT_META,
+    CHECKPOINTS,
+    RunDir,
+    checkpoint_name,
+    list_checkpoints,
+    read_checkpoint_meta,
+)
+from posym.resources import check_resources
 
 TRAINER_TENSORS = "trainer_state.safetensors"
 TRAINER_JSON = "trainer_state.json"
@@ -42,38 +55,6 @@ def resolve_config(
     if overrides:
         config = override(config, overrides)
     return config
-
-
-def evaluate_checkpoint(
-    path: str | Path, *, step: int | None = None, task: str | None = None, n: int = 2000,
-    extra_targets: list[int] = (0,), seed: int = 0, split: str = "test", device: str = "cpu",
-) -> list[dict]:
-    """`evaluate` one checkpoint on its own task config (or the paper's `task`) per extra_target.
-
-    Each row: checkpoint, step, task, extra_target, seq_len and the `evaluate` metrics.
-    """
-    model, info = load_checkpoint(path, step=step, device=device)
-    if task is not None:
-        base = task_config(task)
-    elif info["task_config"] is not None:
-        base = info["task_config"]
-    else:
-        raise PosymError(f"{info['path']} has no posym.json with its task; pass --task number or --task letter")
-    rows = []
-    for extra in extra_targets:
-        cfg = dataclasses.replace(base, extra_target=extra)
-        if cfg.vocab_size > model.config.vocab_size:
-            raise PosymError(
-                f"the {cfg.task} task needs {cfg.vocab_size} token ids but the model has {model.config.vocab_size}"
-            )
-        if cfg.seq_len > model.config.n_positions:
-            raise PosymError(f"sequences of {cfg.seq_len} tokens exceed the model's {model.config.n_positions} positions")
-        check_count("--n", n, sequence_bytes(cfg), what=f"{cfg.seq_len}-token test sequence")
-        # the batch rule of posym lengthgen: bounded tokens per forward pass keep long lengths in memory
-        metrics = evaluate(model, cfg, n, seed, split, lengthgen.batch_size(cfg.seq_len, lengthgen.LengthGenConfig.max_tokens))
-        rows.append({"checkpoint": str(info["path"]), "step": info["step"], "task": cfg.task,
-                     "extra_target": extra, "seq_len": cfg.seq_len, **metrics})
-    return rows
 
 
 def _save_trainer_state(directory: Path, optimizer, step: int, config_hash: str) -> None:
@@ -180,7 +161,7 @@ def run_hash(config: TrainConfig) -> str:
 def _run_config(config: TrainConfig | None, run_dir: Path, resume: bool) -> TrainConfig:
     """The config of the run: `config` for a new run, the run's config.yaml (which `config`, if given,
     must equal) to resume. Reads only."""
-    config_path = run_dir / "config.yaml"
+    config_path = RunDir(run_dir).config
     if resume:
         if not config_path.is_file():
             raise PosymError(f"cannot resume: {run_dir} is not a posym run directory (no config.yaml)")
@@ -235,14 +216,14 @@ def train(
         if resume:
             return _train(config, run_dir, resume, progress, stop_at, resolved, machine)
         _run_config(config, run_dir, resume)  # again, under the lock: nobody started it meanwhile
-        started = [io.write_yaml(run_dir / "config.yaml", to_dict(config)),
-                   io.write_json(run_dir / "manifest.json", {**io.manifest(to_dict(config), seed=config.seed),
+        started = [io.write_yaml(RunDir(run_dir).config, to_dict(config)),
+                   io.write_json(RunDir(run_dir).manifest, {**io.manifest(to_dict(config), seed=config.seed),
                                                                             "config_hash": run_hash(config)})]
         try:
             return _train(config, run_dir, resume, progress, stop_at, resolved, machine)
         except BaseException:
             if not list_checkpoints(run_dir):  # a start that failed before its first checkpoint blocks nothing
-                for path in [*started, run_dir / "train.log", run_dir / "metrics.parquet", run_dir / CHECKPOINTS]:
+                for path in [*started, RunDir(run_dir).log, RunDir(run_dir).metrics, run_dir / CHECKPOINTS]:
                     shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
             raise
 
@@ -263,7 +244,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
     optimizer = make_optimizer(model, config)
     end = config.max_steps if stop_at is None else min(stop_at, config.max_steps)
     saves = set(checkpoint_steps(config.max_steps, config.checkpoint_every)) | {end}
-    log_path = run_dir / "train.log"
+    log_path = RunDir(run_dir).log
     # the log only informs: a damaged one (bytes that are not UTF-8) is kept as far as it reads, never a refusal
     log_lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines() if resume and log_path.is_file() else []
     rows: list[dict] = []
@@ -291,7 +272,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
     def write_metrics() -> None:
         frame = pd.DataFrame(rows)  # rows read back from posym.json have sorted keys: fix the order
         first = ["step", "loss", "acc"] + [f"acc_hop{h}" for h in range(1, task.max_hops + 1)]
-        io.write_parquet(run_dir / "metrics.parquet", frame[first + sorted(set(frame.columns) - set(first))])
+        io.write_parquet(RunDir(run_dir).metrics, frame[first + sorted(set(frame.columns) - set(first))])
 
     def checkpoint(step: int, train_loss: float) -> dict:
         metrics = evaluate(model, task, config.eval_size, config.seed, "test", config.eval_batch_size)
@@ -334,7 +315,13 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
     if end < config.max_steps:
         log_lines.append(f"stopping at step {end} of {config.max_steps} (--stop-at); --resume continues")
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     columns = [
         TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]} steps/s"),

@@ -20,7 +20,7 @@ Which heads: "positional" / "symbolic" / "mixed" pick by the label of `posym.cor
 (the prompt-mean scores at every hop query of test prompts of the checkpoint itself: the rule and
 the numbers of `posym dynamics`' hop-query table), "L.H,L.H" by index, "L" = every
 head of layer L. The experiment drivers (ablation table, fine-tune comparison) are in
-`posym.commands.interventions`.
+`posym.commands.ablate` and `posym.commands.finetune`.
 """
 
 from __future__ import annotations

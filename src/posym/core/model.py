@@ -3,7 +3,7 @@
 A posym model is a plain Hugging Face `GPTJForCausalLM` (the paper's authors used the same class),
 so every checkpoint directory loads with `GPTJForCausalLM.from_pretrained` and nothing here is
 needed to read it back. What posym adds next to the weights of a checkpoint (`posym.json` with
-the model config, which carries the RoPE variant) is read by `posym.loading`.
+the model config, which carries the RoPE variant) is read by `posym.models`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The paper's thesis (arXiv 2605.31558, Sec. 5 and Theorem 3.2) is about heads, no
 positional head's best margin shrinks like 2 pi^2 / n^2 as the input grows, a symbolic head's need not.
 This module measures it head by head on prompt families whose answer is fixed while the length grows
 (the toy tasks' extra target window, `posym.commands.lengthgen`; the real-model length families,
-`posym.lengthtasks`). Per (prompt, query, layer, head) and length, from the logits the model itself
+`posym.prompts`). Per (prompt, query, layer, head) and length, from the logits the model itself
 computes over the keys the query sees (`posym.core.swaps.clean_logits`, float64, never post-softmax
 weights read back from the model):
 

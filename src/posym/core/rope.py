@@ -3,7 +3,7 @@
 Hugging Face GPT-J builds ONE sin/cos table for every layer, as a non-persistent buffer with base
 10,000 that `from_pretrained` rebuilds. posym's variants live in `ModelConfig` (`rope_base`,
 `rope_bands`, `nope_from`, plus the existing `rotary_dim` for partial rotary) and are applied here
-whenever posym builds or loads a model (`posym.core.model.build_model` / `posym.loading.load_checkpoint`,
+whenever posym builds or loads a model (`posym.core.model.build_model` / `posym.models.load_checkpoint`,
 which reads the model config from `posym.json`):
 
 - a different base replaces the shared table (same formula as GPT-J, base^(-2(k-1)/rotary_dim));
@@ -13,7 +13,7 @@ which reads the model config from `posym.json`):
   every reader of the attention inputs (posym.core.scores, posym.core.geometry) sees the variant.
 
 Plain `transformers` loading of such a checkpoint IGNORES the variant (it has no field for it and
-rebuilds the base-10,000 table): load variant checkpoints with `posym.loading.load_checkpoint`. Frequency
+rebuilds the base-10,000 table): load variant checkpoints with `posym.models.load_checkpoint`. Frequency
 ID k (1 = fastest) is plane k - 1 of the rotated dims, as everywhere in posym.
 """
 

@@ -27,7 +27,7 @@ Public API
 - `hop_queries(chain)`: the pointer positions of a task chain (`posym.core.swaps.resolve_queries` /
   `query_batches` turn query specs into positions and equal-length batches);
   `task_prompts` draws test-split task prompts with their queries (`queries_for`); prompt files
-  and Parquet output are `posym.loading`'s.
+  and Parquet output are `posym.prompts`' and `posym.commands.score`'s.
 - `head_scores(frame)`: the score of a head over a prompt set (the prompt-mean rule: hops averaged
   within each prompt, then prompts); `head_labels` the purity labels; `summarize_heads` both.
 

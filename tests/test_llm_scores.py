@@ -1,4 +1,4 @@
-"""posym.commands.llm and the llm-scores command on tiny random-init models built in the test (tests/tiny_llms.py)."""
+"""posym.commands.llm_scores and the llm-scores command on tiny random-init models built in the test (tests/tiny_llms.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import torch
 from reference_scores import channel_dims, reference_swap_scores
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import loading, sources
+from posym import models as model_specs
+from posym import prompts as prompt_sets
+from posym.commands import llm_scores
 from posym.cli import parse_head_pairs
-from posym.commands import llm
 from posym.errors import PosymError
-
 
 # ---- tiny models ------------------------------------------------------------------------------
 
@@ -48,9 +48,9 @@ def test_bad_model_dirs_exit_2(models, kind, reason, capsys, monkeypatch):
 
 def test_pickle_weights_load_only_with_flag(models):
     with pytest.raises(PosymError, match="pickle"):
-        sources.load(models["pickle"], device="cpu")
-    legacy = sources.load(models["pickle"], device="cpu", allow_pickle=True)
-    same = sources.load(models["llama"], device="cpu")  # same seed, same weights, safetensors
+        model_specs.load(models["pickle"], device="cpu")
+    legacy = model_specs.load(models["pickle"], device="cpu", allow_pickle=True)
+    same = model_specs.load(models["llama"], device="cpu")  # same seed, same weights, safetensors
     for a, b in zip(legacy.model.parameters(), same.model.parameters()):
         assert torch.equal(a, b)
 
@@ -62,16 +62,16 @@ def test_prompt_longer_than_positions_exit_2(models, capsys, monkeypatch):
 
 def test_missing_dir_and_bad_options(models, tmp_path):
     with pytest.raises(PosymError, match="config.json"):
-        sources.check_model_dir(tmp_path)
+        model_specs.check_model_dir(tmp_path)
     with pytest.raises(PosymError, match="float32, bfloat16 or float64"):
-        sources.load(models["llama"], dtype="float16")
+        model_specs.load(models["llama"], dtype="float16")
     with pytest.raises(PosymError, match="LAYER.HEAD"):
         parse_head_pairs("1-2")
     assert parse_head_pairs("0.1, 5.3") == [(0, 1), (5, 3)]
 
 
 def test_bfloat16_load(models):
-    loaded = sources.load(models["qwen2"], device="cpu", dtype="bfloat16")
+    loaded = model_specs.load(models["qwen2"], device="cpu", dtype="bfloat16")
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
 
 
@@ -79,9 +79,9 @@ def test_bfloat16_load(models):
 
 
 def test_binding_prompts_are_consistent_and_seeded():
-    prompts = llm.binding_prompts(30, n_facts=5, seed=3)
-    assert prompts == llm.binding_prompts(30, n_facts=5, seed=3)
-    assert prompts != llm.binding_prompts(30, n_facts=5, seed=4)
+    prompts = prompt_sets.binding_prompts(30, n_facts=5, seed=3)
+    assert prompts == prompt_sets.binding_prompts(30, n_facts=5, seed=3)
+    assert prompts != prompt_sets.binding_prompts(30, n_facts=5, seed=4)
     for p in prompts:
         facts, question = p.text.split(" What colour does ")
         pairs = dict(f.split(" likes ") for f in facts.rstrip(".").split(". "))
@@ -92,21 +92,21 @@ def test_binding_prompts_are_consistent_and_seeded():
 def test_jsonl_prompts(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"text": "Alice likes red", "focus": "Alice"}\n\n{"text": "x y z", "answer": "w"}\n')
-    first, second = loading.read_text_prompts(path)
+    first, second = prompt_sets.read_text_prompts(path)
     assert (first.focus, second.answer) == ("Alice", "w")
     path.write_text('{"txt": "oops"}\n')
     with pytest.raises(PosymError, match="line 1"):
-        loading.read_text_prompts(path)
+        prompt_sets.read_text_prompts(path)
 
 
 def test_name_query_is_final_token_of_the_name(models):
-    loaded = sources.load(models["llama"], device="cpu")
-    prompt = llm.binding_prompts(1, seed=5)[0]
+    loaded = model_specs.load(models["llama"], device="cpu")
+    prompt = prompt_sets.binding_prompts(1, seed=5)[0]
     ids = loaded.tokenizer(prompt.text).input_ids
-    position = llm.query_position(loaded, prompt, "name")
+    position = prompt_sets.query_position(loaded, prompt, "name")
     assert loaded.tokenizer.decode([ids[position]]) == prompt.focus
     assert position == len(ids) - 2  # "... Henry likes": the name is second to last
-    assert llm.query_position(loaded, prompt, "last") == len(ids) - 1
+    assert prompt_sets.query_position(loaded, prompt, "last") == len(ids) - 1
 
 
 # ---- scores on real architectures ---------------------------------------------------------------
@@ -160,14 +160,14 @@ def test_planes_match_the_loop_reference(models, kind, tmp_path):
     channel's swap-by-swap reference scores and largest logit; the channels sum to HF's own logits."""
     from posym.core.qk import head_qk, rotate
 
-    loaded = sources.load(models[kind], device="cpu", attn_implementation="eager")  # reads weights
-    prompts, chosen, tau = llm.binding_prompts(2, seed=7), [(1, 3), (0, 1), (1, 0)], 1e-2
-    llm.write_scores(loaded, prompts, tmp_path, query="name", heads=chosen, tau=tau, settings={"seed": 0})
+    loaded = model_specs.load(models[kind], device="cpu", attn_implementation="eager")  # reads weights
+    prompts, chosen, tau = prompt_sets.binding_prompts(2, seed=7), [(1, 3), (0, 1), (1, 0)], 1e-2
+    llm_scores.write_scores(loaded, prompts, tmp_path, query="name", heads=chosen, tau=tau, settings={"seed": 0})
     planes = pd.read_parquet(tmp_path / "planes.parquet")
     expected = []
     for prompt in prompts:
-        ids = sources.tokenize(loaded, prompt.text)
-        p = llm.query_position(loaded, prompt, "name")
+        ids = model_specs.tokenize(loaded, prompt.text)
+        p = prompt_sets.query_position(loaded, prompt, "name")
         with torch.no_grad():
             attentions = loaded.model(input_ids=ids, output_attentions=True).attentions
         for layer, head in chosen:

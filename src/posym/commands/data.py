@@ -22,10 +22,17 @@ import numpy as np
 
 from posym import io
 from posym.configs import from_dict
-from posym.core.tasks import SAMPLE_FIELDS, Samples, TaskConfig, check_int, generate, iter_batches, texts
+from posym.core.tasks import (
+    SAMPLE_FIELDS,
+    Samples,
+    TaskConfig,
+    check_int,
+    generate,
+    iter_batches,
+    texts,
+)
 from posym.errors import PosymError
 from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_count, sequence_bytes
-
 
 FORMATS = ("parquet", "jsonl", "npz")
 

@@ -10,7 +10,7 @@ from cli_runner import run_posym
 from tiny_runs import PIPELINE as TINY
 
 from posym import stages
-from posym.commands import pipeline
+from posym.commands import run as pipeline
 from posym.errors import PosymError
 
 

@@ -1,4 +1,16 @@
-"""Length-controlled prompt families for real models: the answer is fixed, only the length grows.
+"""Prompts: every prompt set posym scores a model on or judges it by, built or read from files.
+
+- Prompt files (JSONL): token prompts for `posym score` / geometry / discrepancy (`read_token_prompts`;
+  a line may hold "text" for the model's tokenizer instead of "input_ids") and text prompts for real
+  models (`read_text_prompts`), both parsed by `jsonl_records`.
+- Task prompts: `score_prompts` draws test-split samples of a task config (or reads a prompt file) with
+  their query positions.
+- Real-model prompt sets: the entity-attribute binding task of arXiv 2511.11579 (`binding_prompts`),
+  the 1-hop number/letter puzzles of Appendix H of 2605.31558 (`bench_prompts`), `llm_prompts` (any
+  of these, a JSONL file or one text) and `query_position` (which token is the query).
+- Length-controlled families (`LengthFamily`, `Builder`, `build`), below.
+
+Length-controlled prompt families for real models: the answer is fixed, only the length grows.
 
 The question issue 33 asks of a head label is whether it predicts what happens on longer inputs. That
 needs a task the model solves at a base length, lengthened without changing what is asked. Every
@@ -37,10 +49,232 @@ the question repeats, the brief's prompt advice):
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from posym.core.qk import check_prompt
+from posym.core.scores import check_query_mode, queries_for, task_prompts
+from posym.core.swaps import resolve_queries
+from posym.core.tasks import decode, generate, task_config
 from posym.errors import PosymError
+from posym.io import parse_json, quote
+from posym.models import LoadedModel
+from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_count, sequence_bytes
+
+# ---- prompt files (JSONL) and task prompts -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: its text, the expected continuation and where to query it."""
+
+    text: str
+    answer: str | None = None
+    focus: str | None = None  # substring whose LAST occurrence's final token is the 'name' query
+    meta: dict = field(default_factory=dict)
+
+
+def read_text_prompts(path: str | os.PathLike) -> list[Prompt]:
+    """Prompts from a JSONL file: one object per line with "text" and optional "answer" and "focus"."""
+    path = Path(path)
+    prompts = []
+    for number, obj in jsonl_records(path):
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise PosymError(f'{path} line {number} must be an object with a "text" string')
+        unknown = sorted(set(obj) - {"text", "answer", "focus"})
+        if unknown:
+            raise PosymError(f"{path} line {number} has unknown key {unknown[0]!r} (text, answer, focus)")
+        prompts.append(Prompt(obj["text"], obj.get("answer"), obj.get("focus"), {"set": path.name, "index": number}))
+    return prompts
+
+
+def jsonl_records(path) -> list[tuple[int, object]]:
+    """The parsed non-blank lines of a JSONL prompt file, each with its line number (from 1).
+
+    A missing file, a line that is not JSON or a file without records is a PosymError; what a
+    record must hold is the caller's to check (`read_token_prompts`, `read_text_prompts`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PosymError(f"prompt file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PosymError(f"prompt file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)") from None
+    records = []
+    # lines end at \n only: str.splitlines() would also split at a raw U+2028 inside a JSON string
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        records.append((number, parse_json(line, f"{path} line {number}")))
+    if not records:
+        raise PosymError(f"prompt file {path} holds no prompts")
+    return records
+
+
+def read_token_prompts(path, model, encode=None) -> list[dict]:
+    """A prompt file: one JSON object per line with "input_ids" (or "text", encoded by `encode`, the
+    model's tokenizer) and optional "queries" (positions) and "chain" (posym data JSONL); returns
+    [{"input_ids", "queries", "chain"}] (None when absent). Every problem is a PosymError naming the line."""
+    prompts = []
+    for number, record in jsonl_records(path):
+        where = f"{path} line {number}"
+        if isinstance(record, dict) and record.get("input_ids") is None and isinstance(record.get("text"), str):
+            if encode is None:
+                raise PosymError(f"{where} is text, but this model has no tokenizer; give \"input_ids\"")
+            record = {**record, "input_ids": encode(record["text"])}
+        if not isinstance(record, dict) or record.get("input_ids") is None:
+            raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list or a \"text\" string")
+        fields = {}
+        for key in ("input_ids", "queries", "chain"):
+            value = record.get(key)
+            if value is not None and (not isinstance(value, list) or not all(type(v) is int for v in value)):
+                raise PosymError(f"{where}: {key} must be a list of integers")
+            if value is not None and not all(-2**63 <= v < 2**63 for v in value):  # beyond any tensor's integers
+                raise PosymError(f"{where}: {key} holds an integer out of range ({quote(max(value, key=abs))})")
+            fields[key] = value
+        if len(fields["input_ids"]) < 3:
+            raise PosymError(f"{where}: a prompt needs at least 3 tokens (two keys to swap before the query), got "
+                             f"{len(fields['input_ids'])}")
+        ids = check_prompt(model, fields["input_ids"], where)
+        if fields["queries"] is not None:
+            resolve_queries(fields["queries"], len(ids), where)
+        prompts.append({**fields, "input_ids": ids.tolist()})
+    return prompts
+
+
+def score_prompts(model, *, task_config=None, n_prompts=100, seed=0, prompts_file=None, queries=None, encode=None):
+    """(input_ids, per-prompt queries) for `posym score`, geometry and discrepancy: test-split task
+    samples or a prompt file (text lines encoded by `encode`, the model's tokenizer).
+
+    queries: "last", "all", "hops" (needs chains: task samples or a "chain" on every file line) or
+    None (a file's own "queries" where given, else the last token).
+    """
+    check_query_mode(queries)
+    if prompts_file is not None:
+        records = read_token_prompts(prompts_file, model, encode)
+        return [r["input_ids"] for r in records], queries_for(records, queries)
+    if task_config is None:
+        raise PosymError("give --task or --prompts: the model carries no posym task config")
+    check_count("--n", n_prompts, sequence_bytes(task_config), what="prompt")
+    return task_prompts(task_config, n_prompts, seed, queries)
+
+
+# ---- real-model prompt sets: binding (2511) and Appendix H (2605) ---------------------------
+
+
+NAMES = ("Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Irene", "Jack", "Laura", "Mark")
+COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink", "brown")
+
+
+def binding_prompts(n: int, *, n_facts: int = 4, seed: int = 0) -> list[Prompt]:
+    """Entity-attribute binding prompts of 2511: 'Alice likes red. ... What colour does Alice like? Alice likes'."""
+    if not 2 <= n_facts <= min(len(NAMES), len(COLOURS)):
+        raise PosymError(f"n_facts must be between 2 and {min(len(NAMES), len(COLOURS))}, got {n_facts}")
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        names, colours = rng.sample(NAMES, n_facts), rng.sample(COLOURS, n_facts)
+        asked = rng.randrange(n_facts)
+        facts = " ".join(f"{a} likes {c}." for a, c in zip(names, colours))
+        text = f"{facts} What colour does {names[asked]} like? {names[asked]} likes"
+        prompts.append(Prompt(text, colours[asked], names[asked], {"set": "binding", "index": i}))
+    return prompts
+
+
+def query_position(loaded: LoadedModel, prompt: Prompt, query: str) -> int:
+    """Token index scored as the query: 'last' token, or the final token of the prompt's focus ('name')."""
+    if query == "last":
+        return len(loaded.tokenizer(prompt.text).input_ids) - 1
+    if query != "name":
+        raise PosymError(f"query must be 'last' or 'name', got {query!r}")
+    if not prompt.focus or prompt.focus not in prompt.text:
+        raise PosymError("--query name needs prompts with a focus name (the binding set, or a JSONL 'focus')")
+    if not loaded.tokenizer.is_fast:
+        raise PosymError("--query name needs a fast tokenizer (tokenizer.json) to map characters to tokens")
+    last_char = prompt.text.rindex(prompt.focus) + len(prompt.focus) - 1
+    return loaded.tokenizer(prompt.text).char_to_token(last_char)
+
+
+def llm_prompts(name: str, *, text: str | None = None, n: int = 20, size: int = 12, seed: int = 0) -> list[Prompt]:
+    """--text, a built-in set (binding, number, letter) or a JSONL file, as Prompts."""
+    if text is not None:
+        return [Prompt(text, meta={"set": "text", "index": 0})]
+    if n < 1:
+        raise PosymError(f"--n must be at least 1, got {n}")
+    if name == "binding":
+        return binding_prompts(n, seed=seed)
+    if name in ("number", "letter"):
+        return bench_prompts(name, size, n, seed=seed)
+    if name.endswith(".jsonl") or Path(name).is_file():
+        return read_text_prompts(name)
+    raise PosymError(f"--prompts must be binding, number, letter or a JSONL file, got {name!r}")
+
+
+INSTRUCTIONS = {
+    "number": (
+        "Each puzzle below is one line of tokens separated by spaces. The first {target} tokens are "
+        "symbols, the next {pretarget} are whole numbers, and the final token is a whole number n. "
+        "Start at the final token, step n tokens to the left, and give the symbol you reach. "
+        "Reply with that symbol and nothing else."
+    ),
+    "letter": (
+        "Each puzzle below is one line of tokens separated by spaces. The first {target} tokens are a "
+        "letter followed by a digit, and every later token is a pair of letters. Read the second letter "
+        "of the final token, find the one earlier token that begins with that letter, and give that "
+        "token. Reply with that token and nothing else."
+    ),
+}
+
+
+MARKER_NOTE = {
+    "number": (
+        " Each symbol is tagged with @ and its place in the line, counting from 0, so the symbol n steps "
+        "to the left of the final token is the one tagged @{last} minus n. Reply without the tag."
+    ),
+    "letter": (
+        " Each of the first {target} tokens is tagged with @ and its place in the line, counting from 0; "
+        "the tag is not part of the token. Reply without the tag."
+    ),
+}
+
+
+def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool = False) -> list[Prompt]:
+    """1-hop Appendix H prompts (our wording): instructions, three worked examples, then the puzzle.
+
+    `size` is the target-window size; the pre-target window keeps the paper's 8 tokens. Puzzles
+    come from the test split and worked examples from the train split, both of `seed` (= run).
+    `markers` tags the target-window tokens with their slot (module docstring); the puzzles, and
+    the answers (always untagged), are the same as without it.
+    """
+    if task not in INSTRUCTIONS:
+        raise PosymError(f"task must be number or letter, got {task!r}")
+    check_count("--size", size, 4 * 2 * SAMPLE_BYTES_PER_TOKEN, what="target-window token of one prompt")
+    extra = {"int_range": size + 8} if task == "number" else {}
+    config = task_config(task, target_size=size, max_hops=1, markers=bool(markers), **extra)
+    check_count("--n", n, 4 * sequence_bytes(config), what=f"prompt of target-window size {size}")  # 3 examples + the puzzle
+    puzzles = generate(config, n, seed, "test")
+    examples = generate(config, 3 * n, seed, "train")
+    head = INSTRUCTIONS[task] + (MARKER_NOTE[task] if markers else "")
+    head = head.format(target=size, pretarget=config.pretarget_size, last=config.query_pos)
+
+    def answer(samples, i: int) -> str:  # the plain token, also with markers (posym.core.tasks)
+        return decode(config, samples.answer[i: i + 1])
+
+    prompts = []
+    for i in range(n):
+        shots = [f"Example {k + 1}: {decode(config, examples.input_ids[3 * i + k])}\n"
+                 f"Answer: {answer(examples, 3 * i + k)}" for k in range(3)]
+        body = "\n\n".join([head, *shots, f"Puzzle: {decode(config, puzzles.input_ids[i])}\nAnswer:"])
+        prompts.append(Prompt(body, answer(puzzles, i), None,
+                              {"set": task, "size": size, "index": i, "markers": bool(markers)}))
+    return prompts
+
+
+# ---- length-controlled families ----------------------------------------------------------------
+
+
 
 FORMATS = ("kv-code", "kv-list", "kv-fewshot", "copy", "possession", "arithmetic")
 VARIANTS = ("between", "before")

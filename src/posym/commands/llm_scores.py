@@ -1,66 +1,27 @@
 """Real models: prompt sets and head scores (`posym llm-scores`).
 
-SPEC section 7. Models come from `posym.sources.load` (the embedded smollm2-135m, a GGUF file, a
+SPEC section 7. Models come from `posym.models.load` (the embedded smollm2-135m, a GGUF file, a
 Hugging Face directory or a posym run; RoPE models only, safetensors unless the user opts in); the
 prompt builders render the binding task of arXiv 2511.11579 (and, through
-`posym.commands.bench`, the 1-hop number/letter tasks of Appendix H) as text for the model's own
+`posym.commands.llm_bench`, the 1-hop number/letter tasks of Appendix H) as text for the model's own
 tokenizer, and `write_scores` runs the exact head scores of `posym.core.scores` on them, plus the
 per-plane scores of `posym.core.geometry` for chosen heads. The Appendix H benchmark itself lives in
-`posym.commands.bench`.
+`posym.commands.llm_bench`.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
-from posym.commands.bench import bench_prompts
 from posym.core.geometry import layer_bases, plane_scores
 from posym.core.scores import score_model, summarize_heads
 from posym.core.study import find_sinks, sink_changes
 from posym.errors import PosymError
-from posym.figures import save_figure, subplots
+from posym.figures import plot_heads, save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
-from posym.loading import Prompt, read_text_prompts
-from posym.sources import LoadedModel, tokenize
-
-
-# ---- prompts ------------------------------------------------------------------------------------
-
-
-NAMES = ("Alice", "Bob", "Carol", "David", "Emma", "Frank", "Grace", "Henry", "Irene", "Jack", "Laura", "Mark")
-COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink", "brown")
-
-
-def binding_prompts(n: int, *, n_facts: int = 4, seed: int = 0) -> list[Prompt]:
-    """Entity-attribute binding prompts of 2511: 'Alice likes red. ... What colour does Alice like? Alice likes'."""
-    if not 2 <= n_facts <= min(len(NAMES), len(COLOURS)):
-        raise PosymError(f"n_facts must be between 2 and {min(len(NAMES), len(COLOURS))}, got {n_facts}")
-    rng = random.Random(seed)
-    prompts = []
-    for i in range(n):
-        names, colours = rng.sample(NAMES, n_facts), rng.sample(COLOURS, n_facts)
-        asked = rng.randrange(n_facts)
-        facts = " ".join(f"{a} likes {c}." for a, c in zip(names, colours))
-        text = f"{facts} What colour does {names[asked]} like? {names[asked]} likes"
-        prompts.append(Prompt(text, colours[asked], names[asked], {"set": "binding", "index": i}))
-    return prompts
-
-
-def query_position(loaded: LoadedModel, prompt: Prompt, query: str) -> int:
-    """Token index scored as the query: 'last' token, or the final token of the prompt's focus ('name')."""
-    if query == "last":
-        return len(loaded.tokenizer(prompt.text).input_ids) - 1
-    if query != "name":
-        raise PosymError(f"query must be 'last' or 'name', got {query!r}")
-    if not prompt.focus or prompt.focus not in prompt.text:
-        raise PosymError("--query name needs prompts with a focus name (the binding set, or a JSONL 'focus')")
-    if not loaded.tokenizer.is_fast:
-        raise PosymError("--query name needs a fast tokenizer (tokenizer.json) to map characters to tokens")
-    last_char = prompt.text.rindex(prompt.focus) + len(prompt.focus) - 1
-    return loaded.tokenizer(prompt.text).char_to_token(last_char)
-
+from posym.models import LoadedModel, tokenize
+from posym.prompts import Prompt, query_position
 
 # ---- figures ------------------------------------------------------------------------------------
 
@@ -79,26 +40,6 @@ def layer_summary(heads) -> tuple[Any, float]:
     return layers, r
 
 
-def plot_heads(heads, r: float):
-    """Layer x head heatmaps of s_pos and s_sym, and the positional-symbolic plane (one dot per head)."""
-    import numpy as np
-
-    n_layers, n_heads = int(heads.layer.max()) + 1, int(heads["head"].max()) + 1
-    fig, axes = subplots(1, 3, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1, 1, 1.1]})
-    for ax, key in zip(axes, ("s_pos", "s_sym")):
-        grid = np.full((n_layers, n_heads), np.nan)  # [layers, heads]
-        grid[heads.layer.to_numpy(), heads["head"].to_numpy()] = heads[key].to_numpy()
-        image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=1)
-        ax.set(xlabel="head", ylabel="layer", title=key)
-        fig.colorbar(image, ax=ax)
-    dots = axes[2].scatter(heads.s_pos, heads.s_sym, c=heads.layer, cmap="plasma", s=14)
-    axes[2].plot([0, 1], [1, 0], ":", color="grey")
-    axes[2].set(xlabel="s_pos", ylabel="s_sym", title=f"heads (Pearson r = {r:.2f})", xlim=(-0.05, 1.05),
-                ylim=(-0.05, 1.05))
-    fig.colorbar(dots, ax=axes[2], label="layer")
-    return fig
-
-
 # ---- command drivers ----------------------------------------------------------------------------
 
 
@@ -108,21 +49,6 @@ def _heads_by_layer(heads: list[tuple[int, int]]) -> dict[int, list[int]]:
     for layer, head in sorted(set(heads)):
         out.setdefault(layer, []).append(head)
     return out
-
-
-def llm_prompts(name: str, *, text: str | None = None, n: int = 20, size: int = 12, seed: int = 0) -> list[Prompt]:
-    """--text, a built-in set (binding, number, letter) or a JSONL file, as Prompts."""
-    if text is not None:
-        return [Prompt(text, meta={"set": "text", "index": 0})]
-    if n < 1:
-        raise PosymError(f"--n must be at least 1, got {n}")
-    if name == "binding":
-        return binding_prompts(n, seed=seed)
-    if name in ("number", "letter"):
-        return bench_prompts(name, size, n, seed=seed)
-    if name.endswith(".jsonl") or Path(name).is_file():
-        return read_text_prompts(name)
-    raise PosymError(f"--prompts must be binding, number, letter or a JSONL file, got {name!r}")
 
 
 def plot_planes(planes):

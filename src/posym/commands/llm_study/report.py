@@ -1,9 +1,9 @@
 """The report of `posym llm-study`: figures from OUT's stage tables and one self-contained report.html.
 
-Sections follow the stages (`posym.commands.study`); a stage not yet run shows as absent. Each
+Sections follow the stages (`posym.commands.llm_study`); a stage not yet run shows as absent. Each
 caption puts our number beside the paper's where the paper has one: 2511.11579's Gemma-2-2b-it
 layer halves (median s_pos 0.83 early vs 0.56 late) and frequency finding (positional heads on fast
-planes, symbolic on slow ones), 2605.31558's Table 3 (`posym.commands.bench.PAPER_TABLE3`).
+planes, symbolic on slow ones), 2605.31558's Table 3 (`posym.commands.llm_bench.PAPER_TABLE3`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ from pathlib import Path
 
 from posym import io
 from posym.commands.explore import EXPLORER, explore
-from posym.commands.llm import plot_heads
-from posym.commands.prediction import plot_accuracy, plot_causal, plot_retention
+from posym.commands.llm_study.prediction import (
+    plot_accuracy,
+    plot_causal,
+    plot_retention,
+)
 from posym.core.stats import wilson_interval
 from posym.errors import PosymError
-from posym.figures import save_figure, subplots
+from posym.figures import plot_heads, save_figure, subplots
 from posym.stages import is_done
 
 JOB = "study"
@@ -242,7 +245,7 @@ def _chance_note(summary) -> str | None:
 
 
 def _prediction_sections(out: Path, section) -> list[dict]:
-    """Length task (screen), Head retention and Causal tests (`posym.commands.prediction`)."""
+    """Length task (screen), Head retention and Causal tests (`posym.commands.llm_study.prediction`)."""
     task, kept, causal = (section("Length task", "screen"), section("Head retention", "lengths"),
                           section("Causal tests", "causal"))
     if _has(out, "screen"):

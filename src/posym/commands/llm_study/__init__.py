@@ -2,7 +2,7 @@
 
 Every stage reads the model and the tables of earlier stages and writes its own folder under OUT;
 its done-file (`posym.stages`, job "study") is written last, so a killed study re-run with the same
-OUT skips the finished stages. `posym.commands.study_report` turns OUT into report.html.
+OUT skips the finished stages. `posym.commands.llm_study.report` turns OUT into report.html.
 
 1. scores     every head on the binding prompts of 2511 at the last token and at the name token, and
               on the 1-hop number and letter prompts of 2605 Appendix H at the puzzle's query token;
@@ -16,7 +16,7 @@ OUT skips the finished stages. `posym.commands.study_report` turns OUT into repo
 5. bench      the Appendix H benchmark (Table 3 analogue), whole-answer judge.
 6. ablation   zero/mean ablation of the top-k positional, top-k symbolic and k random heads: accuracy
               on the binding prompts and the size-12 Appendix H prompts, per prompt.
-7. screen     length-task formats at their base length, every one with its accuracy (`posym.commands.prediction`).
+7. screen     length-task formats at their base length, every one with its accuracy (`posym.commands.llm_study.prediction`).
 8. lengths    the chosen task at 1x-16x its base length (distractors between fact and question, before
               everything, and with markers): accuracy, head scores, per-head retention of the margin and of
               the attention on the base-length key, per label and for layer-matched random heads.
@@ -27,28 +27,38 @@ OUT skips the finished stages. `posym.commands.study_report` turns OUT into repo
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from posym import configs, io
-from posym.commands import bench, llm, prediction
-from posym.commands.study_report import JOB, build_study_report
+from posym import prompts as prompt_sets
+from posym.commands import llm_bench
+from posym.commands.llm_study import prediction
+from posym.commands.llm_study.report import JOB, build_study_report
 from posym.core.discrepancy import head_gaps
 from posym.core.geometry import channel_means, frequency_use, plane_scores
 from posym.core.interventions import ablated, head_means
 from posym.core.retention import group_retention, head_retention
 from posym.core.scores import score_model, summarize_heads
-from posym.core.study import (GROUPS, ablation_groups, behaviour_frequency, find_sinks, half_profile,
-                              label_agreement, label_counts, layer_profile, pearson, sink_changes)
+from posym.core.study import (
+    GROUPS,
+    ablation_groups,
+    behaviour_frequency,
+    find_sinks,
+    half_profile,
+    label_agreement,
+    label_counts,
+    layer_profile,
+    pearson,
+    sink_changes,
+)
 from posym.core.theory import frequency_angle, index_bound
 from posym.errors import PosymError
-from posym.lengthtasks import Builder, base_length, build
-from posym.loading import Prompt
-from posym.parallel import cpu_seconds, cpu_workers
-from posym.sources import LoadedModel, identity, tokenize
-from posym.stages import is_done, mark_done
+from posym.models import LoadedModel, identity, tokenize
+from posym.parallel import cpu_workers
+from posym.prompts import Builder, Prompt, base_length, build
+from posym.stages import claim, is_done, resumable, run_stage
 
 STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation", "screen", "lengths", "causal")
 SETS = ("binding-last", "binding-name", "number", "letter")
@@ -94,7 +104,7 @@ class StudyConfig:
     seed: int = 0
     """Seed of every prompt set and of the random head groups."""
     prediction: prediction.PredictionConfig = field(default_factory=prediction.PredictionConfig)
-    """What the screen, lengths and causal stages measure (`posym.commands.prediction.PredictionConfig`)."""
+    """What the screen, lengths and causal stages measure (`posym.commands.llm_study.prediction.PredictionConfig`)."""
 
     def __post_init__(self) -> None:
         counts = {"n_binding": self.n_binding, "n_bench": self.n_bench, "frequency_prompts": self.frequency_prompts,
@@ -123,16 +133,16 @@ def puzzle_query(loaded: LoadedModel, prompt: Prompt) -> int:
 
 def study_prompts(config: StudyConfig) -> dict[str, list[Prompt]]:
     """The stage-1 prompt sets by name (the two binding sets share their prompts)."""
-    binding = llm.binding_prompts(config.n_binding, seed=config.seed)
+    binding = prompt_sets.binding_prompts(config.n_binding, seed=config.seed)
     return {"binding-last": binding, "binding-name": binding,
-            **{task: bench.bench_prompts(task, config.bench_size, config.n_bench, seed=config.seed)
+            **{task: prompt_sets.bench_prompts(task, config.bench_size, config.n_bench, seed=config.seed)
                for task in ("number", "letter")}}
 
 
 def query_positions(loaded: LoadedModel, name: str, prompts: list[Prompt]) -> list[int]:
     """Query token of each prompt of set `name`."""
     if name.startswith("binding"):
-        return [llm.query_position(loaded, p, name.split("-")[1]) for p in prompts]
+        return [prompt_sets.query_position(loaded, p, name.split("-")[1]) for p in prompts]
     return [puzzle_query(loaded, p) for p in prompts]
 
 
@@ -140,7 +150,7 @@ def accuracy_rows(loaded: LoadedModel, prompts: list[Prompt], **labels) -> list[
     """One row per prompt: index, predicted (first word of the greedy reply), correct (whole answer)."""
     rows = []
     for index, prompt in enumerate(prompts):
-        correct, predicted = bench.local_correct(loaded, prompt)
+        correct, predicted = llm_bench.local_correct(loaded, prompt)
         rows.append({**labels, "index": index, "predicted": predicted, "correct": bool(correct)})
     return rows
 
@@ -240,7 +250,7 @@ def _long_prompts(loaded: LoadedModel, config: StudyConfig, length: int) -> list
         ids: list[int] = []
         seed = config.seed + 1000 * k
         while len(ids) < length:
-            ids += loaded.tokenizer(" ".join(p.text for p in llm.binding_prompts(20, seed=seed))).input_ids
+            ids += loaded.tokenizer(" ".join(p.text for p in prompt_sets.binding_prompts(20, seed=seed))).input_ids
             seed += 1
         out.append(ids[:length])
     return out
@@ -302,7 +312,7 @@ def stage_discrepancy(loaded: LoadedModel, config: StudyConfig, out: Path, progr
 def stage_bench(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
     settings = {"model": loaded.name, "sizes": config.bench_sizes, "runs": config.bench_runs, "n": config.bench_n,
                 "judge": "local whole answer"}
-    bench.write_bench(lambda prompt: bench.local_correct(loaded, prompt), out, label=loaded.name,
+    llm_bench.write_bench(lambda prompt: llm_bench.local_correct(loaded, prompt), out, label=loaded.name,
                       tasks=("number", "letter"), sizes=config.bench_sizes, runs=config.bench_runs, n=config.bench_n,
                       settings=settings, progress=lambda k: None)
     progress(1)
@@ -448,19 +458,15 @@ def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, 
     One process per OUT (`posym.io.locked`); Ctrl-C keeps the finished stages."""
     out = Path(out)
     check_sizes(loaded, config, only or list(STAGES))
-    with io.locked(out), io.interruptible(lambda: _kept(out)):
+    with resumable(out, lambda: _kept(out)):
         _prepare(out, config, loaded, settings)
         progress = progress or (lambda k=1: None)
         timings: dict[str, float | str] = {}
         for stage in only or STAGES:
-            if is_done(out, JOB, stage):
-                timings[stage] = "done"
+            seconds = run_stage(out, JOB, stage, lambda: STAGE_WORK[stage](loaded, config, out / stage, progress))
+            if seconds is None:
                 progress(stage_steps(config)[stage])
-                continue
-            start, cpu = time.perf_counter(), cpu_seconds()
-            STAGE_WORK[stage](loaded, config, out / stage, progress)
-            timings[stage] = round(time.perf_counter() - start, 2)
-            mark_done(out, JOB, stage, timings[stage], cpu_seconds=round(cpu_seconds() - cpu, 2))
+            timings[stage] = "done" if seconds is None else round(seconds, 2)
         build_study_report(out)
     return timings
 
@@ -473,7 +479,7 @@ def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> 
         raise PosymError(f"lengths reach {max(config.lengths)} tokens but the model has {top} positions")
     if "bench" in stages:
         for task in ("number", "letter"):
-            prompt = bench.bench_prompts(task, max(config.bench_sizes), 1, seed=config.seed)[0]
+            prompt = prompt_sets.bench_prompts(task, max(config.bench_sizes), 1, seed=config.seed)[0]
             if len(loaded.text_ids(prompt.text)) > top:
                 raise PosymError(f"the Appendix H prompts of size {max(config.bench_sizes)} do not fit the model's "
                                  f"{top} positions; choose smaller bench_sizes")
@@ -490,12 +496,8 @@ def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> 
 def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict) -> None:
     """OUT/study.yaml and manifest.json (with the model's `identity`); a study with another config or of
     another model, or a foreign directory, is refused."""
-    stored = out / io.STUDY_MARKER
     model = identity(loaded)
-    if stored.is_file():
-        if io.config_hash(io.read_yaml(stored)) != io.config_hash(configs.to_dict(config)):
-            raise PosymError(f"{out} holds a study with a different config (see {stored}); re-run with the same "
-                             "config to continue it, or choose another --out")
+    if not claim(out, io.STUDY_MARKER, configs.to_dict(config), what="a study"):
         before = io.read_json_object(out / "manifest.json") if (out / "manifest.json").is_file() else {}
         held = before.get("identity")
         if isinstance(held, dict) and "digest" in held:  # the weights decide, not the spec that named them
@@ -507,9 +509,6 @@ def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict
         if other:
             raise PosymError(f"{out} holds a study of {was}, not of {now}; re-run with that model to continue it, "
                              "or choose another --out")
-    elif any(p.name != io.LOCK for p in out.iterdir()):
-        raise PosymError(f"{out} exists, is not empty and holds no study.yaml; choose another --out")
-    io.write_yaml(stored, configs.to_dict(config))
     io.write_json(out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, identity=model,
                                                      **settings))
 

@@ -1,4 +1,4 @@
-"""posym.commands.bench and the llm-bench command: Appendix H prompts, the local and endpoint judges, Table 3.
+"""posym.commands.llm_bench and the llm-bench command: Appendix H prompts, the local and endpoint judges, Table 3.
 
 Models are tiny random-init Hugging Face directories (tests/tiny_llms.py). The endpoint client is
 exercised against a real HTTP server on 127.0.0.1.
@@ -18,8 +18,9 @@ import pytest
 import torch
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import loading, sources
-from posym.commands import bench
+from posym import models as model_specs
+from posym import prompts as prompt_sets
+from posym.commands import llm_bench
 from posym.errors import PosymError
 
 
@@ -46,8 +47,8 @@ def _cases(prompt):
 def test_bench_prompts_answer_is_the_one_hop_target(task, markers):
     """Re-solve every puzzle and worked example from its text alone (the obvious reference); marked
     prompts tag exactly the target window with places 0..23 and otherwise equal the plain ones."""
-    plain = bench.bench_prompts(task, 24, 10, seed=2)
-    for k, prompt in enumerate(bench.bench_prompts(task, 24, 10, seed=2, markers=markers)):
+    plain = prompt_sets.bench_prompts(task, 24, 10, seed=2)
+    for k, prompt in enumerate(prompt_sets.bench_prompts(task, 24, 10, seed=2, markers=markers)):
         assert ("tagged with @" in prompt.text) == markers and prompt.meta["markers"] == markers
         for (line, answer), (plain_line, plain_answer) in zip(_cases(prompt), _cases(plain[k])):
             tokens = line.split()
@@ -79,24 +80,24 @@ def _argmax_loop(model, ids, steps):
 
 def test_whole_answer_judge_matches_the_argmax_loop(models):
     """local_correct = first word of the argmax loop's len(answer) + 1 tokens == the whole answer."""
-    loaded = sources.load(models["gptj"], device="cpu")
-    for prompt in bench.bench_prompts("letter", 12, 3, seed=1) + bench.bench_prompts("number", 12, 2, seed=2):
-        target = bench.answer_tokens(loaded.tokenizer, prompt.text, prompt.answer)
+    loaded = model_specs.load(models["gptj"], device="cpu")
+    for prompt in prompt_sets.bench_prompts("letter", 12, 3, seed=1) + prompt_sets.bench_prompts("number", 12, 2, seed=2):
+        target = llm_bench.answer_tokens(loaded.tokenizer, prompt.text, prompt.answer)
         assert loaded.tokenizer.decode(target).strip() == prompt.answer
-        ids = sources.tokenize(loaded, prompt.text)
+        ids = model_specs.tokenize(loaded, prompt.text)
         reply = loaded.tokenizer.decode(_argmax_loop(loaded.model, ids, len(target) + 1)[0, ids.shape[1]:].tolist())
-        correct, predicted = bench.local_correct(loaded, prompt)
-        assert predicted == bench.reply_answer(reply)
-        assert correct == (bench.reply_answer(reply).lower() == prompt.answer.lower())
+        correct, predicted = llm_bench.local_correct(loaded, prompt)
+        assert predicted == llm_bench.reply_answer(reply)
+        assert correct == (llm_bench.reply_answer(reply).lower() == prompt.answer.lower())
 
 
 def test_first_token_matches_are_not_correct(monkeypatch):
     """'e3' split as ' e' + '3': a reply 'e5' shares the first token but is wrong; 'e3x' is wrong too."""
-    prompt = loading.Prompt("Answer:", "e3")
-    monkeypatch.setattr(bench, "answer_tokens", lambda tok, text, answer: [1, 2])
+    prompt = prompt_sets.Prompt("Answer:", "e3")
+    monkeypatch.setattr(llm_bench, "answer_tokens", lambda tok, text, answer: [1, 2])
     for reply, expected in [(" e3", True), (" E3.", True), (" e5", False), (" e3x", False), (" e", False)]:
-        monkeypatch.setattr(bench, "greedy_reply", lambda loaded, text, n, reply=reply: reply)
-        assert bench.local_correct(type("Loaded", (), {"tokenizer": None})(), prompt)[0] is expected, reply
+        monkeypatch.setattr(llm_bench, "greedy_reply", lambda loaded, text, n, reply=reply: reply)
+        assert llm_bench.local_correct(type("Loaded", (), {"tokenizer": None})(), prompt)[0] is expected, reply
 
 
 def test_bench_summary_table_and_screening():
@@ -105,14 +106,14 @@ def test_bench_summary_table_and_screening():
         "variant": ["plain"] * 6 + ["marked"] * 2 + ["plain"] * 2,
         "run": [0, 0, 0, 1, 1, 1, 0, 0, 0, 0], "correct": [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
     })
-    summary = bench.bench_summary(frame).set_index(["task", "size", "variant"])
+    summary = llm_bench.bench_summary(frame).set_index(["task", "size", "variant"])
     assert summary.loc[("letter", 16, "plain"), "acc_mean"] == pytest.approx((1 + 1 / 3) / 2)
     assert summary.loc[("letter", 16, "plain"), "acc_std"] == pytest.approx(np.std([1, 1 / 3]))
     assert summary.loc[("letter", 16, "plain"), "per_run"] == 3 and summary.loc[("number", 12, "plain"), "runs"] == 1
     assert summary.loc[("letter", 16, "marked"), "acc_mean"] == 1.0
-    screen = bench.screening(summary.reset_index())  # the marked 1.0 does not count
+    screen = llm_bench.screening(summary.reset_index())  # the marked 1.0 does not count
     assert screen["passes"] is False and screen["accuracy"] == pytest.approx(2 / 3)
-    table = bench.bench_table(summary.reset_index(), "tiny")
+    table = llm_bench.bench_table(summary.reset_index(), "tiny")
     assert "| 12 | plain | 0.50 ± 0.00 |  | 0.98 / 0.96 | 0.55 / 0.87 | 0.40 / 0.92 |" in table
     assert "| 16 | marked |  | 1.00 ± 0.00 |  |  |  |" in table
     assert "fails (reported, not applied)" in table
@@ -145,7 +146,7 @@ class _Server:
                 if outer.mode == "sleep":
                     time.sleep(outer.delay)
                 text = body["messages"][0]["content"]
-                ids = sources.tokenize(outer.loaded, text)
+                ids = model_specs.tokenize(outer.loaded, text)
                 with torch.no_grad():
                     token = int(outer.loaded.model(input_ids=ids).logits[0, -1].argmax())
                 reply = outer.loaded.tokenizer.decode([token])
@@ -173,7 +174,7 @@ class _Server:
 
 def test_endpoint_bench_equals_local_bench(models, tmp_path, capsys, monkeypatch):
     """The same tiny model answers through HTTP and locally: identical predictions, both via the CLI."""
-    loaded = sources.load(models["llama"], device="cpu")
+    loaded = model_specs.load(models["llama"], device="cpu")
     server = _Server(loaded)
     monkeypatch.setenv("TINY_KEY", "sk-secret-123")
     common = ["--sizes", "12,16", "--runs", 2, "--n", 3]
@@ -201,12 +202,12 @@ def test_endpoint_bench_equals_local_bench(models, tmp_path, capsys, monkeypatch
 
 @pytest.mark.parametrize("mode,expect,hits", [("401", "HTTP 401", 1), ("500", "HTTP 500", 3), ("sleep", "no reply", 3)])
 def test_endpoint_errors_are_clear_and_keep_the_key_secret(models, mode, expect, hits, monkeypatch):
-    server = _Server(sources.load(models["llama"], device="cpu"), mode=mode, delay=1.0)
+    server = _Server(model_specs.load(models["llama"], device="cpu"), mode=mode, delay=1.0)
     monkeypatch.setenv("TINY_KEY", "sk-secret-123")
-    endpoint = bench.Endpoint(server.url, "tiny", "TINY_KEY", timeout_s=0.3, retries=2, backoff_s=0.01)
+    endpoint = llm_bench.Endpoint(server.url, "tiny", "TINY_KEY", timeout_s=0.3, retries=2, backoff_s=0.01)
     try:
         with pytest.raises(PosymError) as caught:
-            bench.chat(endpoint, "Alice likes")
+            llm_bench.chat(endpoint, "Alice likes")
     finally:
         time.sleep(0.05 if mode != "sleep" else 1.0)  # let sleeping handlers finish before shutdown
         server.close()
@@ -241,15 +242,15 @@ def test_endpoint_goes_through_the_environments_proxy_unless_no_proxy_names_it(m
     monkeypatch.setenv("HTTP_PROXY", f"http://user:p%40ss@127.0.0.1:{proxy.server_address[1]}")
     monkeypatch.setenv("TINY_KEY", "sk-secret-123")
     try:
-        endpoint = bench.Endpoint("http://llm.example.invalid:8000/v1", "tiny", "TINY_KEY", timeout_s=5, retries=0)
-        assert bench.chat(endpoint, "Alice likes") == "via proxy"
+        endpoint = llm_bench.Endpoint("http://llm.example.invalid:8000/v1", "tiny", "TINY_KEY", timeout_s=5, retries=0)
+        assert llm_bench.chat(endpoint, "Alice likes") == "via proxy"
         assert seen == [("http://llm.example.invalid:8000/v1/chat/completions", "llm.example.invalid:8000",
                          "Basic " + base64.b64encode(b"user:p@ss").decode(), "Bearer sk-secret-123")]
         # the proxy is bypassed for a host NO_PROXY names: the request goes to that host itself
         direct = f"http://127.0.0.1:{proxy.server_address[1]}/v1"
         monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there: a bypass is the only way
         monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-        assert bench.chat(bench.Endpoint(direct, "tiny", None, timeout_s=5, retries=0), "Alice likes") == "via proxy"
+        assert llm_bench.chat(llm_bench.Endpoint(direct, "tiny", None, timeout_s=5, retries=0), "Alice likes") == "via proxy"
         assert seen[-1][:3] == ("/v1/chat/completions", direct[7:-3], None)
     finally:
         proxy.shutdown()
@@ -290,5 +291,5 @@ def test_answer_tokens_fall_back_when_the_join_merges_tokens():
 
     [b] = Fused()("b").input_ids
     assert len(Fused()("Answer: b").input_ids) == 1  # the join fused prompt end and answer
-    assert bench.answer_tokens(Fused(), "Answer:", "b") == [b]
-    assert bench.answer_tokens(Fused(), "Answer", "b") == [b]  # clean join: the token after the prompt
+    assert llm_bench.answer_tokens(Fused(), "Answer:", "b") == [b]
+    assert llm_bench.answer_tokens(Fused(), "Answer", "b") == [b]  # clean join: the token after the prompt

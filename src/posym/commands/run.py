@@ -32,16 +32,15 @@ from typing import Any, Callable
 
 from posym import io
 from posym.commands import discrepancy, dynamics, geometry, lengthgen, report, theory, train
-from posym.commands.lengthgen import LengthGenConfig
 from posym.configs import from_dict, to_dict
+from posym.core.lengthgen import LengthGenConfig
 from posym.core.model import resolve_device
 from posym.core.theory import TheoryConfig
 from posym.core.train import PRESETS
 from posym.errors import PosymError
-from posym.loading import list_checkpoints
+from posym.models import RunDir, list_checkpoints
 from posym.resources import check_resources
-from posym.stages import die_with_parent, is_done, mark_done
-
+from posym.stages import claim, die_with_parent, is_done, resumable, run_stage
 
 TASK_STAGES = ("train", "dynamics", "geometry", "lengthgen", "discrepancy")
 """The stages of one task's job, in order."""
@@ -114,19 +113,6 @@ def train_config(config: PipelineConfig, task: str):
 # ---- stages -------------------------------------------------------------------------------------
 
 
-def _stage(out: Path, job: str, stage: str, work: Callable[[], Any]) -> float:
-    """Run `work` unless the stage is done; mark it done; return the seconds it took (0 if skipped).
-    The done-file also holds the stage's CPU seconds (this process, all threads): unlike wall time
-    they do not grow when other programs share the cores."""
-    if is_done(out, job, stage):
-        return 0.0
-    start, cpu = time.perf_counter(), time.process_time()
-    work()
-    seconds = time.perf_counter() - start
-    mark_done(out, job, stage, seconds, cpu_seconds=round(time.process_time() - cpu, 2))
-    return seconds
-
-
 # ---- jobs (run in worker processes) -------------------------------------------------------------
 
 
@@ -152,16 +138,16 @@ def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
     cfg = train_config(config, task)
     lg = dataclasses.replace(config.lengthgen, device=resolve_device(config.device))
     work = {
-        "train": lambda: train.train(cfg, run_dir, resume=(run_dir / "config.yaml").is_file(), progress=False),
+        "train": lambda: train.train(cfg, run_dir, resume=RunDir(run_dir).config.is_file(), progress=False),
         "dynamics": lambda: dynamics.run_dynamics(run_dir, n_prompts=config.dynamics_prompts, seed=config.seed),
         "geometry": lambda: geometry.run_geometry(**geometry.prepare(run_dir, n_prompts=config.geometry_prompts,
                                                                      seed=config.seed)),
-        "lengthgen": lambda: lengthgen.run_lengthgen(run_dir, lg, run_dir / "lengthgen"),
+        "lengthgen": lambda: lengthgen.run_lengthgen(run_dir, lg, RunDir(run_dir).output("lengthgen")),
         # the paper-protocol lengths and questions of lengthgen, so the two read side by side
         "discrepancy": lambda: discrepancy.run_discrepancy(run_dir, lengths=lg.lengths, n=lg.n, seed=config.seed,
                                                            max_tokens=lg.max_tokens, device=lg.device),
     }
-    return {stage: _stage(out_path, task, stage, work[stage]) for stage in TASK_STAGES}
+    return {stage: run_stage(out_path, task, stage, work[stage]) or 0.0 for stage in TASK_STAGES}
 
 
 def theory_job(config_dict: dict, out: str, threads: int) -> dict:
@@ -171,24 +157,10 @@ def theory_job(config_dict: dict, out: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     config = from_dict(PipelineConfig, config_dict)
     work = lambda: theory.run_theory(config.theory, Path(out) / THEORY)  # noqa: E731
-    return {THEORY: _stage(Path(out), THEORY, THEORY, work)}
+    return {THEORY: run_stage(Path(out), THEORY, THEORY, work) or 0.0}
 
 
 # ---- the driver ----------------------------------------------------------------------------------
-
-
-def _prepare(config: PipelineConfig, out: Path) -> None:
-    """Write pipeline.yaml for a new output directory; refuse one started with another config."""
-    path = out / "pipeline.yaml"
-    if path.is_file():
-        stored = from_dict(PipelineConfig, io.read_yaml(path), where=str(path))
-        if io.config_hash(to_dict(stored)) != io.config_hash(to_dict(config)):
-            raise PosymError(f"{out} holds a run with a different config (see {path}); re-run with the same "
-                             "options to continue it, or choose another --out")
-    elif out.exists() and any(p.name != io.LOCK for p in out.iterdir()):
-        raise PosymError(f"{out} exists, is not empty and holds no pipeline.yaml; choose another --out")
-    else:
-        io.write_yaml(path, to_dict(config))
 
 
 def job_status(config: PipelineConfig, out: Path, job: str) -> str:
@@ -231,8 +203,8 @@ def run_pipeline(config: PipelineConfig, out: str | Path, *, bench: str | Path |
     if bench is not None and (not Path(bench).is_dir() or report.kind_of(Path(bench)) != "bench"):
         raise PosymError(f"--bench {bench} is not a posym llm-bench output directory (table.md, summary.parquet)")
     jobs = [*config.tasks, THEORY]
-    with io.locked(out), io.interruptible(lambda: _kept(out, jobs)):
-        _prepare(config, out)
+    with resumable(out, lambda: _kept(out, jobs)):
+        claim(out, io.PIPELINE_MARKER, to_dict(config), what="a run")
         return _run_jobs(config, out, jobs, bench, status, start)
 
 

@@ -1,4 +1,4 @@
-"""posym.commands.datasets and `posym data`: save/load round trips in every format, manifests and hashes, bad
+"""posym.commands.data and `posym data`: save/load round trips in every format, manifests and hashes, bad
 input, the CLI."""
 
 import json
@@ -11,9 +11,9 @@ import pytest
 from test_tasks import assert_same
 
 import posym
-from posym.commands.datasets import load_dataset, manifest_path, save_dataset
-from posym.errors import PosymError
+from posym.commands.data import load_dataset, manifest_path, save_dataset
 from posym.core.tasks import encode, follow_chain, generate, task_config
+from posym.errors import PosymError
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "npz"])

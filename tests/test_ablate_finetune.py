@@ -11,16 +11,21 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny_runs import train_tiny
 
 from posym.configs import from_dict, to_dict
-from posym.errors import PosymError
 from posym.core.interventions import (
-    HeadFreezer, ablated, fold_ablation, head_means, parse_heads, select_heads,
+    HeadFreezer,
+    ablated,
+    fold_ablation,
+    head_means,
+    parse_heads,
+    select_heads,
 )
 from posym.core.model import ModelConfig, build_model
-from posym.loading import load_checkpoint
 from posym.core.rope import layer_bands
-from tiny_runs import train_tiny
+from posym.errors import PosymError
+from posym.models import load_checkpoint
 
 
 def _config(**kw):
@@ -244,10 +249,10 @@ def _tiny_run(tmp_path):
 
 
 def test_frozen_heads_stay_bit_identical_and_the_rest_trains(tmp_path):
-    from posym.configs import override
-    from posym.commands.interventions import finetune
-    from posym.core.train import TrainConfig
     from posym import io
+    from posym.commands.finetune import finetune
+    from posym.configs import override
+    from posym.core.train import TrainConfig
 
     run = _tiny_run(tmp_path)
     cfg = override(from_dict(TrainConfig, io.read_yaml(run / "config.yaml")), {"lr": 1e-2})
@@ -273,8 +278,8 @@ def test_frozen_heads_stay_bit_identical_and_the_rest_trains(tmp_path):
 
 
 def test_cli_ablate_and_finetune_end_to_end(tmp_path):
-    from typer.testing import CliRunner
     from transformers import GPTJForCausalLM
+    from typer.testing import CliRunner
 
     from posym.cli import app
 

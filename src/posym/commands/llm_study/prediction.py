@@ -1,7 +1,7 @@
 """What a head type predicts on a real model: a length task it solves, head retention, causal tests.
 
-The three stages `posym llm-study` runs after its first six (`posym.commands.study`), each on the
-length-controlled prompt families of `posym.lengthtasks` (answer fixed, only the length grows):
+The three stages `posym llm-study` runs after its first six (`posym.commands.llm_study`), each on the
+length-controlled prompt families of `posym.prompts` (answer fixed, only the length grows):
 
 screen   every format of `PredictionConfig.formats` at the base length ('between' layout), with its
          accuracy, n and Wilson 95% interval; none is hidden. Each is probed on n_probe prompts, the
@@ -22,7 +22,7 @@ causal   mean-ablation (zero as an option) of the top-k symbolic and top-k posit
          paired-bootstrap intervals, "separated" when the interval of the difference excludes 0, and
          otherwise the prompt count that would separate them at the measured effect.
 
-The model is judged on its next token (`posym.lengthtasks`: the answer's distinguishing token). Every
+The model is judged on its next token (`posym.prompts`: the answer's distinguishing token). Every
 length of a question is answered from one key-value cache of its longest prompt (`last_logits`: the
 lengths share all but the question's tail), the questions split over forked CPU workers
 (`posym.parallel`); for SmolLM2 that is about 1.8x fewer tokens than a forward per length (the
@@ -40,12 +40,18 @@ import torch
 from posym.core.interventions import ablated, head_means
 from posym.core.retention import RANDOM, base_tracking, head_measures, matched_random
 from posym.core.scores import score_model, summarize_heads
-from posym.core.stats import N_BOOT, bootstrap_weights, needed_prompts, percentile_interval, wilson_interval
+from posym.core.stats import (
+    N_BOOT,
+    bootstrap_weights,
+    needed_prompts,
+    percentile_interval,
+    wilson_interval,
+)
 from posym.core.study import find_sinks
 from posym.errors import PosymError
 from posym.figures import subplots
-from posym.lengthtasks import FACTORS, FORMATS, Builder, LengthFamily, LengthPrompt, build
 from posym.parallel import cpu_workers, forked_map
+from posym.prompts import FACTORS, FORMATS, Builder, LengthFamily, LengthPrompt, build
 
 LABEL_GROUPS = ("positional", "symbolic", "mixed")
 RANKINGS = ("sink-free", "plain")
@@ -59,7 +65,7 @@ class PredictionConfig:
 
     formats: list[str] = field(default_factory=lambda: ["kv-code", "copy", "kv-list", "kv-fewshot", "possession",
                                                         "arithmetic"])
-    """Formats screened, in order of preference (`posym.lengthtasks.FORMATS`)."""
+    """Formats screened, in order of preference (`posym.prompts.FORMATS`)."""
     n_screen: int = 200
     """Prompts a format needs at the base length to be the task (`screen`)."""
     n_probe: int = 50
@@ -162,7 +168,7 @@ def _croppable(cache) -> bool:
 
 def last_logits(model, prompts: dict[int, list[LengthPrompt]]):
     """Yield (factor, i, logits [vocab]) at the last position of prompts[factor][i], for families whose
-    lengths share prefixes (`posym.lengthtasks.build`: a question's filler at length L starts its filler
+    lengths share prefixes (`posym.prompts.build`: a question's filler at length L starts its filler
     at 2L, so in the 'between' layout everything up to the question is a prefix of the longer prompt).
 
     Per question i one forward over its longest prompt keeps the key-value cache; every shorter length

@@ -1,0 +1,72 @@
+"""`posym score`: positional and symbolic scores of every head, exact, on task prompts or a prompt file.
+
+Any model spec (`posym.models.load`: a posym run or checkpoint, the embedded models, a GGUF file, a
+Hugging Face directory); the prompts are `posym.prompts.score_prompts`' (the checkpoint's own task, the
+paper's `task`, or a JSONL file); the scores are `posym.core.scores.iter_scores`', streamed into one
+Parquet file (one row per prompt, query, layer and head) with a JSON sidecar (model, settings, versions).
+"""
+
+from __future__ import annotations
+
+from posym.configs import to_dict
+from posym.core.scores import COLUMNS, FLOAT_COLUMNS, iter_scores, summarize_heads
+from posym.core.tasks import task_config as paper_task
+from posym.errors import PosymError
+from posym.io import atomic_path, manifest, read_parquet, write_json
+from posym.models import load
+from posym.prompts import score_prompts
+
+
+def write_score_parquet(path, frames, sidecar: dict) -> int:
+    """Stream score DataFrames into one Parquet file (temp name, renamed at the end) and write the
+    JSON sidecar `path`.json; returns the number of rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(c, pa.float64() if c in FLOAT_COLUMNS else pa.int64()) for c in COLUMNS])
+    rows = 0
+    with atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, schema) as writer:
+            for frame in frames:
+                writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False))
+                rows += len(frame)
+    write_json(f"{path}.json", {**sidecar, "rows": rows})
+    return rows
+
+
+
+def run_score(path, out, *, step: int | None = None, task: str | None = None, n: int = 100, seed: int = 0,
+              prompts=None, queries: str | None = None, tau: float = 1e-4, blocks: int | None = None,
+              compare: str = "probs", epsilon: float = 1e-12, exact: str = "pruned", gamma: float = 0.1,
+              batch_size: int = 64, device: str = "cpu", progress=None, started=None) -> dict:
+    """Score every head of the model at `path` and write `out` (Parquet) and `out`.json.
+
+    `task` draws the paper task's test prompts instead of the checkpoint's own; `prompts` reads a JSONL
+    file instead (not both). `progress(k)` follows the scored prompts; `started(settings, total)` is
+    called once the prompts are known, before scoring (the CLI prints what it scores and opens its bar).
+    Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
+    """
+    if task is not None and prompts is not None:
+        raise PosymError("--task draws the task's test prompts and --prompts reads a file: give one of them")
+    loaded = load(path, step=step, device=device)
+    hf_model, task_config = loaded.model, loaded.info.get("task_config")
+    if task is not None and (task_config is None or task_config.task != task):
+        task_config = paper_task(task)
+    ids, wanted = score_prompts(hf_model, task_config=None if prompts else task_config, n_prompts=n,
+                                seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
+    used = queries or ("the file's (else last)" if prompts else "last")
+    model_path = loaded.info.get("path", loaded.source.path)
+    settings = {"model": str(model_path), "checkpoint": str(model_path), "step": loaded.info.get("step"),
+                "prompts": str(prompts) if prompts else None,
+                "task": to_dict(task_config) if task_config is not None and not prompts else None,
+                "n": len(ids), "queries": used, "tau": tau, "blocks": blocks,
+                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare,
+                "epsilon": epsilon, "exact": exact}
+    if started is not None:
+        started(settings, len(ids))
+    frames = iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare, epsilon=epsilon,
+                         exact=exact, batch_size=batch_size, progress=progress)
+    rows = write_score_parquet(out, frames, manifest(settings, seed=seed, settings=settings,
+                                                     hf_config=hf_model.config.to_dict()))
+    summary = summarize_heads(read_parquet(out, columns=["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
+    return {"settings": settings, "rows": rows, "summary": summary}
