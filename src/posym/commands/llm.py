@@ -1,6 +1,6 @@
 """Real models: prompt sets and head scores (`posym llm-scores`).
 
-SPEC section 7. Models come from `posym.sources.load` (the embedded smollm2-135m, a GGUF file, a
+docs/method.md section 7. Models come from `posym.sources.load` (the embedded smollm2-135m, a GGUF file, a
 Hugging Face directory or a posym run; RoPE models only, safetensors unless the user opts in); the
 prompt builders render the binding task of arXiv 2511.11579 (and, through
 `posym.commands.bench`, the 1-hop number/letter tasks of Appendix H) as text for the model's own
