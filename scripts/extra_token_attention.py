@@ -1,6 +1,6 @@
 """Where the length-generalization questions go wrong: attention given to the extra target tokens.
 
-The paper's protocol (SPEC 6) lengthens a question by E extra target-window tokens placed before the
+The paper's protocol (docs/method.md section 6) lengthens a question by E extra target-window tokens placed before the
 effective window; the chain, the query and every distance between them are unchanged, and the
 letter task's extra tokens carry non-hop letters, so no lookup gains a second match. With RoPE's
 relative positions, the only thing that changes with the length is how many keys compete: a wrong

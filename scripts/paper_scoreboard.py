@@ -57,7 +57,7 @@ RULES = [
     "0% (number) and > 90% symbolic, a lower bound (letter); paper preset: Fig. 7's layers, the letter model's "
     "unlabelled L0 counted as not pure).",
     f"Fig. 5B (paper protocol, 480 questions per length): reproduced when the mean accuracy is within "
-    f"{paper.FIG5B_TOLERANCE:g} of the paper's curve (SPEC section 6) at every length "
+    f"{paper.FIG5B_TOLERANCE:g} of the paper's curve (docs/method.md section 6) at every length "
     f"{', '.join(map(str, paper.FIG5B['letter']))}; else the lengths outside are named.",
     f"Retention (seed protocol: accuracy at 2x-4x the training length over accuracy at 1x, mean over runs): "
     f"letter = >= {paper.RETENTION['letter']:g} at every factor, number = within {paper.RETENTION_TOLERANCE:g} "

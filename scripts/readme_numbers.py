@@ -6,9 +6,10 @@ it). A number matches when some number of the file rounds to it at the precision
 (`5.4` matches 5.3820, `2.8e-16` matches 2.7756e-16, `1,024` matches 1024), also after converting
 bytes to MiB or seconds to milliseconds. A paragraph that quotes a timing, a rate or a speed ratio
 (`12 s`, `3 min`, `10 steps/s`, `140x faster`) without citing a file is listed as unbacked. Code
-blocks and inline code are not read (their numbers are arguments, not results).
+blocks, inline code and the generated option tables of docs/commands/ (between `<!-- options:COMMAND:begin -->`
+and its end marker) are not read: their numbers are arguments and defaults, not results.
 
-    python scripts/readme_numbers.py [FILE.md ...]   # default README.md, docs/results.md; exit 1 if any is unbacked
+    python scripts/readme_numbers.py [FILE.md ...]   # default: default_files(); exit 1 if any is unbacked
 """
 
 from __future__ import annotations
@@ -22,18 +23,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CITATION = re.compile(r"docs/(?:benchmarks|results)/[\w./-]+\.(?:json|csv|md|txt)")
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[-+]?\d+)?(?![\d])", re.I)
+OPTIONS_BEGIN, OPTIONS_END = re.compile(r"<!-- options:[a-z-]+:begin -->"), re.compile(r"<!-- options:[a-z-]+:end -->")
 CLAIM = re.compile(r"\d[\d,.]*\s*(?:s|ms|min|steps/s|sequences/s|/s)(?![\w])"
                    r"|\d[\d,.]*x\s+(?:faster|slower|one forward|the forward|posym)\b")
 
 
 def paragraphs(markdown: str) -> list[tuple[int, str]]:
     """(first line, text) of each paragraph or table outside code fences (as written)."""
-    out, current, start, fenced = [], [], 0, False
+    out, current, start, fenced, generated = [], [], 0, False, False
     for number, line in enumerate(markdown.splitlines(), 1):
         if line.strip().startswith("```"):
             fenced = not fenced
             line = ""
-        if fenced or not line.strip() or line.lstrip().startswith("<!--") or line.startswith("#"):
+        if OPTIONS_BEGIN.search(line) or OPTIONS_END.search(line):
+            generated = bool(OPTIONS_BEGIN.search(line))
+            line = ""
+        if fenced or generated or not line.strip() or line.lstrip().startswith("<!--") or line.startswith("#"):
             if current:
                 out.append((start, "\n".join(current)))
             current = []
@@ -112,8 +117,13 @@ def check(markdown_path: Path, root: Path = ROOT) -> list[str]:
     return problems
 
 
+def default_files(root: Path = ROOT) -> list[Path]:
+    """The pages whose numbers are checked by default: README.md, docs/results.md and the command pages."""
+    return [root / "README.md", root / "docs" / "results.md", *sorted((root / "docs" / "commands").glob("*.md"))]
+
+
 def main(argv: list[str]) -> int:
-    problems = [p for f in (argv or [ROOT / "README.md", ROOT / "docs" / "results.md"]) for p in check(Path(f))]
+    problems = [p for f in (argv or default_files()) for p in check(Path(f))]
     print("\n".join(problems) or "every quoted number is backed by the file it cites")
     return 1 if problems else 0
 

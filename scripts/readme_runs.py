@@ -1,9 +1,10 @@
-"""Run every ```bash block of README.md and docs/*.md, in order, in a scratch copy of the repository.
+"""Run every ```bash block of README.md and the docs, in order, in a scratch copy of the repository.
 
 The README is the manual: each of its shell examples must run as written. This script copies the
 tracked files of the repository into a scratch directory, then runs each block there with
-`bash -e -o pipefail` (README.md first, then docs/*.md by name), printing file:line, exit code and
-seconds per block, and exits 1 if any block exited non-zero (0 when all ran or were skipped).
+`bash -e -o pipefail` (README.md first, then the command pages docs/commands/*.md in the order of
+`posym --help`, whose blocks build on each other: training's runs are what analysis reads, then any
+other command page and docs/*.md by name), printing file:line, exit code and seconds per block, and exits 1 if any block exited non-zero (0 when all ran or were skipped).
 
 Markers (an HTML comment on the line before the fence, invisible on GitHub):
     <!-- readme-runs: skip (needs a GPU) -->      never run here; the reason is printed
@@ -64,8 +65,15 @@ def extract_blocks(markdown: str, path: str) -> list[Block]:
     return blocks
 
 
+COMMAND_PAGES = ("training", "analysis", "models", "runs")
+"""docs/commands/<page>.md in the order they run (the order of `posym --help`)."""
+
+
 def default_files(root: Path = ROOT) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """README.md, the command pages in COMMAND_PAGES order (then any other, by name), then docs/*.md."""
+    pages = sorted((root / "docs" / "commands").glob("*.md"),
+                   key=lambda p: (COMMAND_PAGES.index(p.stem) if p.stem in COMMAND_PAGES else len(COMMAND_PAGES), p.name))
+    return [root / "README.md", *pages, *sorted((root / "docs").glob("*.md"))]
 
 
 def scratch_copy(root: Path, scratch: Path) -> None:
@@ -122,7 +130,7 @@ def run_blocks(blocks: list[Block], scratch: Path, *, fast: bool, stop: bool = F
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default README.md, docs/*.md)")
+    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default README.md, docs/commands/*.md, docs/*.md)")
     parser.add_argument("--scratch", type=Path, help="scratch directory (default a new temporary one, kept)")
     parser.add_argument("--stop", action="store_true", help="stop at the first failing block")
     parser.add_argument("--timeout", type=float, help="seconds allowed per block")

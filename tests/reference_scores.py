@@ -1,4 +1,4 @@
-"""Slow, obvious reference implementations of the head scores (SPEC section 3).
+"""Slow, obvious reference implementations of the head scores (docs/method.md section 3).
 
 Importable from any test in tests/ (pytest puts this folder on sys.path):
     from reference_scores import reference_swap_scores, reference_model_scores

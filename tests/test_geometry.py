@@ -72,7 +72,7 @@ def test_plane_scores_match_channel_loop(kind):
 
 
 def test_plane_angles_are_gptj_frequencies():
-    """theta_k read off the tables equals 10000^(-2(k-1)/r) (SPEC 2)."""
+    """theta_k read off the tables equals 10000^(-2(k-1)/r) (docs/method.md section 2)."""
     model = _model("gptj")
     frame = geometry.plane_scores(model, [[1, 2, 3, 4]], "last", layers=[0], heads=[0])
     rotary = frame[frame.frequency_id > 0].sort_values("frequency_id")

@@ -9,11 +9,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from readme_numbers import check, matches  # noqa: E402
+from readme_numbers import check, default_files, matches  # noqa: E402
 
 
 def test_every_readme_number_is_backed_by_the_file_it_cites():
-    problems = check(ROOT / "README.md")
+    files = default_files()
+    assert ROOT / "README.md" in files and len([f for f in files if f.parent.name == "commands"]) == 4
+    problems = [p for f in files for p in check(f)]
     assert not problems, "numbers no recorded run backs:\n" + "\n".join(problems)
 
 
@@ -35,3 +37,14 @@ def test_a_wrong_or_uncited_number_is_listed(tmp_path):
     assert problems == ["README.md:3: 141 is not in docs/benchmarks/b.json",
                         "README.md:6: '12.5 steps/s' is quoted without a docs/benchmarks or docs/results file",
                         "README.md:8: cites docs/benchmarks/missing.json, which does not exist"]
+
+
+def test_generated_option_tables_are_not_read(tmp_path):
+    """A default in an options table is an argument, not a result: only the numbers outside are checked."""
+    (tmp_path / "docs" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "docs" / "benchmarks" / "b.json").write_text(json.dumps({"s": 1.5}))
+    page = tmp_path / "page.md"
+    page.write_text("Scoring took 1.5 s (docs/benchmarks/b.json).\n\n<!-- options:score:begin -->\n"
+                    "| `--timeout` | float | `60` | 60 s per reply |\n<!-- options:score:end -->\n\n"
+                    "| after | 2.5 s |\n")
+    assert check(page, tmp_path) == ["page.md:7: 2.5 is not in docs/benchmarks/b.json"]  # the table after still inherits

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from readme_runs import extract_blocks, run_blocks  # noqa: E402
+from readme_runs import default_files, extract_blocks, run_blocks  # noqa: E402
 
 THROWAWAY = """# demo
 
@@ -48,6 +48,14 @@ def test_extract_blocks_reads_markers_and_lines():
     assert blocks[3].text.splitlines()[1] == "posym --this-option-does-not-exist"
 
 
+def test_default_order_readme_then_command_pages_then_docs():
+    """The command pages run in the order of `posym --help`: analysis reads the runs training made."""
+    names = [str(f.relative_to(ROOT)) for f in default_files()]
+    assert names[:5] == ["README.md", "docs/commands/training.md", "docs/commands/analysis.md",
+                         "docs/commands/models.md", "docs/commands/runs.md"]
+    assert names[5:] == sorted(names[5:]) and all(n.startswith("docs/") and n.count("/") == 1 for n in names[5:])
+
+
 def test_a_broken_example_fails_and_skips_say_why(tmp_path):
     out = io.StringIO()
     failed = run_blocks(extract_blocks(THROWAWAY, "demo.md"), tmp_path, fast=True, out=out)
@@ -78,7 +86,7 @@ def test_the_script_exits_1_on_a_broken_file(tmp_path):
 
 @pytest.mark.slow
 def test_every_readme_and_docs_block_runs(tmp_path):
-    """The acceptance run: README.md then docs/*.md, quick preset, POSYM_README_FAST=1."""
+    """The acceptance run: README.md, docs/commands/*.md, then docs/*.md, quick preset, POSYM_README_FAST=1."""
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_runs.py"), "--scratch", str(tmp_path)],
                           capture_output=True, text=True, env=dict(os.environ, POSYM_README_FAST="1"))
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]

@@ -147,7 +147,7 @@ def test_presets_and_overrides(tmp_path):
 
 
 def test_the_authors_preset_is_the_paper_preset_with_embedding_dropout_0():
-    """SPEC section 6: the only difference the released code makes effective is embd_pdrop 0."""
+    """docs/method.md section 6: the only difference the released code makes effective is embd_pdrop 0."""
     paper, authors = to_dict(resolve_config("paper", "letter")), to_dict(resolve_config("authors", "letter"))
     assert authors.pop("preset") == "authors" and paper.pop("preset") == "paper"
     assert authors["model"].pop("embd_dropout") == 0.0 and paper["model"].pop("embd_dropout") is None

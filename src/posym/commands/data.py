@@ -1,4 +1,4 @@
-"""Task datasets on disk: parquet, jsonl or npz files with a JSON manifest (SPEC section 1).
+"""Task datasets on disk: parquet, jsonl or npz files with a JSON manifest (docs/method.md section 1).
 
 `save_dataset(config, n, seed, split, out, fmt)` generates samples with `posym.core.tasks.generate` and
 writes them atomically, streamed chunk by chunk (memory bounded whatever n; n checked against the free

@@ -1,4 +1,4 @@
-"""Learning dynamics of a training run: head scores at every checkpoint, purity, composition (SPEC 3-4).
+"""Learning dynamics of a run: head scores at every checkpoint, purity, composition (docs/method.md sections 3-4).
 
 `collect_dynamics` scores every head of every checkpoint on one fixed prompt set (test split, seed
 fixed, the same prompts at every step) with `posym.core.scores`, at these query positions (query_mode):

@@ -1,4 +1,5 @@
-"""`posym lengthgen`: accuracy of a trained run against sequence length (Fig. 5B), and head-level retention.
+"""`posym lengthgen`: accuracy of a trained run against sequence length (Fig. 5B; docs/method.md section 6), and
+head-level retention.
 
 The protocols (paper and seed), how a sequence is lengthened, the batching and the head-level retention
 are `posym.core.lengthgen`'s (its docstring says what is measured); this module loads the run, checks

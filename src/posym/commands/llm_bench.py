@@ -1,6 +1,6 @@
 """The Appendix H benchmark of 2605: 1-hop number/letter prompts, answer checkers, Table 3.
 
-SPEC section 7. `bench_prompts` renders 1-hop number and letter puzzles (our instructions and three
+docs/method.md section 7. `bench_prompts` renders 1-hop number and letter puzzles (our instructions and three
 worked examples) as text, a judge answers each one by the same rule, the first word of the reply
 against the whole answer: the greedy continuation of a local model (`local_correct`, as many tokens
 as the answer has plus one) or the reply of an OpenAI-compatible chat endpoint (`endpoint_correct`,

@@ -1,12 +1,11 @@
-"""Real models: prompt sets and head scores (`posym llm-scores`).
+"""`posym llm-scores`: positional and symbolic head scores of a real model (docs/method.md section 7).
 
-SPEC section 7. Models come from `posym.models.load` (the embedded smollm2-135m, a GGUF file, a
-Hugging Face directory or a posym run; RoPE models only, safetensors unless the user opts in); the
-prompt builders render the binding task of arXiv 2511.11579 (and, through
-`posym.commands.llm_bench`, the 1-hop number/letter tasks of Appendix H) as text for the model's own
-tokenizer, and `write_scores` runs the exact head scores of `posym.core.scores` on them, plus the
-per-plane scores of `posym.core.geometry` for chosen heads. The Appendix H benchmark itself lives in
-`posym.commands.llm_bench`.
+Models come from `posym.models.load` (the embedded models, a GGUF file, a Hugging Face directory or a posym
+run; RoPE models only, safetensors unless the user opts in); the prompt sets are `posym.prompts`' (the
+binding task of arXiv 2511.11579, the 1-hop number/letter tasks of Appendix H, a JSONL file), rendered as
+text for the model's own tokenizer. `write_scores` runs the exact head scores of `posym.core.scores` on
+them, plus the per-plane scores of `posym.core.geometry` for chosen heads. The Appendix H benchmark
+itself is `posym.commands.llm_bench`.
 """
 
 from __future__ import annotations

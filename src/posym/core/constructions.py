@@ -1,4 +1,4 @@
-"""The paper's constructions T_Index and T_Retrieval as real attention heads (SPEC section 5).
+"""The paper's constructions T_Index and T_Retrieval as real attention heads (docs/method.md section 5).
 
 Both heads read one-hot token embeddings plus a constant coordinate (coordinate V, always 1), map
 them to ONE RoPE plane (2-d queries and keys) and score key j for the query at n as
@@ -240,7 +240,7 @@ def swap_logits(head: Head, ids: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def construction_scores(head: Head, ids: Tensor, *, tau: float = 1e-4) -> dict[str, float]:
-    """Mean positional / symbolic swap scores (SPEC 3, `posym.core.scores.swap_scores`) of the last token."""
+    """Mean positional / symbolic swap scores of the last token (docs/method.md section 3; `scores.swap_scores`)."""
     clean, swapped = swap_logits(head, ids)
     out = swap_scores(clean, swapped, tau=tau)
     return {"s_pos": out["s_pos"].mean().item(), "s_sym": out["s_sym"].mean().item()}

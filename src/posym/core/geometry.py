@@ -1,4 +1,4 @@
-"""RoPE geometry of attention heads: per-plane scores, frequency use, q/k planes (SPEC 3-4).
+"""RoPE geometry of attention heads: per-plane scores, frequency use, q/k planes (docs/method.md sections 3-4).
 
 A RoPE head's logit is a sum over channels: one term per rotary plane (two dims rotated together
 at angle theta_k per position; frequency ID k = 1 is the fastest plane) plus one position-free term
@@ -14,7 +14,7 @@ Definitions (what the numbers in Table 1 / Fig. 8 mean here):
 - frequency IDs and theta are per layer: each layer's planes are read off its own rotary tables, so
   a model with local and global RoPE bases (Gemma 3: 10,000 and 1,000,000) reports plane k of a local
   layer at the local base's theta_k and of a global layer at the global one (`frequency`, `rope_base`).
-- max_logit of a channel on one (prompt, query): the largest of those contributions (SPEC 4, the
+- max_logit of a channel on one (prompt, query): the largest of those contributions (docs/method.md section 4, the
   paper's "max logit per frequency", Fig. 4C). "use" of a channel = max_logit averaged over all
   (prompt, query) rows.
 - weighted frequency ID of a head = sum_k k * w_k / sum_k w_k over its P rotary planes k = 1..P (the
@@ -242,7 +242,7 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
 
 
 def index_alignment(projection, offsets: dict[int, int]) -> dict[str, float]:
-    """How close one head's plane (a `qk_projection`) is to T_Index (Fig. 4B, SPEC 5), as numbers.
+    """How close one head's plane (a `qk_projection`) is to T_Index (Fig. 4B, docs/method.md section 5), as numbers.
 
     offsets: token id -> the offset sigma it encodes (the number task's integers). T_Index writes every
     key as the same vector and turns an integer's query back by sigma * theta, so after RoPE the query

@@ -1,4 +1,4 @@
-"""Length generalization (SPEC section 6, Fig. 5B): accuracy of a trained run against sequence length.
+"""Length generalization (docs/method.md section 6, Fig. 5B): accuracy of a trained run against sequence length.
 
 Both protocols lengthen a sequence the same way, with the task's `extra_target` knob: E extra
 target-window tokens go BEFORE the effective target window, and the rest of the sequence (target

@@ -50,7 +50,7 @@ class ModelConfig:
     the three fields below are None."""
     embd_dropout: float | None = None
     """Dropout on the token embeddings (GPT-J's `embd_pdrop`); None = `dropout`. The authors' released
-    code passed it under a misspelt keyword, so their effective value was 0.0 (SPEC section 6)."""
+    code passed it under a misspelt keyword, so their effective value was 0.0 (docs/method.md section 6)."""
     resid_dropout: float | None = None
     """Dropout on the attention output and the MLP output before each residual add (`resid_pdrop`);
     None = `dropout`."""

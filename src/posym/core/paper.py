@@ -3,8 +3,8 @@ within which posym calls a claim "reproduced".
 
 Every verdict of `scripts/paper_scoreboard.py` compares with a value here and nowhere else (a test
 perturbs these values and watches the verdicts follow), and `posym report` / `posym geometry` quote
-Table 1 from here. Where the paper gives no number (Fig. 7's per-layer labels at gamma 0.05, which the
-shared SPEC does not transcribe), there is no entry, and the scoreboard says "not compared" instead of
+Table 1 from here. Where the paper gives no number (Fig. 7's per-layer labels at gamma 0.05, which
+docs/method.md does not transcribe), there is no entry, and the scoreboard says "not compared" instead of
 comparing with the nearest number it has.
 
 >>> FIG5B["letter"][850], FIG5B["number"][128]
@@ -35,14 +35,14 @@ FIG7_LABELS = {
     0.1: {"number": {"positional": range(0, 4), "symbolic": range(4, 12)},
           "letter": {"positional": range(0), "symbolic": range(1, 12)}},
 }
-"""Fig. 7 (SPEC section 4): the layers the paper labels pure at each gamma. The letter model's L0 is
+"""Fig. 7 (docs/method.md section 4): the layers the paper labels pure at each gamma. The letter model's L0 is
 labelled neither (not compared). No entry for gamma 0.05: its per-layer labels are not transcribed."""
 
 FIG5B = {
     "letter": {68: 1.00, 128: 1.00, 256: 0.99, 512: 0.95, 850: 0.89, 1024: 0.86, 2048: 0.73},
     "number": {68: 0.87, 128: 0.73, 256: 0.57, 512: 0.32, 850: 0.24, 1024: 0.20, 2048: 0.10},
 }
-"""Fig. 5B read point by point from the paper's vector figure (SPEC section 6; +- 0.01): accuracy by
+"""Fig. 5B read point by point from the paper's vector figure (docs/method.md section 6; +- 0.01): accuracy by
 total length (17 + extra target tokens), paper protocol."""
 FIG5B_TOLERANCE = 0.05
 """Fig. 5B reproduces when the mean accuracy is within 0.05 of the paper's at every length above: the

@@ -1,4 +1,4 @@
-"""Swap scores of query rows from the swaps that matter, with a proven error bound (SPEC 3, issue 16).
+"""Swap scores of query rows from the swaps that matter, with a proven error bound (docs/method.md section 3, issue 16).
 
 The swap weights alpha = softmax(gap / tau), tau = 1e-4, are nearly a hard maximum: a swap whose
 gap lies c * tau below the largest gap G weighs at most e^{-c} times the heaviest. Keeping only the

@@ -1,4 +1,4 @@
-"""Positional and symbolic head scores (SPEC section 3): exact, one forward pass per prompt.
+"""Positional and symbolic head scores (docs/method.md section 3): exact, one forward pass per prompt.
 
 For a head, a prompt and a query position q, D is the softmax of the query's logits over keys
 0..q. Swapping the residual vectors entering the layer at two key positions i < j < q changes only
@@ -408,8 +408,8 @@ def head_scores(frame, keys=()):
 
     A prompt's score is the mean over its query rows (`prompt_scores`); a head's score is the mean
     of its prompts' scores, so every prompt weighs the same whatever its number of queries (a 4-hop
-    prompt has four hop queries, a 1-hop prompt one). This is SPEC section 3: "a head's score over a
-    prompt set = mean over prompts", the paper's figures (mean over 100 prompts per checkpoint).
+    prompt has four hop queries, a 1-hop prompt one). This is docs/method.md section 3: a head's score over a
+    prompt set is the mean over prompts, as in the paper's figures (mean over 100 prompts per checkpoint).
     A pooled mean over all (prompt, query) rows would weigh long chains more and can move a head
     near the purity threshold across it.
 

@@ -1,4 +1,4 @@
-"""The two multi-hop pointer-chasing tasks of the paper (SPEC section 1), generated and checked.
+"""The two multi-hop pointer-chasing tasks of the paper (docs/method.md section 1), generated and checked.
 
 Every sequence has a target window (answers live here), a pre-target window (hop instructions) and
 one query token, which starts a chain of 1..max_hops hops that moves strictly leftwards and ends in
@@ -51,7 +51,7 @@ one; its marks are redundant information). Slots are cyclic so that length exten
 ids seen in training (an extra token shares its slot with the effective-window token T places right).
 With markers off (the default) the generator is exactly the unmarked one (pinned by sha256 in tests).
 
-Layout with `extra_target` = E (length extension, SPEC 6): positions 0..E-1 hold extra target-window
+Layout with `extra_target` = E (length extension, docs/method.md section 6): positions 0..E-1 hold extra target-window
 tokens (number task: random symbols; letter task: (non-hop letter, number) pairs), then the
 effective target window, pre-target window and query exactly as in the E = 0 sample with the same
 index, so every chain position shifts by E and the answer is unchanged.
@@ -122,7 +122,7 @@ class TaskConfig:
     query can reach position 0). Letter task: numbers 1..int_range in target pairs (paper 8).
     None means the paper's value for the task."""
     extra_target: int = 0
-    """Length extension (SPEC 6): extra target-window tokens placed BEFORE the effective target
+    """Length extension (docs/method.md section 6): extra target-window tokens placed BEFORE the effective target
     window; hop instructions, offsets and answers are unchanged, chain positions shift by this."""
     markers: bool = False
     """Slot markers (module docstring): every target-window token carries its slot (position in the

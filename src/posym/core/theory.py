@@ -1,4 +1,4 @@
-"""Discrepancy, inverse temperature and exactness of the constructions (SPEC 5).
+"""Discrepancy, inverse temperature and exactness of the constructions (docs/method.md section 5).
 
 The heads themselves (T_Index, T_Retrieval, the functions they compute, composition, swap scores)
 are in `posym.core.constructions`; this module measures them. Length n means: the query sits at
@@ -8,7 +8,7 @@ Discrepancy (Definition 3.1): per input, the gap between the largest and the sec
 at the query. We call Delta(n) the MINIMUM gap over inputs of length n (the worst-case margin): it is
 the quantity Lemma F.1's inverse temperature needs (beta >= log((K - 1)(1 - eps) / eps) / Delta with
 K keys puts >= 1 - eps on the argmax of every input) and the one Theorem 3.2's bounds hold for.
-(SPEC says "max over inputs"; with the max, T_Index at theta = 0.866 breaks the 2 pi^2 / n^2 bound
+(Definition 3.1's wording is "max over inputs"; with the max, T_Index at theta = 0.866 breaks the 2 pi^2 / n^2 bound
 at 33 of the lengths 2..100, and T_Retrieval's gap can approach 2. `gap_stats` reports the max,
 mean and quantiles too.)
 

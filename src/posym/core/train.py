@@ -1,6 +1,6 @@
 """Training a GPT-J on a multi-hop task: configs and presets, the training step, evaluation.
 
-The loop is the paper's recipe (SPEC section 2): AdamW, linear warmup then linear decay (the
+The loop is the paper's recipe (docs/method.md section 2): AdamW, linear warmup then linear decay (the
 schedule of Hugging Face `get_linear_schedule_with_warmup`, computed here as a pure function of the
 step), loss on the last position only. Batch t is train-split samples [t*B, (t+1)*B) (wrapping
 around the split), so the data needs no RNG state; dropout draws from torch's global RNG, which
@@ -105,12 +105,12 @@ MAX_STEPS = 10**9
 
 
 def _paper(task: TaskConfig) -> TrainConfig:
-    """SPEC section 2: 12 x 1 head, width 128, AdamW 1e-4, 750 warmup, batch 192, 6,000 steps."""
+    """docs/method.md section 2: 12 x 1 head, width 128, AdamW 1e-4, 750 warmup, batch 192, 6,000 steps."""
     return TrainConfig(preset="paper", task=task, model=ModelConfig(), val_size=SPLIT_SIZES["val"])
 
 
 def _authors(task: TaskConfig) -> TrainConfig:
-    """The paper preset with what the authors' released code effectively ran (SPEC section 6).
+    """The paper preset with what the authors' released code effectively ran (docs/method.md section 6).
 
     Taken from that code: embedding dropout 0.0 (their `embed_pdrop=0.1` is a misspelt keyword that
     GPTJConfig ignores), residual and attention dropout 0.1. Kept from the paper preset because the
