@@ -9,6 +9,7 @@ left before) and the climbs (a stay one layer up from the one before: core < the
 
     python scripts/path_walk.py            # trains a 2-layer run in a temporary directory (~10 s), then walks
     python scripts/path_walk.py --json     # the same numbers as JSON
+    python scripts/path_walk.py --without io.py   # the walk without the shared readers and writers
 
 The run is tiny and the lengths short (17 and 34 tokens): the walk depends on the code, not the sizes.
 """
@@ -82,7 +83,10 @@ def walk(run: Path, out: Path) -> list[str]:
     return files
 
 
-def summary(files: list[str]) -> dict:
+def summary(files: list[str], without: tuple[str, ...] = ()) -> dict:
+    """Stays, files, returns and climbs of a walk; files in `without` (e.g. io.py, whose guarded readers
+    and writers every floor calls) are left out of it first."""
+    files = [f for f in files if f not in without]
     stays = [f for k, f in enumerate(files) if k == 0 or files[k - 1] != f]
     returns = sum(1 for k, f in enumerate(stays) if f in stays[:k])
     climbs = sum(1 for a, b in zip(stays, stays[1:]) if layer(PACKAGE / b) > layer(PACKAGE / a))
@@ -93,12 +97,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.add_argument("--calls", action="store_true", help="also print every call (file:function) of the walk")
+    parser.add_argument("--without", action="append", default=[], metavar="FILE",
+                        help="leave FILE (relative to the package, e.g. io.py) out of the walk; repeatable")
     args = parser.parse_args()
     from tiny_runs import train_tiny
 
     with tempfile.TemporaryDirectory() as tmp:
         run = train_tiny(Path(tmp), steps=4, every=4).resolve()
-        result = summary(walk(run, run / "discrepancy"))
+        result = summary(walk(run, run / "discrepancy"), tuple(args.without))
     if args.json:
         print(json.dumps(result, indent=1))
         return

@@ -258,3 +258,31 @@ def test_a_cli_module_computing_fails(package_copy):
                                                  "    from posym import figures\n")
     assert cli_violations(package_copy) == ["posym.cli.bad:2 imports posym.core.scores ['score_model']",
                                             "posym.cli.bad:3 imports posym ['figures']"]
+
+
+def test_the_path_of_posym_discrepancy_takes_a_short_walk(tmp_path):
+    """scripts/path_walk.py: the run's path, from the command to the written tables, enters at most 10
+    files and, the shared readers and writers of posym.io aside, returns to a file already left at most
+    4 times (issue 32's acceptance; the layout before it: 11 files)."""
+    import importlib.util
+    import sys
+
+    from tiny_runs import train_tiny
+
+    spec = importlib.util.spec_from_file_location("path_walk", PACKAGE.parents[1] / "scripts" / "path_walk.py")
+    path_walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(path_walk)
+    run = train_tiny(tmp_path, steps=2, every=2, eval_size=8).resolve()
+    argv = sys.argv
+    try:
+        files = path_walk.walk(run, run / "discrepancy")
+    finally:
+        sys.argv = argv
+    full, without_io = path_walk.summary(files), path_walk.summary(files, ("io.py",))
+    assert full["walk"][0] == "cli/analysis.py" and "commands/discrepancy.py" in full["walk"]
+    assert full["files"] <= 10 and without_io["returns"] <= 4, full
+    # the walk of the layout before the restructure (5990c2e) fails the same check
+    before = ("cli/analysis.py io.py cli/__init__.py commands/validate.py commands/discrepancy.py sources.py loading.py "
+              "io.py loading.py io.py loading.py resources.py loading.py io.py loading.py io.py configs.py io.py "
+              "figures.py io.py cli/options.py").split()
+    assert path_walk.summary(before)["files"] == 11
