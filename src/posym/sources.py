@@ -262,6 +262,10 @@ def _tokenizer_loader(directory: Path, **kwargs):
     return read
 
 
+DTYPES = ("float32", "bfloat16", "float64")
+"""The weight dtypes `load` takes (torch's names)."""
+
+
 def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu", dtype: str = "float32",
          attn_implementation: str | None = None, allow_pickle: bool = False) -> LoadedModel:
     """Load any model spec (module docstring) in eval mode on `device` ('auto' picks cuda if present).
@@ -275,7 +279,7 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+    dtypes = {name: getattr(torch, name) for name in DTYPES}
     if dtype not in dtypes:
         raise PosymError(f"dtype must be float32, bfloat16 or float64, got {dtype!r}")
     source = resolve(spec)

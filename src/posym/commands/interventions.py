@@ -15,8 +15,9 @@ from typing import Callable
 from posym import io
 from posym.commands.lengthgen import LengthGenConfig, measure, plan
 from posym.configs import from_dict, override, to_dict
-from posym.core.interventions import (LABEL_QUERIES, HeadFreezer, ablated, fold_ablation, head_means, head_slice,
-                                      label_heads, select_heads)
+from posym.core.interventions import (ABLATION_MODES, LABEL_QUERIES, HeadFreezer, ablated, fold_ablation, head_means,
+                                      head_slice, label_heads, select_heads)
+from posym.core.paper import GAMMA
 from posym.core.tasks import generate
 from posym.core.train import TrainConfig, make_optimizer, to_tensor, train_batch, train_step
 from posym.errors import PosymError
@@ -84,8 +85,8 @@ def _write(out_dir: Path, name: str, table, result: dict, title: str) -> dict:
     return {**result, "table": table}
 
 
-def run_ablation(path, conditions: list[str], out_dir, *, modes=("zero", "mean"), step: int | None = None,
-                 factors=(1, 2, 4), n: int = 1000, seed: int = 0, n_prompts: int = 100, gamma: float = 0.1,
+def run_ablation(path, conditions: list[str], out_dir, *, modes=ABLATION_MODES, step: int | None = None,
+                 factors=(1, 2, 4), n: int = 1000, seed: int = 0, n_prompts: int = 100, gamma: float = GAMMA,
                  mean_samples: int = 512, save: str | Path | None = None, device: str = "cpu",
                  progress: Callable[[str], None] | None = None) -> dict:
     """Accuracy (per hop, per length) of the model with each condition's heads ablated, per mode.
@@ -177,7 +178,7 @@ def finetune(model, task, config, heads, *, start: int, steps: int) -> dict:
 
 def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = None, steps: int = 300,
                  lr: float | None = None, factors=(1, 2, 4), n: int = 1000, seed: int = 0, n_prompts: int = 100,
-                 gamma: float = 0.1, save_models: bool = False, device: str = "cpu",
+                 gamma: float = GAMMA, save_models: bool = False, device: str = "cpu",
                  progress: Callable[[str], None] | None = None) -> dict:
     """Continue training a run's checkpoint once per condition ("none" = nothing frozen, a label or
     "L.H,..." = those heads frozen), each from the same weights, data and dropout stream; compare

@@ -17,6 +17,7 @@ from typing import Any
 
 from posym.commands.bench import bench_prompts
 from posym.core.geometry import layer_bases, plane_scores
+from posym.core.paper import TAU
 from posym.core.scores import score_model, summarize_heads
 from posym.core.study import find_sinks, sink_changes
 from posym.errors import PosymError
@@ -48,11 +49,15 @@ def binding_prompts(n: int, *, n_facts: int = 4, seed: int = 0) -> list[Prompt]:
     return prompts
 
 
+QUERIES = ("last", "name")
+"""The query position of a prompt that llm-scores scores: its last token, or the final token of its focus."""
+
+
 def query_position(loaded: LoadedModel, prompt: Prompt, query: str) -> int:
     """Token index scored as the query: 'last' token, or the final token of the prompt's focus ('name')."""
     if query == "last":
         return len(loaded.tokenizer(prompt.text).input_ids) - 1
-    if query != "name":
+    if query not in QUERIES:
         raise PosymError(f"query must be 'last' or 'name', got {query!r}")
     if not prompt.focus or prompt.focus not in prompt.text:
         raise PosymError("--query name needs prompts with a focus name (the binding set, or a JSONL 'focus')")
@@ -147,7 +152,7 @@ def plot_planes(planes):
 
 
 def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: str = "last",
-                 heads: list[tuple[int, int]] = (), tau: float = 1e-4, epsilon: float = 1e-12, exact: str = "pruned",
+                 heads: list[tuple[int, int]] = (), tau: float = TAU, epsilon: float = 1e-12, exact: str = "pruned",
                  exclude_keys=None, settings: dict, progress=None) -> dict:
     """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
 

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-from posym.core.model import ModelConfig
+from posym.core.model import DEVICES, ModelConfig
 from posym.core.tasks import SPLIT_SIZES, TaskConfig, generate
 from posym.errors import PosymError
 
@@ -89,7 +89,7 @@ class TrainConfig:
             raise PosymError(f"max_steps must be at most {MAX_STEPS:,}, got {self.max_steps}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise PosymError(f"grad_clip must be positive or null, got {self.grad_clip}")
-        if self.device not in ("cpu", "cuda", "auto"):
+        if self.device not in DEVICES:
             raise PosymError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.threads is not None and self.threads < 1:
             raise PosymError(f"threads must be a positive integer or null, got {self.threads}")
