@@ -164,3 +164,33 @@ def test_an_unguarded_read_is_found(tmp_path):
         "d = io.read_parquet('x.parquet')\n"
         "e = guarded('x.parquet')\n")
     assert unguarded_reads(bad) == [3, 6, 7, 8]
+
+
+# ---- figure functions return a Figure; the caller saves it --------------------------------------------
+
+
+def self_saving_plots(path: Path) -> list[str]:
+    """`plot_*` functions that save (call save_figure or savefig) instead of returning their Figure."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("plot"):
+            calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+                     for n in ast.walk(node) if isinstance(n, ast.Call)}
+            if calls & {"save_figure", "savefig"}:
+                found.append(node.name)
+    return sorted(found)
+
+
+def test_every_plot_function_returns_its_figure():
+    plots = [f"{path.relative_to(PACKAGE)}:{name}" for path in sorted(PACKAGE.rglob("*.py"))
+             for name in self_saving_plots(path)]
+    assert plots == []
+
+
+def test_a_self_saving_plot_is_found(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from posym.figures import save_figure, subplots\n"
+                   "def plot_a(x, stem):\n    fig, ax = subplots()\n    return save_figure(fig, stem)\n"
+                   "def plot_b(x):\n    fig, ax = subplots()\n    return fig\n"
+                   "def write(x, stem):\n    return save_figure(plot_b(x), stem)\n")
+    assert self_saving_plots(bad) == ["plot_a"]
