@@ -33,6 +33,7 @@ from record import benchmark_header  # noqa: E402
 from reference_scores import _scores_from_rows, reference_model_scores  # noqa: E402
 
 from posym.core.model import ModelConfig, build_model  # noqa: E402
+from posym.core.paper import TAU  # noqa: E402
 from posym.core.scores import score_model, task_prompts  # noqa: E402
 from posym.core.tasks import task_config  # noqa: E402
 from posym.io import write_json  # noqa: E402
@@ -67,7 +68,7 @@ def batched_rows(model, ids: list[int], layer: int, pairs: list[tuple[int, int]]
     return weights[0][:, 0]  # [swaps, T, T]
 
 
-def brute_force_prompt(model, ids: list[int], queries: list[int], layer: int, tau: float = 1e-4) -> dict[int, tuple]:
+def brute_force_prompt(model, ids: list[int], queries: list[int], layer: int, tau: float = TAU) -> dict[int, tuple]:
     """(s_pos, s_sym) per query of one prompt and layer from the batched swapped forwards."""
     last = max(queries)
     pairs = [(i, j) for j in range(last) for i in range(j)]

@@ -69,7 +69,7 @@ def main() -> None:
     if args.compare == "plain":
         contenders = (("posym", train_step, config), ("plain", plain_step, config))
     else:
-        contenders = (("fp32", train_step, config), ("bf16", train_step, dataclasses.replace(config, precision="bf16")))
+        contenders = (("fp32", train_step, config), ("bf16", train_step, dataclasses.replace(config, precision="bfloat16")))
     loops = {}
     for name, step_fn, cfg in contenders:
         model = build_model(cfg.model, cfg.task.vocab_size, cfg.seed).to(args.device)

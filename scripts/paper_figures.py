@@ -30,7 +30,7 @@ from posym.figures import colormap, save_figure, spaced_tick_labels, subplots  #
 
 TASKS = ("number", "letter")
 ROLES = ("hops", "inner", "last", "target")
-GAMMA = 0.1
+GAMMA = paper.GAMMA
 
 
 def _seed_lines(ax, wide: pd.DataFrame, color, label: str) -> None:

@@ -104,7 +104,7 @@ def init_scores(dynamics: pd.DataFrame) -> list:
 def pure_at_end(composition: pd.DataFrame, preset: str, task: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(end, max_acc) rows at gamma 0.1, hop queries, indexed by (seed, layer, head)."""
     runs = runs_of(composition, preset, task)
-    runs = runs[(runs.gamma == 0.1) & (runs.query_mode == "hops")].set_index(["seed", "layer", "head"])
+    runs = runs[(runs.gamma == paper.GAMMA) & (runs.query_mode == "hops")].set_index(["seed", "layer", "head"])
     return runs[runs.stage == "end"], runs[runs.stage == "max_acc"]
 
 

@@ -27,7 +27,7 @@
 #   STOP_AT: train every run only up to this step in this session and stop (CPU pieces: e.g. 1500,
 #            3000, 4500, then without STOP_AT to finish and analyse); the schedule stays the 6,000-step one.
 # Environment: POSYM (command, default "python3 -m posym.cli" on this checkout's src/), JOBS,
-# PRECISION (fp32 default; bf16 autocast for new runs only, see docs/results.md), PRESETS (default "paper seed";
+# PRECISION (float32 default; bfloat16 autocast for new runs only, see docs/results.md), PRESETS (default "paper seed";
 # "paper" trains and analyses only the paper-preset runs, e.g. to analyse finished seeds first), SEEDS (default
 # "0 1 2"), N (questions per length, 480), LENGTHS, TRAIN_EXTRA (YAML lines added to both presets'
 # config files, e.g. for a smoke test: 'max_steps: 8' -- the paper study itself leaves it empty).
@@ -40,7 +40,7 @@ if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/transformers ]; the
 fi
 [ -d /tmp/site/transformers ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPATH=$ROOT/src${PYTHONPATH:+:$PYTHONPATH} OMP_WAIT_POLICY=PASSIVE PYTHONUNBUFFERED=1
-POSYM=${POSYM:-python3 -m posym.cli}; JOBS=${JOBS:-2}; PRECISION=${PRECISION:-fp32}; SEEDS=${SEEDS:-0 1 2}
+POSYM=${POSYM:-python3 -m posym.cli}; JOBS=${JOBS:-2}; PRECISION=${PRECISION:-float32}; SEEDS=${SEEDS:-0 1 2}
 PRESETS=${PRESETS:-paper seed}
 N=${N:-480}; LENGTHS=${LENGTHS:-17,34,51,68,128,256,512,850,1024,2048}; TRAIN_EXTRA=${TRAIN_EXTRA:-}
 mkdir -p "$RUNS/logs"

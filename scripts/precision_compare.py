@@ -1,8 +1,8 @@
 """Learning curves of fp32 and bf16-autocast training side by side, over seeds (issue 18).
 
 Reads DIR/fp32-s<seed>/metrics.parquet and DIR/bf16-s<seed>/metrics.parquet (runs of
-`posym train --preset quick --task number --seed S --precision P --out DIR/P-sS`), keeps the
-checkpoint steps that both precisions of a seed have reached, and writes one row per (seed, step):
+`posym train --preset quick --task number --seed S --precision float32|bfloat16 --out DIR/fp32-sS|bf16-sS`),
+keeps the checkpoint steps that both precisions of a seed have reached, and writes one row per (seed, step):
 test acc, test loss, validation acc and train loss of each, and their differences. The verdict
 compares, at every step, the largest |acc(bf16) - acc(fp32)| over seeds with the seed spread of
 fp32 (max - min of acc over the seeds at that step): "within seed spread" when the first never

@@ -165,7 +165,7 @@ CLI_MAY_IMPORT = ("posym.cli", "posym.commands", "posym.io", "posym.errors", "po
                   "posym.prompts")
 """What the CLI layer may import: itself, the commands it calls, and what it needs to name their inputs
 (loading a model or a prompt set, reading a config, checking an output path)."""
-CLI_CORE_NAMES = {"LengthGenConfig", "ALL_HOPS", "TheoryConfig", "task_config", "resolve_device"}
+CLI_CORE_NAMES = {"LengthGenConfig", "ALL_HOPS", "TheoryConfig", "task_config", "resolve_device", "TAU", "GAMMA", "GAMMAS"}
 """Names the CLI may import from the core: configs it builds from flags and constants it prints by."""
 
 

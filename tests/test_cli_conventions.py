@@ -166,3 +166,73 @@ def test_every_help_that_names_an_embedded_model_names_both():
                 assert all(model in text for model in EMBEDDED), (name, param.name, text)
     assert set(naming) == {"score", "geometry", "discrepancy", "llm-scores", "llm-bench", "llm-study", "atlas", "convert",
                             "explore"}
+
+
+def code_lists() -> dict:
+    """Each choice enum of posym.cli.options -> the list in the code it re-spells. The code's modules import
+    torch, which `posym --help` must not (test_help_imports_no_heavy_package), so the enums are written out
+    and tied to the code here."""
+    from posym import prompts
+    from posym.cli import options as o
+    from posym.commands import data as datasets
+    from posym.commands import llm_study
+    from posym.core import interventions, lengthgen, model, scores, tasks, train
+
+    return {o.Device: model.DEVICES, o.Task: tasks.TASKS, o.Split: tasks.SPLITS, o.Preset: tuple(train.PRESETS),
+            o.Queries: scores.QUERY_MODES, o.Compare: scores.COMPARES, o.Exactness: scores.EXACTNESS,
+            o.Format: datasets.FORMATS, o.Protocol: lengthgen.PROTOCOLS, o.AblationMode: interventions.ABLATION_MODES,
+            o.Focus: prompts.QUERIES, o.StudyStage: llm_study.STAGES, o.Dtype: train.PRECISIONS}
+
+
+ORDERED = {"StudyStage"}
+"""Enums whose order is the code's too: the llm-study stages, in the order the study runs them."""
+
+
+def drifted(lists: dict) -> list[str]:
+    """The enums whose values are not the code's list (as a set; in order for ORDERED)."""
+    return sorted(choice.__name__ for choice, values in lists.items()
+                  if ([c.value for c in choice] != list(values) if choice.__name__ in ORDERED
+                      else {c.value for c in choice} != set(values)))
+
+
+def test_every_choice_is_the_codes_own_list():
+    import typing
+
+    from posym.cli import options as o
+    from posym.core import train
+    from posym.models import DTYPES
+
+    lists = code_lists()
+    assert drifted(lists) == []
+    # --dtype of the llm commands and --precision of posym train: one spelling, torch's names, which load takes
+    assert set(train.PRECISIONS) <= set(DTYPES)
+    assert typing.get_args(typing.get_type_hints(train.TrainConfig)["precision"])[:2] == train.PRECISIONS
+    enums = {v for v in vars(o).values()
+             if isinstance(v, type) and issubclass(v, o.enum.Enum) and v.__module__ == o.__name__}
+    assert enums - set(lists) == {o.OnOff, o.OnOffBoth}  # plain switches: no list in the code to follow
+
+
+def test_a_choice_that_drifts_from_the_code_is_caught():
+    import enum
+
+    from posym.cli import options as o
+    from posym.commands import llm_study
+
+    short = enum.StrEnum("StudyStage", {s: s for s in llm_study.STAGES[:-1]})
+    swapped = enum.StrEnum("StudyStage", {s: s for s in (llm_study.STAGES[1], llm_study.STAGES[0], *llm_study.STAGES[2:])})
+    extra = enum.StrEnum("Task", {t: t for t in ("number", "letter", "word")})
+    assert drifted({short: llm_study.STAGES}) == drifted({swapped: llm_study.STAGES}) == ["StudyStage"]
+    assert drifted({extra: ("number", "letter")}) == ["Task"]
+    assert drifted({o.Queries: ("hops", "all", "last")}) == []  # order is free outside ORDERED
+
+
+def test_help_imports_no_heavy_package():
+    """`posym --help` reads only the CLI modules: no torch, transformers, pandas or numpy (why the choice
+    enums are written out rather than imported from the code above)."""
+    import subprocess
+
+    code = ("import sys; import posym.cli as c; c.app; import posym.cli.training, posym.cli.analysis, "
+            "posym.cli.models, posym.cli.runs; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'torch', 'transformers', 'pandas', 'numpy'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -320,6 +320,28 @@ def test_a_config_yaml_from_before_val_size_and_precision_resumes_unchanged(tmp_
     assert run_hash(tiny(val_size=5)) != legacy_hash and run_hash(tiny(precision="bf16")) != legacy_hash
 
 
+def test_the_first_precision_spellings_read_as_torch_names_and_keep_the_hash(tmp_path):
+    """config.yaml files of runs from before the precision took torch's names (fp32, bf16) load as
+    float32 / bfloat16, and a run's hash is what the code of that time wrote, in either spelling."""
+    from posym.configs import from_dict
+    from posym.core.train import LEGACY_PRECISIONS, PRECISIONS
+
+    assert set(LEGACY_PRECISIONS.values()) == set(PRECISIONS)
+    for old, new in LEGACY_PRECISIONS.items():
+        data = to_dict(tiny())
+        data["precision"] = old
+        assert from_dict(TrainConfig, data).precision == new
+        assert run_hash(tiny(precision=old)) == run_hash(tiny(precision=new))
+    # the hash the earlier code wrote: fp32 left out (a legacy default), bf16 hashed as "bf16"
+    earlier = {k: v for k, v in to_dict(tiny()).items() if k not in ("precision",) and LEGACY_DEFAULTS.get(k, ...) != v}
+    for name in LEGACY_MODEL_DEFAULTS:
+        del earlier["model"][name]
+    assert run_hash(tiny(precision="float32")) == io.config_hash(earlier)
+    assert run_hash(tiny(precision="bfloat16")) == io.config_hash({**earlier, "precision": "bf16"})
+    with pytest.raises(PosymError, match="precision"):
+        from_dict(TrainConfig, {**to_dict(tiny()), "precision": "float16"})
+
+
 def test_validation_accuracy_is_recorded_at_every_checkpoint(tmp_path):
     cfg = tiny(val_size=30)
     run = train(cfg, tmp_path / "run", progress=False)
@@ -336,13 +358,13 @@ def test_validation_accuracy_is_recorded_at_every_checkpoint(tmp_path):
 
 def test_bf16_autocast_trains_close_to_fp32_but_not_identically(tmp_path):
     """bf16 changes the numbers (so autocast is really on) by little, and the weights stay fp32."""
-    runs = {p: train(tiny(precision=p), tmp_path / p, progress=False) for p in ("fp32", "bf16")}
-    w32, w16 = (weights(list_checkpoints(runs[p])[-1][1]) for p in ("fp32", "bf16"))
+    runs = {p: train(tiny(precision=p), tmp_path / p, progress=False) for p in ("float32", "bfloat16")}
+    w32, w16 = (weights(list_checkpoints(runs[p])[-1][1]) for p in ("float32", "bfloat16"))
     assert all(w.dtype == torch.float32 for w in w16.values())
     differences = [(w32[k] - w16[k]).abs().max().item() for k in w32]
     assert 0 < max(differences) < 5e-3  # lr 3e-3 x 12 steps moves a weight by up to ~4e-2
     loss = {p: pd.read_parquet(runs[p] / "metrics.parquet").train_loss.iloc[-1] for p in runs}
-    assert loss["bf16"] == pytest.approx(loss["fp32"], rel=2e-2)
+    assert loss["bfloat16"] == pytest.approx(loss["float32"], rel=2e-2)
     # the autocast forward itself: bf16 matmuls on the same weights and batch give another loss
     model = build_model(tiny().model, tiny().task.vocab_size, 0).eval()
     ids = torch.as_tensor(generate(tiny().task, 16, 0, "train").input_ids)

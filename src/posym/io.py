@@ -541,14 +541,20 @@ def read_json_object(path: str | os.PathLike) -> dict:
     return data
 
 
-def read_parquet(path: str | os.PathLike, **kwargs: Any):
-    """`pandas.read_parquet`, a missing or damaged file answered with one PosymError line."""
-    import pandas as pd
-
+def read_parquet(path: str | os.PathLike, *, arrow: bool = False, **kwargs: Any):
+    """`pandas.read_parquet`, a missing or damaged file answered with one PosymError line; every Parquet
+    read of posym goes through here (tests/test_lint.py). arrow=True: `pyarrow.parquet.read_table`'s
+    Table instead of a DataFrame (list columns stay flat Arrow arrays)."""
     path = Path(path)
     if not path.is_file():
         raise PosymError(f"{path} does not exist")
     try:
+        if arrow:
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path, **kwargs)
+        import pandas as pd
+
         return pd.read_parquet(path, **kwargs)
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
         raise PosymError(f"{path} is damaged (not a whole Parquet file: {_first_line(exc)})") from None

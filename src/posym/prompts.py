@@ -183,11 +183,15 @@ def binding_prompts(n: int, *, n_facts: int = 4, seed: int = 0) -> list[Prompt]:
     return prompts
 
 
+QUERIES = ("last", "name")
+"""The query position of a prompt that llm-scores scores: its last token, or the final token of its focus."""
+
+
 def query_position(loaded: LoadedModel, prompt: Prompt, query: str) -> int:
     """Token index scored as the query: 'last' token, or the final token of the prompt's focus ('name')."""
     if query == "last":
         return len(loaded.tokenizer(prompt.text).input_ids) - 1
-    if query != "name":
+    if query not in QUERIES:
         raise PosymError(f"query must be 'last' or 'name', got {query!r}")
     if not prompt.focus or prompt.focus not in prompt.text:
         raise PosymError("--query name needs prompts with a focus name (the binding set, or a JSONL 'focus')")

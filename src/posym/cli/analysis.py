@@ -8,24 +8,10 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step, progress_bar
-from posym.cli.options import (
-    EMBEDDED_HELP,
-    OUTPUTS,
-    Compare,
-    Device,
-    Exactness,
-    Protocol,
-    Queries,
-    Task,
-    announce,
-    device_of,
-    device_option,
-    list_option,
-    n_option,
-    path_argument,
-    step_option,
-    values,
-)
+from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, Compare, Device, Exactness, Protocol, Queries, Task, announce,
+                               device_of, device_option, list_option, n_option, path_argument, step_option, values)
+from posym.core.paper import GAMMA, TAU
+
 
 # ---- commands: score (scores) -------------------------------------------------------------------
 
@@ -48,7 +34,7 @@ def score_command(
     queries: Optional[Queries] = typer.Option(None, help="Which query positions: last (the final token), hops "
                                               "(every pointer token on the chain) or all (default: the file's "
                                               "queries, else last)."),
-    tau: float = typer.Option(1e-4, help="Temperature of the swap weights softmax(|D_i - D_j| / tau)."),
+    tau: float = typer.Option(TAU, help="Temperature of the swap weights softmax(|D_i - D_j| / tau)."),
     blocks: Optional[int] = typer.Option(None, help="Swap M contiguous key blocks and compare block means "
                                          "(the block variant of arXiv 2511.11579) instead of single tokens."),
     compare: Compare = typer.Option(Compare.probs, help="Compare attention probabilities (probs, the paper) or "
@@ -57,7 +43,7 @@ def score_command(
                                   "weights: each score lies within 2 * EPSILON of weighing every swap."),
     exact: Exactness = typer.Option(Exactness.pruned, help="pruned (the EPSILON bound) or dense (weigh every "
                                     "swap: the reference, O(n^2) per head and query)."),
-    gamma: float = typer.Option(0.1, help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
+    gamma: float = typer.Option(GAMMA, help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
                                 "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma)."),
     batch_size: int = typer.Option(64, min=1, help="Prompts of equal length per forward pass."),
     device: Device = device_option(),
@@ -134,7 +120,7 @@ def dynamics_command(
     for column in ("query mode", "positional", "symbolic", "mixed", "uniform"):
         roles.add_column(column, justify="right")
     for r in result["composition"]:
-        if r["gamma"] == 0.1 and r["stage"] == "max_acc":
+        if r["gamma"] == GAMMA and r["stage"] == "max_acc":
             roles.add_row(r["query_mode"], *(f"{r[f'frac_{k}']:.0%} {r[f'layers_{k}']}"
                                              for k in ("positional", "symbolic", "mixed", "uniform")))
     Console().print(table)
@@ -154,7 +140,7 @@ def geometry_command(
                                            'or {"text": ...} per line) instead of task prompts; needed for non-posym models.'),
     queries: Optional[Queries] = typer.Option(None, help="Query positions: last (the final token), hops (every "
                                               "pointer token of the chain) or all (default: the file's queries, else last)."),
-    tau: float = typer.Option(1e-4, help="Temperature of the swap weights of the per-plane scores."),
+    tau: float = typer.Option(TAU, help="Temperature of the swap weights of the per-plane scores."),
     plane_layer: Optional[int] = typer.Option(None, help="Layer of the q/k plane figure (default 1, as Fig. 4B)."),
     plane_head: int = typer.Option(0, help="Head of the q/k plane figure."),
     example: int = typer.Option(0, help="Which prompt of the set the q/k plane figure shows."),

@@ -8,24 +8,9 @@ from typing import Optional
 import typer
 
 from posym.cli import app, parse_head_pairs, parse_list, progress_bar
-from posym.cli.options import (
-    EMBEDDED_HELP,
-    OUTPUTS,
-    Device,
-    Dtype,
-    Exactness,
-    Focus,
-    OnOffBoth,
-    StudyStage,
-    Task,
-    announce,
-    device_of,
-    device_option,
-    list_option,
-    n_option,
-    path_argument,
-    values,
-)
+from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, Device, Dtype, Exactness, Focus, OnOffBoth, StudyStage, Task, announce,
+                               device_of, device_option, list_option, n_option, path_argument, values)
+from posym.core.paper import TAU
 from posym.errors import PosymError
 
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
@@ -46,7 +31,7 @@ def llm_scores_cmd(
                                 "the name asked about, for binding prompts or JSONL 'focus')."),
     heads: Optional[list[str]] = list_option(None, "Heads to score per RoPE frequency plane, as LAYER.HEAD, "
                                              "e.g. 0.1,5.3.", item="L.H"),
-    tau: float = typer.Option(1e-4, help="Temperature of the swap weights (1e-4: the swap that moves "
+    tau: float = typer.Option(TAU, help="Temperature of the swap weights (1e-4: the swap that moves "
                               "most attention dominates)."),
     exclude_keys: Optional[str] = typer.Option(None, help="Also score with these key positions left out of "
                                                "the swaps, e.g. 0 (the attention sink), or 'auto' (positions "

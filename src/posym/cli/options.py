@@ -6,7 +6,9 @@ Conventions (checked by tests/test_cli_conventions.py):
   or a Hugging Face model directory); `--step S` picks a checkpoint of a run (default: the latest);
 - `--n` is how many prompts, sequences or questions a command draws; `--seed` seeds them;
 - `--device` is auto (cuda when available), cpu or cuda, default auto;
-- fixed choices are enums, so `--help` lists them and shell completion offers them;
+- fixed choices are enums, so `--help` lists them and shell completion offers them; each re-spells a list
+  of the code (posym.core.tasks.TASKS, posym.commands.llm_study.STAGES, ...), whose modules import torch,
+  which `posym --help` must not: tests/test_cli_conventions.py ties every enum to its list;
 - a list option accepts comma-separated values, repeated flags, or both (`--lengths 17,34
   --lengths 68`); where every value is itself a set of heads (ablate --heads, finetune --freeze)
   each repetition is one condition and commas join the heads inside it.
@@ -31,11 +33,6 @@ class Device(enum.StrEnum):
 class Task(enum.StrEnum):
     number = "number"
     letter = "letter"
-
-
-class Precision(enum.StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
 
 
 class Queries(enum.StrEnum):
@@ -87,6 +84,8 @@ class Protocol(enum.StrEnum):
 
 
 class Dtype(enum.StrEnum):
+    """torch's dtype names: the weights of the llm commands (--dtype) and the training precision of posym
+    train (--precision, posym.core.train.PRECISIONS)."""
     float32 = "float32"
     bfloat16 = "bfloat16"
 

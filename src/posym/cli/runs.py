@@ -8,22 +8,9 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step
-from posym.cli.options import (
-    EMBEDDED_HELP,
-    OUTPUTS,
-    AblationMode,
-    Device,
-    Preset,
-    Task,
-    announce,
-    device_of,
-    device_option,
-    list_option,
-    n_option,
-    path_argument,
-    step_option,
-    values,
-)
+from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, AblationMode, Device, Preset, Task, announce, device_of,
+                               device_option, list_option, n_option, path_argument, step_option, values)
+from posym.core.paper import GAMMA
 from posym.errors import PosymError
 
 # ---- commands: run / report / sweep -------------------------------------------------------------
@@ -217,7 +204,7 @@ def ablate_command(
     factors: list[str] = list_option(["1,2,4"], "Lengths to evaluate, as multiples of the training length (extra "
                                      "target-window tokens, as posym lengthgen)."),
     n: int = n_option(1000, "Test sequences per length."),
-    gamma: float = typer.Option(0.1, help="Purity threshold of the positional/symbolic labels (paper: 0.1)."),
+    gamma: float = typer.Option(GAMMA, help="Purity threshold of the positional/symbolic labels (paper: 0.1)."),
     label_prompts: int = typer.Option(100, min=1, help="Test prompts the labels are scored on."),
     seed: int = typer.Option(0, help="Seed of the test data, the label prompts and the mean-ablation data."),
     save: Optional[Path] = typer.Option(None, help="Also save the pruned model (one --heads, one --mode) as a plain "
@@ -266,7 +253,7 @@ def finetune_command(
     step: Optional[str] = step_option(),
     factors: list[str] = list_option(["1,2,4"], "Lengths to evaluate, as multiples of the training length."),
     n: int = n_option(1000, "Test sequences per length."),
-    gamma: float = typer.Option(0.1, help="Purity threshold of the positional/symbolic labels."),
+    gamma: float = typer.Option(GAMMA, help="Purity threshold of the positional/symbolic labels."),
     seed: int = typer.Option(0, help="Seed of the test data and the label prompts."),
     save_models: bool = typer.Option(False, help="Also save each fine-tuned model under OUT/models/."),
     device: Device = device_option(),

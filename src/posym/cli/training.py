@@ -8,23 +8,8 @@ from typing import Optional
 import typer
 
 from posym.cli import app, checkpoint_step, progress_bar
-from posym.cli.options import (
-    Device,
-    Format,
-    OnOff,
-    Precision,
-    Preset,
-    Split,
-    Task,
-    announce,
-    device_of,
-    device_option,
-    list_option,
-    n_option,
-    path_argument,
-    step_option,
-    values,
-)
+from posym.cli.options import (Device, Dtype, Format, OnOff, Preset, Split, Task, announce, device_of, device_option,
+                               list_option, n_option, path_argument, step_option, values)
 from posym.errors import PosymError
 
 # ---- commands: data (tasks) -------------------------------------------------------------------
@@ -82,8 +67,8 @@ def train_command(
     train_steps: Optional[int] = typer.Option(None, "--train-steps", min=1, help="Optimizer steps (default: the preset's)."),
     device: Optional[Device] = typer.Option(None, help="auto (cuda when available), cpu or cuda (default: the "
                                             "--config file's, else auto)."),
-    precision: Optional[Precision] = typer.Option(None, help="fp32 (default, exact) or bf16 (forward and loss under "
-                                                  "bfloat16 autocast; docs/results.md compares them)."),
+    precision: Optional[Dtype] = typer.Option(None, help="float32 (default, exact) or bfloat16 (forward and loss "
+                                              "under bfloat16 autocast; docs/results.md compares them)."),
     threads: Optional[int] = typer.Option(None, min=1, help="torch CPU threads (default: the --config file's, else "
                                           "torch's default)."),
     resume: Optional[Path] = typer.Option(None, help="Continue this run directory from its latest checkpoint "

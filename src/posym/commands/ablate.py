@@ -17,6 +17,7 @@ from posym.conditions import (
     write_conditions,
 )
 from posym.core.interventions import (
+    ABLATION_MODES,
     LABEL_QUERIES,
     ablated,
     fold_ablation,
@@ -25,12 +26,13 @@ from posym.core.interventions import (
     select_heads,
 )
 from posym.core.tasks import generate
+from posym.core.paper import GAMMA
 from posym.errors import PosymError
 from posym.models import save_model
 
 
-def run_ablation(path, conditions: list[str], out_dir, *, modes=("zero", "mean"), step: int | None = None,
-                 factors=(1, 2, 4), n: int = 1000, seed: int = 0, n_prompts: int = 100, gamma: float = 0.1,
+def run_ablation(path, conditions: list[str], out_dir, *, modes=ABLATION_MODES, step: int | None = None,
+                 factors=(1, 2, 4), n: int = 1000, seed: int = 0, n_prompts: int = 100, gamma: float = GAMMA,
                  mean_samples: int = 512, save: str | Path | None = None, device: str = "cpu",
                  progress: Callable[[str], None] | None = None) -> dict:
     """Accuracy (per hop, per length) of the model with each condition's heads ablated, per mode.

@@ -30,6 +30,7 @@ import torch
 from posym import configs, io
 from posym.core import atlas
 from posym.core.geometry import channel_means, frequency_use, plane_scores
+from posym.core.paper import GAMMA, TAU
 from posym.core.qk import as_batch, capture, check_layers
 from posym.core.scores import score_model, summarize_heads
 from posym.core.stats import wilson_interval
@@ -92,9 +93,9 @@ class AtlasConfig:
     """Binding prompts of 2511 on which s_pos and s_sym are scored (last token)."""
     frequency_prompts: int = 5
     """Binding prompts of the per-plane analysis (weighted frequency ID, dominant plane)."""
-    tau: float = 1e-4
+    tau: float = TAU
     """Temperature of the swap weights (posym.core.scores.swap_scores)."""
-    gamma: float = 0.1
+    gamma: float = GAMMA
     """Purity threshold of the labels (footnote 3 of 2605)."""
     needle_lengths: list[int] = field(default_factory=lambda: [256, 512, 1024])
     """Token lengths of the needle-in-a-haystack prompts."""

@@ -170,15 +170,13 @@ def _write_npz(config: TaskConfig, n: int, parts: Iterable[Samples], path: Path)
 
 def _read_columns(path: Path, fmt: str) -> dict[str, np.ndarray]:
     """input_ids (flat), answer, hops and the concatenated chains from a parquet or jsonl file."""
-    import pyarrow.parquet as pq
-
     if fmt == "jsonl":
         with open(path, encoding="utf-8") as f:
             rows = [io.parse_json(line, f"{path} line {k}") for k, line in enumerate(f, 1) if line.strip()]
         cols = {k: [r[k] for r in rows] for k in ("input_ids", "answer", "hops")}
         flat_chain = [pos for r in rows for pos in r["chain"]]
     else:
-        table = pq.read_table(path, columns=["input_ids", "answer", "hops", "chain"])
+        table = io.read_parquet(path, arrow=True, columns=["input_ids", "answer", "hops", "chain"])
         cols = {k: table.column(k).combine_chunks() for k in ("input_ids", "answer", "hops")}
         cols["input_ids"] = cols["input_ids"].flatten()
         flat_chain = table.column("chain").combine_chunks().flatten()

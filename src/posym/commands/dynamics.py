@@ -38,20 +38,14 @@ import time
 from pathlib import Path
 
 from posym import figures
-from posym.core.scores import (
-    head_labels,
-    head_scores,
-    label_column,
-    prompt_scores,
-    score_model,
-    task_prompts,
-)
+from posym.core.paper import GAMMAS
+from posym.core.scores import head_labels, head_scores, label_column, prompt_scores, score_model, task_prompts
 from posym.errors import PosymError
 from posym.io import manifest, read_parquet, write_json, write_parquet
 from posym.models import RunDir, list_checkpoints, load_checkpoint, validation_table
 from posym.resources import check_count, sequence_bytes
 
-GAMMAS = (0.1, 0.05)
+
 QUERY_MODES = ("hops", "last", "target", "inner")
 KINDS = ("positional", "symbolic")
 

@@ -28,13 +28,8 @@ from pathlib import Path
 
 from posym import io, models
 from posym.configs import from_dict
-from posym.core.scores import (
-    LABELS,
-    head_details,
-    head_scores,
-    prompt_scores,
-    task_prompts,
-)
+from posym.core.paper import TAU
+from posym.core.scores import LABELS, head_details, head_scores, prompt_scores, task_prompts
 from posym.core.tasks import token_names
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
@@ -195,7 +190,7 @@ def llm_scores_sets(path: Path) -> list[HeadSet]:
              "scores": per_prompt.get(int(r.prompt), {})} for r in prompts.sort_values("prompt").itertuples()]
     out = HeadSet(f"{path.name}: {settings.get('prompts', 'prompts')}, {settings.get('query', 'last')} token", layers,
                   n_heads, maps, query=f"{settings.get('query', 'last')} token", prompts=rows,
-                  model={"spec": settings.get("model_dir"), "step": None, "tau": settings.get("tau", 1e-4)})
+                  model={"spec": settings.get("model_dir"), "step": None, "tau": settings.get("tau", TAU)})
     if (path / "planes.parquet").is_file():
         out.planes = _planes(io.read_parquet(path / "planes.parquet"), "max_logit")
     return [out]
@@ -253,7 +248,7 @@ def run_sets(run_dir: Path, *, detail_prompts: int) -> list[HeadSet]:
         mode_prompts = [{**p, "scores": scores.get(k, {})} for k, p in enumerate(prompts)]
         out.append(HeadSet(f"{task} ({run_dir.name}), step {step}, {mode} queries", layers, n_heads, maps,
                            query=f"{mode} queries (head page: the last token's row)", prompts=mode_prompts,
-                           planes=planes, margins=margins, model={"spec": str(run_dir), "step": step, "tau": 1e-4}))
+                           planes=planes, margins=margins, model={"spec": str(run_dir), "step": step, "tau": TAU}))
     return out
 
 
@@ -297,7 +292,7 @@ def study_sets(path: Path) -> list[HeadSet]:
                  for r in chosen.itertuples()]
         out.append(HeadSet(f"{path.name}: {name}", layers, n_heads, maps, prompts=rows_, margins=margins,
                            query="the set's query token (per-prompt scores are not stored by llm-study)",
-                           model={"spec": spec, "step": None, "tau": study.get("tau", 1e-4)}))
+                           model={"spec": spec, "step": None, "tau": study.get("tau", TAU)}))
     return out
 
 
@@ -371,7 +366,7 @@ def add_details(sets: list[HeadSet], *, detail_prompts: int = 8, top: int = 8, d
                 if p.get("tokens") is None:
                     p["tokens"] = [found.tokenizer.decode([int(i)]) for i in p["ids"][: p["query"] + 1]]
         frame = head_details(found.model, [p["ids"] for p in chosen], [[p["query"]] for p in chosen],
-                             tau=float(s.model.get("tau") or 1e-4), top=top)
+                             tau=float(s.model.get("tau") or TAU), top=top)
         s.details = {int(k): rows for k, rows in frame.groupby("prompt")}
 
 

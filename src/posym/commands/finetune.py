@@ -33,6 +33,7 @@ from posym.core.train import (
     train_batch,
     train_step,
 )
+from posym.core.paper import GAMMA
 from posym.errors import PosymError
 from posym.models import RunDir, save_model
 
@@ -65,7 +66,7 @@ def finetune(model, task, config, heads, *, start: int, steps: int) -> dict:
 
 def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = None, steps: int = 300,
                  lr: float | None = None, factors=(1, 2, 4), n: int = 1000, seed: int = 0, n_prompts: int = 100,
-                 gamma: float = 0.1, save_models: bool = False, device: str = "cpu",
+                 gamma: float = GAMMA, save_models: bool = False, device: str = "cpu",
                  progress: Callable[[str], None] | None = None) -> dict:
     """Continue training a run's checkpoint once per condition ("none" = nothing frozen, a label or
     "L.H,..." = those heads frozen), each from the same weights, data and dropout stream; compare

@@ -11,16 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from posym import figures
-from posym.core.geometry import (
-    WEIGHTINGS,
-    channel_means,
-    frequency_use,
-    index_alignment,
-    layer_bases,
-    plane_scores,
-    qk_projection,
-)
-from posym.core.paper import TABLE1 as PAPER_TABLE1
+from posym.core.paper import TABLE1 as PAPER_TABLE1, TAU
+from posym.core.geometry import (WEIGHTINGS, channel_means, frequency_use, index_alignment, layer_bases,
+                                 plane_scores, qk_projection)
 from posym.core.qk import check_layers
 from posym.core.tasks import offset_ids, token_names
 from posym.errors import PosymError
@@ -30,7 +23,7 @@ from posym.prompts import score_prompts
 
 
 def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
-            queries: str | None = None, tau: float = 1e-4, device: str = "cpu", out=None) -> dict:
+            queries: str | None = None, tau: float = TAU, device: str = "cpu", out=None) -> dict:
     """Load what `posym geometry PATH` analyses (`posym.models.load_analysable`) and its prompts: the
     run's own task's test prompts, or the JSONL file `prompts` (token ids, or text for the model's
     tokenizer; required for other models). queries: last, hops, all or None (a file's own
@@ -51,7 +44,7 @@ def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 
             "offsets": offset_ids(task_config) if names else None, "settings": settings}
 
 
-def run_geometry(model, input_ids, queries, out_dir, *, tau: float = 1e-4, plane_layer: int | None = None,
+def run_geometry(model, input_ids, queries, out_dir, *, tau: float = TAU, plane_layer: int | None = None,
                  plane_head: int = 0, example: int = 0, token_names=None, paper_task: str | None = None,
                  offsets: dict[int, int] | None = None, settings: dict, progress=None) -> dict:
     """Write planes.parquet (per-prompt channel rows), channels.parquet (channel means),

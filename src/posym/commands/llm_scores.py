@@ -11,11 +11,11 @@ itself is `posym.commands.llm_bench`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from posym.core.geometry import layer_bases, plane_scores
+from posym.core.paper import TAU
 from posym.core.scores import score_model, summarize_heads
-from posym.core.study import find_sinks, sink_changes
+from posym.core.study import find_sinks, layer_profile, pearson, sink_changes
 from posym.errors import PosymError
 from posym.figures import plot_heads, save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
@@ -25,18 +25,6 @@ from posym.prompts import Prompt, query_position
 # ---- figures ------------------------------------------------------------------------------------
 
 
-def layer_summary(heads) -> tuple[Any, float]:
-    """Per-layer medians of the head scores, and Pearson r between the s_pos and s_sym maps over heads.
-
-    `heads` has one row per (layer, head) with prompt-mean s_pos and s_sym (posym.core.scores.summarize_heads).
-    r is NaN when either map is constant (e.g. every head exactly uniform).
-    """
-    layers = heads.groupby("layer").agg(
-        median_s_pos=("s_pos", "median"), median_s_sym=("s_sym", "median"), heads=("head", "count")
-    ).reset_index()
-    constant = heads.s_pos.nunique() < 2 or heads.s_sym.nunique() < 2
-    r = float("nan") if constant else float(heads.s_pos.corr(heads.s_sym))
-    return layers, r
 
 
 # ---- command drivers ----------------------------------------------------------------------------
@@ -72,7 +60,7 @@ def plot_planes(planes):
 
 
 def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: str = "last",
-                 heads: list[tuple[int, int]] = (), tau: float = 1e-4, epsilon: float = 1e-12, exact: str = "pruned",
+                 heads: list[tuple[int, int]] = (), tau: float = TAU, epsilon: float = 1e-12, exact: str = "pruned",
                  exclude_keys=None, settings: dict, progress=None) -> dict:
     """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
 
@@ -102,7 +90,7 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
                              f"0..{shortest - 1} (before the earliest query)")
     frame = score_model(loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, progress=progress)
     head_means = summarize_heads(frame)
-    layers, r = layer_summary(head_means)
+    layers, r = layer_profile(head_means), pearson(head_means.s_pos, head_means.s_sym)
     out_dir = Path(out_dir)
     extra = {}
     if exclude_keys is not None:

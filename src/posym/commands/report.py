@@ -24,7 +24,7 @@ from pathlib import Path
 import posym
 from posym import io
 from posym.commands import explore
-from posym.core.paper import TABLE1 as PAPER_TABLE1
+from posym.core.paper import GAMMA, TABLE1 as PAPER_TABLE1
 from posym.errors import PosymError
 from posym.models import RunDir
 
@@ -125,7 +125,7 @@ def run_summary(run_dir: str | Path) -> dict:
     comp = RunDir(run_dir).output("analysis") / "composition_summary.parquet"
     if comp.is_file():
         c = io.read_parquet(comp)
-        row = c[(c.gamma == 0.1) & (c.stage == "end") & (c.query_mode == "hops")].iloc[0]
+        row = c[(c.gamma == GAMMA) & (c.stage == "end") & (c.query_mode == "hops")].iloc[0]
         out["positional"] = row.layers_positional or "none"
         out["symbolic"] = row.layers_symbolic or "none"
         out["frac_positional"], out["frac_symbolic"] = float(row.frac_positional), float(row.frac_symbolic)

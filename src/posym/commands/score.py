@@ -9,6 +9,7 @@ Parquet file (one row per prompt, query, layer and head) with a JSON sidecar (mo
 from __future__ import annotations
 
 from posym.configs import to_dict
+from posym.core.paper import GAMMA, TAU
 from posym.core.scores import COLUMNS, FLOAT_COLUMNS, iter_scores, summarize_heads
 from posym.core.tasks import task_config as paper_task
 from posym.errors import PosymError
@@ -36,8 +37,8 @@ def write_score_parquet(path, frames, sidecar: dict) -> int:
 
 
 def run_score(path, out, *, step: int | None = None, task: str | None = None, n: int = 100, seed: int = 0,
-              prompts=None, queries: str | None = None, tau: float = 1e-4, blocks: int | None = None,
-              compare: str = "probs", epsilon: float = 1e-12, exact: str = "pruned", gamma: float = 0.1,
+              prompts=None, queries: str | None = None, tau: float = TAU, blocks: int | None = None,
+              compare: str = "probs", epsilon: float = 1e-12, exact: str = "pruned", gamma: float = GAMMA,
               batch_size: int = 64, device: str = "cpu", progress=None, started=None) -> dict:
     """Score every head of the model at `path` and write `out` (Parquet) and `out`.json.
 

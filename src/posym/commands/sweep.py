@@ -33,6 +33,7 @@ from posym import io
 from posym.commands import dynamics as dyn
 from posym.commands import train
 from posym.configs import from_dict, to_dict
+from posym.core.paper import GAMMA
 from posym.core.rope import layer_bands
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
@@ -176,7 +177,7 @@ def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads
         if dynamics:
             result = dyn.run_dynamics(run_path, n_prompts=n_prompts, seed=trial["seed"])
             end = [r for r in result["composition"]
-                   if r["gamma"] == 0.1 and r["stage"] == "end" and r["query_mode"] == "hops"][0]
+                   if r["gamma"] == GAMMA and r["stage"] == "end" and r["query_mode"] == "hops"][0]
             row.update({"frac_positional": end["frac_positional"], "frac_symbolic": end["frac_symbolic"],
                         "layers_positional": end["layers_positional"], "layers_symbolic": end["layers_symbolic"]})
         row.update(status="ok", error="")

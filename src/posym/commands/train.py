@@ -18,16 +18,8 @@ from posym import io
 from posym.configs import from_dict, override, to_dict
 from posym.core.model import build_model
 from posym.core.tasks import task_config
-from posym.core.train import (
-    PRESETS,
-    TrainConfig,
-    checkpoint_steps,
-    evaluate,
-    make_optimizer,
-    to_tensor,
-    train_batch,
-    train_step,
-)
+from posym.core.train import (LEGACY_PRECISIONS, PRESETS, TrainConfig, checkpoint_steps, evaluate, make_optimizer,
+                              to_tensor, train_batch, train_step)
 from posym.errors import PosymError
 from posym.models import (
     CHECKPOINT_META,
@@ -140,10 +132,13 @@ def _resume_point(run_dir: Path, resumable: list[tuple[int, Path]], model, optim
     raise PosymError(f"cannot resume {run_dir}: {path.relative_to(run_dir)} is damaged ({reason[:120]}); {offer}")
 
 
-LEGACY_DEFAULTS = {"val_size": 0, "precision": "fp32"}
+LEGACY_DEFAULTS = {"val_size": 0, "precision": "float32"}
 """Fields added to TrainConfig after runs existed, with the value that reproduces those runs."""
 LEGACY_MODEL_DEFAULTS = {"embd_dropout": None, "resid_dropout": None, "attn_dropout": None}
 """The same for fields added to its ModelConfig (None: the site takes the shared `dropout`)."""
+
+
+_FIRST_SPELLING = {name: legacy for legacy, name in LEGACY_PRECISIONS.items()}
 
 
 def _without_legacy(data: dict, legacy: dict) -> dict:
@@ -152,8 +147,12 @@ def _without_legacy(data: dict, legacy: dict) -> dict:
 
 def run_hash(config: TrainConfig) -> str:
     """The config hash of a run, leaving out LEGACY_DEFAULTS (and LEGACY_MODEL_DEFAULTS) fields at their
-    legacy value, so a run started before a field existed keeps its hash when resumed by newer code."""
+    legacy value, so a run started before a field existed keeps its hash when resumed by newer code. The
+    precision is hashed in its first spelling (fp32, bf16: `posym.core.train.LEGACY_PRECISIONS`), so a run
+    keeps its hash whichever spelling its config.yaml has."""
     data = _without_legacy(to_dict(config), LEGACY_DEFAULTS)
+    if "precision" in data:
+        data["precision"] = _FIRST_SPELLING[data["precision"]]
     data["model"] = _without_legacy(data["model"], LEGACY_MODEL_DEFAULTS)
     return io.config_hash(data)
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from posym.core.paper import TAU
 from posym.core.scores import swap_scores
 from posym.core.tasks import TaskConfig
 from posym.errors import PosymError
@@ -239,7 +240,7 @@ def swap_logits(head: Head, ids: Tensor) -> tuple[Tensor, Tensor]:
     return swapped.diagonal(dim1=1, dim2=2), swapped
 
 
-def construction_scores(head: Head, ids: Tensor, *, tau: float = 1e-4) -> dict[str, float]:
+def construction_scores(head: Head, ids: Tensor, *, tau: float = TAU) -> dict[str, float]:
     """Mean positional / symbolic swap scores of the last token (docs/method.md section 3; `scores.swap_scores`)."""
     clean, swapped = swap_logits(head, ids)
     out = swap_scores(clean, swapped, tau=tau)

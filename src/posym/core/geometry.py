@@ -50,6 +50,7 @@ import torch
 
 from posym.core import swaps
 from posym.core.interop import scorable
+from posym.core.paper import TAU
 from posym.core.qk import as_batch, check_layers, head_qk, pair_planes, rotate
 from posym.core.scores import swap_scores
 from posym.errors import PosymError
@@ -67,7 +68,7 @@ def plane_angles(cos: torch.Tensor, sin: torch.Tensor, pairing: str) -> torch.Te
         pair_planes(sin[0], pairing, r)[:, 0].double(), pair_planes(cos[0], pairing, r)[:, 0].double())
 
 
-def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau: float = 1e-4,
+def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau: float = TAU,
                  batch_size: int = 64, progress=None):
     """Per-channel scores and max logits, one row per (prompt, query, layer, head, channel).
 

@@ -31,6 +31,7 @@ from typing import Iterator
 
 import torch
 
+from posym.core.paper import GAMMA
 from posym.core.scores import LABELS, score_model, summarize_heads, task_prompts
 from posym.errors import PosymError
 
@@ -65,7 +66,7 @@ LABEL_QUERIES = "hops"
 """Query mode the positional/symbolic labels of ablate and finetune are scored at."""
 
 
-def label_heads(model, task_config, *, n_prompts: int = 100, seed: int = 0, gamma: float = 0.1):
+def label_heads(model, task_config, *, n_prompts: int = 100, seed: int = 0, gamma: float = GAMMA):
     """`posym.core.scores.summarize_heads` of the model's scores at every hop query of `n_prompts` test
     prompts (the dynamics "hops" mode, the same prompt-mean rule): one row per (layer, head) with
     s_pos, s_sym and label."""
@@ -147,8 +148,12 @@ def head_means(model, input_ids, heads: list[Head], batch_size: int = 256) -> di
     return {head: (sums[head] / count).to(model.dtype) for head in heads}
 
 
+ABLATION_MODES = ("zero", "mean")
+"""How an ablated head's output is replaced: by zeros, or by its mean output over prompts."""
+
+
 def _check_mode(mode: str, means) -> None:
-    if mode not in ("zero", "mean"):
+    if mode not in ABLATION_MODES:
         raise PosymError(f"ablation mode must be zero or mean, got {mode!r}")
     if mode == "mean" and means is None:
         raise PosymError("mean-ablation needs the heads' mean outputs (head_means)")

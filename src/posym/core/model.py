@@ -157,11 +157,15 @@ def build_model(config: ModelConfig, vocab_size: int, seed: int, *, attn_impleme
     return model.train()
 
 
+DEVICES = ("auto", "cpu", "cuda")
+"""The devices a command runs on (auto: cuda when available)."""
+
+
 def resolve_device(device: str) -> str:
     """'auto' -> cuda when available else cpu; 'cuda' without a GPU is a PosymError."""
     import torch
 
-    if device not in ("auto", "cpu", "cuda"):
+    if device not in DEVICES:
         raise PosymError(f"device must be auto, cpu or cuda, got {device!r}")
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

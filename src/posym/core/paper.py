@@ -20,6 +20,16 @@ from __future__ import annotations
 N_LAYERS = 12
 """Layers of the paper's models (one head each)."""
 
+TAU = 1e-4
+"""Temperature of the swap weights alpha = softmax(|D_i - D_j| / tau) of 2605's scores: the default of
+every score function, config and `--tau` option (nearly a hard max: the swap that moves the query's logits
+the most carries almost all the weight)."""
+GAMMAS = (0.1, 0.05)
+"""The purity thresholds gamma of the labels that the paper shows (footnote 3 of 2605); the first, 0.1, is
+the default of every labelling function and `--gamma` option (GAMMA)."""
+GAMMA = GAMMAS[0]
+"""The default purity threshold (0.1)."""
+
 TABLE1 = {
     "number": [1, 2, 2, 2, 10, 39, 38, 38, 38, 37, 37, 38],
     "letter": [18, 32, 42, 37, 40, 38, 41, 38, 41, 39, 38, 40],

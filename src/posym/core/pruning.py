@@ -28,6 +28,7 @@ from torch import Tensor
 
 from posym.errors import PosymError
 from posym.core import swaps
+from posym.core.paper import TAU
 from posym.core.qk import HeadQK
 
 SPARSE_LIMIT = 0.25
@@ -135,7 +136,7 @@ def _pair_chunks(counts: Tensor, order: Tensor, chunk: int):
         yield row, order[row, i], order[row, j]
 
 
-def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, first: int = 0, tau: float = 1e-4, blocks: int | None = None,
+def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, first: int = 0, tau: float = TAU, blocks: int | None = None,
                compare: str = "probs", epsilon: float | None = 1e-12, exclude_keys=()) -> dict[str, Tensor]:
     """Scores of R query rows from u, k [R, n, d] (`posym.swaps.unrotated_queries`, flattened): the n
     keys the queries see, positions first .. first + n - 1 (the last is the query, which never moves).

@@ -48,16 +48,23 @@ from torch import Tensor
 
 from posym.errors import PosymError
 from posym.core import batched, swaps
+from posym.core.paper import GAMMA, TAU
 from posym.core.pruning import item_values, movable_items, pair_cosines, score_rows, sink_view
 from posym.core.qk import HeadQK
 from posym.core.tasks import Samples, TaskConfig, generate
+
+
+COMPARES = ("probs", "logits")
+"""What `compare` compares: attention probabilities (the paper) or raw logits."""
+EXACTNESS = ("pruned", "dense")
+"""How `exact` weighs the swaps: the kept swaps within the epsilon bound, or every swap (the reference)."""
 
 
 def swap_scores(
     clean: Tensor,
     swapped: Tensor,
     *,
-    tau: float = 1e-4,
+    tau: float = TAU,
     blocks: int | None = None,
     compare: str = "probs",
     exclude_keys=(),
@@ -79,7 +86,7 @@ def swap_scores(
     sink view of the clean row: attn_first [...] (attention on key 0), top_key [...] (position of the
     largest attention) and attn_top [...] (its attention).
     """
-    if compare not in ("probs", "logits"):
+    if compare not in COMPARES:
         raise PosymError(f"compare must be 'probs' or 'logits', got {compare!r}")
     if not tau > 0:
         raise PosymError(f"tau must be positive, got {tau}")
@@ -102,7 +109,7 @@ def swap_scores(
             "n_swaps": len(ia), **sink_view(log_d)}
 
 
-def swap_details(clean: Tensor, swapped: Tensor, *, tau: float = 1e-4, top: int = 8, exclude_keys=()) -> dict[str, Tensor]:
+def swap_details(clean: Tensor, swapped: Tensor, *, tau: float = TAU, top: int = 8, exclude_keys=()) -> dict[str, Tensor]:
     """The heaviest swaps of one query row, for display (single-token swaps, compare="probs").
 
     clean [n], swapped [n, n]: as `swap_scores` (keys 0..n-1 of the row, the query last). Returns, in
@@ -274,7 +281,7 @@ def iter_scores(
     *,
     chains=None,
     tokenizer=None,
-    tau: float = 1e-4,
+    tau: float = TAU,
     blocks: int | None = None,
     compare: str = "probs",
     epsilon: float = 1e-12,
@@ -313,7 +320,7 @@ def iter_scores(
     swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau, compare=compare)  # validates tau/compare early
     input_ids, queries = prompt_inputs(input_ids, queries, chains=chains, tokenizer=tokenizer)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 0
-    if exact not in ("pruned", "dense"):
+    if exact not in EXACTNESS:
         raise PosymError(f"exact must be 'pruned' or 'dense', got {exact!r}")
     if not 0 < epsilon < 1:
         raise PosymError(f"epsilon must lie in (0, 1), got {epsilon}")
@@ -345,7 +352,7 @@ DETAIL_LISTS = ("a", "b", "weight", "before_a", "before_b", "after_a", "after_b"
 """Per-swap columns of `head_details` (one list per row, heaviest swap first; a and b are key positions)."""
 
 
-def head_details(model, input_ids, queries=None, *, tau: float = 1e-4, top: int = 8, exclude_keys=(),
+def head_details(model, input_ids, queries=None, *, tau: float = TAU, top: int = 8, exclude_keys=(),
                  layers: list[int] | None = None, batch_size: int = 16):
     """What a head does at each query, for display: one row per (prompt, query, layer, head) with
     `first` (the first key the query sees), `attention` (a list over keys first..query), s_pos and
@@ -434,7 +441,7 @@ def check_gamma(gamma: float) -> None:
         raise PosymError(f"gamma must lie in (0, 0.5), got {gamma}")
 
 
-def head_labels(s_pos, s_sym, gamma: float = 0.1):
+def head_labels(s_pos, s_sym, gamma: float = GAMMA):
     """Labels of heads with scores s_pos, s_sym (arrays) at purity threshold gamma (footnote 3 of
     2605; the paper shows 0.1 and 0.05): uniform if both >= 1 - gamma; positional if s_pos >= 1 -
     gamma and s_sym <= gamma; symbolic if s_sym >= 1 - gamma and s_pos <= gamma; mixed otherwise."""
@@ -455,7 +462,7 @@ def label_column(gamma: float) -> str:
     return "label_gamma_" + f"{gamma:g}".replace(".", "p").replace("-", "m")
 
 
-def summarize_heads(frame, gamma: float = 0.1):
+def summarize_heads(frame, gamma: float = GAMMA):
     """Per (layer, head): `head_scores` (the prompt-mean rule) and `label` (`head_labels`)."""
     check_gamma(gamma)
     out = head_scores(frame)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 
+from posym.core.paper import GAMMAS
 from posym.core.scores import summarize_heads
 
 GROUPS = ("positional", "symbolic", "random")
@@ -60,7 +61,7 @@ def pearson(x, y) -> float:
     return float("nan") if x.nunique() < 2 or y.nunique() < 2 else float(x.corr(y))
 
 
-def label_counts(frame, gammas=(0.1, 0.05)):
+def label_counts(frame, gammas=GAMMAS):
     """Heads per label at each purity threshold gamma: columns gamma, label, heads."""
     import pandas as pd
 

@@ -15,9 +15,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-from posym.core.model import ModelConfig
+from posym.core.model import DEVICES, ModelConfig
 from posym.core.tasks import SPLIT_SIZES, TaskConfig, generate
 from posym.errors import PosymError
+
+PRECISIONS = ("float32", "bfloat16")
+"""Training precisions, in torch's dtype names (as `--dtype` of the llm commands spells them): float32, or
+bfloat16 autocast of the forward pass and the loss."""
+LEGACY_PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
+"""The spellings runs wrote before the precision took torch's names (config.yaml `precision: fp32`): read as
+these; a run's config hash is computed with them (posym.commands.train.run_hash), so it never changes."""
 
 
 @dataclass
@@ -64,13 +71,15 @@ class TrainConfig:
     """cpu, cuda or auto (cuda when available)."""
     threads: int | None = None
     """torch CPU threads for training; null keeps torch's default."""
-    precision: Literal["fp32", "bf16"] = "fp32"
-    """fp32, or bf16: forward and loss under torch.autocast(bfloat16) (weights, AdamW moments and
-    evaluation stay fp32; CPUs with AVX-512 BF16/AMX and GPUs); docs/results.md compares the two."""
+    precision: Literal["float32", "bfloat16", "fp32", "bf16"] = "float32"
+    """float32, or bfloat16: forward and loss under torch.autocast(bfloat16) (weights, AdamW moments and
+    evaluation stay float32; CPUs with AVX-512 BF16/AMX and GPUs); docs/results.md compares the two. The
+    spellings fp32 and bf16 of earlier runs' config.yaml are read as float32 and bfloat16 (LEGACY_PRECISIONS)."""
     keep_trainer_state: bool = False
     """Keep optimizer/RNG state in every checkpoint; by default only the latest keeps it (saves disk)."""
 
     def __post_init__(self) -> None:
+        self.precision = LEGACY_PRECISIONS.get(self.precision, self.precision)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise PosymError(f"betas must be two numbers in [0, 1), got {self.betas}")
         for name in ("max_steps", "batch_size", "checkpoint_every", "eval_size", "eval_batch_size"):
@@ -89,7 +98,7 @@ class TrainConfig:
             raise PosymError(f"max_steps must be at most {MAX_STEPS:,}, got {self.max_steps}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise PosymError(f"grad_clip must be positive or null, got {self.grad_clip}")
-        if self.device not in ("cpu", "cuda", "auto"):
+        if self.device not in DEVICES:
             raise PosymError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.threads is not None and self.threads < 1:
             raise PosymError(f"threads must be a positive integer or null, got {self.threads}")
@@ -256,7 +265,7 @@ def optimizer_update(model, optimizer, config: TrainConfig, step: int, loss):
 def train_step(model, optimizer, config: TrainConfig, step: int, ids, answer):
     """One optimizer update on a batch ([B, seq] ids, [B] answers); returns the (detached) loss.
 
-    With precision bf16 the forward pass and the loss run under bfloat16 autocast (matmuls in bf16,
+    With precision bfloat16 the forward pass and the loss run under bfloat16 autocast (matmuls in bf16,
     softmax/LayerNorm/cross-entropy in fp32, as torch's autocast lists say); the backward pass
     follows the forward's dtypes and AdamW updates the fp32 weights. No loss scaling: bf16 has fp32's
     exponent range.
@@ -266,7 +275,7 @@ def train_step(model, optimizer, config: TrainConfig, step: int, ids, answer):
     import torch
     import torch.nn.functional as F
 
-    autocast = (torch.autocast(ids.device.type, dtype=torch.bfloat16) if config.precision == "bf16"
+    autocast = (torch.autocast(ids.device.type, dtype=torch.bfloat16) if config.precision == "bfloat16"
                 else contextlib.nullcontext())
     with autocast:
         loss = F.cross_entropy(last_logits(model, ids).float(), answer)

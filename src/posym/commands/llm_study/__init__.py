@@ -38,7 +38,8 @@ from posym.commands.llm_study import prediction
 from posym.commands.llm_study.report import JOB, build_study_report
 from posym.core.discrepancy import head_gaps
 from posym.core.geometry import channel_means, frequency_use, plane_scores
-from posym.core.interventions import ablated, head_means
+from posym.core.interventions import ABLATION_MODES, ablated, head_means
+from posym.core.paper import GAMMAS, TAU
 from posym.core.retention import group_retention, head_retention
 from posym.core.scores import score_model, summarize_heads
 from posym.core.study import (
@@ -76,9 +77,9 @@ class StudyConfig:
     """Number and letter prompts scored in stage 1 and asked in stage 6."""
     bench_size: int = 12
     """Target-window size of the stage-1 and stage-6 Appendix H prompts."""
-    tau: float = 1e-4
+    tau: float = TAU
     """Temperature of the swap weights (posym.core.scores.swap_scores)."""
-    gammas: list[float] = field(default_factory=lambda: [0.1, 0.05])
+    gammas: list[float] = field(default_factory=lambda: list(GAMMAS))
     """Purity thresholds of the head labels (footnote 3 of 2605 uses 0.1)."""
     exclude_keys: list[int] | None = None
     """Key positions left out of the swaps in the sink-free scores; None finds the sinks of each prompt
@@ -99,7 +100,7 @@ class StudyConfig:
     """Questions per run and size of the benchmark."""
     ablation_ks: list[int] = field(default_factory=lambda: [1, 4, 16])
     """Sizes k of the ablated head groups."""
-    ablation_modes: list[str] = field(default_factory=lambda: ["zero", "mean"])
+    ablation_modes: list[str] = field(default_factory=lambda: list(ABLATION_MODES))
     """Ablation modes (posym.core.interventions.ablated)."""
     seed: int = 0
     """Seed of every prompt set and of the random head groups."""
@@ -117,7 +118,7 @@ class StudyConfig:
             raise PosymError("frequency_prompts cannot exceed n_binding (stage 3 reuses the binding prompts)")
         if any(k < 1 for k in self.ablation_ks) or not self.ablation_ks:
             raise PosymError(f"ablation_ks must be positive head counts, got {self.ablation_ks}")
-        if any(m not in ("zero", "mean") for m in self.ablation_modes) or not self.ablation_modes:
+        if any(m not in ABLATION_MODES for m in self.ablation_modes) or not self.ablation_modes:
             raise PosymError(f"ablation_modes must be zero and/or mean, got {self.ablation_modes}")
         if any(not 0 < g < 0.5 for g in self.gammas) or not self.gammas:
             raise PosymError(f"gammas must lie in (0, 0.5), got {self.gammas}")

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from posym.core.interventions import ablated, head_means
+from posym.core.interventions import ABLATION_MODES, ablated, head_means
+from posym.core.paper import GAMMA, TAU
 from posym.core.retention import RANDOM, base_tracking, head_measures, matched_random
 from posym.core.scores import score_model, summarize_heads
 from posym.core.stats import (
@@ -119,7 +120,7 @@ class PredictionConfig:
             raise PosymError(f"causal_factors {self.causal_factors} must be among factors {self.factors}")
         if not self.causal_ks or min(self.causal_ks) < 1:
             raise PosymError(f"causal_ks must be positive head counts, got {self.causal_ks}")
-        if any(m not in ("zero", "mean") for m in self.causal_modes) or not self.causal_modes:
+        if any(m not in ABLATION_MODES for m in self.causal_modes) or not self.causal_modes:
             raise PosymError(f"causal_modes must be zero and/or mean, got {self.causal_modes}")
         if not 0 < self.min_accuracy <= 1:
             raise PosymError(f"min_accuracy must lie in (0, 1], got {self.min_accuracy}")
@@ -279,7 +280,7 @@ def families(fmt: str, config: PredictionConfig) -> dict[str, LengthFamily]:
                                            ("marked", "between", True))}
 
 
-def score_heads(model, prompts: list[LengthPrompt], *, gamma: float = 0.1, tau: float = 1e-4):
+def score_heads(model, prompts: list[LengthPrompt], *, gamma: float = GAMMA, tau: float = TAU):
     """Every head's plain and sink-free scores at the last token of base-length prompts: rows of
     `summarize_heads` with a `variant` column ('plain', 'sink-free') and the sinks found."""
     import pandas as pd

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from posym import io
 from posym.commands.explore import EXPLORER, explore
@@ -19,9 +20,13 @@ from posym.commands.llm_study.prediction import (
     plot_retention,
 )
 from posym.core.stats import wilson_interval
+from posym.core.study import pearson
 from posym.errors import PosymError
 from posym.figures import plot_heads, save_figure, subplots
 from posym.stages import is_done
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 JOB = "study"
 """The job name of `posym llm-study`'s done-files (stages/study-<stage>.done.json)."""
@@ -66,7 +71,7 @@ def _figure(stem: Path, out: Path, title: str, caption: str) -> dict:
 # ---- figures ------------------------------------------------------------------------------------
 
 
-def plot_profile(layers, stem) -> list[Path]:
+def plot_profile(layers) -> Figure:
     """Median s_pos (solid) and s_sym (dashed) per layer, one colour per prompt set."""
     fig, ax = subplots(figsize=(8, 4))
     for k, (name, rows) in enumerate(layers.groupby("set", sort=False)):
@@ -75,20 +80,20 @@ def plot_profile(layers, stem) -> list[Path]:
         ax.plot(rows.layer, rows.median_s_sym, "s--", color=color, ms=3, label=f"{name} s_sym")
     ax.set(xlabel="layer", ylabel="median over heads", ylim=(-0.05, 1.05), title="layer profile")
     ax.legend(fontsize=7, ncol=2)
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_behaviour(both, correlation: dict, stem) -> list[Path]:
+def plot_behaviour(both, correlation: dict) -> Figure:
     """Behaviour (s_pos - s_sym) against weighted frequency ID, one dot per head, coloured by layer."""
     fig, ax = subplots(figsize=(6.5, 4.2))
     dots = ax.scatter(both.weighted_id, both.behaviour, c=both.layer, cmap="plasma", s=14)
     fig.colorbar(dots, ax=ax, label="layer")
     ax.set(xlabel="weighted frequency ID (1 = fastest plane)", ylabel="s_pos - s_sym", ylim=(-1.05, 1.05),
            title=f"Pearson r = {correlation['pearson']:.2f}, Spearman rho = {correlation['spearman']:.2f}")
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_gaps(gaps, stem) -> list[Path]:
+def plot_gaps(gaps) -> Figure:
     """Median gap per head against length (log-log) with Theorem 3.2's Index bound at the head's
     dominant frequency (dotted, unit-norm q and k); one panel per group."""
     groups = list(gaps.groupby("group", sort=False))
@@ -101,10 +106,10 @@ def plot_gaps(gaps, stem) -> list[Path]:
         ax.set(xscale="log", yscale="log", xlabel="prompt length (tokens)", ylabel="top-1 minus top-2 logit",
                title=f"most {group} heads")
         ax.legend(fontsize=7)
-    return save_figure(fig, stem)
+    return fig
 
 
-def plot_ablation(summary, stem) -> list[Path]:
+def plot_ablation(summary) -> Figure:
     """Accuracy against k per ablated group, one panel per (prompt set, mode), bars = standard error
     over prompts; k = 0 is the intact model."""
     panels = list(summary[summary.k > 0].groupby(["set", "mode"]))
@@ -118,7 +123,7 @@ def plot_ablation(summary, stem) -> list[Path]:
         ax.set(title=f"{name}, {mode}-ablation", xlabel="heads ablated (k)", ylim=(-0.05, 1.05))
     axes[0, 0].set_ylabel("accuracy (whole answer)")
     axes[0, -1].legend(fontsize=7)
-    return save_figure(fig, stem)
+    return fig
 
 
 # ---- sections -----------------------------------------------------------------------------------
@@ -144,7 +149,7 @@ def _sections(out: Path) -> list[dict]:
                                + "; ".join(f"{k}: {v or 'none'}" for k, v in sinks.items()))
         for variant, rows in heads[heads.set == "binding-last"].groupby("variant", sort=False):
             stem = out / "figures" / f"heads-{variant.replace(' ', '-')}"
-            save_figure(plot_heads(rows, rows.s_pos.corr(rows.s_sym) if rows.s_pos.nunique() > 1 else float("nan")), stem)
+            save_figure(plot_heads(rows, pearson(rows.s_pos, rows.s_sym)), stem)
             scores["figures"].append(_figure(stem, out, f"Layer x head maps, binding prompts, last token ({variant})",
                                              "s_pos and s_sym of every head, and the heads in the (s_pos, s_sym) plane."))
         counts = heads.groupby(["set", "variant", "label"]).size().unstack(fill_value=0).reset_index()
@@ -158,7 +163,7 @@ def _sections(out: Path) -> list[dict]:
                                                "pearson_r", "mean_attn_first", "sink_label_changes"]))
         profile["texts"].append(f"2511.11579 (Gemma-2-2b-it): median s_pos {GEMMA_HALVES[0]} in the early half of the "
                                 f"layers vs {GEMMA_HALVES[1]} in the late half.")
-        plot_profile(io.read_parquet(out / "profile" / "layers.parquet"), out / "figures" / "profile")
+        save_figure(plot_profile(io.read_parquet(out / "profile" / "layers.parquet")), out / "figures" / "profile")
         halves = "; ".join(f"{k}: {v['early_s_pos']:.2f} vs {v['late_s_pos']:.2f}" for k, v in summary.items()
                            if v.get("early_s_pos") is not None)
         profile["figures"].append(_figure(out / "figures" / "profile", out, "Layer profile",
@@ -180,7 +185,8 @@ def _sections(out: Path) -> list[dict]:
     frequency = section("Frequency", "frequency")
     if _has(out, "frequency"):
         info = io.read_json_object(out / "frequency" / "frequency.json")
-        plot_behaviour(io.read_parquet(out / "frequency" / "behaviour.parquet"), info, out / "figures" / "behaviour")
+        save_figure(plot_behaviour(io.read_parquet(out / "frequency" / "behaviour.parquet"), info),
+                    out / "figures" / "behaviour")
         frequency["texts"].append(f"Weighting: {info['weighting']}. Mean weighted frequency ID {info['mean_weighted_id']:.2f} "
                                   f"(uniform weighting: {info['uniform_weighted_id']:.1f}); over {info['heads']} heads, "
                                   f"Pearson r = {info['pearson']:.3f}, Spearman rho = {info['spearman']:.3f}.")
@@ -191,7 +197,7 @@ def _sections(out: Path) -> list[dict]:
                                             "slow ones, i.e. a negative correlation (no coefficient given)."))
     discrepancy = section("Discrepancy", "discrepancy")
     if _has(out, "discrepancy"):
-        plot_gaps(io.read_parquet(out / "discrepancy" / "gaps.parquet"), out / "figures" / "gaps")
+        save_figure(plot_gaps(io.read_parquet(out / "discrepancy" / "gaps.parquet")), out / "figures" / "gaps")
         info = io.read_json_object(out / "discrepancy" / "discrepancy.json")
         discrepancy["figures"].append(_figure(out / "figures" / "gaps", out, "Discrepancy by length",
                                               f"Median gap over prompts; dotted: {info['bound']}."))
@@ -207,7 +213,7 @@ def _sections(out: Path) -> list[dict]:
     ablation = section("Ablation", "ablation")
     if _has(out, "ablation"):
         summary = io.read_parquet(out / "ablation" / "ablation_summary.parquet")
-        plot_ablation(summary, out / "figures" / "ablation")
+        save_figure(plot_ablation(summary), out / "figures" / "ablation")
         ablation["figures"].append(_figure(out / "figures" / "ablation", out, "Ablation effects",
                                            "Top-k positional, top-k symbolic and k random heads (binding, last token)."))
         ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "sem", "prompts"]))
