@@ -34,8 +34,10 @@ def main() -> None:
     args = parser.parse_args()
     load = os.getloadavg()
     model = models.load("smollm2-135m").model
-    prompts = [torch.randint(100, 4000, (1, args.tokens), generator=torch.Generator().manual_seed(k))
-               for k in range(args.passes)]
+    prompts = [
+        torch.randint(100, 4000, (1, args.tokens), generator=torch.Generator().manual_seed(k))
+        for k in range(args.passes)
+    ]
 
     def last(ids):
         with torch.no_grad():
@@ -51,15 +53,25 @@ def main() -> None:
     there = forked_map(last, prompts, workers=workers)
     forked = time.perf_counter() - start
     diff = max(float((a - b).abs().max()) for a, b in zip(here, there))
-    io.write_json(OUTPUT, {
-        **benchmark_header(threads, load),
-        "model": "SmolLM2-135M-Instruct (smollm2-135m, float32)", "passes": args.passes, "tokens": args.tokens,
-        "one_process_seconds": round(one_process, 2), "one_process_threads": threads,
-        "forked_seconds": round(forked, 2), "forked_workers": workers, "speedup": round(one_process / forked, 3),
-        "max_logit_difference": diff,
-    })
-    print(f"{OUTPUT}: one process x {threads} threads {one_process:.1f} s, {workers} forked x 1 thread "
-          f"{forked:.1f} s ({one_process / forked:.2f}x), logits differ by {diff:.2g}")
+    io.write_json(
+        OUTPUT,
+        {
+            **benchmark_header(threads, load),
+            "model": "SmolLM2-135M-Instruct (smollm2-135m, float32)",
+            "passes": args.passes,
+            "tokens": args.tokens,
+            "one_process_seconds": round(one_process, 2),
+            "one_process_threads": threads,
+            "forked_seconds": round(forked, 2),
+            "forked_workers": workers,
+            "speedup": round(one_process / forked, 3),
+            "max_logit_difference": diff,
+        },
+    )
+    print(
+        f"{OUTPUT}: one process x {threads} threads {one_process:.1f} s, {workers} forked x 1 thread "
+        f"{forked:.1f} s ({one_process / forked:.2f}x), logits differ by {diff:.2g}"
+    )
 
 
 if __name__ == "__main__":

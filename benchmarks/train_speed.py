@@ -53,8 +53,12 @@ def main() -> None:
     parser.add_argument("--task", default="number")
     parser.add_argument("--steps", type=int, default=60, help="steps per timed block")
     parser.add_argument("--blocks", type=int, default=4, help="timed blocks per loop (alternating)")
-    parser.add_argument("--compare", choices=("plain", "bf16"), default="plain",
-                        help="plain: posym vs a plain HF loop; bf16: posym fp32 vs posym bf16 autocast")
+    parser.add_argument(
+        "--compare",
+        choices=("plain", "bf16"),
+        default="plain",
+        help="plain: posym vs a plain HF loop; bf16: posym fp32 vs posym bf16 autocast",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the preset's)")
     parser.add_argument("--json", help="where the results go (default docs/benchmarks/train_speed[_bf16].json)")
@@ -64,12 +68,17 @@ def main() -> None:
     config = resolve_config(args.preset, args.task, overrides=overrides)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    batches = [tuple(torch.as_tensor(a).to(args.device)
-                     for a in train_batch(config.task, s, config.batch_size, config.seed)) for s in range(args.steps)]
+    batches = [
+        tuple(torch.as_tensor(a).to(args.device) for a in train_batch(config.task, s, config.batch_size, config.seed))
+        for s in range(args.steps)
+    ]
     if args.compare == "plain":
         contenders = (("posym", train_step, config), ("plain", plain_step, config))
     else:
-        contenders = (("fp32", train_step, config), ("bf16", train_step, dataclasses.replace(config, precision="bfloat16")))
+        contenders = (
+            ("fp32", train_step, config),
+            ("bf16", train_step, dataclasses.replace(config, precision="bfloat16")),
+        )
     loops = {}
     for name, step_fn, cfg in contenders:
         model = build_model(cfg.model, cfg.task.vocab_size, cfg.seed).to(args.device)
@@ -91,14 +100,26 @@ def main() -> None:
     (a, _, _), (b, _, _) = contenders
     ratio = rate[a] / rate[b] if args.compare == "plain" else rate[b] / rate[a]
     path = args.json or f"docs/benchmarks/train_speed{'' if args.compare == 'plain' else '_bf16'}.json"
-    write_json(path, {**benchmark_header(torch.get_num_threads(), load_at_start), "benchmark": "benchmarks/train_speed.py",
-                      "settings": vars(args), "batch_size": config.batch_size, "steps_each": total,
-                      **{f"{name}_steps_per_s": r for name, r in rate.items()},
-                      ("ratio" if args.compare == "plain" else "ratio_bf16_over_fp32"): ratio})
-    print(f"{args.preset}/{args.task}, batch {config.batch_size}, {args.device}, {torch.get_num_threads()} thread(s), "
-          f"{total} steps each")
-    print(f"{a} {rate[a]:.2f} steps/s   {b} {rate[b]:.2f} steps/s   "
-          + (f"ratio posym / plain {ratio:.3f}" if args.compare == "plain" else f"ratio bf16 / fp32 {ratio:.3f}"))
+    write_json(
+        path,
+        {
+            **benchmark_header(torch.get_num_threads(), load_at_start),
+            "benchmark": "benchmarks/train_speed.py",
+            "settings": vars(args),
+            "batch_size": config.batch_size,
+            "steps_each": total,
+            **{f"{name}_steps_per_s": r for name, r in rate.items()},
+            ("ratio" if args.compare == "plain" else "ratio_bf16_over_fp32"): ratio,
+        },
+    )
+    print(
+        f"{args.preset}/{args.task}, batch {config.batch_size}, {args.device}, {torch.get_num_threads()} thread(s), "
+        f"{total} steps each"
+    )
+    print(
+        f"{a} {rate[a]:.2f} steps/s   {b} {rate[b]:.2f} steps/s   "
+        + (f"ratio posym / plain {ratio:.3f}" if args.compare == "plain" else f"ratio bf16 / fp32 {ratio:.3f}")
+    )
     print(f"wrote {path}")
 
 

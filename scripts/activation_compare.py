@@ -65,8 +65,10 @@ def compare(root: Path, step: int, lengths: list[int], n: int) -> pd.DataFrame:
         table.insert(1, "seed", seed)
         table["test_acc"] = read_checkpoint_meta(at)["metrics"]["acc"]
         parts.append(table)
-        print(f"{activation} seed {seed} step {step}: " + ", ".join(
-            f"{r.length}: {r.acc:.3f}" for r in table[table.hop == 0].itertuples()))
+        print(
+            f"{activation} seed {seed} step {step}: "
+            + ", ".join(f"{r.length}: {r.acc:.3f}" for r in table[table.hop == 0].itertuples())
+        )
     return pd.concat(parts, ignore_index=True)
 
 

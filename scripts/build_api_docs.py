@@ -31,8 +31,12 @@ def build(out: Path) -> list[Path]:
     # the root's children by name: pdoc follows only __all__ of a package that defines one (the root does),
     # and every submodule of one that does not (core, commands, cli)
     modules = ["posym", *(f"posym.{m.name}" for m in pkgutil.iter_modules(posym.__path__) if m.name != "__main__")]
-    pdoc.render.configure(docformat="google", footer_text="posym API reference (generated from the docstrings)",
-                          search=True, show_source=True)
+    pdoc.render.configure(
+        docformat="google",
+        footer_text="posym API reference (generated from the docstrings)",
+        search=True,
+        show_source=True,
+    )
     pdoc.pdoc(*modules, output_directory=out)
     return sorted(out.rglob("*.html"))
 

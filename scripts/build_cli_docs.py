@@ -66,7 +66,9 @@ def _kind(param, ctx) -> str:
         kind = "`" + param.metavar.replace("|", "\\|") + "`"
     else:
         kind = param.bare_type() if descriptor.is_ranged else param.display_type(ctx).strip("<>")
-    bounds = ([f">= {param.min}"] if param.min is not None else []) + ([f"<= {param.max}"] if param.max is not None else [])
+    bounds = ([f">= {param.min}"] if param.min is not None else []) + (
+        [f"<= {param.max}"] if param.max is not None else []
+    )
     return kind + (f" ({', '.join(bounds)})" if bounds else "") + (", repeatable" if param.multiple else "")
 
 
@@ -105,11 +107,13 @@ def table(command) -> str:
 
 def render(text: str, found: dict) -> str:
     """A page's text with every options block refilled; a block of an unknown command is an error."""
+
     def fill(match):
         name = match.group("name")
         if name not in found:
             raise SystemExit(f"an options block names {name!r}, which is not a posym command")
         return match.group(1) + table(found[name]) + match.group(4)
+
     return BLOCK.sub(fill, text)
 
 

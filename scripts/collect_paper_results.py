@@ -106,16 +106,21 @@ def collect(root: Path, presets=("paper", "seed")) -> dict[str, pd.DataFrame]:
             if (run / relative).is_file():
                 parts["lengthgen"].append(_tagged(pd.read_parquet(run / relative), keys, checkpoint=checkpoint))
     tables = {kind: pd.concat(frames, ignore_index=True) for kind, frames in parts.items() if frames}
-    return tables | {kind: pd.read_parquet(root / relative) for kind, relative in THEORY.items()
-                     if (root / relative).is_file()}
+    return tables | {
+        kind: pd.read_parquet(root / relative) for kind, relative in THEORY.items() if (root / relative).is_file()
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, help="the RUNS directory of scripts/paper_seeds.sh")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "paper")
-    parser.add_argument("--presets", default="paper,seed", help="comma-separated: paper, seed or variants of "
-                        f"scripts/paper_variants.py ({', '.join(v for v in VARIANTS if v != 'paper')})")
+    parser.add_argument(
+        "--presets",
+        default="paper,seed",
+        help="comma-separated: paper, seed or variants of "
+        f"scripts/paper_variants.py ({', '.join(v for v in VARIANTS if v != 'paper')})",
+    )
     args = parser.parse_args()
     if not args.runs.is_dir():
         sys.exit(f"{args.runs} is not a directory")
@@ -132,7 +137,9 @@ def main() -> None:
         if kind in THEORY:
             print(f"{kind}: {len(frame)} rows from {THEORY[kind]}")
             continue
-        present[kind] = sorted({f"{p}-s{s}/{t}" for p, s, t in frame[["preset", "seed", "task"]].itertuples(index=False)})
+        present[kind] = sorted(
+            {f"{p}-s{s}/{t}" for p, s, t in frame[["preset", "seed", "task"]].itertuples(index=False)}
+        )
         print(f"{kind}: {len(frame)} rows from {', '.join(present[kind])}")
     write_json(args.out / "runs.json", {"runs": present, "theory": sorted(set(tables) & set(THEORY))})
 

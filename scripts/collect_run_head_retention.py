@@ -42,8 +42,10 @@ def collect(run: Path) -> dict[str, pd.DataFrame]:
         heads.append(pd.read_parquet(lengthgen / "head_retention.parquet").assign(task=task))
         groups.append(pd.read_parquet(lengthgen / "head_groups.parquet").assign(task=task, step=step))
     first = lambda frame, cols: frame[cols + [c for c in frame.columns if c not in cols]]  # noqa: E731
-    return {"head_retention": first(pd.concat(heads, ignore_index=True), ["task"]),
-            "head_groups": first(pd.concat(groups, ignore_index=True), ["task", "step"])}
+    return {
+        "head_retention": first(pd.concat(heads, ignore_index=True), ["task"]),
+        "head_groups": first(pd.concat(groups, ignore_index=True), ["task", "step"]),
+    }
 
 
 def main() -> None:

@@ -59,15 +59,24 @@ def extra_mass(model, samples, extra: int) -> pd.DataFrame:
     records = []
     for batch, results in scan(model, list(samples.input_ids), queries, work):
         for found in results:
-            records += [{"question": batch[row], "query": p, "layer": layer, "mass": m,
-                         "role": "last" if p == last[batch[row]] else "pointer"} for row, p, layer, m in found]
+            records += [
+                {
+                    "question": batch[row],
+                    "query": p,
+                    "layer": layer,
+                    "mass": m,
+                    "role": "last" if p == last[batch[row]] else "pointer",
+                }
+                for row, p, layer, m in found
+            ]
     return pd.DataFrame(records)
 
 
 def answered(model, samples, batch_size: int = 64):
     """[n] bool: the model's next token after each question is its answer."""
-    return np.concatenate([(logits.argmax(-1) == answer).cpu().numpy()
-                           for logits, answer in answer_logits(model, samples, batch_size)])
+    return np.concatenate(
+        [(logits.argmax(-1) == answer).cpu().numpy() for logits, answer in answer_logits(model, samples, batch_size)]
+    )
 
 
 def measure(run: Path, lengths: list[int], n: int) -> pd.DataFrame:
@@ -83,9 +92,11 @@ def measure(run: Path, lengths: list[int], n: int) -> pd.DataFrame:
         mass = extra_mass(model, samples, extra)
         mass["correct"] = correct[mass.question.to_numpy()]
         mass["hops"] = samples.hops[mass.question.to_numpy()]
-        frames.append(mass.groupby(["layer", "role", "hops", "correct"], as_index=False).agg(
-            mass=("mass", "mean"), pairs=("mass", "size")).assign(length=length, extra=extra,
-                                                                   accuracy=float(correct.mean()), step=info["step"]))
+        frames.append(
+            mass.groupby(["layer", "role", "hops", "correct"], as_index=False)
+            .agg(mass=("mass", "mean"), pairs=("mass", "size"))
+            .assign(length=length, extra=extra, accuracy=float(correct.mean()), step=info["step"])
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -95,11 +106,16 @@ def main() -> None:
     parser.add_argument("--task", default="letter")
     parser.add_argument("--lengths", default="68,256,850")
     parser.add_argument("--n", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "paper" / "extra_token_attention.parquet")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "docs" / "results" / "paper" / "extra_token_attention.parquet"
+    )
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
-    frames = [measure(run, lengths, args.n).assign(**keys) for keys, run in runs(args.runs)
-              if keys["preset"] == "paper" and keys["task"] == args.task]
+    frames = [
+        measure(run, lengths, args.n).assign(**keys)
+        for keys, run in runs(args.runs)
+        if keys["preset"] == "paper" and keys["task"] == args.task
+    ]
     if not frames:
         sys.exit(f"no finished paper-preset {args.task} run under {args.runs}")
     table = pd.concat(frames, ignore_index=True)

@@ -51,8 +51,12 @@ def accuracy_figure(training: pd.DataFrame):
     for ax, task in zip(axes, TASKS):
         runs = training[(training.preset == "paper") & (training.task == task)]
         for hop in range(1, 5):
-            _seed_lines(ax, runs.pivot_table(index="step", columns="seed", values=f"acc_hop{hop}"),
-                        colors((hop - 1) / 3.5), f"{hop} hop{'s' if hop > 1 else ''}")
+            _seed_lines(
+                ax,
+                runs.pivot_table(index="step", columns="seed", values=f"acc_hop{hop}"),
+                colors((hop - 1) / 3.5),
+                f"{hop} hop{'s' if hop > 1 else ''}",
+            )
         ax.axhline(0.95, color="grey", ls=":", lw=1)
         ax.set(title=_seeds_title(runs, task), xlabel="training step", ylim=(-0.02, 1.02))
     axes[0].set_ylabel("test accuracy (mean thick, seeds thin)")
@@ -64,8 +68,12 @@ def accuracy_figure(training: pd.DataFrame):
 def roles_figure(composition: pd.DataFrame):
     fig, axes = subplots(2, len(ROLES), figsize=(14, 6.4), sharex=True, sharey=True)
     for row, task in enumerate(TASKS):
-        runs = composition[(composition.preset == "paper") & (composition.task == task) & (composition.stage == "end")
-                           & (composition.gamma == GAMMA)]
+        runs = composition[
+            (composition.preset == "paper")
+            & (composition.task == task)
+            & (composition.stage == "end")
+            & (composition.gamma == GAMMA)
+        ]
         for ax, role in zip(axes[row], ROLES):
             heads = runs[runs.query_mode == role]
             for score, color in (("s_pos", "tab:blue"), ("s_sym", "tab:orange")):
@@ -74,14 +82,19 @@ def roles_figure(composition: pd.DataFrame):
                 for layer in paper.FIG7_LABELS[GAMMA][task][kind]:  # the paper's Fig. 7 labels, shaded behind ours
                     ax.axvspan(layer - 0.5, layer + 0.5, color=color, alpha=0.08, lw=0)
             ax.axhline(GAMMA, color="grey", ls=":", lw=1)
-            ax.set(title=f"{task}, {role} queries" if role != "hops" else _seeds_title(runs, task) + ", hop queries",
-                   ylim=(-0.03, 1.03), xticks=range(0, int(runs.layer.max()) + 1))
+            ax.set(
+                title=f"{task}, {role} queries" if role != "hops" else _seeds_title(runs, task) + ", hop queries",
+                ylim=(-0.03, 1.03),
+                xticks=range(0, int(runs.layer.max()) + 1),
+            )
         axes[row, 0].set_ylabel("score at the last step")
     for ax in axes[-1]:
         ax.set_xlabel("layer")
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"Fig. 7 over seeds: pure positional when s_sym <= {GAMMA}, pure symbolic when s_pos <= {GAMMA} "
-                 "(dotted); shading: the paper's labels")
+    fig.suptitle(
+        f"Fig. 7 over seeds: pure positional when s_sym <= {GAMMA}, pure symbolic when s_pos <= {GAMMA} "
+        "(dotted); shading: the paper's labels"
+    )
     return fig
 
 
@@ -91,8 +104,12 @@ def frequency_figure(geometry: pd.DataFrame):
     for ax, task in zip(axes, TASKS):
         runs = geometry[(geometry.preset == "paper") & (geometry.task == task)]
         for k, weighting in enumerate(WEIGHTINGS):
-            _seed_lines(ax, runs.pivot_table(index="layer", columns="seed", values=f"weighted_id_{weighting}"),
-                        colors(k), weighting)
+            _seed_lines(
+                ax,
+                runs.pivot_table(index="layer", columns="seed", values=f"weighted_id_{weighting}"),
+                colors(k),
+                weighting,
+            )
         ax.plot(range(len(paper.TABLE1[task])), paper.TABLE1[task], "ks--", ms=4, label="paper (Table 1)")
         ax.axhline(runs.uniform_id.iloc[0], color="grey", ls=":", lw=1, label="uniform use")
         ax.set(title=_seeds_title(runs, task), xlabel="layer", xticks=range(len(paper.TABLE1[task])))
@@ -105,12 +122,17 @@ def frequency_figure(geometry: pd.DataFrame):
 def length_figure(lengthgen: pd.DataFrame):
     fig, axes = subplots(1, 2, figsize=(11, 3.6), sharey=True)
     for ax, task in zip(axes, TASKS):
-        runs = lengthgen[(lengthgen.preset == "paper") & (lengthgen.protocol == "paper") & (lengthgen.task == task)
-                         & (lengthgen.hop == 0)]
+        runs = lengthgen[
+            (lengthgen.preset == "paper")
+            & (lengthgen.protocol == "paper")
+            & (lengthgen.task == task)
+            & (lengthgen.hop == 0)
+        ]
         for checkpoint, color in (("last", "tab:blue"), ("best", "tab:green")):
             chosen = runs[runs.checkpoint == checkpoint]
-            _seed_lines(ax, chosen.pivot_table(index="length", columns="seed", values="acc"), color,
-                        f"{checkpoint} checkpoint")
+            _seed_lines(
+                ax, chosen.pivot_table(index="length", columns="seed", values="acc"), color, f"{checkpoint} checkpoint"
+            )
         lengths = sorted(runs.length.unique())
         ax.set_xscale("log")
         ax.set_xticks(lengths, spaced_tick_labels(lengths))
@@ -125,8 +147,12 @@ def length_figure(lengthgen: pd.DataFrame):
     return fig
 
 
-FIGURES = {"fig2a_seeds": ("training", accuracy_figure), "fig7_seeds": ("composition", roles_figure),
-           "table1_seeds": ("geometry", frequency_figure), "fig5b_seeds": ("lengthgen", length_figure)}
+FIGURES = {
+    "fig2a_seeds": ("training", accuracy_figure),
+    "fig7_seeds": ("composition", roles_figure),
+    "table1_seeds": ("geometry", frequency_figure),
+    "fig5b_seeds": ("lengthgen", length_figure),
+}
 """Figure stem -> (the committed table it reads, the function drawing it)."""
 
 

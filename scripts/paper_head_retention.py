@@ -52,8 +52,7 @@ MEASURES = {"gap_q50": "median gap", "gap_mean": "mean gap"}
 RANK_LENGTHS = (68, 128)
 BLOCKS = {"L1-L4": range(1, 5), "L7-L11": range(7, 12)}
 """The number model's layer blocks of the issue: positional L1-L4 and symbolic L7-L11 (12 layers)."""
-T975 = {1: 12.706204736174707, 2: 4.302652729749464, 3: 3.182446305284263, 4: 2.7764451051977934,
-        5: 2.570581835636314}
+T975 = {1: 12.706204736174707, 2: 4.302652729749464, 3: 3.182446305284263, 4: 2.7764451051977934, 5: 2.570581835636314}
 """97.5% quantiles of Student's t by degrees of freedom (seeds - 1)."""
 
 
@@ -62,7 +61,8 @@ def labels(dynamics: pd.DataFrame) -> pd.DataFrame:
     hops = dynamics[dynamics["query_mode"] == "hops"]
     last = hops[hops["step"] == hops.groupby(["preset", "seed", "task"])["step"].transform("max")]
     return last[["preset", "seed", "task", "layer", "head", "step", "s_pos", "s_sym", LABEL]].rename(
-        columns={LABEL: "label", "step": "label_step"})
+        columns={LABEL: "label", "step": "label_step"}
+    )
 
 
 def head_table(discrepancy: pd.DataFrame, dynamics: pd.DataFrame) -> pd.DataFrame:
@@ -70,7 +70,8 @@ def head_table(discrepancy: pd.DataFrame, dynamics: pd.DataFrame) -> pd.DataFram
     (gap at L / gap at 17) and the head's label."""
     keys = ["preset", "seed", "task", "layer", "head"]
     base = discrepancy[discrepancy["length"] == BASE][keys + list(MEASURES)].rename(
-        columns={m: f"{m}_base" for m in MEASURES})
+        columns={m: f"{m}_base" for m in MEASURES}
+    )
     out = discrepancy[keys + ["length", "inputs", *MEASURES]].merge(base, on=keys, how="inner")
     for m in MEASURES:
         out[f"retention_{m[4:]}"] = out[m] / out[f"{m}_base"]
@@ -84,11 +85,16 @@ def head_table(discrepancy: pd.DataFrame, dynamics: pd.DataFrame) -> pd.DataFram
 
 def label_table(heads: pd.DataFrame) -> pd.DataFrame:
     """Per (preset, seed, task, label, length, measure): the median head retention and the head count."""
-    long = heads.melt(id_vars=["preset", "seed", "task", "label", "length", "factor", "layer", "head"],
-                      value_vars=[f"retention_{m[4:]}" for m in MEASURES], var_name="measure", value_name="retention")
+    long = heads.melt(
+        id_vars=["preset", "seed", "task", "label", "length", "factor", "layer", "head"],
+        value_vars=[f"retention_{m[4:]}" for m in MEASURES],
+        var_name="measure",
+        value_name="retention",
+    )
     long["measure"] = long["measure"].str.replace("retention_", "gap_", regex=False)
     return long.groupby(["preset", "seed", "task", "label", "length", "factor", "measure"], as_index=False).agg(
-        median_retention=("retention", "median"), heads=("retention", "size"))
+        median_retention=("retention", "median"), heads=("retention", "size")
+    )
 
 
 def seed_table(by_label: pd.DataFrame) -> pd.DataFrame:
@@ -100,10 +106,21 @@ def seed_table(by_label: pd.DataFrame) -> pd.DataFrame:
         n = len(values)
         mean, sd = float(values.mean()), float(values.std(ddof=1)) if n > 1 else math.nan
         half = T975[n - 1] * sd / math.sqrt(n) if n > 1 else math.nan
-        rows.append({**dict(zip(["preset", "task", "label", "length", "factor", "measure"], key)),
-                     "seeds": n, "seed_list": ",".join(str(s) for s in sorted(sub["seed"])), "mean": mean, "sd": sd,
-                     "min": float(values.min()), "max": float(values.max()), "lo": mean - half, "hi": mean + half,
-                     "heads_min": int(sub["heads"].min()), "heads_max": int(sub["heads"].max())})
+        rows.append(
+            {
+                **dict(zip(["preset", "task", "label", "length", "factor", "measure"], key)),
+                "seeds": n,
+                "seed_list": ",".join(str(s) for s in sorted(sub["seed"])),
+                "mean": mean,
+                "sd": sd,
+                "min": float(values.min()),
+                "max": float(values.max()),
+                "lo": mean - half,
+                "hi": mean + half,
+                "heads_min": int(sub["heads"].min()),
+                "heads_max": int(sub["heads"].max()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -119,7 +136,8 @@ def layer_table(heads: pd.DataFrame) -> pd.DataFrame:
     for m in MEASURES:
         col = f"retention_{m[4:]}"
         per_layer = sub.groupby(["preset", "seed", "length", "layer"], as_index=False).agg(
-            retention=(col, "mean"), label=("label", lambda s: "/".join(sorted(set(s)))))
+            retention=(col, "mean"), label=("label", lambda s: "/".join(sorted(set(s))))
+        )
         per_layer["rank"] = per_layer.groupby(["preset", "seed", "length"])["retention"].rank(method="min").astype(int)
         rows.append(per_layer.assign(measure=m))
     out = pd.concat(rows, ignore_index=True)
@@ -133,12 +151,21 @@ def first_table(layers: pd.DataFrame) -> pd.DataFrame:
     for (preset, seed, length, measure), sub in layers.groupby(["preset", "seed", "length", "measure"]):
         a, b = sub[sub["block"] == "L1-L4"], sub[sub["block"] == "L7-L11"]
         lowest = sub.sort_values(["rank", "layer"]).head(len(BLOCKS["L1-L4"]))
-        rows.append({"preset": preset, "seed": seed, "length": length, "measure": measure,
-                     "median_L1_L4": float(a["retention"].median()), "median_L7_L11": float(b["retention"].median()),
-                     "mean_rank_L1_L4": float(a["rank"].mean()), "mean_rank_L7_L11": float(b["rank"].mean()),
-                     "lowest_layers": ",".join(f"L{int(v)}" for v in lowest["layer"]),
-                     "L1_L4_all_below_L7_L11": bool(a["retention"].max() < b["retention"].min()),
-                     "layers": len(sub)})
+        rows.append(
+            {
+                "preset": preset,
+                "seed": seed,
+                "length": length,
+                "measure": measure,
+                "median_L1_L4": float(a["retention"].median()),
+                "median_L7_L11": float(b["retention"].median()),
+                "mean_rank_L1_L4": float(a["rank"].mean()),
+                "mean_rank_L7_L11": float(b["rank"].mean()),
+                "lowest_layers": ",".join(f"L{int(v)}" for v in lowest["layer"]),
+                "L1_L4_all_below_L7_L11": bool(a["retention"].max() < b["retention"].min()),
+                "layers": len(sub),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -149,8 +176,13 @@ def build(paper: Path = PAPER) -> dict[str, pd.DataFrame]:
     heads = head_table(discrepancy[discrepancy["preset"] == "paper"], dynamics[dynamics["preset"] == "paper"])
     by_label = label_table(heads)
     layers = layer_table(heads)
-    return {"head_retention": heads, "head_retention_labels": by_label, "head_retention_seeds": seed_table(by_label),
-            "head_retention_layers": layers, "head_retention_first": first_table(layers)}
+    return {
+        "head_retention": heads,
+        "head_retention_labels": by_label,
+        "head_retention_seeds": seed_table(by_label),
+        "head_retention_layers": layers,
+        "head_retention_first": first_table(layers),
+    }
 
 
 def main() -> None:
@@ -165,8 +197,10 @@ def main() -> None:
     view = seeds[(seeds["measure"] == "gap_q50") & seeds["length"].isin([34, 51, 68, 128, 256, 2048])]
     print("median retention of the median gap, per label, over seeds (mean [95% t interval], min-max):")
     for r in view.itertuples():
-        print(f"  {r.task:6s} {r.label:10s} {r.length:5d} ({r.factor:.1f}x): {r.mean:.2f} [{r.lo:.2f}, {r.hi:.2f}], "
-              f"seeds {r.min:.2f}-{r.max:.2f}, heads {r.heads_min}-{r.heads_max}")
+        print(
+            f"  {r.task:6s} {r.label:10s} {r.length:5d} ({r.factor:.1f}x): {r.mean:.2f} [{r.lo:.2f}, {r.hi:.2f}], "
+            f"seeds {r.min:.2f}-{r.max:.2f}, heads {r.heads_min}-{r.heads_max}"
+        )
     print("number model, which layers lose their margin first:")
     print(tables["head_retention_first"].to_string(index=False))
     print(f"wrote {', '.join(f'{name}.parquet' for name in tables)} to {args.out}")

@@ -97,8 +97,13 @@ def init_scores(dynamics: pd.DataFrame) -> list:
     per_run = start.groupby(["seed", "task"])[["s_pos", "s_sym"]].mean()
     ours = f"mean over heads at step 0: s_pos {spread(per_run.s_pos)}, s_sym {spread(per_run.s_sym)}"
     holds = bool((per_run >= 0.95).all().all())
-    return ["Fig. 2B, both tasks", "both scores ~1 at initialisation", ours, len(per_run),
-            "reproduced" if holds else "differs"]
+    return [
+        "Fig. 2B, both tasks",
+        "both scores ~1 at initialisation",
+        ours,
+        len(per_run),
+        "reproduced" if holds else "differs",
+    ]
 
 
 def pure_at_end(composition: pd.DataFrame, preset: str, task: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -116,8 +121,13 @@ def pure_first(composition: pd.DataFrame, task: str) -> list:
     late = [f"s{s} L{layer}" for (s, layer, _), ok in kept.items() if not ok]
     ours = f"pure at the max-accuracy step: {spread(fraction, 2)} of the heads pure at the end"
     ours += f" (not yet: {', '.join(late)})" if late else ""
-    return [f"Fig. 2B, {task}", "accuracy peaks only once the heads are pure", ours, count(end),
-            "reproduced" if fraction.eq(1).all() else "differs"]
+    return [
+        f"Fig. 2B, {task}",
+        "accuracy peaks only once the heads are pure",
+        ours,
+        count(end),
+        "reproduced" if fraction.eq(1).all() else "differs",
+    ]
 
 
 def entropy_with_purity(dynamics: pd.DataFrame, task: str) -> list:
@@ -127,13 +137,22 @@ def entropy_with_purity(dynamics: pd.DataFrame, task: str) -> list:
     keys = ["seed", "layer", "head", "step"]
     gap = runs[runs.query_mode == "hops"].set_index(keys).eval("abs(s_pos - s_sym)")
     entropy = runs[runs.query_mode == "last"].set_index(keys).entropy_norm.reindex(gap.index)
-    per_head = pd.DataFrame({"gap": gap.groupby(level=keys[:3]).rank(), "entropy": entropy.groupby(level=keys[:3]).rank()})
+    per_head = pd.DataFrame(
+        {"gap": gap.groupby(level=keys[:3]).rank(), "entropy": entropy.groupby(level=keys[:3]).rank()}
+    )
     correlation = per_head.groupby(level=keys[:3]).apply(lambda g: g.gap.corr(g.entropy))  # [seed, layer, head]
     medians = correlation.groupby(level="seed").median()
-    ours = (f"median rank correlation of purity gap with entropy: {spread(medians, 2)} "
-            f"(weakest head {spread(correlation.groupby(level='seed').max(), 2)})")
-    return [f"Fig. 6, {task}", "entropy falls as heads become pure", ours, len(medians),
-            "reproduced" if (medians < 0).all() else "differs"]
+    ours = (
+        f"median rank correlation of purity gap with entropy: {spread(medians, 2)} "
+        f"(weakest head {spread(correlation.groupby(level='seed').max(), 2)})"
+    )
+    return [
+        f"Fig. 6, {task}",
+        "entropy falls as heads become pure",
+        ours,
+        len(medians),
+        "reproduced" if (medians < 0).all() else "differs",
+    ]
 
 
 def labels_rows(composition: pd.DataFrame) -> list[list]:
@@ -146,27 +165,50 @@ def labels_rows(composition: pd.DataFrame) -> list[list]:
         per_seed, agree, differ = [], [], set()
         for seed, g in group.groupby("seed"):
             label = g.groupby("layer").label.first()
-            named = [f"{kind[:3]} {layer_ranges(label[label == kind].index) or '-'}" for kind in ("positional", "symbolic")]
+            named = [
+                f"{kind[:3]} {layer_ranges(label[label == kind].index) or '-'}" for kind in ("positional", "symbolic")
+            ]
             per_seed.append(f"s{seed}: " + ", ".join(named))
             compared = [layer for layer in label.index if layer in expected]
             agree.append(sum(label[layer] == expected[layer] for layer in compared))
             differ |= {layer for layer in compared if label[layer] != expected[layer]}
         if theirs is None:
-            rows.append([task, f"{gamma:g}", mode, "no per-layer labels at this gamma", "; ".join(per_seed), "-",
-                         "not compared"])
+            rows.append(
+                [
+                    task,
+                    f"{gamma:g}",
+                    mode,
+                    "no per-layer labels at this gamma",
+                    "; ".join(per_seed),
+                    "-",
+                    "not compared",
+                ]
+            )
             continue
         paper_text = f"pos {layer_ranges(theirs['positional']) or 'none'}, sym {layer_ranges(theirs['symbolic'])}"
         verdict = "reproduced" if not differ else f"differs at {layer_ranges(sorted(differ))}"
-        rows.append([task, f"{gamma:g}", mode, paper_text, "; ".join(per_seed),
-                     f"{spread(agree, 1)} of {len(expected)}", verdict])
+        rows.append(
+            [
+                task,
+                f"{gamma:g}",
+                mode,
+                paper_text,
+                "; ".join(per_seed),
+                f"{spread(agree, 1)} of {len(expected)}",
+                verdict,
+            ]
+        )
     return rows
 
 
 def share_verdict(ours: pd.Series, theirs: dict[str, float], lower_bound: bool = False) -> str:
     """'reproduced' when every share of `theirs` is met by the mean share `ours` (within the tolerance, or
     at least it for a lower bound); else the kinds that miss."""
-    off = [kind for kind, value in theirs.items()
-           if (ours.get(kind, 0.0) < value if lower_bound else abs(ours.get(kind, 0.0) - value) > paper.SHARE_TOLERANCE)]
+    off = [
+        kind
+        for kind, value in theirs.items()
+        if (ours.get(kind, 0.0) < value if lower_bound else abs(ours.get(kind, 0.0) - value) > paper.SHARE_TOLERANCE)
+    ]
     return "reproduced" if not off else "differs (" + ", ".join(off) + ")"
 
 
@@ -189,8 +231,9 @@ def fractions(composition: pd.DataFrame) -> list[list]:
                 theirs, lower = paper.fig7_shares(task, 0.1), False
                 claim = "Fig. 7 shares, "
             text = " / ".join(f"{'>= ' if lower else ''}{v * 100:.0f}% {k}" for k, v in theirs.items())
-            rows.append([f"{claim}{task} ({preset} preset)", text, ours, count(end),
-                         share_verdict(share.mean(), theirs, lower)])
+            rows.append(
+                [f"{claim}{task} ({preset} preset)", text, ours, count(end), share_verdict(share.mean(), theirs, lower)]
+            )
     return rows
 
 
@@ -211,18 +254,27 @@ def emergence_row(dynamics: pd.DataFrame, task: str = "number") -> list:
                 settled.setdefault(final, []).append(later.min())
         medians.append((seed, *(np.median(settled[k]) if k in settled else np.nan for k in (first_kind, second_kind))))
     frame = pd.DataFrame(medians, columns=["seed", first_kind, second_kind]).set_index("seed")
-    ours = (f"median step from which a head stays pure: {first_kind} {spread(frame[first_kind], 0)}, "
-            f"{second_kind} {spread(frame[second_kind], 0)}")
+    ours = (
+        f"median step from which a head stays pure: {first_kind} {spread(frame[first_kind], 0)}, "
+        f"{second_kind} {spread(frame[second_kind], 0)}"
+    )
     holds = bool((frame[first_kind] < frame[second_kind]).all())
-    return [f"Fig. 2B / 7, order of emergence, {task}", f"{first_kind} heads pure first, {second_kind} ones later",
-            ours, len(frame), "reproduced" if holds else "differs"]
+    return [
+        f"Fig. 2B / 7, order of emergence, {task}",
+        f"{first_kind} heads pure first, {second_kind} ones later",
+        ours,
+        len(frame),
+        "reproduced" if holds else "differs",
+    ]
 
 
 def frequency_rows(geometry: pd.DataFrame) -> list[list]:
     """Table 1 by blocks of layers: the paper's mean ID beside ours under each weighting; the verdict is
     the declared weighting's."""
-    blocks = {"number": {"L0-L3 (positional)": range(0, 4), "L4": range(4, 5), "L5-L11 (symbolic)": range(5, 12)},
-              "letter": {"L0": range(0, 1), "L1-L11 (symbolic)": range(1, 12)}}
+    blocks = {
+        "number": {"L0-L3 (positional)": range(0, 4), "L4": range(4, 5), "L5-L11 (symbolic)": range(5, 12)},
+        "letter": {"L0": range(0, 1), "L1-L11 (symbolic)": range(1, 12)},
+    }
     rows = []
     for task, named in blocks.items():
         runs = runs_of(geometry, "paper", task)
@@ -261,12 +313,19 @@ def qk_plane_row(qk_plane: pd.DataFrame) -> list:
     runs = runs_of(qk_plane, "paper", "number")
     offsets = offset_ids(TaskConfig("number"))  # the paper preset's task: integer ids 1..16
     found = pd.DataFrame([index_alignment(g, offsets) for _, g in runs.groupby("seed")])
-    ours = (f"layer 1, plane ID {layer_ranges(sorted(runs.frequency_id.unique()))}: key concentration "
-            f"{spread(found.key_concentration, 3)}, query concentration {spread(found.query_concentration, 2)}, "
-            f"phase error {spread(found.phase_error_deg, 1)} deg, target nearest {spread(found.target_nearest, 2)}")
+    ours = (
+        f"layer 1, plane ID {layer_ranges(sorted(runs.frequency_id.unique()))}: key concentration "
+        f"{spread(found.key_concentration, 3)}, query concentration {spread(found.query_concentration, 2)}, "
+        f"phase error {spread(found.phase_error_deg, 1)} deg, target nearest {spread(found.target_nearest, 2)}"
+    )
     holds = ((found.key_concentration >= 0.9) & (found.phase_error_deg <= 30) & (found.target_nearest >= 0.5)).all()
-    return ["Fig. 4B, number", "layer 1: keys in one direction, queries fan out by offset (T_Index)", ours,
-            len(found), "reproduced" if holds else "differs"]
+    return [
+        "Fig. 4B, number",
+        "layer 1: keys in one direction, queries fan out by offset (T_Index)",
+        ours,
+        len(found),
+        "reproduced" if holds else "differs",
+    ]
 
 
 def theory_row(theory: pd.DataFrame, bounds: pd.DataFrame) -> list:
@@ -274,11 +333,18 @@ def theory_row(theory: pd.DataFrame, bounds: pd.DataFrame) -> list:
     heads = ", ".join(f"T_{head.capitalize()} theta {g.theta.iloc[0]:.4g}" for head, g in theory.groupby("head"))
     applies = bounds[bounds.valid]  # Retrieval rows with n theta >= omega / 2 are outside the theorem
     holds = applies.delta <= applies.bound + 1e-12
-    ours = (f"{heads}: exact at n = 1..{int(theory.n.max())}, hard and softmax: {'yes' if exact else 'no'}; "
-            f"Delta <= bound at {int(holds.sum())} of the {len(applies)} (head, theta, n <= {int(bounds.n.max())}) "
-            "where the theorem applies")
-    return ["Fig. 5A, Theorem 3.2", "exact constructions; Delta under both bounds (theta 0.866 ID 2, 0.0027 ID 42)",
-            ours, "1 (deterministic)", "reproduced" if exact and holds.all() else "differs"]
+    ours = (
+        f"{heads}: exact at n = 1..{int(theory.n.max())}, hard and softmax: {'yes' if exact else 'no'}; "
+        f"Delta <= bound at {int(holds.sum())} of the {len(applies)} (head, theta, n <= {int(bounds.n.max())}) "
+        "where the theorem applies"
+    )
+    return [
+        "Fig. 5A, Theorem 3.2",
+        "exact constructions; Delta under both bounds (theta 0.866 ID 2, 0.0027 ID 42)",
+        ours,
+        "1 (deterministic)",
+        "reproduced" if exact and holds.all() else "differs",
+    ]
 
 
 def length_rows(lengthgen: pd.DataFrame) -> list[list]:
@@ -291,19 +357,30 @@ def length_rows(lengthgen: pd.DataFrame) -> list[list]:
             if runs.empty:
                 continue
             mean = runs.groupby("length").acc.mean()
-            off = [length for length, value in curve.items()
-                   if not abs(mean.get(length, np.nan) - value) <= paper.FIG5B_TOLERANCE]
+            off = [
+                length
+                for length, value in curve.items()
+                if not abs(mean.get(length, np.nan) - value) <= paper.FIG5B_TOLERANCE
+            ]
             worst = max(curve, key=lambda length: abs(mean.get(length, np.nan) - curve[length]))
-            ours = (" / ".join(f"{length}: {spread(runs[runs.length == length].acc, 2)}" for length in (128, 850))
-                    + f"; largest gap {mean.get(worst, np.nan) - curve[worst]:+.2f} at {worst}")
+            ours = (
+                " / ".join(f"{length}: {spread(runs[runs.length == length].acc, 2)}" for length in (128, 850))
+                + f"; largest gap {mean.get(worst, np.nan) - curve[worst]:+.2f} at {worst}"
+            )
             theirs = " / ".join(f"{length}: {curve[length]:.2f}" for length in (128, 850))
             verdict = "reproduced" if not off else f"differs at {', '.join(map(str, off))}"
             rows.append([f"Fig. 5B, {task}, {checkpoint} checkpoint", theirs, ours, count(runs), verdict])
     seed = lengthgen[(lengthgen.protocol == "seed") & (lengthgen.hop == 0)]
-    rules = {"letter": (f"symbolic keeps >= {paper.RETENTION['letter']:.0%} at 2x-4x",
-                        lambda r: r.min() >= paper.RETENTION["letter"]),
-             "number": (f"positional ~{paper.RETENTION['number']:.0%} at the longest (4x)",
-                        lambda r: abs(r.iloc[-1] - paper.RETENTION["number"]) <= paper.RETENTION_TOLERANCE)}
+    rules = {
+        "letter": (
+            f"symbolic keeps >= {paper.RETENTION['letter']:.0%} at 2x-4x",
+            lambda r: r.min() >= paper.RETENTION["letter"],
+        ),
+        "number": (
+            f"positional ~{paper.RETENTION['number']:.0%} at the longest (4x)",
+            lambda r: abs(r.iloc[-1] - paper.RETENTION["number"]) <= paper.RETENTION_TOLERANCE,
+        ),
+    }
     for preset in ("seed", "paper"):
         for task, (claim, rule) in rules.items():
             runs = seed[(seed.preset == preset) & (seed.task == task) & (seed.checkpoint == "last")]
@@ -312,8 +389,15 @@ def length_rows(lengthgen: pd.DataFrame) -> list[list]:
                 continue
             by_factor = runs.groupby("factor").retention
             ours = "retention at " + " / ".join(f"{f:g}x {spread(v, 2)}" for f, v in by_factor)
-            rows.append([f"retention, {task} ({preset} preset)", claim, ours, count(runs),
-                         "reproduced" if rule(by_factor.mean()) else "differs"])
+            rows.append(
+                [
+                    f"retention, {task} ({preset} preset)",
+                    claim,
+                    ours,
+                    count(runs),
+                    "reproduced" if rule(by_factor.mean()) else "differs",
+                ]
+            )
     return rows
 
 
@@ -338,21 +422,32 @@ def scoreboard(tables: dict[str, pd.DataFrame]) -> str:
         claims += length_rows(tables["lengthgen"])
     parts = [table(["claim", "paper", "ours", "n", "verdict"], claims)]
     if "composition" in tables:
-        parts.append("Fig. 7, pure heads at the end (step 6,000) per gamma and query role (pos / sym: layers "
-                     "labelled positional / symbolic in each run):\n\n"
-                     + table(["task", "gamma", "query role", "paper", "ours per run", "layers as the paper",
-                              "verdict"], labels_rows(tables["composition"])))
+        parts.append(
+            "Fig. 7, pure heads at the end (step 6,000) per gamma and query role (pos / sym: layers "
+            "labelled positional / symbolic in each run):\n\n"
+            + table(
+                ["task", "gamma", "query role", "paper", "ours per run", "layers as the paper", "verdict"],
+                labels_rows(tables["composition"]),
+            )
+        )
     if "geometry" in tables:
-        parts.append("Table 1 by blocks of layers, mean weighted frequency ID (64 planes, uniform 32.5) under "
-                     f"each weighting (the verdict: {paper.TABLE1_WEIGHTING}):\n\n" + table(["task", "layers", "paper", *WEIGHTINGS, "n", "verdict"],
-                                                   frequency_rows(tables["geometry"])))
-        parts.append("Table 1 per layer (weighted frequency ID, 64 planes, last checkpoint):\n\n"
-                     + table(["task", "weighting", *(f"L{layer}" for layer in range(12))], table1_rows(tables["geometry"])))
+        parts.append(
+            "Table 1 by blocks of layers, mean weighted frequency ID (64 planes, uniform 32.5) under "
+            f"each weighting (the verdict: {paper.TABLE1_WEIGHTING}):\n\n"
+            + table(["task", "layers", "paper", *WEIGHTINGS, "n", "verdict"], frequency_rows(tables["geometry"]))
+        )
+        parts.append(
+            "Table 1 per layer (weighted frequency ID, 64 planes, last checkpoint):\n\n"
+            + table(["task", "weighting", *(f"L{layer}" for layer in range(12))], table1_rows(tables["geometry"]))
+        )
     if "lengthgen" in tables:
         paper_preset = tables["lengthgen"][tables["lengthgen"].preset == "paper"]
-        parts += [f"Fig. 5B per length, {task} (accuracy; protocol paper = extra target tokens, seed = 2x-4x "
-                  f"the training length):\n\n" + lengths(paper_preset, task) for task in ("number", "letter")
-                  if (paper_preset.task == task).any()]
+        parts += [
+            f"Fig. 5B per length, {task} (accuracy; protocol paper = extra target tokens, seed = 2x-4x "
+            f"the training length):\n\n" + lengths(paper_preset, task)
+            for task in ("number", "letter")
+            if (paper_preset.task == task).any()
+        ]
     parts.append("Verdict rules:\n\n" + "\n".join(f"- {rule}" for rule in RULES))
     return "\n\n".join(parts)
 

@@ -70,8 +70,11 @@ def frequency(geometry: pd.DataFrame, task: str) -> str:
     runs = geometry[geometry.task == task]
     columns = [f"weighted_id_{name}" for name in WEIGHTINGS]
     per_layer = runs.groupby(["seed", "layer"])[columns].mean().reset_index()
-    rows = [[name.removeprefix("weighted_id_")] + [spread(per_layer[per_layer.layer == layer][name], 1)
-                                                   for layer in sorted(per_layer.layer.unique())] for name in columns]
+    rows = [
+        [name.removeprefix("weighted_id_")]
+        + [spread(per_layer[per_layer.layer == layer][name], 1) for layer in sorted(per_layer.layer.unique())]
+        for name in columns
+    ]
     note = f"planes {int(runs.planes.max())}, uniform baseline {runs.uniform_id.max():g}"
     return table(["weighting"] + [f"L{layer}" for layer in sorted(per_layer.layer.unique())], rows) + f"\n\n({note})"
 
@@ -88,8 +91,11 @@ def lengths(lengthgen: pd.DataFrame, task: str) -> str:
 
 def gaps(discrepancy: pd.DataFrame, task: str) -> str:
     runs = discrepancy[discrepancy.task == task]
-    rows = [[f"L{layer}"] + [spread(runs[(runs.layer == layer) & (runs.length == n)].gap_q50, 2)
-                             for n in sorted(runs.length.unique())] for layer in sorted(runs.layer.unique())]
+    rows = [
+        [f"L{layer}"]
+        + [spread(runs[(runs.layer == layer) & (runs.length == n)].gap_q50, 2) for n in sorted(runs.length.unique())]
+        for layer in sorted(runs.layer.unique())
+    ]
     return table(["layer"] + [str(n) for n in sorted(runs.length.unique())], rows)
 
 
@@ -100,14 +106,17 @@ def main() -> None:
     args = parser.parse_args()
     tables = {p.stem: pd.read_parquet(p) for p in sorted(args.dir.glob("*.parquet"))}
     tables = {k: v[v.preset == args.preset] for k, v in tables.items() if "preset" in v}  # theory's have no runs
-    sections = [("training", "Accuracy (Fig. 2A)", accuracy), ("composition", "Head labels (Fig. 7)", labels),
-                ("geometry", "Weighted frequency ID per layer (Table 1)", frequency),
-                ("lengthgen", "Accuracy by length (Fig. 5B)", lengths),
-                ("discrepancy", "Median discrepancy by length (Theorem 3.2)", gaps)]
+    sections = [
+        ("training", "Accuracy (Fig. 2A)", accuracy),
+        ("composition", "Head labels (Fig. 7)", labels),
+        ("geometry", "Weighted frequency ID per layer (Table 1)", frequency),
+        ("lengthgen", "Accuracy by length (Fig. 5B)", lengths),
+        ("discrepancy", "Median discrepancy by length (Theorem 3.2)", gaps),
+    ]
     for task in ("number", "letter"):
         if "validation" in tables:
             best = tables["validation"][tables["validation"].task == task].groupby("seed").best_step.first()
-            print(f"## {task}: best step by validation per seed: {({int(k): int(v) for k, v in best.items()})}\n")
+            print(f"## {task}: best step by validation per seed: { ({int(k): int(v) for k, v in best.items()}) }\n")
         for kind, title, render in sections:
             if kind in tables and (tables[kind].task == task).any():
                 seeds = sorted(int(s) for s in tables[kind][tables[kind].task == task].seed.unique())

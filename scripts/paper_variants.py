@@ -54,8 +54,12 @@ VARIANTS = {
     "authors": Variant("authors", "embedding dropout 0 (the authors' effective setting)"),
     "horizon": Variant("paper", "lr horizon 22,500 steps, compared at step 6,000", {"max_steps": 22500}, 6000),
     "batch64": Variant("paper", "batch 64 (one device of the authors' three)", {"batch_size": 64}),
-    "noid1": Variant("paper", "plane ID 1 not rotated (the number cliff's fast plane)",
-                     {"model": {"rope_bands": [[2, 64]]}}, tasks=("number",)),
+    "noid1": Variant(
+        "paper",
+        "plane ID 1 not rotated (the number cliff's fast plane)",
+        {"model": {"rope_bands": [[2, 64]]}},
+        tasks=("number",),
+    ),
 }
 """Variant name -> its definition; `paper` is the committed default study (docs/results/paper/)."""
 LENGTHS = tuple(paper.FIG5B["letter"])
@@ -90,9 +94,13 @@ def variants_table(default, variants) -> str:
             if name != "paper" and variants is not None:
                 rows += curve_rows(variants[variants.preset == name], task, f"{name}: {variant.what}")
         header = ["model", "checkpoint", "seeds", *(f"{n:,}" for n in LENGTHS)]
-        parts.append(f"Fig. 5B, {task} model (accuracy, all hops, 480 questions per length and seed; mean ± "
-                     f"std over seeds):\n\n" + table(header, rows))
-    missing = [name for name in VARIANTS if name != "paper" and (variants is None or not (variants.preset == name).any())]
+        parts.append(
+            f"Fig. 5B, {task} model (accuracy, all hops, 480 questions per length and seed; mean ± "
+            f"std over seeds):\n\n" + table(header, rows)
+        )
+    missing = [
+        name for name in VARIANTS if name != "paper" and (variants is None or not (variants.preset == name).any())
+    ]
     if missing:
         parts.append("Not trained yet: " + ", ".join(f"`{name}` ({VARIANTS[name].what})" for name in missing) + ".")
     return "\n\n".join(parts)
@@ -110,15 +118,23 @@ def main() -> None:
         if args.name not in VARIANTS:
             sys.exit(f"unknown variant {args.name!r}; choose one of {', '.join(VARIANTS)}")
         variant = VARIANTS[args.name]
-        print({"overrides": lambda: yaml.safe_dump(variant.overrides, default_flow_style=True).strip()
-               if variant.overrides else "", "preset": lambda: variant.preset,
-               "final": lambda: variant.final_step, "tasks": lambda: " ".join(variant.tasks)}[args.what]())
+        print(
+            {
+                "overrides": lambda: (
+                    yaml.safe_dump(variant.overrides, default_flow_style=True).strip() if variant.overrides else ""
+                ),
+                "preset": lambda: variant.preset,
+                "final": lambda: variant.final_step,
+                "tasks": lambda: " ".join(variant.tasks),
+            }[args.what]()
+        )
         return
     import pandas as pd
 
     variants = args.variants / "lengthgen.parquet"
-    block = variants_table(pd.read_parquet(args.default / "lengthgen.parquet"),
-                           pd.read_parquet(variants) if variants.is_file() else None)
+    block = variants_table(
+        pd.read_parquet(args.default / "lengthgen.parquet"), pd.read_parquet(variants) if variants.is_file() else None
+    )
     if args.write:
         from paper_scoreboard import replace_block
 

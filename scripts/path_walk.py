@@ -97,8 +97,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.add_argument("--calls", action="store_true", help="also print every call (file:function) of the walk")
-    parser.add_argument("--without", action="append", default=[], metavar="FILE",
-                        help="leave FILE (relative to the package, e.g. io.py) out of the walk; repeatable")
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="leave FILE (relative to the package, e.g. io.py) out of the walk; repeatable",
+    )
     args = parser.parse_args()
     from tiny_runs import train_tiny
 
@@ -111,8 +116,10 @@ def main() -> None:
     print(" -> ".join(result["walk"]))
     if args.calls:
         print("\n".join(calls))
-    print(f"{result['stays']} stays in {result['files']} files, {result['returns']} returns to a file already "
-          f"left, {result['climbs']} climbs up a layer")
+    print(
+        f"{result['stays']} stays in {result['files']} files, {result['returns']} returns to a file already "
+        f"left, {result['climbs']} climbs up a layer"
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ def curves(root: Path) -> pd.DataFrame:
         runs = {p: root / f"{p}-s{seed}" / "metrics.parquet" for p in ("fp32", "bf16")}
         if not all(path.is_file() for path in runs.values()):
             continue
-        fp32, bf16 = (pd.read_parquet(runs[p]).drop_duplicates("step", keep="last").set_index("step")[list(COLUMNS)]
-                      for p in ("fp32", "bf16"))
+        fp32, bf16 = (
+            pd.read_parquet(runs[p]).drop_duplicates("step", keep="last").set_index("step")[list(COLUMNS)]
+            for p in ("fp32", "bf16")
+        )
         both = fp32.merge(bf16, left_index=True, right_index=True, suffixes=("_fp32", "_bf16"))
         for name in COLUMNS:
             both[f"d_{name}"] = both[f"{name}_bf16"] - both[f"{name}_fp32"]
@@ -49,9 +51,16 @@ def verdict(table: pd.DataFrame) -> pd.DataFrame:
     """Per step reached by every seed: max |d_acc| over seeds and the fp32 seed spread of acc."""
     seeds = table.seed.nunique()
     full = table.groupby("step").filter(lambda g: len(g) == seeds)
-    return full.groupby("step").agg(max_abs_d_acc=("d_acc", lambda d: d.abs().max()),
-                                    fp32_spread=("acc_fp32", lambda a: a.max() - a.min()),
-                                    mean_acc_fp32=("acc_fp32", "mean"), mean_acc_bf16=("acc_bf16", "mean")).reset_index()
+    return (
+        full.groupby("step")
+        .agg(
+            max_abs_d_acc=("d_acc", lambda d: d.abs().max()),
+            fp32_spread=("acc_fp32", lambda a: a.max() - a.min()),
+            mean_acc_fp32=("acc_fp32", "mean"),
+            mean_acc_bf16=("acc_bf16", "mean"),
+        )
+        .reset_index()
+    )
 
 
 def main() -> None:
@@ -64,8 +73,11 @@ def main() -> None:
     summary = verdict(table)
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     within = bool((summary.max_abs_d_acc <= summary.fp32_spread + 0.01).all())
-    print(f"seeds {sorted(int(s) for s in table.seed.unique())}, common steps up to {int(summary.step.max())}: bf16 "
-          + ("within" if within else "NOT within") + " the fp32 seed spread (+0.01) at every step")
+    print(
+        f"seeds {sorted(int(s) for s in table.seed.unique())}, common steps up to {int(summary.step.max())}: bf16 "
+        + ("within" if within else "NOT within")
+        + " the fp32 seed spread (+0.01) at every step"
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CITATION = re.compile(r"docs/(?:benchmarks|results)/[\w./-]+\.(?:json|csv|md|txt)")
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[-+]?\d+)?(?![\d])", re.I)
 OPTIONS_BEGIN, OPTIONS_END = re.compile(r"<!-- options:[a-z-]+:begin -->"), re.compile(r"<!-- options:[a-z-]+:end -->")
-CLAIM = re.compile(r"\d[\d,.]*\s*(?:s|ms|min|steps/s|sequences/s|/s)(?![\w])"
-                   r"|\d[\d,.]*x\s+(?:faster|slower|one forward|the forward|posym)\b")
+CLAIM = re.compile(
+    r"\d[\d,.]*\s*(?:s|ms|min|steps/s|sequences/s|/s)(?![\w])"
+    r"|\d[\d,.]*x\s+(?:faster|slower|one forward|the forward|posym)\b"
+)
 
 
 def paragraphs(markdown: str) -> list[tuple[int, str]]:
@@ -56,6 +58,7 @@ def file_numbers(path: Path) -> list[float]:
     text = path.read_text()
     values: list[float] = []
     if path.suffix == ".json":
+
         def walk(node):
             if isinstance(node, bool):
                 return
@@ -69,6 +72,7 @@ def file_numbers(path: Path) -> list[float]:
                     walk(value)
             elif isinstance(node, str):
                 values.extend(_parse(m) for m in NUMBER.findall(node))
+
         walk(json.loads(text))
     else:
         values = [_parse(m) for m in NUMBER.findall(text)]
@@ -88,8 +92,9 @@ def _half_unit(token: str) -> float:
 
 def matches(token: str, values: list[float]) -> bool:
     target, tolerance = _parse(token), _half_unit(token) * (1 + 1e-9)
-    return any(math.isclose(abs(v), abs(target), abs_tol=tolerance) or abs(abs(v) - abs(target)) <= tolerance
-               for v in values)
+    return any(
+        math.isclose(abs(v), abs(target), abs_tol=tolerance) or abs(abs(v) - abs(target)) <= tolerance for v in values
+    )
 
 
 def check(markdown_path: Path, root: Path = ROOT) -> list[str]:
@@ -98,13 +103,17 @@ def check(markdown_path: Path, root: Path = ROOT) -> list[str]:
     name = markdown_path.name
     for line, raw in paragraphs(markdown_path.read_text()):
         cited = CITATION.findall(raw)
-        text = re.sub(r"`[^`]*`|arXiv \d+\.\d+", "", re.sub(r"\]\([^)]*\)", "]", raw))  # code, links, paper ids: no results
+        text = re.sub(
+            r"`[^`]*`|arXiv \d+\.\d+", "", re.sub(r"\]\([^)]*\)", "]", raw)
+        )  # code, links, paper ids: no results
         if not cited and text.lstrip().startswith("|") and inherited:
             cited = inherited
         inherited = cited or None
         if not cited:
             for claim in CLAIM.findall(text):
-                problems.append(f"{name}:{line}: '{' '.join(claim.split())}' is quoted without a docs/benchmarks or docs/results file")
+                problems.append(
+                    f"{name}:{line}: '{' '.join(claim.split())}' is quoted without a docs/benchmarks or docs/results file"
+                )
             continue
         missing = [c for c in cited if not (root / c).is_file()]
         if missing:

@@ -59,8 +59,15 @@ def extract_blocks(markdown: str, path: str) -> list[Block]:
                 i += 1
             above = next((lines[k] for k in range(start - 1, -1, -1) if lines[k].strip()), "")
             found = MARKER.search(above)
-            blocks.append(Block(path, start + 1, "\n".join(body) + "\n",
-                                found.group(1) if found else None, found.group(2) if found else ""))
+            blocks.append(
+                Block(
+                    path,
+                    start + 1,
+                    "\n".join(body) + "\n",
+                    found.group(1) if found else None,
+                    found.group(2) if found else "",
+                )
+            )
         i += 1
     return blocks
 
@@ -71,8 +78,10 @@ COMMAND_PAGES = ("training", "analysis", "models", "runs")
 
 def default_files(root: Path = ROOT) -> list[Path]:
     """README.md, the command pages in COMMAND_PAGES order (then any other, by name), then docs/*.md."""
-    pages = sorted((root / "docs" / "commands").glob("*.md"),
-                   key=lambda p: (COMMAND_PAGES.index(p.stem) if p.stem in COMMAND_PAGES else len(COMMAND_PAGES), p.name))
+    pages = sorted(
+        (root / "docs" / "commands").glob("*.md"),
+        key=lambda p: (COMMAND_PAGES.index(p.stem) if p.stem in COMMAND_PAGES else len(COMMAND_PAGES), p.name),
+    )
     return [root / "README.md", *pages, *sorted((root / "docs").glob("*.md"))]
 
 
@@ -88,7 +97,9 @@ def scratch_copy(root: Path, scratch: Path) -> None:
 def block_env(scratch: Path) -> dict[str, str]:
     """The environment of every block: the scratch copy's sources first on PYTHONPATH, and a `posym`
     command on PATH (a `python -m posym` shim where posym is not installed as a console script)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(scratch / "src"), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(scratch / "src"), os.environ.get("PYTHONPATH")]))
+    )
     if shutil.which("posym") is None:
         shim = scratch / ".readme-runs-bin"
         shim.mkdir(exist_ok=True)
@@ -98,8 +109,16 @@ def block_env(scratch: Path) -> dict[str, str]:
     return env
 
 
-def run_blocks(blocks: list[Block], scratch: Path, *, fast: bool, stop: bool = False,
-               timeout: float | None = None, out=sys.stdout, record: list | None = None) -> list[Block]:
+def run_blocks(
+    blocks: list[Block],
+    scratch: Path,
+    *,
+    fast: bool,
+    stop: bool = False,
+    timeout: float | None = None,
+    out=sys.stdout,
+    record: list | None = None,
+) -> list[Block]:
     """Run the blocks in order in scratch; returns those that failed (non-zero exit or timeout).
     `record`, if given, receives one dict per block: where, outcome (ok, failed, skipped), exit, seconds, reason."""
     env, failed = block_env(scratch), []
@@ -113,14 +132,22 @@ def run_blocks(blocks: list[Block], scratch: Path, *, fast: bool, stop: bool = F
         print(f"RUN  {where}\n{block.text}", end="", file=out, flush=True)
         start = time.perf_counter()
         try:
-            code = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.text], cwd=scratch, env=env,
-                                  timeout=timeout).returncode
+            code = subprocess.run(
+                ["bash", "-e", "-o", "pipefail", "-c", block.text], cwd=scratch, env=env, timeout=timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
         seconds = time.perf_counter() - start
         print(f"{'ok  ' if code == 0 else 'FAIL'} {where} exit {code}, {seconds:.1f} s", file=out, flush=True)
-        record.append({"where": where, "outcome": "ok" if code == 0 else "failed", "exit": code,
-                       "seconds": round(seconds, 1), "marker": block.marker})
+        record.append(
+            {
+                "where": where,
+                "outcome": "ok" if code == 0 else "failed",
+                "exit": code,
+                "seconds": round(seconds, 1),
+                "marker": block.marker,
+            }
+        )
         if code != 0:
             failed.append(block)
             if stop:
@@ -130,7 +157,9 @@ def run_blocks(blocks: list[Block], scratch: Path, *, fast: bool, stop: bool = F
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default README.md, docs/commands/*.md, docs/*.md)")
+    parser.add_argument(
+        "files", nargs="*", type=Path, help="Markdown files (default README.md, docs/commands/*.md, docs/*.md)"
+    )
     parser.add_argument("--scratch", type=Path, help="scratch directory (default a new temporary one, kept)")
     parser.add_argument("--stop", action="store_true", help="stop at the first failing block")
     parser.add_argument("--timeout", type=float, help="seconds allowed per block")
@@ -146,18 +175,33 @@ def main(argv: list[str] | None = None) -> int:
     start, load, record = time.perf_counter(), os.getloadavg(), []
     failed = run_blocks(blocks, scratch, fast=fast, stop=args.stop, timeout=args.timeout, record=record)
     wall = time.perf_counter() - start
-    print(f"{len(failed)} failed of {len(blocks)} blocks, {wall:.0f} s wall"
-          + "".join(f"\n  {b.path}:{b.line}" for b in failed))
+    print(
+        f"{len(failed)} failed of {len(blocks)} blocks, {wall:.0f} s wall"
+        + "".join(f"\n  {b.path}:{b.line}" for b in failed)
+    )
     if args.json:
         sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "src")]
         from record import benchmark_header
         from posym.io import write_json
 
         counts = {o: sum(r["outcome"] == o for r in record) for o in ("ok", "failed", "skipped")}
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        write_json(args.json, {**benchmark_header(None, load), "command": "python scripts/readme_runs.py", "commit": commit,
-                               FAST_ENV: fast, "files": [os.path.relpath(f, ROOT) for f in files],
-                               "wall_s": round(wall, 1), "blocks": len(blocks), **counts, "rows": record})
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        write_json(
+            args.json,
+            {
+                **benchmark_header(None, load),
+                "command": "python scripts/readme_runs.py",
+                "commit": commit,
+                FAST_ENV: fast,
+                "files": [os.path.relpath(f, ROOT) for f in files],
+                "wall_s": round(wall, 1),
+                "blocks": len(blocks),
+                **counts,
+                "rows": record,
+            },
+        )
     return 1 if failed else 0
 
 

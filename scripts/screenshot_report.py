@@ -31,9 +31,22 @@ def render(html: Path, width: int, png: Path, *, binary: str, height: int = PAGE
     """Render `html` (+ `fragment`, e.g. an explorer permalink "#head=3.1") in a width x height headless
     window to `png` (scrollbars hidden)."""
     with tempfile.TemporaryDirectory() as profile:  # a throwaway profile: no state carries between shots
-        subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        f"--user-data-dir={profile}", f"--window-size={width},{height}", f"--screenshot={png}",
-                        html.resolve().as_uri() + fragment], check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                f"--screenshot={png}",
+                html.resolve().as_uri() + fragment,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
 
 
 def tiles(png: Path, out_dir: Path, width: int, *, tile_height: int = 2000) -> list[Path]:
@@ -68,10 +81,14 @@ def screenshots(html: Path, out_dir: Path, widths=(1400, 800), fragment: str = "
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("html", type=Path, help="report.html written by posym report or posym run (or any page, "
-                        "e.g. posym explore's explorer.html)")
-    parser.add_argument("--fragment", default="", help="URL fragment to open, e.g. '#head=3.1&prompt=0' (an explorer "
-                        "permalink)")
+    parser.add_argument(
+        "html",
+        type=Path,
+        help="report.html written by posym report or posym run (or any page, e.g. posym explore's explorer.html)",
+    )
+    parser.add_argument(
+        "--fragment", default="", help="URL fragment to open, e.g. '#head=3.1&prompt=0' (an explorer permalink)"
+    )
     parser.add_argument("--out", type=Path, default=Path("report-screenshots"), help="directory for the tiles")
     parser.add_argument("--widths", default="1400,800", help="comma-separated window widths in px")
     args = parser.parse_args()

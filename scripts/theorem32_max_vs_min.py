@@ -22,8 +22,15 @@ import torch
 from posym import io
 from posym.core.constructions import index_head, retrieval_head
 from posym.core.tasks import TaskConfig
-from posym.core.theory import (check_length, frequency_angle, hardest_inputs, index_bound, index_inputs,
-                          retrieval_bound, retrieval_inputs)
+from posym.core.theory import (
+    check_length,
+    frequency_angle,
+    hardest_inputs,
+    index_bound,
+    index_inputs,
+    retrieval_bound,
+    retrieval_inputs,
+)
 
 INDEX_ID, RETRIEVAL_ID, LETTERS = 2, 42, 8
 
@@ -39,14 +46,31 @@ def rows(max_n: int, *, limit: int, samples: int, seed: int = 0) -> list[dict]:
     for n in range(1, max_n + 1):
         ids = index_inputs(num, n, seed)
         stats = check_length(index_head(num, th_i), num, ids)
-        out.append({"head": "index", "n": n, "theta": th_i, "bound": index_bound(th_i, n), "symbols": num.int_range,
-                    "input_set": "exhaustive", **_row(stats, len(ids))})
+        out.append(
+            {
+                "head": "index",
+                "n": n,
+                "theta": th_i,
+                "bound": index_bound(th_i, n),
+                "symbols": num.int_range,
+                "input_set": "exhaustive",
+                **_row(stats, len(ids)),
+            }
+        )
         ids, full = retrieval_inputs(let, n, th_r, limit=limit, samples=samples, seed=seed + n)
         ids = ids if full else torch.cat([ids, hardest_inputs(let, n, th_r)])
         stats = check_length(retrieval_head(let, th_r), let, ids)
-        out.append({"head": "retrieval", "n": n, "theta": th_r, "bound": retrieval_bound(th_r, LETTERS, n),
-                    "symbols": LETTERS,
-                    "input_set": "exhaustive" if full else "sampled+hardest", **_row(stats, len(ids))})
+        out.append(
+            {
+                "head": "retrieval",
+                "n": n,
+                "theta": th_r,
+                "bound": retrieval_bound(th_r, LETTERS, n),
+                "symbols": LETTERS,
+                "input_set": "exhaustive" if full else "sampled+hardest",
+                **_row(stats, len(ids)),
+            }
+        )
     for r in out:
         r["ok_max"], r["ok_min"] = r["gap_max"] <= r["bound"] + 1e-12, r["delta"] <= r["bound"] + 1e-12
     return out

@@ -24,8 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)),
-                None)
+CHROMIUM = next(
+    (shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)), None
+)
 SKIP_REASON = "no chromium binary on PATH (Debian: apt-get install chromium; .ci/run installs it where apt-get works)"
 
 
@@ -50,16 +51,34 @@ class Chromium:
         self._from_browser, from_browser_w = os.pipe()
 
         def fds():  # the protocol's pipes are fds 3 (commands in) and 4 (replies out)
-            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (to_browser_r, from_browser_w)]  # either may be 3 or 4
+            high = [
+                fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (to_browser_r, from_browser_w)
+            ]  # either may be 3 or 4
             for fd, target in zip(high, (3, 4)):
                 os.dup2(fd, target)  # inheritable
 
         self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--disable-extensions", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--hide-scrollbars", f"--user-data-dir={self.profile.name}", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=False,
-            preexec_fn=fds)
+            [
+                CHROMIUM,
+                "--headless",
+                "--remote-debugging-pipe",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-extensions",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                f"--user-data-dir={self.profile.name}",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=False,
+            preexec_fn=fds,
+        )
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._buffer = b""
@@ -67,7 +86,9 @@ class Chromium:
         self.events: list[dict] = []
         self.session = None
         target = self.send("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
-        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)["sessionId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)[
+            "sessionId"
+        ]
         for domain in ("Page", "Network", "Runtime", "Log"):
             self.send(f"{domain}.enable")
 
@@ -133,15 +154,23 @@ class Chromium:
 
     # ---- what tests use -------------------------------------------------------------------------
 
-    def open(self, path: str | Path, *, width: int = 1400, height: int = 900, fragment: str = "",
-             offline: bool = True) -> None:
+    def open(
+        self, path: str | Path, *, width: int = 1400, height: int = 900, fragment: str = "", offline: bool = True
+    ) -> None:
         """Load a local file at a viewport of width x height; offline: the network is switched off first."""
-        self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
-                                                         "mobile": False})
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
         if offline:
-            self.send("Network.emulateNetworkConditions", {"offline": True, "latency": 0, "downloadThroughput": -1,
-                                                           "uploadThroughput": -1})
-        for url in ("about:blank", Path(path).resolve().as_uri() + fragment):  # blank first: a new load, not a fragment change
+            self.send(
+                "Network.emulateNetworkConditions",
+                {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+            )
+        for url in (
+            "about:blank",
+            Path(path).resolve().as_uri() + fragment,
+        ):  # blank first: a new load, not a fragment change
             since = len(self.events)
             self.send("Page.navigate", {"url": url})
             self.wait_for("Page.loadEventFired", since)
@@ -154,17 +183,22 @@ class Chromium:
 
     def click(self, selector: str) -> None:
         """A real mouse click (pressed and released) at the centre of the element `selector` matches."""
-        box = self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.scrollIntoView();"
-                            " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
+        box = self.evaluate(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.scrollIntoView();"
+            " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
         for kind in ("mousePressed", "mouseReleased"):
-            self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left",
-                                                   "clickCount": 1})
+            self.send(
+                "Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1}
+            )
 
     def key(self, key: str, code: str | None = None, key_code: int = 0) -> None:
         """Press and release one key on the focused element (e.g. "ArrowUp", "Enter")."""
         for kind in ("keyDown", "keyUp"):
-            self.send("Input.dispatchKeyEvent", {"type": kind, "key": key, "code": code or key,
-                                                 "windowsVirtualKeyCode": key_code})
+            self.send(
+                "Input.dispatchKeyEvent",
+                {"type": kind, "key": key, "code": code or key, "windowsVirtualKeyCode": key_code},
+            )
 
     def screenshot(self, path: str | Path) -> None:
         """The whole page (not only the viewport) as PNG."""
@@ -177,8 +211,14 @@ class Chromium:
 
     @property
     def console_errors(self) -> list[str]:
-        out = [e["params"]["entry"]["text"] for e in self.events
-               if e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"]
-        out += [json.dumps(e["params"]["exceptionDetails"])[:500] for e in self.events
-                if e.get("method") == "Runtime.exceptionThrown"]
+        out = [
+            e["params"]["entry"]["text"]
+            for e in self.events
+            if e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"
+        ]
+        out += [
+            json.dumps(e["params"]["exceptionDetails"])[:500]
+            for e in self.events
+            if e.get("method") == "Runtime.exceptionThrown"
+        ]
         return out

@@ -1,5 +1,5 @@
 """Run the `posym` command line in-process from a test (importable from any test in tests/):
-    from cli_runner import run_posym, cli, one_line
+from cli_runner import run_posym, cli, one_line
 """
 
 from __future__ import annotations

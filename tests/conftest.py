@@ -8,7 +8,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The endpoint tests serve on 127.0.0.1; a proxy of the machine running the tests (posym's client honours
 # HTTP_PROXY / HTTPS_PROXY as urllib does) would otherwise carry those requests away.
 os.environ["NO_PROXY"] = os.environ["no_proxy"] = ",".join(
-    filter(None, [os.environ.get("NO_PROXY") or os.environ.get("no_proxy"), "127.0.0.1", "localhost"]))
+    filter(None, [os.environ.get("NO_PROXY") or os.environ.get("no_proxy"), "127.0.0.1", "localhost"])
+)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -29,8 +30,10 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 # reads it; test_cli_conventions::test_xdist_groups_are_in_effect fails if the groups lapse again.
 REAL_MODEL_FIXTURES = {"smollm2", "gemma3"}  # tests/test_real_model.py, test_gemma3.py, test_pruning.py
 REAL_MODEL_TESTS = {"tests/test_llm_study.py::test_real_model_study"}  # loads smollm2-135m itself
-RAY_TESTS = {"tests/test_sweep.py::test_two_trials_on_local_ray",
-             "tests/test_reliability.py::test_sweep_killed_then_rerun_skips_finished_trials_and_equals_uninterrupted"}
+RAY_TESTS = {
+    "tests/test_sweep.py::test_two_trials_on_local_ray",
+    "tests/test_reliability.py::test_sweep_killed_then_rerun_skips_finished_trials_and_equals_uninterrupted",
+}
 
 
 def xdist_group_of(item) -> str | None:
@@ -68,7 +71,8 @@ def _suffix_groups(config, items) -> None:
     from _pytest.nodeid import coerce_node_id  # pytest >= 9 (the node id's structured form)
 
     for item in items:
-        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                         for m in item.iter_markers("xdist_group")})
+        groups = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        )
         if groups and "@" not in item.nodeid:
             item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(groups)}")

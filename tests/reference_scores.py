@@ -122,8 +122,15 @@ def reference_swap_scores(clean, swapped, *, tau=1e-4, blocks=None, compare="pro
     s_pos, s_sym = _scores_from_rows(d, rows, swaps, tau)
     p = torch.softmax(clean, 0)
     top = max(range(n), key=lambda k: p[k])
-    return {"s_pos": s_pos, "s_sym": s_sym, "entropy": float(-(p * p.log()).sum()), "n_swaps": len(swaps),
-            "attn_first": float(p[0]), "top_key": top, "attn_top": float(p[top])}
+    return {
+        "s_pos": s_pos,
+        "s_sym": s_sym,
+        "entropy": float(-(p * p.log()).sum()),
+        "n_swaps": len(swaps),
+        "attn_first": float(p[0]),
+        "top_key": top,
+        "attn_top": float(p[top]),
+    }
 
 
 def channel_dims(pairing: str, rotary: int, head_dim: int) -> list[list[int]]:
@@ -161,8 +168,10 @@ def attention_rows(model, ids, layer, swap=None, own=False, query=None):
 
     previous = model.config._attn_implementation
     kernel = None if previous == "eager" else ALL_ATTENTION_FUNCTIONS[previous]
-    handles = [decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True),
-               decoder_layers(model)[layer].register_forward_hook(stop)]
+    handles = [
+        decoder_layers(model)[layer].register_forward_pre_hook(exchange, with_kwargs=True),
+        decoder_layers(model)[layer].register_forward_hook(stop),
+    ]
     RECORDED.clear()
     VISIBLE.clear()
     TARGET.update(layer=layer, own=own, query=None if own else query, kernel=kernel)
@@ -193,8 +202,9 @@ def visible_keys_of(model, ids, query, layer) -> list[int]:
     return VISIBLE[0][query].nonzero()[:, 0].tolist()
 
 
-def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, own=False, rows=None,
-                           exclude_keys=(), window=None):
+def reference_model_scores(
+    model, ids, query, layer, *, tau=1e-4, blocks=None, own=False, rows=None, exclude_keys=(), window=None
+):
     """Per-head scores of one (prompt, query, layer) by re-running the layer once per swap
     (own: read the model's own eager attention weights, see `attention_rows`; rows: another
     function (model, ids, layer, swap) -> [heads, T, T], e.g. for TransformerLens models; exclude_keys:
@@ -209,8 +219,11 @@ def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, o
     ids = list(ids)  # the whole prompt, as the fast path runs it (the same shapes: the same float rounding upstream)
     VISIBLE.clear()  # filled by attention_rows; another `rows` function leaves it empty: every key 0..query
     full = row(model, ids, layer)  # [heads, T]
-    seen = (VISIBLE[0][query].nonzero()[:, 0].tolist() if VISIBLE
-            else list(range(max(0, query - window + 1) if window else 0, query + 1)))
+    seen = (
+        VISIBLE[0][query].nonzero()[:, 0].tolist()
+        if VISIBLE
+        else list(range(max(0, query - window + 1) if window else 0, query + 1))
+    )
     first = seen[0]
     assert seen == list(range(first, query + 1)), seen  # a causal window ending at the query
     clean = full[:, first : query + 1]  # [heads, n]
@@ -224,8 +237,17 @@ def reference_model_scores(model, ids, query, layer, *, tau=1e-4, blocks=None, o
         s_pos, s_sym = _scores_from_rows(clean[h].double(), [r[h].double() for r in after], swaps, tau)
         p = clean[h].double()
         top = int(p.argmax())
-        out.append({"head": h, "s_pos": s_pos, "s_sym": s_sym,
-                    "entropy": float(-(p * p.clamp_min(1e-300).log()).sum()), "n_swaps": len(swaps), "keys": len(seen),
-                    "attn_first": float(p[0]) if first == 0 else float("nan"), "top_key": top + first,
-                    "attn_top": float(p[top])})
+        out.append(
+            {
+                "head": h,
+                "s_pos": s_pos,
+                "s_sym": s_sym,
+                "entropy": float(-(p * p.clamp_min(1e-300).log()).sum()),
+                "n_swaps": len(swaps),
+                "keys": len(seen),
+                "attn_first": float(p[0]) if first == 0 else float("nan"),
+                "top_key": top + first,
+                "attn_top": float(p[top]),
+            }
+        )
     return out

@@ -59,13 +59,16 @@ def _reference_attention(model, config, ids, layer):
     return logits.masked_fill(~mask, -math.inf).softmax(-1)
 
 
-@pytest.mark.parametrize("variant", [
-    dict(rope_bands=[[2, 3]]),
-    dict(rope_bands=[[1, 1], [3, 4]], rope_base=500.0),
-    dict(nope_from=1),
-    dict(nope_from=0, rope_base=1e6),
-    dict(),
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(rope_bands=[[2, 3]]),
+        dict(rope_bands=[[1, 1], [3, 4]], rope_base=500.0),
+        dict(nope_from=1),
+        dict(nope_from=0, rope_base=1e6),
+        dict(),
+    ],
+)
 def test_rope_variant_matches_reference_attention(variant):
     config = _config(**variant)
     model = build_model(config, 20, seed=1, attn_implementation="eager").eval()
@@ -101,8 +104,9 @@ def test_variant_is_restored_by_load_model_and_ignored_by_plain_transformers(tmp
     config = _config(rope_bands=[[1, 2]], nope_from=1)
     model = build_model(config, 137, seed=0).eval()
     model.save_pretrained(tmp_path)
-    (tmp_path / "posym.json").write_text(json.dumps(
-        {"step": 0, "task": to_dict(task_config("number")), "model": to_dict(config)}))
+    (tmp_path / "posym.json").write_text(
+        json.dumps({"step": 0, "task": to_dict(task_config("number")), "model": to_dict(config)})
+    )
     ids = torch.arange(1, 18)[None]
     with torch.no_grad():
         want = model(ids).logits
@@ -112,10 +116,17 @@ def test_variant_is_restored_by_load_model_and_ignored_by_plain_transformers(tmp
     assert (plain - want).abs().max() > 50 * (mine - want).abs().max() + 5e-5  # init weights are small
 
 
-@pytest.mark.parametrize("bad", [
-    dict(rope_bands=[[0, 2]]), dict(rope_bands=[[3, 2]]), dict(rope_bands=[[1, 5]]),
-    dict(rope_bands=[[1, 2], [1, 2], [1, 2]]), dict(nope_from=3), dict(rope_base=1.0),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(rope_bands=[[0, 2]]),
+        dict(rope_bands=[[3, 2]]),
+        dict(rope_bands=[[1, 5]]),
+        dict(rope_bands=[[1, 2], [1, 2], [1, 2]]),
+        dict(nope_from=3),
+        dict(rope_base=1.0),
+    ],
+)
 def test_bad_rope_variants_are_errors(bad):
     with pytest.raises(PosymError):
         _config(**bad)
@@ -244,8 +255,16 @@ def test_parse_heads():
 
 
 def _tiny_run(tmp_path):
-    return train_tiny(tmp_path, "number", steps=4, every=4, batch_size=8, eval_size=50, weight_decay=0.1,
-                      model={"n_head": 2, "n_embd": 16})
+    return train_tiny(
+        tmp_path,
+        "number",
+        steps=4,
+        every=4,
+        batch_size=8,
+        eval_size=50,
+        weight_decay=0.1,
+        model={"n_head": 2, "n_embd": 16},
+    )
 
 
 def test_frozen_heads_stay_bit_identical_and_the_rest_trains(tmp_path):
@@ -272,7 +291,9 @@ def test_frozen_heads_stay_bit_identical_and_the_rest_trains(tmp_path):
         old = [before[f"{attn}.{n}_proj.weight"][:8] for n in "qkv"] + [before[f"{attn}.out_proj.weight"][:, :8]]
         assert all(torch.equal(a, b) for a, b in zip(frozen, old)) == restore
         assert not torch.equal(after[f"{attn}.q_proj.weight"][8:], before[f"{attn}.q_proj.weight"][8:])
-        assert not torch.equal(after["transformer.h.0.attn.q_proj.weight"], before["transformer.h.0.attn.q_proj.weight"])
+        assert not torch.equal(
+            after["transformer.h.0.attn.q_proj.weight"], before["transformer.h.0.attn.q_proj.weight"]
+        )
     assert cost["frozen_params"] == 4 * 8 * 16
     assert cost["trainable_params"] == cost["params"] - 4 * 8 * 16
 
@@ -285,16 +306,48 @@ def test_cli_ablate_and_finetune_end_to_end(tmp_path):
 
     run = _tiny_run(tmp_path)
     runner = CliRunner()
-    result = runner.invoke(app, ["ablate", str(run), "--heads", "1.0", "--mode", "mean", "--n", "40",
-                                 "--label-prompts", "8", "--save", str(tmp_path / "pruned"), "--out", str(tmp_path / "abl")])
+    result = runner.invoke(
+        app,
+        [
+            "ablate",
+            str(run),
+            "--heads",
+            "1.0",
+            "--mode",
+            "mean",
+            "--n",
+            "40",
+            "--label-prompts",
+            "8",
+            "--save",
+            str(tmp_path / "pruned"),
+            "--out",
+            str(tmp_path / "abl"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     saved = json.loads((tmp_path / "abl" / "ablation.json").read_text())
     assert saved["conditions"] == {"1.0": "1.0"} and (tmp_path / "abl" / "ablation.png").is_file()
     pruned = GPTJForCausalLM.from_pretrained(tmp_path / "pruned")
     assert pruned.transformer.h[1].attn.out_proj.weight[:, :8].abs().max() == 0
     model, _ = load_checkpoint(tmp_path / "pruned")  # posym loads it too (posym.json carries the task)
-    result = runner.invoke(app, ["finetune", str(run), "--freeze", "none", "--freeze", "0", "--train-steps", "3",
-                                 "--n", "40", "--out", str(tmp_path / "ft")])
+    result = runner.invoke(
+        app,
+        [
+            "finetune",
+            str(run),
+            "--freeze",
+            "none",
+            "--freeze",
+            "0",
+            "--train-steps",
+            "3",
+            "--n",
+            "40",
+            "--out",
+            str(tmp_path / "ft"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     costs = json.loads((tmp_path / "ft" / "finetune.json").read_text())["costs"]
     assert costs["0"]["frozen_unchanged"] is True and costs["none"]["frozen_params"] == 0
@@ -306,7 +359,20 @@ def test_cli_bad_heads_is_one_line_error(tmp_path):
     import sys
 
     run = _tiny_run(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", "from posym.cli import main; main()", "ablate", str(run),
-                           "--heads", "9.0", "--label-prompts", "4"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from posym.cli import main; main()",
+            "ablate",
+            str(run),
+            "--heads",
+            "9.0",
+            "--label-prompts",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["posym: error: head '9.0': layer 9 does not exist (layers 0..1)"]

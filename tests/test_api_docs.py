@@ -20,8 +20,14 @@ def test_the_api_reference_builds_with_a_page_per_module(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an unresolved name or a module documented twice is a defect
         pages = {p.relative_to(tmp_path).as_posix() for p in build(tmp_path)}
-    for page in ("posym.html", "posym/core/scores.html", "posym/core/paper.html", "posym/models.html",
-                 "posym/commands/llm_study.html", "posym/cli/options.html"):
+    for page in (
+        "posym.html",
+        "posym/core/scores.html",
+        "posym/core/paper.html",
+        "posym/models.html",
+        "posym/commands/llm_study.html",
+        "posym/cli/options.html",
+    ):
         assert page in pages, page
     root = (tmp_path / "posym.html").read_text()
     for name in posym.__all__:

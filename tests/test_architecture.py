@@ -34,7 +34,9 @@ def posym_imports(path: Path, name: str, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative import
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
         else:
             continue
@@ -50,9 +52,13 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{name} imports {target}" for name, targets in graph.items()
-                  if name == CORE or name.startswith(CORE + ".")
-                  for target in targets if target != "posym" and not target.startswith(CORE_MAY_IMPORT))
+    return sorted(
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        if name == CORE or name.startswith(CORE + ".")
+        for target in targets
+        if target != "posym" and not target.startswith(CORE_MAY_IMPORT)
+    )
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -67,7 +73,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
             if target not in graph or target == "posym":
                 continue
             if state.get(target) == 1:
-                return stack[stack.index(target):] + [target]
+                return stack[stack.index(target) :] + [target]
             if target not in state and (cycle := visit(target)):
                 return cycle
         stack.pop()
@@ -105,7 +111,8 @@ def late_posym_imports(root: Path) -> list[str]:
                     module = inner.module if isinstance(inner, ast.ImportFrom) else None
                     names = [a.name for a in inner.names] if isinstance(inner, ast.Import) else [module or ""]
                     if isinstance(inner, (ast.Import, ast.ImportFrom)) and any(
-                            n == "posym" or n.startswith("posym.") for n in names):
+                        n == "posym" or n.startswith("posym.") for n in names
+                    ):
                         found.append(f"{name}:{inner.lineno}")
     return sorted(found)
 
@@ -161,11 +168,27 @@ ORCHESTRATORS = ("run", "llm_study", "sweep")
 the only command modules that may import other command modules (a package's own submodules count as it)."""
 LEAF_EDGES_ALLOWED = {("report", "explore")}
 """Imports between non-orchestrator commands that stay: `posym report` embeds the explorer page of its runs."""
-CLI_MAY_IMPORT = ("posym.cli", "posym.commands", "posym.io", "posym.errors", "posym.configs", "posym.models",
-                  "posym.prompts")
+CLI_MAY_IMPORT = (
+    "posym.cli",
+    "posym.commands",
+    "posym.io",
+    "posym.errors",
+    "posym.configs",
+    "posym.models",
+    "posym.prompts",
+)
 """What the CLI layer may import: itself, the commands it calls, and what it needs to name their inputs
 (loading a model or a prompt set, reading a config, checking an output path)."""
-CLI_CORE_NAMES = {"LengthGenConfig", "ALL_HOPS", "TheoryConfig", "task_config", "resolve_device", "TAU", "GAMMA", "GAMMAS"}
+CLI_CORE_NAMES = {
+    "LengthGenConfig",
+    "ALL_HOPS",
+    "TheoryConfig",
+    "task_config",
+    "resolve_device",
+    "TAU",
+    "GAMMA",
+    "GAMMAS",
+}
 """Names the CLI may import from the core: configs it builds from flags and constants it prints by."""
 
 
@@ -173,7 +196,7 @@ def command_of(module: str) -> str | None:
     """posym.commands.llm_study.report -> 'llm_study'; None outside posym.commands."""
     if not module.startswith(COMMANDS + "."):
         return None
-    return module[len(COMMANDS) + 1:].split(".")[0]
+    return module[len(COMMANDS) + 1 :].split(".")[0]
 
 
 def command_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
@@ -189,8 +212,11 @@ def command_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 
 def leaf_violations(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{a} imports {b}" for a, b in command_edges(graph)
-                  if a not in ORCHESTRATORS and (a, b) not in LEAF_EDGES_ALLOWED)
+    return sorted(
+        f"{a} imports {b}"
+        for a, b in command_edges(graph)
+        if a not in ORCHESTRATORS and (a, b) not in LEAF_EDGES_ALLOWED
+    )
 
 
 def cli_violations(root: Path) -> list[str]:
@@ -214,7 +240,9 @@ def cli_violations(root: Path) -> list[str]:
                 elif module != "posym" and not module.startswith(CLI_MAY_IMPORT):
                     found.append(f"{name}:{node.lineno} imports {module}")
                 elif module == "posym" and set(names or ()) - {n.split(".")[-1] for n in CLI_MAY_IMPORT}:
-                    found.append(f"{name}:{node.lineno} imports posym {sorted(set(names) - {'io', 'errors', 'configs', 'models', 'prompts'})}")
+                    found.append(
+                        f"{name}:{node.lineno} imports posym {sorted(set(names) - {'io', 'errors', 'configs', 'models', 'prompts'})}"
+                    )
     return sorted(found)
 
 
@@ -254,10 +282,13 @@ def test_an_orchestrator_may_import_commands(package_copy):
 
 
 def test_a_cli_module_computing_fails(package_copy):
-    (package_copy / "cli" / "bad.py").write_text("def f():\n    from posym.core.scores import score_model\n"
-                                                 "    from posym import figures\n")
-    assert cli_violations(package_copy) == ["posym.cli.bad:2 imports posym.core.scores ['score_model']",
-                                            "posym.cli.bad:3 imports posym ['figures']"]
+    (package_copy / "cli" / "bad.py").write_text(
+        "def f():\n    from posym.core.scores import score_model\n    from posym import figures\n"
+    )
+    assert cli_violations(package_copy) == [
+        "posym.cli.bad:2 imports posym.core.scores ['score_model']",
+        "posym.cli.bad:3 imports posym ['figures']",
+    ]
 
 
 def test_the_path_of_posym_discrepancy_takes_a_short_walk(tmp_path):
@@ -282,7 +313,9 @@ def test_the_path_of_posym_discrepancy_takes_a_short_walk(tmp_path):
     assert full["walk"][0] == "cli/analysis.py" and "commands/discrepancy.py" in full["walk"]
     assert full["files"] <= 10 and without_io["returns"] <= 4, full
     # the walk of the layout before the restructure (5990c2e) fails the same check
-    before = ("cli/analysis.py io.py cli/__init__.py commands/validate.py commands/discrepancy.py sources.py loading.py "
-              "io.py loading.py io.py loading.py resources.py loading.py io.py loading.py io.py configs.py io.py "
-              "figures.py io.py cli/options.py").split()
+    before = (
+        "cli/analysis.py io.py cli/__init__.py commands/validate.py commands/discrepancy.py sources.py loading.py "
+        "io.py loading.py io.py loading.py resources.py loading.py io.py loading.py io.py configs.py io.py "
+        "figures.py io.py cli/options.py"
+    ).split()
     assert path_walk.summary(before)["files"] == 11

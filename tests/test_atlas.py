@@ -164,7 +164,7 @@ def test_attention_is_the_models_own(kind, window):
             first = qk.first_key(p)
             clean = torch.softmax(swaps.clean_logits(qk, torch.arange(2), slice(None), p), -1)  # [B, H, n]
             assert torch.allclose(ours[:, :, i, first : p + 1], clean, atol=1e-12, rtol=0)
-            assert float(ours[:, :, i, :first].sum()) == 0 and float(ours[:, :, i, p + 1:].sum()) == 0  # unseen keys
+            assert float(ours[:, :, i, :first].sum()) == 0 and float(ours[:, :, i, p + 1 :].sum()) == 0  # unseen keys
 
 
 def test_per_query_scores_match_loops():
@@ -185,14 +185,22 @@ def test_per_query_scores_match_loops():
                 row = probs[b, h, p].tolist()
                 assert prev[b, h, p].item() == pytest.approx(row[p - 1], abs=1e-12) if p else math.isnan(prev[b, h, p])
                 want = sum(row[j] for j in range(p + 1) if j < sink or j > p - window)
-                assert (math.isnan(stream[b, h, p]) if p < sink + window
-                        else stream[b, h, p].item() == pytest.approx(want, abs=1e-12))
+                assert (
+                    math.isnan(stream[b, h, p])
+                    if p < sink + window
+                    else stream[b, h, p].item() == pytest.approx(want, abs=1e-12)
+                )
                 assert ent[b, h, p].item() == pytest.approx(-sum(x * math.log(x) for x in row if x > 0), abs=1e-12)
                 tok = ids[b].tolist()
-                for got, keys in ((echo, [j for j in range(p) if tok[j] == tok[p]]),
-                                  (induction, [j for j in range(1, p) if tok[j - 1] == tok[p]])):
-                    assert (math.isnan(got[b, h, p]) if not keys
-                            else got[b, h, p].item() == pytest.approx(sum(row[j] for j in keys), abs=1e-12))
+                for got, keys in (
+                    (echo, [j for j in range(p) if tok[j] == tok[p]]),
+                    (induction, [j for j in range(1, p) if tok[j - 1] == tok[p]]),
+                ):
+                    assert (
+                        math.isnan(got[b, h, p])
+                        if not keys
+                        else got[b, h, p].item() == pytest.approx(sum(row[j] for j in keys), abs=1e-12)
+                    )
 
 
 def test_bad_arguments_are_one_sentence():
@@ -211,8 +219,9 @@ def test_bad_arguments_are_one_sentence():
 
 
 def test_kv_pool_max_and_mean_per_key_value_head():
-    heads = pd.DataFrame({"layer": [0, 0, 0, 0, 1, 1, 1, 1], "head": [0, 1, 2, 3] * 2,
-                          "score": [0.1, 0.5, 0.2, 0.4, 1.0, 0.0, 0.3, 0.3]})
+    heads = pd.DataFrame(
+        {"layer": [0, 0, 0, 0, 1, 1, 1, 1], "head": [0, 1, 2, 3] * 2, "score": [0.1, 0.5, 0.2, 0.4, 1.0, 0.0, 0.3, 0.3]}
+    )
     pooled = atlas.kv_pool(heads, ["score"], n_heads=4, n_kv_heads=2)  # heads 0,1 -> kv 0; 2,3 -> kv 1
     assert pooled.score_max.tolist() == [0.5, 0.4, 1.0, 0.3]
     assert pooled.score_mean.tolist() == pytest.approx([0.3, 0.3, 0.5, 0.3])
@@ -236,8 +245,13 @@ def test_auroc_against_counting_pairs():
     assert lo <= atlas.auroc(scores, positive) <= hi
     # layer-matched: only pairs inside one layer; a score that is the layer itself gets exactly 0.5
     layers = gen.integers(0, 3, size=30)
-    inside = [(1.0 if a > b else 0.5 if a == b else 0.0) for i in np.flatnonzero(positive) for j in np.flatnonzero(~positive)
-              if layers[i] == layers[j] for a, b in [(scores[i], scores[j])]]
+    inside = [
+        (1.0 if a > b else 0.5 if a == b else 0.0)
+        for i in np.flatnonzero(positive)
+        for j in np.flatnonzero(~positive)
+        if layers[i] == layers[j]
+        for a, b in [(scores[i], scores[j])]
+    ]
     assert atlas.auroc(scores, positive, layers) == pytest.approx(np.mean(inside), abs=1e-12)
     assert atlas.auroc(layers.astype(float), positive, layers) == 0.5
 

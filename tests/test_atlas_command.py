@@ -15,8 +15,21 @@ from posym.commands import atlas as command
 from posym.core import atlas
 from posym.errors import PosymError
 
-SMALL = dict(n_binding=3, frequency_prompts=2, needle_lengths=[64, 96], needle_depths=[0.2, 0.8], stream_length=96,
-             stream_prompts=1, windows=[8, 32], sink=2, repeat_period=10, repeats=3, repeat_prompts=2, top_share=0.25, draws=100)
+SMALL = dict(
+    n_binding=3,
+    frequency_prompts=2,
+    needle_lengths=[64, 96],
+    needle_depths=[0.2, 0.8],
+    stream_length=96,
+    stream_prompts=1,
+    windows=[8, 32],
+    sink=2,
+    repeat_period=10,
+    repeats=3,
+    repeat_prompts=2,
+    top_share=0.25,
+    draws=100,
+)
 GRID = [[0.9, 0.1], [0.2, 0.7]]
 """An imported layer x KV-head table (2 layers x 2 KV heads), as another tool would write it."""
 
@@ -34,9 +47,20 @@ def run(model_dir, tmp_path_factory):
     (root / "other.tsv").write_text("\n".join("\t".join(map(str, row)) for row in GRID) + "\n")
     patch = pytest.MonkeyPatch()  # the fixture is module-wide: its own patcher, undone at once
     try:
-        code = run_posym(patch, "atlas", str(model_dir), "--out", str(root / "out"), "--config",
-                         str(root / "atlas.yaml"), "--kv-table", str(root / "other.tsv"), "--no-figures",
-                         "--device", "cpu")
+        code = run_posym(
+            patch,
+            "atlas",
+            str(model_dir),
+            "--out",
+            str(root / "out"),
+            "--config",
+            str(root / "atlas.yaml"),
+            "--kv-table",
+            str(root / "other.tsv"),
+            "--no-figures",
+            "--device",
+            "cpu",
+        )
     finally:
         patch.undo()
     assert code == 0
@@ -107,7 +131,9 @@ def test_agreement_tables_and_report(run):
     row = auroc[(auroc.target == "retrieval") & (auroc.scorer == "s_sym_sinkfree")].iloc[0]
     assert row.auroc == atlas.auroc(table.s_sym_sinkfree, top) and row.low <= row.auroc <= row.high
     decides = pd.read_parquet(run / "agreement_sink_decides.parquet")
-    assert (decides.sink_decides == (decides.plain * decides.sinkfree < 0))[decides.measure.str.startswith("spearman")].all()
+    assert (decides.sink_decides == (decides.plain * decides.sinkfree < 0))[
+        decides.measure.str.startswith("spearman")
+    ].all()
     text = (run / "report.md").read_text()
     assert "Needle recall" in text and "AUROC" in text and "Wilson" in text
     summary = (run / "summary.json").read_text()
@@ -146,8 +172,25 @@ def test_figures_are_figures():
 def test_bad_input_is_one_line(model_dir, tmp_path, capsys, monkeypatch):
     wrong = tmp_path / "wrong.tsv"
     wrong.write_text("1\t2\t3\n4\t5\t6\n")
-    code, _, err = run_cli(["atlas", model_dir, "--kv-table", wrong, "--out", tmp_path / "o", "--lengths", "64",
-                            "--depths", "0.5", "--n", "5", "--no-figures"], capsys, monkeypatch)
+    code, _, err = run_cli(
+        [
+            "atlas",
+            model_dir,
+            "--kv-table",
+            wrong,
+            "--out",
+            tmp_path / "o",
+            "--lengths",
+            "64",
+            "--depths",
+            "0.5",
+            "--n",
+            "5",
+            "--no-figures",
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 2 and err.count("\n") == 1 and "is 2 x 3 but the model has 2 layers x 2 KV heads" in err
     ragged = tmp_path / "ragged.tsv"
     ragged.write_text("1\t2\n3\n")

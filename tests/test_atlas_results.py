@@ -48,12 +48,21 @@ def test_auroc_table_is_the_per_head_table_and_what_results_md_quotes(heads):
         layers = heads.layer if row.scorer.endswith("within layers") else None
         assert row.auroc == pytest.approx(atlas.auroc(heads[scorer], positive, layers), abs=1e-12)
         assert row.low <= row.auroc <= row.high and row.positives == 27
-    quotes = {("retrieval", "s_sym_sinkfree"): 0.961, ("retrieval", "s_sym_sinkfree within layers"): 0.923,
-              ("retrieval", "s_sym"): 0.771, ("retrieval", "layer"): 0.764, ("induction", "s_sym_sinkfree"): 0.954,
-              ("induction", "s_sym_sinkfree within layers"): 0.879, ("induction", "s_sym"): 0.789,
-              ("induction", "layer"): 0.748, ("non-streaming", "s_sym_sinkfree"): 0.570,
-              ("non-streaming", "s_sym_sinkfree within layers"): 0.685, ("non-streaming", "s_sym"): 0.697,
-              ("non-streaming", "layer"): 0.150, ("non-streaming", "s_pos_sinkfree"): 0.424}
+    quotes = {
+        ("retrieval", "s_sym_sinkfree"): 0.961,
+        ("retrieval", "s_sym_sinkfree within layers"): 0.923,
+        ("retrieval", "s_sym"): 0.771,
+        ("retrieval", "layer"): 0.764,
+        ("induction", "s_sym_sinkfree"): 0.954,
+        ("induction", "s_sym_sinkfree within layers"): 0.879,
+        ("induction", "s_sym"): 0.789,
+        ("induction", "layer"): 0.748,
+        ("non-streaming", "s_sym_sinkfree"): 0.570,
+        ("non-streaming", "s_sym_sinkfree within layers"): 0.685,
+        ("non-streaming", "s_sym"): 0.697,
+        ("non-streaming", "layer"): 0.150,
+        ("non-streaming", "s_pos_sinkfree"): 0.424,
+    }
     for (target, scorer), value in quotes.items():
         assert quoted(auroc, target, scorer) == value, (target, scorer)
     # the one weak agreement stays weak: its interval reaches chance
@@ -68,7 +77,11 @@ def test_retrieval_heads_are_symbolic_and_non_streaming_heads_are_early(heads):
     assert heads.layer[early].max() == 8  # the first 9 layers
     assert heads.label_sinkfree[early].value_counts().to_dict() == {"mixed": 16, "symbolic": 11}
     counts = heads.groupby(["label", "label_sinkfree"]).size()
-    assert (counts[("symbolic", "mixed")], counts[("symbolic", "positional")], counts[("symbolic", "symbolic")]) == (83, 21, 105)
+    assert (counts[("symbolic", "mixed")], counts[("symbolic", "positional")], counts[("symbolic", "symbolic")]) == (
+        83,
+        21,
+        105,
+    )
 
 
 def test_spearman_and_where_the_sink_decides(heads):

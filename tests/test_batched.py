@@ -24,9 +24,16 @@ def blocks(monkeypatch):
 
     def spy(qk, rows, ps, *args, **kwargs):
         res, done = original(qk, rows, ps, *args, **kwargs)
-        calls.append({"queries": len(ps), "done": int(done.sum()), "rows": done.numel(),
-                      "pivots": int(res["pivots"][done].max()) if bool(done.any()) else 0})
+        calls.append(
+            {
+                "queries": len(ps),
+                "done": int(done.sum()),
+                "rows": done.numel(),
+                "pivots": int(res["pivots"][done].max()) if bool(done.any()) else 0,
+            }
+        )
         return res, done
+
     monkeypatch.setattr(batched, "score_block", spy)
     return calls
 
@@ -91,7 +98,12 @@ def test_a_tiny_budget_forces_one_query_per_block_and_changes_nothing(blocks, mo
 
 
 def test_query_blocks_fit_the_budget():
-    assert batched.query_blocks([2, 3, 4, 5, 6, 7], lambda p: 0, rows=1, budget=batched.GRIDS * 8 * 12) == [[2, 3], [4, 5], [6], [7]]
+    assert batched.query_blocks([2, 3, 4, 5, 6, 7], lambda p: 0, rows=1, budget=batched.GRIDS * 8 * 12) == [
+        [2, 3],
+        [4, 5],
+        [6],
+        [7],
+    ]
     window = lambda p: max(0, p - 3)  # a 4-key window: blocks span their queries plus 3 keys
     got = batched.query_blocks(list(range(2, 40)), window, rows=2, budget=batched.GRIDS * 8 * 200)
     assert sum(got, []) == list(range(2, 40))

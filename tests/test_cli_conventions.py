@@ -14,11 +14,36 @@ from posym.cli import app, main
 
 GROUP = typer.main.get_command(app)
 COMMANDS = sorted(GROUP.commands)
-READS_A_MODEL = {"score", "eval", "dynamics", "geometry", "lengthgen", "discrepancy", "ablate", "finetune",
-                 "llm-scores", "llm-bench", "convert", "atlas"}
+READS_A_MODEL = {
+    "score",
+    "eval",
+    "dynamics",
+    "geometry",
+    "lengthgen",
+    "discrepancy",
+    "ablate",
+    "finetune",
+    "llm-scores",
+    "llm-bench",
+    "convert",
+    "atlas",
+}
 """Commands whose input is a model or run: it is the positional PATH."""
-CHOICE_OPTIONS = {"--task", "--queries", "--query", "--device", "--preset", "--split", "--format", "--compare",
-                  "--protocol", "--dtype", "--markers", "--mode", "--exact"}
+CHOICE_OPTIONS = {
+    "--task",
+    "--queries",
+    "--query",
+    "--device",
+    "--preset",
+    "--split",
+    "--format",
+    "--compare",
+    "--protocol",
+    "--dtype",
+    "--markers",
+    "--mode",
+    "--exact",
+}
 """Options with a fixed set of values: help and completion must list them."""
 INTERNAL_WORDS = ("SPEC", "seed summary", "2511 variant")
 
@@ -48,7 +73,8 @@ def test_model_or_run_is_the_positional_path(name):
     arguments = [p for p in GROUP.commands[name].params if p.param_type_name == "argument"]
     assert arguments and arguments[0].name == "path" and arguments[0].metavar == "PATH", name
     assert not {"--model", "--run", "--run-dir", "--model-dir", "--checkpoint"} & {
-        n for p in options(name) for n in option_names(p)}
+        n for p in options(name) for n in option_names(p)
+    }
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -135,20 +161,31 @@ def test_documented_options_exist():
     from pathlib import Path
 
     root = Path(__file__).parents[1]
-    files = [root / "README.md", *(root / "docs").glob("*.md"), *(root / "docs" / "commands").glob("*.md"),
-             *(root / "scripts").glob("*.sh"),
-             *(root / "examples").glob("*.yaml")]
+    files = [
+        root / "README.md",
+        *(root / "docs").glob("*.md"),
+        *(root / "docs" / "commands").glob("*.md"),
+        *(root / "scripts").glob("*.sh"),
+        *(root / "examples").glob("*.yaml"),
+    ]
     known = {name: {n for p in options(name) for n in option_names(p)} | {"--help"} for name in COMMANDS}
     wrong = []
     for path in files:
         # the generated option tables of docs/commands/ are the options themselves (scripts/build_cli_docs.py)
-        text = re.sub(r"<!-- options:([a-z-]+):begin -->.*?<!-- options:\1:end -->", "", path.read_text(encoding="utf-8"),
-                      flags=re.S)
+        text = re.sub(
+            r"<!-- options:([a-z-]+):begin -->.*?<!-- options:\1:end -->",
+            "",
+            path.read_text(encoding="utf-8"),
+            flags=re.S,
+        )
         for line in text.splitlines():
             for command, rest in re.findall(r"(?:posym|\$POSYM|posym\.cli) ([a-z-]+)((?:(?!posym ).)*)", line):
                 if command in known:
-                    wrong += [f"{path.name}: posym {command} {flag}" for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
-                              if flag not in known[command]]
+                    wrong += [
+                        f"{path.name}: posym {command} {flag}"
+                        for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)
+                        if flag not in known[command]
+                    ]
     assert not wrong, wrong
 
 
@@ -164,8 +201,17 @@ def test_every_help_that_names_an_embedded_model_names_both():
             if any(model in text for model in EMBEDDED):
                 naming[name] = text
                 assert all(model in text for model in EMBEDDED), (name, param.name, text)
-    assert set(naming) == {"score", "geometry", "discrepancy", "llm-scores", "llm-bench", "llm-study", "atlas", "convert",
-                            "explore"}
+    assert set(naming) == {
+        "score",
+        "geometry",
+        "discrepancy",
+        "llm-scores",
+        "llm-bench",
+        "llm-study",
+        "atlas",
+        "convert",
+        "explore",
+    }
 
 
 def code_lists() -> dict:
@@ -178,10 +224,21 @@ def code_lists() -> dict:
     from posym.commands import llm_study
     from posym.core import interventions, lengthgen, model, scores, tasks, train
 
-    return {o.Device: model.DEVICES, o.Task: tasks.TASKS, o.Split: tasks.SPLITS, o.Preset: tuple(train.PRESETS),
-            o.Queries: scores.QUERY_MODES, o.Compare: scores.COMPARES, o.Exactness: scores.EXACTNESS,
-            o.Format: datasets.FORMATS, o.Protocol: lengthgen.PROTOCOLS, o.AblationMode: interventions.ABLATION_MODES,
-            o.Focus: prompts.QUERIES, o.StudyStage: llm_study.STAGES, o.Dtype: train.PRECISIONS}
+    return {
+        o.Device: model.DEVICES,
+        o.Task: tasks.TASKS,
+        o.Split: tasks.SPLITS,
+        o.Preset: tuple(train.PRESETS),
+        o.Queries: scores.QUERY_MODES,
+        o.Compare: scores.COMPARES,
+        o.Exactness: scores.EXACTNESS,
+        o.Format: datasets.FORMATS,
+        o.Protocol: lengthgen.PROTOCOLS,
+        o.AblationMode: interventions.ABLATION_MODES,
+        o.Focus: prompts.QUERIES,
+        o.StudyStage: llm_study.STAGES,
+        o.Dtype: train.PRECISIONS,
+    }
 
 
 ORDERED = {"StudyStage"}
@@ -190,9 +247,15 @@ ORDERED = {"StudyStage"}
 
 def drifted(lists: dict) -> list[str]:
     """The enums whose values are not the code's list (as a set; in order for ORDERED)."""
-    return sorted(choice.__name__ for choice, values in lists.items()
-                  if ([c.value for c in choice] != list(values) if choice.__name__ in ORDERED
-                      else {c.value for c in choice} != set(values)))
+    return sorted(
+        choice.__name__
+        for choice, values in lists.items()
+        if (
+            [c.value for c in choice] != list(values)
+            if choice.__name__ in ORDERED
+            else {c.value for c in choice} != set(values)
+        )
+    )
 
 
 def test_every_choice_is_the_codes_own_list():
@@ -207,8 +270,9 @@ def test_every_choice_is_the_codes_own_list():
     # --dtype of the llm commands and --precision of posym train: one spelling, torch's names, which load takes
     assert set(train.PRECISIONS) <= set(DTYPES)
     assert typing.get_args(typing.get_type_hints(train.TrainConfig)["precision"])[:2] == train.PRECISIONS
-    enums = {v for v in vars(o).values()
-             if isinstance(v, type) and issubclass(v, o.enum.Enum) and v.__module__ == o.__name__}
+    enums = {
+        v for v in vars(o).values() if isinstance(v, type) and issubclass(v, o.enum.Enum) and v.__module__ == o.__name__
+    }
     assert enums - set(lists) == {o.OnOff, o.OnOffBoth}  # plain switches: no list in the code to follow
 
 
@@ -219,7 +283,9 @@ def test_a_choice_that_drifts_from_the_code_is_caught():
     from posym.commands import llm_study
 
     short = enum.StrEnum("StudyStage", {s: s for s in llm_study.STAGES[:-1]})
-    swapped = enum.StrEnum("StudyStage", {s: s for s in (llm_study.STAGES[1], llm_study.STAGES[0], *llm_study.STAGES[2:])})
+    swapped = enum.StrEnum(
+        "StudyStage", {s: s for s in (llm_study.STAGES[1], llm_study.STAGES[0], *llm_study.STAGES[2:])}
+    )
     extra = enum.StrEnum("Task", {t: t for t in ("number", "letter", "word")})
     assert drifted({short: llm_study.STAGES}) == drifted({swapped: llm_study.STAGES}) == ["StudyStage"]
     assert drifted({extra: ("number", "letter")}) == ["Task"]
@@ -231,8 +297,10 @@ def test_help_imports_no_heavy_package():
     enums are written out rather than imported from the code above)."""
     import subprocess
 
-    code = ("import sys; import posym.cli as c; c.app; import posym.cli.training, posym.cli.analysis, "
-            "posym.cli.models, posym.cli.runs; print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'torch', 'transformers', 'pandas', 'numpy'}))")
+    code = (
+        "import sys; import posym.cli as c; c.app; import posym.cli.training, posym.cli.analysis, "
+        "posym.cli.models, posym.cli.runs; print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'torch', 'transformers', 'pandas', 'numpy'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

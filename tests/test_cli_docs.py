@@ -34,7 +34,9 @@ def test_a_row_is_what_help_says():
     assert rows[2].startswith("| `PATH` (argument) | path | required | The model: a posym run")
     assert "| `--queries` | `last` \\| `hops` \\| `all` |  |" in table(commands()["score"])
     assert "| `--n` | int (>= 1) | `100` | How many task prompts to score (the paper uses 100). |" in rows
-    assert "| `--progress` / `--no-progress` | on/off | `--progress` | Show a progress bar. |" in table(commands()["train"])
+    assert "| `--progress` / `--no-progress` | on/off | `--progress` | Show a progress bar. |" in table(
+        commands()["train"]
+    )
     assert "| `--step` | `STEP\\|best` |  |" in table(commands()["eval"])  # a pipe inside a cell is escaped
 
 
@@ -46,8 +48,11 @@ def test_check_fails_on_a_stale_page_and_a_rebuild_fixes_it(tmp_path):
     assert row in text
     page.write_text(text.replace(row, row.replace("`100`", "`50`"), 1))  # what a changed default leaves behind
     assert build(tmp_path, check=True) == ["docs/commands/analysis.md is stale: run python scripts/build_cli_docs.py"]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_cli_docs.py"), "--check", "--root", str(tmp_path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_cli_docs.py"), "--check", "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1 and "analysis.md is stale" in done.stdout
     assert build(tmp_path) == [] and page.read_text() == text and build(tmp_path, check=True) == []
 
@@ -56,7 +61,9 @@ def test_a_page_without_a_commands_block_or_a_missing_page_is_listed(tmp_path):
     pages = copy_pages(tmp_path)
     text = (pages / "runs.md").read_text()
     begin, end = "<!-- options:sweep:begin -->", "<!-- options:sweep:end -->"
-    (pages / "runs.md").write_text(text[:text.index(begin)] + text[text.index(end) + len(end):])
+    (pages / "runs.md").write_text(text[: text.index(begin)] + text[text.index(end) + len(end) :])
     (pages / "models.md").unlink()
-    assert problems(tmp_path) == ["docs/commands/models.md is missing",
-                                  "docs/commands/runs.md has no options block for posym sweep"]
+    assert problems(tmp_path) == [
+        "docs/commands/models.md is missing",
+        "docs/commands/runs.md has no options block for posym sweep",
+    ]

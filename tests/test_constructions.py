@@ -94,7 +94,10 @@ def test_functions_match_loop_references():
 
 @pytest.mark.parametrize("hard", [True, False])
 def test_forward_matches_one_hot_reference(hard):
-    for cfg, make, theta in [(task_config("number"), C.index_head, 0.866), (task_config("letter"), C.retrieval_head, 0.02)]:
+    for cfg, make, theta in [
+        (task_config("number"), C.index_head, 0.866),
+        (task_config("letter"), C.retrieval_head, 0.02),
+    ]:
         head = make(cfg, theta, beta=7.0)
         ids = torch.as_tensor(generate(cfg, 40, 2, "test").input_ids)
         fast = C.forward(head, ids, hard=hard)
@@ -177,7 +180,10 @@ def test_multihop_composition_answers_the_task(task):
     ids, ans, hops = (torch.as_tensor(a) for a in (s.input_ids, s.answer, s.hops))
     head = C.index_head(cfg, 0.866) if task == "number" else C.retrieval_head(cfg, T.frequency_angle(42))
     beta = max(T.needed_beta(head, cfg, n, 0.01)[0] for n in range(1, 17))
-    for res in (C.multihop(head, cfg, ids, ans, hops), C.multihop(C.with_beta(head, beta), cfg, ids, ans, hops, hard=False)):
+    for res in (
+        C.multihop(head, cfg, ids, ans, hops),
+        C.multihop(C.with_beta(head, beta), cfg, ids, ans, hops, hard=False),
+    ):
         assert res == {"after_h": 1.0, "after_all": 1.0, "after_h_minus_1": 0.0}
 
 

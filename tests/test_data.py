@@ -58,8 +58,26 @@ def test_cli_writes_both_formats(tmp_path):
 
     runner = CliRunner()
     out = tmp_path / "n.jsonl"
-    result = runner.invoke(app, ["data", "--task", "number", "--n", "40", "--seed", "9", "--split", "val",
-                                 "--format", "jsonl", "--out", str(out), "--target-size", "6"])
+    result = runner.invoke(
+        app,
+        [
+            "data",
+            "--task",
+            "number",
+            "--n",
+            "40",
+            "--seed",
+            "9",
+            "--split",
+            "val",
+            "--format",
+            "jsonl",
+            "--out",
+            str(out),
+            "--target-size",
+            "6",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     c = task_config("number", target_size=6)
@@ -69,29 +87,40 @@ def test_cli_writes_both_formats(tmp_path):
         assert row["input_ids"] == ids and row["answer"] == answer
         assert row["chain"] == follow_chain(c, ids)[1] and encode(c, row["text"]) == ids
     out = tmp_path / "l.parquet"
-    result = runner.invoke(app, ["data", "--task", "letter", "--n", "30", "--out", str(out),
-                                 "--extra-target", "5"])
+    result = runner.invoke(app, ["data", "--task", "letter", "--n", "30", "--out", str(out), "--extra-target", "5"])
     assert result.exit_code == 0, result.output
     frame = pd.read_parquet(out)
     assert list(frame.columns) == ["input_ids", "answer", "hops", "chain", "text"]
     assert len(frame) == 30 and len(frame.input_ids[0]) == 22
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "l.parquet", "l.parquet.manifest.json", "n.jsonl", "n.jsonl.manifest.json"]
+        "l.parquet",
+        "l.parquet.manifest.json",
+        "n.jsonl",
+        "n.jsonl.manifest.json",
+    ]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--task", "word"], "'word' is not one of 'number', 'letter'"),
-    (["--n", "-3"], "Invalid value for '--n': Input should be greater than or equal to 1"),
-    (["--format", "csv"], "'csv' is not one of 'parquet', 'jsonl', 'npz'"),
-    (["--split", "dev"], "'dev' is not one of 'train', 'val', 'test'"),
-    (["--task", "letter", "--alphabet-size", "4"], "needs max_hops"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--task", "word"], "'word' is not one of 'number', 'letter'"),
+        (["--n", "-3"], "Invalid value for '--n': Input should be greater than or equal to 1"),
+        (["--format", "csv"], "'csv' is not one of 'parquet', 'jsonl', 'npz'"),
+        (["--split", "dev"], "'dev' is not one of 'train', 'val', 'test'"),
+        (["--task", "letter", "--alphabet-size", "4"], "needs max_hops"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, message):
     # a real process (the exit code and stderr a shell sees), with the interpreter and posym of this test run
     source = str(Path(posym.__file__).parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "posym", "data", "--out", str(tmp_path / "x.parquet"), *args],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "posym", "data", "--out", str(tmp_path / "x.parquet"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("posym: error: ") and message in lines[0], proc.stderr

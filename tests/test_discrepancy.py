@@ -38,8 +38,9 @@ def test_gaps_equal_the_models_own_attention(kind):
 
 
 def test_summary_on_a_hand_made_table():
-    frame = pd.DataFrame({"layer": [0, 0, 0, 0, 1], "head": [0] * 5, "length": [17, 17, 17, 34, 17],
-                          "gap": [0.5, 0.1, 0.3, 2.0, 1.0]})
+    frame = pd.DataFrame(
+        {"layer": [0, 0, 0, 0, 1], "head": [0] * 5, "length": [17, 17, 17, 34, 17], "gap": [0.5, 0.1, 0.3, 2.0, 1.0]}
+    )
     out = summarize_gaps(frame).set_index(["layer", "length"])
     assert out.loc[(0, 17), "delta"] == pytest.approx(0.1) and out.loc[(0, 17), "gap_max"] == pytest.approx(0.5)
     assert out.loc[(0, 17), "gap_q50"] == pytest.approx(0.3) and out.loc[(0, 17), "inputs"] == 3
@@ -68,11 +69,14 @@ def test_cli_discrepancy_on_a_run_by_length(tiny_run, monkeypatch, capsys):
     assert torch.equal(again, torch.tensor(pd.read_parquet(out / "b" / "gaps.parquet").gap.to_numpy()))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--lengths", "17,256"], "exceeds the model's position table of 128"),
-    (["--lengths", "10"], "shorter than the run's training length"),
-    (["--queries", "some"], "'some' is not one of 'last', 'hops', 'all'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lengths", "17,256"], "exceeds the model's position table of 128"),
+        (["--lengths", "10"], "shorter than the run's training length"),
+        (["--queries", "some"], "'some' is not one of 'last', 'hops', 'all'"),
+    ],
+)
 def test_cli_discrepancy_bad_input_is_one_line(tiny_run, tmp_path, monkeypatch, capsys, args, message):
     assert run_posym(monkeypatch, "discrepancy", tiny_run, *args, "--out", tmp_path / "x") == 2
     err = capsys.readouterr().err.strip()

@@ -18,10 +18,10 @@ from posym.errors import PosymError
 P, S, M, U, P10 = (1.0, 0.0), (0.0, 1.0), (0.5, 0.5), (1.0, 1.0), (0.93, 0.07)
 STEPS = [0, 10, 20, 30, 40]
 SEQUENCES = {  # layer -> score pairs over STEPS
-    0: [U, P, M, P, P],   # positional, pure for good from 30
-    1: [U, S, S, S, S],   # symbolic from 10
-    2: [S, S, S, S, M],   # impure at the end: kind none
-    3: [P, P, S, S, S],   # changes kind: symbolic from 20
+    0: [U, P, M, P, P],  # positional, pure for good from 30
+    1: [U, S, S, S, S],  # symbolic from 10
+    2: [S, S, S, S, M],  # impure at the end: kind none
+    3: [P, P, S, S, S],  # changes kind: symbolic from 20
     4: [U, M, P10, P10, P10],  # positional from 20 at gamma 0.1, none at 0.05
 }
 
@@ -31,9 +31,19 @@ def _hand_table():
     for layer, pairs in SEQUENCES.items():
         for step, (s_pos, s_sym) in zip(STEPS, pairs):
             k = STEPS.index(step)  # validation and test disagree on the best step
-            rows.append({"step": step, "query_mode": "hops", "layer": layer, "head": 0, "s_pos": s_pos,
-                         "s_sym": s_sym, "entropy": 1.0 + layer, "val_acc": [0.1, 0.5, 0.9, 0.9, 0.8][k],
-                         "acc": [0.1, 0.5, 0.6, 0.7, 0.95][k]})
+            rows.append(
+                {
+                    "step": step,
+                    "query_mode": "hops",
+                    "layer": layer,
+                    "head": 0,
+                    "s_pos": s_pos,
+                    "s_sym": s_sym,
+                    "entropy": 1.0 + layer,
+                    "val_acc": [0.1, 0.5, 0.9, 0.9, 0.8][k],
+                    "acc": [0.1, 0.5, 0.6, 0.7, 0.95][k],
+                }
+            )
     return dynamics.label(pd.DataFrame(rows))
 
 
@@ -49,14 +59,20 @@ def _brute_force(labels, steps):
 def test_purity_rule_on_hand_made_table():
     table = _hand_table()
     pure = dynamics.purity(table)
-    expected = {0.1: {0: ("positional", 30), 1: ("symbolic", 10), 2: ("none", None), 3: ("symbolic", 20),
-                      4: ("positional", 20)},
-                0.05: {0: ("positional", 30), 1: ("symbolic", 10), 2: ("none", None), 3: ("symbolic", 20),
-                       4: ("none", None)}}
+    expected = {
+        0.1: {
+            0: ("positional", 30),
+            1: ("symbolic", 10),
+            2: ("none", None),
+            3: ("symbolic", 20),
+            4: ("positional", 20),
+        },
+        0.05: {0: ("positional", 30), 1: ("symbolic", 10), 2: ("none", None), 3: ("symbolic", 20), 4: ("none", None)},
+    }
     for r in pure.itertuples():
         kind, start = expected[r.gamma][r.layer]
         assert r.kind == kind
-        assert (math.isnan(r.pure_from) if start is None else r.pure_from == start)
+        assert math.isnan(r.pure_from) if start is None else r.pure_from == start
         labels = table[table.layer == r.layer].sort_values("step")[label_column(r.gamma)].tolist()
         ref_kind, ref_start = _brute_force(labels, STEPS)
         assert r.kind == ref_kind and (r.pure_from == ref_start or (math.isnan(ref_start) and math.isnan(r.pure_from)))
@@ -91,8 +107,9 @@ def test_max_accuracy_composition_and_layer_ranges():
 
 
 def test_normalised_entropy():
-    table = pd.DataFrame({"query_mode": "last", "layer": [0, 0, 0, 1, 1], "head": 0,
-                          "entropy": [2.0, 1.0, 1.5, 0.7, 0.7]})
+    table = pd.DataFrame(
+        {"query_mode": "last", "layer": [0, 0, 0, 1, 1], "head": 0, "entropy": [2.0, 1.0, 1.5, 0.7, 0.7]}
+    )
     assert dynamics.normalised_entropy(table).tolist() == [1.0, 0.0, 0.5, 0.0, 0.0]
 
 
@@ -135,7 +152,9 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
             role_of[prompt, position] = "last" if k == 0 else ("target" if k == len(pointers) - 1 else "inner")
     direct["role"] = [role_of[key] for key in zip(direct.prompt, direct["query"])]
     for role in ("last", "target", "inner"):
-        ref = direct[direct.role == role].groupby(["layer", "prompt"])[["s_pos", "s_sym"]].mean().groupby("layer").mean()
+        ref = (
+            direct[direct.role == role].groupby(["layer", "prompt"])[["s_pos", "s_sym"]].mean().groupby("layer").mean()
+        )
         for layer in (0, 1):
             assert at.loc[(role, layer), "s_pos"] == pytest.approx(ref.s_pos[layer], abs=1e-12)
             assert at.loc[(role, layer), "s_sym"] == pytest.approx(ref.s_sym[layer], abs=1e-12)
@@ -149,8 +168,12 @@ def test_dynamics_tables_agree_with_scores_and_metrics(tiny_run):
         assert at.loc[("hops", layer), "pure_symbolic_gamma_0p05"] == pytest.approx(expected, abs=1e-12)
     prompts_per_mode = per_prompt[per_prompt.step == step].groupby("query_mode").prompt.nunique()
     hop_counts = [int((c >= 0).sum()) - 1 for c in chains]
-    assert prompts_per_mode.to_dict() == {"hops": 8, "last": 8, "target": sum(h >= 2 for h in hop_counts),
-                                          "inner": sum(h >= 3 for h in hop_counts)}
+    assert prompts_per_mode.to_dict() == {
+        "hops": 8,
+        "last": 8,
+        "target": sum(h >= 2 for h in hop_counts),
+        "inner": sum(h >= 3 for h in hop_counts),
+    }
     assert table.entropy_norm.between(0, 1).all()
     again, _ = dynamics.collect_dynamics(tiny_run, n_prompts=8, seed=3)
     pd.testing.assert_frame_equal(table, again)

@@ -35,8 +35,9 @@ def scores_dir(tmp_path_factory):
     model = save_model(root / "llama", "llama", tokenizer())
     out = root / "scores"
     mp = pytest.MonkeyPatch()
-    code = run_posym(mp, "llm-scores", model, "--n", 3, "--exclude-keys", "0", "--heads", "0.1,1.0", "--device", "cpu",
-                     "--out", out)
+    code = run_posym(
+        mp, "llm-scores", model, "--n", 3, "--exclude-keys", "0", "--heads", "0.1,1.0", "--device", "cpu", "--out", out
+    )
     mp.undo()
     assert code == 0
     return out
@@ -58,15 +59,38 @@ def test_pack_round_trips_and_refuses_what_does_not_fit():
 
 
 def test_rows_with_fewer_swaps_are_padded_and_nan_is_null():
-    details = pd.DataFrame([{"layer": 0, "head": h, "first": 0, "attention": [0.5, 0.25, 0.25], "s_pos": 1.0,
-                             "s_sym": 0.0, "a": [0] * n, "b": [1] * n, **{c: [0.5] * n for c in (
-                                 "weight", "before_a", "before_b", "after_a", "after_b", "cos_pos", "cos_sym")}}
-                            for h, n in ((0, 2), (1, 1))])
-    s = explore.HeadSet("toy", 1, 2, {"s_pos": {(0, 0): 1.0, (0, 1): float("nan")}, "label": {(0, 0): "positional"}},
-                        prompts=[{"text": "a b c", "ids": [1, 2, 3], "query": 2}], details={0: details},
-                        planes={(0, 1): [[1, explore._num(float("nan")), 0.5, 1.0]]})
-    data = json.loads(explore.render(explore.encode([s], title="t", sources=[]))
-                      .split('type="application/json">')[1].split("</script>")[0])
+    details = pd.DataFrame(
+        [
+            {
+                "layer": 0,
+                "head": h,
+                "first": 0,
+                "attention": [0.5, 0.25, 0.25],
+                "s_pos": 1.0,
+                "s_sym": 0.0,
+                "a": [0] * n,
+                "b": [1] * n,
+                **{
+                    c: [0.5] * n for c in ("weight", "before_a", "before_b", "after_a", "after_b", "cos_pos", "cos_sym")
+                },
+            }
+            for h, n in ((0, 2), (1, 1))
+        ]
+    )
+    s = explore.HeadSet(
+        "toy",
+        1,
+        2,
+        {"s_pos": {(0, 0): 1.0, (0, 1): float("nan")}, "label": {(0, 0): "positional"}},
+        prompts=[{"text": "a b c", "ids": [1, 2, 3], "query": 2}],
+        details={0: details},
+        planes={(0, 1): [[1, explore._num(float("nan")), 0.5, 1.0]]},
+    )
+    data = json.loads(
+        explore.render(explore.encode([s], title="t", sources=[]))
+        .split('type="application/json">')[1]
+        .split("</script>")[0]
+    )
     entry = data["sets"][0]["prompts"][0]
     assert entry["top"] == 2 and entry["keys"] == [0, 1, 0, 1, 0, 1, -1, -1]
     swaps = unpack(entry["swaps"], explore.FINE).reshape(2, 2, 7)
@@ -82,8 +106,14 @@ def test_the_page_embeds_the_tables_and_the_models_details(scores_dir, page):
     s = data["sets"][0]
     heads = pd.read_parquet(scores_dir / "heads.parquet").sort_values(["layer", "head"])
     free = head_scores(pd.read_parquet(scores_dir / "scores_excluded.parquet")).sort_values(["layer", "head"])
-    for metric, frame, column in [("s_pos", heads, "s_pos"), ("s_sym", heads, "s_sym"), ("entropy", heads, "entropy"),
-                                  ("sink", heads, "attn_first"), ("s_pos_sf", free, "s_pos"), ("s_sym_sf", free, "s_sym")]:
+    for metric, frame, column in [
+        ("s_pos", heads, "s_pos"),
+        ("s_sym", heads, "s_sym"),
+        ("entropy", heads, "entropy"),
+        ("sink", heads, "attn_first"),
+        ("s_pos_sf", free, "s_pos"),
+        ("s_sym_sf", free, "s_sym"),
+    ]:
         got = unpack(s["maps"][metric], explore.STEPS[metric])
         assert np.abs(got - frame[column].to_numpy()).max() <= explore.STEPS[metric] / 2 + 1e-12, metric
     assert s["labels"] == heads.label.tolist()
@@ -91,8 +121,9 @@ def test_the_page_embeds_the_tables_and_the_models_details(scores_dir, page):
     per_prompt = prompt_scores(pd.read_parquet(scores_dir / "scores.parquet")).sort_values(["prompt", "layer", "head"])
     prompts = pd.read_parquet(scores_dir / "prompts.parquet")
     loaded = load(scores_dir.parent / "llama")
-    fresh = head_details(loaded.model, [list(i) for i in prompts.input_ids[:2]], [[int(q)] for q in prompts["query"][:2]],
-                         top=3)
+    fresh = head_details(
+        loaded.model, [list(i) for i in prompts.input_ids[:2]], [[int(q)] for q in prompts["query"][:2]], top=3
+    )
     for k, entry in enumerate(s["prompts"]):
         rows = per_prompt[per_prompt.prompt == k]
         assert np.abs(unpack(entry["s_pos"], explore.FINE) - rows.s_pos.to_numpy()).max() <= 5e-5 + 1e-12
@@ -100,7 +131,9 @@ def test_the_page_embeds_the_tables_and_the_models_details(scores_dir, page):
         if k >= 2:  # detail_prompts=2: the third prompt has scores but no attention rows
             assert "attention" not in entry
             continue
-        assert entry["tokens"] == [loaded.tokenizer.decode([int(i)]) for i in prompts.input_ids[k][: entry["query"] + 1]]
+        assert entry["tokens"] == [
+            loaded.tokenizer.decode([int(i)]) for i in prompts.input_ids[k][: entry["query"] + 1]
+        ]
         mine = fresh[fresh.prompt == k]
         attention = unpack(entry["attention"], explore.FINE)
         assert len(attention) == 8 * (entry["query"] + 1)
@@ -164,22 +197,30 @@ def test_the_page_in_chromium(scores_dir, page, tmp_path):
         browser.click('[data-head="1.0"]')
         assert browser.evaluate("document.getElementById('headtitle').textContent") == "Layer 1, head 0"
         assert browser.evaluate("location.hash") == "#set=0&map=s_pos&head=1.0&prompt=0"
-        shown = browser.evaluate("Object.fromEntries([...document.querySelectorAll('#summary [data-field]')]"
-                                 ".map(e => [e.dataset.field, e.textContent]))")
+        shown = browser.evaluate(
+            "Object.fromEntries([...document.querySelectorAll('#summary [data-field]')]"
+            ".map(e => [e.dataset.field, e.textContent]))"
+        )
         for field, column in [("s_pos", "s_pos"), ("s_sym", "s_sym"), ("entropy", "entropy"), ("sink", "attn_first")]:
             assert abs(float(shown[field]) - heads.loc[(1, 0), column]) <= 5.5e-4, field  # 3 decimals of the 1e-4 code
         assert shown["label"] == heads.loc[(1, 0), "label"]
-        rows = browser.evaluate("[...document.querySelectorAll('#promptscores tr[data-prompt]')].map(r => "
-                                "[...r.querySelectorAll('[data-field]')].map(e => +e.textContent))")
+        rows = browser.evaluate(
+            "[...document.querySelectorAll('#promptscores tr[data-prompt]')].map(r => "
+            "[...r.querySelectorAll('[data-field]')].map(e => +e.textContent))"
+        )
         assert len(rows) == 3
         for k, (s_pos, s_sym) in enumerate(rows):
             assert abs(s_pos - per_prompt.loc[(k, 1, 0), "s_pos"]) <= 5.5e-4
             assert abs(s_sym - per_prompt.loc[(k, 1, 0), "s_sym"]) <= 5.5e-4
         # prompt 0 is shown: its attention row over the tokens, the query last, and the heaviest swaps
         query = data["prompts"][0]["query"]
-        tokens = browser.evaluate("[...document.querySelectorAll('#attention .tok')].map(t => "
-                                  "[+t.dataset.pos, +t.dataset.attn, t.querySelector('.t').textContent])")
-        row = unpack(data["prompts"][0]["attention"], explore.FINE)[4 * (query + 1):5 * (query + 1)]  # head 1.0 is the fifth of 2 x 4
+        tokens = browser.evaluate(
+            "[...document.querySelectorAll('#attention .tok')].map(t => "
+            "[+t.dataset.pos, +t.dataset.attn, t.querySelector('.t').textContent])"
+        )
+        row = unpack(data["prompts"][0]["attention"], explore.FINE)[
+            4 * (query + 1) : 5 * (query + 1)
+        ]  # head 1.0 is the fifth of 2 x 4
         assert [t[0] for t in tokens] == list(range(query + 1))
         assert [t[2] for t in tokens] == data["prompts"][0]["tokens"]
         assert np.abs(np.array([t[1] for t in tokens]) - row).max() <= 5.5e-5
@@ -194,26 +235,38 @@ def test_the_page_in_chromium(scores_dir, page, tmp_path):
         browser.key("Enter", key_code=13)
         assert browser.evaluate("document.getElementById('headtitle').textContent") == "Layer 0, head 1"
         # filters fade heads; the label map carries letters; a permalink restores head, map and prompt
-        browser.evaluate("(() => { const e = document.getElementById('tpos'); e.value = '2'; "
-                         "e.dispatchEvent(new Event('input')); })()")
+        browser.evaluate(
+            "(() => { const e = document.getElementById('tpos'); e.value = '2'; "
+            "e.dispatchEvent(new Event('input')); })()"
+        )
         assert browser.evaluate("document.querySelectorAll('#map .cell.out').length") == 8
         browser.open(path, width=800, fragment="#set=0&map=label&head=0.1&prompt=1")
         assert browser.evaluate("document.getElementById('headtitle').textContent") == "Layer 0, head 1"
         assert browser.evaluate("document.getElementById('prompt').value") == "1"
-        assert set(browser.evaluate("[...document.querySelectorAll('#map .cell')].map(c => c.textContent)")) <= set("PSMU")
+        assert set(browser.evaluate("[...document.querySelectorAll('#map .cell')].map(c => c.textContent)")) <= set(
+            "PSMU"
+        )
         assert browser.evaluate("document.documentElement.scrollWidth") <= 800  # nothing wider than the window
         browser.screenshot(tmp_path / "800.png")
         browser.open(path, width=1400, fragment="#head=0.1")
-        side_by_side = browser.evaluate("document.getElementById('headpage').getBoundingClientRect().left >= "
-                                        "document.getElementById('mapbox').getBoundingClientRect().right")
+        side_by_side = browser.evaluate(
+            "document.getElementById('headpage').getBoundingClientRect().left >= "
+            "document.getElementById('mapbox').getBoundingClientRect().right"
+        )
         assert side_by_side
         # greyscale: the sequential ramp's lightness rises monotonically, label colours differ in lightness
         ramp = [_luminance(c) for c in browser.evaluate("[...Array(21).keys()].map(k => ramp(k / 20))")]
         assert all(b > a for a, b in zip(ramp, ramp[1:]))
-        labels = sorted(_luminance(browser.evaluate(f"(() => {{ const d = document.createElement('div'); "
-                                                     f"d.style.background = LABEL_STYLE['{lab}'][0]; document.body.append(d); "
-                                                     f"return getComputedStyle(d).backgroundColor; }})()"))
-                        for lab in ("positional", "symbolic", "mixed", "uniform"))
+        labels = sorted(
+            _luminance(
+                browser.evaluate(
+                    f"(() => {{ const d = document.createElement('div'); "
+                    f"d.style.background = LABEL_STYLE['{lab}'][0]; document.body.append(d); "
+                    f"return getComputedStyle(d).backgroundColor; }})()"
+                )
+            )
+            for lab in ("positional", "symbolic", "mixed", "uniform")
+        )
         assert min(b - a for a, b in zip(labels, labels[1:])) > 0.1
         assert browser.console_errors == []
         assert browser.requests == [path.resolve().as_uri()] * 3  # the file itself, once per open; nothing else

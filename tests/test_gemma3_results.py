@@ -28,8 +28,9 @@ def test_gemma3_labels_sinks_and_layer_kinds():
     last, free = pick["binding-last", "plain"], pick["binding-last", "sinks excluded"]
     assert _counts(last.label) == (59, 6, 7) and _counts(head_labels(last.s_pos, last.s_sym, 0.05)) == (57, 6, 9)
     assert _counts(free.label) == (19, 15, 38) and _counts(head_labels(free.s_pos, free.s_sym, 0.05)) == (17, 10, 45)
-    assert json.loads((STUDY / "scores" / "sinks.json").read_text()) == {s: [0] for s in
-                                                                         ("binding-last", "binding-name", "number", "letter")}
+    assert json.loads((STUDY / "scores" / "sinks.json").read_text()) == {
+        s: [0] for s in ("binding-last", "binding-name", "number", "letter")
+    }
     profile = json.loads((STUDY / "profile" / "profile.json").read_text())
     assert round(profile["binding-last"]["pearson_r"], 3) == -0.980
     attn = last.groupby("label").attn_first.mean().round(2).to_dict()
@@ -38,10 +39,17 @@ def test_gemma3_labels_sinks_and_layer_kinds():
     changed = changes[changes.changed & (changes.set == "binding-last")]
     assert len(changed) == 41 and not (changed.label == "positional").any()
     assert changed.groupby(["label", "label_excluded"]).size().to_dict() == {
-        ("symbolic", "mixed"): 32, ("symbolic", "positional"): 8, ("mixed", "positional"): 1}
-    for rows, plain, sink_free in ((~last.layer.isin(GLOBAL), (47, 6, 7), (11, 14, 35)),
-                                   (last.layer.isin(GLOBAL), (12, 0, 0), (8, 1, 3))):
-        assert _counts(last[rows].label) == plain and _counts(free[free.layer.isin(last[rows].layer)].label) == sink_free
+        ("symbolic", "mixed"): 32,
+        ("symbolic", "positional"): 8,
+        ("mixed", "positional"): 1,
+    }
+    for rows, plain, sink_free in (
+        (~last.layer.isin(GLOBAL), (47, 6, 7), (11, 14, 35)),
+        (last.layer.isin(GLOBAL), (12, 0, 0), (8, 1, 3)),
+    ):
+        assert (
+            _counts(last[rows].label) == plain and _counts(free[free.layer.isin(last[rows].layer)].label) == sink_free
+        )
     kept = changes[(changes.set == "binding-last") & (changes.label == "symbolic") & ~changes.changed]
     assert (int((~kept.layer.isin(GLOBAL)).sum()), int(kept.layer.isin(GLOBAL).sum())) == (11, 8)
     positional = last[last.label == "positional"]
@@ -59,13 +67,19 @@ def test_gemma3_frequency_use_per_layer_kind_and_discrepancy():
     behaviour = pd.read_parquet(STUDY / "frequency" / "behaviour.parquet")
     kind = behaviour.layer.isin(GLOBAL).map({False: "local", True: "global"})
     means = behaviour.groupby(kind)[["weighted_id", "dominant_id"]].mean().round(1)
-    assert means.to_dict() == {"weighted_id": {"global": 94.0, "local": 73.9}, "dominant_id": {"global": 121.4, "local": 96.8}}
+    assert means.to_dict() == {
+        "weighted_id": {"global": 94.0, "local": 73.9},
+        "dominant_id": {"global": 121.4, "local": 96.8},
+    }
     assert behaviour.uniform_id.eq(64.5).all()
     bases = behaviour.groupby(kind).rope_base.agg(["min", "max"])
     assert 0.99999e6 < bases.loc["global", "min"] <= bases.loc["global", "max"] < 1.00001e6
     assert 0.99999e4 < bases.loc["local", "min"] <= bases.loc["local", "max"] < 1.00001e4
     assert behaviour.groupby("label").weighted_id.mean().round(1).to_dict() == {
-        "mixed": 69.9, "positional": 46.0, "symbolic": 81.3}
+        "mixed": 69.9,
+        "positional": 46.0,
+        "symbolic": 81.3,
+    }
     frequency = json.loads((STUDY / "frequency" / "frequency.json").read_text())
     assert (round(frequency["pearson"], 2), round(frequency["spearman"], 2)) == (-0.59, -0.06)
     gaps = pd.read_parquet(STUDY / "discrepancy" / "gaps.parquet")
@@ -112,17 +126,32 @@ def test_gemma3_length_task_screen_and_accuracy():
     from posym.core.stats import wilson_interval
 
     summary = pd.read_parquet(STUDY / "screen" / "summary.parquet").set_index("format")
-    assert summary.n.to_dict() == {"kv-code": 200, "copy": 50, "kv-list": 50, "kv-fewshot": 50, "possession": 50,
-                                   "arithmetic": 50}
-    assert summary.acc.round(3).to_dict() == {"kv-code": 0.845, "copy": 1.0, "kv-list": 0.66, "kv-fewshot": 0.64,
-                                              "possession": 0.52, "arithmetic": 0.04}
+    assert summary.n.to_dict() == {
+        "kv-code": 200,
+        "copy": 50,
+        "kv-list": 50,
+        "kv-fewshot": 50,
+        "possession": 50,
+        "arithmetic": 50,
+    }
+    assert summary.acc.round(3).to_dict() == {
+        "kv-code": 0.845,
+        "copy": 1.0,
+        "kv-list": 0.66,
+        "kv-fewshot": 0.64,
+        "possession": 0.52,
+        "arithmetic": 0.04,
+    }
     assert (summary.lo["kv-code"], summary.hi["kv-code"]) == wilson_interval(169, 200)
     chosen = json.loads((STUDY / "screen" / "screen.json").read_text())
     assert (chosen["format"], chosen["passes"], chosen["prompts"]) == ("kv-code", True, 200)
     acc = pd.read_parquet(STUDY / "lengths" / "accuracy_summary.parquet")
     by = {layout: rows.sort_values("factor").acc.round(3).tolist() for layout, rows in acc.groupby("layout")}
-    assert by == {"between": [0.875, 0.656, 0.594, 0.625, 0.531], "before": [0.875, 0.906, 0.875, 0.875, 0.875],
-                  "marked": [0.625, 0.531, 0.375, 0.406, 0.406]}
+    assert by == {
+        "between": [0.875, 0.656, 0.594, 0.625, 0.531],
+        "before": [0.875, 0.906, 0.875, 0.875, 0.875],
+        "marked": [0.625, 0.531, 0.375, 0.406, 0.406],
+    }
     assert (acc.n == 32).all() and acc[acc.layout == "between"].length.max() == 896
 
 

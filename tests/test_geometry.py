@@ -20,6 +20,7 @@ from posym.core import geometry, paper  # noqa: E402
 from posym.errors import PosymError  # noqa: E402
 from posym.core.qk import head_qk, rotate  # noqa: E402
 
+
 def _model(kind: str, seed: int = 0):
     """Tiny eager float64 models (tests/tiny_models.py) with q/k scaled by 4: peaked, not one-hot."""
     return tiny_model(kind, seed=seed, qk_scale=4.0)
@@ -54,18 +55,22 @@ def test_plane_scores_match_channel_loop(kind):
                         return float(qk.scale * (q_rot[c] * rotated(qk.k[0, head, content], at)[c]).sum())
 
                     total = torch.zeros(p + 1, dtype=torch.float64)
-                    rows = fast[(fast.prompt == k) & (fast["query"] == p) & (fast.layer == layer) & (fast["head"] == head)]
+                    rows = fast[
+                        (fast.prompt == k) & (fast["query"] == p) & (fast.layer == layer) & (fast["head"] == head)
+                    ]
                     assert len(rows) == len(channels)
                     for c, row in zip(channels, rows.itertuples()):
-                        swapped = torch.tensor([[logit(c, a, b) for b in range(p + 1)] for a in range(p + 1)],
-                                               dtype=torch.float64)
+                        swapped = torch.tensor(
+                            [[logit(c, a, b) for b in range(p + 1)] for a in range(p + 1)], dtype=torch.float64
+                        )
                         ref = reference_swap_scores(swapped.diagonal(), swapped, tau=tau)
                         assert (row.s_pos, row.s_sym) == pytest.approx((ref["s_pos"], ref["s_sym"]), abs=1e-9)
                         assert row.max_logit == pytest.approx(float(swapped.diagonal().max()), abs=1e-8)
                         total += swapped.diagonal()
                     # GPT-J's eager attention computes its logits in float32 even in a float64 model
-                    torch.testing.assert_close(torch.softmax(total, 0), attn[head, p, : p + 1].double(),
-                                               atol=1e-6, rtol=0)
+                    torch.testing.assert_close(
+                        torch.softmax(total, 0), attn[head, p, : p + 1].double(), atol=1e-6, rtol=0
+                    )
     ids = fast.groupby("channel").frequency_id.first().tolist()
     r = head_qk(model, [prompts[0]], [0])[0].cos.shape[-1]
     assert ids == list(range(1, r // 2 + 1)) + ([0] if kind != "llama" else [])
@@ -85,11 +90,19 @@ def _one_plane_head(kind: str, plane: int):
     """One layer, one 16-dim head whose queries and keys live only in `plane` (keys = queries, so the
     query's own key gets |q|^2 > 0): every other channel contributes exactly 0."""
     if kind == "gptj":
-        config = transformers.GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=16, n_layer=1, n_head=1,
-                                         rotary_dim=16)
+        config = transformers.GPTJConfig(
+            vocab_size=VOCAB, n_positions=64, n_embd=16, n_layer=1, n_head=1, rotary_dim=16
+        )
     else:
-        config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                          num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=64)
+        config = transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+        )
     torch.manual_seed(4)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").double().eval()
     attn = model.transformer.h[0].attn if kind == "gptj" else model.model.layers[0].self_attn
@@ -120,11 +133,18 @@ def test_head_using_one_plane_reports_its_id(kind, plane):
 
 
 def test_frequency_use_on_a_hand_made_table():
-    channels = pd.DataFrame({
-        "layer": [0] * 5 + [1] * 3, "head": [0] * 8, "channel": [0, 1, 2, 3, 4, 0, 1, 2],
-        "frequency_id": [1, 2, 3, 4, 0, 1, 2, 3], "frequency": [1.0, 0.5, 0.25, 0.125, 0.0, 1.0, 0.5, 0.25],
-        "s_pos": [0.0] * 8, "s_sym": [0.0] * 8, "use": [2.0, -1.0, 1.0, 0.0, 5.0, -1.0, -2.0, 0.0],
-    })
+    channels = pd.DataFrame(
+        {
+            "layer": [0] * 5 + [1] * 3,
+            "head": [0] * 8,
+            "channel": [0, 1, 2, 3, 4, 0, 1, 2],
+            "frequency_id": [1, 2, 3, 4, 0, 1, 2, 3],
+            "frequency": [1.0, 0.5, 0.25, 0.125, 0.0, 1.0, 0.5, 0.25],
+            "s_pos": [0.0] * 8,
+            "s_sym": [0.0] * 8,
+            "use": [2.0, -1.0, 1.0, 0.0, 5.0, -1.0, -2.0, 0.0],
+        }
+    )
     heads = geometry.frequency_use(channels)
     first = heads.iloc[0]
     assert first.weighted_id == pytest.approx((1 * 2 + 3 * 1) / 3)  # the negative use gets weight 0
@@ -133,9 +153,20 @@ def test_frequency_use_on_a_hand_made_table():
     second = heads.iloc[1]
     assert math.isnan(second.weighted_id) and math.isnan(second.free_use) and second.dominant_id == 3
     # per-prompt rows are averaged first: use = mean max_logit
-    rows = pd.DataFrame({"prompt": [0, 0, 1, 1], "query": 5, "layer": 0, "head": 0, "channel": [0, 1, 0, 1],
-                         "frequency_id": [1, 2, 1, 2], "frequency": [1.0, 0.5, 1.0, 0.5], "s_pos": 0.0,
-                         "s_sym": 0.0, "max_logit": [1.0, 0.0, 3.0, 2.0]})
+    rows = pd.DataFrame(
+        {
+            "prompt": [0, 0, 1, 1],
+            "query": 5,
+            "layer": 0,
+            "head": 0,
+            "channel": [0, 1, 0, 1],
+            "frequency_id": [1, 2, 1, 2],
+            "frequency": [1.0, 0.5, 1.0, 0.5],
+            "s_pos": 0.0,
+            "s_sym": 0.0,
+            "max_logit": [1.0, 0.0, 3.0, 2.0],
+        }
+    )
     assert geometry.frequency_use(rows).weighted_id.iloc[0] == pytest.approx((1 * 2 + 2 * 1) / 3)
 
 
@@ -155,15 +186,26 @@ def test_weightings_on_hand_made_uses():
     flat = geometry.weighted_ids(ids, [0.3] * 5)
     assert flat["linear"] == flat["sharpened"] == pytest.approx(3.0) and math.isnan(flat["floor"])
     assert geometry.weighted_ids(ids, [1000.0, 999.0, 0, 0, 0])["sharpened"] == pytest.approx(
-        (1 + 2 * math.exp(-1)) / (1 + math.exp(-1)), rel=1e-9)  # no overflow
+        (1 + 2 * math.exp(-1)) / (1 + math.exp(-1)), rel=1e-9
+    )  # no overflow
     with pytest.raises(PosymError, match="unknown weighting"):
         geometry.plane_weights(np.zeros(3), "cubic")
 
 
 def test_frequency_use_reports_every_weighting_with_the_uniform_baseline():
     uses = [0.1, 3.0, 0.1, 0.1, 0.0, 0.1]
-    channels = pd.DataFrame({"layer": 0, "head": 0, "channel": range(6), "frequency_id": range(1, 7),
-                             "frequency": [0.5**k for k in range(6)], "s_pos": 0.0, "s_sym": 0.0, "use": uses})
+    channels = pd.DataFrame(
+        {
+            "layer": 0,
+            "head": 0,
+            "channel": range(6),
+            "frequency_id": range(1, 7),
+            "frequency": [0.5**k for k in range(6)],
+            "s_pos": 0.0,
+            "s_sym": 0.0,
+            "use": uses,
+        }
+    )
     head = geometry.frequency_use(channels.sample(frac=1, random_state=0)).iloc[0]  # order must not matter
     expected = geometry.weighted_ids(range(1, 7), uses)
     for name in geometry.WEIGHTINGS:
@@ -205,8 +247,20 @@ def _index_projection(theta, tokens, offsets, turn=None):
         back = offsets.get(t, 0) * theta if turn is None else turn[p]
         for role, z in (("key", v), ("query", v * np.exp(-1j * back))):
             r = z * np.exp(1j * p * theta)
-            rows.append({"layer": 1, "head": 0, "frequency_id": 1, "position": p, "role": role, "token": t,
-                         "x": z.real, "y": z.imag, "x_rot": r.real, "y_rot": r.imag})
+            rows.append(
+                {
+                    "layer": 1,
+                    "head": 0,
+                    "frequency_id": 1,
+                    "position": p,
+                    "role": role,
+                    "token": t,
+                    "x": z.real,
+                    "y": z.imag,
+                    "x_rot": r.real,
+                    "y_rot": r.imag,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -249,7 +303,8 @@ def test_cli_geometry_end_to_end(tiny_run, tmp_path, monkeypatch, capsys):
     assert set(summary["weightings"]) == set(geometry.WEIGHTINGS)
     for name in geometry.WEIGHTINGS:
         assert summary["weightings"][name] == pytest.approx(
-            heads.groupby("layer")[f"weighted_id_{name}"].mean().round(2).tolist())
+            heads.groupby("layer")[f"weighted_id_{name}"].mean().round(2).tolist()
+        )
         assert heads[f"weighted_id_{name}"].between(1, 16).all()
     assert summary["paper_table1"] == paper.TABLE1["letter"]
     assert summary["plane_figure"]["layer"] == 1

@@ -41,8 +41,14 @@ from posym.commands.train import resolve_config, train
 from posym.errors import PosymError
 from posym.models import list_checkpoints, load_checkpoint
 
-ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-       "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+ENV = {
+    **os.environ,
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+}
 TRAIN = TRAIN_2HOP  # 96 steps, 11 checkpoints, ~2 s
 
 
@@ -54,7 +60,6 @@ def runs(tmp_path_factory) -> Path:
     io.write_yaml(root / "full.yaml", TRAIN)
     train(resolve_config("quick", "number", root / "train.yaml"), root / "run", progress=False)
     return root
-
 
 
 def snapshot(root: Path) -> dict:
@@ -95,8 +100,9 @@ SPECIAL = [  # (argv, with OUT the special path; its kind; words of the error)
 
 
 @pytest.mark.parametrize("argv, kind, words", SPECIAL)
-def test_output_over_a_device_fifo_socket_or_directory_is_refused(runs, tmp_path, capsys, monkeypatch, argv,
-                                                                   kind, words):
+def test_output_over_a_device_fifo_socket_or_directory_is_refused(
+    runs, tmp_path, capsys, monkeypatch, argv, kind, words
+):
     out = _special(tmp_path, kind)
     mode = os.lstat(out).st_mode
     code, err = cli(capsys, monkeypatch, *(a.format(run=runs / "run", out=out) for a in argv))
@@ -132,8 +138,12 @@ def test_output_that_is_or_lies_inside_an_input_is_refused(runs, tmp_path, capsy
 
 def test_outputs_beside_inputs_are_allowed(runs, tmp_path):
     run, ckpt = runs / "run", _step(runs)
-    for path, is_dir in [(run / "analysis", True), (run / "scores.parquet", False), (ckpt / "ablation", True),
-                         (tmp_path / "new" / "s.parquet", False)]:
+    for path, is_dir in [
+        (run / "analysis", True),
+        (run / "scores.parquet", False),
+        (ckpt / "ablation", True),
+        (tmp_path / "new" / "s.parquet", False),
+    ]:
         assert io.check_output(path, inputs=[run, ckpt], is_dir=is_dir) == path
 
 
@@ -144,9 +154,16 @@ def start(args, cwd: Path) -> subprocess.Popen:
     """`python -m posym ARGS` leading its own process group (so that SIGINT reaches every process of it)."""
     # SIGINT back to its default first: a test run started in the background (`pytest &`) inherits it
     # ignored, and Python then never raises KeyboardInterrupt
-    return subprocess.Popen([sys.executable, "-m", "posym", *map(str, args)], cwd=cwd, env=ENV, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "posym", *map(str, args)],
+        cwd=cwd,
+        env=ENV,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 180) -> tuple[int, str]:
@@ -201,12 +218,22 @@ def test_ctrl_c_during_run_exits_130_stops_every_worker_and_rerun_resumes(tmp_pa
         return (out / "number" / "checkpoints" / "step-00000006").exists()
 
     code, err = interrupt_when(proc, ready)
-    interrupted(code, err, f"finished stages (and the checkpoints of any training) in {out}", "re-running the same "
-                "command resumes")
+    interrupted(
+        code,
+        err,
+        f"finished stages (and the checkpoints of any training) in {out}",
+        "re-running the same command resumes",
+    )
     time.sleep(1)
     assert not [pid for pid in family if Path(f"/proc/{pid}").exists() and _in_group(Path(f"/proc/{pid}"), proc.pid)]
-    rerun = subprocess.run([sys.executable, "-m", "posym", *map(str, command)], cwd=tmp_path, env=ENV,
-                           capture_output=True, text=True, timeout=600)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "posym", *map(str, command)],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert (out / "pipeline.json").is_file()
 
@@ -223,8 +250,11 @@ def _in_group(proc_dir: Path, pgid: int) -> bool:
 # ---- damaged or inconsistent inputs --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("change", [{"n_layer": 3}, {"n_layer": 1}, {"n_embd": 64}, {"vocab_size": 40}],
-                         ids=["more-layers", "fewer-layers", "wider", "larger-vocabulary"])
+@pytest.mark.parametrize(
+    "change",
+    [{"n_layer": 3}, {"n_layer": 1}, {"n_embd": 64}, {"vocab_size": 40}],
+    ids=["more-layers", "fewer-layers", "wider", "larger-vocabulary"],
+)
 def test_config_json_that_disagrees_with_the_weights_is_one_line(runs, tmp_path, capsys, monkeypatch, change):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(_step(runs), ckpt)
@@ -252,8 +282,9 @@ DAMAGE = {  # file of the latest checkpoint -> how it is damaged
 
 
 @pytest.mark.parametrize("name", list(DAMAGE))
-def test_resume_from_a_damaged_checkpoint_names_the_file_and_the_newest_intact_one(runs, tmp_path, capsys,
-                                                                                    monkeypatch, name):
+def test_resume_from_a_damaged_checkpoint_names_the_file_and_the_newest_intact_one(
+    runs, tmp_path, capsys, monkeypatch, name
+):
     run = tmp_path / "run"
     shutil.copytree(runs / "run", run)
     latest = list_checkpoints(run)[-1][1]
@@ -297,8 +328,9 @@ PROMPTS = {  # a prompt file's bytes -> words of the error
 def test_bad_prompt_files_are_one_line(runs, tmp_path, capsys, monkeypatch, name):
     data, words = PROMPTS[name]
     (tmp_path / "p.jsonl").write_bytes(data)
-    code, err = cli(capsys, monkeypatch, "score", runs / "run", "--prompts", tmp_path / "p.jsonl",
-                    "--out", tmp_path / "s.parquet")
+    code, err = cli(
+        capsys, monkeypatch, "score", runs / "run", "--prompts", tmp_path / "p.jsonl", "--out", tmp_path / "s.parquet"
+    )
     one_line(code, err, words)
 
 
@@ -316,8 +348,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(disk)], check=True)
 
 
-def test_a_real_full_disk_during_train_is_one_line_and_leaves_whole_checkpoints(runs, small_disk, capsys,
-                                                                                 monkeypatch):
+def test_a_real_full_disk_during_train_is_one_line_and_leaves_whole_checkpoints(runs, small_disk, capsys, monkeypatch):
     run = small_disk / "run"
     code, err = cli(capsys, monkeypatch, "train", "--config", runs / "full.yaml", "--out", run, "--no-progress")
     one_line(code, err, "No space left on device")
@@ -329,7 +360,8 @@ def test_a_real_full_disk_during_train_is_one_line_and_leaves_whole_checkpoints(
 # ---- config values, checked before anything is created ---------------------------------------------------------
 
 LAUGHS = "model:\n  n_layer:\n    - &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
-    f"    - &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
+    f"    - &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")
+)
 CONFIGS = [  # (YAML text, words of the error)
     pytest.param("lr: .nan\n", "lr must be a finite number", id="lr-nan"),
     pytest.param("lr: .inf\n", "lr must be a finite number", id="lr-inf"),
@@ -338,8 +370,9 @@ CONFIGS = [  # (YAML text, words of the error)
     pytest.param("model: {n_positions: 4}\n", "model.n_positions (4) must cover the task's 17-token", id="n_positions"),
     pytest.param("threads: 100000\n", "threads: 100000 is more than this machine's", id="threads"),
     pytest.param(LAUGHS, "model.n_layer must be an integer", id="billion-laughs"),
-    pytest.param("lr: 0.001\nmax_steps: 10\nlr: 0.1\n", "key 'lr' appears twice in one mapping (line 3)",
-                 id="duplicate-key"),
+    pytest.param(
+        "lr: 0.001\nmax_steps: 10\nlr: 0.1\n", "key 'lr' appears twice in one mapping (line 3)", id="duplicate-key"
+    ),
 ]
 
 
@@ -406,7 +439,7 @@ class Endpoint:
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     for k in range(0, len(body), 1 if trickle else len(body) or 1):
-                        self.wfile.write(body[k: k + 1] if trickle else body)
+                        self.wfile.write(body[k : k + 1] if trickle else body)
                         self.wfile.flush()
                         time.sleep(trickle)
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up
@@ -429,8 +462,11 @@ def chat_reply(content) -> bytes:
     return json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
 
 
-@pytest.mark.parametrize("reason, body", [(f"bad key {KEY}", b"{}"), ("Unauthorized", b"x" * 190 + KEY.encode() + b"y" * 50)],
-                         ids=["in-the-reason-phrase", "near-character-200-of-the-body"])
+@pytest.mark.parametrize(
+    "reason, body",
+    [(f"bad key {KEY}", b"{}"), ("Unauthorized", b"x" * 190 + KEY.encode() + b"y" * 50)],
+    ids=["in-the-reason-phrase", "near-character-200-of-the-body"],
+)
 def test_the_api_key_never_leaks_into_an_error(monkeypatch, reason, body):
     monkeypatch.setenv("POSYM_TEST_KEY", KEY)
     with Endpoint(401, reason, body) as server, pytest.raises(PosymError) as caught:
@@ -448,10 +484,17 @@ def test_the_timeout_bounds_the_whole_reply(monkeypatch):
         assert time.monotonic() - began < 5  # a per-read timeout would wait for all 10 s
 
 
-@pytest.mark.parametrize("content, answer", [("```\nE\n```", "E"), ("```text\nE```", "E"), (7, "7"),
-                                             ([{"type": "text", "text": "E"}, {"type": "text", "text": "2 more"}], "E2"),
-                                             ("A" * 20_000_000, "A" * llm_bench.MAX_STORED)],
-                         ids=["fenced", "fenced-with-language", "number", "list-of-parts", "20-MB"])
+@pytest.mark.parametrize(
+    "content, answer",
+    [
+        ("```\nE\n```", "E"),
+        ("```text\nE```", "E"),
+        (7, "7"),
+        ([{"type": "text", "text": "E"}, {"type": "text", "text": "2 more"}], "E2"),
+        ("A" * 20_000_000, "A" * llm_bench.MAX_STORED),
+    ],
+    ids=["fenced", "fenced-with-language", "number", "list-of-parts", "20-MB"],
+)
 def test_common_reply_shapes_are_parsed_and_stored_bounded(monkeypatch, content, answer):
     monkeypatch.setenv("POSYM_TEST_KEY", KEY)
     with Endpoint(body=chat_reply(content)) as server:
@@ -462,8 +505,7 @@ def test_common_reply_shapes_are_parsed_and_stored_bounded(monkeypatch, content,
 # ---- one process per output directory ------------------------------------------------------------------------
 
 
-def test_a_second_process_on_a_locked_directory_is_refused_with_the_holders_pid(runs, tmp_path, capsys,
-                                                                                monkeypatch):
+def test_a_second_process_on_a_locked_directory_is_refused_with_the_holders_pid(runs, tmp_path, capsys, monkeypatch):
     from tiny_runs import PIPELINE
 
     run = tmp_path / "run"
@@ -479,8 +521,9 @@ def test_a_second_process_on_a_locked_directory_is_refused_with_the_holders_pid(
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(runs, tmp_path, capsys, monkeypatch):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     run = tmp_path / "run"
     shutil.copytree(runs / "run", run)
     (run / io.LOCK).write_text(f"{int(dead.stdout)} {io._HOST}\n")  # what a SIGKILLed train leaves
@@ -497,8 +540,13 @@ def test_a_second_train_process_on_one_run_is_refused(runs, tmp_path):
     try:
         while not (out / "checkpoints" / "step-00000001").exists() and first.poll() is None:
             time.sleep(0.01)
-        second = subprocess.run([sys.executable, "-m", "posym", "train", "--resume", out], env=ENV,
-                                capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            [sys.executable, "-m", "posym", "train", "--resume", out],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert first.poll() is None  # still training: the refusal below met a live holder
     finally:
         os.killpg(first.pid, signal.SIGINT)
@@ -511,8 +559,24 @@ def test_a_second_train_process_on_one_run_is_refused(runs, tmp_path):
 
 
 def _ablate(run: Path, tmp_path: Path, save: Path) -> list:
-    return ["ablate", run, "--heads", "0", "--mode", "zero", "--factors", "1", "--n", 4, "--label-prompts", 2,
-            "--save", save, "--out", tmp_path / "ablation"]
+    return [
+        "ablate",
+        run,
+        "--heads",
+        "0",
+        "--mode",
+        "zero",
+        "--factors",
+        "1",
+        "--n",
+        4,
+        "--label-prompts",
+        2,
+        "--save",
+        save,
+        "--out",
+        tmp_path / "ablation",
+    ]
 
 
 @pytest.mark.parametrize("target", ["unrelated-directory", "the-run-itself"])
@@ -607,15 +671,33 @@ BENCH_OPTIONS = [  # (extra llm-bench arguments, words of the error)
     pytest.param(["--timeout", "inf"], "--timeout must be a number of seconds", id="timeout-inf"),
     pytest.param(["--base-url", "http://127.0.0.1:99999/v1"], "is not a usable URL", id="port-out-of-range"),
     pytest.param(["--base-url", "http:///v1"], "names no host", id="no-host"),
-    pytest.param(["--base-url", "http://user:hunter2@127.0.0.1:1/v1", "--retries", "0", "--timeout", "2"],
-                 "endpoint http://127.0.0.1:1/v1/chat/completions failed", id="credentials-in-the-url"),
+    pytest.param(
+        ["--base-url", "http://user:hunter2@127.0.0.1:1/v1", "--retries", "0", "--timeout", "2"],
+        "endpoint http://127.0.0.1:1/v1/chat/completions failed",
+        id="credentials-in-the-url",
+    ),
 ]
 
 
 @pytest.mark.parametrize("extra, words", BENCH_OPTIONS)
 def test_llm_bench_options_and_urls_are_checked(tmp_path, capsys, monkeypatch, extra, words):
-    argv = ["llm-bench", "--base-url", "http://127.0.0.1:1/v1", "--model-name", "m", "--n", 1, "--runs", 1,
-            "--sizes", 12, "--task", "letter", "--out", tmp_path / "out"]
+    argv = [
+        "llm-bench",
+        "--base-url",
+        "http://127.0.0.1:1/v1",
+        "--model-name",
+        "m",
+        "--n",
+        1,
+        "--runs",
+        1,
+        "--sizes",
+        12,
+        "--task",
+        "letter",
+        "--out",
+        tmp_path / "out",
+    ]
     for option, value in zip(extra[::2], extra[1::2]):  # replace the option's value, or add it
         if option in argv:
             argv[argv.index(option) + 1] = value
@@ -629,13 +711,13 @@ def test_llm_bench_options_and_urls_are_checked(tmp_path, capsys, monkeypatch, e
 def test_tokenizer_auto_map_never_runs_the_directorys_code(tmp_path, monkeypatch):
     import builtins
 
-
     model = tmp_path / "model"
     model.mkdir()
     ran = tmp_path / "ran"
     (model / "evil.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\nclass EvilTokenizer:\n    pass\n")
-    (model / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}}))
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}})
+    )
     monkeypatch.setattr(builtins, "input", lambda *a: "y")  # a user answering transformers' [y/N] prompt
     with pytest.raises(PosymError, match="cannot load the tokenizer"):
         models._tokenizer_loader(model)()
@@ -693,15 +775,27 @@ _SMALL = dict(block_count=1, embedding_length=8, feed_forward_length=16, context
 _NESTED = b"".join(__import__("struct").pack("<IQ", 9, 1) for _ in range(5000)) + __import__("struct").pack("<IQ", 4, 0)
 GGUFS = {  # name -> (fields, tensors, words of the error)
     "only-the-architecture": (_gguf_fields(), [], "holds no tensors (only metadata)"),
-    "sizes-but-no-blocks": (_gguf_fields(**{**_SMALL, "block_count": 2}), [("token_embd.weight", [8, 16])],
-                            "declares 2 blocks"),
-    "huge-feed-forward": (_gguf_fields(**{**_SMALL, "feed_forward_length": 10**9}),
-                          [("token_embd.weight", [8, 16]), ("blk.0.attn_q.weight", [8, 8])], "metadata describes"),
+    "sizes-but-no-blocks": (
+        _gguf_fields(**{**_SMALL, "block_count": 2}),
+        [("token_embd.weight", [8, 16])],
+        "declares 2 blocks",
+    ),
+    "huge-feed-forward": (
+        _gguf_fields(**{**_SMALL, "feed_forward_length": 10**9}),
+        [("token_embd.weight", [8, 16]), ("blk.0.attn_q.weight", [8, 8])],
+        "metadata describes",
+    ),
     "nested-arrays": (_gguf_fields() + [("x.nested", 9, _NESTED)], [], "header is truncated or corrupt"),
-    "alignment-zero": (_gguf_fields() + [("general.alignment", 4, (0).to_bytes(4, "little"))], [],
-                       "general.alignment must be a positive integer"),
-    "alignment-string": (_gguf_fields() + [("general.alignment", 8, (2).to_bytes(8, "little") + b"32")], [],
-                         "general.alignment must be a positive integer"),
+    "alignment-zero": (
+        _gguf_fields() + [("general.alignment", 4, (0).to_bytes(4, "little"))],
+        [],
+        "general.alignment must be a positive integer",
+    ),
+    "alignment-string": (
+        _gguf_fields() + [("general.alignment", 8, (2).to_bytes(8, "little") + b"32")],
+        [],
+        "general.alignment must be a positive integer",
+    ),
 }
 
 
@@ -745,12 +839,49 @@ COUNTS = [  # (argv with {run}, {ckpt}, {tmp}; words of the error)
     pytest.param(["dynamics", "{run}", "--n", 10**12, "--out", "{tmp}/d"], "asks for at least", id="dynamics-n"),
     pytest.param(["geometry", "{run}", "--n", 10**12, "--out", "{tmp}/g"], "asks for at least", id="geometry-n"),
     pytest.param(["data", "--n", 10**12, "--out", "{tmp}/d.parquet"], "--n 1,000,000,000,000 asks", id="data-n"),
-    pytest.param(["data", "--n", 1, "--extra-target", 10**12, "--out", "{tmp}/d.parquet"],
-                 "--extra-target 1,000,000,000,000 asks", id="data-extra-target"),
-    pytest.param(["llm-bench", "--base-url", "http://127.0.0.1:1/v1", "--model-name", "m", "--n", 10**12, "--runs", 1,
-                  "--sizes", 12, "--out", "{tmp}/b"], "--n 1,000,000,000,000 asks", id="llm-bench-n"),
-    pytest.param(["llm-bench", "--base-url", "http://127.0.0.1:1/v1", "--model-name", "m", "--n", 1, "--runs", 1,
-                  "--sizes", 10**12, "--out", "{tmp}/b"], "--size 1,000,000,000,000 asks", id="llm-bench-size"),
+    pytest.param(
+        ["data", "--n", 1, "--extra-target", 10**12, "--out", "{tmp}/d.parquet"],
+        "--extra-target 1,000,000,000,000 asks",
+        id="data-extra-target",
+    ),
+    pytest.param(
+        [
+            "llm-bench",
+            "--base-url",
+            "http://127.0.0.1:1/v1",
+            "--model-name",
+            "m",
+            "--n",
+            10**12,
+            "--runs",
+            1,
+            "--sizes",
+            12,
+            "--out",
+            "{tmp}/b",
+        ],
+        "--n 1,000,000,000,000 asks",
+        id="llm-bench-n",
+    ),
+    pytest.param(
+        [
+            "llm-bench",
+            "--base-url",
+            "http://127.0.0.1:1/v1",
+            "--model-name",
+            "m",
+            "--n",
+            1,
+            "--runs",
+            1,
+            "--sizes",
+            10**12,
+            "--out",
+            "{tmp}/b",
+        ],
+        "--size 1,000,000,000,000 asks",
+        id="llm-bench-size",
+    ),
 ]
 
 
@@ -766,20 +897,36 @@ def test_llm_scores_size_and_n_are_bounded(tmp_path, capsys, monkeypatch):
     from tiny_llms import save_model, tokenizer
 
     model = save_model(tmp_path / "llama", "llama", tokenizer(), positions=64)
-    code, err = cli(capsys, monkeypatch, "llm-scores", model, "--prompts", "number", "--size", 10**8,
-                    "--out", tmp_path / "o")
+    code, err = cli(
+        capsys, monkeypatch, "llm-scores", model, "--prompts", "number", "--size", 10**8, "--out", tmp_path / "o"
+    )
     one_line(code, err, "--size 100000000 makes number prompts of at least", "positions of llama")
-    code, err = cli(capsys, monkeypatch, "llm-scores", model, "--prompts", "letter", "--size", 4, "--n", 10**12,
-                    "--out", tmp_path / "o")
+    code, err = cli(
+        capsys,
+        monkeypatch,
+        "llm-scores",
+        model,
+        "--prompts",
+        "letter",
+        "--size",
+        4,
+        "--n",
+        10**12,
+        "--out",
+        tmp_path / "o",
+    )
     one_line(code, err, "--n 1,000,000,000,000 asks for at least")
     assert not (tmp_path / "o").exists()
 
 
-
-
-@pytest.mark.parametrize("change, words", [({"vocab_size": "64"}, "vocab_size must be a positive integer, got '64'"),
-                                           ({"n_head": 0}, "n_head must be a positive integer, got 0")],
-                         ids=["vocab_size-a-string", "no-heads"])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"vocab_size": "64"}, "vocab_size must be a positive integer, got '64'"),
+        ({"n_head": 0}, "n_head must be a positive integer, got 0"),
+    ],
+    ids=["vocab_size-a-string", "no-heads"],
+)
 def test_config_json_sizes_are_checked(runs, tmp_path, capsys, monkeypatch, change, words):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(_step(runs), ckpt)
@@ -792,8 +939,9 @@ def test_a_llm_config_json_with_zero_heads_is_one_line(tmp_path, capsys, monkeyp
     from tiny_llms import save_model, tokenizer
 
     model = save_model(tmp_path / "llama", "llama", tokenizer(), positions=64)
-    (model / "config.json").write_text(json.dumps({**json.loads((model / "config.json").read_text()),
-                                                   "num_attention_heads": 0}))
+    (model / "config.json").write_text(
+        json.dumps({**json.loads((model / "config.json").read_text()), "num_attention_heads": 0})
+    )
     code, err = cli(capsys, monkeypatch, "llm-scores", model, "--text", "a b c", "--out", tmp_path / "o")
     one_line(code, err, "num_attention_heads must be a positive integer, got 0")
 
@@ -835,8 +983,9 @@ def test_a_malicious_pickle_with_allow_pickle_is_one_line(tmp_path, capsys, monk
             return (os.system, (f"touch {ran}",))
 
     torch.save({"model.embed_tokens.weight": Evil()}, model / "pytorch_model.bin")  # torch.save pickles it
-    code, err = cli(capsys, monkeypatch, "llm-scores", model, "--allow-pickle", "--text", "a b c", "--out",
-                    tmp_path / "o")
+    code, err = cli(
+        capsys, monkeypatch, "llm-scores", model, "--allow-pickle", "--text", "a b c", "--out", tmp_path / "o"
+    )
     one_line(code, err, "restricted unpickler refused them")
     assert not ran.exists()
 
@@ -847,8 +996,26 @@ def test_outputs_honour_the_umask(runs, tmp_path, capsys, monkeypatch):
         monkeypatch.setattr(io, "_UMASK", 0o022)
         run = tmp_path / "run"
         train(resolve_config("quick", "number", runs / "train.yaml"), run, progress=False, stop_at=1)
-        code, err = cli(capsys, monkeypatch, "ablate", run, "--heads", "0", "--mode", "zero", "--factors", "1",
-                        "--n", 4, "--label-prompts", 2, "--save", tmp_path / "pruned", "--out", tmp_path / "abl")
+        code, err = cli(
+            capsys,
+            monkeypatch,
+            "ablate",
+            run,
+            "--heads",
+            "0",
+            "--mode",
+            "zero",
+            "--factors",
+            "1",
+            "--n",
+            4,
+            "--label-prompts",
+            2,
+            "--save",
+            tmp_path / "pruned",
+            "--out",
+            tmp_path / "abl",
+        )
         assert code == 0, err
     finally:
         os.umask(old)
@@ -868,7 +1035,9 @@ def test_sigterm_is_answered_as_ctrl_c(runs, tmp_path):
     os.killpg(proc.pid, signal.SIGTERM)
     err = proc.stderr.read()
     code = proc.wait(timeout=60)
-    assert code == 143 and err.startswith("posym: terminated: kept checkpoints up to step") and err.count("\n") == 1, err
+    assert code == 143 and err.startswith("posym: terminated: kept checkpoints up to step") and err.count("\n") == 1, (
+        err
+    )
     assert not (out / io.LOCK).exists() and not [p for p in out.rglob(".*")]
 
 
@@ -892,8 +1061,9 @@ def test_minor_cases_are_one_line_or_work(runs, tmp_path, capsys, monkeypatch):
     one_line(code, err, "no\\nsuch")
     # a raw U+2028 inside a JSON string of a prompt file is part of the string, not a line break
     (tmp_path / "p.jsonl").write_text('{"input_ids": [1, 2, 3, 4], "note": "a\u2028b"}\n', encoding="utf-8")
-    code, err = cli(capsys, monkeypatch, "score", runs / "run", "--prompts", tmp_path / "p.jsonl",
-                    "--out", tmp_path / "s.parquet")
+    code, err = cli(
+        capsys, monkeypatch, "score", runs / "run", "--prompts", tmp_path / "p.jsonl", "--out", tmp_path / "s.parquet"
+    )
     assert code == 0, err
     # bare `posym`: the help on stdout, one error line
     capsys.readouterr()
@@ -905,8 +1075,9 @@ def test_minor_cases_are_one_line_or_work(runs, tmp_path, capsys, monkeypatch):
 
 def test_non_utf8_bytes_in_out_are_one_line_before_the_work(tmp_path):
     out = os.fsencode(tmp_path) + b"/d\xff.parquet"
-    done = subprocess.run([sys.executable, "-m", "posym", "data", "--n", "2", "--out", out], env=ENV,
-                          capture_output=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "posym", "data", "--n", "2", "--out", out], env=ENV, capture_output=True, timeout=120
+    )
     one_line(done.returncode, done.stderr.decode("utf-8", "replace"), "is not UTF-8 text", "d\\xff.parquet")
     assert not list(tmp_path.iterdir())
 
@@ -930,16 +1101,37 @@ def test_options_that_had_no_effect_are_refused(runs, tmp_path, capsys, monkeypa
     from tiny_llms import save_model, tokenizer
 
     (tmp_path / "p.jsonl").write_text('{"input_ids": [1, 2]}\n')
-    code, err = cli(capsys, monkeypatch, "score", runs / "run", "--prompts", tmp_path / "p.jsonl", "--out",
-                    tmp_path / "s.parquet")
+    code, err = cli(
+        capsys, monkeypatch, "score", runs / "run", "--prompts", tmp_path / "p.jsonl", "--out", tmp_path / "s.parquet"
+    )
     one_line(code, err, "a prompt needs at least 3 tokens", "got 2")
-    code, err = cli(capsys, monkeypatch, "score", runs / "run", "--task", "letter", "--prompts", tmp_path / "p.jsonl",
-                    "--out", tmp_path / "s.parquet")
+    code, err = cli(
+        capsys,
+        monkeypatch,
+        "score",
+        runs / "run",
+        "--task",
+        "letter",
+        "--prompts",
+        tmp_path / "p.jsonl",
+        "--out",
+        tmp_path / "s.parquet",
+    )
     one_line(code, err, "--task draws the task's test prompts and --prompts reads a file")
     model = save_model(tmp_path / "llama", "llama", tokenizer(), positions=64)
     for keys in ("-1", "500"):
-        code, err = cli(capsys, monkeypatch, "llm-scores", model, "--text", "alice likes red and bob likes blue",
-                        "--exclude-keys", keys, "--out", tmp_path / "o")
+        code, err = cli(
+            capsys,
+            monkeypatch,
+            "llm-scores",
+            model,
+            "--text",
+            "alice likes red and bob likes blue",
+            "--exclude-keys",
+            keys,
+            "--out",
+            tmp_path / "o",
+        )
         one_line(code, err, f"--exclude-keys {keys} is not a key of every prompt")
     assert not (tmp_path / "o").exists() and not (tmp_path / "s.parquet").exists()
 
@@ -973,8 +1165,9 @@ def test_a_study_resumed_with_another_model_is_refused_by_its_weights(tmp_path, 
             llm_study.run_study(models.load(path), out, config, settings=settings, only=["bench"])
         assert snapshot(out) == before
     shutil.copytree(out, tmp_path / "again")
-    timings = llm_study.run_study(first, tmp_path / "again", config, settings={"model": "another/spec/of/it"},
-                              only=["bench"])
+    timings = llm_study.run_study(
+        first, tmp_path / "again", config, settings={"model": "another/spec/of/it"}, only=["bench"]
+    )
     assert timings == {"bench": "done"}
 
 
@@ -1013,8 +1206,9 @@ def test_signals_during_the_cleanup_neither_cut_it_short_nor_change_the_line(tmp
     one with exit 130. Now it is noted, the cleanup ends, the line and exit 143 are the first signal's; a
     third stops posym at once with one line."""
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-c", _SIGNALS, str(out), str(more)], env=ENV, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNALS, str(out), str(more)], env=ENV, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 143, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     if more == 1:
@@ -1027,11 +1221,15 @@ def test_signals_during_the_cleanup_neither_cut_it_short_nor_change_the_line(tmp
 _B64_KEY = "sk-Ab9/cD+ef0123456789=="  # base64 characters, as many providers' keys have
 
 
-@pytest.mark.parametrize("spell", [
-    lambda k: json.dumps({"error": f"bad key {k}"}).replace("/", "\\/"),  # PHP's json_encode
-    lambda k: '{"error": "bad key ' + "".join(f"\\u{ord(c):04X}" for c in k) + '"}',  # every character escaped
-    lambda k: "no such route /v1?key=" + __import__("urllib.parse").parse.quote(k, safe="").lower(),  # URL-encoded
-], ids=["slash-escaped-json", "unicode-escaped-json", "url-encoded"])
+@pytest.mark.parametrize(
+    "spell",
+    [
+        lambda k: json.dumps({"error": f"bad key {k}"}).replace("/", "\\/"),  # PHP's json_encode
+        lambda k: '{"error": "bad key ' + "".join(f"\\u{ord(c):04X}" for c in k) + '"}',  # every character escaped
+        lambda k: "no such route /v1?key=" + __import__("urllib.parse").parse.quote(k, safe="").lower(),  # URL-encoded
+    ],
+    ids=["slash-escaped-json", "unicode-escaped-json", "url-encoded"],
+)
 def test_the_api_key_is_masked_in_every_spelling_of_it(monkeypatch, spell):
     """An endpoint echoing the key JSON-escaped or URL-encoded got past the mask (it matched the key as it is)."""
     monkeypatch.setenv("POSYM_TEST_KEY", _B64_KEY)
@@ -1045,19 +1243,32 @@ def test_the_api_key_is_masked_in_every_spelling_of_it(monkeypatch, spell):
     assert "***" in reply and "ef0123" not in reply.lower() and "0065\\u0066" not in reply.lower(), reply
 
 
-@pytest.mark.parametrize("name", ["stages/study-scores.done.json", "study.yaml", "manifest.json", "scores/heads.parquet"])
+@pytest.mark.parametrize(
+    "name", ["stages/study-scores.done.json", "study.yaml", "manifest.json", "scores/heads.parquet"]
+)
 def test_outputs_never_name_a_done_file_or_a_study_file(tmp_path, capsys, monkeypatch, name):
     """A forged done-file makes a re-run skip its stage, and a study's study.yaml and tables are what a resume
     compares and reads: an output naming them is refused like one naming the lock (it was written)."""
     out = tmp_path / "study"
-    for path, text in [("study.yaml", "seed: 0\n"), ("manifest.json", "{}"), ("stages/study-scores.done.json", "{}"),
-                       ("scores/heads.parquet", "PAR1")]:
+    for path, text in [
+        ("study.yaml", "seed: 0\n"),
+        ("manifest.json", "{}"),
+        ("stages/study-scores.done.json", "{}"),
+        ("scores/heads.parquet", "PAR1"),
+    ]:
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text(text)
     before = snapshot(tmp_path)
     code, err = cli(capsys, monkeypatch, "data", "--n", 2, "--out", out / name)
-    one_line(code, err, *(["is one of posym's own control files (the done-file"] if name.endswith(".done.json")
-                          else ["would overwrite", "an input of this command"]))
+    one_line(
+        code,
+        err,
+        *(
+            ["is one of posym's own control files (the done-file"]
+            if name.endswith(".done.json")
+            else ["would overwrite", "an input of this command"]
+        ),
+    )
     assert snapshot(tmp_path) == before
     code, err = cli(capsys, monkeypatch, "data", "--n", 2, "--out", tmp_path / "elsewhere" / "stages" / "x.done.json")
     one_line(code, err, "is one of posym's own control files")  # wherever the stages folder is
@@ -1078,7 +1289,9 @@ def test_a_replaced_directory_output_never_takes_foreign_files_with_it(tmp_path)
         with io.atomic_path(saved, is_dir=True, replace=True) as tmp:
             (tmp / "config.json").write_text('{"newer": 1}')
             (tmp / "model.safetensors").write_text("weights")
-    assert (saved / "thesis.tex").read_text() == "two years of work\n" and (saved / "config.json").read_text() == '{"new": 1}'
+    assert (saved / "thesis.tex").read_text() == "two years of work\n" and (
+        saved / "config.json"
+    ).read_text() == '{"new": 1}'
     assert sorted(p.name for p in saved.parent.iterdir()) == ["none"]  # no temporary left
 
 
@@ -1096,14 +1309,22 @@ def test_every_read_of_a_posym_output_goes_through_the_guarded_readers():
         if path.name == "io.py":
             continue
         tree = ast.parse(path.read_text())
-        guarded = {alias.asname or alias.name for node in ast.walk(tree)  # `from posym.io import read_parquet`
-                   if isinstance(node, ast.ImportFrom) and node.module == "posym.io" for alias in node.names}
+        guarded = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)  # `from posym.io import read_parquet`
+            if isinstance(node, ast.ImportFrom) and node.module == "posym.io"
+            for alias in node.names
+        }
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
             name = getattr(node.func, "attr", getattr(node.func, "id", None))
             owner = getattr(getattr(node.func, "value", None), "id", None)
-            if name in ("read_parquet", "read_table", "ParquetFile") and owner != "io" and not (owner is None and name in guarded):
+            if (
+                name in ("read_parquet", "read_table", "ParquetFile")
+                and owner != "io"
+                and not (owner is None and name in guarded)
+            ):
                 raw.append((str(path.relative_to(src)), node.lineno, f"{owner}.{name}"))
             if name == "loads" and owner == "json" and "read_text" in ast.dump(node):
                 raw.append((str(path.relative_to(src)), node.lineno, "json.loads(read_text)"))

@@ -51,7 +51,6 @@ def llama(tmp_path) -> Path:
     return save_model(tmp_path / "llama", "llama", tokenizer(), positions=64)
 
 
-
 # ---- posym data: streamed, bounded by the disk ----------------------------------------------------------------
 
 
@@ -97,7 +96,9 @@ def test_a_streamed_file_holds_exactly_the_generated_rows(tmp_path, monkeypatch,
 def test_posym_data_beyond_the_free_disk_is_refused_before_writing(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(resources, "free_disk", lambda directory: 10 * 2**20, raising=False)  # 10 MiB free
     code, err = cli(capsys, monkeypatch, "data", "--n", 100_000, "--format", "npz", "--out", tmp_path / "d.npz")
-    one_line(code, err, "--n 100,000 asks for at least", "free disk space", "use at most 26,214")  # 400 bytes a row: spooled, then archived
+    one_line(
+        code, err, "--n 100,000 asks for at least", "free disk space", "use at most 26,214"
+    )  # 400 bytes a row: spooled, then archived
     assert not list(tmp_path.iterdir())
 
 
@@ -106,12 +107,18 @@ def test_posym_data_beyond_the_free_disk_is_refused_before_writing(tmp_path, cap
 HUGE = 10**12
 COUNTS = [  # argv with {run}, {tmp}; the option named in the error
     pytest.param(["ablate", "{run}", "--heads", "0", "--n", HUGE], "--n", id="ablate-n"),
-    pytest.param(["ablate", "{run}", "--heads", "0", "--n", 4, "--label-prompts", HUGE], "--label-prompts",
-                 id="ablate-label-prompts"),
+    pytest.param(
+        ["ablate", "{run}", "--heads", "0", "--n", 4, "--label-prompts", HUGE],
+        "--label-prompts",
+        id="ablate-label-prompts",
+    ),
     pytest.param(["finetune", "{run}", "--n", HUGE], "--n", id="finetune-n"),
     pytest.param(["lengthgen", "{run}", "--lengths", "8,32", "--n", HUGE], "--n", id="lengthgen-n"),
-    pytest.param(["lengthgen", "{run}", "--lengths", "8,32", "--n", 4, "--head-prompts", HUGE], "--head-prompts",
-                 id="lengthgen-head-prompts"),
+    pytest.param(
+        ["lengthgen", "{run}", "--lengths", "8,32", "--n", 4, "--head-prompts", HUGE],
+        "--head-prompts",
+        id="lengthgen-head-prompts",
+    ),
     pytest.param(["theory", "--n0", "8", "--samples", HUGE], "--samples", id="theory-samples"),
 ]
 
@@ -125,11 +132,39 @@ def test_every_count_option_goes_through_the_range_check(run, tmp_path, capsys, 
 
 
 def test_ablate_factors_without_the_training_length_are_refused_first(run, tmp_path, capsys, monkeypatch):
-    code, err = cli(capsys, monkeypatch, "ablate", run, "--heads", "0", "--n", 4, "--factors", "2",
-                    "--label-prompts", 2, "--out", tmp_path / "out")
+    code, err = cli(
+        capsys,
+        monkeypatch,
+        "ablate",
+        run,
+        "--heads",
+        "0",
+        "--n",
+        4,
+        "--factors",
+        "2",
+        "--label-prompts",
+        2,
+        "--out",
+        tmp_path / "out",
+    )
     one_line(code, err, "--factors must include 1")
-    code, err = cli(capsys, monkeypatch, "ablate", run, "--heads", "0", "--n", 4, "--factors", "1,9",
-                    "--label-prompts", 2, "--out", tmp_path / "out")  # 72 tokens: past the 64 positions
+    code, err = cli(
+        capsys,
+        monkeypatch,
+        "ablate",
+        run,
+        "--heads",
+        "0",
+        "--n",
+        4,
+        "--factors",
+        "1,9",
+        "--label-prompts",
+        2,
+        "--out",
+        tmp_path / "out",
+    )  # 72 tokens: past the 64 positions
     one_line(code, err, "length 72 exceeds the model's position table of 64")
     assert not list(tmp_path.iterdir())
 
@@ -151,10 +186,14 @@ def _never_built(monkeypatch):
     monkeypatch.setattr(models, "pretrained", build)
 
 
-@pytest.mark.parametrize("change", [{"num_hidden_layers": 100_000}, {"hidden_size": 10**6, "head_dim": 250_000},
-                                    {"intermediate_size": 10**7}], ids=["layers", "width", "feed-forward"])
-def test_a_config_json_describing_more_than_its_weights_is_refused_before_the_build(llama, tmp_path, capsys,
-                                                                                     monkeypatch, change):
+@pytest.mark.parametrize(
+    "change",
+    [{"num_hidden_layers": 100_000}, {"hidden_size": 10**6, "head_dim": 250_000}, {"intermediate_size": 10**7}],
+    ids=["layers", "width", "feed-forward"],
+)
+def test_a_config_json_describing_more_than_its_weights_is_refused_before_the_build(
+    llama, tmp_path, capsys, monkeypatch, change
+):
     """100,000 layers over a 2-layer file used to build for minutes (1 GB and growing after 120 s)."""
     _edit_config(llama, **change)
     _never_built(monkeypatch)
@@ -170,8 +209,9 @@ def test_a_model_larger_than_memory_is_refused_before_the_build(llama, tmp_path,
     one_line(code, err, "its config.json describes a model of about", "GiB of cpu memory here")
 
 
-def test_a_posym_checkpoint_config_json_with_more_layers_is_refused_before_the_build(run, tmp_path, capsys,
-                                                                                      monkeypatch):
+def test_a_posym_checkpoint_config_json_with_more_layers_is_refused_before_the_build(
+    run, tmp_path, capsys, monkeypatch
+):
     import shutil
 
     ckpt = tmp_path / "ckpt"
@@ -182,11 +222,15 @@ def test_a_posym_checkpoint_config_json_with_more_layers_is_refused_before_the_b
     one_line(code, err, "its config.json describes a model of about")
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"rms_norm_eps": -1}, "Field 'rms_norm_eps' expected float"),
-    ({"rope_parameters": {"rope_theta": "abc", "rope_type": "default"}}, "cannot load the model in"),
-    ({"model_type": ["llama"]}, "model_type must be a string, got ['llama']"),
-], ids=["eps-an-integer", "rope-theta-a-string", "model-type-a-list"])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"rms_norm_eps": -1}, "Field 'rms_norm_eps' expected float"),
+        ({"rope_parameters": {"rope_theta": "abc", "rope_type": "default"}}, "cannot load the model in"),
+        ({"model_type": ["llama"]}, "model_type must be a string, got ['llama']"),
+    ],
+    ids=["eps-an-integer", "rope-theta-a-string", "model-type-a-list"],
+)
 def test_config_json_values_of_the_wrong_type_are_one_line(llama, tmp_path, capsys, monkeypatch, change, words):
     _edit_config(llama, **change)
     code, err = cli(capsys, monkeypatch, "llm-scores", llama, "--text", "a b c d", "--out", tmp_path / "o")
@@ -206,9 +250,14 @@ def test_every_json_and_yaml_read_goes_through_the_bounded_readers():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             func = node.func if isinstance(node, ast.Call) else None
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and (
+            if (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and (
                     (func.value.id == "json" and func.attr in ("load", "loads"))
-                    or (func.value.id == "yaml" and "load" in func.attr)):
+                    or (func.value.id == "yaml" and "load" in func.attr)
+                )
+            ):
                 calls.append(f"{path.relative_to(SRC)}:{node.lineno} {func.value.id}.{func.attr}")
     assert calls == []
 
@@ -265,9 +314,25 @@ def test_base_url_credentials_never_reach_llm_bench_files(tmp_path, capsys, monk
     hashes = []
     with _Endpoint() as server:
         for name, authority in (("secret", "user:hunter2@"), ("plain", "")):
-            code, err = cli(capsys, monkeypatch, "llm-bench", "--base-url", f"http://{authority}127.0.0.1:{server.port}/v1",
-                            "--model-name", "m", "--n", 1, "--runs", 1, "--sizes", 12, "--task", "letter",
-                            "--out", tmp_path / name)
+            code, err = cli(
+                capsys,
+                monkeypatch,
+                "llm-bench",
+                "--base-url",
+                f"http://{authority}127.0.0.1:{server.port}/v1",
+                "--model-name",
+                "m",
+                "--n",
+                1,
+                "--runs",
+                1,
+                "--sizes",
+                12,
+                "--task",
+                "letter",
+                "--out",
+                tmp_path / name,
+            )
             assert code == 0, err
             assert not [p for p in (tmp_path / name).rglob("*") if p.is_file() and b"hunter2" in p.read_bytes()]
             hashes.append(io.read_json(tmp_path / name / "manifest.json")["config_hash"])

@@ -22,16 +22,34 @@ from posym.errors import PosymError
 HEADS = 4  # 2 layers x 2 heads
 LENGTHS = [17, 34, 51]
 PROMPTS = 8
-HEAD_COLUMNS = ["step", "layer", "head", "length", "margin", "margin_retention", "attn_tracked",
-                "attn_tracked_retention", "prompts", "s_pos", "s_sym", "label"]
+HEAD_COLUMNS = [
+    "step",
+    "layer",
+    "head",
+    "length",
+    "margin",
+    "margin_retention",
+    "attn_tracked",
+    "attn_tracked_retention",
+    "prompts",
+    "s_pos",
+    "s_sym",
+    "label",
+]
 GROUP_COLUMNS = ["group", "factor", "measure", "length", "value", "lo", "hi", "heads", "draws", "prompts"]
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """12 steps of a 2-layer, 2-head, width-32 number model (4 symbols)."""
-    return train_tiny(tmp_path_factory.mktemp("run"), "number", steps=12, every=12,
-                      task_overrides={"alphabet_size": 4}, model={"n_head": 2, "n_positions": 64})
+    return train_tiny(
+        tmp_path_factory.mktemp("run"),
+        "number",
+        steps=12,
+        every=12,
+        task_overrides={"alphabet_size": 4},
+        model={"n_head": 2, "n_positions": 64},
+    )
 
 
 FORCED = ["positional", "mixed", "symbolic", "mixed"]
@@ -64,7 +82,12 @@ def test_head_table_columns_ranges_and_rows(measured):
     assert sorted(table.length.unique()) == LENGTHS and (table.prompts == PROMPTS).all()
     assert table.groupby(["layer", "head"]).size().eq(len(LENGTHS)).all()
     assert (table.margin >= 0).all() and table.attn_tracked.between(0, 1).all()
-    assert table.drop_duplicates(["layer", "head"]).label.tolist() == FORCED and table.label.isin(LABELS).all() and table.s_pos.between(0, 1).all() and table.s_sym.between(0, 1).all()
+    assert (
+        table.drop_duplicates(["layer", "head"]).label.tolist() == FORCED
+        and table.label.isin(LABELS).all()
+        and table.s_pos.between(0, 1).all()
+        and table.s_sym.between(0, 1).all()
+    )
     base = table[table.length == 17]
     np.testing.assert_allclose(base.margin_retention, 1.0)
     np.testing.assert_allclose(base.attn_tracked_retention, 1.0)
@@ -132,8 +155,14 @@ def test_random_draws_are_matched_to_their_group(measured):
     result, _ = measured
     groups, per_head = result["group_table"], result["head_table"]
     notes = result["head_retention"]["groups"]
-    assert set(groups.group) == {"positional", "symbolic", "mixed", "random:positional", "random:symbolic",
-                                 "random:mixed"}
+    assert set(groups.group) == {
+        "positional",
+        "symbolic",
+        "mixed",
+        "random:positional",
+        "random:symbolic",
+        "random:mixed",
+    }
     assert notes["positional"] == {"heads": 1, "draws": 10, "layer_matched_draws": 10, "random": "same layers"}
     assert notes["mixed"]["draws"] == 10 and notes["mixed"]["layer_matched_draws"] == 10
     random = groups[groups.group == "random:positional"]
@@ -149,10 +178,15 @@ def test_random_draws_are_matched_to_their_group(measured):
 
 
 def test_too_few_heads_outside_a_group_get_no_draws():
-    labels = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "label": ["mixed", "mixed", "mixed", "uniform"]})
+    labels = pd.DataFrame(
+        {"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "label": ["mixed", "mixed", "mixed", "uniform"]}
+    )
     groups, notes = core_lengthgen.head_groups(labels)
-    assert list(groups) == ["mixed"] and notes["mixed"] == {"heads": 3, "draws": 0,
-                                                          "random": "none: 1 heads outside the group of 3"}
+    assert list(groups) == ["mixed"] and notes["mixed"] == {
+        "heads": 3,
+        "draws": 0,
+        "random": "none: 1 heads outside the group of 3",
+    }
 
 
 def test_one_head_per_layer_falls_back_to_nearest_layers():
@@ -182,15 +216,40 @@ def test_figure_and_report_table(measured, tmp_path):
 
 
 def test_switched_off_writes_no_head_tables(tiny_run, tmp_path, monkeypatch, capsys):
-    code = run_posym(monkeypatch, "lengthgen", tiny_run, "--lengths", "17,34", "--protocol", "paper", "--n", "8",
-                     "--no-head-retention", "--out", tmp_path / "off")
+    code = run_posym(
+        monkeypatch,
+        "lengthgen",
+        tiny_run,
+        "--lengths",
+        "17,34",
+        "--protocol",
+        "paper",
+        "--n",
+        "8",
+        "--no-head-retention",
+        "--out",
+        tmp_path / "off",
+    )
     assert code == 0, capsys.readouterr()
     files = sorted(p.name for p in (tmp_path / "off").iterdir())
     assert files == ["fig5b.png", "fig5b.svg", "lengthgen.json", "lengthgen.parquet"]
     summary = json.loads((tmp_path / "off" / "lengthgen.json").read_text())
     assert "head_retention" not in summary and summary["config"]["heads"] is False
-    code = run_posym(monkeypatch, "lengthgen", tiny_run, "--lengths", "17,34", "--protocol", "paper", "--n", "8",
-                     "--head-prompts", "4", "--out", tmp_path / "off")  # its own directory: a rerun with heads
+    code = run_posym(
+        monkeypatch,
+        "lengthgen",
+        tiny_run,
+        "--lengths",
+        "17,34",
+        "--protocol",
+        "paper",
+        "--n",
+        "8",
+        "--head-prompts",
+        "4",
+        "--out",
+        tmp_path / "off",
+    )  # its own directory: a rerun with heads
     printed = capsys.readouterr().out
     assert code == 0 and "head-level retention" in printed
     assert pd.read_parquet(tmp_path / "off" / "head_retention.parquet").prompts.eq(4).all()
@@ -217,8 +276,17 @@ def _construction_measures(head, task, lengths, n=32):
             for query, key in core_lengthgen.chain_keys(chain).items():
                 row = logits[k, query, : query + 1]  # [query + 1]: the keys the pointer sees
                 top = row.topk(2).values  # [2]
-                rows.append({"prompt": k, "query": query, "layer": 0, "head": 0, "length": length,
-                             "margin": float(top[0] - top[1]), "attn_tracked": float(torch.softmax(row, -1)[key])})
+                rows.append(
+                    {
+                        "prompt": k,
+                        "query": query,
+                        "layer": 0,
+                        "head": 0,
+                        "length": length,
+                        "margin": float(top[0] - top[1]),
+                        "attn_tracked": float(torch.softmax(row, -1)[key]),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -232,10 +300,12 @@ def test_hand_built_positional_head_falls_and_symbolic_head_does_not():
 
     number, letter = task_config("number"), task_config("letter")
     lengths = [17, 34, 68]
-    index = head_retention(_construction_measures(index_head(number, frequency_angle(2), 100.0), number, lengths),
-                           base_length=17).set_index("length")
-    retrieval = head_retention(_construction_measures(retrieval_head(letter, frequency_angle(42), 100.0), letter,
-                                                      lengths), base_length=17).set_index("length")
+    index = head_retention(
+        _construction_measures(index_head(number, frequency_angle(2), 100.0), number, lengths), base_length=17
+    ).set_index("length")
+    retrieval = head_retention(
+        _construction_measures(retrieval_head(letter, frequency_angle(42), 100.0), letter, lengths), base_length=17
+    ).set_index("length")
     assert index.loc[68, "margin_retention"] < 0.01 and index.loc[68, "attn_tracked_retention"] < 0.5
     assert index.loc[34, "attn_tracked_retention"] > index.loc[68, "attn_tracked_retention"]
     assert retrieval.loc[68, "margin_retention"] > 0.6 and retrieval.loc[68, "attn_tracked_retention"] > 0.99

@@ -18,9 +18,16 @@ LENGTHS = [17, 34, 51, 68, 128, 256, 512, 850, 1024, 2048]
 
 @pytest.fixture(scope="module")
 def committed():
-    return {name: pd.read_parquet(PAPER / f"{name}.parquet") for name in
-            ("head_retention", "head_retention_labels", "head_retention_seeds", "head_retention_layers",
-             "head_retention_first")}
+    return {
+        name: pd.read_parquet(PAPER / f"{name}.parquet")
+        for name in (
+            "head_retention",
+            "head_retention_labels",
+            "head_retention_seeds",
+            "head_retention_layers",
+            "head_retention_first",
+        )
+    }
 
 
 def test_rebuild_equals_committed(committed):
@@ -31,8 +38,24 @@ def test_rebuild_equals_committed(committed):
 
 def test_head_table_columns_rows_ranges(committed):
     heads = committed["head_retention"]
-    assert {"preset", "seed", "task", "layer", "head", "length", "factor", "inputs", "gap_q50", "gap_mean",
-            "gap_q50_base", "gap_mean_base", "retention_q50", "retention_mean", "label", "label_step"} <= set(heads)
+    assert {
+        "preset",
+        "seed",
+        "task",
+        "layer",
+        "head",
+        "length",
+        "factor",
+        "inputs",
+        "gap_q50",
+        "gap_mean",
+        "gap_q50_base",
+        "gap_mean_base",
+        "retention_q50",
+        "retention_mean",
+        "label",
+        "label_step",
+    } <= set(heads)
     assert len(heads) == 3 * 2 * 12 * len(LENGTHS)  # seeds x tasks x layers (one head each) x lengths
     assert sorted(heads.length.unique()) == LENGTHS and (heads.inputs == 64).all()
     assert heads.label.isin(["positional", "symbolic", "mixed", "uniform"]).all()
@@ -46,8 +69,14 @@ def test_values_recomputed_by_hand(committed):
     dyn = pd.read_parquet(PAPER / "dynamics.parquet")
 
     def gap(seed, task, layer, length, col="gap_q50"):
-        row = gaps[(gaps.preset == "paper") & (gaps.seed == seed) & (gaps.task == task) & (gaps.layer == layer)
-                   & (gaps["head"] == 0) & (gaps.length == length)]
+        row = gaps[
+            (gaps.preset == "paper")
+            & (gaps.seed == seed)
+            & (gaps.task == task)
+            & (gaps.layer == layer)
+            & (gaps["head"] == 0)
+            & (gaps.length == length)
+        ]
         return float(row[col].iloc[0])
 
     heads = committed["head_retention"]
@@ -55,7 +84,8 @@ def test_values_recomputed_by_hand(committed):
         row = heads[(heads.seed == seed) & (heads.task == task) & (heads.layer == layer) & (heads.length == length)]
         assert row.retention_q50.iloc[0] == pytest.approx(gap(seed, task, layer, length) / gap(seed, task, layer, 17))
         assert row.retention_mean.iloc[0] == pytest.approx(
-            gap(seed, task, layer, length, "gap_mean") / gap(seed, task, layer, 17, "gap_mean"))
+            gap(seed, task, layer, length, "gap_mean") / gap(seed, task, layer, 17, "gap_mean")
+        )
     # labels: dynamics at the run's last step, hop queries, gamma 0.1
     hops = dyn[(dyn.preset == "paper") & (dyn.seed == 1) & (dyn.task == "number") & (dyn.query_mode == "hops")]
     last = hops[hops.step == hops.step.max()].set_index("layer").label_gamma_0p1
@@ -65,8 +95,13 @@ def test_values_recomputed_by_hand(committed):
     positional = [layer for layer, label in last.items() if label == "positional"]
     want = np.median([gap(1, "number", l, 68) / gap(1, "number", l, 17) for l in positional])
     labels = committed["head_retention_labels"]
-    row = labels[(labels.seed == 1) & (labels.task == "number") & (labels.label == "positional")
-                 & (labels.length == 68) & (labels.measure == "gap_q50")].iloc[0]
+    row = labels[
+        (labels.seed == 1)
+        & (labels.task == "number")
+        & (labels.label == "positional")
+        & (labels.length == 68)
+        & (labels.measure == "gap_q50")
+    ].iloc[0]
     assert row.median_retention == pytest.approx(want) and row.heads == len(positional)
 
 
@@ -79,8 +114,12 @@ def test_over_seeds_and_the_issue_note(committed):
     assert sym.seeds == 3 and sym["min"] > 1.0
     assert seeds.loc[("letter", "symbolic", 68, "gap_q50")]["min"] > 1.0
     per_seed = committed["head_retention_labels"]
-    sub = per_seed[(per_seed.task == "number") & (per_seed.label == "positional") & (per_seed.length == 68)
-                   & (per_seed.measure == "gap_q50")].median_retention
+    sub = per_seed[
+        (per_seed.task == "number")
+        & (per_seed.label == "positional")
+        & (per_seed.length == 68)
+        & (per_seed.measure == "gap_q50")
+    ].median_retention
     assert pos["mean"] == pytest.approx(sub.mean()) and pos["sd"] == pytest.approx(sub.std(ddof=1))
     assert pos.lo == pytest.approx(sub.mean() - 4.302652729749464 * sub.std(ddof=1) / np.sqrt(3))
     assert (seeds["lo"] <= seeds["mean"]).all() or seeds["lo"].isna().any()
@@ -105,10 +144,35 @@ RUN = PAPER.parent / "run"
 def test_run_head_tables_columns_rows_ranges():
     heads = pd.read_parquet(RUN / "head_retention.parquet")
     groups = pd.read_parquet(RUN / "head_groups.parquet")
-    assert list(heads.columns) == ["task", "step", "layer", "head", "length", "margin", "margin_retention",
-                                   "attn_tracked", "attn_tracked_retention", "prompts", "s_pos", "s_sym", "label"]
-    assert list(groups.columns) == ["task", "step", "group", "factor", "measure", "length", "value", "lo", "hi",
-                                    "heads", "draws", "prompts"]
+    assert list(heads.columns) == [
+        "task",
+        "step",
+        "layer",
+        "head",
+        "length",
+        "margin",
+        "margin_retention",
+        "attn_tracked",
+        "attn_tracked_retention",
+        "prompts",
+        "s_pos",
+        "s_sym",
+        "label",
+    ]
+    assert list(groups.columns) == [
+        "task",
+        "step",
+        "group",
+        "factor",
+        "measure",
+        "length",
+        "value",
+        "lo",
+        "hi",
+        "heads",
+        "draws",
+        "prompts",
+    ]
     assert len(heads) == 2 * 8 * len(LENGTHS)  # tasks x layers (one head each: the quick preset) x lengths
     assert heads.groupby("task").step.first().to_dict() == {"letter": 3000, "number": 1750}
     assert (heads.prompts == 64).all() and (groups.prompts == 64).all()
@@ -121,8 +185,15 @@ def test_run_head_tables_columns_rows_ranges():
     assert [labels["letter", l] for l in range(8)] == ["symbolic"] * 6 + ["mixed", "symbolic"]
     # groups: every label present, random draws where enough heads lie outside the group
     assert {(t, g) for t, g in zip(groups.task, groups.group)} == {
-        ("number", "positional"), ("number", "symbolic"), ("number", "mixed"), ("number", "random:positional"),
-        ("number", "random:mixed"), ("letter", "symbolic"), ("letter", "mixed"), ("letter", "random:mixed")}
+        ("number", "positional"),
+        ("number", "symbolic"),
+        ("number", "mixed"),
+        ("number", "random:positional"),
+        ("number", "random:mixed"),
+        ("letter", "symbolic"),
+        ("letter", "mixed"),
+        ("letter", "random:mixed"),
+    }
     assert len(groups) == 8 * 2 * len(LENGTHS)  # groups x measures x lengths
     assert ((groups.lo <= groups.value + 1e-9) & (groups.value <= groups.hi + 1e-9)).all()
     assert (groups[groups.group.str.startswith("random:")].draws == 10).all()
@@ -132,8 +203,12 @@ def test_run_head_tables_columns_rows_ranges():
 def test_run_group_values_are_medians_of_head_retentions():
     heads = pd.read_parquet(RUN / "head_retention.parquet")
     groups = pd.read_parquet(RUN / "head_groups.parquet").set_index(["task", "group", "measure", "length"])
-    for task, label, length in [("number", "positional", 68), ("number", "symbolic", 68), ("letter", "symbolic", 68),
-                                ("number", "symbolic", 2048)]:
+    for task, label, length in [
+        ("number", "positional", 68),
+        ("number", "symbolic", 68),
+        ("letter", "symbolic", 68),
+        ("number", "symbolic", 2048),
+    ]:
         sub = heads[(heads.task == task) & (heads.label == label) & (heads.length == length)]
         for measure in ("margin", "attn_tracked"):
             row = groups.loc[(task, label, measure, length)]

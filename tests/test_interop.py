@@ -16,8 +16,10 @@ from posym.core.geometry import plane_scores
 from posym.core.scores import score_model
 
 # nnsight 0.8 suggests TransformersModel, TransformerLens 3.x announces TransformerBridge: the classes tested here
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore:LanguageModel is deprecated")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:LanguageModel is deprecated"),
+]
 
 
 def test_nnsight_language_model_scores_as_its_transformers_model():
@@ -33,10 +35,24 @@ def test_nnsight_language_model_scores_as_its_transformers_model():
 def _lens(adjacent: bool, kv_heads: int | None = None, seed: int = 0, qk_scale: float = 4.0, window: int | None = None):
     lens = pytest.importorskip("transformer_lens")
     local = {"use_local_attn": True, "window_size": window, "attn_types": ["local", "global"]} if window else {}
-    cfg = lens.HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=64, d_head=8, n_heads=4, d_vocab=40,
-                                       act_fn="gelu", positional_embedding_type="rotary", rotary_dim=4,
-                                       rotary_adjacent_pairs=adjacent, n_key_value_heads=kv_heads,
-                                       normalization_type="LN", dtype=torch.float64, seed=seed, device="cpu", **local)
+    cfg = lens.HookedTransformerConfig(
+        n_layers=2,
+        d_model=32,
+        n_ctx=64,
+        d_head=8,
+        n_heads=4,
+        d_vocab=40,
+        act_fn="gelu",
+        positional_embedding_type="rotary",
+        rotary_dim=4,
+        rotary_adjacent_pairs=adjacent,
+        n_key_value_heads=kv_heads,
+        normalization_type="LN",
+        dtype=torch.float64,
+        seed=seed,
+        device="cpu",
+        **local,
+    )
     model = lens.HookedTransformer(cfg).eval()
     with torch.no_grad():
         for block in model.blocks:  # peaked attention: the scores then tell heads apart
@@ -62,9 +78,11 @@ def _lens_rows(model, ids, layer, swap=None):
     def record(pattern, hook):
         seen["pattern"] = pattern[0].detach()
 
-    model.run_with_hooks(torch.tensor([ids]), stop_at_layer=layer + 1,
-                         fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", exchange),
-                                    (f"blocks.{layer}.attn.hook_pattern", record)])
+    model.run_with_hooks(
+        torch.tensor([ids]),
+        stop_at_layer=layer + 1,
+        fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", exchange), (f"blocks.{layer}.attn.hook_pattern", record)],
+    )
     return seen["pattern"]
 
 
@@ -79,7 +97,9 @@ def test_hooked_transformer_scores_equal_the_per_swap_reference(adjacent, kv_hea
     for (prompt, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
         ref = reference_model_scores(model, prompts[prompt], query, layer, rows=_lens_rows)
         for row, r in zip(rows.itertuples(), ref):
-            worst = max(worst, abs(row.s_pos - r["s_pos"]), abs(row.s_sym - r["s_sym"]), abs(row.entropy - r["entropy"]))
+            worst = max(
+                worst, abs(row.s_pos - r["s_pos"]), abs(row.s_sym - r["s_sym"]), abs(row.entropy - r["entropy"])
+            )
     assert worst <= 1e-9, worst
     gaps = head_gaps(model, prompts[:1], "all")
     pattern = _lens_rows(model, prompts[0], 1)
@@ -94,15 +114,21 @@ def test_hooked_transformer_local_layers_are_scored_over_their_window():
     model = _lens(False, window=4)
     prompts = random_prompts([10], seed=4)
     frame = score_model(model, prompts, [[3, 6, 9]])
-    assert frame.groupby("layer")["keys"].apply(list).to_dict() == {0: [4] * 4 + [4] * 4 + [4] * 4,
-                                                                    1: [4] * 4 + [7] * 4 + [10] * 4}
+    assert frame.groupby("layer")["keys"].apply(list).to_dict() == {
+        0: [4] * 4 + [4] * 4 + [4] * 4,
+        1: [4] * 4 + [7] * 4 + [10] * 4,
+    }
     assert frame[(frame.layer == 0) & (frame["query"] > 3)].attn_first.isna().all()
     worst = 0.0
     for (prompt, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
-        ref = reference_model_scores(model, prompts[prompt], query, layer, rows=_lens_rows, window=4 if layer == 0 else None)
+        ref = reference_model_scores(
+            model, prompts[prompt], query, layer, rows=_lens_rows, window=4 if layer == 0 else None
+        )
         for row, r in zip(rows.itertuples(), ref):
             assert (row.keys, row.top_key) == (r["keys"], r["top_key"])
-            worst = max(worst, abs(row.s_pos - r["s_pos"]), abs(row.s_sym - r["s_sym"]), abs(row.entropy - r["entropy"]))
+            worst = max(
+                worst, abs(row.s_pos - r["s_pos"]), abs(row.s_sym - r["s_sym"]), abs(row.entropy - r["entropy"])
+            )
     assert worst <= 1e-9, worst
     pattern = _lens_rows(model, prompts[0], 0)  # [heads, T, T]
     assert torch.all(pattern[:, 9, :6] == 0)
@@ -110,7 +136,16 @@ def test_hooked_transformer_local_layers_are_scored_over_their_window():
 
 def test_hooked_transformer_without_rope_is_refused():
     lens = pytest.importorskip("transformer_lens")
-    cfg = lens.HookedTransformerConfig(n_layers=1, d_model=16, n_ctx=16, d_head=8, n_heads=2, d_vocab=40,
-                                       act_fn="gelu", positional_embedding_type="standard", device="cpu")
+    cfg = lens.HookedTransformerConfig(
+        n_layers=1,
+        d_model=16,
+        n_ctx=16,
+        d_head=8,
+        n_heads=2,
+        d_vocab=40,
+        act_fn="gelu",
+        positional_embedding_type="standard",
+        device="cpu",
+    )
     with pytest.raises(PosymError, match="need rotary"):
         score_model(lens.HookedTransformer(cfg), random_prompts([5]))

@@ -12,8 +12,9 @@ def _temporary_of(path, pid):
 
 
 def test_a_write_removes_temporaries_of_dead_writers_only(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead_pid = int(dead.stdout)
     target = tmp_path / "table.parquet"
     killed_file = _temporary_of(target, dead_pid)
@@ -35,5 +36,7 @@ def test_a_write_removes_temporaries_of_dead_writers_only(tmp_path):
     with io.atomic_path(tmp_path / "step-00000008", is_dir=True) as tmp:
         (tmp / "model.safetensors").write_text("whole")
     assert not killed_dir.exists()
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["step-00000008",
-                                                                                         "table.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "step-00000008",
+        "table.parquet",
+    ]

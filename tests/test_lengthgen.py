@@ -45,18 +45,33 @@ def test_extension_and_plan_errors():
         core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(protocol="seed", factors=[1, 3]), n_positions=50)
     with pytest.raises(PosymError, match="shorter"):
         core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(lengths=[10, 20]), n_positions=100)
-    for bad in [dict(protocol="nope"), dict(n=0), dict(max_tokens=0), dict(lengths=[]),
-                dict(protocol="seed", factors=[0, 2])]:
+    for bad in [
+        dict(protocol="nope"),
+        dict(n=0),
+        dict(max_tokens=0),
+        dict(lengths=[]),
+        dict(protocol="seed", factors=[0, 2]),
+    ]:
         with pytest.raises(PosymError):
             core_lengthgen.LengthGenConfig(**bad)
 
 
 def test_plan_orders_lengths_and_factors():
     base = task_config("letter", target_size=4, pretarget_size=4, max_hops=3)  # training length 9
-    points = core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(lengths=[90, 9, 30, 30], factors=[4, 1, 2]), n_positions=100)
-    assert points == [("paper", 9, 1.0), ("paper", 30, 30 / 9), ("paper", 90, 10.0),
-                      ("seed", 9, 1.0), ("seed", 18, 2.0), ("seed", 36, 4.0)]
-    assert [p[1] for p in core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(protocol="paper", lengths=[9]), 9)] == [9]
+    points = core_lengthgen.plan(
+        base, core_lengthgen.LengthGenConfig(lengths=[90, 9, 30, 30], factors=[4, 1, 2]), n_positions=100
+    )
+    assert points == [
+        ("paper", 9, 1.0),
+        ("paper", 30, 30 / 9),
+        ("paper", 90, 10.0),
+        ("seed", 9, 1.0),
+        ("seed", 18, 2.0),
+        ("seed", 36, 4.0),
+    ]
+    assert [
+        p[1] for p in core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(protocol="paper", lengths=[9]), 9)
+    ] == [9]
 
 
 @pytest.mark.parametrize("length, max_tokens", [(17, 16384), (2048, 16384), (5000, 4096), (3, 7)])
@@ -71,9 +86,12 @@ def test_discrepancy_bound_is_theorem_3_2_at_the_query_position():
     for length in [17, 100, 2048]:
         n = length - 1
         assert core_lengthgen.discrepancy_bound(task_config("number"), length, cfg) == pytest.approx(
-            min(1 - math.cos(th_i), 2 * math.pi**2 / n**2))
+            min(1 - math.cos(th_i), 2 * math.pi**2 / n**2)
+        )
     omega = 2 * math.pi / 8
-    assert core_lengthgen.discrepancy_bound(task_config("letter"), 17, cfg) == pytest.approx(1 - math.cos(omega - 16 * th_r))
+    assert core_lengthgen.discrepancy_bound(task_config("letter"), 17, cfg) == pytest.approx(
+        1 - math.cos(omega - 16 * th_r)
+    )
     last_valid = math.ceil(omega / 2 / th_r)  # n theta < omega / 2 fails from n = last_valid on
     assert not math.isnan(core_lengthgen.discrepancy_bound(task_config("letter"), last_valid, cfg))
     assert math.isnan(core_lengthgen.discrepancy_bound(task_config("letter"), last_valid + 1, cfg))
@@ -86,8 +104,14 @@ def test_discrepancy_bound_is_theorem_3_2_at_the_query_position():
 def tiny_run(tmp_path_factory):
     """150 steps of a 2-layer, width-32 number model whose position table ends at 256 tokens. Four
     symbols (chance 1/4) so that its accuracies are neither 0 nor 1 and differ by length and hop."""
-    return train_tiny(tmp_path_factory.mktemp("run"), "number", steps=150, every=150,
-                      task_overrides={"alphabet_size": 4}, model={"n_positions": TINY_POSITIONS})
+    return train_tiny(
+        tmp_path_factory.mktemp("run"),
+        "number",
+        steps=150,
+        every=150,
+        task_overrides={"alphabet_size": 4},
+        model={"n_positions": TINY_POSITIONS},
+    )
 
 
 def _reference_accuracy(run_dir, length, n, seed):
@@ -97,8 +121,9 @@ def _reference_accuracy(run_dir, length, n, seed):
     model, info = load_checkpoint(run_dir, dtype=torch.float64)  # eager attention, float64
     s = generate(core_lengthgen.extension(info["task_config"], length), n, seed, "test")
     with torch.no_grad():
-        pred = np.array([model(input_ids=torch.as_tensor(ids)[None]).logits[0, -1].argmax().item()
-                         for ids in s.input_ids])
+        pred = np.array(
+            [model(input_ids=torch.as_tensor(ids)[None]).logits[0, -1].argmax().item() for ids in s.input_ids]
+        )
     right = pred == s.answer
     return {0: right.mean(), **{h: right[s.hops == h].mean() for h in range(1, 5)}}, s.hops
 
@@ -139,22 +164,44 @@ def test_run_matches_reference_and_writes_table_and_figure(tiny_run, tmp_path):
 
 def test_summary_longest_length_above_090():
     task = task_config("letter")
-    table = pd.DataFrame({"protocol": "paper", "hop": 0, "length": [17, 34, 68, 128],
-                          "acc": [1.0, 0.95, 0.5, 0.97], "factor": 1.0, "retention": 1.0})
-    assert core_lengthgen.summarize_protocols(table, task)["paper"]["longest_length_acc_ge_0.9"] == 34  # no credit for 128
+    table = pd.DataFrame(
+        {
+            "protocol": "paper",
+            "hop": 0,
+            "length": [17, 34, 68, 128],
+            "acc": [1.0, 0.95, 0.5, 0.97],
+            "factor": 1.0,
+            "retention": 1.0,
+        }
+    )
+    assert (
+        core_lengthgen.summarize_protocols(table, task)["paper"]["longest_length_acc_ge_0.9"] == 34
+    )  # no credit for 128
     table["acc"] = [0.8, 0.95, 0.95, 0.95]
     assert core_lengthgen.summarize_protocols(table, task)["paper"]["longest_length_acc_ge_0.9"] is None
 
 
 def test_cli_lengthgen_and_too_long_error(tiny_run, tmp_path, monkeypatch, capsys):
-    code = run_posym(monkeypatch, "lengthgen", tiny_run, "--lengths", "17,64", "--protocol", "paper", "--n", "8",
-                "--out", tmp_path / "lg")
+    code = run_posym(
+        monkeypatch,
+        "lengthgen",
+        tiny_run,
+        "--lengths",
+        "17,64",
+        "--protocol",
+        "paper",
+        "--n",
+        "8",
+        "--out",
+        tmp_path / "lg",
+    )
     assert code == 0, capsys.readouterr()
     table = pd.read_parquet(tmp_path / "lg" / "lengthgen.parquet")
     assert sorted(table["length"].unique()) == [17, 64] and set(table["protocol"]) == {"paper"}
     capsys.readouterr()
-    code = run_posym(monkeypatch, "lengthgen", tiny_run, "--lengths", f"17,{TINY_POSITIONS + 1}",
-                "--out", tmp_path / "bad")
+    code = run_posym(
+        monkeypatch, "lengthgen", tiny_run, "--lengths", f"17,{TINY_POSITIONS + 1}", "--out", tmp_path / "bad"
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert f"exceeds the model's position table of {TINY_POSITIONS}" in err

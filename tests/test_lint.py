@@ -32,8 +32,12 @@ def _ruff_format_check(*paths) -> tuple[int, str]:
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "--config", str(root / "pyproject.toml"),
-                           *map(str, paths)], capture_output=True, text=True, cwd=root)
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--config", str(root / "pyproject.toml"), *map(str, paths)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -48,6 +52,8 @@ def test_an_unformatted_file_is_found(tmp_path):
     (tmp_path / "bad.py").write_text("x = {  'a':1 }\n")
     code, out = _ruff_format_check(tmp_path / "bad.py")
     assert code == 1 and "bad.py" in out
+
+
 # ---- one source per constant: tau and gamma defaults read posym.core.paper ---------------------------
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,16 +65,26 @@ DEFINITION = PACKAGE / "core" / "paper.py"
 
 def _name(node) -> str | None:
     """The tau/gamma name a node spells (a variable, attribute, keyword, or string key), else None."""
-    text = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
-            else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None)
+    text = (
+        node.id
+        if isinstance(node, ast.Name)
+        else node.attr
+        if isinstance(node, ast.Attribute)
+        else node.value
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        else None
+    )
     text = text.lower() if text else None
     return text if text in LITERALS else None
 
 
 def _literals(node, name: str) -> list[int]:
     """Lines of number literals inside `node` that spell a value of `name`'s constant."""
-    return [n.lineno for n in ast.walk(node) if isinstance(n, ast.Constant) and type(n.value) is float
-            and n.value in LITERALS[name]]
+    return [
+        n.lineno
+        for n in ast.walk(node)
+        if isinstance(n, ast.Constant) and type(n.value) is float and n.value in LITERALS[name]
+    ]
 
 
 def constant_literals(path: Path) -> list[int]:
@@ -83,7 +99,7 @@ def constant_literals(path: Path) -> list[int]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             a = node.args
             positional = [*a.posonlyargs, *a.args]
-            pairs += [(arg.arg, d) for arg, d in zip(positional[len(positional) - len(a.defaults):], a.defaults)]
+            pairs += [(arg.arg, d) for arg, d in zip(positional[len(positional) - len(a.defaults) :], a.defaults)]
             pairs += [(arg.arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
             pairs.append((_name(node.target), node.value))
@@ -93,8 +109,12 @@ def constant_literals(path: Path) -> list[int]:
             pairs.append((node.arg, node.value))
         elif isinstance(node, ast.Dict):
             pairs += [(_name(k), v) for k, v in zip(node.keys, node.values) if k is not None]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                and len(node.args) == 2:
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and len(node.args) == 2
+        ):
             pairs.append((_name(node.args[0]), node.args[1]))
         elif isinstance(node, ast.BoolOp):
             named = [n for v in node.values for n in map(_name, ast.walk(v)) if n]
@@ -116,8 +136,9 @@ def test_tau_and_gamma_are_written_once():
     files = sorted([*PACKAGE.rglob("*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("benchmarks/*.py")])
     assert len(files) > 30
     assert len(constant_literals(DEFINITION)) == 2  # TAU = 1e-4 and GAMMAS = (0.1, 0.05): the scan sees them
-    found = [f"{path.relative_to(ROOT)}:{line}" for path in files if path != DEFINITION
-             for line in constant_literals(path)]
+    found = [
+        f"{path.relative_to(ROOT)}:{line}" for path in files if path != DEFINITION for line in constant_literals(path)
+    ]
     assert found == []
 
 
@@ -125,19 +146,20 @@ def test_a_tau_literal_is_found(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(
         "import typer\n"
-        "def f(x, tau: float = 1e-4, lr=1e-4):\n"                         # 2: tau, not lr
+        "def f(x, tau: float = 1e-4, lr=1e-4):\n"  # 2: tau, not lr
         "    return x\n"
         "class C:\n"
-        "    tau: float = 1e-4\n"                                         # 5
+        "    tau: float = 1e-4\n"  # 5
         "    weight_decay: float = 1e-4\n"
-        "def g(s, tau=typer.Option(1e-4, help='t')):\n"                   # 7
-        "    f(1, tau=1e-4)\n"                                            # 8
-        "    d = {'tau': 1e-4, 'step': 1e-4}\n"                           # 9
-        "    s.get('tau', 1e-4)\n"                                        # 10
-        "    s.model.tau or 1e-4\n"                                       # 11
-        "    return [r for r in s if r['gamma'] == 0.1]\n"                # 12
-        "def h(gamma: float = 0.1, gammas=(0.1, 0.05)):\n"                # 13
-        "    pass\n")
+        "def g(s, tau=typer.Option(1e-4, help='t')):\n"  # 7
+        "    f(1, tau=1e-4)\n"  # 8
+        "    d = {'tau': 1e-4, 'step': 1e-4}\n"  # 9
+        "    s.get('tau', 1e-4)\n"  # 10
+        "    s.model.tau or 1e-4\n"  # 11
+        "    return [r for r in s if r['gamma'] == 0.1]\n"  # 12
+        "def h(gamma: float = 0.1, gammas=(0.1, 0.05)):\n"  # 13
+        "    pass\n"
+    )
     assert constant_literals(bad) == [2, 5, 7, 8, 9, 10, 11, 12, 13]
 
 
@@ -155,7 +177,8 @@ def unguarded_reads(path: Path) -> list[int]:
         if isinstance(node, ast.Attribute) and node.attr in READERS:
             owner = node.value
             through_io = (isinstance(owner, ast.Name) and owner.id == "io") or (
-                isinstance(owner, ast.Attribute) and owner.attr == "io")
+                isinstance(owner, ast.Attribute) and owner.attr == "io"
+            )
             if not (node.attr == "read_parquet" and through_io):
                 found.append(node.lineno)
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("pandas", "pyarrow"):
@@ -166,8 +189,12 @@ def unguarded_reads(path: Path) -> list[int]:
 def test_every_parquet_read_is_guarded():
     io_module = PACKAGE / "io.py"
     assert unguarded_reads(io_module)  # the guarded reader itself calls pandas and pyarrow: the scan sees them
-    found = [f"{path.relative_to(PACKAGE)}:{line}" for path in sorted(PACKAGE.rglob("*.py")) if path != io_module
-             for line in unguarded_reads(path)]
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != io_module
+        for line in unguarded_reads(path)
+    ]
     assert found == []
 
 
@@ -176,14 +203,15 @@ def test_an_unguarded_read_is_found(tmp_path):
     bad.write_text(
         "import pandas as pd\n"
         "import pyarrow.parquet as pq\n"
-        "from pandas import read_parquet\n"                    # 3
+        "from pandas import read_parquet\n"  # 3
         "from posym import io\n"
         "from posym.io import read_parquet as guarded\n"
-        "a = pd.read_parquet('x.parquet')\n"                   # 6
-        "b = pq.read_table('x.parquet')\n"                     # 7
-        "c = pq.ParquetFile('x.parquet')\n"                    # 8
+        "a = pd.read_parquet('x.parquet')\n"  # 6
+        "b = pq.read_table('x.parquet')\n"  # 7
+        "c = pq.ParquetFile('x.parquet')\n"  # 8
         "d = io.read_parquet('x.parquet')\n"
-        "e = guarded('x.parquet')\n")
+        "e = guarded('x.parquet')\n"
+    )
     assert unguarded_reads(bad) == [3, 6, 7, 8]
 
 
@@ -195,23 +223,31 @@ def self_saving_plots(path: Path) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.FunctionDef) and node.name.startswith("plot"):
-            calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
-                     for n in ast.walk(node) if isinstance(n, ast.Call)}
+            calls = {
+                n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+                for n in ast.walk(node)
+                if isinstance(n, ast.Call)
+            }
             if calls & {"save_figure", "savefig"}:
                 found.append(node.name)
     return sorted(found)
 
 
 def test_every_plot_function_returns_its_figure():
-    plots = [f"{path.relative_to(PACKAGE)}:{name}" for path in sorted(PACKAGE.rglob("*.py"))
-             for name in self_saving_plots(path)]
+    plots = [
+        f"{path.relative_to(PACKAGE)}:{name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name in self_saving_plots(path)
+    ]
     assert plots == []
 
 
 def test_a_self_saving_plot_is_found(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("from posym.figures import save_figure, subplots\n"
-                   "def plot_a(x, stem):\n    fig, ax = subplots()\n    return save_figure(fig, stem)\n"
-                   "def plot_b(x):\n    fig, ax = subplots()\n    return fig\n"
-                   "def write(x, stem):\n    return save_figure(plot_b(x), stem)\n")
+    bad.write_text(
+        "from posym.figures import save_figure, subplots\n"
+        "def plot_a(x, stem):\n    fig, ax = subplots()\n    return save_figure(fig, stem)\n"
+        "def plot_b(x):\n    fig, ax = subplots()\n    return fig\n"
+        "def write(x, stem):\n    return save_figure(plot_b(x), stem)\n"
+    )
     assert self_saving_plots(bad) == ["plot_a"]

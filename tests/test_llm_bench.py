@@ -63,7 +63,7 @@ def test_bench_prompts_answer_is_the_one_hop_target(task, markers):
                 if markers:  # the instruction's rule: the tag @(24 + 8) minus n
                     assert line.split()[24 + 8 - int(tokens[-1])] == f"{expected}@{24 + 8 - int(tokens[-1])}"
             else:
-                expected, = [t for t in tokens[:-1] if t[0] == tokens[-1][1]]
+                (expected,) = [t for t in tokens[:-1] if t[0] == tokens[-1][1]]
             assert expected == answer
 
 
@@ -81,11 +81,13 @@ def _argmax_loop(model, ids, steps):
 def test_whole_answer_judge_matches_the_argmax_loop(models):
     """local_correct = first word of the argmax loop's len(answer) + 1 tokens == the whole answer."""
     loaded = model_specs.load(models["gptj"], device="cpu")
-    for prompt in prompt_sets.bench_prompts("letter", 12, 3, seed=1) + prompt_sets.bench_prompts("number", 12, 2, seed=2):
+    for prompt in prompt_sets.bench_prompts("letter", 12, 3, seed=1) + prompt_sets.bench_prompts(
+        "number", 12, 2, seed=2
+    ):
         target = llm_bench.answer_tokens(loaded.tokenizer, prompt.text, prompt.answer)
         assert loaded.tokenizer.decode(target).strip() == prompt.answer
         ids = model_specs.tokenize(loaded, prompt.text)
-        reply = loaded.tokenizer.decode(_argmax_loop(loaded.model, ids, len(target) + 1)[0, ids.shape[1]:].tolist())
+        reply = loaded.tokenizer.decode(_argmax_loop(loaded.model, ids, len(target) + 1)[0, ids.shape[1] :].tolist())
         correct, predicted = llm_bench.local_correct(loaded, prompt)
         assert predicted == llm_bench.reply_answer(reply)
         assert correct == (llm_bench.reply_answer(reply).lower() == prompt.answer.lower())
@@ -101,11 +103,15 @@ def test_first_token_matches_are_not_correct(monkeypatch):
 
 
 def test_bench_summary_table_and_screening():
-    frame = pd.DataFrame({
-        "task": ["letter"] * 8 + ["number"] * 2, "size": [16] * 8 + [12] * 2,
-        "variant": ["plain"] * 6 + ["marked"] * 2 + ["plain"] * 2,
-        "run": [0, 0, 0, 1, 1, 1, 0, 0, 0, 0], "correct": [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
-    })
+    frame = pd.DataFrame(
+        {
+            "task": ["letter"] * 8 + ["number"] * 2,
+            "size": [16] * 8 + [12] * 2,
+            "variant": ["plain"] * 6 + ["marked"] * 2 + ["plain"] * 2,
+            "run": [0, 0, 0, 1, 1, 1, 0, 0, 0, 0],
+            "correct": [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
+        }
+    )
     summary = llm_bench.bench_summary(frame).set_index(["task", "size", "variant"])
     assert summary.loc[("letter", 16, "plain"), "acc_mean"] == pytest.approx((1 + 1 / 3) / 2)
     assert summary.loc[("letter", 16, "plain"), "acc_std"] == pytest.approx(np.std([1, 1 / 3]))
@@ -179,14 +185,28 @@ def test_endpoint_bench_equals_local_bench(models, tmp_path, capsys, monkeypatch
     monkeypatch.setenv("TINY_KEY", "sk-secret-123")
     common = ["--sizes", "12,16", "--runs", 2, "--n", 3]
     try:
-        code, out, err = run_cli(["llm-bench", "--base-url", server.url, "--model-name", "tiny/llama",
-                                  "--api-key-env", "TINY_KEY", "--out", tmp_path / "http", *common],
-                                 capsys, monkeypatch)
+        code, out, err = run_cli(
+            [
+                "llm-bench",
+                "--base-url",
+                server.url,
+                "--model-name",
+                "tiny/llama",
+                "--api-key-env",
+                "TINY_KEY",
+                "--out",
+                tmp_path / "http",
+                *common,
+            ],
+            capsys,
+            monkeypatch,
+        )
     finally:
         server.close()
     assert code == 0, err
-    code, out, err = run_cli(["llm-bench", models["llama"], "--device", "cpu", "--out", tmp_path / "local",
-                              *common], capsys, monkeypatch)
+    code, out, err = run_cli(
+        ["llm-bench", models["llama"], "--device", "cpu", "--out", tmp_path / "local", *common], capsys, monkeypatch
+    )
     assert code == 0, err
     http = pd.read_parquet(tmp_path / "http" / "bench.parquet")
     local = pd.read_parquet(tmp_path / "local" / "bench.parquet")
@@ -227,8 +247,14 @@ def test_endpoint_goes_through_the_environments_proxy_unless_no_proxy_names_it(m
 
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
-            seen.append((self.path, self.headers.get("Host"), self.headers.get("Proxy-Authorization"),
-                         self.headers.get("Authorization")))
+            seen.append(
+                (
+                    self.path,
+                    self.headers.get("Host"),
+                    self.headers.get("Proxy-Authorization"),
+                    self.headers.get("Authorization"),
+                )
+            )
             data = json.dumps({"choices": [{"message": {"content": "via proxy"}}]}).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
@@ -244,13 +270,22 @@ def test_endpoint_goes_through_the_environments_proxy_unless_no_proxy_names_it(m
     try:
         endpoint = llm_bench.Endpoint("http://llm.example.invalid:8000/v1", "tiny", "TINY_KEY", timeout_s=5, retries=0)
         assert llm_bench.chat(endpoint, "Alice likes") == "via proxy"
-        assert seen == [("http://llm.example.invalid:8000/v1/chat/completions", "llm.example.invalid:8000",
-                         "Basic " + base64.b64encode(b"user:p@ss").decode(), "Bearer sk-secret-123")]
+        assert seen == [
+            (
+                "http://llm.example.invalid:8000/v1/chat/completions",
+                "llm.example.invalid:8000",
+                "Basic " + base64.b64encode(b"user:p@ss").decode(),
+                "Bearer sk-secret-123",
+            )
+        ]
         # the proxy is bypassed for a host NO_PROXY names: the request goes to that host itself
         direct = f"http://127.0.0.1:{proxy.server_address[1]}/v1"
         monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there: a bypass is the only way
         monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-        assert llm_bench.chat(llm_bench.Endpoint(direct, "tiny", None, timeout_s=5, retries=0), "Alice likes") == "via proxy"
+        assert (
+            llm_bench.chat(llm_bench.Endpoint(direct, "tiny", None, timeout_s=5, retries=0), "Alice likes")
+            == "via proxy"
+        )
         assert seen[-1][:3] == ("/v1/chat/completions", direct[7:-3], None)
     finally:
         proxy.shutdown()
@@ -277,13 +312,17 @@ def test_markers_both_runs_the_variants_side_by_side(models, tmp_path, capsys, m
 
 def test_endpoint_needs_its_key_variable(monkeypatch, capsys):
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
-    code, _, err = run_cli(["llm-bench", "--base-url", "http://127.0.0.1:9/v1", "--model-name", "m",
-                            "--api-key-env", "NO_SUCH_KEY_VAR"], capsys, monkeypatch)
+    code, _, err = run_cli(
+        ["llm-bench", "--base-url", "http://127.0.0.1:9/v1", "--model-name", "m", "--api-key-env", "NO_SUCH_KEY_VAR"],
+        capsys,
+        monkeypatch,
+    )
     assert code == 2 and "NO_SUCH_KEY_VAR" in err
 
 
 def test_answer_tokens_fall_back_when_the_join_merges_tokens():
     """A word tokenizer that fuses a word ending in ':' with the next word: the answer is encoded alone."""
+
     class Fused:
         def __call__(self, text, add_special_tokens=True):
             words = text.replace(": ", ":").split()

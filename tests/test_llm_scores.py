@@ -36,11 +36,14 @@ def models(tmp_path_factory):
 # ---- loading and errors -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind,reason", [
-    ("gpt2", "rotary position embeddings"),
-    ("notok", "no tokenizer"),
-    ("pickle", "--allow-pickle"),
-])
+@pytest.mark.parametrize(
+    "kind,reason",
+    [
+        ("gpt2", "rotary position embeddings"),
+        ("notok", "no tokenizer"),
+        ("pickle", "--allow-pickle"),
+    ],
+)
 def test_bad_model_dirs_exit_2(models, kind, reason, capsys, monkeypatch):
     code, _, err = run_cli(["llm-scores", models[kind], "--n", 1], capsys, monkeypatch)
     assert code == 2 and reason in err and err.count("\n") == 1
@@ -112,13 +115,31 @@ def test_name_query_is_final_token_of_the_name(models):
 # ---- scores on real architectures ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind,prompts", [("llama", "binding"), ("neox", "number"), ("qwen2", "letter"),
-                                          ("gptj", "binding")])
+@pytest.mark.parametrize(
+    "kind,prompts", [("llama", "binding"), ("neox", "number"), ("qwen2", "letter"), ("gptj", "binding")]
+)
 def test_llm_scores_end_to_end(models, kind, prompts, tmp_path, capsys, monkeypatch):
     out = tmp_path / kind
-    code, stdout, err = run_cli(["llm-scores", models[kind], "--prompts", prompts, "--n", 2, "--heads", "1.2,0.0",
-                                 "--query", "name" if prompts == "binding" else "last", "--device", "cpu",
-                                 "--out", out], capsys, monkeypatch)
+    code, stdout, err = run_cli(
+        [
+            "llm-scores",
+            models[kind],
+            "--prompts",
+            prompts,
+            "--n",
+            2,
+            "--heads",
+            "1.2,0.0",
+            "--query",
+            "name" if prompts == "binding" else "last",
+            "--device",
+            "cpu",
+            "--out",
+            out,
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0, err
     frame = pd.read_parquet(out / "scores.parquet")
     assert len(frame) == 2 * 2 * 4 and frame[["s_pos", "s_sym"]].notna().all().all()
@@ -139,15 +160,20 @@ def test_llm_scores_end_to_end(models, kind, prompts, tmp_path, capsys, monkeypa
 
 def test_llm_scores_exclude_keys_and_records(models, tmp_path, capsys, monkeypatch):
     out = tmp_path / "sinks"
-    code, stdout, err = run_cli(["llm-scores", models["llama"], "--n", 3, "--exclude-keys", "0", "--device", "cpu",
-                                 "--out", out], capsys, monkeypatch)
+    code, stdout, err = run_cli(
+        ["llm-scores", models["llama"], "--n", 3, "--exclude-keys", "0", "--device", "cpu", "--out", out],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0, err
     assert "heads change label" in stdout
     plain, excluded = (pd.read_parquet(out / f"{name}.parquet") for name in ("scores", "scores_excluded"))
     assert (excluded.n_swaps == plain.n_swaps - plain["query"] + 1).all()  # every swap of key 0 is gone
     assert plain.attn_first.between(0, 1).all() and (plain.attn_top >= plain.attn_first).all()
     sinks = pd.read_parquet(out / "sinks.parquet")
-    assert len(sinks) == 2 * 4 and sinks.changed.sum() == json.loads((out / "summary.json").read_text())["label_changes"]
+    assert (
+        len(sinks) == 2 * 4 and sinks.changed.sum() == json.loads((out / "summary.json").read_text())["label_changes"]
+    )
     prompts = pd.read_parquet(out / "prompts.parquet")
     assert (prompts["query"] == prompts.input_ids.map(len) - 1).all() and prompts.text.str.contains("likes").all()
     summary = json.loads((out / "summary.json").read_text())
@@ -181,11 +207,27 @@ def test_planes_match_the_loop_reference(models, kind, tmp_path):
             total = torch.zeros(p + 1, dtype=torch.float64)
             for channel, dims in enumerate(channel_dims(qk.pairing, r, d)):
                 # swapped[a, b]: this channel's logit of the key of content b placed at position a
-                swapped = torch.tensor([[float(qk.scale * (q_rot[dims] * rotated(qk.k[0, head, b], a)[dims]).sum())
-                                         for b in range(p + 1)] for a in range(p + 1)], dtype=torch.float64)
+                swapped = torch.tensor(
+                    [
+                        [
+                            float(qk.scale * (q_rot[dims] * rotated(qk.k[0, head, b], a)[dims]).sum())
+                            for b in range(p + 1)
+                        ]
+                        for a in range(p + 1)
+                    ],
+                    dtype=torch.float64,
+                )
                 ref = reference_swap_scores(swapped.diagonal(), swapped, tau=tau)
-                expected.append({"layer": layer, "head": head, "channel": channel, "s_pos": ref["s_pos"],
-                                 "s_sym": ref["s_sym"], "max_logit": float(swapped.diagonal().max())})
+                expected.append(
+                    {
+                        "layer": layer,
+                        "head": head,
+                        "channel": channel,
+                        "s_pos": ref["s_pos"],
+                        "s_sym": ref["s_sym"],
+                        "max_logit": float(swapped.diagonal().max()),
+                    }
+                )
                 total += swapped.diagonal()
             attn = attentions[layer][0, head, p, : p + 1].double()
             torch.testing.assert_close(torch.softmax(total, 0), attn, atol=1e-6, rtol=0)

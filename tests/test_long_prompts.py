@@ -21,8 +21,22 @@ def bench():
 
 def test_the_gpu_options_parse():
     module = bench()
-    args = module.parser().parse_args(["--device", "cuda", "--dtype", "bf16", "--lengths", "8192,16384,32768",
-                                       "--all", "1024,2048", "--all-dense", "", "--model", "gemma3-270m"])
+    args = module.parser().parse_args(
+        [
+            "--device",
+            "cuda",
+            "--dtype",
+            "bf16",
+            "--lengths",
+            "8192,16384,32768",
+            "--all",
+            "1024,2048",
+            "--all-dense",
+            "",
+            "--model",
+            "gemma3-270m",
+        ]
+    )
     assert (args.device, module.DTYPES[args.dtype], args.model) == ("cuda", "bfloat16", "gemma3-270m")
     assert module.parse_lengths(args.lengths) == [8192, 16384, 32768] and module.parse_lengths(args.all_dense) == []
     defaults = module.parser().parse_args([])

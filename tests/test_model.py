@@ -37,8 +37,19 @@ def test_paper_shape_and_multi_head_rotary():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(n_embd=30, n_head=4), dict(rotary_dim=3), dict(rotary_dim=64, n_embd=32), dict(dropout=1.0),
-     dict(embd_dropout=-0.1), dict(attn_dropout=1.0), dict(activation="nope"), dict(n_layer=0), dict(rope_base=1.0), dict(rope_bands=[[0, 4]]), dict(nope_from=13)],
+    [
+        dict(n_embd=30, n_head=4),
+        dict(rotary_dim=3),
+        dict(rotary_dim=64, n_embd=32),
+        dict(dropout=1.0),
+        dict(embd_dropout=-0.1),
+        dict(attn_dropout=1.0),
+        dict(activation="nope"),
+        dict(n_layer=0),
+        dict(rope_base=1.0),
+        dict(rope_bands=[[0, 4]]),
+        dict(nope_from=13),
+    ],
 )
 def test_bad_model_config(kwargs):
     with pytest.raises(PosymError):

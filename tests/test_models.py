@@ -139,11 +139,13 @@ def test_bad_gguf_files_exit_2_and_write_nothing(bad, command, tmp_path, capsys,
         path.write_bytes(path.read_bytes()[:-100])
     out = tmp_path / "out"
     prompts = _prompts(tmp_path / "in" / "p.jsonl", [{"input_ids": [1, 2, 3]}])
-    args = {"score": ["score", path, "--prompts", prompts, "--out", out / "s.parquet"],
-            "geometry": ["geometry", path, "--prompts", prompts, "--out", out],
-            "discrepancy": ["discrepancy", path, "--prompts", prompts, "--out", out],
-            "llm-scores": ["llm-scores", path, "--out", out],
-            "convert": ["convert", path, "--out", out]}[command]
+    args = {
+        "score": ["score", path, "--prompts", prompts, "--out", out / "s.parquet"],
+        "geometry": ["geometry", path, "--prompts", prompts, "--out", out],
+        "discrepancy": ["discrepancy", path, "--prompts", prompts, "--out", out],
+        "llm-scores": ["llm-scores", path, "--out", out],
+        "convert": ["convert", path, "--out", out],
+    }[command]
     code, _, err = run_cli(args, capsys, monkeypatch)
     reason = "is truncated" if bad == "truncated" else "no rotary embeddings|has none"
     assert code == 2 and err.count("\n") == 1 and err.startswith("posym: error:"), err
@@ -156,8 +158,9 @@ def test_bad_gguf_files_exit_2_and_write_nothing(bad, command, tmp_path, capsys,
 
 def test_text_prompts_need_a_tokenizer(models, tmp_path, capsys, monkeypatch):
     prompts = _prompts(tmp_path / "p.jsonl", [{"text": "Alice likes red. Bob likes blue."}])
-    code, _, err = run_cli(["score", models["notok"], "--prompts", prompts, "--out", tmp_path / "o.parquet"],
-                           capsys, monkeypatch)
+    code, _, err = run_cli(
+        ["score", models["notok"], "--prompts", prompts, "--out", tmp_path / "o.parquet"], capsys, monkeypatch
+    )
     assert code == 2 and "has no tokenizer" in err and err.count("\n") == 1
     assert not (tmp_path / "o.parquet").exists()
 
@@ -175,14 +178,28 @@ def test_score_geometry_discrepancy_honour_text_ids_and_queries(models, tmp_path
         frames.append(pd.read_parquet(out))
     pd.testing.assert_frame_equal(*frames)
     assert sorted(frames[0]["query"].unique()) == [4, 7]
-    assert run_cli(["geometry", models["llama"], "--prompts", by_ids, "--plane-layer", 0, "--out", tmp_path / "g"],
-                   capsys, monkeypatch)[0] == 0
+    assert (
+        run_cli(
+            ["geometry", models["llama"], "--prompts", by_ids, "--plane-layer", 0, "--out", tmp_path / "g"],
+            capsys,
+            monkeypatch,
+        )[0]
+        == 0
+    )
     assert sorted(pd.read_parquet(tmp_path / "g" / "planes.parquet")["query"].unique()) == [4, 7]
-    assert run_cli(["discrepancy", models["llama"], "--prompts", by_text, "--out", tmp_path / "d"],
-                   capsys, monkeypatch)[0] == 0
+    assert (
+        run_cli(["discrepancy", models["llama"], "--prompts", by_text, "--out", tmp_path / "d"], capsys, monkeypatch)[0]
+        == 0
+    )
     assert sorted(pd.read_parquet(tmp_path / "d" / "gaps.parquet")["query"].unique()) == [4, 7]
-    assert run_cli(["score", models["llama"], "--prompts", by_ids, "--queries", "last", "--out",
-                    tmp_path / "last.parquet"], capsys, monkeypatch)[0] == 0
+    assert (
+        run_cli(
+            ["score", models["llama"], "--prompts", by_ids, "--queries", "last", "--out", tmp_path / "last.parquet"],
+            capsys,
+            monkeypatch,
+        )[0]
+        == 0
+    )
     assert pd.read_parquet(tmp_path / "last.parquet")["query"].unique().tolist() == [len(ids) - 1]
 
 
@@ -194,8 +211,9 @@ def test_convert_writes_a_plain_hugging_face_directory(models, tmp_path, capsys,
     copy = AutoModelForCausalLM.from_pretrained(tmp_path / "copy")
     for a, b in zip(copy.parameters(), model_specs.load(models["llama"]).model.parameters()):
         assert torch.equal(a, b)
-    assert AutoTokenizer.from_pretrained(tmp_path / "copy")("Alice likes red").input_ids == \
-        model_specs.load(models["llama"]).text_ids("Alice likes red")
+    assert AutoTokenizer.from_pretrained(tmp_path / "copy")("Alice likes red").input_ids == model_specs.load(
+        models["llama"]
+    ).text_ids("Alice likes red")
     assert json.loads((tmp_path / "copy" / "conversion.json").read_text())["model_type"] == "llama"
     code, _, err = run_cli(["convert", models["llama"], "--out", tmp_path / "copy"], capsys, monkeypatch)
     assert code == 2 and "not an empty directory" in err
@@ -224,8 +242,10 @@ def test_run_dir_names_the_files_posym_train_writes(tmp_path):
     assert [step for step, _ in list_checkpoints(run.path)] == [0, 1, 2]
     assert run.checkpoint(2) == list_checkpoints(run.path)[-1][1] and run.checkpoint(2).is_dir()
     # io refuses to write over a run's files: its list and RunDir's names are the same files
-    names = {p.name for p in (run.config, run.manifest, run.metrics, run.log, run.validation, run.validation_json,
-                              run.checkpoints)}
+    names = {
+        p.name
+        for p in (run.config, run.manifest, run.metrics, run.log, run.validation, run.validation_json, run.checkpoints)
+    }
     assert names <= set(io.RUN_FILES)
     assert [run.output(name).name for name in ANALYSES] == list(ANALYSES)
     with pytest.raises(ValueError, match="unknown analysis directory"):

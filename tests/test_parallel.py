@@ -15,8 +15,9 @@ from posym.core.interventions import ablated
 
 def test_forked_map_keeps_order_and_runs_in_one_thread_workers():
     seen = []
-    out = parallel.forked_map(lambda x: (x * x, os.getpid(), torch.get_num_threads()), range(7), workers=2,
-                              progress=lambda k: seen.append(k))
+    out = parallel.forked_map(
+        lambda x: (x * x, os.getpid(), torch.get_num_threads()), range(7), workers=2, progress=lambda k: seen.append(k)
+    )
     assert [r[0] for r in out] == [x * x for x in range(7)] and seen == [1] * 7
     pids = {r[1] for r in out}
     assert os.getpid() not in pids and 1 <= len(pids) <= 2  # forked workers did the work

@@ -99,14 +99,27 @@ def _construction_measures(head, cfg, base_ids, extras, rng, *, avoid=None):
     for extra in extras:
         ids = base_ids
         if extra:
-            pool = [[t for j, t in enumerate(row.tolist()[:-1]) if avoid is None or j != int(avoid[i])]
-                    for i, row in enumerate(base_ids)]
+            pool = [
+                [t for j, t in enumerate(row.tolist()[:-1]) if avoid is None or j != int(avoid[i])]
+                for i, row in enumerate(base_ids)
+            ]
             front = torch.tensor([[p[int(rng.integers(len(p)))] for _ in range(extra)] for p in pool])
             ids = torch.cat((front, base_ids), dim=1)
         logits = constructions.attention_logits(head, ids, last_only=True)[:, 0]  # [B, L]
         margin, _, attn_top, _ = retention.row_measures(logits)
-        rows.append(pd.DataFrame({"prompt": range(len(ids)), "query": ids.shape[1] - 1, "layer": 0, "head": 0,
-                                  "length": ids.shape[1], "margin": margin.numpy(), "attn_tracked": attn_top.numpy()}))
+        rows.append(
+            pd.DataFrame(
+                {
+                    "prompt": range(len(ids)),
+                    "query": ids.shape[1] - 1,
+                    "layer": 0,
+                    "head": 0,
+                    "length": ids.shape[1],
+                    "margin": margin.numpy(),
+                    "attn_tracked": attn_top.numpy(),
+                }
+            )
+        )
     return pd.concat(rows, ignore_index=True)
 
 
@@ -120,8 +133,10 @@ def test_retention_of_hand_built_positional_head_falls_and_symbolic_head_holds()
     retr = constructions.retrieval_head(letter, theory.frequency_angle(42))
     ids, _ = theory.retrieval_inputs(letter, 16, theory.frequency_angle(42), samples=200)
     ids = ids[:200]
-    holds = retention.head_retention(_construction_measures(retr, letter, ids, [0, 17, 51], rng,
-                                                            avoid=theory.target_key(letter, ids)), base_length=17)
+    holds = retention.head_retention(
+        _construction_measures(retr, letter, ids, [0, 17, 51], rng, avoid=theory.target_key(letter, ids)),
+        base_length=17,
+    )
     at = lambda t, n: float(t[t.length == n].margin_retention.iloc[0])  # noqa: E731
     assert at(falls, 68) < 0.3 and at(falls, 34) < at(falls, 17) == 1.0  # T_Index: the 2 pi^2 / n^2 squeeze
     # T_Retrieval keeps most of its margin while n theta < omega / 2: the nearest other letter's logit
@@ -137,8 +152,17 @@ def test_group_retention_intervals_pooling_and_matching():
             for head in range(4):
                 base = 1.0 + rng.random()
                 for length, factor in ((8, 1.0), (16, 0.5 if head == 0 else 1.0)):
-                    rows.append({"prompt": prompt, "query": length - 1, "layer": layer, "head": head, "length": length,
-                                 "margin": base * factor * (1 + 0.1 * rng.standard_normal()), "attn_tracked": 0.5})
+                    rows.append(
+                        {
+                            "prompt": prompt,
+                            "query": length - 1,
+                            "layer": layer,
+                            "head": head,
+                            "length": length,
+                            "margin": base * factor * (1 + 0.1 * rng.standard_normal()),
+                            "attn_tracked": 0.5,
+                        }
+                    )
     measures = pd.DataFrame(rows)
     group = [(0, 0), (1, 0), (2, 0)]
     every = [(l, h) for l in range(3) for h in range(4)]
@@ -231,8 +255,12 @@ def test_screen_probes_every_format_and_completes_candidates_until_one_passes(bu
     """kv-code fails its probe (3/10), copy passes the probe but not the full screen (25 of 40),
     kv-list passes both (every answer right): kv-list is chosen and possession, after it, stays at the
     probe; every format tried is reported with its own n."""
-    right = {"kv-code": lambda i: i % 10 < 3, "copy": lambda i: i < 10 or i % 2 == 0, "kv-list": lambda i: True,
-             "possession": lambda i: True}
+    right = {
+        "kv-code": lambda i: i % 10 < 3,
+        "copy": lambda i: i < 10 or i % 2 == 0,
+        "kv-list": lambda i: True,
+        "possession": lambda i: True,
+    }
     asked = []
 
     def fake(model, prompts):
@@ -242,8 +270,12 @@ def test_screen_probes_every_format_and_completes_candidates_until_one_passes(bu
     monkeypatch.setattr(prediction, "next_token_correct", fake)
     config = prediction.PredictionConfig(formats=list(right), n_screen=40, n_probe=10)
     rows = prediction.screen(None, builder, config, seed=0, max_positions=4096)
-    assert rows.groupby("format", sort=False).size().to_dict() == {"kv-code": 10, "copy": 40, "kv-list": 40,
-                                                                  "possession": 10}
+    assert rows.groupby("format", sort=False).size().to_dict() == {
+        "kv-code": 10,
+        "copy": 40,
+        "kv-list": 40,
+        "possession": 10,
+    }
     assert [r[0] for r in asked[4:]] == ["copy", "kv-list"]  # top-ups, in order, after the four probes
     summary = prediction.accuracy_rows(rows, ["format"])
     chosen = prediction.choose_format(summary, config)
@@ -262,18 +294,23 @@ def _prefix_family(n=2, seed=0, vocab=40):
     rng = np.random.default_rng(seed)
     out = {f: [] for f in (1, 2, 4)}
     for i in range(n):
-        head, stream, tail = (rng.integers(2, vocab, size) .tolist() for size in (4, 32, 3))
+        head, stream, tail = (rng.integers(2, vocab, size).tolist() for size in (4, 32, 3))
         for f in out:
             ids = head + stream[: 8 * f] + tail
-            out[f].append(prompt_sets.LengthPrompt("t", i, f, len(ids), ids, " x", int(rng.integers(2, vocab)),
-                                                   4 + 8, 8 * (f - 1), len(ids) - 1))
+            out[f].append(
+                prompt_sets.LengthPrompt(
+                    "t", i, f, len(ids), ids, " x", int(rng.integers(2, vocab)), 4 + 8, 8 * (f - 1), len(ids) - 1
+                )
+            )
     return out
 
 
 def _tokens_run(model):
     """A counter of the token positions the model's forwards process (a hook on the input embedding)."""
     seen = [0]
-    model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.__setitem__(0, seen[0] + args[0].numel()))
+    model.get_input_embeddings().register_forward_hook(
+        lambda m, args, out: seen.__setitem__(0, seen[0] + args[0].numel())
+    )
     return seen
 
 
@@ -313,13 +350,18 @@ def test_correct_by_length_equals_one_forward_per_prompt():
     model = tiny_model("llama")
     family = _prefix_family(n=3, seed=1)
     with torch.no_grad():
-        best = {f: [int(model(input_ids=torch.tensor([p.ids])).logits[0, -1].argmax()) for p in ps]
-                for f, ps in family.items()}
-    family = {f: [dataclasses.replace(p, answer_id=best[f][k] if k != 1 else (best[f][k] + 1) % 40)
-                  for k, p in enumerate(ps)] for f, ps in family.items()}
+        best = {
+            f: [int(model(input_ids=torch.tensor([p.ids])).logits[0, -1].argmax()) for p in ps]
+            for f, ps in family.items()
+        }
+    family = {
+        f: [dataclasses.replace(p, answer_id=best[f][k] if k != 1 else (best[f][k] + 1) % 40) for k, p in enumerate(ps)]
+        for f, ps in family.items()
+    }
     assert prediction.correct_by_length(model, family) == {f: [True, False, True] for f in family}
-    assert prediction.correct_by_length(model, family) == {f: prediction.next_token_correct(model, ps)
-                                                           for f, ps in family.items()}
+    assert prediction.correct_by_length(model, family) == {
+        f: prediction.next_token_correct(model, ps) for f, ps in family.items()
+    }
 
 
 # ---- the causal table ---------------------------------------------------------------------------
@@ -331,9 +373,23 @@ def _causal_rows(n=40):
     rows = []
     for prompt in range(n):
         for factor, length in ((1, 10), (4, 40)):
+
             def add(group, draw, ok, ranking="sink-free", k=2):
-                rows.append({"k": k, "mode": "mean", "ranking": ranking, "group": group, "draw": draw, "heads": "",
-                             "factor": factor, "length": length, "prompt": prompt, "correct": ok})
+                rows.append(
+                    {
+                        "k": k,
+                        "mode": "mean",
+                        "ranking": ranking,
+                        "group": group,
+                        "draw": draw,
+                        "heads": "",
+                        "factor": factor,
+                        "length": length,
+                        "prompt": prompt,
+                        "correct": ok,
+                    }
+                )
+
             add("none", -1, True, ranking="none", k=0)
             add("symbolic", -1, not (factor == 4 and prompt % 4 != 0))
             add("positional", -1, prompt % 2 == 0)

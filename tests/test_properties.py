@@ -36,15 +36,32 @@ def samples(draw, task: str):
     T, P = draw(st.integers(1, 8)), draw(st.integers(0, 8))
     H = draw(st.integers(1, min(P + 1, 5)))
     if task == "number":
-        config = task_config("number", target_size=T, pretarget_size=P, max_hops=H,
-                             alphabet_size=draw(st.integers(2, 40)), int_range=draw(st.integers(T + P, T + P + 4)),
-                             extra_target=draw(st.integers(0, 6)))
+        config = task_config(
+            "number",
+            target_size=T,
+            pretarget_size=P,
+            max_hops=H,
+            alphabet_size=draw(st.integers(2, 40)),
+            int_range=draw(st.integers(T + P, T + P + 4)),
+            extra_target=draw(st.integers(0, 6)),
+        )
     else:
-        config = task_config("letter", target_size=T, pretarget_size=P, max_hops=H,
-                             alphabet_size=draw(st.integers(H + 1, 12)), int_range=draw(st.integers(1, 9)),
-                             extra_target=draw(st.integers(0, 6)))
-    s = generate(config, 1, draw(st.integers(0, 2**32)), split=draw(st.sampled_from(["train", "val", "test"])),
-                 start=draw(st.integers(0, 10**6)))
+        config = task_config(
+            "letter",
+            target_size=T,
+            pretarget_size=P,
+            max_hops=H,
+            alphabet_size=draw(st.integers(H + 1, 12)),
+            int_range=draw(st.integers(1, 9)),
+            extra_target=draw(st.integers(0, 6)),
+        )
+    s = generate(
+        config,
+        1,
+        draw(st.integers(0, 2**32)),
+        split=draw(st.sampled_from(["train", "val", "test"])),
+        start=draw(st.integers(0, 10**6)),
+    )
     chain = s.chain[0][: s.hops[0] + 1].tolist()
     return config, s.input_ids[0], int(s.answer[0]), chain
 
@@ -55,7 +72,7 @@ def test_number_task_relabelling_symbols_relabels_the_answer(sample, data):
     config, ids, answer, chain = sample
     R, A = config.int_range, config.alphabet_size
     perm = np.arange(config.vocab_size)  # offsets 1..R stay, symbols R+1..R+A are permuted
-    perm[R + 1:] = R + 1 + np.array(data.draw(st.permutations(range(A))))
+    perm[R + 1 :] = R + 1 + np.array(data.draw(st.permutations(range(A))))
     assert follow_chain(config, ids) == (answer, chain)
     assert follow_chain(config, perm[ids]) == (perm[answer], chain)
 
@@ -81,8 +98,12 @@ def test_decode_encode_round_trip_and_vocabulary(sample):
 
 
 @FAST
-@given(seed=st.integers(0, 2**40), start=st.integers(0, 10**9), n=st.integers(1, 20),
-       task=st.sampled_from(["number", "letter"]))
+@given(
+    seed=st.integers(0, 2**40),
+    start=st.integers(0, 10**9),
+    n=st.integers(1, 20),
+    task=st.sampled_from(["number", "letter"]),
+)
 def test_generation_is_a_pure_function_of_its_index(seed, start, n, task):
     config = task_config(task)
     a, b = generate(config, n, seed, "val", start), generate(config, n, seed, "val", start)
@@ -101,8 +122,9 @@ logits = st.floats(-8.0, 8.0, allow_nan=False, allow_infinity=False)
 def heads(draw, min_keys: int = 3, max_keys: int = 9):
     """(clean [n], swapped [n, n]) logits of one query over n keys, with swapped's diagonal = clean."""
     n = draw(st.integers(min_keys, max_keys))
-    swapped = torch.tensor(draw(st.lists(st.lists(logits, min_size=n, max_size=n), min_size=n, max_size=n)),
-                           dtype=torch.float64)  # [n, n]
+    swapped = torch.tensor(
+        draw(st.lists(st.lists(logits, min_size=n, max_size=n), min_size=n, max_size=n)), dtype=torch.float64
+    )  # [n, n]
     return swapped.diagonal().clone(), swapped
 
 

@@ -73,23 +73,35 @@ def test_bound_holds_and_is_tight_on_a_hand_made_row():
     assert dense["s_pos"].item() == pytest.approx(ref["s_pos"], abs=1e-12)
 
 
-@pytest.mark.parametrize("blocks, compare, exclude", [(None, "probs", ()), (None, "logits", ()), (4, "probs", ()),
-                                                      (5, "logits", ()), (None, "probs", (0, 7)), (4, "probs", (0,))])
+@pytest.mark.parametrize(
+    "blocks, compare, exclude",
+    [
+        (None, "probs", ()),
+        (None, "logits", ()),
+        (4, "probs", ()),
+        (5, "logits", ()),
+        (None, "probs", (0, 7)),
+        (4, "probs", (0,)),
+    ],
+)
 def test_pruned_equals_dense_within_its_bound_on_random_rows(blocks, compare, exclude, monkeypatch):
     monkeypatch.setattr(pruning, "SPARSE_LIMIT", 1.0)  # prune wherever the bound allows
     swapped = _peaked(12, 21, seed=3, scale=6.0 if compare == "probs" else 0.002)
     eps = 1e-9
-    pruned = pruning.score_rows(UNIT, *_as_rows(swapped), blocks=blocks, compare=compare, epsilon=eps,
-                                exclude_keys=exclude)
-    dense = pruning.score_rows(UNIT, *_as_rows(swapped), blocks=blocks, compare=compare, epsilon=None,
-                               exclude_keys=exclude)
+    pruned = pruning.score_rows(
+        UNIT, *_as_rows(swapped), blocks=blocks, compare=compare, epsilon=eps, exclude_keys=exclude
+    )
+    dense = pruning.score_rows(
+        UNIT, *_as_rows(swapped), blocks=blocks, compare=compare, epsilon=None, exclude_keys=exclude
+    )
     assert (pruned["kept"] < pruned["n_swaps"]).any()  # the pruned path really ran
     assert (pruned["bound"] <= 2 * eps).all()
     for key in ("s_pos", "s_sym"):
         assert ((pruned[key] - dense[key]).abs() <= pruned["bound"] + 1e-13).all()
     for r in range(3):
-        ref = reference_swap_scores(swapped[r].diagonal(), swapped[r], blocks=blocks, compare=compare,
-                                    exclude_keys=exclude)
+        ref = reference_swap_scores(
+            swapped[r].diagonal(), swapped[r], blocks=blocks, compare=compare, exclude_keys=exclude
+        )
         assert dense["n_swaps"] == ref["n_swaps"]
         for key in ("s_pos", "s_sym", "attn_first", "attn_top"):
             assert dense[key][r].item() == pytest.approx(ref[key], abs=1e-12)
@@ -149,8 +161,10 @@ def test_pruned_equals_dense_on_the_real_model(smollm2, length):
     pruned = score_model(model, [ids], "last", layers=layers)
     dense = score_model(model, [ids], "last", layers=layers, exact="dense")
     diff = max(float((pruned[c] - dense[c]).abs().max()) for c in ("s_pos", "s_sym"))
-    print(f"{length} tokens: max |pruned - dense| = {diff:.1e}, kept median {pruned['kept'].median():.0f} "
-          f"of {pruned['n_swaps'].iloc[0]} swaps")
+    print(
+        f"{length} tokens: max |pruned - dense| = {diff:.1e}, kept median {pruned['kept'].median():.0f} "
+        f"of {pruned['n_swaps'].iloc[0]} swaps"
+    )
     assert (pruned["kept"] < pruned["n_swaps"]).sum() >= len(pruned) // 2  # real heads are peaked: most prune
     assert (pruned["bound"] <= 2e-12).all() and diff <= 2e-12
     for key in ("s_pos", "s_sym"):

@@ -27,16 +27,22 @@ def test_rounding_rules():
 
 def test_a_wrong_or_uncited_number_is_listed(tmp_path):
     (tmp_path / "docs" / "benchmarks").mkdir(parents=True)
-    (tmp_path / "docs" / "benchmarks" / "b.json").write_text(json.dumps({"fast_s": 1.234, "ratio": 140.2, "bytes": 2**21}))
+    (tmp_path / "docs" / "benchmarks" / "b.json").write_text(
+        json.dumps({"fast_s": 1.234, "ratio": 140.2, "bytes": 2**21})
+    )
     page = tmp_path / "README.md"
-    page.write_text("Scores take 1.23 s, 140x the brute force, 2 MiB (docs/benchmarks/b.json).\n\n"
-                    "| a | b |\n| 1.2 s | 141x |\n\n"
-                    "Training runs 12.5 steps/s on 2 cores.\n\n"
-                    "See 3 s (docs/benchmarks/missing.json).\n")
+    page.write_text(
+        "Scores take 1.23 s, 140x the brute force, 2 MiB (docs/benchmarks/b.json).\n\n"
+        "| a | b |\n| 1.2 s | 141x |\n\n"
+        "Training runs 12.5 steps/s on 2 cores.\n\n"
+        "See 3 s (docs/benchmarks/missing.json).\n"
+    )
     problems = check(page, tmp_path)
-    assert problems == ["README.md:3: 141 is not in docs/benchmarks/b.json",
-                        "README.md:6: '12.5 steps/s' is quoted without a docs/benchmarks or docs/results file",
-                        "README.md:8: cites docs/benchmarks/missing.json, which does not exist"]
+    assert problems == [
+        "README.md:3: 141 is not in docs/benchmarks/b.json",
+        "README.md:6: '12.5 steps/s' is quoted without a docs/benchmarks or docs/results file",
+        "README.md:8: cites docs/benchmarks/missing.json, which does not exist",
+    ]
 
 
 def test_generated_option_tables_are_not_read(tmp_path):
@@ -44,7 +50,11 @@ def test_generated_option_tables_are_not_read(tmp_path):
     (tmp_path / "docs" / "benchmarks").mkdir(parents=True)
     (tmp_path / "docs" / "benchmarks" / "b.json").write_text(json.dumps({"s": 1.5}))
     page = tmp_path / "page.md"
-    page.write_text("Scoring took 1.5 s (docs/benchmarks/b.json).\n\n<!-- options:score:begin -->\n"
-                    "| `--timeout` | float | `60` | 60 s per reply |\n<!-- options:score:end -->\n\n"
-                    "| after | 2.5 s |\n")
-    assert check(page, tmp_path) == ["page.md:7: 2.5 is not in docs/benchmarks/b.json"]  # the table after still inherits
+    page.write_text(
+        "Scoring took 1.5 s (docs/benchmarks/b.json).\n\n<!-- options:score:begin -->\n"
+        "| `--timeout` | float | `60` | 60 s per reply |\n<!-- options:score:end -->\n\n"
+        "| after | 2.5 s |\n"
+    )
+    assert check(page, tmp_path) == [
+        "page.md:7: 2.5 is not in docs/benchmarks/b.json"
+    ]  # the table after still inherits

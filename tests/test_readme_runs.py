@@ -51,8 +51,13 @@ def test_extract_blocks_reads_markers_and_lines():
 def test_default_order_readme_then_command_pages_then_docs():
     """The command pages run in the order of `posym --help`: analysis reads the runs training made."""
     names = [str(f.relative_to(ROOT)) for f in default_files()]
-    assert names[:5] == ["README.md", "docs/commands/training.md", "docs/commands/analysis.md",
-                         "docs/commands/models.md", "docs/commands/runs.md"]
+    assert names[:5] == [
+        "README.md",
+        "docs/commands/training.md",
+        "docs/commands/analysis.md",
+        "docs/commands/models.md",
+        "docs/commands/runs.md",
+    ]
     assert names[5:] == sorted(names[5:]) and all(n.startswith("docs/") and n.count("/") == 1 for n in names[5:])
 
 
@@ -73,9 +78,20 @@ def test_slow_blocks_run_without_the_fast_variable(tmp_path):
 def test_the_script_exits_1_on_a_broken_file(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(THROWAWAY)
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_runs.py"), "--scratch", str(tmp_path / "s"),
-                           "--json", str(tmp_path / "record.json"), str(page)], capture_output=True, text=True,
-                          env=dict(os.environ, POSYM_README_FAST="1"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "readme_runs.py"),
+            "--scratch",
+            str(tmp_path / "s"),
+            "--json",
+            str(tmp_path / "record.json"),
+            str(page),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, POSYM_README_FAST="1"),
+    )
     assert done.returncode == 1 and "1 failed of 4 blocks" in done.stdout
     record = json.loads((tmp_path / "record.json").read_text())
     assert (record["ok"], record["failed"], record["skipped"], record["POSYM_README_FAST"]) == (1, 1, 2, True)
@@ -87,6 +103,10 @@ def test_the_script_exits_1_on_a_broken_file(tmp_path):
 @pytest.mark.slow
 def test_every_readme_and_docs_block_runs(tmp_path):
     """The acceptance run: README.md, docs/commands/*.md, then docs/*.md, quick preset, POSYM_README_FAST=1."""
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_runs.py"), "--scratch", str(tmp_path)],
-                          capture_output=True, text=True, env=dict(os.environ, POSYM_README_FAST="1"))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "readme_runs.py"), "--scratch", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, POSYM_README_FAST="1"),
+    )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]

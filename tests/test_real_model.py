@@ -18,8 +18,10 @@ from posym import models
 from posym.commands import convert as convert_command
 from posym.core.scores import score_model
 
-TEXTS = ["Alice likes red. Bob likes blue. Carol likes green. What colour does Bob like? Bob likes",
-         "Emma has a cat. Jack has a dog. What does Jack have? Jack has a"]
+TEXTS = [
+    "Alice likes red. Bob likes blue. Carol likes green. What colour does Bob like? Bob likes",
+    "Emma has a cat. Jack has a dog. What does Jack have? Jack has a",
+]
 
 
 @pytest.fixture(scope="session")
@@ -35,8 +37,13 @@ def smollm2(tmp_path_factory):
 def test_the_embedded_model_is_smollm2_and_converts_exactly(smollm2):
     loaded, converted = smollm2
     config = loaded.model.config
-    assert (loaded.model_type, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
-            config.head_dim) == ("llama", 30, 9, 3, 64)
+    assert (
+        loaded.model_type,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    ) == ("llama", 30, 9, 3, 64)
     assert loaded.model.model.rotary_emb.inv_freq[1].item() == pytest.approx(100_000 ** (-2 / 64), rel=1e-6)
     again = models.load(converted)
     for (name, a), b in zip(loaded.model.named_parameters(), again.model.parameters()):
@@ -58,20 +65,24 @@ def test_scores_equal_the_per_swap_reference(smollm2):
     assert worst <= 1e-4, worst
 
 
-def test_commands_give_identical_results_on_the_gguf_and_the_converted_directory(smollm2, tmp_path, capsys,
-                                                                                 monkeypatch):
+def test_commands_give_identical_results_on_the_gguf_and_the_converted_directory(
+    smollm2, tmp_path, capsys, monkeypatch
+):
     loaded, converted = smollm2
     prompts = tmp_path / "prompts.jsonl"
     ids = loaded.text_ids(TEXTS[1])
-    prompts.write_text(json.dumps({"text": TEXTS[0]}) + "\n" + json.dumps({"input_ids": ids, "queries": [5, len(ids) - 1]})
-                       + "\n")
+    prompts.write_text(
+        json.dumps({"text": TEXTS[0]}) + "\n" + json.dumps({"input_ids": ids, "queries": [5, len(ids) - 1]}) + "\n"
+    )
     outputs = {}
     for name, model in (("gguf", "smollm2-135m"), ("hf", converted)):
         out = tmp_path / name
-        for args in (["score", model, "--prompts", prompts, "--out", out / "score.parquet"],
-                     ["llm-scores", model, "--n", 1, "--query", "name", "--heads", "5.0", "--out", out / "llm"],
-                     ["geometry", model, "--prompts", prompts, "--out", out / "geometry"],
-                     ["discrepancy", model, "--prompts", prompts, "--out", out / "discrepancy"]):
+        for args in (
+            ["score", model, "--prompts", prompts, "--out", out / "score.parquet"],
+            ["llm-scores", model, "--n", 1, "--query", "name", "--heads", "5.0", "--out", out / "llm"],
+            ["geometry", model, "--prompts", prompts, "--out", out / "geometry"],
+            ["discrepancy", model, "--prompts", prompts, "--out", out / "discrepancy"],
+        ):
             code, _, err = run_cli(args, capsys, monkeypatch)
             assert code == 0, err
         outputs[name] = {path.relative_to(out): pd.read_parquet(path) for path in sorted(out.rglob("*.parquet"))}

@@ -40,11 +40,19 @@ from posym.models import list_checkpoints, load_checkpoint
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "posym"
 _SCRIPT = Path(sys.executable).with_name("posym")
-POSYM = [str(_SCRIPT)] if _SCRIPT.is_file() else ([shutil.which("posym")] if shutil.which("posym")
-                                                  else [sys.executable, "-m", "posym.cli"])
+POSYM = (
+    [str(_SCRIPT)]
+    if _SCRIPT.is_file()
+    else ([shutil.which("posym")] if shutil.which("posym") else [sys.executable, "-m", "posym.cli"])
+)
 """The installed console script (next to this Python, else on PATH, else the module)."""
-ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-       "TRANSFORMERS_OFFLINE": "1"}
+ENV = {
+    **os.environ,
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
 
 TRAIN = {**TRAIN_2HOP, "val_size": 24}
 DYNAMICS = ["--n", "8"]
@@ -84,10 +92,13 @@ def zoo(tmp_path_factory) -> Path:
     (z / "bert" / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
 
     (z / "a-file").write_text("not a directory\n")
-    prompts = {"bad-json": '{"input_ids": [1, 2, 3', "non-integer": '{"input_ids": [1, 2.5, 3, 4]}',
-               "outside-vocab": '{"input_ids": [1, 2, 3, 99999]}',
-               "query-range": '{"input_ids": [1, 2, 3, 4], "queries": [9]}',
-               "long": json.dumps({"input_ids": [1, 2, 3] * 30})}
+    prompts = {
+        "bad-json": '{"input_ids": [1, 2, 3',
+        "non-integer": '{"input_ids": [1, 2.5, 3, 4]}',
+        "outside-vocab": '{"input_ids": [1, 2, 3, 99999]}',
+        "query-range": '{"input_ids": [1, 2, 3, 4], "queries": [9]}',
+        "long": json.dumps({"input_ids": [1, 2, 3] * 30}),
+    }
     for name, line in prompts.items():
         (z / f"{name}.jsonl").write_text(line + "\n")
     (z / "unknown.yaml").write_text("model: {n_layr: 2}\n")
@@ -115,17 +126,26 @@ def reference(zoo) -> Path:
 
 
 def posym(args, cwd, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*POSYM, *map(str, args)], cwd=cwd, env=ENV, capture_output=True, text=True,
-                          timeout=300, **kw)
+    return subprocess.run(
+        [*POSYM, *map(str, args)], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300, **kw
+    )
 
 
 def start(args, cwd) -> subprocess.Popen:
     """`posym ARGS` in the background, leading its own process group (so that a kill reaches its workers)."""
-    return subprocess.Popen([*POSYM, *map(str, args)], cwd=cwd, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [*POSYM, *map(str, args)],
+        cwd=cwd,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 # ---- bad input: the installed console script, exit 2, one line, nothing written ---------------------
+
 
 def case(name: str, argv: list[str], message: str):
     """One bad input: `posym ARGV` must fail with `message` in its one error line."""
@@ -141,48 +161,85 @@ BAD_INPUT = [
     # (case, argv with {z} = the zoo; outputs are relative, so they would land in the case's own cwd)
     slow("missing model directory", ["score", "{z}/missing", "--out", "s.parquet"], "does not exist"),
     slow("empty model directory", ["score", "{z}/empty", "--out", "s.parquet"], "holds no model"),
-    case("corrupt safetensors (posym checkpoint)", ["eval", "{z}/corrupt", "--n", "8", "--out", "e.json"],
-         "cannot load the model"),
-    case("corrupt safetensors (llm)", ["llm-scores", "{z}/llama-corrupt", "--n", "1", "--out", "o"],
-         "cannot load the model"),
+    case(
+        "corrupt safetensors (posym checkpoint)",
+        ["eval", "{z}/corrupt", "--n", "8", "--out", "e.json"],
+        "cannot load the model",
+    ),
+    case(
+        "corrupt safetensors (llm)",
+        ["llm-scores", "{z}/llama-corrupt", "--n", "1", "--out", "o"],
+        "cannot load the model",
+    ),
     case("corrupt config.json", ["geometry", "{z}/bad-config", "--out", "o"], "is not valid JSON"),
     case("non-RoPE model", ["llm-scores", "{z}/gpt2", "--n", "1", "--out", "o"], "rotary position embeddings"),
     slow("unsupported architecture", ["llm-scores", "{z}/bert", "--n", "1", "--out", "o"], "'bert' model"),
-    case("pickle-only posym checkpoint", ["score", "{z}/gptj-pickle", "--out", "s.parquet"],
-         "never loads pickled weights"),
+    case(
+        "pickle-only posym checkpoint",
+        ["score", "{z}/gptj-pickle", "--out", "s.parquet"],
+        "never loads pickled weights",
+    ),
     slow("pickle-only llm", ["llm-scores", "{z}/llama-pickle", "--n", "1", "--out", "o"], "--allow-pickle"),
-    slow("prompt longer than the position table",
-         ["score", "{z}/run", "--prompts", "{z}/long.jsonl", "--out", "s.parquet"],
-         "90 tokens exceed the model's 64 positions"),
-    case("prompts: bad JSON", ["score", "{z}/run", "--prompts", "{z}/bad-json.jsonl", "--out", "s.parquet"],
-         "line 1 is not valid JSON"),
-    slow("prompts: non-integer ids",
-         ["score", "{z}/run", "--prompts", "{z}/non-integer.jsonl", "--out", "s.parquet"],
-         "input_ids must be a list of integers"),
-    slow("prompts: ids outside the vocabulary",
-         ["score", "{z}/run", "--prompts", "{z}/outside-vocab.jsonl", "--out", "s.parquet"],
-         "token ids must lie in 0..11"),
-    slow("prompts: query out of range",
-         ["score", "{z}/run", "--prompts", "{z}/query-range.jsonl", "--out", "s.parquet"],
-         "query positions must lie in 2..3"),
-    case("unknown preset", ["train", "--preset", "huge", "--out", "r"], "'huge' is not one of 'quick', 'seed', 'paper'"),
-    case("unknown preset (run)", ["run", "--preset", "huge", "--out", "r"],
-         "'huge' is not one of 'quick', 'seed', 'paper'"),
+    slow(
+        "prompt longer than the position table",
+        ["score", "{z}/run", "--prompts", "{z}/long.jsonl", "--out", "s.parquet"],
+        "90 tokens exceed the model's 64 positions",
+    ),
+    case(
+        "prompts: bad JSON",
+        ["score", "{z}/run", "--prompts", "{z}/bad-json.jsonl", "--out", "s.parquet"],
+        "line 1 is not valid JSON",
+    ),
+    slow(
+        "prompts: non-integer ids",
+        ["score", "{z}/run", "--prompts", "{z}/non-integer.jsonl", "--out", "s.parquet"],
+        "input_ids must be a list of integers",
+    ),
+    slow(
+        "prompts: ids outside the vocabulary",
+        ["score", "{z}/run", "--prompts", "{z}/outside-vocab.jsonl", "--out", "s.parquet"],
+        "token ids must lie in 0..11",
+    ),
+    slow(
+        "prompts: query out of range",
+        ["score", "{z}/run", "--prompts", "{z}/query-range.jsonl", "--out", "s.parquet"],
+        "query positions must lie in 2..3",
+    ),
+    case(
+        "unknown preset", ["train", "--preset", "huge", "--out", "r"], "'huge' is not one of 'quick', 'seed', 'paper'"
+    ),
+    case(
+        "unknown preset (run)",
+        ["run", "--preset", "huge", "--out", "r"],
+        "'huge' is not one of 'quick', 'seed', 'paper'",
+    ),
     case("unknown config key", ["train", "--config", "{z}/unknown.yaml", "--out", "r"], "unknown key 'n_layr'"),
     case("mistyped config value", ["train", "--config", "{z}/typed.yaml", "--out", "r"], "lr must be a number"),
     case("impossible task config", ["train", "--config", "{z}/impossible.yaml", "--out", "r"], "max_hops=6 needs"),
-    case("impossible task flags", ["data", "--task", "letter", "--alphabet-size", "40", "--out", "d.parquet"],
-         "at most 26 letters"),
+    case(
+        "impossible task flags",
+        ["data", "--task", "letter", "--alphabet-size", "40", "--out", "d.parquet"],
+        "at most 26 letters",
+    ),
     case("output path not writable", ["data", "--n", "5", "--out", "{z}/a-file/d.parquet"], "cannot create directory"),
     # the same failures reached through other commands
     slow("empty llm directory", ["llm-scores", "{z}/empty", "--n", "1", "--out", "o"], "no config.json"),
     slow("non-RoPE model (score)", ["score", "{z}/gpt2", "--out", "s.parquet"], "not a GPT-J model"),
-    slow("prompt longer than the position table (llm)",
-         ["llm-scores", "{z}/llama-short", "--text", "Alice likes red. " * 8, "--out", "o"], "only 16 positions"),
-    slow("length beyond the position table", ["lengthgen", "{z}/run", "--protocol", "paper", "--lengths", "8,100", "--out", "o"],
-         "exceeds the model's position table"),
-    slow("output path not writable after the work",
-         ["score", "{z}/run", "--n", "2", "--out", "{z}/a-file/s.parquet"], "cannot create directory"),
+    slow(
+        "prompt longer than the position table (llm)",
+        ["llm-scores", "{z}/llama-short", "--text", "Alice likes red. " * 8, "--out", "o"],
+        "only 16 positions",
+    ),
+    slow(
+        "length beyond the position table",
+        ["lengthgen", "{z}/run", "--protocol", "paper", "--lengths", "8,100", "--out", "o"],
+        "exceeds the model's position table",
+    ),
+    slow(
+        "output path not writable after the work",
+        ["score", "{z}/run", "--n", "2", "--out", "{z}/a-file/s.parquet"],
+        "cannot create directory",
+    ),
 ]
 
 
@@ -290,8 +347,21 @@ KILL_TRAIN = [  # (file whose appearance triggers the kill, seconds after it)
 @pytest.mark.parametrize("point, delay", KILL_TRAIN)
 def test_train_killed_then_resumed_equals_uninterrupted(zoo, tmp_path, point, delay):
     run = tmp_path / "run"
-    proc = start(["train", "--preset", "quick", "--task", "number", "--config", zoo / "train.yaml", "--out", run,
-                  "--no-progress"], tmp_path)
+    proc = start(
+        [
+            "train",
+            "--preset",
+            "quick",
+            "--task",
+            "number",
+            "--config",
+            zoo / "train.yaml",
+            "--out",
+            run,
+            "--no-progress",
+        ],
+        tmp_path,
+    )
     kill_when(proc, run / point, delay)
     for _, checkpoint in list_checkpoints(run):
         load_checkpoint(checkpoint)  # every visible checkpoint is a whole, loadable model
@@ -305,8 +375,10 @@ def test_train_killed_then_resumed_equals_uninterrupted(zoo, tmp_path, point, de
         wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
         assert all(torch.equal(wa[k], wb[k]) for k in wb), a.name
     drop = ["time"]  # wall-clock stamps are the one thing a re-run may change
-    pd.testing.assert_frame_equal(pd.read_parquet(run / "metrics.parquet").drop(columns=drop),
-                                  pd.read_parquet(reference / "metrics.parquet").drop(columns=drop))
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(run / "metrics.parquet").drop(columns=drop),
+        pd.read_parquet(reference / "metrics.parquet").drop(columns=drop),
+    )
     assert not [p.name for p in [*run.iterdir(), *(run / "checkpoints").iterdir()] if p.name.startswith(".")]
 
 
@@ -333,8 +405,10 @@ def test_train_killed_between_last_checkpoint_and_metrics_resumes_complete(zoo, 
     assert pd.read_parquet(run / "metrics.parquet").step.max() < TRAIN["max_steps"]
     train(None, run, resume=True, progress=False)
     drop = ["time"]
-    pd.testing.assert_frame_equal(pd.read_parquet(run / "metrics.parquet").drop(columns=drop),
-                                  pd.read_parquet(zoo / "run" / "metrics.parquet").drop(columns=drop))
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(run / "metrics.parquet").drop(columns=drop),
+        pd.read_parquet(zoo / "run" / "metrics.parquet").drop(columns=drop),
+    )
 
 
 @pytest.mark.parametrize("point", ["fig6_entropy.png", pytest.param("dynamics.parquet", marks=pytest.mark.slow)])
@@ -360,8 +434,12 @@ def test_lengthgen_killed_leaves_only_whole_files_and_reruns_identically(referen
 
 
 # `posym run`: one task on toy sizes, 2 worker processes (the train/dynamics/... chain and theory)
-RUN_STAGE_FILES = {"dynamics": "analysis/dynamics.json", "geometry": "analysis/geometry.json",
-                   "lengthgen": "lengthgen/lengthgen.json", "discrepancy": "discrepancy/discrepancy.json"}
+RUN_STAGE_FILES = {
+    "dynamics": "analysis/dynamics.json",
+    "geometry": "analysis/geometry.json",
+    "lengthgen": "lengthgen/lengthgen.json",
+    "discrepancy": "discrepancy/discrepancy.json",
+}
 """Per task stage: the file it writes last (under the task's run directory)."""
 
 
@@ -393,8 +471,9 @@ def assert_done_means_complete(out: Path) -> None:
 
 KILL_RUN = [  # (the file whose appearance triggers the kill, a file the killed stage would write)
     pytest.param("stages/number-train.done.json", "stages/number-dynamics.done.json", id="in-dynamics"),
-    pytest.param("number/checkpoints/step-00000006", "stages/number-train.done.json", id="in-train",
-                 marks=pytest.mark.slow),
+    pytest.param(
+        "number/checkpoints/step-00000006", "stages/number-train.done.json", id="in-train", marks=pytest.mark.slow
+    ),
     pytest.param("report", "pipeline.json", id="in-report", marks=pytest.mark.slow),
 ]
 
@@ -419,17 +498,23 @@ def test_run_killed_then_rerun_equals_uninterrupted(run_reference, tmp_path, poi
     assert len(tables) == 18 and tables == sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet"))
     for name in tables:
         drop = ["time"] if name.endswith("metrics.parquet") else []  # wall-clock stamps of training
-        pd.testing.assert_frame_equal(pd.read_parquet(out / name).drop(columns=drop),
-                                      pd.read_parquet(reference / name).drop(columns=drop), obj=name)
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(out / name).drop(columns=drop),
+            pd.read_parquet(reference / name).drop(columns=drop),
+            obj=name,
+        )
     assert [s for s, _ in list_checkpoints(out / "number")] == [s for s, _ in list_checkpoints(reference / "number")]
     for (_, a), (_, b) in zip(list_checkpoints(out / "number"), list_checkpoints(reference / "number")):
         wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wb), a.name
-    assert sorted(p.name for p in (out / "report" / "figures").iterdir() if not p.name.startswith(".")) == \
-        sorted(p.name for p in (reference / "report" / "figures").iterdir())
+    assert sorted(p.name for p in (out / "report" / "figures").iterdir() if not p.name.startswith(".")) == sorted(
+        p.name for p in (reference / "report" / "figures").iterdir()
+    )
     assert (out / "report" / "report.html").stat().st_size > 0
-    summary = [json.dumps(json.loads((d / "pipeline.json").read_text())["summary"]).replace(str(d), "OUT")
-               for d in (out, reference)]  # as text: a NaN (retention of a zero accuracy) equals itself
+    summary = [
+        json.dumps(json.loads((d / "pipeline.json").read_text())["summary"]).replace(str(d), "OUT")
+        for d in (out, reference)
+    ]  # as text: a NaN (retention of a zero accuracy) equals itself
     assert summary[0] == summary[1]
 
 
@@ -460,8 +545,9 @@ def test_sweep_killed_then_rerun_skips_finished_trials_and_equals_uninterrupted(
     # the reference: the same trials in a plain loop, in this process, without Ray
     threads = torch.get_num_threads()
     try:
-        rows = pd.DataFrame([sweep.run_trial(t, str(tmp_path / "loop" / t["name"]), False, config.n_prompts, 1)
-                             for t in grid])
+        rows = pd.DataFrame(
+            [sweep.run_trial(t, str(tmp_path / "loop" / t["name"]), False, config.n_prompts, 1) for t in grid]
+        )
     finally:
         torch.set_num_threads(threads)  # run_trial sets the trial's thread count
     assert rows.status.tolist() == ["ok", "ok"]
@@ -486,9 +572,11 @@ def enospc(*_args, **_kwargs):
 
 def half_then_enospc(original):
     """A writer that writes half of its first argument's output, then fails with ENOSPC."""
+
     def write(self, data, *args, **kwargs):
         original(self, data[: len(data) // 2], *args, **kwargs)
         enospc()
+
     return write
 
 
@@ -555,8 +643,7 @@ def test_enospc_while_streaming_scores(zoo, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", write_table)
     out = tmp_path / "scores" / "s.parquet"
-    code, err = cli(["score", zoo / "run", "--n", "4", "--batch-size", "1", "--out", out],
-                    capsys, monkeypatch)
+    code, err = cli(["score", zoo / "run", "--n", "4", "--batch-size", "1", "--out", out], capsys, monkeypatch)
     assert len(calls) == 2 and code == 2 and err.count("\n") == 1, err
     assert "No space left on device" in err and not list(out.parent.iterdir())
 

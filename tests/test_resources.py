@@ -8,8 +8,14 @@ from posym.core.model import ModelConfig, build_model
 from posym.resources import check_resources, memory_estimate, parameter_count
 
 
-@pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=1, n_embd=32), dict(n_layer=3, n_head=4, n_embd=48, mlp_ratio=2),
-                                   dict(n_layer=1, n_head=2, n_embd=16, rotary_dim=4)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(n_layer=2, n_head=1, n_embd=32),
+        dict(n_layer=3, n_head=4, n_embd=48, mlp_ratio=2),
+        dict(n_layer=1, n_head=2, n_embd=16, rotary_dim=4),
+    ],
+)
 def test_parameter_count_equals_the_built_model(shape):
     config = ModelConfig(**shape, n_positions=64)
     model = build_model(config, 30, seed=0)

@@ -32,8 +32,20 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 def test_theorem32_max_vs_min_table():
     table = pd.read_parquet(RESULTS / "theorem32_max_vs_min.parquet")
-    assert {"head", "n", "theta", "bound", "symbols", "input_set", "gap_max", "delta", "correct", "inputs",
-            "ok_max", "ok_min"} <= set(table.columns)
+    assert {
+        "head",
+        "n",
+        "theta",
+        "bound",
+        "symbols",
+        "input_set",
+        "gap_max",
+        "delta",
+        "correct",
+        "inputs",
+        "ok_max",
+        "ok_min",
+    } <= set(table.columns)
     for head in ("index", "retrieval"):
         assert table[table["head"] == head].n.tolist() == list(range(1, 65))
     assert (table.delta <= table.gap_max).all() and (table.delta > 0).all() and (table.correct == 1.0).all()
@@ -58,8 +70,12 @@ def test_theorem32_max_vs_min_table():
 def test_precision_table():
     table = pd.read_parquet(RESULTS / "precision_quick_number.parquet")
     metrics = ("acc", "loss", "val_acc", "train_loss")
-    assert {"seed", "step", *(f"{m}_{p}" for m in metrics for p in ("fp32", "bf16")), *(f"d_{m}" for m in metrics)} \
-        <= set(table.columns)
+    assert {
+        "seed",
+        "step",
+        *(f"{m}_{p}" for m in metrics for p in ("fp32", "bf16")),
+        *(f"d_{m}" for m in metrics),
+    } <= set(table.columns)
     assert sorted(table.seed.unique()) == [0, 1, 2]
     for m in metrics:  # train_loss is NaN at step 0 (no step taken yet)
         pd.testing.assert_series_equal(table[f"d_{m}"], table[f"{m}_bf16"] - table[f"{m}_fp32"], check_names=False)
@@ -71,8 +87,9 @@ def test_precision_table():
     # the claim of docs/results.md: at every step all seeds reached, bf16's largest accuracy
     # difference from fp32 stays within fp32's seed spread + 0.01
     reached = table.groupby("step").filter(lambda g: len(g) == 3)
-    by_step = reached.groupby("step").agg(d=("d_acc", lambda d: d.abs().max()),
-                                          spread=("acc_fp32", lambda a: a.max() - a.min()))
+    by_step = reached.groupby("step").agg(
+        d=("d_acc", lambda d: d.abs().max()), spread=("acc_fp32", lambda a: a.max() - a.min())
+    )
     assert (by_step.d <= by_step.spread + 0.01).all()
 
 
@@ -89,8 +106,9 @@ def test_collector_tags_every_run_and_keeps_the_last_row_of_a_resumed_step(tmp_p
         # a resumed run wrote step 250 twice: the second row is the one its checkpoint holds
         pd.DataFrame({"step": [0, 250, 250], "acc": [0.1, 0.2, 0.3 + seed]}).to_parquet(run / "metrics.parquet")
         pd.DataFrame({"length": [17, 34], "acc": [1.0, 0.5]}).to_parquet(run / "lengthgen-best" / "lengthgen.parquet")
-        (run / "validation.json").write_text('{"best_step": 250, "rows": [{"step": 250, "val_acc": 0.9, '
-                                             '"source": "computed"}]}')
+        (run / "validation.json").write_text(
+            '{"best_step": 250, "rows": [{"step": 250, "val_acc": 0.9, "source": "computed"}]}'
+        )
     (tmp_path / "logs").mkdir()  # not a run
     (tmp_path / "paper-s2" / "number").mkdir(parents=True)  # no config.yaml: not started
     training = tmp_path / "paper-s2" / "letter"  # still training: left out of every table
@@ -100,8 +118,10 @@ def test_collector_tags_every_run_and_keeps_the_last_row_of_a_resumed_step(tmp_p
     tables = collect(tmp_path)
     assert set(tables) == {"training", "validation", "lengthgen"}
     training = tables["training"]
-    assert training[["preset", "seed", "task"]].drop_duplicates().values.tolist() == [["paper", 0, "number"],
-                                                                                     ["paper", 1, "letter"]]
+    assert training[["preset", "seed", "task"]].drop_duplicates().values.tolist() == [
+        ["paper", 0, "number"],
+        ["paper", 1, "letter"],
+    ]
     assert training[training.step == 250].acc.tolist() == [0.3, 1.3]
     assert tables["lengthgen"].checkpoint.unique().tolist() == ["best"]
     assert tables["validation"].best_step.tolist() == [250, 250] and "source" not in tables["validation"]
@@ -109,30 +129,63 @@ def test_collector_tags_every_run_and_keeps_the_last_row_of_a_resumed_step(tmp_p
 
 def test_paper_tables_report_mean_and_std_over_the_seeds_present():
     assert spread([0.5]) == "0.500" and spread([0.4, 0.6]) == "0.500 ± 0.100" and spread([float("nan")]) == "-"
-    training = pd.DataFrame({"task": "number", "seed": [0, 1], "step": 500, "acc": [0.2, 0.4], "loss": [3.0, 2.0],
-                             **{f"acc_hop{h}": [0.1 * h, 0.1 * h] for h in range(1, 5)}})
+    training = pd.DataFrame(
+        {
+            "task": "number",
+            "seed": [0, 1],
+            "step": 500,
+            "acc": [0.2, 0.4],
+            "loss": [3.0, 2.0],
+            **{f"acc_hop{h}": [0.1 * h, 0.1 * h] for h in range(1, 5)},
+        }
+    )
     row = accuracy(training, "number").splitlines()[2]
     assert row == "| 500 | 0.300 ± 0.100 | 0.10 ± 0.00 / 0.20 ± 0.00 / 0.30 ± 0.00 / 0.40 ± 0.00 | 2.500 ± 0.500 |"
 
 
 def test_scoreboard_verdicts_follow_their_rules():
     """Fig. 2A's order rule and Fig. 7's per-layer comparison on hand-made tables of two seeds."""
+
     def training(firsts, task="number"):  # per seed, the step at which each hop first reaches 1.0 (else 0.5)
-        rows = [{"preset": "paper", "task": task, "seed": seed, "step": step,
-                 **{f"acc_hop{h}": 1.0 if step >= first[h - 1] else 0.5 for h in range(1, 5)}}
-                for seed, first in enumerate(firsts) for step in range(0, 2001, 250)]
+        rows = [
+            {
+                "preset": "paper",
+                "task": task,
+                "seed": seed,
+                "step": step,
+                **{f"acc_hop{h}": 1.0 if step >= first[h - 1] else 0.5 for h in range(1, 5)},
+            }
+            for seed, first in enumerate(firsts)
+            for step in range(0, 2001, 250)
+        ]
         return pd.DataFrame(rows)
 
     row = hop_order(training([(1000, 1250, 1500, 1500), (1250, 1250, 1500, 1750)]), "number")
     assert row[2].endswith("1125 ± 125 / 1250 ± 0 / 1500 ± 0 / 1625 ± 125") and row[3:] == [2, "reproduced"]
     assert hop_order(training([(1000, 1250, 1500, 1500), (1500, 1250, 1500, 1750)]), "number")[-1] == "differs"
     assert hop_order(training([(1500, 1500, 1500, 1750)] * 2, "letter"), "letter")[-1] == "reproduced"
-    assert hop_order(training([(1250, 1500, 1750, 1750), (1250, 1500, 1500, 1500)], "letter"), "letter")[-1] == "differs"
+    assert (
+        hop_order(training([(1250, 1500, 1750, 1750), (1250, 1500, 1500, 1500)], "letter"), "letter")[-1] == "differs"
+    )
 
     def composition(labels_per_seed):
-        return pd.DataFrame([{"preset": "paper", "task": "number", "seed": seed, "stage": "end", "gamma": 0.1,
-                              "query_mode": "hops", "layer": layer, "head": 0, "label": label}
-                             for seed, labels in enumerate(labels_per_seed) for layer, label in enumerate(labels)])
+        return pd.DataFrame(
+            [
+                {
+                    "preset": "paper",
+                    "task": "number",
+                    "seed": seed,
+                    "stage": "end",
+                    "gamma": 0.1,
+                    "query_mode": "hops",
+                    "layer": layer,
+                    "head": 0,
+                    "label": label,
+                }
+                for seed, labels in enumerate(labels_per_seed)
+                for layer, label in enumerate(labels)
+            ]
+        )
 
     paper = ["positional"] * 4 + ["symbolic"] * 8
     (row,) = labels_rows(composition([paper, paper]))
@@ -155,9 +208,16 @@ def test_each_variant_is_its_preset_plus_only_its_declared_overrides():
         diff |= {f"model.{k}" for k in base["model"] if config["model"][k] != base["model"][k]}
         changed[name] = diff
         assert variant.final_step == 0 or variant.final_step < config["max_steps"]
-    assert changed == {"paper": set(), "authors": {"model.embd_dropout"}, "horizon": {"max_steps"},
-                       "batch64": {"batch_size"}, "noid1": {"model.rope_bands"}}
-    assert resolve_config("paper", "number", overrides={"model": {"rope_bands": [[2, 64]]}}).model.rope_bands == [[2, 64]]
+    assert changed == {
+        "paper": set(),
+        "authors": {"model.embd_dropout"},
+        "horizon": {"max_steps"},
+        "batch64": {"batch_size"},
+        "noid1": {"model.rope_bands"},
+    }
+    assert resolve_config("paper", "number", overrides={"model": {"rope_bands": [[2, 64]]}}).model.rope_bands == [
+        [2, 64]
+    ]
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
@@ -165,13 +225,16 @@ def test_results_fig5b_variants_block_is_the_committed_tables():
     """docs/results.md's Fig. 5B variants table is scripts/paper_variants.py's output on the committed
     tables; its default rows are the issue's table (paper / posym) read back."""
     text = (RESULTS.parent / "results.md").read_text()
-    block = text[text.index(paper_variants.BEGIN) + len(paper_variants.BEGIN):text.index(paper_variants.END)].strip()
+    block = text[text.index(paper_variants.BEGIN) + len(paper_variants.BEGIN) : text.index(paper_variants.END)].strip()
     variants = RESULTS / "paper-variants" / "lengthgen.parquet"
-    expected = paper_variants.variants_table(pd.read_parquet(PAPER / "lengthgen.parquet"),
-                                             pd.read_parquet(variants) if variants.is_file() else None)
+    expected = paper_variants.variants_table(
+        pd.read_parquet(PAPER / "lengthgen.parquet"), pd.read_parquet(variants) if variants.is_file() else None
+    )
     assert block == expected
-    assert ("| default paper preset | last | 3 | 0.34 ± 0.05 | 0.21 ± 0.04 | 0.05 ± 0.02 | 0.02 ± 0.00 | 0.01 ± 0.00 "
-            "| 0.02 ± 0.01 | 0.01 ± 0.00 |") in block
+    assert (
+        "| default paper preset | last | 3 | 0.34 ± 0.05 | 0.21 ± 0.04 | 0.05 ± 0.02 | 0.02 ± 0.00 | 0.01 ± 0.00 "
+        "| 0.02 ± 0.01 | 0.01 ± 0.00 |"
+    ) in block
     assert "| paper (Fig. 5B, read point by point) | - | 1 | 1.00 | 1.00 | 0.99 | 0.95 | 0.89 | 0.86 | 0.73 |" in block
 
 
@@ -192,9 +255,20 @@ def test_every_verdict_reads_the_paper_values_from_one_place(monkeypatch):
     base = verdicts()
     assert base["Fig. 5B, number, last checkpoint"].startswith("differs at 68")
     lengthgen = tables["lengthgen"]
-    ours = lengthgen[(lengthgen.preset == "paper") & (lengthgen.protocol == "paper") & (lengthgen.hop == 0)
-                     & (lengthgen.task == "number") & (lengthgen.checkpoint == "last")].groupby("length").acc.mean()
-    monkeypatch.setitem(paper_values.FIG5B, "number", {length: float(ours[length]) for length in paper_values.FIG5B["number"]})
+    ours = (
+        lengthgen[
+            (lengthgen.preset == "paper")
+            & (lengthgen.protocol == "paper")
+            & (lengthgen.hop == 0)
+            & (lengthgen.task == "number")
+            & (lengthgen.checkpoint == "last")
+        ]
+        .groupby("length")
+        .acc.mean()
+    )
+    monkeypatch.setitem(
+        paper_values.FIG5B, "number", {length: float(ours[length]) for length in paper_values.FIG5B["number"]}
+    )
     assert verdicts()["Fig. 5B, number, last checkpoint"] == "reproduced"
     monkeypatch.undo()
     monkeypatch.setattr(paper_values, "FIG5B_TOLERANCE", 0.6)  # the tolerance is read, not a literal
@@ -204,7 +278,10 @@ def test_every_verdict_reads_the_paper_values_from_one_place(monkeypatch):
     assert base["number"] != "reproduced"  # Table 1 rows are keyed by task: the last number block
     monkeypatch.setattr(paper_values, "TABLE1_WEIGHTING", "dominant")
     table1 = scoreboard(tables).split("Table 1 by blocks")[1].split("Table 1 per layer")[0]
-    assert "| number | L0-L3 (positional) | 1.8 | 5.8 ± 0.6 | 1.1 ± 0.1 | 4.3 ± 0.2 | 12.4 ± 0.6 | 3 | reproduced |" in table1
+    assert (
+        "| number | L0-L3 (positional) | 1.8 | 5.8 ± 0.6 | 1.1 ± 0.1 | 4.3 ± 0.2 | 12.4 ± 0.6 | 3 | reproduced |"
+        in table1
+    )
     monkeypatch.undo()
 
     assert base["number / 0.05 / hops"] == "not compared"
@@ -222,14 +299,21 @@ def test_every_verdict_reads_the_paper_values_from_one_place(monkeypatch):
     monkeypatch.setattr(paper_values, "SHARE_TOLERANCE", 0.3)
     assert verdicts()["Fig. 7 shares, number (paper preset)"] == "reproduced"
     monkeypatch.undo()
-    monkeypatch.setitem(paper_values.SEED_SUMMARY_SHARES, "number", {"positional": 0.21, "symbolic": 0.12, "mixed": 0.67})
+    monkeypatch.setitem(
+        paper_values.SEED_SUMMARY_SHARES, "number", {"positional": 0.21, "symbolic": 0.12, "mixed": 0.67}
+    )
     assert verdicts()["seed summary, number (seed preset)"] == "reproduced"
     monkeypatch.undo()
 
-    assert (base["retention, number (paper preset)"], base["retention, number (seed preset)"]) == ("reproduced", "differs")
+    assert (base["retention, number (paper preset)"], base["retention, number (seed preset)"]) == (
+        "reproduced",
+        "differs",
+    )
     monkeypatch.setitem(paper_values.RETENTION, "number", 0.04)
-    assert (verdicts()["retention, number (paper preset)"], verdicts()["retention, number (seed preset)"]) == \
-        ("differs", "reproduced")
+    assert (verdicts()["retention, number (paper preset)"], verdicts()["retention, number (seed preset)"]) == (
+        "differs",
+        "reproduced",
+    )
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
@@ -247,12 +331,23 @@ def test_results_scoreboard_is_the_committed_tables():
     """docs/results.md's scoreboard block is exactly scripts/paper_scoreboard.py's output on the committed
     tables (so every "ours" and verdict on the page is recomputed here), and names every acceptance item."""
     text = (RESULTS.parent / "results.md").read_text()
-    block = text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
+    block = text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip()
     tables = {p.stem: pd.read_parquet(p) for p in sorted(PAPER.glob("*.parquet"))}
     assert block == scoreboard(tables)
-    for claim in ("Fig. 2A, number", "Fig. 2A, letter", "Fig. 2B, both tasks", "Fig. 6, number", "Fig. 4B",
-                  "Fig. 5A", "Fig. 5B, letter, last", "Fig. 5B, letter, best", "retention, number",
-                  "| number | 0.05 | target |", "| letter | 0.1 | inner |", "| number | L0-L3 (positional) |"):
+    for claim in (
+        "Fig. 2A, number",
+        "Fig. 2A, letter",
+        "Fig. 2B, both tasks",
+        "Fig. 6, number",
+        "Fig. 4B",
+        "Fig. 5A",
+        "Fig. 5B, letter, last",
+        "Fig. 5B, letter, best",
+        "retention, number",
+        "| number | 0.05 | target |",
+        "| letter | 0.1 | inner |",
+        "| number | L0-L3 (positional) |",
+    ):
         assert claim in block, claim
 
 
@@ -290,24 +385,43 @@ def test_paper_study_tables():
         assert run.step.is_unique and run.acc.between(0, 1).all()
         assert run.step.max() == (6000 if preset == "paper" else 4000), (preset, seed, task)  # finished runs only
     for kind, runs in present.items():
-        assert runs and set(runs) <= {f"{p}-s{s}/{t}" for p, s, t in training[["preset", "seed", "task"]]
-                                      .drop_duplicates().itertuples(index=False)}, kind
+        assert runs and set(runs) <= {
+            f"{p}-s{s}/{t}"
+            for p, s, t in training[["preset", "seed", "task"]].drop_duplicates().itertuples(index=False)
+        }, kind
     # issue 18's runs, all finished: the paper preset for seeds 0-2 and the seed preset once, both tasks
     paper_runs = [f"paper-s{seed}/{task}" for seed in range(3) for task in ("letter", "number")]
     every_run = [*paper_runs, "seed-s0/letter", "seed-s0/number"]
-    for kind in ("training", "validation", "dynamics", "composition", "purity_counts", "geometry", "qk_plane",
-                 "lengthgen"):
+    for kind in (
+        "training",
+        "validation",
+        "dynamics",
+        "composition",
+        "purity_counts",
+        "geometry",
+        "qk_plane",
+        "lengthgen",
+    ):
         assert present[kind] == every_run, kind
     assert present["discrepancy"] == paper_runs  # the seed preset's protocol is retention, not discrepancy
     for kind, runs in present.items():  # each table holds the rows of the runs runs.json names
         table = pd.read_parquet(PAPER / f"{kind}.parquet")
-        assert sorted(table[["preset", "seed", "task"]].drop_duplicates().apply(
-            lambda r: f"{r.preset}-s{r.seed}/{r.task}", axis=1)) == runs, kind
+        assert (
+            sorted(
+                table[["preset", "seed", "task"]]
+                .drop_duplicates()
+                .apply(lambda r: f"{r.preset}-s{r.seed}/{r.task}", axis=1)
+            )
+            == runs
+        ), kind
     if "validation" in present:
         validation = pd.read_parquet(PAPER / "validation.parquet")
         assert validation.val_acc.between(0, 1).all()
-        assert (validation.groupby(["preset", "seed", "task"]).apply(
-            lambda g: g.best_step.iloc[0] == g[g.val_acc == g.val_acc.max()].step.min(), include_groups=False)).all()
+        assert (
+            validation.groupby(["preset", "seed", "task"]).apply(
+                lambda g: g.best_step.iloc[0] == g[g.val_acc == g.val_acc.max()].step.min(), include_groups=False
+            )
+        ).all()
     if "composition" in present:
         composition = pd.read_parquet(PAPER / "composition.parquet")
         assert set(composition.query_mode) == {"hops", "last", "target", "inner"}
@@ -339,14 +453,21 @@ def test_llm_study_tables_back_the_results_text():
     assert last.label.value_counts().to_dict() == {"symbolic": 209, "mixed": 46, "positional": 15}
     assert round(last.attn_first[last.label == "symbolic"].mean(), 2) == 0.52
     assert json.loads((STUDY / "scores" / "sinks.json").read_text()) == {
-        "binding-last": [0], "binding-name": [0], "number": [], "letter": []}
+        "binding-last": [0],
+        "binding-name": [0],
+        "number": [],
+        "letter": [],
+    }
     profile = json.loads((STUDY / "profile" / "profile.json").read_text())
     assert round(profile["binding-last"]["pearson_r"], 3) == -0.973 and profile["binding-last"]["accuracy"] == 0.35
     changes = pd.read_parquet(STUDY / "profile" / "sink_changes.parquet")
     changed = changes[changes.changed & (changes.set == "binding-last")]
     assert len(changed) == 113 and not (changed.label == "positional").any()
     assert changed.groupby(["label", "label_excluded"]).size().to_dict() == {
-        ("symbolic", "mixed"): 83, ("symbolic", "positional"): 21, ("mixed", "positional"): 9}
+        ("symbolic", "mixed"): 83,
+        ("symbolic", "positional"): 21,
+        ("mixed", "positional"): 9,
+    }
     frequency = json.loads((STUDY / "frequency" / "frequency.json").read_text())
     assert (round(frequency["pearson"], 2), round(frequency["spearman"], 2)) == (-0.64, -0.35)
     gaps = pd.read_parquet(STUDY / "discrepancy" / "gaps.parquet")
@@ -362,6 +483,7 @@ def test_llm_study_tables_back_the_results_text():
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
 def test_paper_seed0_claims_of_the_results_text():
     """docs/results.md's first section (seed 0, step 6,000): the numbers its verdicts rest on."""
+
     def seed0(name):
         table = pd.read_parquet(PAPER / f"{name}.parquet")
         return table[(table.preset == "paper") & (table.seed == 0)]
@@ -393,7 +515,9 @@ def test_activation_table_backs_the_gelu_claim():
     assert (table.step == 2500).all() and (table[table.hop == 0].n == 480).all() and (table.test_acc == 1.0).all()
     acc = table[table.hop == 0].pivot_table(index="length", columns=["activation", "seed"], values="acc")
     assert sorted(acc.index) == [68, 256, 512, 850]
-    assert acc.loc[850, "gelu_new"].round(2).tolist() == [0.57, 0.46, 0.51] and round(acc.loc[850, ("gelu", 0)], 2) == 0.58
+    assert (
+        acc.loc[850, "gelu_new"].round(2).tolist() == [0.57, 0.46, 0.51] and round(acc.loc[850, ("gelu", 0)], 2) == 0.58
+    )
     assert (acc[("gelu", 0)] - acc[("gelu_new", 0)]).abs().max() <= 0.03
 
 
@@ -407,7 +531,9 @@ def test_extra_token_mass_is_the_attention_the_model_computes():
     mass = extra_mass(model, samples, extra)
     with torch.no_grad():
         attentions = model(torch.as_tensor(samples.input_ids), output_attentions=True).attentions  # [L][n, H, T, T]
-    assert set(mass.role) == {"last", "pointer"} and (mass[mass.role == "last"]["query"] == task.seq_len + extra - 1).all()
+    assert (
+        set(mass.role) == {"last", "pointer"} and (mass[mass.role == "last"]["query"] == task.seq_len + extra - 1).all()
+    )
     for row in mass.itertuples():
         expected = attentions[row.layer][row.question, :, row.query, :extra].sum(-1).mean().item()
         assert row.mass == pytest.approx(expected, abs=1e-9)
@@ -417,6 +543,7 @@ def test_extra_token_mass_is_the_attention_the_model_computes():
 @pytest.mark.skipif(not (PAPER / "extra_token_attention.parquet").is_file(), reason="no paper-scale run collected yet")
 def test_paper_seeds_claims_of_the_reasons():
     """docs/results.md, "Why, claim by claim": the numbers it quotes beside the scoreboard (seeds 0, 1, 2)."""
+
     def paper(name):
         table = pd.read_parquet(PAPER / f"{name}.parquet")
         return table[table.preset == "paper"]
@@ -433,8 +560,12 @@ def test_paper_seeds_claims_of_the_reasons():
     validation = paper("validation").groupby(["task", "seed"]).best_step.first()
     assert validation["number"].tolist() == [2500, 2500, 2250] and validation["letter"].tolist() == [1750, 1500, 1750]
     composition = paper("composition")
-    at_max = composition[(composition.task == "letter") & (composition.gamma == 0.1) & (composition.query_mode == "hops")
-                         & (composition.stage == "max_acc")].set_index(["seed", "layer"])
+    at_max = composition[
+        (composition.task == "letter")
+        & (composition.gamma == 0.1)
+        & (composition.query_mode == "hops")
+        & (composition.stage == "max_acc")
+    ].set_index(["seed", "layer"])
     assert at_max.loc[1].loc[8:11].s_pos.round(2).between(0.13, 0.25).all() and (at_max.loc[1].step == 1500).all()
     assert at_max.loc[2].loc[1:11].s_pos.max() <= 0.07
     number = composition[(composition.task == "number") & (composition.gamma == 0.1) & (composition.stage == "end")]
@@ -447,15 +578,22 @@ def test_paper_seeds_claims_of_the_reasons():
     assert (l4.label[["inner", "last", "target"]] == "positional").all()
     l5 = number[number.layer == 5]
     assert l5.s_pos.round(2).between(0.73, 0.98).all()
-    assert set(l5[l5.label == "positional"][["seed", "query_mode"]].itertuples(index=False)) == {(1, "inner"), (2, "inner")}
+    assert set(l5[l5.label == "positional"][["seed", "query_mode"]].itertuples(index=False)) == {
+        (1, "inner"),
+        (2, "inner"),
+    }
     l6 = number[number.layer == 6]
     assert (l6.label == "mixed").all() and l6.s_sym.round(2).between(0.80, 0.97).all()
     hops = number[number.query_mode == "hops"]
     shares = hops.groupby("seed").label.value_counts(normalize=True).unstack(fill_value=0)
     assert round(shares.positional.mean(), 2) == 0.31 and (shares.symbolic.round(2) == 0.42).all()
     assert shares.mixed.round(2).between(0.25, 0.33).all()
-    letter = composition[(composition.task == "letter") & (composition.gamma == 0.1) & (composition.stage == "end")
-                         & (composition.query_mode == "hops")]
+    letter = composition[
+        (composition.task == "letter")
+        & (composition.gamma == 0.1)
+        & (composition.stage == "end")
+        & (composition.query_mode == "hops")
+    ]
     assert letter.groupby("seed").label.apply(lambda labels: (labels == "symbolic").mean()).round(2).min() == 0.92
     geometry = paper("geometry")
     number = geometry[geometry.task == "number"]
@@ -466,13 +604,19 @@ def test_paper_seeds_claims_of_the_reasons():
     dominant = number.pivot_table(index="layer", columns="seed", values="dominant_id")
     assert (dominant.loc[1:3] == 1).all().all() and dominant.loc[0:5].isin([1, 2]).all().all()
     lengthgen = paper("lengthgen")
-    letter = lengthgen[(lengthgen.task == "letter") & (lengthgen.protocol == "paper") & (lengthgen.checkpoint == "last")]
+    letter = lengthgen[
+        (lengthgen.task == "letter") & (lengthgen.protocol == "paper") & (lengthgen.checkpoint == "last")
+    ]
     at850 = letter[letter.length == 850].pivot_table(index="seed", columns="hop", values="acc")
     assert at850[0].round(2).tolist() == [0.62, 0.64, 0.57] and (at850[1] >= 0.98).all()
     assert at850[4].round(2).between(0.07, 0.12).all()
     assert (letter[(letter.length == 2048) & (letter.hop == 1)].acc >= 0.98).all()
-    number = lengthgen[(lengthgen.task == "number") & (lengthgen.protocol == "seed") & (lengthgen.checkpoint == "last")
-                       & (lengthgen.hop == 0)]
+    number = lengthgen[
+        (lengthgen.task == "number")
+        & (lengthgen.protocol == "seed")
+        & (lengthgen.checkpoint == "last")
+        & (lengthgen.hop == 0)
+    ]
     assert number[number.factor == 3].sort_values("seed").acc.round(2).tolist() == [0.95, 0.72, 0.98]
     assert number[number.factor == 4].sort_values("seed").retention.round(2).tolist() == [0.29, 0.31, 0.41]
     discrepancy = paper("discrepancy")
@@ -481,14 +625,18 @@ def test_paper_seeds_claims_of_the_reasons():
     leak = pd.read_parquet(PAPER / "extra_token_attention.parquet")
     leak = leak[(leak.role == "last") & (leak.length == 850) & leak.layer.between(3, 6)]
     weighted = (leak.mass * leak.pairs).groupby([leak.seed, leak.correct]).sum() / leak.pairs.groupby(
-        [leak.seed, leak.correct]).sum()
-    assert weighted[:, False].round(2).between(0.83, 0.86).all() and weighted[:, True].round(2).between(0.35, 0.43).all()
+        [leak.seed, leak.correct]
+    ).sum()
+    assert (
+        weighted[:, False].round(2).between(0.83, 0.86).all() and weighted[:, True].round(2).between(0.35, 0.43).all()
+    )
     assert (leak.extra == 833).all() and set(leak.seed) == {0, 1, 2}
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
 def test_seed_preset_claims_of_the_reasons():
     """docs/results.md, "Why, claim by claim": the seed preset's (6 x 8, one run per task) quoted numbers."""
+
     def seed_preset(name):
         table = pd.read_parquet(PAPER / f"{name}.parquet")
         return table[table.preset == "seed"]
@@ -504,7 +652,9 @@ def test_seed_preset_claims_of_the_reasons():
     assert shares.loc["inner", ["positional", "symbolic"]].tolist() == [0.33, 0.25]
     assert shares.loc["target", ["positional", "symbolic"]].tolist() == [0.44, 0.0]
     hops = number[number.query_mode == "hops"]
-    assert (hops[hops.layer == 1].label == "positional").all() and (hops[hops.layer.isin([0, 3, 4])].label == "mixed").all()
+    assert (hops[hops.layer == 1].label == "positional").all() and (
+        hops[hops.layer.isin([0, 3, 4])].label == "mixed"
+    ).all()
     per_layer = hops.groupby("layer")[["pure_positional", "pure_symbolic"]].mean().round(2)
     assert (per_layer.pure_symbolic[4], per_layer.pure_positional[2]) == (0.64, 0.6)
     lengthgen = seed_preset("lengthgen")

@@ -57,8 +57,16 @@ def test_run_end_to_end(finished):
         assert "step 12" in (out / job / "train.log").read_text()
     assert stages.is_done(out, "theory", "theory") and (out / "theory" / "fig5a.png").is_file()
     html = (out / "report" / "report.html").read_text()
-    for stem in ("fig2a_accuracy", "fig2b_scores", "fig6_entropy", "fig7_purity", "fig4b_qk_plane",
-                 "fig8_frequency", "fig5b", "fig_discrepancy"):
+    for stem in (
+        "fig2a_accuracy",
+        "fig2b_scores",
+        "fig6_entropy",
+        "fig7_purity",
+        "fig4b_qk_plane",
+        "fig8_frequency",
+        "fig5b",
+        "fig_discrepancy",
+    ):
         for task in ("number", "letter"):
             assert f"figures/{task}-{stem}.png" in html
             assert (out / "report" / "figures" / f"{task}-{stem}.svg").is_file()
@@ -98,11 +106,13 @@ def test_other_config_on_same_out_is_refused(finished, tiny_config, monkeypatch,
 
 def test_bad_pipeline_configs(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.yaml"
-    for text, message in [("dynamics_promts: 3\n", "unknown key 'dynamics_promts'"),
-                          ("train: {max_stepz: 3}\n", "unknown key 'max_stepz'"),
-                          ("tasks: [number, number]\n", "without repeats"),
-                          ("lengthgen: {protocol: nope}\n", "protocol must be one of"),
-                          ("train: 5\n", "train must be a mapping")]:
+    for text, message in [
+        ("dynamics_promts: 3\n", "unknown key 'dynamics_promts'"),
+        ("train: {max_stepz: 3}\n", "unknown key 'max_stepz'"),
+        ("tasks: [number, number]\n", "without repeats"),
+        ("lengthgen: {protocol: nope}\n", "protocol must be one of"),
+        ("train: 5\n", "train must be a mapping"),
+    ]:
         bad.write_text(text)
         assert run_posym(monkeypatch, "run", "--config", bad, "--out", tmp_path / "o") == 2
         assert message in capsys.readouterr().err
@@ -143,7 +153,6 @@ def test_resolve_pipeline_layers(tmp_path):
     assert (cfg.preset, cfg.max_steps, cfg.seed, cfg.device, cfg.model.n_head) == ("seed", 7, 3, "cpu", 8)
 
 
-
 def _workers(pid: int) -> list[int]:
     """Live pool workers (spawned `spawn_main` processes) whose parent is `pid` (Linux /proc)."""
     found = []
@@ -173,9 +182,22 @@ def test_killed_run_leaves_no_worker(tiny_config, tmp_path):
     import subprocess
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "posym.cli", "run", "--config", str(tiny_config), "--out",
-                             str(tmp_path / "o"), "--workers", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "posym.cli",
+            "run",
+            "--config",
+            str(tiny_config),
+            "--out",
+            str(tmp_path / "o"),
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     started = tmp_path / "o" / "number" / "config.yaml"  # written once a worker is inside its first job
     deadline = time.time() + 120  # generous: under load (a busy CI machine) spawning takes long
     workers = []
@@ -204,7 +226,9 @@ def test_explore_reads_the_run_output(finished, tmp_path, monkeypatch, capsys):
     _, _, out = finished
     assert '<a href="explorer.html">' in (out / "report" / "report.html").read_text()
     assert "--no-details" in page_data(out / "report" / "explorer.html")["sets"][0]["note"]
-    code = run_posym(monkeypatch, "explore", out, "--out", tmp_path / "e.html", "--detail-prompts", 2, "--device", "cpu")
+    code = run_posym(
+        monkeypatch, "explore", out, "--out", tmp_path / "e.html", "--detail-prompts", 2, "--device", "cpu"
+    )
     assert code == 0 and "explorer: " in capsys.readouterr().out
     sets = page_data(tmp_path / "e.html")["sets"]
     assert len(sets) == 2 * 4  # number and letter x hops, inner, last, target

@@ -120,8 +120,9 @@ def _assert_matches_reference(model, prompts, frame, tol, blocks=None, tau=1e-4,
     """Every (prompt, query, layer) of frame against the per-swap reference; returns the max error."""
     worst = 0.0
     for (prompt, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
-        ref = reference_model_scores(model, prompts[prompt], query, layer, tau=tau, blocks=blocks,
-                                     exclude_keys=exclude_keys)
+        ref = reference_model_scores(
+            model, prompts[prompt], query, layer, tau=tau, blocks=blocks, exclude_keys=exclude_keys
+        )
         assert list(rows["head"]) == [r["head"] for r in ref]
         for (_, row), r in zip(rows.iterrows(), ref):
             assert row["n_swaps"] == r["n_swaps"]
@@ -155,8 +156,12 @@ def test_fast_path_equals_reference_float64(kind):
     assert set(explicit["layer"]) == {1}
     _assert_matches_reference(model, prompts, explicit, 1e-6, blocks=2)
     sinkless = score_model(model, prompts, [[5], [4, 7], [6]], exclude_keys=[0, 2])
-    assert (sinkless["n_swaps"] < frame.set_index(["prompt", "query", "layer", "head"]).loc[
-        pd.MultiIndex.from_frame(sinkless[["prompt", "query", "layer", "head"]]), "n_swaps"].to_numpy()).all()
+    assert (
+        sinkless["n_swaps"]
+        < frame.set_index(["prompt", "query", "layer", "head"])
+        .loc[pd.MultiIndex.from_frame(sinkless[["prompt", "query", "layer", "head"]]), "n_swaps"]
+        .to_numpy()
+    ).all()
     _assert_matches_reference(model, prompts, sinkless, 1e-6, exclude_keys=[0, 2])
 
 
@@ -176,8 +181,15 @@ def test_fast_path_equals_reference_float32(kind):
 
 
 def _one_head_gptj(rotary_dim):
-    config = transformers.GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=16, n_layer=1, n_head=1,
-                                     rotary_dim=rotary_dim, attn_implementation="eager")
+    config = transformers.GPTJConfig(
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=16,
+        n_layer=1,
+        n_head=1,
+        rotary_dim=rotary_dim,
+        attn_implementation="eager",
+    )
     torch.manual_seed(3)
     return transformers.GPTJForCausalLM(config).double().eval()
 
@@ -214,9 +226,16 @@ def test_hand_made_heads_get_their_labels():
 def test_summarize_means_and_thresholds():
     import pandas as pd
 
-    frame = pd.DataFrame({"prompt": [0, 1] * 3, "layer": [0, 0, 1, 1, 2, 2], "head": [0] * 6,
-                          "s_pos": [1.0, 0.9, 0.5, 0.7, 0.05, 0.0],
-                          "s_sym": [0.0, 0.1, 0.9, 0.95, 1.0, 0.95], "entropy": [1.0] * 6})
+    frame = pd.DataFrame(
+        {
+            "prompt": [0, 1] * 3,
+            "layer": [0, 0, 1, 1, 2, 2],
+            "head": [0] * 6,
+            "s_pos": [1.0, 0.9, 0.5, 0.7, 0.05, 0.0],
+            "s_sym": [0.0, 0.1, 0.9, 0.95, 1.0, 0.95],
+            "entropy": [1.0] * 6,
+        }
+    )
     out = summarize_heads(frame)
     assert out["s_pos"].tolist() == pytest.approx([0.95, 0.6, 0.025])
     assert out["rows"].tolist() == [2, 2, 2] and out["prompts"].tolist() == [2, 2, 2]
@@ -232,8 +251,17 @@ def test_head_score_is_the_mean_over_prompts_of_each_prompts_query_mean():
     from posym.core.scores import head_scores, label_column, prompt_scores
 
     # prompt 0: one query at s_pos 1; prompt 1: three queries at 0.85 -> prompt means 1 and 0.85.
-    frame = pd.DataFrame({"prompt": [0, 1, 1, 1], "query": [16, 16, 12, 9], "layer": 0, "head": 0,
-                          "s_pos": [1.0, 0.85, 0.85, 0.85], "s_sym": 0.0, "entropy": [1.0, 2.0, 3.0, 4.0]})
+    frame = pd.DataFrame(
+        {
+            "prompt": [0, 1, 1, 1],
+            "query": [16, 16, 12, 9],
+            "layer": 0,
+            "head": 0,
+            "s_pos": [1.0, 0.85, 0.85, 0.85],
+            "s_sym": 0.0,
+            "entropy": [1.0, 2.0, 3.0, 4.0],
+        }
+    )
     per_prompt = prompt_scores(frame)
     assert per_prompt.s_pos.tolist() == [1.0, 0.85] and per_prompt.queries.tolist() == [1, 3]
     head = head_scores(frame).iloc[0]
@@ -277,8 +305,22 @@ def test_streaming_batches_and_determinism():
     assert [sorted(set(p["prompt"])) for p in parts] == [[0], [1, 2], [3]]
     whole = score_model(model, prompts)
     assert whole.equals(score_model(model, prompts))
-    assert list(whole.columns) == ["prompt", "query", "layer", "head", "keys", "s_pos", "s_sym", "entropy", "n_swaps",
-                                   "kept", "bound", "attn_first", "top_key", "attn_top"]
+    assert list(whole.columns) == [
+        "prompt",
+        "query",
+        "layer",
+        "head",
+        "keys",
+        "s_pos",
+        "s_sym",
+        "entropy",
+        "n_swaps",
+        "kept",
+        "bound",
+        "attn_first",
+        "top_key",
+        "attn_top",
+    ]
 
 
 def test_chunks_of_one_row_and_one_head_give_the_same_scores(monkeypatch):
@@ -384,8 +426,24 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     from posym.prompts import score_prompts
 
     out = tmp_path / "scores.parquet"
-    assert run_posym(monkeypatch, "score", trained_run, "--n", 5, "--seed", 2,
-                "--queries", "hops", "--batch-size", 2, "--out", out) == 0
+    assert (
+        run_posym(
+            monkeypatch,
+            "score",
+            trained_run,
+            "--n",
+            5,
+            "--seed",
+            2,
+            "--queries",
+            "hops",
+            "--batch-size",
+            2,
+            "--out",
+            out,
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "label" in printed and "checkpoint: step 200 of " in printed and "queries: hops" in printed
     written = pd.read_parquet(out)
@@ -394,13 +452,32 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     expected = score_model(model, ids, wanted)  # one batch of 5: float32 rounding differs from batches of 2
     pd.testing.assert_frame_equal(written, expected, check_exact=False, rtol=0, atol=1e-4)
     assert written[["prompt", "query", "layer", "head", "n_swaps"]].equals(
-        expected[["prompt", "query", "layer", "head", "n_swaps"]])
+        expected[["prompt", "query", "layer", "head", "n_swaps"]]
+    )
     sidecar = json.loads((tmp_path / "scores.parquet.json").read_text())
     assert sidecar["settings"]["tau"] == 1e-4 and sidecar["settings"]["variant"] == "single-token"
     assert sidecar["settings"]["epsilon"] == 1e-12 and sidecar["settings"]["exact"] == "pruned"
     dense = tmp_path / "dense.parquet"
-    assert run_posym(monkeypatch, "score", trained_run, "--n", 5, "--seed", 2, "--queries", "hops",
-                     "--exact", "dense", "--epsilon", 1e-6, "--out", dense) == 0
+    assert (
+        run_posym(
+            monkeypatch,
+            "score",
+            trained_run,
+            "--n",
+            5,
+            "--seed",
+            2,
+            "--queries",
+            "hops",
+            "--exact",
+            "dense",
+            "--epsilon",
+            1e-6,
+            "--out",
+            dense,
+        )
+        == 0
+    )
     dense = pd.read_parquet(dense)
     assert (dense["kept"] == dense["n_swaps"]).all() and (dense["bound"] == 0).all()
     assert ((dense["s_pos"] - written["s_pos"]).abs() <= written["bound"] + 1e-4).all()  # float32 batches differ
@@ -415,7 +492,9 @@ def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, caps
     import pandas as pd
 
     good = tmp_path / "good.jsonl"
-    good.write_text('{"input_ids": [1, 2, 3, 4, 5], "queries": [3, 4]}\n\n{"input_ids": [5, 4, 3], "chain": [2, 1, 0]}\n')
+    good.write_text(
+        '{"input_ids": [1, 2, 3, 4, 5], "queries": [3, 4]}\n\n{"input_ids": [5, 4, 3], "chain": [2, 1, 0]}\n'
+    )
     out = tmp_path / "file.parquet"
     assert run_posym(monkeypatch, "score", trained_run, "--prompts", good, "--blocks", 2, "--out", out) == 0
     written = pd.read_parquet(out)
@@ -432,8 +511,20 @@ def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, caps
     for text, message in cases:
         bad = tmp_path / "bad.jsonl"
         bad.write_text(text)
-        assert run_posym(monkeypatch, "score", trained_run, "--prompts", bad, "--queries", "hops",
-                    "--out", tmp_path / "bad.parquet") == 2
+        assert (
+            run_posym(
+                monkeypatch,
+                "score",
+                trained_run,
+                "--prompts",
+                bad,
+                "--queries",
+                "hops",
+                "--out",
+                tmp_path / "bad.parquet",
+            )
+            == 2
+        )
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad.parquet").exists()
 
@@ -479,7 +570,10 @@ def test_head_details_match_the_model_rerun_per_swap(kind):
     details = head_details(model, prompts, "last", top=3)
     dense = score_model(model, prompts, "last", exact="dense")
     assert len(details) == len(dense) == 2 * 2 * model.config.num_attention_heads
-    assert (details[["prompt", "query", "layer", "head"]].to_numpy() == dense[["prompt", "query", "layer", "head"]].to_numpy()).all()
+    assert (
+        details[["prompt", "query", "layer", "head"]].to_numpy()
+        == dense[["prompt", "query", "layer", "head"]].to_numpy()
+    ).all()
     assert (details.s_pos - dense.s_pos).abs().max() < 1e-9 and (details.s_sym - dense.s_sym).abs().max() < 1e-9
     for row in details.itertuples():
         ids, q = prompts[row.prompt], row.query

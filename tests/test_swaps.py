@@ -69,8 +69,18 @@ def test_engine_matches_the_models_logits_and_planes_sum_to_them(kind):
 
 
 def test_eval_mode_whoever_calls_and_the_flag_is_restored():
-    config = transformers.GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=16, n_layer=2, n_head=2, rotary_dim=4,
-                                     embd_pdrop=0.5, resid_pdrop=0.5, attn_pdrop=0.5, attn_implementation="eager")
+    config = transformers.GPTJConfig(
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        rotary_dim=4,
+        embd_pdrop=0.5,
+        resid_pdrop=0.5,
+        attn_pdrop=0.5,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     model = transformers.GPTJForCausalLM(config).double().train()  # as posym.model.build_model returns it
     ids = random_prompts([9, 9], seed=2)
@@ -88,7 +98,10 @@ def test_query_batches_group_by_length_and_query():
     queries = [[4, 2], "last", [3], "all", [2]]
     # written out: length 3 first ([1, 4]), then length 5 in batches of two ([0, 2], [3])
     assert query_batches(prompts, queries, 2) == [
-        ([1, 4], {2: [0, 1]}), ([0, 2], {2: [0], 4: [0], 3: [1]}), ([3], {2: [0], 3: [0], 4: [0]})]
+        ([1, 4], {2: [0, 1]}),
+        ([0, 2], {2: [0], 4: [0], 3: [1]}),
+        ([3], {2: [0], 3: [0], 4: [0]}),
+    ]
     assert query_batches(prompts, "last", 8) == [([1, 4], {2: [0, 1]}), ([0, 2, 3], {4: [0, 1, 2]})]
     with pytest.raises(PosymError, match="3 entries for 5 prompts"):
         query_batches(prompts, [[2], [2], [2]], 2)

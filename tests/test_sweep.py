@@ -14,31 +14,41 @@ from posym import io
 from posym.commands import sweep
 from posym.errors import PosymError
 
-TINY_TRAIN = {"max_steps": 4, "checkpoint_every": 2, "eval_size": 16, "val_size": 16, "model": {"n_layer": 1, "n_embd": 16}}
+TINY_TRAIN = {
+    "max_steps": 4,
+    "checkpoint_every": 2,
+    "eval_size": 16,
+    "val_size": 16,
+    "model": {"n_layer": 1, "n_embd": 16},
+}
 
 
 def test_yaml_keys_are_strict(tmp_path):
     path = tmp_path / "s.yaml"
-    for text, message in [("seed: [0]\n", "unknown key 'seed'"),
-                          ("rope_base: [500]\n", "unknown key 'rope_base'"),
-                          ("seeds: 3\n", "must be a list"),
-                          ("seeds: []\n", "non-empty"),
-                          ("dynamics: yes please\n", "true or false"),
-                          ("train: [1]\n", "train must be a mapping")]:
+    for text, message in [
+        ("seed: [0]\n", "unknown key 'seed'"),
+        ("rope_base: [500]\n", "unknown key 'rope_base'"),
+        ("seeds: 3\n", "must be a list"),
+        ("seeds: []\n", "non-empty"),
+        ("dynamics: yes please\n", "true or false"),
+        ("train: [1]\n", "train must be a mapping"),
+    ]:
         path.write_text(text)
         with pytest.raises(PosymError, match=message):
             sweep.load_sweep(path)
     path.write_text("train: {max_stepz: 3}\n")
     with pytest.raises(PosymError, match="unknown key 'max_stepz'"):
         sweep.trials(sweep.load_sweep(path))  # train keys fail before any trial starts
-    for text, message in [("rotary_dims: [null, 64]\n", "same trial twice: rotary_dims"),  # quick: head dim 64
-                          ("rope_bands: [null, [[1, 32]]]\n", "same trial twice: rope_bands"),  # 32 planes
-                          ("nope_from: [8, null]\n", "same trial twice: nope_from"),  # 8 layers
-                          ("rope_bands: [[1, 8]]\n", "must be a list"),  # one nesting level short
-                          ("rope_bands: [[[0, 8]]]\n", "1 <= first <= last <= 32"),
-                          ("rope_bands: [[[1, 8], [1, 8]]]\n", "1 band \\(every layer\\) or 8"),
-                          ("nope_from: [9]\n", "layer index in 0..8"),
-                          ("nope_from: [0, 0]\n", "without repeats")]:
+    for text, message in [
+        ("rotary_dims: [null, 64]\n", "same trial twice: rotary_dims"),  # quick: head dim 64
+        ("rope_bands: [null, [[1, 32]]]\n", "same trial twice: rope_bands"),  # 32 planes
+        ("nope_from: [8, null]\n", "same trial twice: nope_from"),  # 8 layers
+        ("rope_bands: [[1, 8]]\n", "must be a list"),  # one nesting level short
+        ("rope_bands: [[[0, 8]]]\n", "1 <= first <= last <= 32"),
+        ("rope_bands: [[[1, 8], [1, 8]]]\n", "1 band \\(every layer\\) or 8"),
+        ("nope_from: [9]\n", "layer index in 0..8"),
+        ("nope_from: [0, 0]\n", "without repeats"),
+    ]:
         path.write_text(text)
         with pytest.raises(PosymError, match=message):
             sweep.trials(sweep.load_sweep(path))
@@ -52,9 +62,12 @@ def test_example_files_are_valid():
     assert len(grid) == 2 * 3 * 1 * 2
     assert {t["rotary_dim"] for t in grid} == {64, 32} and {t["rope_base"] for t in grid} == {10000.0}
     bands = sweep.trials(sweep.load_sweep(examples / "rope_bands.yaml"))
-    assert [t["name"] for t in bands[:4]] == ["number-quick-rot64-base10000-seed0", "number-quick-rot64-base10000-nope0-seed0",
-                                              "number-quick-rot64-base10000-band1-8-seed0",
-                                              "number-quick-rot64-base10000-band25-32-seed0"]
+    assert [t["name"] for t in bands[:4]] == [
+        "number-quick-rot64-base10000-seed0",
+        "number-quick-rot64-base10000-nope0-seed0",
+        "number-quick-rot64-base10000-band1-8-seed0",
+        "number-quick-rot64-base10000-band25-32-seed0",
+    ]
     assert len(bands) == 2 * 4 and {t["config"]["max_steps"] for t in bands} == {1000}
 
 
@@ -65,8 +78,9 @@ def test_rope_band_grid_against_layer_bands():
     from posym.core.rope import layer_bands
 
     bands, nopes = [None, [[1, 8]], [[1, 4], [5, 8]]], [None, 0, 1]
-    config = sweep.SweepConfig(tasks=["number"], seeds=[0], rope_bands=bands, nope_from=nopes,
-                               train={"model": {"n_layer": 2}})
+    config = sweep.SweepConfig(
+        tasks=["number"], seeds=[0], rope_bands=bands, nope_from=nopes, train={"model": {"n_layer": 2}}
+    )
     grid = sweep.trials(config)
     effective = [layer_bands(ModelConfig(**t["config"]["model"])) for t in grid]
     assert len({repr(e) for e in effective}) == len(grid) == 3 * 3 - 2  # with nope_from 0 every band is NoPE
@@ -79,13 +93,23 @@ def test_rope_band_grid_against_layer_bands():
 
 
 def test_grid():
-    config = sweep.SweepConfig(tasks=["letter"], seeds=[3, 4], presets=["quick", "seed"], rotary_dims=[None, 8],
-                               rope_bases=[500.0], train={"max_steps": 9, "model": {"n_layer": 2}})
+    config = sweep.SweepConfig(
+        tasks=["letter"],
+        seeds=[3, 4],
+        presets=["quick", "seed"],
+        rotary_dims=[None, 8],
+        rope_bases=[500.0],
+        train={"max_steps": 9, "model": {"n_layer": 2}},
+    )
     grid = sweep.trials(config)
     assert len(grid) == 2 * 2 * 2
     names = [t["name"] for t in grid]
-    assert names[:4] == ["letter-quick-rot64-base500-seed3", "letter-quick-rot64-base500-seed4",
-                         "letter-quick-rot8-base500-seed3", "letter-quick-rot8-base500-seed4"]
+    assert names[:4] == [
+        "letter-quick-rot64-base500-seed3",
+        "letter-quick-rot64-base500-seed4",
+        "letter-quick-rot8-base500-seed3",
+        "letter-quick-rot8-base500-seed4",
+    ]
     assert "letter-seed-rot16-base500-seed3" in names  # the seed preset has 8 heads of 16 dims
     for t in grid:
         c = t["config"]
@@ -94,12 +118,49 @@ def test_grid():
 
 
 def test_aggregate_matches_loop():
-    rows = pd.DataFrame([
-        {"task": "number", "preset": "quick", "rotary_dim": 64, "rope_base": 1e4, "rope_bands": "all", "nope_from": 8, "seed": s, "status": "ok", "acc": a, "acc_hop1": h}
-        for s, a, h in [(0, 0.9, 1.0), (1, 0.7, 0.5), (2, 0.2, 0.25)]
-    ] + [{"task": "number", "preset": "quick", "rotary_dim": 64, "rope_base": 1e4, "rope_bands": "all", "nope_from": 8, "seed": 3, "status": "failed", "acc": None,
-          "acc_hop1": None},
-         {"task": "letter", "preset": "quick", "rotary_dim": 64, "rope_base": 1e4, "rope_bands": "all", "nope_from": 8, "seed": 0, "status": "ok", "acc": 1.0, "acc_hop1": 1.0}])
+    rows = pd.DataFrame(
+        [
+            {
+                "task": "number",
+                "preset": "quick",
+                "rotary_dim": 64,
+                "rope_base": 1e4,
+                "rope_bands": "all",
+                "nope_from": 8,
+                "seed": s,
+                "status": "ok",
+                "acc": a,
+                "acc_hop1": h,
+            }
+            for s, a, h in [(0, 0.9, 1.0), (1, 0.7, 0.5), (2, 0.2, 0.25)]
+        ]
+        + [
+            {
+                "task": "number",
+                "preset": "quick",
+                "rotary_dim": 64,
+                "rope_base": 1e4,
+                "rope_bands": "all",
+                "nope_from": 8,
+                "seed": 3,
+                "status": "failed",
+                "acc": None,
+                "acc_hop1": None,
+            },
+            {
+                "task": "letter",
+                "preset": "quick",
+                "rotary_dim": 64,
+                "rope_base": 1e4,
+                "rope_bands": "all",
+                "nope_from": 8,
+                "seed": 0,
+                "status": "ok",
+                "acc": 1.0,
+                "acc_hop1": 1.0,
+            },
+        ]
+    )
     table = sweep.aggregate(rows).set_index("task")
     ok = [(0.9, 1.0), (0.7, 0.5), (0.2, 0.25)]
     assert table.loc["number", "n_seeds"] == 3  # the failed trial is not averaged
@@ -143,22 +204,38 @@ def test_two_trials_on_local_ray(local_ray, tmp_path, monkeypatch, capsys):
     """Two trials on local Ray, one forced to fail; the other finishes and is aggregated; a re-run
     after fixing the cause runs only the failed one (the first is skipped by its done-file)."""
     path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"tasks": ["number"], "seeds": [0, 1], "rope_bases": [500.0], "rope_bands": [[[1, 4]]], "train": TINY_TRAIN,
-                                    "dynamics": True, "n_prompts": 3}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tasks": ["number"],
+                "seeds": [0, 1],
+                "rope_bases": [500.0],
+                "rope_bands": [[[1, 4]]],
+                "train": TINY_TRAIN,
+                "dynamics": True,
+                "n_prompts": 3,
+            }
+        )
+    )
     out = tmp_path / "out"
     blocker = out / "trials" / "number-quick-rot16-base500-band1-4-seed1" / "junk"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("not a run")
     assert run_posym(monkeypatch, "sweep", path, "--out", out, "--max-concurrent", 1) == 2
     captured = capsys.readouterr()
-    assert "trial number-quick-rot16-base500-band1-4-seed1 failed" in captured.out and "1 of 2 trials failed" in captured.err
+    assert (
+        "trial number-quick-rot16-base500-band1-4-seed1 failed" in captured.out
+        and "1 of 2 trials failed" in captured.err
+    )
     rows = pd.read_parquet(out / "trials.parquet")
     assert rows.status.tolist() == ["ok", "failed"]
     assert rows.step[0] == 4 and 0 <= rows.acc[0] <= 1 and 0 <= rows.frac_symbolic[0] <= 1
     table = pd.read_parquet(out / "aggregate.parquet")
     assert table.n_seeds.tolist() == [1] and table.acc_mean[0] == rows.acc[0]
     assert (out / "aggregate.png").is_file() and (out / "aggregate.svg").is_file()
-    assert json.loads((out / "sweep.json").read_text())["failed"][0]["name"] == "number-quick-rot16-base500-band1-4-seed1"
+    assert (
+        json.loads((out / "sweep.json").read_text())["failed"][0]["name"] == "number-quick-rot16-base500-band1-4-seed1"
+    )
 
     trial_dir = out / "trials" / "number-quick-rot16-base500-band1-4-seed0"
     model = yaml.safe_load((trial_dir / "config.yaml").read_text())["model"]

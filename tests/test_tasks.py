@@ -43,10 +43,11 @@ def check_structure(config: TaskConfig, s: Samples) -> None:
     names = token_names(config)
     assert s.input_ids.shape == (len(s), config.seq_len) and s.input_ids.dtype == np.int64
     assert s.input_ids.min() >= 1 and s.input_ids.max() < config.vocab_size
-    for ids, answer, h, chain, apos in zip(s.input_ids.tolist(), s.answer.tolist(), s.hops.tolist(),
-                                           s.chain.tolist(), s.answer_pos.tolist()):
+    for ids, answer, h, chain, apos in zip(
+        s.input_ids.tolist(), s.answer.tolist(), s.hops.tolist(), s.chain.tolist(), s.answer_pos.tolist()
+    ):
         path = chain[: h + 1]
-        assert 1 <= h <= config.max_hops and all(c == -1 for c in chain[h + 1:])
+        assert 1 <= h <= config.max_hops and all(c == -1 for c in chain[h + 1 :])
         assert path[0] == q and path[-1] == apos and ids[apos] == answer
         assert all(a > b for a, b in zip(path, path[1:]))  # strictly leftward, so distinct
         assert all(E + T <= c < q for c in path[1:-1])  # intermediates in the pre-target window
@@ -55,13 +56,13 @@ def check_structure(config: TaskConfig, s: Samples) -> None:
             R = config.int_range
             for a, b in zip(path, path[1:]):
                 assert ids[a] == a - b  # each chain integer points to the next chain position
-            assert all(v > R for v in ids[:E + T]) and all(v <= R for v in ids[E + T:])
+            assert all(v > R for v in ids[: E + T]) and all(v <= R for v in ids[E + T :])
             for p in range(E + T, q + 1):  # decoys: backward offsets 1..p (positions before E)
                 assert 1 <= ids[p] <= p - E
         else:
             text = [names[i] for i in ids]
-            assert all(t[1:].isdigit() for t in text[:E + T])
-            assert all(t.isalpha() and len(t) == 2 for t in text[E + T:])
+            assert all(t[1:].isdigit() for t in text[: E + T])
+            assert all(t.isalpha() and len(t) == 2 for t in text[E + T :])
             hop_letters = [text[c][0] for c in path[1:]]  # y_1 .. y_h
             assert len(set(hop_letters)) == h
             for k, c in enumerate(path[:-1]):
@@ -98,7 +99,7 @@ def test_vocabulary_layout():
     num, let = token_names(task_config("number")), token_names(task_config("letter"))
     assert len(num) == task_config("number").vocab_size == 137
     assert num[0] == "<pad>" and num[1:17] == tuple(str(v) for v in range(1, 17))
-    assert num[17:17 + 27] == tuple("abcdefghijklmnopqrstuvwxyz") + ("aa",) and num[136] == "dp"
+    assert num[17 : 17 + 27] == tuple("abcdefghijklmnopqrstuvwxyz") + ("aa",) and num[136] == "dp"
     assert len(set(num)) == len(num)
     assert len(let) == task_config("letter").vocab_size == 129
     assert let[1] == "a1" and let[8] == "a8" and let[9] == "b1" and let[64] == "h8"
@@ -115,13 +116,16 @@ def test_encode_rejects_unknown_tokens():
 # ---- the checker itself -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("task, text, message", [
-    ("letter", "e1 a2 a2 | ca hc | eh", "2 \\(1, 2\\) earlier matches"),  # two start with a
-    ("letter", "e1 b2 | ca hc | eh", "no earlier matches"),
-    ("letter", "e1 b2 | hc ca | e1", "not a \\(letter, letter\\) pointer"),
-    ("number", "a b | 3 | 4", "jumps before position 0"),
-    ("number", "a b | 3 | c", "query is a symbol"),
-])
+@pytest.mark.parametrize(
+    "task, text, message",
+    [
+        ("letter", "e1 a2 a2 | ca hc | eh", "2 \\(1, 2\\) earlier matches"),  # two start with a
+        ("letter", "e1 b2 | ca hc | eh", "no earlier matches"),
+        ("letter", "e1 b2 | hc ca | e1", "not a \\(letter, letter\\) pointer"),
+        ("number", "a b | 3 | 4", "jumps before position 0"),
+        ("number", "a b | 3 | c", "query is a symbol"),
+    ],
+)
 def test_follow_chain_rejects_ill_defined_chains(task, text, message):
     with pytest.raises(ChainError, match=message):
         follow_chain(task_config(task), encode(task_config(task), text))
@@ -215,10 +219,13 @@ def test_any_slice_gives_the_same_samples(task):
         assert np.mean(np.all(other.input_ids == whole.input_ids, axis=1)) < 0.01
 
 
-@pytest.mark.parametrize("task, digest", [
-    ("number", "232e3469e0017e7282fcbd1faa096abeab5d7c1302b8215d8c611ee7d275ecd7"),
-    ("letter", "17f7865bf89667182c0fdeb7b12dddf18194179d3a721cf5b7ebf3aa00c0bcf5"),
-])
+@pytest.mark.parametrize(
+    "task, digest",
+    [
+        ("number", "232e3469e0017e7282fcbd1faa096abeab5d7c1302b8215d8c611ee7d275ecd7"),
+        ("letter", "17f7865bf89667182c0fdeb7b12dddf18194179d3a721cf5b7ebf3aa00c0bcf5"),
+    ],
+)
 def test_generator_output_is_pinned(task, digest):
     # saved datasets and cached batches stay valid only while this does not change; a deliberate
     # change of the generator must update these digests (and say so in its commit)
@@ -240,12 +247,15 @@ def test_generate_rejects_bad_arguments():
 # ---- knobs, impossible configs, length extension --------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(task="number", target_size=3, pretarget_size=12, max_hops=6, alphabet_size=5, int_range=15),
-    dict(task="number", target_size=20, pretarget_size=0, max_hops=1, alphabet_size=500, int_range=30),
-    dict(task="letter", target_size=5, pretarget_size=3, max_hops=4, alphabet_size=5, int_range=3),
-    dict(task="letter", target_size=16, pretarget_size=20, max_hops=8, alphabet_size=26, int_range=12),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(task="number", target_size=3, pretarget_size=12, max_hops=6, alphabet_size=5, int_range=15),
+        dict(task="number", target_size=20, pretarget_size=0, max_hops=1, alphabet_size=500, int_range=30),
+        dict(task="letter", target_size=5, pretarget_size=3, max_hops=4, alphabet_size=5, int_range=3),
+        dict(task="letter", target_size=16, pretarget_size=20, max_hops=8, alphabet_size=26, int_range=12),
+    ],
+)
 def test_knobs_vary_independently(overrides):
     c = TaskConfig(**overrides)
     s = generate(c, 2 * c.block_size, seed=1)
@@ -255,19 +265,22 @@ def test_knobs_vary_independently(overrides):
     assert np.bincount(s.hops)[1:].tolist() == [2 * c.block_size // c.max_hops] * c.max_hops
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(task="letter", alphabet_size=3, max_hops=4), "needs max_hops \\+ 1 = 5 letters"),
-    (dict(task="letter", alphabet_size=4, max_hops=4), "needs max_hops \\+ 1 = 5 letters"),
-    (dict(task="letter", alphabet_size=27, max_hops=4), "at most 26 letters"),
-    (dict(task="number", int_range=15), "cannot reach the whole target window"),
-    (dict(task="number", pretarget_size=30), "cannot reach the whole target window"),
-    (dict(task="number", max_hops=10), "only 8"),
-    (dict(task="letter", pretarget_size=2, max_hops=4), "only 2"),
-    (dict(task="numbers"), "task must be one of"),
-    (dict(task="number", target_size=0), "target_size must be an integer >= 1"),
-    (dict(task="number", max_hops=True), "max_hops must be an integer"),
-    (dict(task="number", extra_target=-1), "extra_target must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(task="letter", alphabet_size=3, max_hops=4), "needs max_hops \\+ 1 = 5 letters"),
+        (dict(task="letter", alphabet_size=4, max_hops=4), "needs max_hops \\+ 1 = 5 letters"),
+        (dict(task="letter", alphabet_size=27, max_hops=4), "at most 26 letters"),
+        (dict(task="number", int_range=15), "cannot reach the whole target window"),
+        (dict(task="number", pretarget_size=30), "cannot reach the whole target window"),
+        (dict(task="number", max_hops=10), "only 8"),
+        (dict(task="letter", pretarget_size=2, max_hops=4), "only 2"),
+        (dict(task="numbers"), "task must be one of"),
+        (dict(task="number", target_size=0), "target_size must be an integer >= 1"),
+        (dict(task="number", max_hops=True), "max_hops must be an integer"),
+        (dict(task="number", extra_target=-1), "extra_target must be an integer >= 0"),
+    ],
+)
 def test_impossible_configs_raise(overrides, message):
     with pytest.raises(PosymError, match=message):
         TaskConfig(**overrides)
@@ -291,8 +304,7 @@ def test_length_extension_keeps_answers_and_chains(task, extra):
     np.testing.assert_array_equal(ext.chain, np.where(base.chain >= 0, base.chain + extra, -1))
     np.testing.assert_array_equal(ext.answer_pos, base.answer_pos + extra)
     check_structure(c, ext)
-    for ids, answer, h, chain in zip(ext.input_ids, ext.answer.tolist(), ext.hops.tolist(),
-                                     ext.chain.tolist()):
+    for ids, answer, h, chain in zip(ext.input_ids, ext.answer.tolist(), ext.hops.tolist(), ext.chain.tolist()):
         assert follow_chain(c, ids) == (answer, chain[: h + 1])
 
 
@@ -317,7 +329,7 @@ def test_generator_agrees_with_checker_on_any_config(config, seed, start, n):
     check_structure(config, s)
     for ids, answer, h, chain in zip(s.input_ids, s.answer.tolist(), s.hops.tolist(), s.chain.tolist()):
         assert follow_chain(config, ids) == (answer, chain[: h + 1])
-    assert_same(generate(config, 1, seed, start=start + n - 1), s[n - 1:])
+    assert_same(generate(config, 1, seed, start=start + n - 1), s[n - 1 :])
 
 
 def test_paper_split_sizes():
@@ -350,8 +362,14 @@ def test_marked_samples_are_the_plain_ones_with_slots(task, extra):
         np.testing.assert_array_equal(getattr(m, f), getattr(p, f))
     marked_names, plain_names = token_names(c), token_names(plain)
     T = c.target_size
-    for mids, pids, answer, apos, h, chain in zip(m.input_ids.tolist(), p.input_ids.tolist(), m.answer.tolist(),
-                                                  m.answer_pos.tolist(), m.hops.tolist(), m.chain.tolist()):
+    for mids, pids, answer, apos, h, chain in zip(
+        m.input_ids.tolist(),
+        p.input_ids.tolist(),
+        m.answer.tolist(),
+        m.answer_pos.tolist(),
+        m.hops.tolist(),
+        m.chain.tolist(),
+    ):
         for j, (a, b) in enumerate(zip(mids, pids)):  # reference: token by token, through the names
             if j < extra + T:
                 assert marked_names[a] == f"{plain_names[b]}@{(j - extra) % T}"
@@ -375,8 +393,12 @@ def test_data_command_writes_marked_samples(tmp_path, monkeypatch):
     from posym.commands.data import load_dataset
 
     out = tmp_path / "marked.jsonl"
-    assert run_posym(monkeypatch, "data", "--task", "letter", "--n", 40, "--format", "jsonl", "--markers", "on",
-                     "--out", out) == 0
+    assert (
+        run_posym(
+            monkeypatch, "data", "--task", "letter", "--n", 40, "--format", "jsonl", "--markers", "on", "--out", out
+        )
+        == 0
+    )
     config, samples = load_dataset(out)
     assert config == task_config("letter", markers=True)
     assert_same(samples, generate(config, 40, seed=0))

@@ -39,8 +39,9 @@ def test_hardest_retrieval_inputs_are_the_worst_of_all(A, n):
     beta, lemma = T.needed_beta(head, cfg, n, 0.01)
     assert beta == pytest.approx(all_beta, rel=1e-9)
     delta = T.logit_gaps(logits).min().item()
-    assert T.logit_gaps(C.attention_logits(head, T.hardest_inputs(cfg, n, theta), last_only=True)[:, 0]).min().item() \
-        == pytest.approx(delta, abs=1e-12)
+    assert T.logit_gaps(
+        C.attention_logits(head, T.hardest_inputs(cfg, n, theta), last_only=True)[:, 0]
+    ).min().item() == pytest.approx(delta, abs=1e-12)
     assert lemma == pytest.approx(math.log(n * 0.99 / 0.01) / delta)
 
 
@@ -83,8 +84,12 @@ def test_max_over_inputs_would_break_the_index_bound():
     # why Delta is the minimum gap: the largest gap over inputs exceeds 2 pi^2 / n^2 at theta = 0.866
     cfg = TaskConfig("number", int_range=100)
     head = C.index_head(cfg, 0.866)
-    broken = [n for n in range(2, 101) if T.logit_gaps(C.attention_logits(
-        head, T.hardest_inputs(cfg, n, 0.866), last_only=True)[:, 0]).max().item() > T.index_bound(0.866, n)]
+    broken = [
+        n
+        for n in range(2, 101)
+        if T.logit_gaps(C.attention_logits(head, T.hardest_inputs(cfg, n, 0.866), last_only=True)[:, 0]).max().item()
+        > T.index_bound(0.866, n)
+    ]
     assert len(broken) > 10
 
 

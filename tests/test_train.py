@@ -46,10 +46,20 @@ SMALL_TASK = dict(target_size=4, pretarget_size=3, max_hops=2, alphabet_size=4, 
 
 def tiny(**kw) -> TrainConfig:
     """A 2-layer model with dropout on a 2-hop task: seconds per run, and dropout makes RNG matter."""
-    base = dict(preset="test", task=task_config("number", **SMALL_TASK),
-                model=ModelConfig(n_layer=2, n_head=1, n_embd=32, dropout=0.1), lr=3e-3, warmup_steps=3,
-                max_steps=12, batch_size=8, checkpoint_every=4, eval_size=24, eval_batch_size=10,
-                threads=1, device="cpu")
+    base = dict(
+        preset="test",
+        task=task_config("number", **SMALL_TASK),
+        model=ModelConfig(n_layer=2, n_head=1, n_embd=32, dropout=0.1),
+        lr=3e-3,
+        warmup_steps=3,
+        max_steps=12,
+        batch_size=8,
+        checkpoint_every=4,
+        eval_size=24,
+        eval_batch_size=10,
+        threads=1,
+        device="cpu",
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -123,8 +133,10 @@ def test_train_batch_wraps_around_the_split():
     assert (ids == generate(cfg, 10, 3, "train", start=n - 10).input_ids).all()
     ids, answer = train_batch(cfg, n // 7, 7, 3)  # starts at (n//7)*7 % n, crosses the end
     start = (n // 7) * 7 % n
-    ref = generate(cfg, n - start, 3, "train", start=start).input_ids.tolist() + \
-        generate(cfg, 7 - (n - start), 3, "train").input_ids.tolist()
+    ref = (
+        generate(cfg, n - start, 3, "train", start=start).input_ids.tolist()
+        + generate(cfg, 7 - (n - start), 3, "train").input_ids.tolist()
+    )
     assert ids.tolist() == ref and len(answer) == 7
 
 
@@ -170,8 +182,13 @@ def test_dropout_fields_left_at_none_keep_the_hash_of_runs_from_before_they_exis
 def test_run_directory_layout_and_plain_reload(tmp_path):
     cfg = tiny()
     run = train(cfg, tmp_path / "run", progress=False)
-    assert {p.name for p in run.iterdir()} == {"config.yaml", "manifest.json", "metrics.parquet", "train.log",
-                                               "checkpoints"}
+    assert {p.name for p in run.iterdir()} == {
+        "config.yaml",
+        "manifest.json",
+        "metrics.parquet",
+        "train.log",
+        "checkpoints",
+    }
     assert yaml.safe_load((run / "config.yaml").read_text()) == to_dict(cfg)
     steps = [s for s, _ in list_checkpoints(run)]
     assert steps == [0, 1, 2, 4, 8, 12]
@@ -252,8 +269,11 @@ def test_a_run_from_another_machine_is_finished_here_with_device_and_threads(tmp
     cfg = tiny()
     full = train(cfg, tmp_path / "full", progress=False)
     run = train(cfg, tmp_path / "moved", progress=False, stop_at=6)
-    elsewhere = {**yaml.safe_load((run / "config.yaml").read_text()), "device": "cuda",
-                 "threads": (os.cpu_count() or 1) + 1}
+    elsewhere = {
+        **yaml.safe_load((run / "config.yaml").read_text()),
+        "device": "cuda",
+        "threads": (os.cpu_count() or 1) + 1,
+    }
     (run / "config.yaml").write_text(yaml.safe_dump(elsewhere))
     capsys.readouterr()
     assert cli_exit(["train", "--resume", str(run), "--device", "cpu", "--no-progress"]) == 2
@@ -265,8 +285,7 @@ def test_a_run_from_another_machine_is_finished_here_with_device_and_threads(tmp
     assert cli_exit(["train", "--resume", str(run), "--device", "cpu", "--threads", "1", "--no-progress"]) == 0
     assert yaml.safe_load((run / "config.yaml").read_text()) == elsewhere
     log = (run / "train.log").read_text()
-    assert (f"continuing on cpu with 1 threads (the run's config names cuda with {elsewhere['threads']} threads)"
-            in log)
+    assert f"continuing on cpu with 1 threads (the run's config names cuda with {elsewhere['threads']} threads)" in log
     assert_same_weights(list_checkpoints(full)[-1][1], list_checkpoints(run)[-1][1])
     with pytest.raises(PosymError, match="overrides are for resuming"):
         train(cfg, tmp_path / "new", progress=False, device="cpu")
@@ -280,9 +299,26 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(data))
     run = tmp_path / "killed"
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "posym.cli", "train", "--preset", "quick", "--task", "number",
-                             "--config", str(tmp_path / "tiny.yaml"), "--out", str(run), "--no-progress"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "posym.cli",
+            "train",
+            "--preset",
+            "quick",
+            "--task",
+            "number",
+            "--config",
+            str(tmp_path / "tiny.yaml"),
+            "--out",
+            str(run),
+            "--no-progress",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 120
     while not (run / "checkpoints" / "step-00000008").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -413,8 +449,9 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
 def test_cli_eval_with_extra_target(tmp_path, capsys):
     run = train(tiny(max_steps=2), tmp_path / "run", progress=False)
     out = tmp_path / "eval.json"
-    assert cli_exit(["eval", str(run), "--n", "16", "--extra-target", "0", "--extra-target", "5",
-                     "--out", str(out)]) == 0
+    assert (
+        cli_exit(["eval", str(run), "--n", "16", "--extra-target", "0", "--extra-target", "5", "--out", str(out)]) == 0
+    )
     written = json.loads(out.read_text())
     rows = pd.DataFrame(written["rows"])
     assert list(rows.extra_target) == [0, 5] and list(rows.seq_len) == [8, 13]
@@ -430,9 +467,19 @@ def test_cli_eval_with_extra_target(tmp_path, capsys):
 
 def test_a_tiny_model_learns_a_one_hop_task(tmp_path):
     task = task_config("number", target_size=4, pretarget_size=0, max_hops=1, alphabet_size=4, int_range=4)
-    cfg = TrainConfig(preset="test", task=task, model=ModelConfig(n_layer=1, n_head=1, n_embd=32, dropout=0.0),
-                      lr=1e-2, warmup_steps=5, max_steps=60, batch_size=32, checkpoint_every=30, eval_size=200,
-                      threads=1, device="cpu")
+    cfg = TrainConfig(
+        preset="test",
+        task=task,
+        model=ModelConfig(n_layer=1, n_head=1, n_embd=32, dropout=0.0),
+        lr=1e-2,
+        warmup_steps=5,
+        max_steps=60,
+        batch_size=32,
+        checkpoint_every=30,
+        eval_size=200,
+        threads=1,
+        device="cpu",
+    )
     metrics = pd.read_parquet(train(cfg, tmp_path / "run", progress=False) / "metrics.parquet")
     assert metrics.acc.iloc[0] < 0.4  # chance is 1/4
     assert metrics.acc.iloc[-1] > 0.9

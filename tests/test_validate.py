@@ -55,9 +55,15 @@ def test_best_step_is_the_earliest_validation_maximum_not_the_test_one(tiny_run,
     run = _strip_validation(tiny_run, tmp_path / "run")
     steps = [s for s, _ in list_checkpoints(run)]  # 0, 1, 2, 4, 8, 16, 20, 40
     val = {s: 0.1 for s in steps} | {8: 0.7, 16: 0.9, 20: 0.9, 40: 0.8}
-    frame = pd.DataFrame({"step": steps, "val_acc": [val[s] for s in steps], "val_loss": 1.0,
-                          "val_n": SPLIT_SIZES["val"],
-                          "source": "computed"})
+    frame = pd.DataFrame(
+        {
+            "step": steps,
+            "val_acc": [val[s] for s in steps],
+            "val_loss": 1.0,
+            "val_n": SPLIT_SIZES["val"],
+            "source": "computed",
+        }
+    )
     frame.to_parquet(run / models.VALIDATION)
     assert models.best_step(run) == 16
     metrics = pd.read_parquet(run / "metrics.parquet")
@@ -74,8 +80,24 @@ def test_step_best_in_commands(tiny_run, tmp_path, monkeypatch, capsys):
     out = tmp_path / "eval.json"
     assert run_posym(monkeypatch, "eval", tiny_run, "--step", "best", "--n", "8", "--out", out) == 0
     assert json.loads(out.read_text())["rows"][0]["step"] == best  # eval --out: manifest + rows
-    assert run_posym(monkeypatch, "lengthgen", tiny_run, "--step", "best", "--protocol", "paper",
-                     "--lengths", "17", "--n", "8", "--out", tmp_path / "lg") == 0
+    assert (
+        run_posym(
+            monkeypatch,
+            "lengthgen",
+            tiny_run,
+            "--step",
+            "best",
+            "--protocol",
+            "paper",
+            "--lengths",
+            "17",
+            "--n",
+            "8",
+            "--out",
+            tmp_path / "lg",
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "lg" / "lengthgen.json").read_text())["step"] == best
     assert run_posym(monkeypatch, "validate", tiny_run) == 0
     assert f"best step by validation: {best}" in capsys.readouterr().out

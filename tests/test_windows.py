@@ -64,7 +64,10 @@ def test_global_layers_keep_every_key():
     for kind in ("gemma2", "gemma3_text"):
         frame = score_model(tiny_model(kind, window=WINDOW), random_prompts([12]), [[11]])
         assert frame.groupby("layer")["keys"].unique().map(list).to_dict() == {0: [WINDOW], 1: [12]}
-        assert [qk.window for qk in head_qk(tiny_model(kind, window=WINDOW), random_prompts([12])).values()] == [WINDOW, None]
+        assert [qk.window for qk in head_qk(tiny_model(kind, window=WINDOW), random_prompts([12])).values()] == [
+            WINDOW,
+            None,
+        ]
 
 
 @pytest.mark.parametrize("kind", ["mistral", "gemma3_text"])
@@ -127,8 +130,13 @@ def test_windowed_plane_scores_and_gaps_are_the_models_own(kind):
                 rows = planes[(planes["query"] == p) & (planes.layer == layer) & (planes["head"] == head)]
                 total = torch.zeros(len(keys), dtype=torch.float64)
                 for c, row in zip(channels, rows.itertuples()):
-                    swapped = torch.tensor([[float(qk.scale * (q_rot[c] * rotated(qk.k[0, head, b], a)[c]).sum())
-                                             for b in keys] for a in keys], dtype=torch.float64)
+                    swapped = torch.tensor(
+                        [
+                            [float(qk.scale * (q_rot[c] * rotated(qk.k[0, head, b], a)[c]).sum()) for b in keys]
+                            for a in keys
+                        ],
+                        dtype=torch.float64,
+                    )
                     ref = reference_swap_scores(swapped.diagonal(), swapped, tau=tau)
                     assert row.keys == len(keys)
                     assert (row.s_pos, row.s_sym) == pytest.approx((ref["s_pos"], ref["s_sym"]), abs=1e-9)

@@ -29,8 +29,12 @@ def tokenizer():
         corpus += [p.text for p in bench_prompts(task, 12, 1)]
         extra = {"int_range": max(SIZES) + 8} if task == "number" else {}
         corpus.append(" ".join(token_names(task_config(task, target_size=max(SIZES), **extra))[1:]))
-    corpus += [" ".join(prompt_sets.FILLER), " ".join(prompt_sets.KEYS + prompt_sets.OWNERS + prompt_sets.OBJECTS
-                                                   + prompt_sets.VARIABLES + prompt_sets.MARKERS)]
+    corpus += [
+        " ".join(prompt_sets.FILLER),
+        " ".join(
+            prompt_sets.KEYS + prompt_sets.OWNERS + prompt_sets.OBJECTS + prompt_sets.VARIABLES + prompt_sets.MARKERS
+        ),
+    ]
     for fmt in prompt_sets.FORMATS:  # the length families' own words (posym.prompts)
         core = prompt_sets.LengthFamily(fmt, markers=True).core(0, 0)
         corpus.append(" ".join([core.prefix, *core.facts, *core.question, core.answer, *map(str, range(10))]))

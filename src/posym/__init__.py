@@ -25,8 +25,16 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
-__all__ = ["load", "LoadedModel", "score_model", "head_scores", "summarize_heads", "head_labels", "plot_heads",
-           "save_figure"]
+__all__ = [
+    "load",
+    "LoadedModel",
+    "score_model",
+    "head_scores",
+    "summarize_heads",
+    "head_labels",
+    "plot_heads",
+    "save_figure",
+]
 
 
 def __getattr__(name: str):

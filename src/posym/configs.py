@@ -83,9 +83,7 @@ def from_dict(cls: type[T], data: dict | None, *, where: str = "config") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise PosymError(
-            f"unknown key {unknown[0]!r} in {where}; valid keys: {', '.join(sorted(fields))}"
-        )
+        raise PosymError(f"unknown key {unknown[0]!r} in {where}; valid keys: {', '.join(sorted(fields))}")
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in data.items()}
     try:
         return cls(**kwargs)

@@ -88,7 +88,7 @@ def plot_layer_scores(table, max_step: int, *, title: str = "") -> Figure:
         multi = table["head"].nunique() > 1
         ax.set_title(f"L{layer}" + (f" H{head}" if multi else ""), fontsize=9)
         ax.set_ylim(-0.05, 1.05)
-    for ax in axes.flat[len(heads):]:
+    for ax in axes.flat[len(heads) :]:
         ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("step")
@@ -117,8 +117,12 @@ def plot_purity(counts, max_step: int) -> Figure:
     return fig
 
 
-ROLE_STYLES = {"hops": ("black", "all hops"), "last": ("tab:green", "last token"),
-               "target": ("tab:purple", "pointer into target"), "inner": ("tab:brown", "inner pointers")}
+ROLE_STYLES = {
+    "hops": ("black", "all hops"),
+    "last": ("tab:green", "last token"),
+    "target": ("tab:purple", "pointer into target"),
+    "inner": ("tab:brown", "inner pointers"),
+}
 
 
 def plot_roles(heads, gamma: float) -> Figure:
@@ -128,8 +132,11 @@ def plot_roles(heads, gamma: float) -> Figure:
     fig, axes = subplots(1, 3, figsize=(14, 3.6), sharex=True)
     step = int(heads.step.iloc[0])
     for mode, (color, name) in ROLE_STYLES.items():
-        g = heads[heads.query_mode == mode].groupby("layer")[["s_pos", "s_sym", "pure_positional",
-                                                               "pure_symbolic"]].mean()
+        g = (
+            heads[heads.query_mode == mode]
+            .groupby("layer")[["s_pos", "s_sym", "pure_positional", "pure_symbolic"]]
+            .mean()
+        )
         if g.empty:
             continue
         axes[0].plot(g.index, g.s_pos, "o-", color=color, label=name)
@@ -160,20 +167,38 @@ def plot_frequency_use(channels, heads, *, paper=None, paper_planes: int = 64) -
     grid = rotary.groupby(["layer", "frequency_id"]).use.mean().unstack("frequency_id")  # [layers, planes]
     planes = grid.shape[1]
     fig, (left, right) = subplots(1, 2, figsize=(11, 0.35 * len(grid) + 2.5), width_ratios=[3, 1.4])
-    image = left.imshow(grid.to_numpy().clip(min=0), aspect="auto", origin="lower", cmap="viridis",
-                        extent=(0.5, planes + 0.5, -0.5, len(grid) - 0.5))
+    image = left.imshow(
+        grid.to_numpy().clip(min=0),
+        aspect="auto",
+        origin="lower",
+        cmap="viridis",
+        extent=(0.5, planes + 0.5, -0.5, len(grid) - 0.5),
+    )
     fig.colorbar(image, ax=left, label="use (mean max logit, clipped at 0)")
-    bases = rotary.groupby("layer").apply(lambda g: g.frequency[g.frequency_id == 2].iloc[0] ** -g.frequency_id.max()
-                                          if (g.frequency_id == 2).any() else np.nan, include_groups=False)
+    bases = rotary.groupby("layer").apply(
+        lambda g: (
+            g.frequency[g.frequency_id == 2].iloc[0] ** -g.frequency_id.max() if (g.frequency_id == 2).any() else np.nan
+        ),
+        include_groups=False,
+    )
     mixed = bases.round(-1).nunique() > 1  # local and global RoPE bases (Gemma 3): label each layer's
-    left.set(xlabel="frequency ID (1 = fastest)", ylabel="layer (RoPE base)" if mixed else "layer",
-             title="frequency use per layer", yticks=range(len(grid)),
-             yticklabels=[f"{layer} ({bases[layer]:.0e})" if mixed else str(layer) for layer in grid.index])
+    left.set(
+        xlabel="frequency ID (1 = fastest)",
+        ylabel="layer (RoPE base)" if mixed else "layer",
+        title="frequency use per layer",
+        yticks=range(len(grid)),
+        yticklabels=[f"{layer} ({bases[layer]:.0e})" if mixed else str(layer) for layer in grid.index],
+    )
     per_layer = heads.groupby("layer").weighted_id.mean()
     right.plot(per_layer.to_numpy() / planes, per_layer.index, "o-", label=f"ours ({planes} planes)")
     if paper is not None:
-        right.plot(np.asarray(paper) / paper_planes, np.arange(len(paper)), "x--", color="grey",
-                   label=f"paper Table 1 ({paper_planes} planes)")
+        right.plot(
+            np.asarray(paper) / paper_planes,
+            np.arange(len(paper)),
+            "x--",
+            color="grey",
+            label=f"paper Table 1 ({paper_planes} planes)",
+        )
     right.axvline((planes + 1) / 2 / planes, color="k", lw=0.8, ls=":", label="uniform use, (planes + 1) / 2")
     right.set(xlabel="weighted frequency ID / planes", ylabel="layer", xlim=(0, 1))
     right.yaxis.get_major_locator().set_params(integer=True)
@@ -231,7 +256,8 @@ def plot_heads(heads, r: float):
         fig.colorbar(image, ax=ax)
     dots = axes[2].scatter(heads.s_pos, heads.s_sym, c=heads.layer, cmap="plasma", s=14)
     axes[2].plot([0, 1], [1, 0], ":", color="grey")
-    axes[2].set(xlabel="s_pos", ylabel="s_sym", title=f"heads (Pearson r = {r:.2f})", xlim=(-0.05, 1.05),
-                ylim=(-0.05, 1.05))
+    axes[2].set(
+        xlabel="s_pos", ylabel="s_sym", title=f"heads (Pearson r = {r:.2f})", xlim=(-0.05, 1.05), ylim=(-0.05, 1.05)
+    )
     fig.colorbar(dots, ax=axes[2], label="layer")
     return fig

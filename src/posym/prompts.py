@@ -122,21 +122,23 @@ def read_token_prompts(path, model, encode=None) -> list[dict]:
         where = f"{path} line {number}"
         if isinstance(record, dict) and record.get("input_ids") is None and isinstance(record.get("text"), str):
             if encode is None:
-                raise PosymError(f"{where} is text, but this model has no tokenizer; give \"input_ids\"")
+                raise PosymError(f'{where} is text, but this model has no tokenizer; give "input_ids"')
             record = {**record, "input_ids": encode(record["text"])}
         if not isinstance(record, dict) or record.get("input_ids") is None:
-            raise PosymError(f"{where} must be a JSON object with an \"input_ids\" list or a \"text\" string")
+            raise PosymError(f'{where} must be a JSON object with an "input_ids" list or a "text" string')
         fields = {}
         for key in ("input_ids", "queries", "chain"):
             value = record.get(key)
             if value is not None and (not isinstance(value, list) or not all(type(v) is int for v in value)):
                 raise PosymError(f"{where}: {key} must be a list of integers")
-            if value is not None and not all(-2**63 <= v < 2**63 for v in value):  # beyond any tensor's integers
+            if value is not None and not all(-(2**63) <= v < 2**63 for v in value):  # beyond any tensor's integers
                 raise PosymError(f"{where}: {key} holds an integer out of range ({quote(max(value, key=abs))})")
             fields[key] = value
         if len(fields["input_ids"]) < 3:
-            raise PosymError(f"{where}: a prompt needs at least 3 tokens (two keys to swap before the query), got "
-                             f"{len(fields['input_ids'])}")
+            raise PosymError(
+                f"{where}: a prompt needs at least 3 tokens (two keys to swap before the query), got "
+                f"{len(fields['input_ids'])}"
+            )
         ids = check_prompt(model, fields["input_ids"], where)
         if fields["queries"] is not None:
             resolve_queries(fields["queries"], len(ids), where)
@@ -257,27 +259,31 @@ def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool 
     check_count("--size", size, 4 * 2 * SAMPLE_BYTES_PER_TOKEN, what="target-window token of one prompt")
     extra = {"int_range": size + 8} if task == "number" else {}
     config = task_config(task, target_size=size, max_hops=1, markers=bool(markers), **extra)
-    check_count("--n", n, 4 * sequence_bytes(config), what=f"prompt of target-window size {size}")  # 3 examples + the puzzle
+    check_count(
+        "--n", n, 4 * sequence_bytes(config), what=f"prompt of target-window size {size}"
+    )  # 3 examples + the puzzle
     puzzles = generate(config, n, seed, "test")
     examples = generate(config, 3 * n, seed, "train")
     head = INSTRUCTIONS[task] + (MARKER_NOTE[task] if markers else "")
     head = head.format(target=size, pretarget=config.pretarget_size, last=config.query_pos)
 
     def answer(samples, i: int) -> str:  # the plain token, also with markers (posym.core.tasks)
-        return decode(config, samples.answer[i: i + 1])
+        return decode(config, samples.answer[i : i + 1])
 
     prompts = []
     for i in range(n):
-        shots = [f"Example {k + 1}: {decode(config, examples.input_ids[3 * i + k])}\n"
-                 f"Answer: {answer(examples, 3 * i + k)}" for k in range(3)]
+        shots = [
+            f"Example {k + 1}: {decode(config, examples.input_ids[3 * i + k])}\nAnswer: {answer(examples, 3 * i + k)}"
+            for k in range(3)
+        ]
         body = "\n\n".join([head, *shots, f"Puzzle: {decode(config, puzzles.input_ids[i])}\nAnswer:"])
-        prompts.append(Prompt(body, answer(puzzles, i), None,
-                              {"set": task, "size": size, "index": i, "markers": bool(markers)}))
+        prompts.append(
+            Prompt(body, answer(puzzles, i), None, {"set": task, "size": size, "index": i, "markers": bool(markers)})
+        )
     return prompts
 
 
 # ---- length-controlled families ----------------------------------------------------------------
-
 
 
 FORMATS = ("kv-code", "kv-list", "kv-fewshot", "copy", "possession", "arithmetic")
@@ -285,9 +291,38 @@ VARIANTS = ("between", "before")
 FACTORS = (1, 2, 4, 8, 16)
 """Length factors of every family: 1x (the base length) to 16x."""
 
-KEYS = ("river", "stone", "chair", "garden", "mirror", "candle", "forest", "window", "bottle", "pencil",
-        "rabbit", "castle", "dragon", "planet", "silver", "orange", "violin", "tiger", "lemon", "ocean",
-        "rocket", "basket", "button", "apple", "cloud", "horse", "table", "bridge", "flower", "island")
+KEYS = (
+    "river",
+    "stone",
+    "chair",
+    "garden",
+    "mirror",
+    "candle",
+    "forest",
+    "window",
+    "bottle",
+    "pencil",
+    "rabbit",
+    "castle",
+    "dragon",
+    "planet",
+    "silver",
+    "orange",
+    "violin",
+    "tiger",
+    "lemon",
+    "ocean",
+    "rocket",
+    "basket",
+    "button",
+    "apple",
+    "cloud",
+    "horse",
+    "table",
+    "bridge",
+    "flower",
+    "island",
+)
 """Words the key-value and copy formats name (those the model's tokenizer splits are skipped)."""
 OWNERS = ("Emma", "Liam", "Olivia", "Noah", "Ava", "Lucas", "Mia", "Ethan", "Sofia", "Jack", "Chloe", "Henry")
 OBJECTS = ("cat", "dog", "book", "kite", "hat", "ball", "cup", "key", "map", "pen", "bag", "car", "drum", "lamp")
@@ -296,21 +331,36 @@ MARKERS = tuple(f"#{k}" for k in range(11, 100))
 """Markers of the marked variants: each fact of a prompt gets a distinct one."""
 
 FILLER = (
-    "The morning was quiet and the streets were still empty.", "A light rain fell over the hills for an hour.",
-    "Nobody in the village remembered such a long winter.", "The train left the station a few minutes late.",
-    "She opened the window and looked at the garden below.", "The old clock in the hall struck nine.",
-    "Two boats were waiting at the end of the pier.", "The road turned north and climbed towards the pass.",
-    "He wrote a short letter and put it in the drawer.", "The market was busy with people buying bread.",
-    "A cold wind came down from the mountains at night.", "The children played in the park until sunset.",
-    "The library closed early on the last day of the month.", "Fresh snow covered the fields by the river.",
-    "The meeting was moved to the large room upstairs.", "Birds gathered on the roof of the empty barn.",
-    "The kettle whistled while the bread was still warm.", "A narrow path led through the woods to the lake.",
-    "The lights of the town appeared one by one.", "They walked slowly along the edge of the cliff.",
-    "The shop on the corner sold maps and old postcards.", "Clouds drifted over the valley in the afternoon.",
-    "The bus stopped at every village on the way.", "A dog barked somewhere behind the houses.",
-    "The painter mixed blue and white on a wooden board.", "Water ran down the stone steps after the storm.",
-    "The guests arrived before the soup was ready.", "The bridge was closed for repairs all summer.",
-    "A small boat drifted near the rocks at low tide.", "The teacher wrote the date at the top of the board.",
+    "The morning was quiet and the streets were still empty.",
+    "A light rain fell over the hills for an hour.",
+    "Nobody in the village remembered such a long winter.",
+    "The train left the station a few minutes late.",
+    "She opened the window and looked at the garden below.",
+    "The old clock in the hall struck nine.",
+    "Two boats were waiting at the end of the pier.",
+    "The road turned north and climbed towards the pass.",
+    "He wrote a short letter and put it in the drawer.",
+    "The market was busy with people buying bread.",
+    "A cold wind came down from the mountains at night.",
+    "The children played in the park until sunset.",
+    "The library closed early on the last day of the month.",
+    "Fresh snow covered the fields by the river.",
+    "The meeting was moved to the large room upstairs.",
+    "Birds gathered on the roof of the empty barn.",
+    "The kettle whistled while the bread was still warm.",
+    "A narrow path led through the woods to the lake.",
+    "The lights of the town appeared one by one.",
+    "They walked slowly along the edge of the cliff.",
+    "The shop on the corner sold maps and old postcards.",
+    "Clouds drifted over the valley in the afternoon.",
+    "The bus stopped at every village on the way.",
+    "A dog barked somewhere behind the houses.",
+    "The painter mixed blue and white on a wooden board.",
+    "Water ran down the stone steps after the storm.",
+    "The guests arrived before the soup was ready.",
+    "The bridge was closed for repairs all summer.",
+    "A small boat drifted near the rocks at low tide.",
+    "The teacher wrote the date at the top of the board.",
 )
 """Neutral distractor sentences: no key, number, name or object of the formats appears in them."""
 
@@ -378,8 +428,11 @@ class LengthFamily:
                 prefix = "Values:"
             else:
                 facts = [f"\n{tag[i]}{w}: {v}" for i, (w, v) in enumerate(zip(words, values))]
-                question = [f"\n\nQuestion: {tag[shown]}{words[shown]}?\nAnswer: {values[shown]}",
-                            f"\nQuestion: {tag[asked]}{words[asked]}?", "\nAnswer:"]
+                question = [
+                    f"\n\nQuestion: {tag[shown]}{words[shown]}?\nAnswer: {values[shown]}",
+                    f"\nQuestion: {tag[asked]}{words[asked]}?",
+                    "\nAnswer:",
+                ]
                 prefix = "Values:"
             return Core(prefix, facts, question, f" {values[asked]}", [f" {v}" for v in values])
         if self.format == "copy":
@@ -388,15 +441,21 @@ class LengthFamily:
             items = [f" {tag[i % n]}{w}," if i < len(words) - 1 else f" {tag[i % n]}{w}." for i, w in enumerate(words)]
             again = "".join(f" {tag[i % n]}{w}," for i, w in enumerate(words[:cut]))
             lead = f" {tag[cut % n]}".rstrip() if self.markers else ""
-            return Core("List:", items, [f"\nThe same list again:{again}{lead}"], f" {words[cut]}",
-                        [f" {w}" for w in words])
+            return Core(
+                "List:", items, [f"\nThe same list again:{again}{lead}"], f" {words[cut]}", [f" {w}" for w in words]
+            )
         if self.format == "possession":
             owners, objects = rng.sample(OWNERS, n), rng.sample(OBJECTS, n)
             asked = rng.randrange(n)
             facts = [f" {tag[i]}{o} has a {x}." for i, (o, x) in enumerate(zip(owners, objects))]
             who = f"{tag[asked]}{owners[asked]}"
-            return Core("Here is who has what.", facts, [f"\nWhat does {who} have?", f" {who} has a"],
-                        f" {objects[asked]}", [f" {x}" for x in objects])
+            return Core(
+                "Here is who has what.",
+                facts,
+                [f"\nWhat does {who} have?", f" {who} has a"],
+                f" {objects[asked]}",
+                [f" {x}" for x in objects],
+            )
         names = rng.sample(VARIABLES, n)
         values = rng.sample(range(1, 10), n)
         while True:  # two distinct variables whose sum is one digit
@@ -405,9 +464,13 @@ class LengthFamily:
                 break
             values = rng.sample(range(1, 10), n)
         facts = [f" {tag[k]}{v} = {x}." for k, (v, x) in enumerate(zip(names, values))]
-        return Core("Here are some numbers.", facts,
-                    [f"\nWhat is {tag[i]}{names[i]} + {tag[j]}{names[j]}?", f" {tag[i]}{names[i]} + {tag[j]}{names[j]} ="],
-                    f" {values[i] + values[j]}", [f" {s}" for s in range(1, 10)])
+        return Core(
+            "Here are some numbers.",
+            facts,
+            [f"\nWhat is {tag[i]}{names[i]} + {tag[j]}{names[j]}?", f" {tag[i]}{names[i]} + {tag[j]}{names[j]} ="],
+            f" {values[i] + values[j]}",
+            [f" {s}" for s in range(1, 10)],
+        )
 
 
 @dataclass(frozen=True)
@@ -441,12 +504,13 @@ class Builder:
         self.tokenizer = tokenizer
         with_special = tokenizer("x").input_ids
         plain = tokenizer("x", add_special_tokens=False).input_ids
-        self.bos = with_special[: len(with_special) - len(plain)] if with_special[-len(plain):] == plain else []
+        self.bos = with_special[: len(with_special) - len(plain)] if with_special[-len(plain) :] == plain else []
         self._cache: dict[str, list[int]] = {}
         self.keys = tuple(w for w in KEYS if len(self.encode(f" {w}")) == 1)
         if len(self.keys) < 16:
-            raise PosymError(f"the tokenizer keeps only {len(self.keys)} of the key words whole; the length "
-                             "families need 16")
+            raise PosymError(
+                f"the tokenizer keeps only {len(self.keys)} of the key words whole; the length families need 16"
+            )
 
     def encode(self, text: str) -> list[int]:
         if text not in self._cache:
@@ -484,8 +548,15 @@ def base_length(family: LengthFamily, builder: Builder, n: int, seed: int) -> in
     return -(-(longest + 2) // 8) * 8
 
 
-def build(family: LengthFamily, builder: Builder, n: int, *, seed: int = 0, base: int | None = None,
-          max_positions: int | None = None) -> dict[int, list[LengthPrompt]]:
+def build(
+    family: LengthFamily,
+    builder: Builder,
+    n: int,
+    *,
+    seed: int = 0,
+    base: int | None = None,
+    max_positions: int | None = None,
+) -> dict[int, list[LengthPrompt]]:
     """{factor: n prompts} of the family at every factor x the base length (the same questions).
 
     base: the base length (default `base_length`); a length past max_positions is a PosymError.
@@ -511,6 +582,9 @@ def build(family: LengthFamily, builder: Builder, n: int, *, seed: int = 0, base
             else:  # the filler goes first (after the BOS, which stays the first token), then a line break
                 ids, insert_at = head[:bos] + pad + brk + head[bos:] + tail, bos + own
             # the base prompt's own filler keeps its place; the extra tokens enter after it
-            out[factor].append(LengthPrompt(family.name, i, factor, length, ids, core.answer, answer_id, insert_at,
-                                            length - base, length - 1))
+            out[factor].append(
+                LengthPrompt(
+                    family.name, i, factor, length, ids, core.answer, answer_id, insert_at, length - base, length - 1
+                )
+            )
     return out

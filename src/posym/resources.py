@@ -60,15 +60,19 @@ def check_resources(config) -> str:
     device = resolve_device(config.device)
     cores = os.cpu_count() or 1
     if config.threads is not None and config.threads > cores:
-        raise PosymError(f"threads: {config.threads} is more than this machine's {cores} CPU cores; "
-                         f"use at most {cores} (or null for torch's default)")
+        raise PosymError(
+            f"threads: {config.threads} is more than this machine's {cores} CPU cores; "
+            f"use at most {cores} (or null for torch's default)"
+        )
     need, have = memory_estimate(config), machine_memory(device)
     if need > have:
         m = config.model
-        raise PosymError(f"this config needs at least {need / 2**30:,.1f} GiB to train (n_layer {m.n_layer}, n_embd "
-                         f"{m.n_embd}, n_positions {m.n_positions}, batch_size {config.batch_size}, eval_size "
-                         f"{config.eval_size}), more than the "
-                         f"{have / 2**30:,.1f} GiB of {device} memory here")
+        raise PosymError(
+            f"this config needs at least {need / 2**30:,.1f} GiB to train (n_layer {m.n_layer}, n_embd "
+            f"{m.n_embd}, n_positions {m.n_positions}, batch_size {config.batch_size}, eval_size "
+            f"{config.eval_size}), more than the "
+            f"{have / 2**30:,.1f} GiB of {device} memory here"
+        )
     return device
 
 
@@ -83,20 +87,25 @@ def decoder_weights(blocks: int, width: int, ffn: int, vocab: int) -> int:
     return blocks * (4 * width * width + 3 * width * ffn) + 2 * width * vocab
 
 
-def check_declared_weights(path, what: str, declared: int, held: int | None, *, device: str = "cpu",
-                           bytes_per_weight: int = 4) -> None:
+def check_declared_weights(
+    path, what: str, declared: int, held: int | None, *, device: str = "cpu", bytes_per_weight: int = 4
+) -> None:
     """Refuse, before transformers builds anything, a model whose metadata (`what`: config.json, a GGUF
     header) describes about `declared` weights when its files hold only `held` (transformers would
     allocate the described model and fill the rest with random weights: a 96-byte GGUF file built a 7B
     model), or more weights than this machine's memory holds (the build would allocate until the kernel
     steps in). `held` None: unknown (pickle weights are never opened to count them)."""
     if held is not None and declared > 4 * held + 2**20:
-        raise PosymError(f"{path}: {what} describes a model of about {declared:,} weights, but the file holds "
-                         f"{held:,}: {what} does not match its weights")
+        raise PosymError(
+            f"{path}: {what} describes a model of about {declared:,} weights, but the file holds "
+            f"{held:,}: {what} does not match its weights"
+        )
     need, have = declared * bytes_per_weight, machine_memory(device)
     if need > have:
-        raise PosymError(f"{path}: {what} describes a model of about {declared:,} weights ({need / 2**30:,.1f} GiB), "
-                         f"more than the {have / 2**30:,.1f} GiB of {device} memory here")
+        raise PosymError(
+            f"{path}: {what} describes a model of about {declared:,} weights ({need / 2**30:,.1f} GiB), "
+            f"more than the {have / 2**30:,.1f} GiB of {device} memory here"
+        )
 
 
 # ---- count options (--n, --size, --extra-target, eval_size) ------------------------------------------
@@ -111,8 +120,9 @@ def sequence_bytes(task_config) -> int:
     return SAMPLE_BYTES_PER_TOKEN * (task_config.seq_len + task_config.max_hops + 3)
 
 
-def check_count(option: str, value: int, each: int, *, what: str, device: str = "cpu",
-                disk: str | os.PathLike | None = None) -> int:
+def check_count(
+    option: str, value: int, each: int, *, what: str, device: str = "cpu", disk: str | os.PathLike | None = None
+) -> int:
     """The range check of every count option: `value` items of `each` bytes (a lower bound, from the
     command's own memory estimate) must fit the machine's memory (RAM or the cgroup limit; the GPU's
     for device cuda), or with `disk` (a directory, for a command that streams its items to a file) the
@@ -134,9 +144,11 @@ def check_count(option: str, value: int, each: int, *, what: str, device: str = 
     each = max(int(each), 1)
     if value * each > have:
         most = have // each
-        raise PosymError(f"{option} {value:,} asks for at least {value * each / 2**30:,.1f} GiB ({each:,} bytes per "
-                         f"{what}), more than the {have / 2**30:,.1f} GiB of {where}; "
-                         + (f"use at most {most:,}" if most else f"not even one {what} fits"))
+        raise PosymError(
+            f"{option} {value:,} asks for at least {value * each / 2**30:,.1f} GiB ({each:,} bytes per "
+            f"{what}), more than the {have / 2**30:,.1f} GiB of {where}; "
+            + (f"use at most {most:,}" if most else f"not even one {what} fits")
+        )
     return value
 
 

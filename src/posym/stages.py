@@ -38,8 +38,10 @@ def is_done(out: Path, job: str, stage: str) -> bool:
 
 def mark_done(out: Path, job: str, stage: str, seconds: float, **info: Any) -> Path:
     """Write the done-file of a stage (atomically, after its outputs)."""
-    return io.write_json(done_path(out, job, stage), {"job": job, "stage": stage, "seconds": round(seconds, 2),
-                                                      "finished": time.time(), **info})
+    return io.write_json(
+        done_path(out, job, stage),
+        {"job": job, "stage": stage, "seconds": round(seconds, 2), "finished": time.time(), **info},
+    )
 
 
 def die_with_parent() -> None:
@@ -68,8 +70,10 @@ def claim(out: Path, marker: str, config: dict, *, what: str) -> bool:
     path = Path(out) / marker
     if path.is_file():
         if io.config_hash(io.read_yaml(path)) != io.config_hash(config):
-            raise PosymError(f"{out} holds {what} with a different config (see {path}); re-run with the same "
-                             "config to continue it, or choose another --out")
+            raise PosymError(
+                f"{out} holds {what} with a different config (see {path}); re-run with the same "
+                "config to continue it, or choose another --out"
+            )
         return False
     if Path(out).exists() and any(p.name != io.LOCK for p in Path(out).iterdir()):
         raise PosymError(f"{out} exists, is not empty and holds no {marker}; choose another --out")

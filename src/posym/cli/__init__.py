@@ -18,8 +18,10 @@ import typer
 from posym import io
 from posym.errors import Interrupted, PosymError
 
-NOTHING_KEPT = ("every file written so far is whole and nothing half-written is left; the output is written only "
-                "when complete, so re-running the same command starts it again")
+NOTHING_KEPT = (
+    "every file written so far is whole and nothing half-written is left; the output is written only "
+    "when complete, so re-running the same command starts it again"
+)
 """The Ctrl-C line of commands that keep no partial results (each resumable command says what it kept)."""
 
 from typer.core import TyperCommand
@@ -51,8 +53,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the posym version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the posym version and exit."
+    ),
+) -> None:
     """Positional versus symbolic attention heads in RoPE transformers (arXiv 2605.31558)."""
 
 

@@ -8,8 +8,24 @@ from typing import Optional
 import typer
 
 from posym.cli import app, parse_head_pairs, parse_list, progress_bar
-from posym.cli.options import (EMBEDDED_HELP, OUTPUTS, Device, Dtype, Exactness, Focus, OnOffBoth, StudyStage, Task, announce,
-                               device_of, device_option, list_option, n_option, path_argument, values)
+from posym.cli.options import (
+    EMBEDDED_HELP,
+    OUTPUTS,
+    Device,
+    Dtype,
+    Exactness,
+    Focus,
+    OnOffBoth,
+    StudyStage,
+    Task,
+    announce,
+    device_of,
+    device_option,
+    list_option,
+    n_option,
+    path_argument,
+    values,
+)
 from posym.core.paper import TAU
 from posym.errors import PosymError
 
@@ -18,34 +34,54 @@ from posym.errors import PosymError
 
 @app.command("llm-scores")
 def llm_scores_cmd(
-    path: Path = path_argument("The model: " + EMBEDDED_HELP + ", a .gguf file (or a directory holding one), a "
-                               "Hugging Face directory (config.json, *.safetensors, a tokenizer) or a posym "
-                               "checkpoint; RoPE models only."),
-    prompts: str = typer.Option("binding", help="Prompt set: 'binding' (Alice likes red ...), 'number' or "
-                                "'letter' (1-hop tasks of Appendix H), or a JSONL file with one "
-                                '{"text": ..., "focus": ...} object per line.'),
+    path: Path = path_argument(
+        "The model: " + EMBEDDED_HELP + ", a .gguf file (or a directory holding one), a "
+        "Hugging Face directory (config.json, *.safetensors, a tokenizer) or a posym "
+        "checkpoint; RoPE models only."
+    ),
+    prompts: str = typer.Option(
+        "binding",
+        help="Prompt set: 'binding' (Alice likes red ...), 'number' or "
+        "'letter' (1-hop tasks of Appendix H), or a JSONL file with one "
+        '{"text": ..., "focus": ...} object per line.',
+    ),
     text: Optional[str] = typer.Option(None, help="Score this single text instead of a prompt set."),
     n: int = n_option(20, "How many prompts to draw from a built-in set."),
     size: int = typer.Option(12, min=1, help="Target-window size of the number/letter prompts."),
-    query: Focus = typer.Option(Focus.last, help="Query position: the last token, or name (the final token of "
-                                "the name asked about, for binding prompts or JSONL 'focus')."),
-    heads: Optional[list[str]] = list_option(None, "Heads to score per RoPE frequency plane, as LAYER.HEAD, "
-                                             "e.g. 0.1,5.3.", item="L.H"),
-    tau: float = typer.Option(TAU, help="Temperature of the swap weights (1e-4: the swap that moves "
-                              "most attention dominates)."),
-    exclude_keys: Optional[str] = typer.Option(None, help="Also score with these key positions left out of "
-                                               "the swaps, e.g. 0 (the attention sink), or 'auto' (positions "
-                                               "that are the top key of at least half the rows); written "
-                                               "beside the plain scores."),
-    epsilon: float = typer.Option(1e-12, help="Weigh only the swaps carrying all but EPSILON of the swap "
-                                  "weights: each score lies within 2 * EPSILON of weighing every swap."),
-    exact: Exactness = typer.Option(Exactness.pruned, help="pruned (the EPSILON bound) or dense (weigh every "
-                                    "swap: the reference, O(n^2) per head and query)."),
+    query: Focus = typer.Option(
+        Focus.last,
+        help="Query position: the last token, or name (the final token of "
+        "the name asked about, for binding prompts or JSONL 'focus').",
+    ),
+    heads: Optional[list[str]] = list_option(
+        None, "Heads to score per RoPE frequency plane, as LAYER.HEAD, e.g. 0.1,5.3.", item="L.H"
+    ),
+    tau: float = typer.Option(
+        TAU, help="Temperature of the swap weights (1e-4: the swap that moves most attention dominates)."
+    ),
+    exclude_keys: Optional[str] = typer.Option(
+        None,
+        help="Also score with these key positions left out of "
+        "the swaps, e.g. 0 (the attention sink), or 'auto' (positions "
+        "that are the top key of at least half the rows); written "
+        "beside the plain scores.",
+    ),
+    epsilon: float = typer.Option(
+        1e-12,
+        help="Weigh only the swaps carrying all but EPSILON of the swap "
+        "weights: each score lies within 2 * EPSILON of weighing every swap.",
+    ),
+    exact: Exactness = typer.Option(
+        Exactness.pruned,
+        help="pruned (the EPSILON bound) or dense (weigh every swap: the reference, O(n^2) per head and query).",
+    ),
     seed: int = typer.Option(0, help="Seed of the built-in prompt sets."),
     device: Device = device_option(),
     dtype: Dtype = typer.Option(Dtype.float32, help="Weight precision."),
-    allow_pickle: bool = typer.Option(False, help="Accept pickle weights (pytorch_model.bin) when there "
-                                      "is no safetensors file; only for files you trust."),
+    allow_pickle: bool = typer.Option(
+        False,
+        help="Accept pickle weights (pytorch_model.bin) when there is no safetensors file; only for files you trust.",
+    ),
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
 ) -> None:
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
@@ -57,21 +93,48 @@ def llm_scores_cmd(
     query, dtype, exact = str(query), str(dtype), str(exact)
     loaded = models.load(path, device=str(device), dtype=dtype, allow_pickle=allow_pickle)
     if text is None and prompts in ("number", "letter") and 4 * (size + 9) > loaded.max_positions:
-        raise PosymError(f"--size {size} makes {prompts} prompts of at least {4 * (size + 9):,} tokens (three worked "
-                         f"examples and the puzzle), more than the {loaded.max_positions:,} positions of {loaded.name}")
+        raise PosymError(
+            f"--size {size} makes {prompts} prompts of at least {4 * (size + 9):,} tokens (three worked "
+            f"examples and the puzzle), more than the {loaded.max_positions:,} positions of {loaded.name}"
+        )
     chosen = prompt_sets.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = io.check_output(out or Path("runs") / "llm-scores" / loaded.name, is_dir=True, owns=OUTPUTS["llm-scores"])
     heads = ",".join(values(heads, option="--heads")) or None
     print(announce(path, None, query))
-    settings = {"model_dir": str(path), "checkpoint": str(path), "step": None, "prompts": prompts, "text": text,
-                "n": n, "size": size, "query": query, "queries": query, "heads": heads, "tau": tau, "epsilon": epsilon,
-                "exact": exact, "exclude_keys": exclude_keys, "seed": seed, "dtype": dtype}
+    settings = {
+        "model_dir": str(path),
+        "checkpoint": str(path),
+        "step": None,
+        "prompts": prompts,
+        "text": text,
+        "n": n,
+        "size": size,
+        "query": query,
+        "queries": query,
+        "heads": heads,
+        "tau": tau,
+        "epsilon": epsilon,
+        "exact": exact,
+        "exclude_keys": exclude_keys,
+        "seed": seed,
+        "dtype": dtype,
+    }
     excluded = exclude_keys if exclude_keys in (None, "auto") else parse_list(exclude_keys, int)
     bar, advance = progress_bar(len(chosen) * (1 if exclude_keys is None else 2), "scoring prompts")
     with bar:
-        result = llm_scores.write_scores(loaded, chosen, out, query=query, heads=parse_head_pairs(heads), tau=tau,
-                                  epsilon=epsilon, exact=exact, exclude_keys=excluded, settings=settings,
-                                  progress=advance)
+        result = llm_scores.write_scores(
+            loaded,
+            chosen,
+            out,
+            query=query,
+            heads=parse_head_pairs(heads),
+            tau=tau,
+            epsilon=epsilon,
+            exact=exact,
+            exclude_keys=excluded,
+            settings=settings,
+            progress=advance,
+        )
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
     if "excluded_keys" in result:
         print(f"excluding keys {result['excluded_keys']}: {result['label_changes']} heads change label")
@@ -79,23 +142,32 @@ def llm_scores_cmd(
 
 @app.command("llm-bench")
 def llm_bench_cmd(
-    path: Optional[Path] = path_argument("A local model (" + EMBEDDED_HELP + ", a .gguf file, a Hugging Face directory); "
-                                         "omit it to query an endpoint with --base-url.", default=None),
-    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible API base, e.g. "
-                                           "https://api.openai.com/v1 (posym appends /chat/completions)."),
+    path: Optional[Path] = path_argument(
+        "A local model (" + EMBEDDED_HELP + ", a .gguf file, a Hugging Face directory); "
+        "omit it to query an endpoint with --base-url.",
+        default=None,
+    ),
+    base_url: Optional[str] = typer.Option(
+        None, help="OpenAI-compatible API base, e.g. https://api.openai.com/v1 (posym appends /chat/completions)."
+    ),
     model_name: Optional[str] = typer.Option(None, help="Model name sent to the endpoint."),
-    api_key_env: Optional[str] = typer.Option(None, help="Name of the environment variable that holds "
-                                              "the API key (the key itself is never written anywhere)."),
+    api_key_env: Optional[str] = typer.Option(
+        None, help="Name of the environment variable that holds the API key (the key itself is never written anywhere)."
+    ),
     timeout: float = typer.Option(60.0, help="Seconds to wait for one endpoint reply."),
     retries: int = typer.Option(3, help="Extra attempts after a timeout or an HTTP 408/429/5xx reply."),
     task: list[str] = list_option(["number,letter"], "Tasks.", choices=Task),
-    sizes: Optional[list[str]] = list_option(None, "Target-window sizes (default: all of Appendix H, "
-                                             "12,16,24,32,48,64,80,100,150,200,300)."),
+    sizes: Optional[list[str]] = list_option(
+        None, "Target-window sizes (default: all of Appendix H, 12,16,24,32,48,64,80,100,150,200,300)."
+    ),
     runs: int = typer.Option(5, min=1, help="Runs per task and size; run r draws fresh data with seed r."),
     n: int = n_option(20, "Questions per run."),
-    markers: OnOffBoth = typer.Option(OnOffBoth.off, help="Prompt variant: off (plain Appendix H prompts), on "
-                                      "(every target-window token tagged with its place, e.g. n@3) or both, side "
-                                      "by side."),
+    markers: OnOffBoth = typer.Option(
+        OnOffBoth.off,
+        help="Prompt variant: off (plain Appendix H prompts), on "
+        "(every target-window token tagged with its place, e.g. n@3) or both, side "
+        "by side.",
+    ),
     device: Device = device_option(" (local model only)"),
     dtype: Dtype = typer.Option(Dtype.float32, help="Weight precision (local model only)."),
     allow_pickle: bool = typer.Option(False, help="Accept pickle weights (pytorch_model.bin) you trust."),
@@ -110,29 +182,59 @@ def llm_bench_cmd(
     variants = llm_bench.MARKER_CHOICES[markers]
     task_list = values(task, option="--task", choices=Task)
     size_list = values(sizes, int, option="--sizes") or list(llm_bench.BENCH_SIZES)
-    judge, label = llm_bench.make_judge(path, base_url=base_url, model_name=model_name,
-                                    api_key_env=api_key_env, timeout_s=timeout, retries=retries,
-                                    device=str(device), dtype=dtype, allow_pickle=allow_pickle)
+    judge, label = llm_bench.make_judge(
+        path,
+        base_url=base_url,
+        model_name=model_name,
+        api_key_env=api_key_env,
+        timeout_s=timeout,
+        retries=retries,
+        device=str(device),
+        dtype=dtype,
+        allow_pickle=allow_pickle,
+    )
     out = io.check_output(out or Path("runs") / "llm-bench" / label, is_dir=True, owns=OUTPUTS["llm-bench"])
-    settings = {"model": label, "tasks": task_list, "sizes": size_list, "runs": runs, "n": n,
-                "markers": markers, "base_url": base_url and llm_bench.shown_url(base_url), "dtype": dtype}  # no user:password in llm_bench.json
+    settings = {
+        "model": label,
+        "tasks": task_list,
+        "sizes": size_list,
+        "runs": runs,
+        "n": n,
+        "markers": markers,
+        "base_url": base_url and llm_bench.shown_url(base_url),
+        "dtype": dtype,
+    }  # no user:password in llm_bench.json
     bar, advance = progress_bar(len(task_list) * len(size_list) * len(variants) * runs * n, "asking questions")
     with bar:
-        table = llm_bench.write_bench(judge, out, label=label, tasks=task_list, sizes=size_list, runs=runs, n=n,
-                                  settings=settings, markers=variants, progress=advance)
+        table = llm_bench.write_bench(
+            judge,
+            out,
+            label=label,
+            tasks=task_list,
+            sizes=size_list,
+            runs=runs,
+            n=n,
+            settings=settings,
+            markers=variants,
+            progress=advance,
+        )
     print(table)
 
 
 @app.command("llm-study")
 def llm_study_cmd(
-    path: Optional[Path] = path_argument("The model (default smollm2-135m): " + EMBEDDED_HELP + " or any model spec "
-                                         "posym loads (a .gguf file, a Hugging Face directory); RoPE models only.",
-                                         default=None),
-    out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-study/<model>); re-running "
-                                       "with the same directory skips the finished stages."),
+    path: Optional[Path] = path_argument(
+        "The model (default smollm2-135m): " + EMBEDDED_HELP + " or any model spec "
+        "posym loads (a .gguf file, a Hugging Face directory); RoPE models only.",
+        default=None,
+    ),
+    out: Optional[Path] = typer.Option(
+        None,
+        help="Output directory (default runs/llm-study/<model>); re-running "
+        "with the same directory skips the finished stages.",
+    ),
     config: Optional[Path] = typer.Option(None, help="YAML file of StudyConfig fields (see OUT/study.yaml)."),
-    stages: Optional[list[str]] = list_option(None, "Stages to run (default all, in study order).",
-                                              choices=StudyStage),
+    stages: Optional[list[str]] = list_option(None, "Stages to run (default all, in study order).", choices=StudyStage),
     device: Device = device_option(),
 ) -> None:
     """The lens of 2511.11579 and 2605.31558 on one real model, then what a head type predicts on a
@@ -141,8 +243,9 @@ def llm_study_cmd(
     from posym.commands import llm_study
 
     io.check_output(out, inputs=[path, config], is_dir=True, marker=io.STUDY_MARKER)
-    settings = configs.from_dict(llm_study.StudyConfig, io.read_yaml(config) if config else {},
-                                 where=str(config or "study config"))
+    settings = configs.from_dict(
+        llm_study.StudyConfig, io.read_yaml(config) if config else {}, where=str(config or "study config")
+    )
     chosen = values(stages, option="--stages", choices=StudyStage)
     only = [stage for stage in llm_study.STAGES if stage in chosen] or None
     spec = path or "smollm2-135m"
@@ -152,8 +255,9 @@ def llm_study_cmd(
     steps = llm_study.stage_steps(settings)
     bar, advance = progress_bar(sum(steps[s] for s in only or llm_study.STAGES), "llm-study")
     with bar:
-        timings = llm_study.run_study(loaded, out, settings, settings={"model": str(spec), "device": device},
-                                  progress=advance, only=only)
+        timings = llm_study.run_study(
+            loaded, out, settings, settings={"model": str(spec), "device": device}, progress=advance, only=only
+        )
     for stage, seconds in timings.items():
         print(f"{stage:12s} {seconds if seconds == 'done' else f'{seconds:.1f} s'}")
     print(f"wrote {out / 'report.html'}")
@@ -161,27 +265,42 @@ def llm_study_cmd(
 
 @app.command("atlas")
 def atlas_cmd(
-    path: Optional[Path] = path_argument("The model (default smollm2-135m): " + EMBEDDED_HELP + " or any model spec "
-                                         "posym loads (a .gguf file, a Hugging Face directory); RoPE models only.",
-                                         default=None),
+    path: Optional[Path] = path_argument(
+        "The model (default smollm2-135m): " + EMBEDDED_HELP + " or any model spec "
+        "posym loads (a .gguf file, a Hugging Face directory); RoPE models only.",
+        default=None,
+    ),
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/atlas/<model>)."),
-    config: Optional[Path] = typer.Option(None, help="YAML file of AtlasConfig fields (see OUT/atlas.yaml); the "
-                                          "options below override it."),
-    n: Optional[int] = typer.Option(None, "--n", min=1, help="Binding prompts on which s_pos and s_sym are scored "
-                                    "(default 20)."),
-    lengths: Optional[list[str]] = list_option(None, "Token lengths of the needle-in-a-haystack prompts "
-                                               "(default 256,512,1024)."),
+    config: Optional[Path] = typer.Option(
+        None, help="YAML file of AtlasConfig fields (see OUT/atlas.yaml); the options below override it."
+    ),
+    n: Optional[int] = typer.Option(
+        None, "--n", min=1, help="Binding prompts on which s_pos and s_sym are scored (default 20)."
+    ),
+    lengths: Optional[list[str]] = list_option(
+        None, "Token lengths of the needle-in-a-haystack prompts (default 256,512,1024)."
+    ),
     depths: Optional[list[str]] = list_option(None, "Needle depths in [0, 1] (default 0.1,0.5,0.9).", item="D"),
-    windows: Optional[list[str]] = list_option(None, "Recent-window sizes of the streaming score (default 64,256; "
-                                               "the first one defines the non-streaming heads and the export)."),
+    windows: Optional[list[str]] = list_option(
+        None,
+        "Recent-window sizes of the streaming score (default 64,256; "
+        "the first one defines the non-streaming heads and the export).",
+    ),
     sink: Optional[int] = typer.Option(None, min=1, help="Keys at the start a streaming cache keeps (default 4)."),
-    quantile: Optional[float] = typer.Option(None, help="Quantile of the non-streaming score above which a KV "
-                                             "head is marked full attention in full_attention_mask.tsv (default 0.5)."),
-    kv_table: Optional[Path] = typer.Option(None, help="A layer x KV-head table of another tool (e.g. DuoAttention's "
-                                           "full_attention_heads.tsv) to cross-tabulate with posym's labels."),
+    quantile: Optional[float] = typer.Option(
+        None,
+        help="Quantile of the non-streaming score above which a KV "
+        "head is marked full attention in full_attention_mask.tsv (default 0.5).",
+    ),
+    kv_table: Optional[Path] = typer.Option(
+        None,
+        help="A layer x KV-head table of another tool (e.g. DuoAttention's "
+        "full_attention_heads.tsv) to cross-tabulate with posym's labels.",
+    ),
     seed: Optional[int] = typer.Option(None, help="Seed of every prompt set (default 0)."),
-    figures: bool = typer.Option(True, help="Draw maps and scatter (PNG + SVG); --no-figures writes the tables "
-                                 "and report only."),
+    figures: bool = typer.Option(
+        True, help="Draw maps and scatter (PNG + SVG); --no-figures writes the tables and report only."
+    ),
     device: Device = device_option(),
 ) -> None:
     """The head atlas: positional/symbolic scores beside retrieval, streaming, echo, induction,
@@ -191,24 +310,40 @@ def atlas_cmd(
 
     io.check_output(out, inputs=[path, config, kv_table], is_dir=True, owns=OUTPUTS["atlas"])
     given = io.read_yaml(config) if config else {}
-    flags = {"n_binding": n, "needle_lengths": values(lengths, int, option="--lengths") or None,
-             "needle_depths": values(depths, float, option="--depths") or None,
-             "windows": values(windows, int, option="--windows") or None, "sink": sink, "quantile": quantile,
-             "seed": seed}
-    settings = configs.from_dict(atlas.AtlasConfig, {**given, **{k: v for k, v in flags.items() if v is not None}},
-                                 where=str(config or "atlas config"))
+    flags = {
+        "n_binding": n,
+        "needle_lengths": values(lengths, int, option="--lengths") or None,
+        "needle_depths": values(depths, float, option="--depths") or None,
+        "windows": values(windows, int, option="--windows") or None,
+        "sink": sink,
+        "quantile": quantile,
+        "seed": seed,
+    }
+    settings = configs.from_dict(
+        atlas.AtlasConfig,
+        {**given, **{k: v for k, v in flags.items() if v is not None}},
+        where=str(config or "atlas config"),
+    )
     spec = path or "smollm2-135m"
     device = device_of(device)
     loaded = models.load(spec, device=device)
     out = io.check_output(out or Path("runs") / "atlas" / loaded.name, is_dir=True, owns=OUTPUTS["atlas"])
     bar, advance = progress_bar(4, "atlas")
     with bar:
-        summary = atlas.write_atlas(loaded, out, settings, settings={"model": str(spec), "device": device,
-                                                                     "kv_table": None if kv_table is None else str(kv_table)},
-                                    compare=kv_table, figures=figures, progress=advance)
+        summary = atlas.write_atlas(
+            loaded,
+            out,
+            settings,
+            settings={"model": str(spec), "device": device, "kv_table": None if kv_table is None else str(kv_table)},
+            compare=kv_table,
+            figures=figures,
+            progress=advance,
+        )
     recall = summary["needle_recall"]
-    print(f"needle recall {recall['recalled']}/{recall['n']}; {summary['full_attention_kv_heads']} of "
-          f"{summary['kv_heads']} KV heads marked full attention; {summary['timings']['total']:.1f} s; wrote {out}")
+    print(
+        f"needle recall {recall['recalled']}/{recall['n']}; {summary['full_attention_kv_heads']} of "
+        f"{summary['kv_heads']} KV heads marked full attention; {summary['timings']['total']:.1f} s; wrote {out}"
+    )
 
 
 # ---- commands: convert --------------------------------------------------------------------------
@@ -216,8 +351,10 @@ def atlas_cmd(
 
 @app.command("convert")
 def convert_cmd(
-    path: Path = path_argument("The model to convert: " + EMBEDDED_HELP + ", a .gguf file (or a directory holding one) "
-                               "or any model posym loads."),
+    path: Path = path_argument(
+        "The model to convert: " + EMBEDDED_HELP + ", a .gguf file (or a directory holding one) "
+        "or any model posym loads."
+    ),
     out: Path = typer.Option(..., help="New Hugging Face directory (must not exist or be empty)."),
 ) -> None:
     """Write a plain Hugging Face directory (config.json, float32 model.safetensors, tokenizer) that any tool

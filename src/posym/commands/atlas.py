@@ -74,11 +74,15 @@ def read_kv_table(path: str | os.PathLike):
         try:
             rows.append([words[c.lower()] if c.lower() in words else float(c) for c in cells])
         except ValueError:
-            raise PosymError(f"{quote(path)} line {number} holds a value that is not a number: {line.strip()[:60]!r}") from None
+            raise PosymError(
+                f"{quote(path)} line {number} holds a value that is not a number: {line.strip()[:60]!r}"
+            ) from None
     if not rows:
         raise PosymError(f"{quote(path)} holds no table")
     if len({len(r) for r in rows}) != 1:
-        raise PosymError(f"{quote(path)} has lines of different lengths; a layer x KV-head table has one value per KV head")
+        raise PosymError(
+            f"{quote(path)} has lines of different lengths; a layer x KV-head table has one value per KV head"
+        )
     grid = np.array(rows, dtype=np.float64)  # [layers, kv_heads]
     if not np.isfinite(grid).all():
         raise PosymError(f"{quote(path)} holds NaN or infinite values")
@@ -129,16 +133,27 @@ class AtlasConfig:
     """Seed of every prompt set."""
 
     def __post_init__(self) -> None:
-        counts = {"n_binding": self.n_binding, "frequency_prompts": self.frequency_prompts, "needle_prompts":
-                  self.needle_prompts, "needle_words": self.needle_words, "stream_prompts": self.stream_prompts,
-                  "repeat_prompts": self.repeat_prompts, "repeats": self.repeats, "draws": self.draws}
+        counts = {
+            "n_binding": self.n_binding,
+            "frequency_prompts": self.frequency_prompts,
+            "needle_prompts": self.needle_prompts,
+            "needle_words": self.needle_words,
+            "stream_prompts": self.stream_prompts,
+            "repeat_prompts": self.repeat_prompts,
+            "repeats": self.repeats,
+            "draws": self.draws,
+        }
         for name, value in counts.items():
             if value < 1:
                 raise PosymError(f"{name} must be at least 1, got {value}")
         if self.repeats < 2:
-            raise PosymError(f"repeats must be at least 2 (echo and induction need an earlier copy), got {self.repeats}")
+            raise PosymError(
+                f"repeats must be at least 2 (echo and induction need an earlier copy), got {self.repeats}"
+            )
         if self.frequency_prompts > self.n_binding:
-            raise PosymError("frequency_prompts cannot exceed n_binding (the per-plane analysis reuses the binding prompts)")
+            raise PosymError(
+                "frequency_prompts cannot exceed n_binding (the per-plane analysis reuses the binding prompts)"
+            )
         if not self.needle_lengths or not self.needle_depths or not self.windows:
             raise PosymError("needle_lengths, needle_depths and windows each need at least one value")
         if any(not 0 <= d <= 1 for d in self.needle_depths):
@@ -146,8 +161,10 @@ class AtlasConfig:
         if self.sink < 1 or any(w < 1 for w in self.windows):
             raise PosymError(f"sink and windows must be positive, got sink {self.sink}, windows {self.windows}")
         if self.sink + max(self.windows) >= self.stream_length:
-            raise PosymError(f"stream_length {self.stream_length} leaves no query with keys outside the sink "
-                             f"({self.sink}) and the largest window ({max(self.windows)})")
+            raise PosymError(
+                f"stream_length {self.stream_length} leaves no query with keys outside the sink "
+                f"({self.sink}) and the largest window ({max(self.windows)})"
+            )
         if not 0 < self.top_share <= 1 or not 0 <= self.quantile <= 1 or not 0 < self.gamma < 0.5:
             raise PosymError("top_share must lie in (0, 1], quantile in [0, 1] and gamma in (0, 0.5)")
 
@@ -163,9 +180,22 @@ def non_streaming(config: AtlasConfig) -> str:
 
 def score_columns(config: AtlasConfig) -> list[str]:
     """Every per-head score of atlas.parquet, in the order of the agreement tables and figures."""
-    return ["s_pos", "s_sym", "s_pos_sinkfree", "s_sym_sinkfree", "weighted_id", "dominant_id", "entropy",
-            "sink_mass", "previous_token", *streaming_columns(config), non_streaming(config), "retrieval", "echo",
-            "induction"]
+    return [
+        "s_pos",
+        "s_sym",
+        "s_pos_sinkfree",
+        "s_sym_sinkfree",
+        "weighted_id",
+        "dominant_id",
+        "entropy",
+        "sink_mass",
+        "previous_token",
+        *streaming_columns(config),
+        non_streaming(config),
+        "retrieval",
+        "echo",
+        "induction",
+    ]
 
 
 # ---- prompts ------------------------------------------------------------------------------------
@@ -205,8 +235,16 @@ def needle_prompts(loaded: LoadedModel, config: AtlasConfig) -> list[Needle]:
                 head = builder.bos + hay[:cut] + prefix
                 ids = head + word_ids + dot + hay[cut:] + question + word_ids
                 answer = len(ids) - len(word_ids)
-                out.append(Needle(ids, list(range(len(head), len(head) + len(word_ids))),
-                                  list(range(answer - 1, len(ids) - 1)), length, depth, words))
+                out.append(
+                    Needle(
+                        ids,
+                        list(range(len(head), len(head) + len(word_ids))),
+                        list(range(answer - 1, len(ids) - 1)),
+                        length,
+                        depth,
+                        words,
+                    )
+                )
     return out
 
 
@@ -223,7 +261,7 @@ def natural_text(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]:
         chunk = "\n\n".join(topics[next(names)] for _ in range(20))
         text += chunk + "\n\n"
         ids = builder.encode(text)
-    return [builder.bos + ids[k * body:(k + 1) * body] for k in range(config.stream_prompts)]
+    return [builder.bos + ids[k * body : (k + 1) * body] for k in range(config.stream_prompts)]
 
 
 def repeated_tokens(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]:
@@ -232,7 +270,9 @@ def repeated_tokens(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]
     special = set(loaded.tokenizer.all_special_ids)
     pool = [t for t in range(min(len(loaded.tokenizer), loaded.model.config.vocab_size)) if t not in special]
     if len(pool) < config.repeat_period:
-        raise PosymError(f"the vocabulary has {len(pool)} ordinary tokens, fewer than repeat_period {config.repeat_period}")
+        raise PosymError(
+            f"the vocabulary has {len(pool)} ordinary tokens, fewer than repeat_period {config.repeat_period}"
+        )
     rng = random.Random(f"repeats:{config.seed}")
     return [builder.bos + rng.sample(pool, config.repeat_period) * config.repeats for _ in range(config.repeat_prompts)]
 
@@ -256,7 +296,7 @@ def attention_scores(model, prompts: list[list[int]], queries: list[list[int]], 
             step = atlas.query_chunk(1, heads, T, BUDGET)
             parts: dict[str, list] = {}
             for lo in range(0, len(wanted), step):
-                chunk = torch.tensor(wanted[lo:lo + step])
+                chunk = torch.tensor(wanted[lo : lo + step])
                 probs = atlas.attention(qk, chunk)  # [1, H, Q, T]
                 for name, value in row_scores(probs, batch.cpu(), chunk, k).items():
                     parts.setdefault(name, []).append(value)
@@ -301,8 +341,13 @@ def swap_table(loaded: LoadedModel, config: AtlasConfig):
     heads = summarize_heads(plain, config.gamma)[["layer", "head", "s_pos", "s_sym", "label"]]
     free = summarize_heads(excluded, config.gamma)[["layer", "head", "s_pos", "s_sym", "label"]]
     heads = heads.merge(free, on=["layer", "head"], suffixes=("", "_sinkfree"))
-    geometry = frequency_use(channel_means(plane_scores(loaded.model, ids[:config.frequency_prompts],
-                                                       queries[:config.frequency_prompts], tau=config.tau)))
+    geometry = frequency_use(
+        channel_means(
+            plane_scores(
+                loaded.model, ids[: config.frequency_prompts], queries[: config.frequency_prompts], tau=config.tau
+            )
+        )
+    )
     return heads.merge(geometry[["layer", "head", "weighted_id", "dominant_id"]], on=["layer", "head"]), sinks
 
 
@@ -324,18 +369,28 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
     start = time.perf_counter()
     needles = needle_prompts(loaded, config)
     if max(n.length for n in needles) > loaded.max_positions:
-        raise PosymError(f"needle_lengths reach {max(config.needle_lengths)} tokens but {loaded.name} has "
-                         f"{loaded.max_positions} positions")
+        raise PosymError(
+            f"needle_lengths reach {max(config.needle_lengths)} tokens but {loaded.name} has "
+            f"{loaded.max_positions} positions"
+        )
     marks = []
     for n in needles:
         mark = torch.zeros(1, len(n.ids), dtype=torch.bool)
         mark[0, n.needle] = True
         marks.append(mark)
-    retrieval = attention_scores(model, [n.ids for n in needles], [n.queries for n in needles],
-                                 lambda probs, ids, q, k: {"retrieval": atlas.copy_events(probs, ids, q, marks[k])})
+    retrieval = attention_scores(
+        model,
+        [n.ids for n in needles],
+        [n.queries for n in needles],
+        lambda probs, ids, q, k: {"retrieval": atlas.copy_events(probs, ids, q, marks[k])},
+    )
     recalled = needle_recall(model, needles)
-    needle_rows = pd.DataFrame([{"prompt": k, "length": n.length, "depth": n.depth, "words": " ".join(n.words),
-                                 "recalled": r} for k, (n, r) in enumerate(zip(needles, recalled))])
+    needle_rows = pd.DataFrame(
+        [
+            {"prompt": k, "length": n.length, "depth": n.depth, "words": " ".join(n.words), "recalled": r}
+            for k, (n, r) in enumerate(zip(needles, recalled))
+        ]
+    )
     retrieval = retrieval.merge(needle_rows[["prompt", "length", "depth"]], on="prompt")
     timings["retrieval"] = time.perf_counter() - start
     progress(1)
@@ -346,11 +401,15 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
     windows = config.windows
 
     def stream_rows(probs, ids, q, k):
-        out = {"entropy": atlas.entropy(probs), "sink_mass": atlas.sink_mass(probs, config.sink),
-               "previous_token": atlas.previous_token(probs, q)}
+        out = {
+            "entropy": atlas.entropy(probs),
+            "sink_mass": atlas.sink_mass(probs, config.sink),
+            "previous_token": atlas.previous_token(probs, q),
+        }
         for w in windows:
             out[f"streaming_w{w}"] = atlas.streaming(probs, q, sink=config.sink, window=w)
         return out
+
     stream = attention_scores(model, text, [list(range(first, len(t))) for t in text], stream_rows)
     timings["streaming"] = time.perf_counter() - start
     progress(1)
@@ -359,28 +418,51 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
     repeats = repeated_tokens(loaded, config)
     offset = len(repeats[0]) - config.repeat_period * config.repeats  # the BOS
     later = list(range(offset + config.repeat_period, len(repeats[0])))  # repeats 2..R
-    echo = attention_scores(model, repeats, [later] * len(repeats), lambda probs, ids, q, k: {
-        "echo": atlas.match_mass(probs, ids, q, 0), "induction": atlas.match_mass(probs, ids, q, 1)})
+    echo = attention_scores(
+        model,
+        repeats,
+        [later] * len(repeats),
+        lambda probs, ids, q, k: {
+            "echo": atlas.match_mass(probs, ids, q, 0),
+            "induction": atlas.match_mass(probs, ids, q, 1),
+        },
+    )
     timings["echo_induction"] = time.perf_counter() - start
     progress(1)
 
     table = heads
-    for part, columns in ((stream, ["entropy", "sink_mass", "previous_token", *streaming_columns(config)]),
-                          (retrieval, ["retrieval"]), (echo, ["echo", "induction"])):
+    for part, columns in (
+        (stream, ["entropy", "sink_mass", "previous_token", *streaming_columns(config)]),
+        (retrieval, ["retrieval"]),
+        (echo, ["echo", "induction"]),
+    ):
         table = table.merge(prompt_mean(part, columns), on=["layer", "head"])
     table[non_streaming(config)] = 1 - table[f"streaming_w{windows[0]}"]
     table.insert(2, "kv_head", [atlas.kv_group(int(h), n_heads, n_kv) for h in table["head"]])
     kv = atlas.kv_pool(table.drop(columns="kv_head"), score_columns(config), n_heads, n_kv)
-    return {"atlas": table, "kv": kv, "retrieval": retrieval, "needles": needle_rows, "sinks": sinks,
-            "timings": {k: round(v, 2) for k, v in timings.items()}, "n_heads": n_heads, "n_kv_heads": n_kv,
-            "n_layers": model.config.num_hidden_layers}
+    return {
+        "atlas": table,
+        "kv": kv,
+        "retrieval": retrieval,
+        "needles": needle_rows,
+        "sinks": sinks,
+        "timings": {k: round(v, 2) for k, v in timings.items()},
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "n_layers": model.config.num_hidden_layers,
+    }
 
 
 # ---- agreement -----------------------------------------------------------------------------------
 
 
-SCORERS = (("s_sym_sinkfree", False), ("s_sym_sinkfree", True), ("s_sym", False), ("s_pos_sinkfree", False),
-           ("layer", False))
+SCORERS = (
+    ("s_sym_sinkfree", False),
+    ("s_sym_sinkfree", True),
+    ("s_sym", False),
+    ("s_pos_sinkfree", False),
+    ("layer", False),
+)
 """(score, layer-matched) pairs whose AUROC is reported: s_sym sink-free over all heads and only against
 heads of the same layer, plain s_sym, sink-free s_pos, and the layer index (what depth alone gives)."""
 
@@ -400,15 +482,29 @@ def agreement(table, config: AtlasConfig) -> dict:
             layers = table.layer if strata else None
             name = f"{scorer} within layers" if strata else scorer
             lo, hi = atlas.auroc_interval(table[scorer], positive, layers, draws=config.draws, seed=config.seed)
-            rows.append({"target": target, "column": column, "scorer": name,
-                         "auroc": atlas.auroc(table[scorer], positive, layers), "low": lo, "high": hi,
-                         "positives": int(positive.sum()), "heads": len(table)})
+            rows.append(
+                {
+                    "target": target,
+                    "column": column,
+                    "scorer": name,
+                    "auroc": atlas.auroc(table[scorer], positive, layers),
+                    "low": lo,
+                    "high": hi,
+                    "positives": int(positive.sum()),
+                    "heads": len(table),
+                }
+            )
     auroc = pd.DataFrame(rows)
     flags = {name: atlas.top_heads(table[column], config.top_share) for name, column in targets.items()}
     confusion = pd.concat(
         [atlas.confusion(table.label, table.label_sinkfree, "a", "b").assign(table="label x label_sinkfree")]
-        + [atlas.confusion(table[lab], flags[name], "a", "b").assign(table=f"{lab} x top {name}")
-           for lab in ("label", "label_sinkfree") for name in targets], ignore_index=True)
+        + [
+            atlas.confusion(table[lab], flags[name], "a", "b").assign(table=f"{lab} x top {name}")
+            for lab in ("label", "label_sinkfree")
+            for name in targets
+        ],
+        ignore_index=True,
+    )
     confusion["a"], confusion["b"] = confusion.a.astype(str), confusion.b.astype(str)
     by_pair = {(r.a, r.b): r.rho for r in rho.itertuples()} | {(r.b, r.a): r.rho for r in rho.itertuples()}
     decides = []  # Spearman rho: opposite signs; AUROC: opposite sides of chance (0.5)
@@ -416,12 +512,28 @@ def agreement(table, config: AtlasConfig) -> dict:
         for other in columns:
             if not other.startswith(("s_pos", "s_sym")):
                 plain, free = by_pair[(score, other)], by_pair[(f"{score}_sinkfree", other)]
-                decides.append({"score": score, "measure": f"spearman rho with {other}", "plain": plain,
-                                "sinkfree": free, "sink_decides": bool(plain * free < 0)})
+                decides.append(
+                    {
+                        "score": score,
+                        "measure": f"spearman rho with {other}",
+                        "plain": plain,
+                        "sinkfree": free,
+                        "sink_decides": bool(plain * free < 0),
+                    }
+                )
     for target in targets:
-        plain, free = (auroc[(auroc.target == target) & (auroc.scorer == s)].auroc.iloc[0] for s in ("s_sym", "s_sym_sinkfree"))
-        decides.append({"score": "s_sym", "measure": f"AUROC for the top {target} heads", "plain": plain,
-                        "sinkfree": free, "sink_decides": bool((plain - 0.5) * (free - 0.5) < 0)})
+        plain, free = (
+            auroc[(auroc.target == target) & (auroc.scorer == s)].auroc.iloc[0] for s in ("s_sym", "s_sym_sinkfree")
+        )
+        decides.append(
+            {
+                "score": "s_sym",
+                "measure": f"AUROC for the top {target} heads",
+                "plain": plain,
+                "sinkfree": free,
+                "sink_decides": bool((plain - 0.5) * (free - 0.5) < 0),
+            }
+        )
     return {"spearman": rho, "auroc": auroc, "confusion": confusion, "sink_decides": pd.DataFrame(decides)}
 
 
@@ -437,8 +549,10 @@ def format_grid(grid, *, as_bool: bool = False) -> str:
 def check_grid(grid, n_layers: int, n_kv: int) -> None:
     """An imported table must have one line per layer and one value per KV head."""
     if grid.shape != (n_layers, n_kv):
-        raise PosymError(f"the imported table is {grid.shape[0]} x {grid.shape[1]} but the model has {n_layers} layers "
-                         f"x {n_kv} KV heads")
+        raise PosymError(
+            f"the imported table is {grid.shape[0]} x {grid.shape[1]} but the model has {n_layers} layers "
+            f"x {n_kv} KV heads"
+        )
 
 
 def compare_table(table, grid, quantile: float):
@@ -453,8 +567,13 @@ def compare_table(table, grid, quantile: float):
     out = table[["layer", "head", "kv_head", "label", "label_sinkfree"]].copy()
     out["imported"] = grid[out.layer, out.kv_head]
     out["imported_full"] = mask[out.layer, out.kv_head]
-    confusion = pd.concat([atlas.confusion(out[lab], out.imported_full, "a", "b").assign(table=f"{lab} x imported_full")
-                           for lab in ("label", "label_sinkfree")], ignore_index=True)
+    confusion = pd.concat(
+        [
+            atlas.confusion(out[lab], out.imported_full, "a", "b").assign(table=f"{lab} x imported_full")
+            for lab in ("label", "label_sinkfree")
+        ],
+        ignore_index=True,
+    )
     confusion["a"], confusion["b"] = confusion.a.astype(str), confusion.b.astype(str)
     return out, confusion
 
@@ -476,7 +595,7 @@ def plot_maps(table, columns):
         image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis")
         ax.set(title=column, xlabel="head", ylabel="layer")
         fig.colorbar(image, ax=ax)
-    for ax in list(axes.flat)[len(columns):]:
+    for ax in list(axes.flat)[len(columns) :]:
         ax.set_visible(False)
     fig.subplots_adjust(hspace=0.45, wspace=0.35)  # tight_layout measures every tick label: minutes on a busy CPU
     return fig
@@ -508,11 +627,15 @@ SCATTER = ("s_pos_sinkfree", "s_sym_sinkfree", "weighted_id", "previous_token", 
 
 def markdown_table(frame, digits: int = 3) -> str:
     """A DataFrame as a GitHub markdown table (floats rounded)."""
+
     def cell(v):
         return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
     head = "| " + " | ".join(map(str, frame.columns)) + " |"
     rule = "|" + "---|" * len(frame.columns)
-    return "\n".join([head, rule, *("| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False))])
+    return "\n".join(
+        [head, rule, *("| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False))]
+    )
 
 
 def report(result: dict, agree: dict, summary: dict, config: AtlasConfig, figures: bool = True) -> str:
@@ -522,33 +645,41 @@ def report(result: dict, agree: dict, summary: dict, config: AtlasConfig, figure
     spearman = agree["spearman"].assign(abs_rho=lambda f: f.rho.abs()).sort_values("abs_rho", ascending=False)
     recall = summary["needle_recall"]
     counts = table.groupby(["label", "label_sinkfree"], as_index=False).size().rename(columns={"size": "heads"})
-    return "\n\n".join([
-        f"# Head atlas of {summary['model']}",
-        f"{len(table)} heads ({result['n_layers']} layers x {result['n_heads']} heads, {result['n_kv_heads']} KV heads "
-        "per layer). Scores are defined in docs/atlas.md; every attention row is rebuilt from the captured queries "
-        "and keys in float64.",
-        f"Needle recall of the model (teacher-forced, every answer word its greedy token): {recall['recalled']}/"
-        f"{recall['n']} = {recall['rate']:.2f} (95% Wilson {recall['low']:.2f}-{recall['high']:.2f}). Binding-prompt "
-        f"sinks left out of the sink-free swaps: {result['sinks']}.",
-        "Settings (atlas.yaml): " + ", ".join(f"{k} {v}" for k, v in configs.to_dict(config).items()) + ".",
-        f"## AUROC: does s_sym rank the top {config.top_share:.0%} heads of each taxonomy first?\n\n"
-        "0.5 is chance; `layer` is a depth-only baseline (the layer index as the score); `within layers` counts only "
-        f"pairs of heads in the same layer (layer-matched); intervals resample heads ({config.draws:,} draws).\n\n"
-        + markdown_table(agree["auroc"][["target", "scorer", "auroc", "low", "high", "positives", "heads"]]),
-        "## Strongest rank correlations (Spearman rho over heads)\n\n"
-        + markdown_table(spearman.head(15)[["a", "b", "rho", "heads"]]),
-        "## Where the sinks decide an agreement (opposite signs, plain vs sink-free)\n\n"
-        + markdown_table(agree["sink_decides"]),
-        "## Labels (plain x sink-free)\n\n" + markdown_table(counts),
-        f"## Labels of the top {config.top_share:.0%} heads of each taxonomy (a: label, b: in the top set)\n\n"
-        + markdown_table(agree["confusion"][agree["confusion"].table.str.contains("top")][["table", "a", "b", "heads"]]),
-        "![maps](maps.png)\n\n![scatter](scatter.png)" if figures else "(figures not drawn: --no-figures)",
-        f"Timings (s): {summary['timings']}",
-    ]) + "\n"
+    return (
+        "\n\n".join(
+            [
+                f"# Head atlas of {summary['model']}",
+                f"{len(table)} heads ({result['n_layers']} layers x {result['n_heads']} heads, {result['n_kv_heads']} KV heads "
+                "per layer). Scores are defined in docs/atlas.md; every attention row is rebuilt from the captured queries "
+                "and keys in float64.",
+                f"Needle recall of the model (teacher-forced, every answer word its greedy token): {recall['recalled']}/"
+                f"{recall['n']} = {recall['rate']:.2f} (95% Wilson {recall['low']:.2f}-{recall['high']:.2f}). Binding-prompt "
+                f"sinks left out of the sink-free swaps: {result['sinks']}.",
+                "Settings (atlas.yaml): " + ", ".join(f"{k} {v}" for k, v in configs.to_dict(config).items()) + ".",
+                f"## AUROC: does s_sym rank the top {config.top_share:.0%} heads of each taxonomy first?\n\n"
+                "0.5 is chance; `layer` is a depth-only baseline (the layer index as the score); `within layers` counts only "
+                f"pairs of heads in the same layer (layer-matched); intervals resample heads ({config.draws:,} draws).\n\n"
+                + markdown_table(agree["auroc"][["target", "scorer", "auroc", "low", "high", "positives", "heads"]]),
+                "## Strongest rank correlations (Spearman rho over heads)\n\n"
+                + markdown_table(spearman.head(15)[["a", "b", "rho", "heads"]]),
+                "## Where the sinks decide an agreement (opposite signs, plain vs sink-free)\n\n"
+                + markdown_table(agree["sink_decides"]),
+                "## Labels (plain x sink-free)\n\n" + markdown_table(counts),
+                f"## Labels of the top {config.top_share:.0%} heads of each taxonomy (a: label, b: in the top set)\n\n"
+                + markdown_table(
+                    agree["confusion"][agree["confusion"].table.str.contains("top")][["table", "a", "b", "heads"]]
+                ),
+                "![maps](maps.png)\n\n![scatter](scatter.png)" if figures else "(figures not drawn: --no-figures)",
+                f"Timings (s): {summary['timings']}",
+            ]
+        )
+        + "\n"
+    )
 
 
-def write_atlas(loaded: LoadedModel, out, config: AtlasConfig, *, settings: dict, compare=None, figures: bool = True,
-                progress=None) -> dict:
+def write_atlas(
+    loaded: LoadedModel, out, config: AtlasConfig, *, settings: dict, compare=None, figures: bool = True, progress=None
+) -> dict:
     """Build the atlas and write every file of OUT (module docstring; maps and scatter PNG/SVG unless
     figures=False); returns summary.json's dict."""
     start = time.perf_counter()
@@ -557,8 +688,11 @@ def write_atlas(loaded: LoadedModel, out, config: AtlasConfig, *, settings: dict
     if compare is not None:  # a bad file fails before any work
         grid_in = read_kv_table(compare)
         config_ = loaded.model.config
-        check_grid(grid_in, config_.num_hidden_layers, getattr(config_, "num_key_value_heads", None) or
-                   config_.num_attention_heads)
+        check_grid(
+            grid_in,
+            config_.num_hidden_layers,
+            getattr(config_, "num_key_value_heads", None) or config_.num_attention_heads,
+        )
     result = build_atlas(loaded, config, progress)
     agree = agreement(result["atlas"], config)
     column = f"{non_streaming(config)}_max"
@@ -566,12 +700,29 @@ def write_atlas(loaded: LoadedModel, out, config: AtlasConfig, *, settings: dict
     mask = atlas.full_attention_mask(grid, config.quantile)
     recalled = result["needles"].recalled
     lo, hi = wilson_interval(int(recalled.sum()), len(recalled))
-    summary = {"model": loaded.name, "config": configs.to_dict(config), "needle_recall": {"recalled": int(recalled.sum()), "n": len(recalled),
-                                                       "rate": float(recalled.mean()), "low": lo, "high": hi},
-               "sinks": result["sinks"], "timings": result["timings"], "export_column": column,
-               "full_attention_kv_heads": int(mask.sum()), "kv_heads": int(mask.size)}
-    tables = {"atlas": result["atlas"], "atlas_kv": result["kv"], "retrieval": result["retrieval"],
-              "needles": result["needles"], **{f"agreement_{k}": v for k, v in agree.items()}}
+    summary = {
+        "model": loaded.name,
+        "config": configs.to_dict(config),
+        "needle_recall": {
+            "recalled": int(recalled.sum()),
+            "n": len(recalled),
+            "rate": float(recalled.mean()),
+            "low": lo,
+            "high": hi,
+        },
+        "sinks": result["sinks"],
+        "timings": result["timings"],
+        "export_column": column,
+        "full_attention_kv_heads": int(mask.sum()),
+        "kv_heads": int(mask.size),
+    }
+    tables = {
+        "atlas": result["atlas"],
+        "atlas_kv": result["kv"],
+        "retrieval": result["retrieval"],
+        "needles": result["needles"],
+        **{f"agreement_{k}": v for k, v in agree.items()},
+    }
     if grid_in is not None:
         compared, confusion = compare_table(result["atlas"], grid_in, config.quantile)
         tables |= {"compare": compared, "compare_confusion": confusion}
@@ -584,6 +735,8 @@ def write_atlas(loaded: LoadedModel, out, config: AtlasConfig, *, settings: dict
         save_figure(plot_scatter(result["atlas"], list(SCATTER)), out / "scatter")
     summary["timings"]["total"] = round(time.perf_counter() - start, 2)
     io.write_yaml(out / "atlas.yaml", configs.to_dict(config))
-    io.write_json(out / "summary.json", {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary})
+    io.write_json(
+        out / "summary.json", {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary}
+    )
     io.write_text(out / "report.md", report(result, agree, summary, config, figures))
     return summary

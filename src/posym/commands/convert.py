@@ -19,6 +19,7 @@ def _new_dir(out: str | os.PathLike) -> Path:
         raise PosymError(f"{out} already exists and is not an empty directory")
     return out
 
+
 def save_hf(loaded: LoadedModel, out: str | os.PathLike, *, spec: str | os.PathLike | None = None) -> Path:
     """Write a loaded model as a plain Hugging Face directory at `out` (a new or empty directory):
     config.json, model.safetensors (its dtype; GGUF weights dequantized), the tokenizer if it has one,
@@ -30,10 +31,14 @@ def save_hf(loaded: LoadedModel, out: str | os.PathLike, *, spec: str | os.PathL
         loaded.model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        settings = {"spec": str(spec or loaded.source.path), "source": str(loaded.source.path),
-                    "model_type": loaded.model_type}
+        settings = {
+            "spec": str(spec or loaded.source.path),
+            "source": str(loaded.source.path),
+            "model_type": loaded.model_type,
+        }
         write_json(tmp / "conversion.json", {**settings, **manifest(settings)})
     return out
+
 
 def convert(spec: str | os.PathLike, out: str | os.PathLike) -> Path:
     """`posym convert`: load any model spec (typically a GGUF file or smollm2-135m) and `save_hf` it."""

@@ -66,8 +66,15 @@ def row_bytes(config: TaskConfig, fmt: str) -> int:
     return {"npz": 2 * 8 * (L + H + 4), "jsonl": 4 * L + 60}.get(fmt, L // 4 + 1)
 
 
-def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | Path,
-                 fmt: str = "parquet", progress: Callable[[int], None] | None = None) -> Path:
+def save_dataset(
+    config: TaskConfig,
+    n: int,
+    seed: int,
+    split: str,
+    out: str | Path,
+    fmt: str = "parquet",
+    progress: Callable[[int], None] | None = None,
+) -> Path:
     """Generate n samples and write them to `out` (parquet, jsonl or npz) plus its manifest.
 
     Rows: input_ids, answer, hops, chain (positions from the query to the answer, no padding)
@@ -95,9 +102,17 @@ def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | P
 
     with io.atomic_path(out) as tmp:
         {"npz": _write_npz, "jsonl": _write_jsonl, "parquet": _write_parquet}[fmt](
-            config, n, chunks() if n else iter([generate(config, 0, seed, split)]), tmp)
-    meta = io.manifest(asdict(config), seed=seed, split=split, n=n, format=fmt,
-                       task_config=asdict(config), content_hash=digest.hexdigest())
+            config, n, chunks() if n else iter([generate(config, 0, seed, split)]), tmp
+        )
+    meta = io.manifest(
+        asdict(config),
+        seed=seed,
+        split=split,
+        n=n,
+        format=fmt,
+        task_config=asdict(config),
+        content_hash=digest.hexdigest(),
+    )
     io.write_json(manifest_path(out), meta)
     return out
 
@@ -105,11 +120,18 @@ def save_dataset(config: TaskConfig, n: int, seed: int, split: str, out: str | P
 def _write_jsonl(config: TaskConfig, n: int, parts: Iterable[Samples], path: Path) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for samples in parts:
-            f.write("".join(
-                json.dumps({"input_ids": ids, "answer": a, "hops": h, "chain": c, "text": t}) + "\n"
-                for ids, a, h, c, t in zip(samples.input_ids.tolist(), samples.answer.tolist(),
-                                           samples.hops.tolist(), _chain_lists(samples),
-                                           texts(config, samples.input_ids))))
+            f.write(
+                "".join(
+                    json.dumps({"input_ids": ids, "answer": a, "hops": h, "chain": c, "text": t}) + "\n"
+                    for ids, a, h, c, t in zip(
+                        samples.input_ids.tolist(),
+                        samples.answer.tolist(),
+                        samples.hops.tolist(),
+                        _chain_lists(samples),
+                        texts(config, samples.input_ids),
+                    )
+                )
+            )
 
 
 def _write_parquet(config: TaskConfig, n: int, parts: Iterable[Samples], path: Path) -> None:
@@ -122,14 +144,17 @@ def _write_parquet(config: TaskConfig, n: int, parts: Iterable[Samples], path: P
         for samples in parts:
             offsets = np.concatenate([[0], np.cumsum(samples.hops + 1)]).astype(np.int32)
             chain_flat = samples.chain[samples.chain >= 0]  # row-major: each row's chain in order
-            table = pa.table({
-                "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(samples.input_ids.reshape(-1)),
-                                                               config.seq_len),
-                "answer": samples.answer,
-                "hops": samples.hops,
-                "chain": pa.ListArray.from_arrays(pa.array(offsets), pa.array(chain_flat)),
-                "text": texts(config, samples.input_ids),
-            })
+            table = pa.table(
+                {
+                    "input_ids": pa.FixedSizeListArray.from_arrays(
+                        pa.array(samples.input_ids.reshape(-1)), config.seq_len
+                    ),
+                    "answer": samples.answer,
+                    "hops": samples.hops,
+                    "chain": pa.ListArray.from_arrays(pa.array(offsets), pa.array(chain_flat)),
+                    "text": texts(config, samples.input_ids),
+                }
+            )
             writer = writer or pq.ParquetWriter(f, table.schema)
             writer.write_table(table)
     finally:
@@ -156,8 +181,11 @@ def _write_npz(config: TaskConfig, n: int, parts: Iterable[Samples], path: Path)
                 spools[name].write(np.ascontiguousarray(array).tobytes())
         with open(path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name in SAMPLE_FIELDS:
-                header = {"descr": np.lib.format.dtype_to_descr(first[name].dtype), "fortran_order": False,
-                          "shape": (n, *first[name].shape[1:])}
+                header = {
+                    "descr": np.lib.format.dtype_to_descr(first[name].dtype),
+                    "fortran_order": False,
+                    "shape": (n, *first[name].shape[1:]),
+                }
                 with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
                     np.lib.format.write_array_header_1_0(entry, header)  # np.save's header for these shapes
                     spool = spools[name]

@@ -29,26 +29,47 @@ def plot_gaps(summary, *, title: str = ""):
     markers = "osD^vP*Xhp<>"
     for k, (color, layer) in enumerate(zip(colors, layers)):
         sub = summary[(summary.layer == layer) & (summary["head"] == 0)].sort_values("length")
-        ax.plot(sub["length"], sub["gap_q50"].clip(lower=1e-6), color=color, marker=markers[k % len(markers)],
-                ms=4, lw=1.4, label=f"L{layer}")
+        ax.plot(
+            sub["length"],
+            sub["gap_q50"].clip(lower=1e-6),
+            color=color,
+            marker=markers[k % len(markers)],
+            ms=4,
+            lw=1.4,
+            label=f"L{layer}",
+        )
         ax.plot(sub["length"], sub["delta"].clip(lower=1e-6), color=color, ls=":", lw=1)
     lengths = sorted(summary["length"].unique())
     if len(lengths) > 1:
         top = float(summary["gap_q50"].max())
-        ax.plot(lengths, [top * (lengths[0] / n) ** 2 for n in lengths], color="gray", ls="--", lw=1,
-                label="~ 1 / n^2")
+        ax.plot(lengths, [top * (lengths[0] / n) ** 2 for n in lengths], color="gray", ls="--", lw=1, label="~ 1 / n^2")
     ax.set_xscale("log")
     ax.set_xticks(lengths, spaced_tick_labels(lengths), minor=False)
     ax.minorticks_off()
-    ax.set(yscale="log", xlabel="sequence length (tokens)",
-           ylabel="top-1 minus top-2 logit", title=title or "discrepancy by length: median (solid), min (dotted)")
+    ax.set(
+        yscale="log",
+        xlabel="sequence length (tokens)",
+        ylabel="top-1 minus top-2 logit",
+        title=title or "discrepancy by length: median (solid), min (dotted)",
+    )
     ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return fig
 
 
-def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None, n: int = 64, seed: int = 0,
-                    prompts=None, queries: str | None = None, max_tokens: int = 16384, device: str = "cpu",
-                    progress=None) -> dict:
+def run_discrepancy(
+    path,
+    out_dir=None,
+    *,
+    step: int | None = None,
+    lengths=None,
+    n: int = 64,
+    seed: int = 0,
+    prompts=None,
+    queries: str | None = None,
+    max_tokens: int = 16384,
+    device: str = "cpu",
+    progress=None,
+) -> dict:
     """`posym discrepancy PATH`: gaps of every head, per length.
 
     A posym run or checkpoint: its task's test questions (the same `n` at every length), lengthened
@@ -65,8 +86,9 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     if queries not in (None, "last", "hops", "all"):
         raise PosymError(f"--queries must be last, hops or all, got {queries!r}")
     # gaps come from queries and keys (posym.core.qk), never from attention weights: the fast kernel serves
-    loaded, out_dir = load_analysable(path, step=step, device=device, out=out_dir, default="discrepancy",
-                                      attn_implementation="sdpa")
+    loaded, out_dir = load_analysable(
+        path, step=step, device=device, out=out_dir, default="discrepancy", attn_implementation="sdpa"
+    )
     model, task, step = loaded.model, loaded.info.get("task_config"), loaded.info.get("step")
     if prompts is not None:  # any model: the file's prompts at their own lengths
         if lengths:
@@ -84,8 +106,9 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
         check_lengths(task, planned, core_lengthgen.plan(task, planned, model.config.n_positions))
         parts = []
         for length in lengths:
-            ids, wanted = score_prompts(model, task_config=core_lengthgen.extension(task, length), n_prompts=n, seed=seed,
-                                     queries=queries)
+            ids, wanted = score_prompts(
+                model, task_config=core_lengthgen.extension(task, length), n_prompts=n, seed=seed, queries=queries
+            )
             batch = core_lengthgen.batch_size(length, max_tokens)
             parts.append(head_gaps(model, ids, wanted, batch_size=batch, progress=progress).assign(length=length))
         frame = pd.concat(parts, ignore_index=True)
@@ -93,12 +116,23 @@ def run_discrepancy(path, out_dir=None, *, step: int | None = None, lengths=None
     write_parquet(out_dir / "gaps.parquet", frame)
     write_parquet(out_dir / "discrepancy.parquet", summary)
     paths = save_figure(plot_gaps(summary), out_dir / "fig_discrepancy")
-    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None,
-                "queries": queries or "file/last",
-                "lengths": sorted(int(v) for v in frame["length"].unique()), "n": n, "seed": seed}
-    result = {**manifest(settings, seed=seed), "settings": settings, "task": task.task if task else None,
-              "median_gap": {f"L{int(r.layer)}H{int(r.head)}@{int(r.length)}": round(float(r.gap_q50), 6)
-                             for r in summary.itertuples()},
-              "figures": [str(p) for p in paths]}
+    settings = {
+        "model": str(path),
+        "step": step,
+        "prompts": str(prompts) if prompts else None,
+        "queries": queries or "file/last",
+        "lengths": sorted(int(v) for v in frame["length"].unique()),
+        "n": n,
+        "seed": seed,
+    }
+    result = {
+        **manifest(settings, seed=seed),
+        "settings": settings,
+        "task": task.task if task else None,
+        "median_gap": {
+            f"L{int(r.layer)}H{int(r.head)}@{int(r.length)}": round(float(r.gap_q50), 6) for r in summary.itertuples()
+        },
+        "figures": [str(p) for p in paths],
+    }
     write_json(out_dir / "discrepancy.json", result)
     return {**result, "summary": summary, "out_dir": out_dir}

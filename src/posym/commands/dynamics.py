@@ -68,8 +68,9 @@ def _score_checkpoint(model, ids, hops):
     frame = score_model(model, ids, hops)
     roles = query_roles(hops)
     frame["query_mode"] = [roles[key] for key in zip(frame["prompt"], frame["query"])]
-    return pd.concat([prompt_scores(frame).assign(query_mode="hops"), prompt_scores(frame, keys=("query_mode",))],
-                     ignore_index=True)
+    return pd.concat(
+        [prompt_scores(frame).assign(query_mode="hops"), prompt_scores(frame, keys=("query_mode",))], ignore_index=True
+    )
 
 
 def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=None):
@@ -112,7 +113,8 @@ def collect_dynamics(run_dir, *, n_prompts: int = 100, seed: int = 0, progress=N
         if progress is not None:
             progress(step)
     per_prompt = pd.concat(parts, ignore_index=True)[
-        ["step", "query_mode", "prompt", "layer", "head", "s_pos", "s_sym", "entropy", "queries"]]
+        ["step", "query_mode", "prompt", "layer", "head", "s_pos", "s_sym", "entropy", "queries"]
+    ]
     keys = ["step", "query_mode", "layer", "head"]
     table = head_scores(per_prompt, keys=("step", "query_mode")).drop(columns=["prompts", "rows"])
     per_prompt = per_prompt.drop(columns="queries")
@@ -174,9 +176,18 @@ def purity(table, gammas=GAMMAS):
             start = len(labels)
             while kind != "none" and start > 0 and labels[start - 1] == kind:
                 start -= 1
-            rows.append({"gamma": gamma, "query_mode": mode, "layer": layer, "head": head, "kind": kind,
-                         "pure_from": steps[start] if kind != "none" else float("nan"),
-                         "s_pos_end": g.s_pos.iloc[-1], "s_sym_end": g.s_sym.iloc[-1]})
+            rows.append(
+                {
+                    "gamma": gamma,
+                    "query_mode": mode,
+                    "layer": layer,
+                    "head": head,
+                    "kind": kind,
+                    "pure_from": steps[start] if kind != "none" else float("nan"),
+                    "s_pos_end": g.s_pos.iloc[-1],
+                    "s_sym_end": g.s_sym.iloc[-1],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -231,9 +242,11 @@ def composition(table, max_step: int, gammas=GAMMAS):
             at = table[table.step == step]
             for mode, g in at.groupby("query_mode"):
                 pure = [c for c in (pure_column("positional", gamma), pure_column("symbolic", gamma)) if c in g]
-                heads.append(g[["layer", "head", "s_pos", "s_sym", column, *pure]]
-                             .rename(columns={column: "label", **{c: c.rsplit("_g", 1)[0] for c in pure}})
-                             .assign(gamma=gamma, stage=stage, step=step, query_mode=mode))
+                heads.append(
+                    g[["layer", "head", "s_pos", "s_sym", column, *pure]]
+                    .rename(columns={column: "label", **{c: c.rsplit("_g", 1)[0] for c in pure}})
+                    .assign(gamma=gamma, stage=stage, step=step, query_mode=mode)
+                )
                 row = {"gamma": gamma, "stage": stage, "step": step, "query_mode": mode, "heads": len(g)}
                 for name in ("positional", "symbolic", "mixed", "uniform"):
                     chosen = g[g[column] == name]
@@ -257,26 +270,50 @@ def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, 
     counts = purity_counts(table, pure)
     best = max_accuracy_step(table)
     heads, summary = composition(table, best)
-    for name, frame in [("dynamics", table), ("dynamics_prompts", per_prompt), ("purity", pure),
-                        ("purity_counts", counts), ("composition", heads), ("composition_summary", summary)]:
+    for name, frame in [
+        ("dynamics", table),
+        ("dynamics_prompts", per_prompt),
+        ("purity", pure),
+        ("purity_counts", counts),
+        ("composition", heads),
+        ("composition_summary", summary),
+    ]:
         write_parquet(out_dir / f"{name}.parquet", frame)
     paths = figures.save_figure(figures.plot_accuracy(table, best), out_dir / "fig2a_accuracy")
-    paths += figures.save_figure(figures.plot_layer_scores(table[table.query_mode == "hops"], best,
-                                                           title="scores at hop queries"), out_dir / "fig2b_scores")
-    paths += figures.save_figure(figures.plot_layer_scores(
-        table[table.query_mode == "last"], best, title="scores and normalised entropy at the last token"),
-        out_dir / "fig6_entropy")
+    paths += figures.save_figure(
+        figures.plot_layer_scores(table[table.query_mode == "hops"], best, title="scores at hop queries"),
+        out_dir / "fig2b_scores",
+    )
+    paths += figures.save_figure(
+        figures.plot_layer_scores(
+            table[table.query_mode == "last"], best, title="scores and normalised entropy at the last token"
+        ),
+        out_dir / "fig6_entropy",
+    )
     paths += figures.save_figure(figures.plot_purity(counts, best), out_dir / "fig7_purity")
-    paths += figures.save_figure(figures.plot_roles(heads[(heads.stage == "max_acc") & (heads.gamma == GAMMAS[0])],
-                                                    GAMMAS[0]), out_dir / "fig7_roles")
-    settings = {"run_dir": str(run_dir), "n_prompts": n_prompts, "seed": seed, "query_modes": list(QUERY_MODES),
-                "gammas": list(GAMMAS)}
+    paths += figures.save_figure(
+        figures.plot_roles(heads[(heads.stage == "max_acc") & (heads.gamma == GAMMAS[0])], GAMMAS[0]),
+        out_dir / "fig7_roles",
+    )
+    settings = {
+        "run_dir": str(run_dir),
+        "n_prompts": n_prompts,
+        "seed": seed,
+        "query_modes": list(QUERY_MODES),
+        "gammas": list(GAMMAS),
+    }
     result = {
-        **manifest(settings, seed=seed), "settings": settings, "steps": sorted(int(s) for s in table.step.unique()),
-        "max_acc_step": best, "max_acc": float(table[table.step == best].acc.iloc[0]),
-        "max_acc_val": float(table[table.step == best].val_acc.iloc[0]), "max_acc_chosen_on": "val",
-        "purity": pure.to_dict("records"), "composition": summary.to_dict("records"),
-        "seconds_scoring": round(scored, 2), "seconds_total": round(time.perf_counter() - start, 2),
+        **manifest(settings, seed=seed),
+        "settings": settings,
+        "steps": sorted(int(s) for s in table.step.unique()),
+        "max_acc_step": best,
+        "max_acc": float(table[table.step == best].acc.iloc[0]),
+        "max_acc_val": float(table[table.step == best].val_acc.iloc[0]),
+        "max_acc_chosen_on": "val",
+        "purity": pure.to_dict("records"),
+        "composition": summary.to_dict("records"),
+        "seconds_scoring": round(scored, 2),
+        "seconds_total": round(time.perf_counter() - start, 2),
         "figures": [str(p) for p in paths],
     }
     write_json(out_dir / "dynamics.json", result)

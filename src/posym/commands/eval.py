@@ -16,8 +16,15 @@ from posym.resources import check_count, sequence_bytes
 
 
 def evaluate_checkpoint(
-    path: str | Path, *, step: int | None = None, task: str | None = None, n: int = 2000,
-    extra_targets: list[int] = (0,), seed: int = 0, split: str = "test", device: str = "cpu",
+    path: str | Path,
+    *,
+    step: int | None = None,
+    task: str | None = None,
+    n: int = 2000,
+    extra_targets: list[int] = (0,),
+    seed: int = 0,
+    split: str = "test",
+    device: str = "cpu",
 ) -> list[dict]:
     """`evaluate` one checkpoint on its own task config (or the paper's `task`) per extra_target.
 
@@ -38,10 +45,20 @@ def evaluate_checkpoint(
                 f"the {cfg.task} task needs {cfg.vocab_size} token ids but the model has {model.config.vocab_size}"
             )
         if cfg.seq_len > model.config.n_positions:
-            raise PosymError(f"sequences of {cfg.seq_len} tokens exceed the model's {model.config.n_positions} positions")
+            raise PosymError(
+                f"sequences of {cfg.seq_len} tokens exceed the model's {model.config.n_positions} positions"
+            )
         check_count("--n", n, sequence_bytes(cfg), what=f"{cfg.seq_len}-token test sequence")
         # the batch rule of posym lengthgen: bounded tokens per forward pass keep long lengths in memory
         metrics = evaluate(model, cfg, n, seed, split, batch_size(cfg.seq_len, LengthGenConfig.max_tokens))
-        rows.append({"checkpoint": str(info["path"]), "step": info["step"], "task": cfg.task,
-                     "extra_target": extra, "seq_len": cfg.seq_len, **metrics})
+        rows.append(
+            {
+                "checkpoint": str(info["path"]),
+                "step": info["step"],
+                "task": cfg.task,
+                "extra_target": extra,
+                "seq_len": cfg.seq_len,
+                **metrics,
+            }
+        )
     return rows

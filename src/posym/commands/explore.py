@@ -35,8 +35,7 @@ from posym.core.train import TrainConfig
 from posym.errors import PosymError
 from posym.models import RunDir
 
-STEPS = {"s_pos": 1e-4, "s_sym": 1e-4, "s_pos_sf": 1e-4, "s_sym_sf": 1e-4, "entropy": 1e-3, "sink": 1e-4,
-         "freq": 1e-3}
+STEPS = {"s_pos": 1e-4, "s_sym": 1e-4, "s_pos_sf": 1e-4, "s_sym_sf": 1e-4, "entropy": 1e-3, "sink": 1e-4, "freq": 1e-3}
 """Quantisation step of each map metric (the page shows 3 decimals: nothing visible is lost)."""
 FINE = 1e-4
 """Quantisation step of attention rows, swap weights, attention pairs and cosines (all in [-1, 1])."""
@@ -111,13 +110,19 @@ def encode(sets: list[HeadSet], *, title: str, sources: list[str]) -> dict:
         labels = [s.maps.get("label", {}).get((l, h), "") for l in range(s.layers) for h in range(s.heads)]
         prompts = []
         for k, p in enumerate(s.prompts):
-            entry = {"text": p["text"], "query": int(p["query"]), "tokens": p.get("tokens"),
-                     "ids": [int(i) for i in p["ids"]][: int(p["query"]) + 1]}
+            entry = {
+                "text": p["text"],
+                "query": int(p["query"]),
+                "tokens": p.get("tokens"),
+                "ids": [int(i) for i in p["ids"]][: int(p["query"]) + 1],
+            }
             if p.get("scores"):
-                entry["s_pos"] = pack([p["scores"].get((l, h), (math.nan,) * 2)[0] for l in range(s.layers)
-                                       for h in range(s.heads)], FINE)
-                entry["s_sym"] = pack([p["scores"].get((l, h), (math.nan,) * 2)[1] for l in range(s.layers)
-                                       for h in range(s.heads)], FINE)
+                entry["s_pos"] = pack(
+                    [p["scores"].get((l, h), (math.nan,) * 2)[0] for l in range(s.layers) for h in range(s.heads)], FINE
+                )
+                entry["s_sym"] = pack(
+                    [p["scores"].get((l, h), (math.nan,) * 2)[1] for l in range(s.layers) for h in range(s.heads)], FINE
+                )
             rows = s.details.get(k)
             if rows is not None:
                 rows = rows.sort_values(["layer", "head"])
@@ -126,17 +131,50 @@ def encode(sets: list[HeadSet], *, title: str, sources: list[str]) -> dict:
                 entry["first"] = [int(f) for f in rows["first"]]
                 entry["attention"] = pack([x for row in rows.attention for x in row], FINE)
                 top = entry["top"] = max(len(a) for a in rows.a)  # a row with fewer swaps is padded (-1, NaN)
-                entry["keys"] = [int(x) for a, b in zip(rows.a, rows.b)
-                                 for pair in [*zip(a, b), *[(-1, -1)] * (top - len(a))] for x in pair]
-                entry["swaps"] = pack([x for row in rows.itertuples() for i in range(top) for x in (
-                    (row.weight[i], row.before_a[i], row.before_b[i], row.after_a[i], row.after_b[i], row.cos_pos[i],
-                     row.cos_sym[i]) if i < len(row.a) else (math.nan,) * 7)], FINE)
+                entry["keys"] = [
+                    int(x)
+                    for a, b in zip(rows.a, rows.b)
+                    for pair in [*zip(a, b), *[(-1, -1)] * (top - len(a))]
+                    for x in pair
+                ]
+                entry["swaps"] = pack(
+                    [
+                        x
+                        for row in rows.itertuples()
+                        for i in range(top)
+                        for x in (
+                            (
+                                row.weight[i],
+                                row.before_a[i],
+                                row.before_b[i],
+                                row.after_a[i],
+                                row.after_b[i],
+                                row.cos_pos[i],
+                                row.cos_sym[i],
+                            )
+                            if i < len(row.a)
+                            else (math.nan,) * 7
+                        )
+                    ],
+                    FINE,
+                )
                 entry["dense"] = pack(list(rows.s_pos) + list(rows.s_sym), FINE)
             prompts.append(entry)
-        out.append({"name": s.name, "query": s.query, "layers": s.layers, "heads": s.heads, "maps": maps,
-                    "steps": {m: STEPS[m] for m in maps}, "labels": labels, "prompts": prompts,
-                    "planes": {_key(*k): v for k, v in s.planes.items()},
-                    "margins": {_key(*k): v for k, v in s.margins.items()}, "note": s.note})
+        out.append(
+            {
+                "name": s.name,
+                "query": s.query,
+                "layers": s.layers,
+                "heads": s.heads,
+                "maps": maps,
+                "steps": {m: STEPS[m] for m in maps},
+                "labels": labels,
+                "prompts": prompts,
+                "planes": {_key(*k): v for k, v in s.planes.items()},
+                "margins": {_key(*k): v for k, v in s.margins.items()},
+                "note": s.note,
+            }
+        )
     return {"title": title, "sources": sources, "fine": FINE, "missing": MISSING, "labels": list(LABELS), "sets": out}
 
 
@@ -155,8 +193,11 @@ def _escape(text: str) -> str:
 
 
 def _values(frame, column) -> dict:
-    return {(int(r.layer), int(r.head)): float(getattr(r, column)) for r in frame.itertuples()
-            if getattr(r, column) is not None}
+    return {
+        (int(r.layer), int(r.head)): float(getattr(r, column))
+        for r in frame.itertuples()
+        if getattr(r, column) is not None
+    }
 
 
 def _prompt_scores(frame) -> dict[int, dict]:
@@ -177,8 +218,12 @@ def llm_scores_sets(path: Path) -> list[HeadSet]:
     heads, scores = io.read_parquet(path / "heads.parquet"), io.read_parquet(path / "scores.parquet")
     prompts = io.read_parquet(path / "prompts.parquet")
     layers, n_heads = _shape(heads)
-    maps = {"s_pos": _values(heads, "s_pos"), "s_sym": _values(heads, "s_sym"), "entropy": _values(heads, "entropy"),
-            "label": {(int(r.layer), int(r.head)): r.label for r in heads.itertuples()}}
+    maps = {
+        "s_pos": _values(heads, "s_pos"),
+        "s_sym": _values(heads, "s_sym"),
+        "entropy": _values(heads, "entropy"),
+        "label": {(int(r.layer), int(r.head)): r.label for r in heads.itertuples()},
+    }
     if "attn_first" in heads:
         maps["sink"] = _values(heads, "attn_first")
     if (path / "scores_excluded.parquet").is_file():
@@ -186,11 +231,25 @@ def llm_scores_sets(path: Path) -> list[HeadSet]:
         maps["s_pos_sf"], maps["s_sym_sf"] = _values(free, "s_pos"), _values(free, "s_sym")
     per_prompt = _prompt_scores(scores)
     settings = summary.get("settings", {})
-    rows = [{"text": r.text, "ids": list(r.input_ids), "query": int(r.query), "tokens": None,
-             "scores": per_prompt.get(int(r.prompt), {})} for r in prompts.sort_values("prompt").itertuples()]
-    out = HeadSet(f"{path.name}: {settings.get('prompts', 'prompts')}, {settings.get('query', 'last')} token", layers,
-                  n_heads, maps, query=f"{settings.get('query', 'last')} token", prompts=rows,
-                  model={"spec": settings.get("model_dir"), "step": None, "tau": settings.get("tau", TAU)})
+    rows = [
+        {
+            "text": r.text,
+            "ids": list(r.input_ids),
+            "query": int(r.query),
+            "tokens": None,
+            "scores": per_prompt.get(int(r.prompt), {}),
+        }
+        for r in prompts.sort_values("prompt").itertuples()
+    ]
+    out = HeadSet(
+        f"{path.name}: {settings.get('prompts', 'prompts')}, {settings.get('query', 'last')} token",
+        layers,
+        n_heads,
+        maps,
+        query=f"{settings.get('query', 'last')} token",
+        prompts=rows,
+        model={"spec": settings.get("model_dir"), "step": None, "tau": settings.get("tau", TAU)},
+    )
     if (path / "planes.parquet").is_file():
         out.planes = _planes(io.read_parquet(path / "planes.parquet"), "max_logit")
     return [out]
@@ -205,7 +264,8 @@ def _planes(frame, use: str) -> dict:
     out: dict = {}
     for r in frame.sort_values("frequency_id").itertuples():
         out.setdefault((int(r.layer), int(r.head)), []).append(
-            [int(r.frequency_id), _num(r.s_pos), _num(r.s_sym), _num(getattr(r, use))])
+            [int(r.frequency_id), _num(r.s_pos), _num(r.s_sym), _num(getattr(r, use))]
+        )
     return out
 
 
@@ -214,7 +274,8 @@ def _margins(frame, series) -> dict:
     for keys, rows in frame.groupby(["layer", "head", *series]):
         name = " / ".join(str(k) for k in keys[2:]) or "margin"
         out.setdefault((int(keys[0]), int(keys[1])), {})[name] = [
-            [int(r.length), _num(r.margin)] for r in rows.sort_values("length").itertuples()]
+            [int(r.length), _num(r.margin)] for r in rows.sort_values("length").itertuples()
+        ]
     return out
 
 
@@ -232,23 +293,40 @@ def run_sets(run_dir: Path, *, detail_prompts: int) -> list[HeadSet]:
     settings = io.read_json_object(analysis / "dynamics.json").get("settings", {})
     layers, n_heads = _shape(table)
     freq = io.read_parquet(analysis / "frequency.parquet") if (analysis / "frequency.parquet").is_file() else None
-    planes = (_planes(io.read_parquet(analysis / "channels.parquet"), "use")
-              if (analysis / "channels.parquet").is_file() else {})
+    planes = (
+        _planes(io.read_parquet(analysis / "channels.parquet"), "use")
+        if (analysis / "channels.parquet").is_file()
+        else {}
+    )
     retention = RunDir(run_dir).output("lengthgen") / "head_retention.parquet"
     margins = _margins(io.read_parquet(retention), []) if retention.is_file() else {}
     prompts = _task_prompts(config, settings, min(detail_prompts, int(settings.get("n_prompts", 0))))
     task = config.get("task", {}).get("task", run_dir.name)
     out = []
     for mode, rows in table.groupby("query_mode", sort=False):
-        maps = {"s_pos": _values(rows, "s_pos"), "s_sym": _values(rows, "s_sym"), "entropy": _values(rows, "entropy"),
-                "label": {(int(r.layer), int(r.head)): r.label_gamma_0p1 for r in rows.itertuples()}}
+        maps = {
+            "s_pos": _values(rows, "s_pos"),
+            "s_sym": _values(rows, "s_sym"),
+            "entropy": _values(rows, "entropy"),
+            "label": {(int(r.layer), int(r.head)): r.label_gamma_0p1 for r in rows.itertuples()},
+        }
         if freq is not None:
             maps["freq"] = _values(freq, "weighted_id")
         scores = _prompt_scores(per_prompt[per_prompt.query_mode == mode])
         mode_prompts = [{**p, "scores": scores.get(k, {})} for k, p in enumerate(prompts)]
-        out.append(HeadSet(f"{task} ({run_dir.name}), step {step}, {mode} queries", layers, n_heads, maps,
-                           query=f"{mode} queries (head page: the last token's row)", prompts=mode_prompts,
-                           planes=planes, margins=margins, model={"spec": str(run_dir), "step": step, "tau": TAU}))
+        out.append(
+            HeadSet(
+                f"{task} ({run_dir.name}), step {step}, {mode} queries",
+                layers,
+                n_heads,
+                maps,
+                query=f"{mode} queries (head page: the last token's row)",
+                prompts=mode_prompts,
+                planes=planes,
+                margins=margins,
+                model={"spec": str(run_dir), "step": step, "tau": TAU},
+            )
+        )
     return out
 
 
@@ -259,8 +337,10 @@ def _task_prompts(config: dict, settings: dict, n: int) -> list[dict]:
     task_config = from_dict(TrainConfig, config).task
     ids, _ = task_prompts(task_config, n, int(settings.get("seed", 0)), queries="hops")
     names = token_names(task_config)
-    return [{"text": " ".join(names[i] for i in p), "ids": p, "query": len(p) - 1, "tokens": [names[i] for i in p]}
-            for p in ids]
+    return [
+        {"text": " ".join(names[i] for i in p), "ids": p, "query": len(p) - 1, "tokens": [names[i] for i in p]}
+        for p in ids
+    ]
 
 
 def study_sets(path: Path) -> list[HeadSet]:
@@ -279,20 +359,35 @@ def study_sets(path: Path) -> list[HeadSet]:
     for name, rows in heads.groupby("set", sort=False):
         variants = dict(list(rows.groupby("variant", sort=False)))
         plain = variants.get("plain", rows)
-        maps = {"s_pos": _values(plain, "s_pos"), "s_sym": _values(plain, "s_sym"),
-                "entropy": _values(plain, "entropy"), "sink": _values(plain, "attn_first"),
-                "label": {(int(r.layer), int(r.head)): r.label for r in plain.itertuples()}}
+        maps = {
+            "s_pos": _values(plain, "s_pos"),
+            "s_sym": _values(plain, "s_sym"),
+            "entropy": _values(plain, "entropy"),
+            "sink": _values(plain, "attn_first"),
+            "label": {(int(r.layer), int(r.head)): r.label for r in plain.itertuples()},
+        }
         free = [v for k, v in variants.items() if k != "plain"]
         if free:
             maps["s_pos_sf"], maps["s_sym_sf"] = _values(free[0], "s_pos"), _values(free[0], "s_sym")
         if freq is not None:
             maps["freq"] = _values(freq, "weighted_id")
         chosen = prompts[prompts.set == name].sort_values("prompt")
-        rows_ = [{"text": r.text, "ids": list(r.input_ids), "query": int(r.query), "tokens": None, "scores": {}}
-                 for r in chosen.itertuples()]
-        out.append(HeadSet(f"{path.name}: {name}", layers, n_heads, maps, prompts=rows_, margins=margins,
-                           query="the set's query token (per-prompt scores are not stored by llm-study)",
-                           model={"spec": spec, "step": None, "tau": study.get("tau", TAU)}))
+        rows_ = [
+            {"text": r.text, "ids": list(r.input_ids), "query": int(r.query), "tokens": None, "scores": {}}
+            for r in chosen.itertuples()
+        ]
+        out.append(
+            HeadSet(
+                f"{path.name}: {name}",
+                layers,
+                n_heads,
+                maps,
+                prompts=rows_,
+                margins=margins,
+                query="the set's query token (per-prompt scores are not stored by llm-study)",
+                model={"spec": spec, "step": None, "tau": study.get("tau", TAU)},
+            )
+        )
     return out
 
 
@@ -306,8 +401,10 @@ def kind_of(path: Path) -> str:
         return "run"
     if (path / "scores" / "heads.parquet").is_file():
         return "study"
-    raise PosymError(f"{path} holds no score tables posym explore reads (an llm-scores, llm-study, posym run or "
-                     "training run directory)")
+    raise PosymError(
+        f"{path} holds no score tables posym explore reads (an llm-scores, llm-study, posym run or "
+        "training run directory)"
+    )
 
 
 def collect(paths, *, detail_prompts: int = 8) -> list[HeadSet]:
@@ -324,7 +421,9 @@ def collect(paths, *, detail_prompts: int = 8) -> list[HeadSet]:
         elif kind == "run":
             sets += run_sets(path, detail_prompts=detail_prompts)
         else:
-            runs = sorted(p for p in path.iterdir() if RunDir(p).config.is_file() and RunDir(p).output("analysis").is_dir())
+            runs = sorted(
+                p for p in path.iterdir() if RunDir(p).config.is_file() and RunDir(p).output("analysis").is_dir()
+            )
             if not runs:
                 raise PosymError(f"{path} is a posym run output without analysed tasks (no <task>/analysis/)")
             for run in runs:
@@ -337,8 +436,9 @@ def collect(paths, *, detail_prompts: int = 8) -> list[HeadSet]:
 # ---- attention rows and swaps from the model ----------------------------------------------------
 
 
-def add_details(sets: list[HeadSet], *, detail_prompts: int = 8, top: int = 8, device: str = "cpu",
-                model: str | None = None) -> None:
+def add_details(
+    sets: list[HeadSet], *, detail_prompts: int = 8, top: int = 8, device: str = "cpu", model: str | None = None
+) -> None:
     """Fill `details` of each set from its model (loaded once per spec and step; `model` replaces
     the spec the tables name) for its first `detail_prompts` prompts at their query token; a set
     whose model cannot be loaded gets `note`."""
@@ -365,20 +465,36 @@ def add_details(sets: list[HeadSet], *, detail_prompts: int = 8, top: int = 8, d
             for p in chosen:
                 if p.get("tokens") is None:
                     p["tokens"] = [found.tokenizer.decode([int(i)]) for i in p["ids"][: p["query"] + 1]]
-        frame = head_details(found.model, [p["ids"] for p in chosen], [[p["query"]] for p in chosen],
-                             tau=float(s.model.get("tau") or TAU), top=top)
+        frame = head_details(
+            found.model,
+            [p["ids"] for p in chosen],
+            [[p["query"]] for p in chosen],
+            tau=float(s.model.get("tau") or TAU),
+            top=top,
+        )
         s.details = {int(k): rows for k, rows in frame.groupby("prompt")}
 
 
 def no_details(sets: list[HeadSet]) -> None:
     """Mark every set as explored from the tables alone."""
     for s in sets:
-        s.note = ("explored from the tables alone (--no-details): posym explore with the model available "
-                  "(or --model SPEC) adds attention rows and swaps")
+        s.note = (
+            "explored from the tables alone (--no-details): posym explore with the model available "
+            "(or --model SPEC) adds attention rows and swaps"
+        )
 
 
-def explore(paths, out, *, details: bool = True, model: str | None = None, detail_prompts: int = 8, top: int = 8,
-            device: str = "cpu", title: str | None = None) -> dict:
+def explore(
+    paths,
+    out,
+    *,
+    details: bool = True,
+    model: str | None = None,
+    detail_prompts: int = 8,
+    top: int = 8,
+    device: str = "cpu",
+    title: str | None = None,
+) -> dict:
     """`posym explore`: write one self-contained HTML file `out`; returns {"path", "bytes", "sets", "heads"}.
 
     details: recompute attention rows and swaps from the model the tables name (or `model`, a
@@ -393,8 +509,13 @@ def explore(paths, out, *, details: bool = True, model: str | None = None, detai
         add_details(sets, detail_prompts=detail_prompts, top=top, device=device, model=model)
     else:
         no_details(sets)
-    data = encode(sets, title=title or "posym explore: " + ", ".join(p.name for p in paths),
-                  sources=[str(p) for p in paths])
+    data = encode(
+        sets, title=title or "posym explore: " + ", ".join(p.name for p in paths), sources=[str(p) for p in paths]
+    )
     path = io.write_text(out, render(data))
-    return {"path": str(path), "bytes": Path(path).stat().st_size, "sets": len(sets),
-            "heads": sum(s.layers * s.heads for s in sets)}
+    return {
+        "path": str(path),
+        "bytes": Path(path).stat().st_size,
+        "sets": len(sets),
+        "heads": sum(s.layers * s.heads for s in sets),
+    }

@@ -60,14 +60,33 @@ def finetune(model, task, config, heads, *, start: int, steps: int) -> dict:
         freezer.remove()
     seconds = time.perf_counter() - t0
     model.eval()
-    return {"steps": steps, "seconds": seconds, "steps_per_s": steps / max(seconds, 1e-9), "params": total,
-            "frozen_params": freezer.frozen_elements, "trainable_params": total - freezer.frozen_elements}
+    return {
+        "steps": steps,
+        "seconds": seconds,
+        "steps_per_s": steps / max(seconds, 1e-9),
+        "params": total,
+        "frozen_params": freezer.frozen_elements,
+        "trainable_params": total - freezer.frozen_elements,
+    }
 
 
-def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = None, steps: int = 300,
-                 lr: float | None = None, factors=(1, 2, 4), n: int = 1000, seed: int = 0, n_prompts: int = 100,
-                 gamma: float = GAMMA, save_models: bool = False, device: str = "cpu",
-                 progress: Callable[[str], None] | None = None) -> dict:
+def run_finetune(
+    path,
+    conditions: list[str],
+    out_dir,
+    *,
+    step: int | None = None,
+    steps: int = 300,
+    lr: float | None = None,
+    factors=(1, 2, 4),
+    n: int = 1000,
+    seed: int = 0,
+    n_prompts: int = 100,
+    gamma: float = GAMMA,
+    save_models: bool = False,
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Continue training a run's checkpoint once per condition ("none" = nothing frozen, a label or
     "L.H,..." = those heads frozen), each from the same weights, data and dropout stream; compare
     accuracy per hop and per length, steps/s and trainable parameters. Writes finetune.* to out_dir."""
@@ -100,17 +119,37 @@ def run_finetune(path, conditions: list[str], out_dir, *, step: int | None = Non
         cost = finetune(fresh, task, config, heads, start=info["step"] or 0, steps=steps)
         cost["frozen_unchanged"] = _frozen_unchanged(fresh, before, heads)
         costs[spec] = {**cost, "heads": head_text(heads)}
-        rows += measure_rows(fresh, task, lengths, n, seed, condition=spec, heads=head_text(heads),
-                              finetune_steps=steps)
+        rows += measure_rows(
+            fresh, task, lengths, n, seed, condition=spec, heads=head_text(heads), finetune_steps=steps
+        )
         if save_models:
-            save_model(fresh, info, Path(out_dir) / "models" / spec.replace(",", "_"),
-                       {"finetune": {"frozen": head_text(heads), "steps": steps, "lr": config.lr}}, replace=True)
+            save_model(
+                fresh,
+                info,
+                Path(out_dir) / "models" / spec.replace(",", "_"),
+                {"finetune": {"frozen": head_text(heads), "steps": steps, "lr": config.lr}},
+                replace=True,
+            )
     table = pd.DataFrame(rows)
-    result = {"checkpoint": str(info["path"]), "step": info["step"], "queries": LABEL_QUERIES, "task": task.task,
-              "lr": config.lr,
-              "steps": steps, "gamma": gamma, "labels": labels.to_dict("records"), "costs": costs, "skipped": skipped}
-    return write_conditions(Path(out_dir), "finetune", table, result,
-                  f"{task.task} task, step {info['step']}: +{steps} fine-tuning steps, frozen heads")
+    result = {
+        "checkpoint": str(info["path"]),
+        "step": info["step"],
+        "queries": LABEL_QUERIES,
+        "task": task.task,
+        "lr": config.lr,
+        "steps": steps,
+        "gamma": gamma,
+        "labels": labels.to_dict("records"),
+        "costs": costs,
+        "skipped": skipped,
+    }
+    return write_conditions(
+        Path(out_dir),
+        "finetune",
+        table,
+        result,
+        f"{task.task} task, step {info['step']}: +{steps} fine-tuning steps, frozen heads",
+    )
 
 
 def _frozen_unchanged(model, before: dict, heads) -> bool:
@@ -126,5 +165,3 @@ def _frozen_unchanged(model, before: dict, heads) -> bool:
             if not torch.equal(state[key][index], before[key][index]):
                 return False
     return True
-
-

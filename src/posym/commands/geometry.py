@@ -12,8 +12,15 @@ from pathlib import Path
 
 from posym import figures
 from posym.core.paper import TABLE1 as PAPER_TABLE1, TAU
-from posym.core.geometry import (WEIGHTINGS, channel_means, frequency_use, index_alignment, layer_bases,
-                                 plane_scores, qk_projection)
+from posym.core.geometry import (
+    WEIGHTINGS,
+    channel_means,
+    frequency_use,
+    index_alignment,
+    layer_bases,
+    plane_scores,
+    qk_projection,
+)
 from posym.core.qk import check_layers
 from posym.core.tasks import offset_ids, token_names
 from posym.errors import PosymError
@@ -22,8 +29,18 @@ from posym.models import load_analysable
 from posym.prompts import score_prompts
 
 
-def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 0, prompts=None,
-            queries: str | None = None, tau: float = TAU, device: str = "cpu", out=None) -> dict:
+def prepare(
+    path,
+    *,
+    step: int | None = None,
+    n_prompts: int = 100,
+    seed: int = 0,
+    prompts=None,
+    queries: str | None = None,
+    tau: float = TAU,
+    device: str = "cpu",
+    out=None,
+) -> dict:
     """Load what `posym geometry PATH` analyses (`posym.models.load_analysable`) and its prompts: the
     run's own task's test prompts, or the JSONL file `prompts` (token ids, or text for the model's
     tokenizer; required for other models). queries: last, hops, all or None (a file's own
@@ -34,19 +51,54 @@ def prepare(path, *, step: int | None = None, n_prompts: int = 100, seed: int = 
     """
     loaded, out = load_analysable(path, step=step, device=device, out=out)
     task_config, step = loaded.info.get("task_config"), loaded.info.get("step")
-    ids, wanted = score_prompts(loaded.model, task_config=None if prompts else task_config, n_prompts=n_prompts,
-                                seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
+    ids, wanted = score_prompts(
+        loaded.model,
+        task_config=None if prompts else task_config,
+        n_prompts=n_prompts,
+        seed=seed,
+        prompts_file=prompts,
+        queries=queries,
+        encode=loaded.text_ids,
+    )
     names = token_names(task_config) if task_config is not None and not prompts else None
-    settings = {"model": str(path), "step": step, "prompts": str(prompts) if prompts else None, "n_prompts": len(ids),
-                "queries": queries or "file/last", "tau": tau, "seed": seed}
-    return {"model": loaded.model, "input_ids": ids, "queries": wanted, "out_dir": out, "tau": tau,
-            "token_names": names, "paper_task": task_config.task if names else None,
-            "offsets": offset_ids(task_config) if names else None, "settings": settings}
+    settings = {
+        "model": str(path),
+        "step": step,
+        "prompts": str(prompts) if prompts else None,
+        "n_prompts": len(ids),
+        "queries": queries or "file/last",
+        "tau": tau,
+        "seed": seed,
+    }
+    return {
+        "model": loaded.model,
+        "input_ids": ids,
+        "queries": wanted,
+        "out_dir": out,
+        "tau": tau,
+        "token_names": names,
+        "paper_task": task_config.task if names else None,
+        "offsets": offset_ids(task_config) if names else None,
+        "settings": settings,
+    }
 
 
-def run_geometry(model, input_ids, queries, out_dir, *, tau: float = TAU, plane_layer: int | None = None,
-                 plane_head: int = 0, example: int = 0, token_names=None, paper_task: str | None = None,
-                 offsets: dict[int, int] | None = None, settings: dict, progress=None) -> dict:
+def run_geometry(
+    model,
+    input_ids,
+    queries,
+    out_dir,
+    *,
+    tau: float = TAU,
+    plane_layer: int | None = None,
+    plane_head: int = 0,
+    example: int = 0,
+    token_names=None,
+    paper_task: str | None = None,
+    offsets: dict[int, int] | None = None,
+    settings: dict,
+    progress=None,
+) -> dict:
     """Write planes.parquet (per-prompt channel rows), channels.parquet (channel means),
     frequency.parquet (per head, Table 1), qk_plane.parquet (prompt `example` on the dominant plane
     of plane_layer/plane_head;
@@ -77,18 +129,26 @@ def run_geometry(model, input_ids, queries, out_dir, *, tau: float = TAU, plane_
     write_parquet(out_dir / "qk_plane.parquet", projection)
     paper = PAPER_TABLE1.get(paper_task) if paper_task else None
     paths = figures.save_figure(figures.plot_frequency_use(means, heads, paper=paper), out_dir / "fig8_frequency")
-    paths += figures.save_figure(figures.plot_qk_plane(projection, token_names=token_names),
-                                 out_dir / "fig4b_qk_plane")
+    paths += figures.save_figure(figures.plot_qk_plane(projection, token_names=token_names), out_dir / "fig4b_qk_plane")
     per_layer = heads.groupby("layer").mean(numeric_only=True)
     alignment = index_alignment(projection, offsets) if offsets else None  # number-task runs only
-    summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings,
-               "weighted_id_per_layer": per_layer.weighted_id.round(2).tolist(),
-               "weightings": {name: per_layer[f"weighted_id_{name}"].round(2).tolist() for name in WEIGHTINGS},
-               "planes": int(heads.planes.max()), "uniform_id": float(heads.uniform_id.max()),
-               "rope_base_per_layer": [round(base, 1) for base in layer_bases(means).values()],
-               "paper_table1": paper, "plane_figure": {"layer": plane_layer, "head": plane_head,
-                                                       "frequency_id": dominant, "prompt": example,
-                                                       "index_alignment": alignment},
-               "figures": [str(p) for p in paths]}
+    summary = {
+        **manifest(settings, seed=settings.get("seed")),
+        "settings": settings,
+        "weighted_id_per_layer": per_layer.weighted_id.round(2).tolist(),
+        "weightings": {name: per_layer[f"weighted_id_{name}"].round(2).tolist() for name in WEIGHTINGS},
+        "planes": int(heads.planes.max()),
+        "uniform_id": float(heads.uniform_id.max()),
+        "rope_base_per_layer": [round(base, 1) for base in layer_bases(means).values()],
+        "paper_table1": paper,
+        "plane_figure": {
+            "layer": plane_layer,
+            "head": plane_head,
+            "frequency_id": dominant,
+            "prompt": example,
+            "index_alignment": alignment,
+        },
+        "figures": [str(p) for p in paths],
+    }
     write_json(out_dir / "geometry.json", summary)
     return summary

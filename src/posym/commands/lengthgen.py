@@ -45,29 +45,38 @@ def plot(table, task: TaskConfig, *, title: str = ""):
     protocols = [p for p in ("paper", "seed") if (table["protocol"] == p).any()]
     fig, axes = subplots(1, len(protocols), figsize=(5.5 * len(protocols), 4), squeeze=False)
     hops = [ALL_HOPS, *range(1, task.max_hops + 1)]
-    colors = colormap("viridis")(
-        [0.15 + 0.7 * i / max(1, task.max_hops - 1) for i in range(task.max_hops)])
+    colors = colormap("viridis")([0.15 + 0.7 * i / max(1, task.max_hops - 1) for i in range(task.max_hops)])
     for ax, protocol in zip(axes[0], protocols):
         twin_lines = []  # the bound's line on the right axis joins the left axis' legend
         sub = table[table["protocol"] == protocol]
         x_col, y_col = ("length", "acc") if protocol == "paper" else ("factor", "retention")
         for hop in hops:
             rows = sub[sub["hop"] == hop].sort_values(x_col)
-            style = dict(color="black", lw=2.2, label="all hops") if hop == ALL_HOPS else dict(
-                color=colors[hop - 1], lw=1.2, label=f"{hop} hop{'s' if hop > 1 else ''}")
+            style = (
+                dict(color="black", lw=2.2, label="all hops")
+                if hop == ALL_HOPS
+                else dict(color=colors[hop - 1], lw=1.2, label=f"{hop} hop{'s' if hop > 1 else ''}")
+            )
             ax.plot(rows[x_col], rows[y_col], marker="o", ms=3, **style)
         ax.set_ylim(-0.02, 1.05 if protocol == "paper" else max(1.1, float(sub["retention"].max()) + 0.05))
         if protocol == "paper":
             ax.set_xscale("log")
             ax.axvline(task.seq_len, color="gray", ls=":", lw=1, label=f"training length {task.seq_len}")
-            ax.set(xlabel="sequence length (tokens)", ylabel="accuracy",
-                   title="paper protocol: extra target-window tokens")
+            ax.set(
+                xlabel="sequence length (tokens)", ylabel="accuracy", title="paper protocol: extra target-window tokens"
+            )
             bound = sub[sub["hop"] == ALL_HOPS].sort_values("length")
             if bound["bound"].notna().any():
                 twin = ax.twinx()
                 head = "T_Index" if task.task == "number" else "T_Retrieval"
-                twin.plot(bound["length"], bound["bound"], color="tab:red", ls="--", lw=1,
-                          label=f"{head} discrepancy bound (Thm 3.2)")
+                twin.plot(
+                    bound["length"],
+                    bound["bound"],
+                    color="tab:red",
+                    ls="--",
+                    lw=1,
+                    label=f"{head} discrepancy bound (Thm 3.2)",
+                )
                 twin.set(yscale="log", ylabel="discrepancy bound")
                 twin_lines = twin.get_lines()
         else:
@@ -76,8 +85,11 @@ def plot(table, task: TaskConfig, *, title: str = ""):
             for level, text in [(0.8, "expected: symbolic >= 0.8"), (0.3, "expected: positional ~0.3")]:
                 ax.axhline(level, color="gray", ls=":", lw=1)
                 ax.text(min(factors) - 0.25, level + 0.01, text, fontsize=7, color="gray")
-            ax.set(xlabel=f"length / training length ({task.seq_len} tokens)",
-                   ylabel="retention: acc / acc at training length", title="multiples of the training length (protocol seed)")
+            ax.set(
+                xlabel=f"length / training length ({task.seq_len} tokens)",
+                ylabel="retention: acc / acc at training length",
+                title="multiples of the training length (protocol seed)",
+            )
             ax.set_xticks(factors, [f"{f:g}x" for f in factors])
         handles, labels = ax.get_legend_handles_labels()
         ax.legend(handles + twin_lines, labels + [line.get_label() for line in twin_lines], loc="best", fontsize=7)
@@ -104,10 +116,21 @@ def plot_head_retention(groups, task: TaskConfig, *, title: str = ""):
             random = name.startswith(f"{RANDOM}:")
             label = name.split(":", 1)[1] if random else name
             color = colors.get(label, "gray")
-            text = (f"random, matched to {label} ({int(rows['draws'].iloc[0])} draws)" if random
-                    else f"{name} ({int(rows['heads'].iloc[0])} head{'s' * (int(rows['heads'].iloc[0]) != 1)})")
-            ax.plot(rows["length"], rows["value"], color=color, ls="--" if random else "-", lw=1 if random else 1.8,
-                    marker="" if random else "o", ms=3, label=text)
+            text = (
+                f"random, matched to {label} ({int(rows['draws'].iloc[0])} draws)"
+                if random
+                else f"{name} ({int(rows['heads'].iloc[0])} head{'s' * (int(rows['heads'].iloc[0]) != 1)})"
+            )
+            ax.plot(
+                rows["length"],
+                rows["value"],
+                color=color,
+                ls="--" if random else "-",
+                lw=1 if random else 1.8,
+                marker="" if random else "o",
+                ms=3,
+                label=text,
+            )
             ax.fill_between(rows["length"], rows["lo"], rows["hi"], color=color, alpha=0.08 if random else 0.2, lw=0)
         ax.axhline(1.0, color="gray", ls=":", lw=1)
         ax.axvline(task.seq_len, color="gray", ls=":", lw=1)
@@ -115,21 +138,39 @@ def plot_head_retention(groups, task: TaskConfig, *, title: str = ""):
         lengths = sorted(sub["length"].unique()) if len(sub) else [task.seq_len]
         ax.set_xticks(lengths, spaced_tick_labels(lengths), minor=False)
         ax.minorticks_off()
-        ax.set(xlabel="sequence length (tokens)", ylabel=f"retention: value / value at {task.seq_len} tokens",
-               title=MEASURE_TITLES[kind])
+        ax.set(
+            xlabel="sequence length (tokens)",
+            ylabel=f"retention: value / value at {task.seq_len} tokens",
+            title=MEASURE_TITLES[kind],
+        )
         if len(sub):
             ax.legend(fontsize=7, loc="best")
         else:
-            ax.text(0.5, 0.5, "no positional, symbolic or mixed head", ha="center", va="center",
-                    transform=ax.transAxes, fontsize=8, color="gray")
-    fig.suptitle(title or f"{task.task} task: head-level retention (median over heads, 95% bootstrap over prompts)",
-                 fontsize=10)
+            ax.text(
+                0.5,
+                0.5,
+                "no positional, symbolic or mixed head",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=8,
+                color="gray",
+            )
+    fig.suptitle(
+        title or f"{task.task} task: head-level retention (median over heads, 95% bootstrap over prompts)", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
 
-def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> dict:
+def run_lengthgen(
+    run_dir,
+    config: LengthGenConfig,
+    out_dir,
+    *,
+    step: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
     """Evaluate a run's checkpoint at every planned length; write lengthgen.parquet, lengthgen.json
     and fig5b.png/svg into `out_dir`, and with `config.heads` the head-level retention:
     head_retention.parquet, head_groups.parquet and head_retention.png/svg. `progress(done_tokens,
@@ -155,7 +196,10 @@ def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None
 
     measured = measure(model, task, lengths, config, advance)
     hops = generate(task, config.n, config.seed, config.split).hops  # the same at every length
-    counts = {ALL_HOPS: config.n, **{h: int(c) for h, c in enumerate(np.bincount(hops, minlength=task.max_hops + 1)) if h}}
+    counts = {
+        ALL_HOPS: config.n,
+        **{h: int(c) for h, c in enumerate(np.bincount(hops, minlength=task.max_hops + 1)) if h},
+    }
     table = protocol_table(measured, task, points, counts, config)
     table.insert(0, "step", info["step"])
     out_dir = Path(out_dir)
@@ -170,15 +214,30 @@ def run_lengthgen(run_dir, config: LengthGenConfig, out_dir, *, step: int | None
         per_head.insert(0, "step", info["step"])
         write_parquet(out_dir / "head_retention.parquet", per_head)
         write_parquet(out_dir / "head_groups.parquet", groups)
-        figures += [str(path) for path in save_figure(plot_head_retention(
-            groups, task, title=f"{task.task} task, step {info['step']}: head-level retention (median over heads, "
-                                f"95% bootstrap over {config.head_prompts} prompts)"), out_dir / "head_retention", dpi=150)]
+        figures += [
+            str(path)
+            for path in save_figure(
+                plot_head_retention(
+                    groups,
+                    task,
+                    title=f"{task.task} task, step {info['step']}: head-level retention (median over heads, "
+                    f"95% bootstrap over {config.head_prompts} prompts)",
+                ),
+                out_dir / "head_retention",
+                dpi=150,
+            )
+        ]
         extra = {"head_table": per_head, "group_table": groups}
-    result = {"summary": summarize_protocols(table, task), "checkpoint": str(info["path"]), "step": info["step"],
-              "queries": "last (the answer token)" + ("; head retention: hops (every pointer of the chain)"
-                                                      if config.heads else ""),
-              "figures": figures, "config": to_dict(config),
-              "manifest": manifest(to_dict(config), seed=config.seed, task=to_dict(task))}
+    result = {
+        "summary": summarize_protocols(table, task),
+        "checkpoint": str(info["path"]),
+        "step": info["step"],
+        "queries": "last (the answer token)"
+        + ("; head retention: hops (every pointer of the chain)" if config.heads else ""),
+        "figures": figures,
+        "config": to_dict(config),
+        "manifest": manifest(to_dict(config), seed=config.seed, task=to_dict(task)),
+    }
     if config.heads:
         result["head_retention"] = summarize_head_retention(per_head, groups, notes, task, config)
     write_json(out_dir / "lengthgen.json", result)

@@ -51,7 +51,7 @@ def answer_tokens(tokenizer, prompt: str, answer: str) -> list[int]:
     if full[: len(head)] != head or len(full) == len(head):
         # The join merged across the boundary: fall back to the answer tokenized on its own.
         return tokenizer(f" {answer}", add_special_tokens=False).input_ids
-    return full[len(head):]
+    return full[len(head) :]
 
 
 def greedy_reply(loaded: LoadedModel, text: str, max_new_tokens: int) -> str:
@@ -61,9 +61,15 @@ def greedy_reply(loaded: LoadedModel, text: str, max_new_tokens: int) -> str:
     ids = tokenize(loaded, text)  # [1, T]
     pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.tokenizer.eos_token_id
     with torch.no_grad():
-        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                    min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)  # [1, T + new]
-    return loaded.tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+        out = loaded.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )  # [1, T + new]
+    return loaded.tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
 
 def local_correct(loaded: LoadedModel, prompt: Prompt) -> tuple[bool, str]:
@@ -106,9 +112,11 @@ def _api_key(endpoint: Endpoint) -> str | None:
         raise PosymError(f"environment variable {endpoint.api_key_env} (named by --api-key-env) is not set")
     bad = next((k for k, c in enumerate(key) if not "!" <= c <= "~"), None)
     if bad is not None:
-        raise PosymError(f"the API key in {endpoint.api_key_env} holds a character an HTTP header cannot carry (a "
-                         f"space, line break, control or non-ASCII character) at position {bad + 1} of {len(key)}; "
-                         "fix the key file it came from")
+        raise PosymError(
+            f"the API key in {endpoint.api_key_env} holds a character an HTTP header cannot carry (a "
+            f"space, line break, control or non-ASCII character) at position {bad + 1} of {len(key)}; "
+            "fix the key file it came from"
+        )
     return key
 
 
@@ -158,9 +166,15 @@ def key_spellings(key: str) -> list[str]:
     import urllib.parse
 
     escaped = json.dumps(key)[1:-1]  # printable ASCII only (`_api_key`): `"` and `\\` escaped
-    spellings = {key, escaped, escaped.replace("/", "\\/"), urllib.parse.quote(key, safe=""),
-                 urllib.parse.quote_plus(key), "".join(f"\\u{ord(c):04x}" for c in key),
-                 "".join(c if c.isalnum() else f"\\u{ord(c):04x}" for c in key)}
+    spellings = {
+        key,
+        escaped,
+        escaped.replace("/", "\\/"),
+        urllib.parse.quote(key, safe=""),
+        urllib.parse.quote_plus(key),
+        "".join(f"\\u{ord(c):04x}" for c in key),
+        "".join(c if c.isalnum() else f"\\u{ord(c):04x}" for c in key),
+    }
     return sorted(spellings, key=lambda s: (-len(s), s))
 
 
@@ -251,7 +265,9 @@ def reply_content(payload) -> str:
     if isinstance(content, (str, int, float)) and not isinstance(content, bool):
         return str(content)
     if isinstance(content, list):
-        texts = [part if isinstance(part, str) else part.get("text") for part in content if isinstance(part, (str, dict))]
+        texts = [
+            part if isinstance(part, str) else part.get("text") for part in content if isinstance(part, (str, dict))
+        ]
         return "".join(t for t in texts if isinstance(t, str))
     raise ValueError(f"content of type {type(content).__name__}")
 
@@ -260,10 +276,14 @@ def chat(endpoint: Endpoint, content: str) -> str:
     """One greedy chat completion; retries transient failures, then raises a PosymError without the key."""
     url = endpoint.base_url.rstrip("/") + "/chat/completions"
     key = _api_key(endpoint)
-    body = json.dumps({
-        "model": endpoint.model_name, "messages": [{"role": "user", "content": content}],
-        "temperature": 0, "max_tokens": endpoint.max_tokens,
-    }).encode()
+    body = json.dumps(
+        {
+            "model": endpoint.model_name,
+            "messages": [{"role": "user", "content": content}],
+            "temperature": 0,
+            "max_tokens": endpoint.max_tokens,
+        }
+    ).encode()
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     last = ""
     for attempt in range(endpoint.retries + 1):
@@ -330,9 +350,18 @@ def run_bench(
                 for run in range(runs):
                     for index, prompt in enumerate(bench_prompts(task, size, n, seed=run, markers=marked)):
                         correct, predicted = judge(prompt)
-                        rows.append({"task": task, "size": size, "variant": VARIANTS[bool(marked)], "run": run,
-                                     "index": index, "answer": prompt.answer, "predicted": predicted,
-                                     "correct": bool(correct)})
+                        rows.append(
+                            {
+                                "task": task,
+                                "size": size,
+                                "variant": VARIANTS[bool(marked)],
+                                "run": run,
+                                "index": index,
+                                "answer": prompt.answer,
+                                "predicted": predicted,
+                                "correct": bool(correct),
+                            }
+                        )
                         if progress:
                             progress(1)
     return pd.DataFrame(rows)
@@ -349,8 +378,10 @@ def bench_summary(frame):
     keys = ["task", "size", "variant"]
     per_run = frame.groupby([*keys, "run"])["correct"].agg(acc="mean", questions="size").reset_index()
     out = per_run.groupby(keys).agg(
-        acc_mean=("acc", "mean"), acc_std=("acc", lambda a: float(a.std(ddof=0))),
-        runs=("run", "count"), per_run=("questions", "first"),
+        acc_mean=("acc", "mean"),
+        acc_std=("acc", lambda a: float(a.std(ddof=0))),
+        runs=("run", "count"),
+        per_run=("questions", "first"),
     )
     return out.reset_index()
 
@@ -359,8 +390,11 @@ def screening(summary) -> dict:
     """The paper's model filter (>= 85% on the plain letter task at size 16), reported, never applied."""
     hit = summary[(summary.task == SCREEN_TASK) & (summary["size"] == SCREEN_SIZE) & (summary.variant == "plain")]
     acc = float(hit.acc_mean.iloc[0]) if len(hit) else None
-    return {"rule": f"acc >= {SCREEN_ACC} on the {SCREEN_TASK} task at size {SCREEN_SIZE}",
-            "accuracy": acc, "passes": None if acc is None else acc >= SCREEN_ACC}
+    return {
+        "rule": f"acc >= {SCREEN_ACC} on the {SCREEN_TASK} task at size {SCREEN_SIZE}",
+        "accuracy": acc,
+        "passes": None if acc is None else acc >= SCREEN_ACC,
+    }
 
 
 def bench_table(summary, label: str) -> str:
@@ -368,19 +402,23 @@ def bench_table(summary, label: str) -> str:
     (plain prompts only), number / letter."""
     cell = {(r.task, r.size, r.variant): f"{r.acc_mean:.2f} ± {r.acc_std:.2f}" for r in summary.itertuples()}
     models = list(PAPER_TABLE3)
-    head = (f"| size | variant | {label} number | {label} letter | "
-            + " | ".join(f"{m} (paper) n / l" for m in models))
+    head = f"| size | variant | {label} number | {label} letter | " + " | ".join(f"{m} (paper) n / l" for m in models)
     lines = [head + " |", "|" + " --- |" * (4 + len(models))]
     variants = [v for v in VARIANTS.values() if v in set(summary.variant)]
     for size in sorted(set(summary["size"])):
         for variant in variants:
             paper = [PAPER_TABLE3[m].get(size) if variant == "plain" else None for m in models]
             paper_cells = [f"{p[0]:.2f} / {p[1]:.2f}" if p else "" for p in paper]
-            lines.append(f"| {size} | {variant} | {cell.get(('number', size, variant), '')} | "
-                         f"{cell.get(('letter', size, variant), '')} | " + " | ".join(paper_cells) + " |")
+            lines.append(
+                f"| {size} | {variant} | {cell.get(('number', size, variant), '')} | "
+                f"{cell.get(('letter', size, variant), '')} | " + " | ".join(paper_cells) + " |"
+            )
     screen = screening(summary)
-    verdict = "not measured" if screen["passes"] is None else (
-        f"{screen['accuracy']:.2f}, {'passes' if screen['passes'] else 'fails'}")
+    verdict = (
+        "not measured"
+        if screen["passes"] is None
+        else (f"{screen['accuracy']:.2f}, {'passes' if screen['passes'] else 'fails'}")
+    )
     lines.append(f"\nScreening rule of the paper ({screen['rule']}): {verdict} (reported, not applied).")
     return "\n".join(lines) + "\n"
 
@@ -391,8 +429,14 @@ def plot_bench(summary, label: str):
     fig, axes = subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for k, (ax, task) in enumerate(zip(axes, ("number", "letter"))):
         for variant, ours in summary[summary.task == task].sort_values("size").groupby("variant", sort=False):
-            ax.errorbar(ours["size"], ours.acc_mean, yerr=ours.acc_std, marker="o", capsize=3,
-                        label=label if variant == "plain" else f"{label} ({variant})")
+            ax.errorbar(
+                ours["size"],
+                ours.acc_mean,
+                yerr=ours.acc_std,
+                marker="o",
+                capsize=3,
+                label=label if variant == "plain" else f"{label} ({variant})",
+            )
         for model, table in PAPER_TABLE3.items():
             sizes = sorted(table)
             ax.plot(sizes, [table[s][k] for s in sizes], "--", marker="x", alpha=0.7, label=f"{model} (paper)")
@@ -408,8 +452,18 @@ def plot_bench(summary, label: str):
 # ---- command drivers ----------------------------------------------------------------------------
 
 
-def make_judge(model_dir, *, base_url=None, model_name=None, api_key_env=None, timeout_s=60.0, retries=3,
-               device="auto", dtype="float32", allow_pickle=False) -> tuple[Callable, str]:
+def make_judge(
+    model_dir,
+    *,
+    base_url=None,
+    model_name=None,
+    api_key_env=None,
+    timeout_s=60.0,
+    retries=3,
+    device="auto",
+    dtype="float32",
+    allow_pickle=False,
+) -> tuple[Callable, str]:
     """The answer checker of llm-bench and a label: a local model, or an endpoint (exactly one)."""
     if (model_dir is None) == (base_url is None):
         raise PosymError("give either a local MODEL_DIR or --base-url (with --model-name), not both or neither")
@@ -430,8 +484,19 @@ def make_judge(model_dir, *, base_url=None, model_name=None, api_key_env=None, t
     return (lambda prompt: local_correct(loaded, prompt)), loaded.name
 
 
-def write_bench(judge, out_dir, *, label: str, tasks, sizes, runs: int, n: int, settings: dict,
-                markers: Iterable[bool] = (False,), progress=None) -> str:
+def write_bench(
+    judge,
+    out_dir,
+    *,
+    label: str,
+    tasks,
+    sizes,
+    runs: int,
+    n: int,
+    settings: dict,
+    markers: Iterable[bool] = (False,),
+    progress=None,
+) -> str:
     """Run the benchmark and write bench.parquet, summary.parquet, table.md, bench.png/svg, manifest.json."""
     if runs < 1 or n < 1:
         raise PosymError(f"--runs and --n must be at least 1, got {runs} and {n}")

@@ -25,8 +25,6 @@ from posym.prompts import Prompt, query_position
 # ---- figures ------------------------------------------------------------------------------------
 
 
-
-
 # ---- command drivers ----------------------------------------------------------------------------
 
 
@@ -59,9 +57,20 @@ def plot_planes(planes):
     return fig
 
 
-def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: str = "last",
-                 heads: list[tuple[int, int]] = (), tau: float = TAU, epsilon: float = 1e-12, exact: str = "pruned",
-                 exclude_keys=None, settings: dict, progress=None) -> dict:
+def write_scores(
+    loaded: LoadedModel,
+    prompts: list[Prompt],
+    out_dir,
+    *,
+    query: str = "last",
+    heads: list[tuple[int, int]] = (),
+    tau: float = TAU,
+    epsilon: float = 1e-12,
+    exact: str = "pruned",
+    exclude_keys=None,
+    settings: dict,
+    progress=None,
+) -> dict:
     """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
 
     Files: scores.parquet (posym.core.scores.COLUMNS: scores, kept swaps and bound (epsilon/exact: see
@@ -78,16 +87,20 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
     config = loaded.model.config
     for layer, head in heads:
         if not (layer < config.num_hidden_layers and head < config.num_attention_heads):
-            raise PosymError(f"--heads {layer}.{head} does not exist: the model has {config.num_hidden_layers} "
-                             f"layers of {config.num_attention_heads} heads")
+            raise PosymError(
+                f"--heads {layer}.{head} does not exist: the model has {config.num_hidden_layers} "
+                f"layers of {config.num_attention_heads} heads"
+            )
     ids = [tokenize(loaded, p.text)[0] for p in prompts]  # checks every length before any work
     queries = [[query_position(loaded, p, query)] for p in prompts]
     if exclude_keys is not None and exclude_keys != "auto":
         shortest = min(min(q) for q in queries)  # keys lie before the query of every prompt
         outside = [k for k in exclude_keys if not 0 <= k < shortest]
         if outside:
-            raise PosymError(f"--exclude-keys {outside[0]} is not a key of every prompt: key positions lie in "
-                             f"0..{shortest - 1} (before the earliest query)")
+            raise PosymError(
+                f"--exclude-keys {outside[0]} is not a key of every prompt: key positions lie in "
+                f"0..{shortest - 1} (before the earliest query)"
+            )
     frame = score_model(loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, progress=progress)
     head_means = summarize_heads(frame)
     layers, r = layer_profile(head_means), pearson(head_means.s_pos, head_means.s_sym)
@@ -95,28 +108,54 @@ def write_scores(loaded: LoadedModel, prompts: list[Prompt], out_dir, *, query: 
     extra = {}
     if exclude_keys is not None:
         keys = find_sinks(frame) if exclude_keys == "auto" else list(exclude_keys)
-        excluded = score_model(loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, exclude_keys=keys,
-                               progress=progress)
+        excluded = score_model(
+            loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, exclude_keys=keys, progress=progress
+        )
         changes = sink_changes(head_means, summarize_heads(excluded))
         write_parquet(out_dir / "scores_excluded.parquet", excluded)
         write_parquet(out_dir / "sinks.parquet", changes)
         extra = {"excluded_keys": keys, "label_changes": int(changes.changed.sum())}
     write_parquet(out_dir / "scores.parquet", frame)
     write_parquet(out_dir / "heads.parquet", head_means)
-    write_parquet(out_dir / "prompts.parquet", pd.DataFrame([
-        {"prompt": k, "text": p.text, "answer": p.answer, "input_ids": i.tolist(), "query": q[0],
-         "query_token": loaded.tokenizer.decode([int(i[q[0]])])} for k, (p, i, q) in enumerate(zip(prompts, ids, queries))]))
+    write_parquet(
+        out_dir / "prompts.parquet",
+        pd.DataFrame(
+            [
+                {
+                    "prompt": k,
+                    "text": p.text,
+                    "answer": p.answer,
+                    "input_ids": i.tolist(),
+                    "query": q[0],
+                    "query_token": loaded.tokenizer.decode([int(i[q[0]])]),
+                }
+                for k, (p, i, q) in enumerate(zip(prompts, ids, queries))
+            ]
+        ),
+    )
     write_parquet(out_dir / "layers.parquet", layers)
     save_figure(plot_heads(head_means, r), out_dir / "heads")
     if heads:
         # one pass per chosen layer scores all of its chosen heads (posym.core.geometry's channel engine)
-        per_prompt = pd.concat([plane_scores(loaded.model, ids, queries, layers=[layer], heads=chosen, tau=tau)
-                                for layer, chosen in _heads_by_layer(heads).items()])
+        per_prompt = pd.concat(
+            [
+                plane_scores(loaded.model, ids, queries, layers=[layer], heads=chosen, tau=tau)
+                for layer, chosen in _heads_by_layer(heads).items()
+            ]
+        )
         planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id", "frequency"], as_index=False)[
-            ["s_pos", "s_sym", "max_logit"]].mean()
+            ["s_pos", "s_sym", "max_logit"]
+        ].mean()
         write_parquet(out_dir / "planes.parquet", planes)
         save_figure(plot_planes(planes), out_dir / "planes")
-    summary = {**manifest(settings, seed=settings.get("seed")), "settings": settings, "model_type": loaded.model_type,
-               "prompts": len(prompts), "pearson_r": r, "layers": layers.to_dict("records"), **extra}
+    summary = {
+        **manifest(settings, seed=settings.get("seed")),
+        "settings": settings,
+        "model_type": loaded.model_type,
+        "prompts": len(prompts),
+        "pearson_r": r,
+        "layers": layers.to_dict("records"),
+        **extra,
+    }
     write_json(out_dir / "summary.json", summary)
     return summary

@@ -30,40 +30,71 @@ from posym.models import RunDir
 
 # Pure heads at gamma = 0.1 of the paper's 12-layer models (arXiv 2605.31558, Fig. 2B / 7).
 PAPER_PURE = {"number": ("L0-L3", "L4-L11"), "letter": ("none", "L1-L11")}
-SMALL_MODEL_PURE = ("a 6-layer, 8-head model (preset seed) is expected at ~40% positional / 60% symbolic heads "
-                    "(number) and > 90% symbolic (letter)")
-PAPER_LENGTHGEN = {"number": "barely generalizes (collapses beyond the training length)",
-                   "letter": ">= 90% accuracy up to 850 tokens (53x)"}
-EXPECTED_RETENTION = {"number": "retention ~0.3 at 4x the training length (positional)",
-                      "letter": "retention >= 0.8 at 2x-4x (symbolic)"}
+SMALL_MODEL_PURE = (
+    "a 6-layer, 8-head model (preset seed) is expected at ~40% positional / 60% symbolic heads "
+    "(number) and > 90% symbolic (letter)"
+)
+PAPER_LENGTHGEN = {
+    "number": "barely generalizes (collapses beyond the training length)",
+    "letter": ">= 90% accuracy up to 850 tokens (53x)",
+}
+EXPECTED_RETENTION = {
+    "number": "retention ~0.3 at 4x the training length (positional)",
+    "letter": "retention >= 0.8 at 2x-4x (symbolic)",
+}
 PAPER_PLANES = 64
 """RoPE planes of the paper's models (head dimension 128): the scale of its Table 1."""
 
 # (subdirectory, file stem, figure name, what it shows); paper references are added per task.
 RUN_FIGURES = [
     ("analysis", "fig2a_accuracy", "Fig. 2A", "Test accuracy overall and per hop count over training steps."),
-    ("analysis", "fig2b_scores", "Fig. 2B", "Positional (s_pos) and symbolic (s_sym) score per layer over training, "
-     "at hop queries, with normalised attention entropy."),
+    (
+        "analysis",
+        "fig2b_scores",
+        "Fig. 2B",
+        "Positional (s_pos) and symbolic (s_sym) score per layer over training, "
+        "at hop queries, with normalised attention entropy.",
+    ),
     ("analysis", "fig6_entropy", "Fig. 6", "The same scores and min-max normalised entropy at the last token."),
     ("analysis", "fig7_purity", "Fig. 7", "Cumulative number of heads that became pure for good, per gamma."),
-    ("analysis", "fig7_roles", "Fig. 7 by query role",
-     "Scores per layer at the max-accuracy step (chosen on validation) for the all-hops mean and each pointer "
-     "role (last token, pointer into the target window, inner pointers), and the fraction of prompts on which "
-     "the head is pure (gamma 0.1)."),
-    ("analysis", "fig4b_qk_plane", "Fig. 4B",
-     "Queries and keys of one prompt on the dominant RoPE plane of one head, before rotation (what the q/k "
-     "projections write) and after RoPE rotated each by its position."),
-    ("analysis", "fig8_frequency", "Fig. 8 / Table 1",
-     "Use of every RoPE plane per layer, and the weighted frequency ID per layer divided by the number of planes, "
-     "with the uniform baseline."),
+    (
+        "analysis",
+        "fig7_roles",
+        "Fig. 7 by query role",
+        "Scores per layer at the max-accuracy step (chosen on validation) for the all-hops mean and each pointer "
+        "role (last token, pointer into the target window, inner pointers), and the fraction of prompts on which "
+        "the head is pure (gamma 0.1).",
+    ),
+    (
+        "analysis",
+        "fig4b_qk_plane",
+        "Fig. 4B",
+        "Queries and keys of one prompt on the dominant RoPE plane of one head, before rotation (what the q/k "
+        "projections write) and after RoPE rotated each by its position.",
+    ),
+    (
+        "analysis",
+        "fig8_frequency",
+        "Fig. 8 / Table 1",
+        "Use of every RoPE plane per layer, and the weighted frequency ID per layer divided by the number of planes, "
+        "with the uniform baseline.",
+    ),
     ("lengthgen", "fig5b", "Fig. 5B", "Accuracy against sequence length per hop count (extra target-window tokens)."),
-    ("lengthgen", "head_retention", "Head-level retention",
-     "Retention (value at L / value at the training length) of every head's margin (top-1 minus top-2 logit) and "
-     "attention on the chain key at each pointer of the chain: median over the heads of each label (solid, 95% "
-     "paired bootstrap over prompts as a band) and over layer-matched random heads (dashed)."),
-    ("discrepancy", "fig_discrepancy", "Theorem 3.2 on trained heads",
-     "Top-1 minus top-2 attention logit at the last token against sequence length, per layer: median "
-     "(solid) and minimum (dotted)."),
+    (
+        "lengthgen",
+        "head_retention",
+        "Head-level retention",
+        "Retention (value at L / value at the training length) of every head's margin (top-1 minus top-2 logit) and "
+        "attention on the chain key at each pointer of the chain: median over the heads of each label (solid, 95% "
+        "paired bootstrap over prompts as a band) and over layer-matched random heads (dashed).",
+    ),
+    (
+        "discrepancy",
+        "fig_discrepancy",
+        "Theorem 3.2 on trained heads",
+        "Top-1 minus top-2 attention logit at the last token against sequence length, per layer: median "
+        "(solid) and minimum (dotted).",
+    ),
 ]
 MISSING = {"analysis": "posym dynamics RUN_DIR and posym geometry RUN_DIR", "lengthgen": "posym lengthgen RUN_DIR"}
 """What to run for a missing figure; figures of other subdirectories (discrepancy) are optional extras."""
@@ -79,8 +110,9 @@ def kind_of(path: Path) -> str:
         return "theory"
     if (path / "table.md").is_file() and (path / "summary.parquet").is_file():
         return "bench"
-    raise PosymError(f"{path} is not a posym run, theory or llm-bench directory (no config.yaml, theory.json or "
-                     "table.md)")
+    raise PosymError(
+        f"{path} is not a posym run, theory or llm-bench directory (no config.yaml, theory.json or table.md)"
+    )
 
 
 def _read_json(path: Path) -> dict | None:
@@ -94,8 +126,10 @@ def _guarded(build, path: Path, *args):
     try:
         return build(path, *args)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise PosymError(f"{path} does not hold what posym writes there ({type(exc).__name__}: "
-                         f"{io.quote(str(exc))}); re-run the command that wrote it") from None
+        raise PosymError(
+            f"{path} does not hold what posym writes there ({type(exc).__name__}: "
+            f"{io.quote(str(exc))}); re-run the command that wrote it"
+        ) from None
 
 
 def first_pure_steps(metrics, threshold: float = 0.95) -> dict[int, int | None]:
@@ -117,11 +151,21 @@ def run_summary(run_dir: str | Path) -> dict:
         raise PosymError(f"{run_dir} has no metrics.parquet: has training started?")
     metrics = io.read_parquet(RunDir(run_dir).metrics).sort_values("step")
     last = metrics.iloc[-1]
-    out = {"run_dir": str(run_dir), "task": config["task"]["task"], "preset": config["preset"],
-           "layers": config["model"]["n_layer"], "step": int(last.step), "max_steps": config["max_steps"],
-           "acc": float(last.acc), "acc_hops": {int(c[7:]): float(last[c]) for c in metrics if c.startswith("acc_hop")},
-           "first_step_ge_0.95": first_pure_steps(metrics), "positional": None, "symbolic": None,
-           "weighted_id": None, "lengthgen": None}
+    out = {
+        "run_dir": str(run_dir),
+        "task": config["task"]["task"],
+        "preset": config["preset"],
+        "layers": config["model"]["n_layer"],
+        "step": int(last.step),
+        "max_steps": config["max_steps"],
+        "acc": float(last.acc),
+        "acc_hops": {int(c[7:]): float(last[c]) for c in metrics if c.startswith("acc_hop")},
+        "first_step_ge_0.95": first_pure_steps(metrics),
+        "positional": None,
+        "symbolic": None,
+        "weighted_id": None,
+        "lengthgen": None,
+    }
     comp = RunDir(run_dir).output("analysis") / "composition_summary.parquet"
     if comp.is_file():
         c = io.read_parquet(comp)
@@ -133,8 +177,9 @@ def run_summary(run_dir: str | Path) -> dict:
     if freq.is_file():
         per_layer = io.read_parquet(freq).groupby("layer").mean(numeric_only=True)
         out["weighted_id"] = per_layer.weighted_id.round(1).tolist()
-        out["weightings"] = {c[len("weighted_id_"):]: per_layer[c].round(1).tolist()
-                             for c in per_layer if c.startswith("weighted_id_")}  # runs analysed before: none
+        out["weightings"] = {
+            c[len("weighted_id_") :]: per_layer[c].round(1).tolist() for c in per_layer if c.startswith("weighted_id_")
+        }  # runs analysed before: none
     geometry = _read_json(RunDir(run_dir).output("analysis") / "geometry.json") or {}
     out["index_alignment"] = geometry.get("plane_figure", {}).get("index_alignment")  # number runs only
     out["planes"] = _rope_planes(config["model"])
@@ -178,15 +223,29 @@ def _figure(src_stem: Path, out_dir: Path, name: str, title: str, caption: str, 
         if source.is_file():
             with io.atomic_path(out_dir / "figures" / f"{name}{source.suffix}") as tmp:
                 shutil.copyfile(source, tmp)
-    return {"id": name, "title": title, "caption": caption, "reference": reference,
-            "data": base64.b64encode(png.read_bytes()).decode("ascii"), "files": f"figures/{name}.png, .svg"}
+    return {
+        "id": name,
+        "title": title,
+        "caption": caption,
+        "reference": reference,
+        "data": base64.b64encode(png.read_bytes()).decode("ascii"),
+        "files": f"figures/{name}.png, .svg",
+    }
 
 
 def _section(id: str, title: str, *, source=None, table=None, text=None, pre=None, items=(), link=None) -> dict:
     """One <h2> part of the page: optional source path, table, paragraph, preformatted text, figures, and a
     link {"href", "text"} to a file beside the page."""
-    return {"id": id, "title": title, "source": source and str(source), "table": table, "text": text, "pre": pre,
-            "items": list(items), "link": link}
+    return {
+        "id": id,
+        "title": title,
+        "source": source and str(source),
+        "table": table,
+        "text": text,
+        "pre": pre,
+        "items": list(items),
+        "link": link,
+    }
 
 
 def _explorer_section(runs: list[Path], out_dir: Path) -> dict:
@@ -195,11 +254,15 @@ def _explorer_section(runs: list[Path], out_dir: Path) -> dict:
     names = ", ".join(r.name for r in runs)
     result = explore.explore(runs, out_dir / explore.EXPLORER, details=False, title=f"posym explore: {names}")
     size = f"{explore.EXPLORER} ({result['bytes'] / 1e6:.2f} MB)"
-    return _section("explorer", "Head explorer", link={"href": explore.EXPLORER, "text": size},
-                    text=f"Every head of {names} ({result['heads']} heads in {result['sets']} sets: task and query "
-                         "mode, last step) on one offline page: layer x head maps of s_pos, s_sym, label, entropy and "
-                         "frequency ID, filters, and per head its per-prompt scores, per-plane scores and margin vs "
-                         "length. Attention rows and swaps need the model: posym explore RUN --out explorer.html.")
+    return _section(
+        "explorer",
+        "Head explorer",
+        link={"href": explore.EXPLORER, "text": size},
+        text=f"Every head of {names} ({result['heads']} heads in {result['sets']} sets: task and query "
+        "mode, last step) on one offline page: layer x head maps of s_pos, s_sym, label, entropy and "
+        "frequency ID, filters, and per head its per-prompt scores, per-plane scores and margin vs "
+        "length. Attention rows and swaps need the model: posym explore RUN --out explorer.html.",
+    )
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -224,8 +287,10 @@ def _discrepancy_numbers(run_dir: Path) -> str:
     if not ratios:
         return ""
     low, high = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
-    return (f"Ours: from {short} to {long} tokens the median gap shrinks {ratios[low]:.3g}x ({low}) to "
-            f"{ratios[high]:.3g}x ({high}); a 1 / n^2 rate would shrink it {(long / short) ** 2:,.0f}x.")
+    return (
+        f"Ours: from {short} to {long} tokens the median gap shrinks {ratios[low]:.3g}x ({low}) to "
+        f"{ratios[high]:.3g}x ({high}); a 1 / n^2 rate would shrink it {(long / short) ** 2:,.0f}x."
+    )
 
 
 def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
@@ -234,33 +299,38 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
     pos, sym = PAPER_PURE[task]
     references = {
         "Fig. 2A": "the number task is learned hop by hop (1 hop first), the letter task all hops at once; "
-                   "accuracy peaks only once the heads are pure.",
+        "accuracy peaks only once the heads are pure.",
         "Fig. 2B": "both scores ~1 at initialisation (uniform attention); then heads become pure: "
-                   f"positional {pos}, symbolic {sym} (12 layers).",
+        f"positional {pos}, symbolic {sym} (12 layers).",
         "Fig. 6": "entropy falls as heads become pure.",
         "Fig. 7": f"pure heads at gamma 0.1: positional {pos}, symbolic {sym} (12 layers); {SMALL_MODEL_PURE}.",
         "Fig. 7 by query role": "which query positions the paper scored is not stated.",
-        "Fig. 4B": ("number model, layer 1: keys cluster in one direction, queries fan out by the offset they "
-                    "encode (the Index construction)." if task == "number" else
-                    "the paper draws this figure for the number model only; a symbolic head is expected to "
-                    "match keys by content, not by one direction (the Retrieval construction)."),
-        "Fig. 8 / Table 1": "weighted frequency ID per layer " + ", ".join(
-            str(v) for v in _paper_table1(task)) + f" (12 layers, {PAPER_PLANES} planes).",
+        "Fig. 4B": (
+            "number model, layer 1: keys cluster in one direction, queries fan out by the offset they "
+            "encode (the Index construction)."
+            if task == "number"
+            else "the paper draws this figure for the number model only; a symbolic head is expected to "
+            "match keys by content, not by one direction (the Retrieval construction)."
+        ),
+        "Fig. 8 / Table 1": "weighted frequency ID per layer "
+        + ", ".join(str(v) for v in _paper_table1(task))
+        + f" (12 layers, {PAPER_PLANES} planes).",
         "Fig. 5B": f"{PAPER_LENGTHGEN[task]}; {EXPECTED_RETENTION[task]}.",
         "Head-level retention": "a positional head's best margin can only shrink like 2 pi^2 / n^2 (Theorem 3.2), a "
-                                "symbolic head's need not; seed summary: symbolic >= 80% of its accuracy at 2x-4x, "
-                                "positional ~30%.",
+        "symbolic head's need not; seed summary: symbolic >= 80% of its accuracy at 2x-4x, "
+        "positional ~30%.",
         "Theorem 3.2 on trained heads": "a positional (Index) head's best gap can only shrink like 2 pi^2 / n^2, "
-                                        "a symbolic (Retrieval) head's need not; the letter model generalizes, "
-                                        "the number model does not.",
+        "a symbolic (Retrieval) head's need not; the letter model generalizes, "
+        "the number model does not.",
     }
     planes = s.get("planes")
     ours = {
-        "Fig. 2A": "Ours: first step with >= 95% per hop: " + ", ".join(
-            f"{h} hop{'s' * (h > 1)} {v}" for h, v in s["first_step_ge_0.95"].items()) + ".",
+        "Fig. 2A": "Ours: first step with >= 95% per hop: "
+        + ", ".join(f"{h} hop{'s' * (h > 1)} {v}" for h, v in s["first_step_ge_0.95"].items())
+        + ".",
         "Fig. 7": f"Ours (end, hop queries): positional {s['positional']}, symbolic {s['symbolic']}.",
         "Fig. 8 / Table 1": f"Ours: {', '.join(str(v) for v in s['weighted_id'] or [])} "
-                            f"({s['layers']} layers{f', {planes} planes' if planes else ''}).",
+        f"({s['layers']} layers{f', {planes} planes' if planes else ''}).",
         "Fig. 4B": _alignment_text(s["index_alignment"]),
         "Fig. 5B": f"Ours: {lengthgen_headline(s['lengthgen'])}." if s["lengthgen"] else "",
         "Theorem 3.2 on trained heads": _discrepancy_numbers(run_dir),
@@ -268,14 +338,21 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
     head_table = _head_retention_table(run_dir)
     items = []
     for sub, stem, title, caption in RUN_FIGURES:
-        figure = _figure(run_dir / sub / stem, out_dir, f"{name}-{stem}", f"{title}, {task} task",
-                         f"{caption} {ours.get(title, '')}".strip(), references[title])
+        figure = _figure(
+            run_dir / sub / stem,
+            out_dir,
+            f"{name}-{stem}",
+            f"{title}, {task} task",
+            f"{caption} {ours.get(title, '')}".strip(),
+            references[title],
+        )
         if figure and stem == "head_retention" and head_table:
             figure["table"] = head_table
         if figure or (sub in MISSING and stem not in OPTIONAL):
             items.append(figure or {"absent": f"{title} ({task}): absent; run {MISSING[sub]} first."})
-    section = _section(f"run-{name}", f"{task.capitalize()} task: step {s['step']} of {s['max_steps']}",
-                       source=run_dir, items=items)
+    section = _section(
+        f"run-{name}", f"{task.capitalize()} task: step {s['step']} of {s['max_steps']}", source=run_dir, items=items
+    )
     return section, s
 
 
@@ -292,21 +369,27 @@ def _head_retention_table(run_dir: Path) -> dict | None:
     rows = []
     for (group, measure), sub in groups.groupby(["group", "measure"], sort=False):
         cells = {int(r.length): f"{r.value:.2f} [{r.lo:.2f}, {r.hi:.2f}]" for r in sub.itertuples()}
-        rows.append([group, measure, int(sub["heads"].iloc[0]), int(sub["draws"].iloc[0]),
-                     *(cells.get(n, "") for n in lengths)])
-    return {"header": ["group", "measure", "heads", "draws", *(f"{n} tokens" for n in lengths)], "rows": rows,
-            "caption": f"Retention per group: median head retention [95% paired bootstrap over "
-                       f"{int(groups['prompts'].iloc[0])} prompts]; random groups: the mean over draws."}
+        rows.append(
+            [group, measure, int(sub["heads"].iloc[0]), int(sub["draws"].iloc[0]), *(cells.get(n, "") for n in lengths)]
+        )
+    return {
+        "header": ["group", "measure", "heads", "draws", *(f"{n} tokens" for n in lengths)],
+        "rows": rows,
+        "caption": f"Retention per group: median head retention [95% paired bootstrap over "
+        f"{int(groups['prompts'].iloc[0])} prompts]; random groups: the mean over draws.",
+    }
 
 
 def _alignment_text(alignment: dict | None) -> str:
     """Fig. 4B's caption numbers (posym.core.geometry.index_alignment); empty without them."""
     if not alignment or not alignment["queries"]:
         return ""
-    return (f"Ours, against T_Index: key concentration {alignment['key_concentration']:.3f} (1 = one direction), "
-            f"integer queries {alignment['query_concentration']:.2f}; the query of an integer sigma at p points "
-            f"at the key p - sigma within {alignment['phase_error_deg']:.1f} degrees (median), the nearest key in "
-            f"angle for {alignment['target_nearest']:.0%} of {alignment['queries']} queries.")
+    return (
+        f"Ours, against T_Index: key concentration {alignment['key_concentration']:.3f} (1 = one direction), "
+        f"integer queries {alignment['query_concentration']:.2f}; the query of an integer sigma at p points "
+        f"at the key p - sigma within {alignment['phase_error_deg']:.1f} degrees (median), the nearest key in "
+        f"angle for {alignment['target_nearest']:.0%} of {alignment['queries']} queries."
+    )
 
 
 def _paper_table1(task: str) -> list[int]:
@@ -315,11 +398,21 @@ def _paper_table1(task: str) -> list[int]:
 
 def _summary(summaries: list[dict]) -> dict:
     hops = sorted({h for s in summaries for h in s["acc_hops"]})
-    rows = [{"task": s["task"], "preset": s["preset"], "step": f"{s['step']}/{s['max_steps']}", "acc": _fmt(s["acc"]),
-             "hops": [_fmt(s["acc_hops"].get(h)) for h in hops], "positional": _fmt(s["positional"]),
-             "symbolic": _fmt(s["symbolic"]), "paper_pure": " / ".join(PAPER_PURE[s["task"]]),
-             "lengthgen": lengthgen_headline(s["lengthgen"]) or "n/a", "paper_lengthgen": PAPER_LENGTHGEN[s["task"]]}
-            for s in summaries]
+    rows = [
+        {
+            "task": s["task"],
+            "preset": s["preset"],
+            "step": f"{s['step']}/{s['max_steps']}",
+            "acc": _fmt(s["acc"]),
+            "hops": [_fmt(s["acc_hops"].get(h)) for h in hops],
+            "positional": _fmt(s["positional"]),
+            "symbolic": _fmt(s["symbolic"]),
+            "paper_pure": " / ".join(PAPER_PURE[s["task"]]),
+            "lengthgen": lengthgen_headline(s["lengthgen"]) or "n/a",
+            "paper_lengthgen": PAPER_LENGTHGEN[s["task"]],
+        }
+        for s in summaries
+    ]
     return {"hops": hops, "rows": rows}
 
 
@@ -330,61 +423,121 @@ def _table1(summaries: list[dict]) -> dict | None:
     measured = [s for s in summaries if s["weighted_id"]]
     if not measured:
         return None
-    columns = [(f"{s['task']} (ours, {name})", ids, s.get("planes")) for s in measured
-               for name, ids in (s.get("weightings") or {"linear": s["weighted_id"]}).items()]
+    columns = [
+        (f"{s['task']} (ours, {name})", ids, s.get("planes"))
+        for s in measured
+        for name, ids in (s.get("weightings") or {"linear": s["weighted_id"]}).items()
+    ]
     columns += [(f"{t} (paper)", _paper_table1(t), PAPER_PLANES) for t in dict.fromkeys(s["task"] for s in measured)]
     depth = max(len(ids) for _, ids, _ in columns)
 
     def cell(value, planes) -> str:
         return f"{value:g} ({value / planes:.2f})" if planes else f"{value:g}"
 
-    rows = [["planes", *(planes or "n/a" for _, _, planes in columns)],
-            ["uniform (planes + 1) / 2", *(cell((planes + 1) / 2, planes) if planes else "n/a"
-                                           for _, _, planes in columns)]]
-    rows += [[f"L{k}", *(cell(ids[k], planes) if k < len(ids) else "" for _, ids, planes in columns)]
-             for k in range(depth)]
+    rows = [
+        ["planes", *(planes or "n/a" for _, _, planes in columns)],
+        [
+            "uniform (planes + 1) / 2",
+            *(cell((planes + 1) / 2, planes) if planes else "n/a" for _, _, planes in columns),
+        ],
+    ]
+    rows += [
+        [f"L{k}", *(cell(ids[k], planes) if k < len(ids) else "" for _, ids, planes in columns)] for k in range(depth)
+    ]
     return {"models": [name for name, _, _ in columns], "rows": rows}
 
 
 def _theory_section(theory_dir: Path, out_dir: Path) -> dict:
     result = _read_json(theory_dir / "theory.json")
-    rows = [[r["head"], r["n0"], f"{r['theta']:.4g}", r["exact"], r["softmax_exact"], f"{r['delta_n0']:.3g}",
-             f"{r['bound_n0']:.3g}", f"{r['beta_needed']:.4g}", f"{r['beta_lemma']:.4g}"] for r in result["summary"]]
-    tasks = "; ".join(f"T_{k.capitalize()} on the {t['task']} task: s_pos {t['s_pos']:.3f}, s_sym {t['s_sym']:.3f}, "
-                      f"answer after h hops {t['softmax']['after_h']:.3f} (softmax)"
-                      for k, t in result["tasks"].items())
-    figure = _figure(theory_dir / "fig5a", out_dir, "theory-fig5a", "Fig. 5A",
-                     "Discrepancy Delta(n) of T_Index and T_Retrieval (measured) against Theorem 3.2's bounds.",
-                     "Delta_Index(n) <= min(1 - cos theta, 2 pi^2 / n^2); "
-                     "Delta_Retrieval(n) <= 1 - cos(omega - n theta), "
-                     "theta = 0.866 (ID 2) and 0.0027 (ID 42).")
-    header = ["head", "n0", "theta", "exact (hard)", "exact (softmax)", "Delta(n0)", "bound", "beta needed",
-              "beta Lemma F.1"]
-    return _section("theory", "Theory: constructions and discrepancy (Theorems 3.1, 3.2)", source=theory_dir,
-                    table={"header": header, "rows": rows}, text=f"{tasks}.", items=[figure] if figure else [])
+    rows = [
+        [
+            r["head"],
+            r["n0"],
+            f"{r['theta']:.4g}",
+            r["exact"],
+            r["softmax_exact"],
+            f"{r['delta_n0']:.3g}",
+            f"{r['bound_n0']:.3g}",
+            f"{r['beta_needed']:.4g}",
+            f"{r['beta_lemma']:.4g}",
+        ]
+        for r in result["summary"]
+    ]
+    tasks = "; ".join(
+        f"T_{k.capitalize()} on the {t['task']} task: s_pos {t['s_pos']:.3f}, s_sym {t['s_sym']:.3f}, "
+        f"answer after h hops {t['softmax']['after_h']:.3f} (softmax)"
+        for k, t in result["tasks"].items()
+    )
+    figure = _figure(
+        theory_dir / "fig5a",
+        out_dir,
+        "theory-fig5a",
+        "Fig. 5A",
+        "Discrepancy Delta(n) of T_Index and T_Retrieval (measured) against Theorem 3.2's bounds.",
+        "Delta_Index(n) <= min(1 - cos theta, 2 pi^2 / n^2); "
+        "Delta_Retrieval(n) <= 1 - cos(omega - n theta), "
+        "theta = 0.866 (ID 2) and 0.0027 (ID 42).",
+    )
+    header = [
+        "head",
+        "n0",
+        "theta",
+        "exact (hard)",
+        "exact (softmax)",
+        "Delta(n0)",
+        "bound",
+        "beta needed",
+        "beta Lemma F.1",
+    ]
+    return _section(
+        "theory",
+        "Theory: constructions and discrepancy (Theorems 3.1, 3.2)",
+        source=theory_dir,
+        table={"header": header, "rows": rows},
+        text=f"{tasks}.",
+        items=[figure] if figure else [],
+    )
 
 
 def _bench_section(bench_dir: Path, out_dir: Path, k: int) -> dict:
-    figure = _figure(bench_dir / "bench", out_dir, "table3-bench", "Table 3 (figure)",
-                     "Accuracy of a real model on the 1-hop Appendix H prompts per target-window size, ours with std.",
-                     "GPT-5.4, GPT-5.5, Claude Sonnet 3.7 (dashed).")
-    return _section(f"table3-{k}", "Table 3: real models on 1-hop prompts", source=bench_dir,
-                    pre=io.read_text(bench_dir / "table.md"), items=[figure] if figure else [])
+    figure = _figure(
+        bench_dir / "bench",
+        out_dir,
+        "table3-bench",
+        "Table 3 (figure)",
+        "Accuracy of a real model on the 1-hop Appendix H prompts per target-window size, ours with std.",
+        "GPT-5.4, GPT-5.5, Claude Sonnet 3.7 (dashed).",
+    )
+    return _section(
+        f"table3-{k}",
+        "Table 3: real models on 1-hop prompts",
+        source=bench_dir,
+        pre=io.read_text(bench_dir / "table.md"),
+        items=[figure] if figure else [],
+    )
 
 
 def _provenance(summaries: list[dict]) -> dict[str, str]:
     """What a reader needs to trust or redo the page: versions, config hashes, seeds, date, machine."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH")  # reproducible builds: a fixed date gives identical bytes
-    now = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch
-           else datetime.datetime.now(datetime.timezone.utc))
-    out = {"posym": posym.__version__, "built": now.strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": f"{platform.node()} ({platform.platform()}, {os.cpu_count()} CPUs)"}
+    now = (
+        datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc)
+        if epoch
+        else datetime.datetime.now(datetime.timezone.utc)
+    )
+    out = {
+        "posym": posym.__version__,
+        "built": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.node()} ({platform.platform()}, {os.cpu_count()} CPUs)",
+    }
     for s in summaries:
         m = s.get("manifest") or {}
         versions = m.get("versions", {})
-        out[f"{s['task']} run"] = (f"config hash {m.get('config_hash', 'n/a')}, seed {m.get('seed', 'n/a')}, "
-                                   f"posym {versions.get('posym', 'n/a')}, torch {versions.get('torch', 'n/a')}, "
-                                   f"trained on {versions.get('platform', 'n/a')}")
+        out[f"{s['task']} run"] = (
+            f"config hash {m.get('config_hash', 'n/a')}, seed {m.get('seed', 'n/a')}, "
+            f"posym {versions.get('posym', 'n/a')}, torch {versions.get('torch', 'n/a')}, "
+            f"trained on {versions.get('platform', 'n/a')}"
+        )
     return out
 
 
@@ -409,25 +562,52 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
     if explorable:
         sections.append(_guarded(_explorer_section, explorable, out_dir))
     theory = [p for k, p in kinds if k == "theory"]
-    sections += [_guarded(_theory_section, p, out_dir) for p in theory] or [_section(
-        "theory", "Theory (Theorems 3.1, 3.2)",
-        items=[{"absent": "Fig. 5A and the constructions: absent; run posym theory and pass its directory."}])]
+    sections += [_guarded(_theory_section, p, out_dir) for p in theory] or [
+        _section(
+            "theory",
+            "Theory (Theorems 3.1, 3.2)",
+            items=[{"absent": "Fig. 5A and the constructions: absent; run posym theory and pass its directory."}],
+        )
+    ]
     bench = [p for k, p in kinds if k == "bench"]
-    sections += [_guarded(_bench_section, p, out_dir, k) for k, p in enumerate(bench)] or [_section(
-        "table3", "Table 3: real models",
-        items=[{"absent": "Table 3 (real models): absent; no llm-bench result was given (run posym llm-bench "
-                          "and pass its directory)."}])]
+    sections += [_guarded(_bench_section, p, out_dir, k) for k, p in enumerate(bench)] or [
+        _section(
+            "table3",
+            "Table 3: real models",
+            items=[
+                {
+                    "absent": "Table 3 (real models): absent; no llm-bench result was given (run posym llm-bench "
+                    "and pass its directory)."
+                }
+            ],
+        )
+    ]
     table1 = _table1(summaries)
-    contents = ([{"id": "provenance", "title": "Provenance", "figures": []}]
-                + ([{"id": "summary", "title": "Summary", "figures": []}] if summaries else [])
-                + ([{"id": "table1", "title": "Table 1: weighted frequency ID per layer", "figures": []}]
-                   if table1 else [])
-                + [{"id": s["id"], "title": s["title"], "figures": [
-                    {"id": item["id"], "title": item["title"]} for item in s["items"] if "id" in item]}
-                   for s in sections])
-    env = jinja2.Environment(loader=jinja2.PackageLoader("posym", "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    contents = (
+        [{"id": "provenance", "title": "Provenance", "figures": []}]
+        + ([{"id": "summary", "title": "Summary", "figures": []}] if summaries else [])
+        + ([{"id": "table1", "title": "Table 1: weighted frequency ID per layer", "figures": []}] if table1 else [])
+        + [
+            {
+                "id": s["id"],
+                "title": s["title"],
+                "figures": [{"id": item["id"], "title": item["title"]} for item in s["items"] if "id" in item],
+            }
+            for s in sections
+        ]
+    )
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("posym", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
     page = env.get_template("report.html.j2").render(
-        title=title, contents=contents, provenance=_provenance(summaries),
-        summary=_summary(summaries) if summaries else None, table1=table1, sections=sections)
+        title=title,
+        contents=contents,
+        provenance=_provenance(summaries),
+        summary=_summary(summaries) if summaries else None,
+        table1=table1,
+        sections=sections,
+    )
     return io.write_text(out_dir / "report.html", page)

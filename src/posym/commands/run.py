@@ -107,7 +107,9 @@ def resolve_pipeline(config_file: str | Path | None = None, overrides: dict | No
 
 def train_config(config: PipelineConfig, task: str):
     """The TrainConfig of `task`: the preset, the `train` overrides, then the pipeline's seed/device."""
-    return train.resolve_config(config.preset, task, None, {**config.train, "seed": config.seed, "device": config.device})
+    return train.resolve_config(
+        config.preset, task, None, {**config.train, "seed": config.seed, "device": config.device}
+    )
 
 
 # ---- stages -------------------------------------------------------------------------------------
@@ -140,12 +142,14 @@ def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
     work = {
         "train": lambda: train.train(cfg, run_dir, resume=RunDir(run_dir).config.is_file(), progress=False),
         "dynamics": lambda: dynamics.run_dynamics(run_dir, n_prompts=config.dynamics_prompts, seed=config.seed),
-        "geometry": lambda: geometry.run_geometry(**geometry.prepare(run_dir, n_prompts=config.geometry_prompts,
-                                                                     seed=config.seed)),
+        "geometry": lambda: geometry.run_geometry(
+            **geometry.prepare(run_dir, n_prompts=config.geometry_prompts, seed=config.seed)
+        ),
         "lengthgen": lambda: lengthgen.run_lengthgen(run_dir, lg, RunDir(run_dir).output("lengthgen")),
         # the paper-protocol lengths and questions of lengthgen, so the two read side by side
-        "discrepancy": lambda: discrepancy.run_discrepancy(run_dir, lengths=lg.lengths, n=lg.n, seed=config.seed,
-                                                           max_tokens=lg.max_tokens, device=lg.device),
+        "discrepancy": lambda: discrepancy.run_discrepancy(
+            run_dir, lengths=lg.lengths, n=lg.n, seed=config.seed, max_tokens=lg.max_tokens, device=lg.device
+        ),
     }
     return {stage: run_stage(out_path, task, stage, work[stage]) or 0.0 for stage in TASK_STAGES}
 
@@ -190,8 +194,13 @@ def _stopping_workers(pool):
         raise
 
 
-def run_pipeline(config: PipelineConfig, out: str | Path, *, bench: str | Path | None = None,
-                 status: Callable[[list[str]], None] | None = None) -> dict:
+def run_pipeline(
+    config: PipelineConfig,
+    out: str | Path,
+    *,
+    bench: str | Path | None = None,
+    status: Callable[[list[str]], None] | None = None,
+) -> dict:
     """Run (or continue) every stage into `out`, then build the report. `status(lines)` is called
     about once a second with one line per job. Returns {"report": path, "seconds": {...}, "summary": [...]}.
 
@@ -212,8 +221,10 @@ def _kept(out: Path, jobs: list[str]) -> str:
     """The Ctrl-C line of `posym run`: the finished stages and how to continue."""
     stages = [(job, stage) for job in jobs for stage in ((THEORY,) if job == THEORY else TASK_STAGES)]
     done = sum(is_done(out, job, stage) for job, stage in stages)
-    return (f"kept {done} of {len(stages)} finished stages (and the checkpoints of any training) in {out}; "
-            "re-running the same command resumes")
+    return (
+        f"kept {done} of {len(stages)} finished stages (and the checkpoints of any training) in {out}; "
+        "re-running the same command resumes"
+    )
 
 
 def _run_jobs(config: PipelineConfig, out: Path, jobs: list[str], bench, status, start: float) -> dict:
@@ -229,8 +240,12 @@ def _run_jobs(config: PipelineConfig, out: Path, jobs: list[str], bench, status,
     # spawn, not fork: torch and OpenMP state must not be copied into the workers
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_pool_worker)
     with pool, _stopping_workers(pool):
-        futures = {pool.submit(theory_job, as_dict, str(out), threads) if job == THEORY else
-                   pool.submit(task_job, as_dict, str(out), job, threads): job for job in jobs}
+        futures = {
+            pool.submit(theory_job, as_dict, str(out), threads)
+            if job == THEORY
+            else pool.submit(task_job, as_dict, str(out), job, threads): job
+            for job in jobs
+        }
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -245,10 +260,15 @@ def _run_jobs(config: PipelineConfig, out: Path, jobs: list[str], bench, status,
     extra = [out / THEORY] if THEORY not in failures else []
     html = report.build_report([*run_dirs, *extra, *([Path(bench)] if bench else [])], out / "report")
     if failures:
-        raise PosymError("; ".join(f"job {job} failed: {message}" for job, message in failures.items())
-                         + f" (report of the rest: {html})")
-    result = {"report": str(html), "seconds": seconds, "wall_seconds": round(time.perf_counter() - start, 1),
-              "summary": [report.run_summary(d) for d in run_dirs]}
+        raise PosymError(
+            "; ".join(f"job {job} failed: {message}" for job, message in failures.items())
+            + f" (report of the rest: {html})"
+        )
+    result = {
+        "report": str(html),
+        "seconds": seconds,
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "summary": [report.run_summary(d) for d in run_dirs],
+    }
     io.write_json(out / "pipeline.json", {**io.manifest(as_dict, seed=config.seed), **result})
     return result
-

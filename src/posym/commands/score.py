@@ -35,11 +35,27 @@ def write_score_parquet(path, frames, sidecar: dict) -> int:
     return rows
 
 
-
-def run_score(path, out, *, step: int | None = None, task: str | None = None, n: int = 100, seed: int = 0,
-              prompts=None, queries: str | None = None, tau: float = TAU, blocks: int | None = None,
-              compare: str = "probs", epsilon: float = 1e-12, exact: str = "pruned", gamma: float = GAMMA,
-              batch_size: int = 64, device: str = "cpu", progress=None, started=None) -> dict:
+def run_score(
+    path,
+    out,
+    *,
+    step: int | None = None,
+    task: str | None = None,
+    n: int = 100,
+    seed: int = 0,
+    prompts=None,
+    queries: str | None = None,
+    tau: float = TAU,
+    blocks: int | None = None,
+    compare: str = "probs",
+    epsilon: float = 1e-12,
+    exact: str = "pruned",
+    gamma: float = GAMMA,
+    batch_size: int = 64,
+    device: str = "cpu",
+    progress=None,
+    started=None,
+) -> dict:
     """Score every head of the model at `path` and write `out` (Parquet) and `out`.json.
 
     `task` draws the paper task's test prompts instead of the checkpoint's own; `prompts` reads a JSONL
@@ -53,21 +69,50 @@ def run_score(path, out, *, step: int | None = None, task: str | None = None, n:
     hf_model, task_config = loaded.model, loaded.info.get("task_config")
     if task is not None and (task_config is None or task_config.task != task):
         task_config = paper_task(task)
-    ids, wanted = score_prompts(hf_model, task_config=None if prompts else task_config, n_prompts=n,
-                                seed=seed, prompts_file=prompts, queries=queries, encode=loaded.text_ids)
+    ids, wanted = score_prompts(
+        hf_model,
+        task_config=None if prompts else task_config,
+        n_prompts=n,
+        seed=seed,
+        prompts_file=prompts,
+        queries=queries,
+        encode=loaded.text_ids,
+    )
     used = queries or ("the file's (else last)" if prompts else "last")
     model_path = loaded.info.get("path", loaded.source.path)
-    settings = {"model": str(model_path), "checkpoint": str(model_path), "step": loaded.info.get("step"),
-                "prompts": str(prompts) if prompts else None,
-                "task": to_dict(task_config) if task_config is not None and not prompts else None,
-                "n": len(ids), "queries": used, "tau": tau, "blocks": blocks,
-                "variant": f"blocks={blocks}" if blocks else "single-token", "compare": compare,
-                "epsilon": epsilon, "exact": exact}
+    settings = {
+        "model": str(model_path),
+        "checkpoint": str(model_path),
+        "step": loaded.info.get("step"),
+        "prompts": str(prompts) if prompts else None,
+        "task": to_dict(task_config) if task_config is not None and not prompts else None,
+        "n": len(ids),
+        "queries": used,
+        "tau": tau,
+        "blocks": blocks,
+        "variant": f"blocks={blocks}" if blocks else "single-token",
+        "compare": compare,
+        "epsilon": epsilon,
+        "exact": exact,
+    }
     if started is not None:
         started(settings, len(ids))
-    frames = iter_scores(hf_model, ids, wanted, tau=tau, blocks=blocks, compare=compare, epsilon=epsilon,
-                         exact=exact, batch_size=batch_size, progress=progress)
-    rows = write_score_parquet(out, frames, manifest(settings, seed=seed, settings=settings,
-                                                     hf_config=hf_model.config.to_dict()))
-    summary = summarize_heads(read_parquet(out, columns=["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]), gamma)
+    frames = iter_scores(
+        hf_model,
+        ids,
+        wanted,
+        tau=tau,
+        blocks=blocks,
+        compare=compare,
+        epsilon=epsilon,
+        exact=exact,
+        batch_size=batch_size,
+        progress=progress,
+    )
+    rows = write_score_parquet(
+        out, frames, manifest(settings, seed=seed, settings=settings, hf_config=hf_model.config.to_dict())
+    )
+    summary = summarize_heads(
+        read_parquet(out, columns=["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]), gamma
+    )
     return {"settings": settings, "rows": rows, "summary": summary}

@@ -128,8 +128,10 @@ def _check_axis(config: SweepConfig, preset: str, task: str, axis: str, key: str
     for value in getattr(config, axis):
         setting = _setting(_resolve(config, preset, task, 0, {key: value}))
         if setting in seen:
-            raise PosymError(f"the grid holds the same trial twice: {axis} lists {seen[setting]!r} and {value!r}, "
-                             f"which are the same setting for the {preset} preset")
+            raise PosymError(
+                f"the grid holds the same trial twice: {axis} lists {seen[setting]!r} and {value!r}, "
+                f"which are the same setting for the {preset} preset"
+            )
         seen[setting] = value
 
 
@@ -143,19 +145,40 @@ def trials(config: SweepConfig) -> list[dict]:
         for task in config.tasks:
             for axis, key in (("rotary_dims", "rotary_dim"), ("rope_bands", "rope_bands"), ("nope_from", "nope_from")):
                 _check_axis(config, preset, task, axis, key)
-            grid = itertools.product(config.rotary_dims, config.rope_bases, config.rope_bands, config.nope_from,
-                                     config.seeds)
+            grid = itertools.product(
+                config.rotary_dims, config.rope_bases, config.rope_bands, config.nope_from, config.seeds
+            )
             for rotary, base, bands, nope, seed in grid:
-                cfg = _resolve(config, preset, task, seed, {"rotary_dim": rotary, "rope_base": base,
-                                                            "rope_bands": bands, "nope_from": nope})
+                cfg = _resolve(
+                    config,
+                    preset,
+                    task,
+                    seed,
+                    {"rotary_dim": rotary, "rope_base": base, "rope_bands": bands, "nope_from": nope},
+                )
                 rot, label, nope_layer = _setting(cfg)
-                name = (f"{task}-{preset}-rot{rot}-base{base:g}" + ("" if label in ("all", "none") else f"-band{label}")
-                        + ("" if nope_layer == cfg.model.n_layer else f"-nope{nope_layer}") + f"-seed{seed}")
+                name = (
+                    f"{task}-{preset}-rot{rot}-base{base:g}"
+                    + ("" if label in ("all", "none") else f"-band{label}")
+                    + ("" if nope_layer == cfg.model.n_layer else f"-nope{nope_layer}")
+                    + f"-seed{seed}"
+                )
                 if name in names:
                     continue  # an earlier combination already is this model (e.g. any band with nope_from 0)
                 names.add(name)
-                out.append({"name": name, "task": task, "preset": preset, "seed": seed, "rotary_dim": rot,
-                            "rope_base": base, "rope_bands": label, "nope_from": nope_layer, "config": to_dict(cfg)})
+                out.append(
+                    {
+                        "name": name,
+                        "task": task,
+                        "preset": preset,
+                        "seed": seed,
+                        "rotary_dim": rot,
+                        "rope_base": base,
+                        "rope_bands": label,
+                        "nope_from": nope_layer,
+                        "config": to_dict(cfg),
+                    }
+                )
     return out
 
 
@@ -176,10 +199,19 @@ def run_trial(trial: dict, run_dir: str, dynamics: bool, n_prompts: int, threads
         row["step"] = int(last.step)
         if dynamics:
             result = dyn.run_dynamics(run_path, n_prompts=n_prompts, seed=trial["seed"])
-            end = [r for r in result["composition"]
-                   if r["gamma"] == GAMMA and r["stage"] == "end" and r["query_mode"] == "hops"][0]
-            row.update({"frac_positional": end["frac_positional"], "frac_symbolic": end["frac_symbolic"],
-                        "layers_positional": end["layers_positional"], "layers_symbolic": end["layers_symbolic"]})
+            end = [
+                r
+                for r in result["composition"]
+                if r["gamma"] == GAMMA and r["stage"] == "end" and r["query_mode"] == "hops"
+            ][0]
+            row.update(
+                {
+                    "frac_positional": end["frac_positional"],
+                    "frac_symbolic": end["frac_symbolic"],
+                    "layers_positional": end["layers_positional"],
+                    "layers_symbolic": end["layers_symbolic"],
+                }
+            )
         row.update(status="ok", error="")
     except Exception as exc:  # noqa: BLE001 - a failed trial is data, reported in trials.parquet
         row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
@@ -215,28 +247,44 @@ def plot_aggregate(table):
     the pure-head fractions if the trials ran dynamics."""
     import numpy as np
 
-
     hops = sorted(c[:-5] for c in table.columns if c.startswith("acc_hop") and c.endswith("_mean"))
     fracs = [c[:-5] for c in table.columns if c.startswith("frac_") and c.endswith("_mean")]
-    panels = [("final test accuracy", ["acc", *hops])] + ([("pure heads at the end (gamma 0.1)", fracs)] if fracs else [])
+    panels = [("final test accuracy", ["acc", *hops])] + (
+        [("pure heads at the end (gamma 0.1)", fracs)] if fracs else []
+    )
     varied = len(table[["rope_bands", "nope_from"]].drop_duplicates()) > 1  # say the band setting only then
-    labels = [f"{r.task}\n{r.preset}, rot {r.rotary_dim}, base {r.rope_base:g}"
-              + (f"\nbands {r.rope_bands}, NoPE from L{r.nope_from}" if varied else "") for r in table.itertuples()]
+    labels = [
+        f"{r.task}\n{r.preset}, rot {r.rotary_dim}, base {r.rope_base:g}"
+        + (f"\nbands {r.rope_bands}, NoPE from L{r.nope_from}" if varied else "")
+        for r in table.itertuples()
+    ]
     fig, axes = subplots(1, len(panels), figsize=(max(5.0, 1.6 * len(table)) * len(panels), 3.8), squeeze=False)
     x = np.arange(len(table))
     for ax, (title, columns) in zip(axes[0], panels):
         width = 0.8 / len(columns)
         for k, column in enumerate(columns):
-            ax.bar(x + (k - (len(columns) - 1) / 2) * width, table[f"{column}_mean"], width,
-                   yerr=table[f"{column}_std"].fillna(0), capsize=2, label=column.replace("acc_", ""))
+            ax.bar(
+                x + (k - (len(columns) - 1) / 2) * width,
+                table[f"{column}_mean"],
+                width,
+                yerr=table[f"{column}_std"].fillna(0),
+                capsize=2,
+                label=column.replace("acc_", ""),
+            )
         ax.set_xticks(x, labels, fontsize=8)
         ax.set(ylim=(0, 1.05), title=f"{title}, mean ± std over seeds")
         ax.legend(fontsize=7)
     return fig
 
 
-def run_sweep(config: SweepConfig, out: str | Path, *, address: str | None = None, max_concurrent: int | None = None,
-              progress: Callable[[dict], None] | None = None) -> dict:
+def run_sweep(
+    config: SweepConfig,
+    out: str | Path,
+    *,
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    progress: Callable[[dict], None] | None = None,
+) -> dict:
     """Run every trial not yet done on Ray (local unless `address`), at most `max_concurrent` at a
     time; write trials.parquet, aggregate.parquet, aggregate.png/svg and sweep.json into `out`.
     `progress(row)` is called after each trial. Returns sweep.json's content plus the two tables."""
@@ -255,7 +303,6 @@ def _kept(out: Path, grid: list[dict]) -> str:
     return f"kept {done} of {len(grid)} finished trials in {out}; re-running the same command resumes"
 
 
-
 def _done_row(path: Path) -> dict:
     """The table row a finished trial's done-file keeps; a damaged one is one PosymError line saying how to
     run that trial again."""
@@ -265,20 +312,29 @@ def _done_row(path: Path) -> dict:
     return row
 
 
-def _run_sweep(config: SweepConfig, out: Path, grid: list[dict], address: str | None, max_concurrent: int | None,
-               progress: Callable[[dict], None] | None) -> dict:
+def _run_sweep(
+    config: SweepConfig,
+    out: Path,
+    grid: list[dict],
+    address: str | None,
+    max_concurrent: int | None,
+    progress: Callable[[dict], None] | None,
+) -> dict:
     """The body of `run_sweep`, run under `out`'s lock."""
     import pandas as pd
     import ray
 
-    rows = {t["name"]: _done_row(done_path(out, t["name"], SWEEP_JOB)) for t in grid if is_done(out, t["name"], SWEEP_JOB)}
+    rows = {
+        t["name"]: _done_row(done_path(out, t["name"], SWEEP_JOB)) for t in grid if is_done(out, t["name"], SWEEP_JOB)
+    }
     todo = [t for t in grid if t["name"] not in rows]
     if todo:
         started = not ray.is_initialized()
         if started:
             try:
                 ray.init(address=address, log_to_driver=False) if address else ray.init(
-                    num_cpus=config.num_cpus, include_dashboard=False, log_to_driver=False)
+                    num_cpus=config.num_cpus, include_dashboard=False, log_to_driver=False
+                )
             except ConnectionError as exc:
                 raise PosymError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
         remote = ray.remote(num_cpus=config.cpus_per_trial, max_retries=0)(_ray_trial)
@@ -288,8 +344,9 @@ def _run_sweep(config: SweepConfig, out: Path, grid: list[dict], address: str | 
             while queue or running:
                 while queue and len(running) < limit:
                     t = queue.pop(0)
-                    ref = remote.remote(t, str(out / "trials" / t["name"]), config.dynamics, config.n_prompts,
-                                        config.cpus_per_trial)
+                    ref = remote.remote(
+                        t, str(out / "trials" / t["name"]), config.dynamics, config.n_prompts, config.cpus_per_trial
+                    )
                     running[ref] = t
                 ready, _ = ray.wait(list(running), num_returns=1)
                 t = running.pop(ready[0])
@@ -314,7 +371,12 @@ def _run_sweep(config: SweepConfig, out: Path, grid: list[dict], address: str | 
     io.write_parquet(out / "aggregate.parquet", table)
     figures = [str(p) for p in save_figure(plot_aggregate(table), out / "aggregate")] if len(table) else []
     failed = frame[frame.status != "ok"][["name", "error"]].to_dict("records")
-    result = {**io.manifest(to_dict(config)), "config": to_dict(config), "trials": len(grid), "failed": failed,
-              "figures": figures}
+    result = {
+        **io.manifest(to_dict(config)),
+        "config": to_dict(config),
+        "trials": len(grid),
+        "failed": failed,
+        "figures": figures,
+    }
     io.write_json(out / "sweep.json", result)
     return {**result, "table": table, "rows": frame}

@@ -44,10 +44,19 @@ def plot_discrepancy(curves: list[dict]):
                 ax.plot(n, [r["bound"] for r in sub], color=color, ls="--", label=f"T_{kind.capitalize()} bound")
         nope = [r for r in curves if r["head"] == "retrieval" and r["theta"] == 0]
         if nope:
-            ax.plot([r["n"] for r in nope], [r["delta"] for r in nope], color="gray", ls=":",
-                    label="T_Retrieval, NoPE (theta = 0)")
-        ax.set(yscale="log", xlabel="length n (query position)", ylabel="discrepancy Delta(n)",
-               title=f"theta = {theta:.4g}")
+            ax.plot(
+                [r["n"] for r in nope],
+                [r["delta"] for r in nope],
+                color="gray",
+                ls=":",
+                label="T_Retrieval, NoPE (theta = 0)",
+            )
+        ax.set(
+            yscale="log",
+            xlabel="length n (query position)",
+            ylabel="discrepancy Delta(n)",
+            title=f"theta = {theta:.4g}",
+        )
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -75,26 +84,38 @@ def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
         ids, ans, hops = (torch.as_tensor(a) for a in (s.input_ids, s.answer, s.hops))
         freq = config.index_freq_id if kind == "index" else config.retrieval_freq_id
         head = (index_head if kind == "index" else retrieval_head)(
-            cfg, frequency_angle(freq, base=config.rope_base, rotary_dim=config.rotary_dim))
+            cfg, frequency_angle(freq, base=config.rope_base, rotary_dim=config.rotary_dim)
+        )
         n = cfg.seq_len - 1
         beta = max(needed_beta(head, cfg, m, config.eps)[0] for m in range(1, n + 1))
         soft = with_beta(head, beta)
-        tasks[kind] = {"task": task, "beta": beta, **construction_scores(soft, ids),
-                       "hard": multihop(head, cfg, ids, ans, hops),
-                       "softmax": multihop(soft, cfg, ids, ans, hops, hard=False)}
+        tasks[kind] = {
+            "task": task,
+            "beta": beta,
+            **construction_scores(soft, ids),
+            "hard": multihop(head, cfg, ids, ans, hops),
+            "softmax": multihop(soft, cfg, ids, ans, hops, hard=False),
+        }
     step("measuring discrepancy curves")
     curves = []
     ns = range(1, config.curve_max_n + 1)
     for freq in config.curve_freq_ids:
         theta = frequency_angle(freq, base=config.rope_base, rotary_dim=config.rotary_dim)
         curves += [{**r, "freq_id": freq} for r in discrepancy_curve(theta, ns, alphabet_size=config.alphabet_size)]
-    curves += [{**r, "freq_id": 0} for r in discrepancy_curve(0.0, ns, alphabet_size=config.alphabet_size)
-               if r["head"] == "retrieval"]
+    curves += [
+        {**r, "freq_id": 0}
+        for r in discrepancy_curve(0.0, ns, alphabet_size=config.alphabet_size)
+        if r["head"] == "retrieval"
+    ]
     step("writing tables and figure")
     write_parquet(out_dir / "theory.parquet", pd.DataFrame(rows))
     write_parquet(out_dir / "discrepancy.parquet", pd.DataFrame(curves))
     figures = save_figure(plot_discrepancy(curves), out_dir / "fig5a", dpi=150)
-    result = {"summary": summary, "tasks": tasks, "figures": [str(p) for p in figures],
-              "manifest": manifest(to_dict(config), seed=config.seed)}
+    result = {
+        "summary": summary,
+        "tasks": tasks,
+        "figures": [str(p) for p in figures],
+        "manifest": manifest(to_dict(config), seed=config.seed),
+    }
     write_json(out_dir / "theory.json", result)
     return result

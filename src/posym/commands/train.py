@@ -18,8 +18,17 @@ from posym import io
 from posym.configs import from_dict, override, to_dict
 from posym.core.model import build_model
 from posym.core.tasks import task_config
-from posym.core.train import (LEGACY_PRECISIONS, PRESETS, TrainConfig, checkpoint_steps, evaluate, make_optimizer,
-                              to_tensor, train_batch, train_step)
+from posym.core.train import (
+    LEGACY_PRECISIONS,
+    PRESETS,
+    TrainConfig,
+    checkpoint_steps,
+    evaluate,
+    make_optimizer,
+    to_tensor,
+    train_batch,
+    train_step,
+)
 from posym.errors import PosymError
 from posym.models import (
     CHECKPOINT_META,
@@ -94,9 +103,11 @@ def _restore(model, optimizer, ckpt: Path, device: str) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    steps = [(ckpt / "model.safetensors", lambda f: model.load_state_dict(load_file(str(f), device=device))),
-             (ckpt / TRAINER_JSON, lambda f: io.read_json(f)["param_groups"]),
-             (ckpt / TRAINER_TENSORS, lambda f: _load_trainer_state(ckpt, optimizer))]
+    steps = [
+        (ckpt / "model.safetensors", lambda f: model.load_state_dict(load_file(str(f), device=device))),
+        (ckpt / TRAINER_JSON, lambda f: io.read_json(f)["param_groups"]),
+        (ckpt / TRAINER_TENSORS, lambda f: _load_trainer_state(ckpt, optimizer)),
+    ]
     for path, load in steps:
         try:
             load(path)
@@ -125,10 +136,13 @@ def _resume_point(run_dir: Path, resumable: list[tuple[int, Path]], model, optim
             break
         except _Damaged:
             continue
-    offer = (f"the newest intact checkpoint is {intact.name}: move {ckpt.name} (and any checkpoint after "
-             f"{intact.name}) out of {ckpt.parent}, then resume again" if intact is not None else
-             "no other checkpoint keeps its trainer state (set keep_trainer_state: true to keep them), so the run "
-             "cannot continue exactly; start it again")
+    offer = (
+        f"the newest intact checkpoint is {intact.name}: move {ckpt.name} (and any checkpoint after "
+        f"{intact.name}) out of {ckpt.parent}, then resume again"
+        if intact is not None
+        else "no other checkpoint keeps its trainer state (set keep_trainer_state: true to keep them), so the run "
+        "cannot continue exactly; start it again"
+    )
     raise PosymError(f"cannot resume {run_dir}: {path.relative_to(run_dir)} is damaged ({reason[:120]}); {offer}")
 
 
@@ -180,12 +194,20 @@ def _kept(run_dir: Path) -> str:
     steps = [s for s, _ in list_checkpoints(run_dir)]
     if not steps:
         return f"no checkpoint was finished, so nothing was kept in {run_dir}; the same command starts it again"
-    return f"kept checkpoints up to step {steps[-1]} in {run_dir}; `posym train --resume {run_dir}` continues from there"
+    return (
+        f"kept checkpoints up to step {steps[-1]} in {run_dir}; `posym train --resume {run_dir}` continues from there"
+    )
 
 
 def train(
-    config: TrainConfig | None, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
-    stop_at: int | None = None, device: str | None = None, threads: int | None = None,
+    config: TrainConfig | None,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    stop_at: int | None = None,
+    device: str | None = None,
+    threads: int | None = None,
 ) -> Path:
     """Train (or, with resume=True, continue) the run in `run_dir`; return `run_dir`.
 
@@ -204,20 +226,28 @@ def train(
         raise PosymError("device and threads overrides are for resuming a run; a new run takes them from its config")
     run_dir = Path(run_dir)
     config = _run_config(config, run_dir, resume)
-    machine = dataclasses.replace(config, **{k: v for k, v in (("device", device), ("threads", threads)) if v is not None})
+    machine = dataclasses.replace(
+        config, **{k: v for k, v in (("device", device), ("threads", threads)) if v is not None}
+    )
     try:
         resolved = check_resources(machine)  # before the run directory exists: a refused config leaves nothing
     except PosymError as refused:
         if resume:  # a run started elsewhere (a GPU, more cores) can still be finished here
-            raise PosymError(f"{refused}; to continue {run_dir} on this machine, pass --device and/or --threads") from None
+            raise PosymError(
+                f"{refused}; to continue {run_dir} on this machine, pass --device and/or --threads"
+            ) from None
         raise
     with io.locked(run_dir), io.interruptible(lambda: _kept(run_dir)):
         if resume:
             return _train(config, run_dir, resume, progress, stop_at, resolved, machine)
         _run_config(config, run_dir, resume)  # again, under the lock: nobody started it meanwhile
-        started = [io.write_yaml(RunDir(run_dir).config, to_dict(config)),
-                   io.write_json(RunDir(run_dir).manifest, {**io.manifest(to_dict(config), seed=config.seed),
-                                                                            "config_hash": run_hash(config)})]
+        started = [
+            io.write_yaml(RunDir(run_dir).config, to_dict(config)),
+            io.write_json(
+                RunDir(run_dir).manifest,
+                {**io.manifest(to_dict(config), seed=config.seed), "config_hash": run_hash(config)},
+            ),
+        ]
         try:
             return _train(config, run_dir, resume, progress, stop_at, resolved, machine)
         except BaseException:
@@ -227,8 +257,15 @@ def train(
             raise
 
 
-def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, stop_at: int | None, device: str,
-           machine: TrainConfig) -> Path:
+def _train(
+    config: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    progress: bool,
+    stop_at: int | None,
+    device: str,
+    machine: TrainConfig,
+) -> Path:
     """The body of `train`, run under the run directory's lock, on `device` (resolved) with the threads of
     `machine` (`config` with this session's device/threads overrides)."""
     import pandas as pd
@@ -245,7 +282,9 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
     saves = set(checkpoint_steps(config.max_steps, config.checkpoint_every)) | {end}
     log_path = RunDir(run_dir).log
     # the log only informs: a damaged one (bytes that are not UTF-8) is kept as far as it reads, never a refusal
-    log_lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines() if resume and log_path.is_file() else []
+    log_lines = (
+        log_path.read_text(encoding="utf-8", errors="replace").splitlines() if resume and log_path.is_file() else []
+    )
     rows: list[dict] = []
 
     step = 0
@@ -261,8 +300,10 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
         rows = [read_checkpoint_meta(p)["metrics"] for s, p in list_checkpoints(run_dir) if s <= step]
         log_lines.append(f"resumed at step {step} from {ckpt.name}")
         if (machine.device, machine.threads) != (config.device, config.threads):
-            log_lines.append(f"continuing on {device} with {machine.threads or 'default'} threads (the run's config "
-                             f"names {config.device} with {config.threads or 'default'} threads)")
+            log_lines.append(
+                f"continuing on {device} with {machine.threads or 'default'} threads (the run's config "
+                f"names {config.device} with {config.threads or 'default'} threads)"
+            )
     else:
         torch.manual_seed(config.seed)
         if torch.cuda.is_available():
@@ -282,10 +323,17 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
         previous = list_checkpoints(run_dir)
         with io.atomic_path(run_dir / "checkpoints" / checkpoint_name(step), is_dir=True, replace=True) as tmp:
             model.save_pretrained(tmp)
-            io.write_json(tmp / CHECKPOINT_META, {
-                "step": step, "seed": config.seed, "config_hash": chash,
-                "task": to_dict(task), "model": to_dict(config.model), "metrics": metrics,
-            })
+            io.write_json(
+                tmp / CHECKPOINT_META,
+                {
+                    "step": step,
+                    "seed": config.seed,
+                    "config_hash": chash,
+                    "task": to_dict(task),
+                    "model": to_dict(config.model),
+                    "metrics": metrics,
+                },
+            )
             _save_trainer_state(tmp, optimizer, step, chash)
         if not config.keep_trainer_state:
             for s, old in previous:  # only the newest checkpoint needs to be resumable
@@ -323,8 +371,13 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
     )
 
     columns = [
-        TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]} steps/s"),
-        TextColumn("loss {task.fields[loss]}"), TextColumn("acc {task.fields[acc]}"), TimeRemainingColumn(),
+        TextColumn("train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]} steps/s"),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("acc {task.fields[acc]}"),
+        TimeRemainingColumn(),
     ]
     model.train()
     window_loss = torch.zeros((), device=device)  # summed on device: no sync per step
@@ -345,6 +398,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, progress: bool, sto
                 window_steps = 0
             if progress and (step % 10 == 0 or step == end):
                 rate = (step - t0_step) / max(1e-9, time.perf_counter() - t0)
-                bar.update(bar_task, completed=step, rate=f"{rate:.1f}", loss=f"{loss.item():.3f}",
-                           acc=f"{last['acc']:.3f}")
+                bar.update(
+                    bar_task, completed=step, rate=f"{rate:.1f}", loss=f"{loss.item():.3f}", acc=f"{last['acc']:.3f}"
+                )
     return run_dir

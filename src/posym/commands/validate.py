@@ -28,9 +28,13 @@ def run_validation(run_dir, *, n: int | None = None, device: str = "cpu", progre
     table = table.merge(test, on="step", how="left")
     best = int(table[table.val_acc == table.val_acc.max()].step.min())
     best_test = int(table[table.acc == table.acc.max()].step.min())
-    result = {**io.manifest({"run_dir": str(run_dir), "n": n}), "best_step": best,
-              "best_val_acc": float(table.set_index("step").val_acc[best]),
-              "test_acc_at_best": float(table.set_index("step").acc[best]),
-              "best_test_step": best_test, "rows": table.to_dict("records")}
+    result = {
+        **io.manifest({"run_dir": str(run_dir), "n": n}),
+        "best_step": best,
+        "best_val_acc": float(table.set_index("step").val_acc[best]),
+        "test_acc_at_best": float(table.set_index("step").acc[best]),
+        "best_test_step": best_test,
+        "rows": table.to_dict("records"),
+    }
     io.write_json(RunDir(run_dir).validation_json, result)
     return result

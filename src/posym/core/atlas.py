@@ -213,7 +213,7 @@ def spearman_pairs(heads, columns):
 
     rows = []
     for i, a in enumerate(columns):
-        for b in columns[i + 1:]:
+        for b in columns[i + 1 :]:
             both = heads[[a, b]].dropna()
             rows.append({"a": a, "b": b, "rho": spearman(both[a], both[b]), "heads": len(both)})
     return pd.DataFrame(rows, columns=["a", "b", "rho", "heads"])

@@ -103,8 +103,18 @@ def _fold(x: Tensor, pairing: str) -> Tensor:
     return x[..., ::2] + x[..., 1::2] if pairing == "interleaved" else sum(x.chunk(2, dim=-1))
 
 
-def _weigh(x: Tensor, clean: Tensor, partner: Tensor, xa: Tensor, clean_a: Tensor, gap: Tensor, new_a: Tensor,
-           new_b: Tensor, tau: float, compare: str) -> tuple[Tensor, Tensor, Tensor]:
+def _weigh(
+    x: Tensor,
+    clean: Tensor,
+    partner: Tensor,
+    xa: Tensor,
+    clean_a: Tensor,
+    gap: Tensor,
+    new_a: Tensor,
+    new_b: Tensor,
+    tau: float,
+    compare: str,
+) -> tuple[Tensor, Tensor, Tensor]:
     """(summed weight, weight x cos_pos, weight x cos_sym) [...] of the swaps of one pivot a with its
     partners (`partner` [..., W]) over rows [..., W]: item values x, clean logits, the pivot's value xa
     and logit clean_a [..., 1], the largest gap [...], swapped[a, b] (new_a) and swapped[b, a] (new_b).
@@ -122,8 +132,9 @@ def _weigh(x: Tensor, clean: Tensor, partner: Tensor, xa: Tensor, clean_a: Tenso
         first = delta <= 0
         cos_pos, cos_sym = torch.where(first, straight, crossed), torch.where(first, crossed, straight)
     else:
-        cos_pos, cos_sym = pruning.pair_cosines(clean_a.expand_as(clean)[..., None], clean[..., None], new_a[..., None],
-                                                new_b[..., None], compare)
+        cos_pos, cos_sym = pruning.pair_cosines(
+            clean_a.expand_as(clean)[..., None], clean[..., None], new_a[..., None], new_b[..., None], compare
+        )
     return w.sum(-1), torch.where(partner, w * cos_pos, 0.0).sum(-1), torch.where(partner, w * cos_sym, 0.0).sum(-1)
 
 
@@ -139,8 +150,9 @@ def _slot(t: Tensor, at: Tensor | None, slot: Tensor | None) -> Tensor:
     return t[:, :1] if at is None else t[at, slot][:, None]
 
 
-def score_block(qk: HeadQK, rows: Tensor, ps: list[int], dtype, *, tau: float, compare: str, epsilon: float,
-                exclude_keys=()) -> tuple[dict[str, Tensor], Tensor]:
+def score_block(
+    qk: HeadQK, rows: Tensor, ps: list[int], dtype, *, tau: float, compare: str, epsilon: float, exclude_keys=()
+) -> tuple[dict[str, Tensor], Tensor]:
     """Scores of the queries `ps` (sorted positions, each with >= 2 earlier keys) of batch `rows` [G],
     every head, batched (module docstring).
 
@@ -168,14 +180,18 @@ def score_block(qk: HeadQK, rows: Tensor, ps: list[int], dtype, *, tau: float, c
     prob = torch.softmax(clean, dim=-1)
     entropy = -torch.where(seen, prob * log_d, 0.0).sum(-1)  # [G, H, Q]
     top = log_d.max(-1)
-    attn_first = log_d[..., 0].exp().masked_fill(first != 0, math.nan) if k0 == 0 else torch.full_like(entropy, math.nan)
+    attn_first = (
+        log_d[..., 0].exp().masked_fill(first != 0, math.nan) if k0 == 0 else torch.full_like(entropy, math.nan)
+    )
     out = {"entropy": entropy, "top_key": top.indices + k0, "attn_top": top.values.exp(), "attn_first": attn_first}
 
     items = _movable(qk, p, k0, width, exclude_keys)  # [Q, W]
     m = items.sum(-1)  # [Q] items per query
     if int(m.min()) < 2:
-        raise PosymError(f"excluding key positions {sorted(int(k) for k in exclude_keys)} leaves no swap for "
-                         f"query {int(p[m.argmin()])}")
+        raise PosymError(
+            f"excluding key positions {sorted(int(k) for k in exclude_keys)} leaves no swap for "
+            f"query {int(p[m.argmin()])}"
+        )
     n_swaps = m * (m - 1) // 2  # [Q]
     x = prob if compare == "probs" else clean  # [G, H, Q, W]: single-token item values
     # the kept swaps exactly as pruning.kept_counts finds them: the sorted values, partners by searchsorted
@@ -205,7 +221,9 @@ def score_block(qk: HeadQK, rows: Tensor, ps: list[int], dtype, *, tau: float, c
     weight, pos, sym = (torch.zeros_like(gap) for _ in range(3))
     fold_c, fold_s = _folded(kc, qk.pairing), _folded(ks, qk.pairing)
     folding = fold_c is not None and fold_s is not None
-    tables = (torch.cat((fold_c, fold_s), -1) if folding else torch.cat((kc, ks), -1)).transpose(-1, -2)  # [G, 1, r|2r, W]
+    tables = (torch.cat((fold_c, fold_s), -1) if folding else torch.cat((kc, ks), -1)).transpose(
+        -1, -2
+    )  # [G, 1, r|2r, W]
     heads = gap.shape[1]
     # work: slot 0 of every row as one grid, then (row, slot) pairs of the rows with more pivots, in
     # pieces of at most one grid's rows
@@ -249,6 +267,12 @@ def score_block(qk: HeadQK, rows: Tensor, ps: list[int], dtype, *, tau: float, c
         for total, add in zip((weight, pos, sym), sums):
             total.view(-1).index_add_(0, flat_index, add)
     dropped_weight = (n_swaps - kept) * torch.exp((dropped - gap) / tau)  # [G, H, Q]
-    out.update(s_pos=pos / weight, s_sym=sym / weight, kept=kept, n_swaps=n_swaps.expand_as(kept),
-               bound=2 * dropped_weight / (weight + dropped_weight), pivots=pivots)
+    out.update(
+        s_pos=pos / weight,
+        s_sym=sym / weight,
+        kept=kept,
+        n_swaps=n_swaps.expand_as(kept),
+        bound=2 * dropped_weight / (weight + dropped_weight),
+        pivots=pivots,
+    )
     return out, done

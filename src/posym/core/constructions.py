@@ -136,8 +136,9 @@ def attention_logits(head: Head, ids: Tensor, *, last_only: bool = False) -> Ten
     return logits.masked_fill(pos[None, :] > qpos[:, None], float("-inf"))
 
 
-def forward(head: Head, ids: Tensor, *, hard: bool = True, last_only: bool = False,
-            logits: Tensor | None = None) -> Tensor:
+def forward(
+    head: Head, ids: Tensor, *, hard: bool = True, last_only: bool = False, logits: Tensor | None = None
+) -> Tensor:
     """Layer output [B, Q, V + 1] on one-hot inputs: hard (argmax) or softmax attention
     (`logits` [B, Q, L]: precomputed `attention_logits`, to reuse them across calls)."""
     if logits is None:
@@ -160,8 +161,9 @@ def forward(head: Head, ids: Tensor, *, hard: bool = True, last_only: bool = Fal
     return out
 
 
-def apply(head: Head, ids: Tensor, *, hard: bool = True, last_only: bool = False,
-          logits: Tensor | None = None) -> Tensor:
+def apply(
+    head: Head, ids: Tensor, *, hard: bool = True, last_only: bool = False, logits: Tensor | None = None
+) -> Tensor:
     """One application: the layer followed by argmax decoding over token coordinates -> ids [B, Q]."""
     out = forward(head, ids, hard=hard, last_only=last_only, logits=logits)
     return out[..., : head.vocab_size].argmax(-1)
@@ -215,16 +217,20 @@ def with_beta(head: Head, beta: float) -> Head:
     return Head(head.w_q, head.w_k, head.w_v, head.theta, float(beta), head.residual)
 
 
-def multihop(head: Head, cfg: TaskConfig, ids: Tensor, answer: Tensor, hops: Tensor, *,
-             hard: bool = True) -> dict[str, float]:
+def multihop(
+    head: Head, cfg: TaskConfig, ids: Tensor, answer: Tensor, hops: Tensor, *, hard: bool = True
+) -> dict[str, float]:
     """Compose the head max_hops times over whole task sequences (Reflexive^(L-h) o F^h: once the query
     holds the answer, further applications keep it). Fractions of samples whose query holds the
     answer after exactly h applications, after all max_hops, and already after h - 1 (should be 0)."""
     states = torch.stack(compose(head, ids, cfg.max_hops, hard=hard))[:, :, -1]  # [H+1, B] query ids
     rows = torch.arange(len(ids))
     frac = lambda hit: hit.double().mean().item()  # noqa: E731
-    return {"after_h": frac(states[hops, rows] == answer), "after_all": frac(states[-1] == answer),
-            "after_h_minus_1": frac(states[hops - 1, rows] == answer)}
+    return {
+        "after_h": frac(states[hops, rows] == answer),
+        "after_all": frac(states[-1] == answer),
+        "after_h_minus_1": frac(states[hops - 1, rows] == answer),
+    }
 
 
 def swap_logits(head: Head, ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -29,8 +29,7 @@ from posym.core.theory import gap_stats
 GAP_COLUMNS = ("prompt", "query", "keys", "layer", "head", "gap", "top_key", "top_logit")
 
 
-def head_gaps(model, input_ids, queries=None, *, layers: list[int] | None = None, batch_size: int = 64,
-              progress=None):
+def head_gaps(model, input_ids, queries=None, *, layers: list[int] | None = None, batch_size: int = 64, progress=None):
     """Largest minus second-largest attention logit of every head at every query (float64 maths).
 
     input_ids: 1-D id sequences; queries: "last" (default), "all" or per prompt a list of positions
@@ -50,16 +49,31 @@ def head_gaps(model, input_ids, queries=None, *, layers: list[int] | None = None
             top = logits.topk(2, dim=-1)  # values, indices [G, H, 2]
             gap = (top.values[..., 0] - top.values[..., 1]).tolist()  # [G][H]
             key, best = (top.indices[..., 0] + first).tolist(), top.values[..., 0].tolist()
-            found += [(row, p, p - first + 1, layer, h, gap[g][h], key[g][h], best[g][h])
-                      for g, row in enumerate(rows) for h in heads]
+            found += [
+                (row, p, p - first + 1, layer, h, gap[g][h], key[g][h], best[g][h])
+                for g, row in enumerate(rows)
+                for h in heads
+            ]
         return found
 
     records = []
-    for batch, results in scan(model, input_ids, queries, layer_gaps, layers=layers, batch_size=batch_size,
-                               progress=progress):
-        records += [{"prompt": batch[row], "query": p, "keys": keys, "layer": layer, "head": h, "gap": gap,
-                     "top_key": key, "top_logit": best}
-                    for found in results for row, p, keys, layer, h, gap, key, best in found]
+    for batch, results in scan(
+        model, input_ids, queries, layer_gaps, layers=layers, batch_size=batch_size, progress=progress
+    ):
+        records += [
+            {
+                "prompt": batch[row],
+                "query": p,
+                "keys": keys,
+                "layer": layer,
+                "head": h,
+                "gap": gap,
+                "top_key": key,
+                "top_logit": best,
+            }
+            for found in results
+            for row, p, keys, layer, h, gap, key, best in found
+        ]
     frame = pd.DataFrame.from_records(records, columns=list(GAP_COLUMNS))
     return frame.sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
 
@@ -68,9 +82,11 @@ def summarize_gaps(frame, by=("layer", "head", "length")):
     """`posym.core.theory.gap_stats` of the gaps per group (default: per head and sequence length)."""
     import pandas as pd
 
-    rows = [{**dict(zip(by, key if isinstance(key, tuple) else (key,))),
-             **gap_stats(torch.tensor(group["gap"].to_numpy(), dtype=torch.float64))}
-            for key, group in frame.groupby(list(by), sort=True)]
+    rows = [
+        {
+            **dict(zip(by, key if isinstance(key, tuple) else (key,))),
+            **gap_stats(torch.tensor(group["gap"].to_numpy(), dtype=torch.float64)),
+        }
+        for key, group in frame.groupby(list(by), sort=True)
+    ]
     return pd.DataFrame(rows)
-
-

@@ -55,8 +55,19 @@ from posym.core.qk import as_batch, check_layers, head_qk, pair_planes, rotate
 from posym.core.scores import swap_scores
 from posym.errors import PosymError
 
-PLANE_COLUMNS = ("prompt", "query", "layer", "head", "keys", "channel", "frequency_id", "frequency",
-                 "s_pos", "s_sym", "max_logit")
+PLANE_COLUMNS = (
+    "prompt",
+    "query",
+    "layer",
+    "head",
+    "keys",
+    "channel",
+    "frequency_id",
+    "frequency",
+    "s_pos",
+    "s_sym",
+    "max_logit",
+)
 
 
 def plane_angles(cos: torch.Tensor, sin: torch.Tensor, pairing: str) -> torch.Tensor:
@@ -65,11 +76,13 @@ def plane_angles(cos: torch.Tensor, sin: torch.Tensor, pairing: str) -> torch.Te
     r = cos.shape[-1]
     c, s = pair_planes(cos[1], pairing, r)[:, 0], pair_planes(sin[1], pairing, r)[:, 0]  # [r/2]
     return torch.atan2(s.double(), c.double()) - torch.atan2(
-        pair_planes(sin[0], pairing, r)[:, 0].double(), pair_planes(cos[0], pairing, r)[:, 0].double())
+        pair_planes(sin[0], pairing, r)[:, 0].double(), pair_planes(cos[0], pairing, r)[:, 0].double()
+    )
 
 
-def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau: float = TAU,
-                 batch_size: int = 64, progress=None):
+def plane_scores(
+    model, input_ids, queries=None, *, layers=None, heads=None, tau: float = TAU, batch_size: int = 64, progress=None
+):
     """Per-channel scores and max logits, one row per (prompt, query, layer, head, channel).
 
     input_ids: 1-D id sequences (lengths may differ). queries: "last" (default), "all" or per prompt
@@ -87,6 +100,7 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
     heads = list(range(n_heads)) if heads is None else sorted(set(heads))
     if not heads or any(not 0 <= h < n_heads for h in heads):
         raise PosymError(f"heads must be indices in 0..{n_heads - 1}, got {heads}")
+
     def layer_rows(layer, qk, jobs):
         theta = plane_angles(qk.cos[0], qk.sin[0], qk.pairing).cpu()  # [r/2], off the model's device
         channels = theta.shape[0] + (qk.q.shape[-1] > qk.cos.shape[-1])
@@ -95,28 +109,36 @@ def plane_scores(model, input_ids, queries=None, *, layers=None, heads=None, tau
         frames = []
         for p, rows in jobs.items():
             n = p - qk.first_key(p) + 1  # the keys query p sees (a sliding window's on a local layer)
-            step = max(1, swaps.BUDGET // (len(heads) * channels * n ** 2))
+            step = max(1, swaps.BUDGET // (len(heads) * channels * n**2))
             for lo in range(0, len(rows), step):
                 chunk = rows[lo : lo + step]
                 swapped = swaps.plane_swap_logits(qk, torch.tensor(chunk), heads, p)  # [G, H, C, n, n]
                 clean = swapped.diagonal(dim1=-2, dim2=-1)  # [G, H, C, n]
                 res = swap_scores(clean, swapped, tau=tau)
                 shape = clean.shape[:-1]  # [G, H, C]
-                frames.append(pd.DataFrame({
-                    "row": torch.tensor(chunk)[:, None, None].expand(shape).flatten(),
-                    "query": p, "layer": layer, "keys": n,
-                    "head": torch.tensor(heads)[None, :, None].expand(shape).flatten(),
-                    "channel": torch.arange(channels)[None, None].expand(shape).flatten(),
-                    "frequency_id": ids[None, None].expand(shape).flatten(),
-                    "frequency": freq[None, None].expand(shape).flatten(),
-                    "s_pos": res["s_pos"].flatten().cpu(), "s_sym": res["s_sym"].flatten().cpu(),
-                    "max_logit": clean.amax(-1).flatten().cpu(),
-                }))
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "row": torch.tensor(chunk)[:, None, None].expand(shape).flatten(),
+                            "query": p,
+                            "layer": layer,
+                            "keys": n,
+                            "head": torch.tensor(heads)[None, :, None].expand(shape).flatten(),
+                            "channel": torch.arange(channels)[None, None].expand(shape).flatten(),
+                            "frequency_id": ids[None, None].expand(shape).flatten(),
+                            "frequency": freq[None, None].expand(shape).flatten(),
+                            "s_pos": res["s_pos"].flatten().cpu(),
+                            "s_sym": res["s_sym"].flatten().cpu(),
+                            "max_logit": clean.amax(-1).flatten().cpu(),
+                        }
+                    )
+                )
         return frames
 
     frames = []
-    for batch, results in swaps.scan(model, input_ids, queries, layer_rows, layers=layers, batch_size=batch_size,
-                                     progress=progress):
+    for batch, results in swaps.scan(
+        model, input_ids, queries, layer_rows, layers=layers, batch_size=batch_size, progress=progress
+    ):
         for frame in (f for layer_frames in results for f in layer_frames):
             frame.insert(0, "prompt", [batch[row] for row in frame.pop("row")])
             frames.append(frame)
@@ -138,7 +160,8 @@ def layer_bases(planes) -> dict[int, float]:
 def channel_means(planes):
     """Per (layer, head, channel): mean s_pos, s_sym and use (= mean max_logit) over (prompt, query)."""
     return planes.groupby(["layer", "head", "channel", "frequency_id", "frequency"], as_index=False).agg(
-        s_pos=("s_pos", "mean"), s_sym=("s_sym", "mean"), use=("max_logit", "mean"))
+        s_pos=("s_pos", "mean"), s_sym=("s_sym", "mean"), use=("max_logit", "mean")
+    )
 
 
 WEIGHTINGS = ("linear", "dominant", "floor", "sharpened")
@@ -196,16 +219,21 @@ def frequency_use(planes):
         free = g.use[g.frequency_id == 0]
         ids = weighted_ids(rotary.frequency_id.to_numpy(), use)
         theta = rotary.frequency.to_numpy()  # [P], this layer's own angles
-        rows.append({
-            "layer": layer, "head": head, "weighted_id": ids["linear"],
-            **{f"weighted_id_{name}": value for name, value in ids.items()},
-            "weighted_frequency": float(w @ rotary.frequency.to_numpy() / total) if total > 0 else float("nan"),
-            "dominant_id": int(rotary.frequency_id.to_numpy()[np.argmax(use)]),
-            "dominant_frequency": float(theta[np.argmax(use)]),
-            "rope_base": float(theta[1] ** -len(theta)) if len(theta) > 1 and theta[1] > 0 else float("nan"),
-            "free_use": float(free.iloc[0]) if len(free) else float("nan"),
-            "planes": len(rotary), "uniform_id": (len(rotary) + 1) / 2,
-        })
+        rows.append(
+            {
+                "layer": layer,
+                "head": head,
+                "weighted_id": ids["linear"],
+                **{f"weighted_id_{name}": value for name, value in ids.items()},
+                "weighted_frequency": float(w @ rotary.frequency.to_numpy() / total) if total > 0 else float("nan"),
+                "dominant_id": int(rotary.frequency_id.to_numpy()[np.argmax(use)]),
+                "dominant_frequency": float(theta[np.argmax(use)]),
+                "rope_base": float(theta[1] ** -len(theta)) if len(theta) > 1 and theta[1] > 0 else float("nan"),
+                "free_use": float(free.iloc[0]) if len(free) else float("nan"),
+                "planes": len(rotary),
+                "uniform_id": (len(rotary) + 1) / 2,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -233,8 +261,17 @@ def qk_projection(model, input_ids, layer: int, head: int, frequency_id: int):
         plane = pair_planes(x, qk.pairing, r)[:, frequency_id - 1]  # [T, 2]
         plane_rot = pair_planes(turned, qk.pairing, r)[:, frequency_id - 1]  # [T, 2]
         for t in range(len(ids)):
-            rows.append({"position": t, "role": role, "token": ids[t], "x": float(plane[t, 0]),
-                         "y": float(plane[t, 1]), "x_rot": float(plane_rot[t, 0]), "y_rot": float(plane_rot[t, 1])})
+            rows.append(
+                {
+                    "position": t,
+                    "role": role,
+                    "token": ids[t],
+                    "x": float(plane[t, 0]),
+                    "y": float(plane[t, 1]),
+                    "x_rot": float(plane_rot[t, 0]),
+                    "y_rot": float(plane_rot[t, 1]),
+                }
+            )
     frame = pd.DataFrame(rows)
     frame.insert(0, "layer", layer)
     frame.insert(1, "head", head)
@@ -276,6 +313,10 @@ def index_alignment(projection, offsets: dict[int, int]) -> dict[str, float]:
         angle = np.arctan2(q_rot[1], q_rot[0]) - np.arctan2(k_rot[target, 1], k_rot[target, 0])
         errors.append(abs(np.degrees(np.angle(np.exp(1j * angle)))))  # wrapped to [0, 180]
         nearest.append(int(np.argmax(k_unit[: q.position + 1] @ q_rot)) == target)
-    return {"key_concentration": concentration(keys), "query_concentration": concentration(queries),
-            "phase_error_deg": float(np.median(errors)) if errors else float("nan"),
-            "target_nearest": float(np.mean(nearest)) if nearest else float("nan"), "queries": len(errors)}
+    return {
+        "key_concentration": concentration(keys),
+        "query_concentration": concentration(queries),
+        "phase_error_deg": float(np.median(errors)) if errors else float("nan"),
+        "target_nearest": float(np.mean(nearest)) if nearest else float("nan"),
+        "queries": len(errors),
+    }

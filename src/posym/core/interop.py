@@ -51,12 +51,19 @@ class LensModel(torch.nn.Module):
         super().__init__()
         cfg = lens.cfg
         if cfg.positional_embedding_type != "rotary":
-            raise PosymError(f"this HookedTransformer uses {cfg.positional_embedding_type!r} position embeddings; "
-                             "head scores need rotary ones (RoPE)")
+            raise PosymError(
+                f"this HookedTransformer uses {cfg.positional_embedding_type!r} position embeddings; "
+                "head scores need rotary ones (RoPE)"
+            )
         self.lens = lens
-        self.config = SimpleNamespace(model_type="hooked_transformer", vocab_size=cfg.d_vocab,
-                                      max_position_embeddings=cfg.n_ctx, num_attention_heads=cfg.n_heads,
-                                      num_hidden_layers=cfg.n_layers, sliding_window=None)
+        self.config = SimpleNamespace(
+            model_type="hooked_transformer",
+            vocab_size=cfg.d_vocab,
+            max_position_embeddings=cfg.n_ctx,
+            num_attention_heads=cfg.n_heads,
+            num_hidden_layers=cfg.n_layers,
+            sliding_window=None,
+        )
 
     @property
     def device(self):
@@ -83,8 +90,20 @@ class LensModel(torch.nn.Module):
                 # transformers does; a window past the prompt hides nothing
                 window = self.lens.cfg.window_size if getattr(attn, "attn_type", "global") == "local" else None
                 window = int(window) if window is not None and window < t else None
-                on_layer(layer, HeadQK(q, k, cos.expand(q.shape[0], -1, -1), sin.expand(q.shape[0], -1, -1),
-                                       pairing, float(1.0 / attn.attn_scale), cap if cap and cap > 0 else None, window))
+                on_layer(
+                    layer,
+                    HeadQK(
+                        q,
+                        k,
+                        cos.expand(q.shape[0], -1, -1),
+                        sin.expand(q.shape[0], -1, -1),
+                        pairing,
+                        float(1.0 / attn.attn_scale),
+                        cap if cap and cap > 0 else None,
+                        window,
+                    ),
+                )
+
             return hook
 
         hooks = []

@@ -124,6 +124,7 @@ def head_means(model, input_ids, heads: list[Head], batch_size: int = 256) -> di
                 if head[0] == layer:  # args[0]: [batch, T, n_embd], the heads' concatenated outputs
                     part = args[0][..., head_slice(model, head)].double().sum((0, 1))  # [head_dim]
                     sums[head] = sums.get(head, 0) + part
+
         return hook
 
     was_training = model.training
@@ -174,6 +175,7 @@ def ablated(model, heads: list[Head], mode: str = "zero", means: dict | None = N
             for head in layer_heads:
                 out[..., head_slice(model, head)] = 0.0 if mode == "zero" else means[head].to(out)
             return (out, *args[1:])
+
         return hook
 
     handles = [_out_proj(model, layer).register_forward_pre_hook(replace(hs)) for layer, hs in by_layer.items()]

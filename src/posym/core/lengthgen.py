@@ -137,8 +137,9 @@ def extension(task: TaskConfig, length: int) -> TaskConfig:
     """`task` lengthened to `length` tokens by extra target-window tokens before the effective window."""
     extra = length - task.seq_len
     if extra < 0:
-        raise PosymError(f"length {length} is shorter than the run's training length {task.seq_len}; "
-                         f"lengthgen only adds tokens")
+        raise PosymError(
+            f"length {length} is shorter than the run's training length {task.seq_len}; lengthgen only adds tokens"
+        )
     return dataclasses.replace(task, extra_target=task.extra_target + extra)
 
 
@@ -156,8 +157,10 @@ def plan(task: TaskConfig, config: LengthGenConfig, n_positions: int) -> list[tu
     for _, length, _ in points:
         extension(task, length)  # rejects lengths below the training length
         if length > n_positions:
-            raise PosymError(f"length {length} exceeds the model's position table of {n_positions} tokens "
-                             f"(n_positions); choose lengths <= {n_positions}")
+            raise PosymError(
+                f"length {length} exceeds the model's position table of {n_positions} tokens "
+                f"(n_positions); choose lengths <= {n_positions}"
+            )
     return points
 
 
@@ -179,8 +182,13 @@ def discrepancy_bound(task: TaskConfig, length: int, config: LengthGenConfig) ->
     return retrieval_bound(theta, task.alphabet_size, n)
 
 
-def protocol_table(measured: dict[int, dict], task: TaskConfig, points: list[tuple[str, int, float]],
-                   hop_counts: dict[int, int], config: LengthGenConfig):
+def protocol_table(
+    measured: dict[int, dict],
+    task: TaskConfig,
+    points: list[tuple[str, int, float]],
+    hop_counts: dict[int, int],
+    config: LengthGenConfig,
+):
     """Long table, one row per (protocol, length, hop), hop 0 = all hops; `measured[length]` holds
     `posym.core.train.evaluate`'s metrics. Retention = acc / acc at the training length (same hop), NaN
     when the training length was not measured."""
@@ -194,12 +202,21 @@ def protocol_table(measured: dict[int, dict], task: TaskConfig, points: list[tup
             key = "acc" if hop == ALL_HOPS else f"acc_hop{hop}"
             acc = m[key]
             retention = acc / ref[key] if ref is not None and ref[key] > 0 else float("nan")
-            rows.append({
-                "task": task.task, "protocol": protocol, "length": length, "factor": factor,
-                "extra_target": length - task.seq_len, "hop": hop, "n": hop_counts[hop], "acc": acc,
-                "retention": retention, "loss": m["loss"] if hop == ALL_HOPS else float("nan"),
-                "bound": discrepancy_bound(task, length, config),
-            })
+            rows.append(
+                {
+                    "task": task.task,
+                    "protocol": protocol,
+                    "length": length,
+                    "factor": factor,
+                    "extra_target": length - task.seq_len,
+                    "hop": hop,
+                    "n": hop_counts[hop],
+                    "acc": acc,
+                    "retention": retention,
+                    "loss": m["loss"] if hop == ALL_HOPS else float("nan"),
+                    "bound": discrepancy_bound(task, length, config),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -219,13 +236,16 @@ def summarize_protocols(table, task: TaskConfig) -> dict:
         out["paper"] = {"acc": accs, "longest_length_acc_ge_0.9": held}
     seed = allhops[allhops["protocol"] == "seed"]
     if len(seed):
-        out["seed"] = {"acc": dict(zip(seed["factor"].tolist(), seed["acc"].tolist())),
-                       "retention": dict(zip(seed["factor"].tolist(), seed["retention"].tolist()))}
+        out["seed"] = {
+            "acc": dict(zip(seed["factor"].tolist(), seed["acc"].tolist())),
+            "retention": dict(zip(seed["factor"].tolist(), seed["retention"].tolist())),
+        }
     return out
 
 
-def measure(model, task: TaskConfig, lengths: list[int], config: LengthGenConfig,
-            progress: Callable[[int], None] | None = None) -> dict[int, dict]:
+def measure(
+    model, task: TaskConfig, lengths: list[int], config: LengthGenConfig, progress: Callable[[int], None] | None = None
+) -> dict[int, dict]:
     """`posym.core.train.evaluate` at every length (ascending), batches bounded by tokens.
 
     `progress(tokens)` is called after each length with the n * length tokens it read.
@@ -233,8 +253,9 @@ def measure(model, task: TaskConfig, lengths: list[int], config: LengthGenConfig
     measured = {}
     for length in sorted(set(lengths)):
         cfg = extension(task, length)
-        measured[length] = evaluate(model, cfg, config.n, config.seed, config.split,
-                                    batch_size(length, config.max_tokens))
+        measured[length] = evaluate(
+            model, cfg, config.n, config.seed, config.split, batch_size(length, config.max_tokens)
+        )
         if progress:
             progress(config.n * length)
     return measured
@@ -251,8 +272,9 @@ def chain_keys(chain) -> dict[int, int]:
     return dict(zip(positions[:-1], positions[1:]))
 
 
-def measure_heads(model, task: TaskConfig, lengths: list[int], config: LengthGenConfig,
-                  progress: Callable[[int], None] | None = None):
+def measure_heads(
+    model, task: TaskConfig, lengths: list[int], config: LengthGenConfig, progress: Callable[[int], None] | None = None
+):
     """`posym.core.retention.head_measures` rows (with a `length` column) of `config.head_prompts` test
     questions at every length: queries at every pointer of the chain, the tracked key of a pointer its
     chain key. The samples at E extra tokens carry the chain already moved by E (`extension`), so the
@@ -264,8 +286,13 @@ def measure_heads(model, task: TaskConfig, lengths: list[int], config: LengthGen
         samples = generate(extension(task, length), config.head_prompts, config.seed, config.split)
         ids, queries = prompt_inputs(samples, "hops")  # queries: per prompt its pointer positions
         keys = [chain_keys(chain) for chain in samples.chain]
-        frame = head_measures(model, ids, queries, tracked=lambda prompt, query: keys[prompt].get(query),
-                              batch_size=batch_size(length, config.max_tokens))
+        frame = head_measures(
+            model,
+            ids,
+            queries,
+            tracked=lambda prompt, query: keys[prompt].get(query),
+            batch_size=batch_size(length, config.max_tokens),
+        )
         parts.append(frame.assign(length=length))
         if progress:
             progress(config.head_prompts * length)
@@ -289,17 +316,22 @@ def head_groups(labels, *, seed: int = 0) -> tuple[dict[str, list[tuple[int, int
         groups[label] = members
         outside = len(heads) - len(members)
         if outside < len(members):
-            notes[label] = {"heads": len(members), "draws": 0,
-                            "random": f"none: {outside} heads outside the group of {len(members)}"}
+            notes[label] = {
+                "heads": len(members),
+                "draws": 0,
+                "random": f"none: {outside} heads outside the group of {len(members)}",
+            }
             continue
         draws = matched_random(heads, members, RANDOM_DRAWS, seed=seed + k)
         exact = sum(sorted(l for l, _ in d) == sorted(l for l, _ in members) for d in draws)
         for i, draw in enumerate(draws):
             groups[f"{RANDOM}:{label}:{i}"] = draw
-        match = ("same layers" if exact == len(draws) else
-                 "nearest layers where a layer has no head outside the group"
-                 + (" (one head per layer: every random head comes from another layer)"
-                    if int(per_layer.max()) == 1 else ""))
+        match = (
+            "same layers"
+            if exact == len(draws)
+            else "nearest layers where a layer has no head outside the group"
+            + (" (one head per layer: every random head comes from another layer)" if int(per_layer.max()) == 1 else "")
+        )
         notes[label] = {"heads": len(members), "draws": len(draws), "layer_matched_draws": exact, "random": match}
     return groups, notes
 
@@ -316,10 +348,15 @@ def head_tables(measures, labels, task: TaskConfig, *, seed: int = 0) -> tuple:
     if groups:
         grouped = group_retention(measures, groups, base_length=task.seq_len, seed=seed)
     else:
-        grouped = pd.DataFrame({"group": pd.Series(dtype=str), "measure": pd.Series(dtype=str),
-                                **{c: pd.Series(dtype="int64") for c in ("length",)},
-                                **{c: pd.Series(dtype="float64") for c in ("value", "lo", "hi")},
-                                **{c: pd.Series(dtype="int64") for c in ("heads", "draws", "prompts")}})
+        grouped = pd.DataFrame(
+            {
+                "group": pd.Series(dtype=str),
+                "measure": pd.Series(dtype=str),
+                **{c: pd.Series(dtype="int64") for c in ("length",)},
+                **{c: pd.Series(dtype="float64") for c in ("value", "lo", "hi")},
+                **{c: pd.Series(dtype="int64") for c in ("heads", "draws", "prompts")},
+            }
+        )
     grouped.insert(1, "factor", grouped["length"] / task.seq_len)
     return per_head, grouped, notes
 
@@ -331,15 +368,23 @@ def summarize_head_retention(per_head, groups, notes, task: TaskConfig, config: 
     retention: dict = {}
     for r in groups.itertuples():
         retention.setdefault(r.group, {}).setdefault(r.measure, {})[str(int(r.length))] = {
-            "value": r.value, "lo": r.lo, "hi": r.hi}
+            "value": r.value,
+            "lo": r.lo,
+            "hi": r.hi,
+        }
     return {
-        "base_length": task.seq_len, "lengths": sorted(int(v) for v in per_head["length"].unique()),
-        "prompts": config.head_prompts, "queries": "hops (every pointer of the chain)",
+        "base_length": task.seq_len,
+        "lengths": sorted(int(v) for v in per_head["length"].unique()),
+        "prompts": config.head_prompts,
+        "queries": "hops (every pointer of the chain)",
         "tracked_key": "the pointer's chain key (the next position on the chain, moved by the extra tokens)",
         "labels_from": f"label_heads: {LABEL_PROMPTS} test prompts at the training length, hop queries, "
-                       f"gamma {HEAD_GAMMA} ({label_column(HEAD_GAMMA)})",
-        "labels": {label: [f"L{int(r.layer)}H{int(r.head)}" for r in labels.itertuples() if r.label == label]
-                   for label in dict.fromkeys(sorted(labels["label"]))},
-        "groups": notes, "interval": "95% paired prompt bootstrap (1,000 draws) of the median head retention",
+        f"gamma {HEAD_GAMMA} ({label_column(HEAD_GAMMA)})",
+        "labels": {
+            label: [f"L{int(r.layer)}H{int(r.head)}" for r in labels.itertuples() if r.label == label]
+            for label in dict.fromkeys(sorted(labels["label"]))
+        },
+        "groups": notes,
+        "interval": "95% paired prompt bootstrap (1,000 draws) of the median head retention",
         "retention": retention,
     }

@@ -80,8 +80,9 @@ class ModelConfig:
         if not self.layer_norm_epsilon > 0:
             raise PosymError(f"model.layer_norm_epsilon must be positive, got {self.layer_norm_epsilon}")
         if not self.initializer_range >= 0:
-            raise PosymError(f"model.initializer_range (the std of the initial weights) must be >= 0, got "
-                             f"{self.initializer_range}")
+            raise PosymError(
+                f"model.initializer_range (the std of the initial weights) must be >= 0, got {self.initializer_range}"
+            )
         from transformers.activations import ACT2FN
 
         if self.activation not in ACT2FN:
@@ -172,5 +173,3 @@ def resolve_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise PosymError("--device cuda was asked for but torch sees no CUDA GPU")
     return device
-
-

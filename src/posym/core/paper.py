@@ -42,8 +42,10 @@ TABLE1_TOLERANCE = 3.0
 """A block of layers reproduces Table 1 when its mean ID is within 3 IDs (5% of 64 planes) of the paper's."""
 
 FIG7_LABELS = {
-    0.1: {"number": {"positional": range(0, 4), "symbolic": range(4, 12)},
-          "letter": {"positional": range(0), "symbolic": range(1, 12)}},
+    0.1: {
+        "number": {"positional": range(0, 4), "symbolic": range(4, 12)},
+        "letter": {"positional": range(0), "symbolic": range(1, 12)},
+    },
 }
 """Fig. 7 (docs/method.md section 4): the layers the paper labels pure at each gamma. The letter model's L0 is
 labelled neither (not compared). No entry for gamma 0.05: its per-layer labels are not transcribed."""

@@ -136,8 +136,18 @@ def _pair_chunks(counts: Tensor, order: Tensor, chunk: int):
         yield row, order[row, i], order[row, j]
 
 
-def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, first: int = 0, tau: float = TAU, blocks: int | None = None,
-               compare: str = "probs", epsilon: float | None = 1e-12, exclude_keys=()) -> dict[str, Tensor]:
+def score_rows(
+    qk: HeadQK,
+    u: Tensor,
+    k: Tensor,
+    *,
+    first: int = 0,
+    tau: float = TAU,
+    blocks: int | None = None,
+    compare: str = "probs",
+    epsilon: float | None = 1e-12,
+    exclude_keys=(),
+) -> dict[str, Tensor]:
     """Scores of R query rows from u, k [R, n, d] (`posym.swaps.unrotated_queries`, flattened): the n
     keys the queries see, positions first .. first + n - 1 (the last is the query, which never moves).
 
@@ -171,8 +181,13 @@ def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, first: int = 0, tau: float =
     if len(rows):  # two gathered dot products per kept swap
         for row, ia, ib in _pair_chunks(counts[rows], order[rows], max(1, swaps.BUDGET // (size * d))):
             a, b, row = items[ia], items[ib], rows[row]  # [P, size], [P, size], [P]
-            weigh(row, ia, ib, swaps.pair_logits(qk, u, k, row[:, None], a, b),
-                  swaps.pair_logits(qk, u, k, row[:, None], b, a))
+            weigh(
+                row,
+                ia,
+                ib,
+                swaps.pair_logits(qk, u, k, row[:, None], a, b),
+                swaps.pair_logits(qk, u, k, row[:, None], b, a),
+            )
     dense = (~sparse).nonzero()[:, 0]
     step = max(1, swaps.BUDGET // (n * n))
     for start in range(0, len(dense), step):  # every swap from one [n, n] product per head
@@ -184,6 +199,12 @@ def score_rows(qk: HeadQK, u: Tensor, k: Tensor, *, first: int = 0, tau: float =
             weigh(group[local], ia, ib, logits[at, a, b], logits[at, b, a])
     kept = torch.where(sparse, kept, n_swaps)
     dropped_weight = (n_swaps - kept) * torch.exp((dropped - top) / tau)  # [R] (0 where dense)
-    return {"s_pos": pos / weight, "s_sym": sym / weight, "entropy": entropy, "kept": kept,
-            "bound": torch.where(sparse, 2 * dropped_weight / (weight + dropped_weight), 0.0),
-            "n_swaps": n_swaps, **sink_view(log_d, first)}
+    return {
+        "s_pos": pos / weight,
+        "s_sym": sym / weight,
+        "entropy": entropy,
+        "kept": kept,
+        "bound": torch.where(sparse, 2 * dropped_weight / (weight + dropped_weight), 0.0),
+        "n_swaps": n_swaps,
+        **sink_view(log_d, first),
+    }

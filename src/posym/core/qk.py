@@ -43,11 +43,11 @@ from posym.errors import PosymError
 # Model types with rotary embeddings that the per-head decomposition cannot express, and why.
 UNDECOMPOSABLE = {
     kind: "its multi-head latent attention rotates a separate, head-shared key slice (decoupled RoPE) "
-          "that posym cannot split into per-head pre-rotation queries and keys"
+    "that posym cannot split into per-head pre-rotation queries and keys"
     for kind in ("deepseek_v2", "deepseek_v3", "kimi_k2")
 } | {
     kind: "it rotates queries and keys as complex numbers (apply_rotary_emb with freqs_cis), not through "
-          "apply_rotary_pos_emb, which posym's capture reads, and its local layers attend in chunks"
+    "apply_rotary_pos_emb, which posym's capture reads, and its local layers attend in chunks"
     for kind in ("llama4", "llama4_text")
 }
 
@@ -137,10 +137,14 @@ def check_rope(kind: str | None, where: str) -> None:
         raise PosymError(f"{where} holds a {kind!r} model, which has rotary embeddings but {UNDECOMPOSABLE[kind]}")
     module = modeling_module(kind)
     if module is None:
-        raise PosymError(f"{where} holds a {kind!r} model, which transformers {transformers.__version__} does not implement")
+        raise PosymError(
+            f"{where} holds a {kind!r} model, which transformers {transformers.__version__} does not implement"
+        )
     if not hasattr(module, "apply_rotary_pos_emb"):
-        raise PosymError(f"{where} holds a {kind!r} model, which posym cannot score: head scores need rotary "
-                         "position embeddings (RoPE) and this architecture has none")
+        raise PosymError(
+            f"{where} holds a {kind!r} model, which posym cannot score: head scores need rotary "
+            "position embeddings (RoPE) and this architecture has none"
+        )
 
 
 def _decoder_layers(model):
@@ -199,6 +203,7 @@ def _spying(model, state: dict):
                 if state["layer"] == state["last"]:
                     raise _Done  # scores need nothing the kernel computes: the pass can stop here
             return kernel(attn, query, key, *args, **kwargs)
+
         return kernel_spy
 
     module.apply_rotary_pos_emb, ALL_ATTENTION_FUNCTIONS.get_interface = rotary_spy, get_interface
@@ -238,8 +243,10 @@ def pairing_of(q, cos, sin, q_post, kind, layer) -> str:
     for pairing in ("half", "interleaved"):
         if float((rotate(q, cos, sin, pairing) - q_post).abs().max() / scale) <= tol:
             return pairing
-    raise PosymError(f"layer {layer} of this {kind!r} model rotates its queries differently from RoPE on "
-                     "half-split or interleaved planes of the leading head dims; posym cannot decompose it")
+    raise PosymError(
+        f"layer {layer} of this {kind!r} model rotates its queries differently from RoPE on "
+        "half-split or interleaved planes of the leading head dims; posym cannot decompose it"
+    )
 
 
 def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
@@ -264,6 +271,7 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
     def pre(layer):
         def hook(module, args, kwargs):
             state.update(layer=layer, rope=[], kernel=None)
+
         return hook
 
     def finish(layer):
@@ -283,13 +291,22 @@ def capture(model, ids: Tensor, layers: list[int], on_layer) -> None:
         k = k.repeat_interleave(heads // k.shape[1], dim=1)  # GQA: query head h reads key head h // groups
         batch = q.shape[0]  # the tables come as [1, T, r] when every prompt starts at position 0
         scale = options.get("scaling")
-        qk = HeadQK(q, k, cos.expand(batch, -1, -1), sin.expand(batch, -1, -1), pairing,
-                    float(q.shape[-1] ** -0.5 if scale is None else scale), options.get("softcap"), window)
+        qk = HeadQK(
+            q,
+            k,
+            cos.expand(batch, -1, -1),
+            sin.expand(batch, -1, -1),
+            pairing,
+            float(q.shape[-1] ** -0.5 if scale is None else scale),
+            options.get("softcap"),
+            window,
+        )
         on_layer(layer, qk)
 
     def post(layer):
         def hook(module, args, output):
             finish(layer)
+
         return hook
 
     decoder = _decoder_layers(model)
@@ -333,8 +350,10 @@ def check_mask(mask, T: int, window: int | None, layer: int) -> None:
     seen = mask if mask.dtype == torch.bool else mask == 0  # [B, 1 or H, T, T]
     if not bool((seen == visible_keys(T, window, mask.device)).all()):
         expected = f"a sliding window of {window} keys" if window is not None else "causal attention"
-        raise PosymError(f"layer {layer}'s attention mask is not {expected} over {T} tokens (chunked, bidirectional "
-                         "or padded attention); posym scores only causal and sliding-window layers")
+        raise PosymError(
+            f"layer {layer}'s attention mask is not {expected} over {T} tokens (chunked, bidirectional "
+            "or padded attention); posym scores only causal and sliding-window layers"
+        )
 
 
 def check_layers(model, layers) -> list[int]:

@@ -38,16 +38,34 @@ from posym.core.qk import check_layers
 from posym.core.swaps import clean_logits, scan
 from posym.errors import PosymError
 
-MEASURE_COLUMNS = ("prompt", "query", "keys", "layer", "head", "margin", "top_key", "attn_top", "tracked_key",
-                   "attn_tracked")
+MEASURE_COLUMNS = (
+    "prompt",
+    "query",
+    "keys",
+    "layer",
+    "head",
+    "margin",
+    "top_key",
+    "attn_top",
+    "tracked_key",
+    "attn_tracked",
+)
 MEASURES = ("margin", "attn_tracked")
 """The per-head quantities whose retention is reported."""
 RANDOM = "random"
 """Group name prefix of layer-matched random draws (`matched_random`)."""
 
 
-def head_measures(model, input_ids, queries=None, *, tracked=None, layers: list[int] | None = None,
-                  batch_size: int = 16, progress=None):
+def head_measures(
+    model,
+    input_ids,
+    queries=None,
+    *,
+    tracked=None,
+    layers: list[int] | None = None,
+    batch_size: int = 16,
+    progress=None,
+):
     """Margin, top key and attention on a tracked key of every head at every query (float64 maths).
 
     input_ids: 1-D id sequences; queries: "last" (default), "all" or per prompt a list of positions
@@ -70,8 +88,9 @@ def head_measures(model, input_ids, queries=None, *, tracked=None, layers: list[
 
     layers = check_layers(scorable(model), layers)
     records = []
-    for batch, results in scan(model, input_ids, queries, layer_work, layers=layers, batch_size=batch_size,
-                               progress=progress):
+    for batch, results in scan(
+        model, input_ids, queries, layer_work, layers=layers, batch_size=batch_size, progress=progress
+    ):
         for layer, found in zip(layers, results):
             for p, rows, first, n, margin, top_key, attn_top, probs in found:
                 for g, row in enumerate(rows):
@@ -80,9 +99,20 @@ def head_measures(model, input_ids, queries=None, *, tracked=None, layers: list[
                     for h in range(probs.shape[1]):
                         key = int(keys[h])
                         seen = first <= key <= p
-                        records.append((prompt, p, n, layer, h, float(margin[g, h]), int(top_key[g, h]),
-                                        float(attn_top[g, h]), key,
-                                        float(probs[g, h, key - first]) if seen else float("nan")))
+                        records.append(
+                            (
+                                prompt,
+                                p,
+                                n,
+                                layer,
+                                h,
+                                float(margin[g, h]),
+                                int(top_key[g, h]),
+                                float(attn_top[g, h]),
+                                key,
+                                float(probs[g, h, key - first]) if seen else float("nan"),
+                            )
+                        )
     frame = pd.DataFrame.from_records(records, columns=list(MEASURE_COLUMNS))
     return frame.sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
 
@@ -140,8 +170,12 @@ def prompt_means(measures, value: str):
     prompts = sorted(measures.prompt.unique().tolist())
     heads = sorted({(int(a), int(b)) for a, b in zip(measures.layer, measures["head"])})
     lengths = sorted(measures.length.unique().tolist())
-    full = table.reindex(index=pd.MultiIndex.from_tuples(
-        [(p, a, b) for p in prompts for a, b in heads], names=["prompt", "layer", "head"]), columns=lengths)
+    full = table.reindex(
+        index=pd.MultiIndex.from_tuples(
+            [(p, a, b) for p in prompts for a, b in heads], names=["prompt", "layer", "head"]
+        ),
+        columns=lengths,
+    )
     return full.to_numpy(dtype=np.float64).reshape(len(prompts), len(heads), len(lengths)), prompts, heads, lengths
 
 
@@ -162,9 +196,17 @@ def head_retention(measures, *, base_length: int):
         base = mean[:, lengths.index(base_length)][:, None]
         with np.errstate(all="ignore"):
             ret = np.where(base != 0, mean / base, np.nan)
-        frames.append(pd.DataFrame({
-            "layer": [h[0] for h in heads for _ in lengths], "head": [h[1] for h in heads for _ in lengths],
-            "length": lengths * len(heads), value: mean.ravel(), f"{value}_retention": ret.ravel()}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "layer": [h[0] for h in heads for _ in lengths],
+                    "head": [h[1] for h in heads for _ in lengths],
+                    "length": lengths * len(heads),
+                    value: mean.ravel(),
+                    f"{value}_retention": ret.ravel(),
+                }
+            )
+        )
     out = frames[0]
     for frame in frames[1:]:
         out = out.merge(frame, on=["layer", "head", "length"])
@@ -187,8 +229,10 @@ def matched_random(all_heads, group, draws: int, seed: int = 0) -> list[list[tup
     for layer, head in sorted({tuple(h) for h in all_heads} - group):
         pool.setdefault(layer, []).append((layer, head))
     if len(pool) == 0 or sum(map(len, pool.values())) < len(group):
-        raise PosymError(f"cannot draw {len(group)} random heads outside a group of {len(group)} "
-                         f"from {len(set(map(tuple, all_heads)))} heads")
+        raise PosymError(
+            f"cannot draw {len(group)} random heads outside a group of {len(group)} "
+            f"from {len(set(map(tuple, all_heads)))} heads"
+        )
     rng = random.Random(seed)
     out = []
     for _ in range(draws):
@@ -202,8 +246,9 @@ def matched_random(all_heads, group, draws: int, seed: int = 0) -> list[list[tup
     return out
 
 
-def group_retention(measures, groups: dict[str, list[tuple[int, int]]], *, base_length: int,
-                    n_boot: int = N_BOOT, seed: int = 0):
+def group_retention(
+    measures, groups: dict[str, list[tuple[int, int]]], *, base_length: int, n_boot: int = N_BOOT, seed: int = 0
+):
     """Retention per group of heads and length, with paired-bootstrap 95% intervals over prompts.
 
     groups: name -> heads; names starting with RANDOM followed by ':' and a draw index (e.g.
@@ -250,9 +295,20 @@ def group_retention(measures, groups: dict[str, list[tuple[int, int]]], *, base_
             with np.errstate(all="ignore"):
                 point = np.nanmean(stats_full, axis=0)
                 lo, hi = percentile_interval(np.nanmean(stats_boot, axis=0))
-            rows += [{"group": name, "measure": value, "length": length, "value": float(point[j]),
-                      "lo": float(lo[j]), "hi": float(hi[j]), "heads": int(sizes[0]), "draws": len(sizes),
-                      "prompts": len(prompts)} for j, length in enumerate(lengths)]
+            rows += [
+                {
+                    "group": name,
+                    "measure": value,
+                    "length": length,
+                    "value": float(point[j]),
+                    "lo": float(lo[j]),
+                    "hi": float(hi[j]),
+                    "heads": int(sizes[0]),
+                    "draws": len(sizes),
+                    "prompts": len(prompts),
+                }
+                for j, length in enumerate(lengths)
+            ]
     return pd.DataFrame(rows, columns=["group", "measure", "length", "value", "lo", "hi", "heads", "draws", "prompts"])
 
 

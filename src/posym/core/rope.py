@@ -47,12 +47,16 @@ def check_variant(config) -> None:
         raise PosymError(f"model.rope_base must be a number > 1, got {config.rope_base}")
     if config.rope_bands is not None:
         if len(config.rope_bands) not in (1, config.n_layer):
-            raise PosymError(f"model.rope_bands must hold 1 band (every layer) or {config.n_layer} "
-                             f"(one per layer), got {len(config.rope_bands)}")
+            raise PosymError(
+                f"model.rope_bands must hold 1 band (every layer) or {config.n_layer} "
+                f"(one per layer), got {len(config.rope_bands)}"
+            )
         for band in config.rope_bands:
             if len(band) != 2 or not 1 <= band[0] <= band[1] <= planes:
-                raise PosymError(f"each model.rope_bands entry must be [first, last] frequency IDs with "
-                                 f"1 <= first <= last <= {planes}, got {list(band)}")
+                raise PosymError(
+                    f"each model.rope_bands entry must be [first, last] frequency IDs with "
+                    f"1 <= first <= last <= {planes}, got {list(band)}"
+                )
     if config.nope_from is not None and not 0 <= config.nope_from <= config.n_layer:
         raise PosymError(f"model.nope_from must be a layer index in 0..{config.n_layer}, got {config.nope_from}")
 
@@ -93,7 +97,8 @@ def apply_variant(model, config) -> None:
         return
     rotary = model.transformer.rotary_emb
     rotary.embed_positions = sincos_table(rotary.max_positions, rotary.pos_embd_dim, config.rope_base).to(
-        rotary.embed_positions.device)
+        rotary.embed_positions.device
+    )
     planes = config.resolved_rotary_dim // 2
     for layer, band in enumerate(layer_bands(config)):
         if band != (1, planes):

@@ -105,11 +105,18 @@ def swap_scores(
     cos_pos, cos_sym = pair_cosines(clean[..., a], clean[..., b], swapped[..., a, b], swapped[..., b, a], compare)
     x = item_values(clean, items, compare)  # [..., M]
     alpha = torch.softmax((x[..., ia] - x[..., ib]).abs() / tau, dim=-1)  # [..., swaps]
-    return {"s_pos": (alpha * cos_pos).sum(-1), "s_sym": (alpha * cos_sym).sum(-1), "entropy": entropy,
-            "n_swaps": len(ia), **sink_view(log_d)}
+    return {
+        "s_pos": (alpha * cos_pos).sum(-1),
+        "s_sym": (alpha * cos_sym).sum(-1),
+        "entropy": entropy,
+        "n_swaps": len(ia),
+        **sink_view(log_d),
+    }
 
 
-def swap_details(clean: Tensor, swapped: Tensor, *, tau: float = TAU, top: int = 8, exclude_keys=()) -> dict[str, Tensor]:
+def swap_details(
+    clean: Tensor, swapped: Tensor, *, tau: float = TAU, top: int = 8, exclude_keys=()
+) -> dict[str, Tensor]:
     """The heaviest swaps of one query row, for display (single-token swaps, compare="probs").
 
     clean [n], swapped [n, n]: as `swap_scores` (keys 0..n-1 of the row, the query last). Returns, in
@@ -139,9 +146,20 @@ def swap_details(clean: Tensor, swapped: Tensor, *, tau: float = TAU, top: int =
     rows = torch.arange(len(a))
     after[rows, a], after[rows, b] = swapped[a, b], swapped[b, a]
     after = torch.softmax(after, dim=-1)  # [top, n]
-    return {"attention": attention, "s_pos": scores["s_pos"], "s_sym": scores["s_sym"], "a": a, "b": b,
-            "weight": alpha[heaviest], "before_a": attention[a], "before_b": attention[b],
-            "after_a": after[rows, a], "after_b": after[rows, b], "cos_pos": cos_pos, "cos_sym": cos_sym}
+    return {
+        "attention": attention,
+        "s_pos": scores["s_pos"],
+        "s_sym": scores["s_sym"],
+        "a": a,
+        "b": b,
+        "weight": alpha[heaviest],
+        "before_a": attention[a],
+        "before_b": attention[b],
+        "after_a": after[rows, a],
+        "after_b": after[rows, b],
+        "cos_pos": cos_pos,
+        "cos_sym": cos_sym,
+    }
 
 
 # ---- queries -------------------------------------------------------------------------------------
@@ -155,8 +173,22 @@ def hop_queries(chain) -> list[int]:
 
 # ---- scoring -------------------------------------------------------------------------------------
 
-COLUMNS = ("prompt", "query", "layer", "head", "keys", "s_pos", "s_sym", "entropy", "n_swaps", "kept", "bound",
-           "attn_first", "top_key", "attn_top")
+COLUMNS = (
+    "prompt",
+    "query",
+    "layer",
+    "head",
+    "keys",
+    "s_pos",
+    "s_sym",
+    "entropy",
+    "n_swaps",
+    "kept",
+    "bound",
+    "attn_first",
+    "top_key",
+    "attn_top",
+)
 """keys: how many keys the query sees (query + 1, or the layer's sliding window); top_key is a position;
 attn_first is NaN where the window excludes token 0 (no token-0 sink there)."""
 FLOAT_COLUMNS = ("s_pos", "s_sym", "entropy", "bound", "attn_first", "attn_top")
@@ -199,8 +231,9 @@ def _score_query(qk: HeadQK, p: int, rows: list[int], heads: list[int], dtype, o
         for h0 in range(0, len(heads), head_step):
             hs = heads[h0 : h0 + head_step]
             u, k = swaps.unrotated_queries(qk, torch.tensor(chunk), hs, p, dtype)  # [G, h, n, d] each
-            _append(out, chunk, hs, p, n, score_rows(qk, u.flatten(0, 1), k.flatten(0, 1), first=qk.first_key(p),
-                                                     **options))
+            _append(
+                out, chunk, hs, p, n, score_rows(qk, u.flatten(0, 1), k.flatten(0, 1), first=qk.first_key(p), **options)
+            )
 
 
 ENGINES = ("batched", "loop")
@@ -208,8 +241,9 @@ ENGINES = ("batched", "loop")
 at once, the per-query path for the rows it leaves) or "loop" (one query position at a time: the reference)."""
 
 
-def _score_layer(qk: HeadQK, jobs: dict[int, list[int]], dtype, engine: str = "batched",
-                 budget: int = batched.FLOOR_BYTES, **options) -> dict:
+def _score_layer(
+    qk: HeadQK, jobs: dict[int, list[int]], dtype, engine: str = "batched", budget: int = batched.FLOOR_BYTES, **options
+) -> dict:
     """Columns of one layer's scores for jobs {query position: [batch rows]}, every head.
 
     engine "batched" scores blocks of query positions sharing their batch rows (`batched.query_blocks`
@@ -328,10 +362,27 @@ def iter_scores(
         raise PosymError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise PosymError(f"budget must be a positive number of bytes, got {budget!r}")
-    options = {"tau": tau, "blocks": blocks, "compare": compare, "epsilon": epsilon if exact == "pruned" else None,
-               "exclude_keys": exclude_keys}
-    for batch, results in swaps.scan(model, input_ids, queries, lambda layer, qk, jobs: (layer, _score_layer(
-            qk, jobs, dtype, engine, budget or batched.default_budget(*qk.q.shape[:3:2], vocab), **options)), layers=layers, batch_size=batch_size, progress=progress):
+    options = {
+        "tau": tau,
+        "blocks": blocks,
+        "compare": compare,
+        "epsilon": epsilon if exact == "pruned" else None,
+        "exclude_keys": exclude_keys,
+    }
+    for batch, results in swaps.scan(
+        model,
+        input_ids,
+        queries,
+        lambda layer, qk, jobs: (
+            layer,
+            _score_layer(
+                qk, jobs, dtype, engine, budget or batched.default_budget(*qk.q.shape[:3:2], vocab), **options
+            ),
+        ),
+        layers=layers,
+        batch_size=batch_size,
+        progress=progress,
+    ):
         parts = []
         for layer, columns in results:
             frame = pd.DataFrame(columns)
@@ -352,8 +403,17 @@ DETAIL_LISTS = ("a", "b", "weight", "before_a", "before_b", "after_a", "after_b"
 """Per-swap columns of `head_details` (one list per row, heaviest swap first; a and b are key positions)."""
 
 
-def head_details(model, input_ids, queries=None, *, tau: float = TAU, top: int = 8, exclude_keys=(),
-                 layers: list[int] | None = None, batch_size: int = 16):
+def head_details(
+    model,
+    input_ids,
+    queries=None,
+    *,
+    tau: float = TAU,
+    top: int = 8,
+    exclude_keys=(),
+    layers: list[int] | None = None,
+    batch_size: int = 16,
+):
     """What a head does at each query, for display: one row per (prompt, query, layer, head) with
     `first` (the first key the query sees), `attention` (a list over keys first..query), s_pos and
     s_sym (every swap weighed: the dense value), and the `top` heaviest swaps (`swap_details`) as
@@ -376,9 +436,19 @@ def head_details(model, input_ids, queries=None, *, tau: float = TAU, top: int =
                     swapped = swaps.swap_logits(qk, [row], [head], p)[0, 0]  # [n, n]
                     d = swap_details(swapped.diagonal(), swapped, tau=tau, top=top, exclude_keys=keep)
                     lists = {key: (d[key] + first if key in ("a", "b") else d[key]).tolist() for key in DETAIL_LISTS}
-                    out.append({"row": row, "query": p, "layer": layer, "head": head, "first": first,
-                                "attention": d["attention"].tolist(), "s_pos": float(d["s_pos"]),
-                                "s_sym": float(d["s_sym"]), **lists})
+                    out.append(
+                        {
+                            "row": row,
+                            "query": p,
+                            "layer": layer,
+                            "head": head,
+                            "first": first,
+                            "attention": d["attention"].tolist(),
+                            "s_pos": float(d["s_pos"]),
+                            "s_sym": float(d["s_sym"]),
+                            **lists,
+                        }
+                    )
         return out
 
     frames = []
@@ -398,6 +468,8 @@ SINK_COLUMNS = ("attn_first", "attn_top")
 
 def _averaged(frame) -> list[str]:
     return [c for c in (*SCORE_COLUMNS, *SINK_COLUMNS) if c in frame.columns]
+
+
 LABELS = ("positional", "symbolic", "mixed", "uniform")
 
 
@@ -407,7 +479,8 @@ def prompt_scores(frame, keys=()):
     and `queries`, the number of rows averaged."""
     group = [*keys, "prompt", "layer", "head"]
     return frame.groupby(group, as_index=False).agg(
-        **{c: (c, "mean") for c in _averaged(frame)}, queries=("s_pos", "size"))
+        **{c: (c, "mean") for c in _averaged(frame)}, queries=("s_pos", "size")
+    )
 
 
 def head_scores(frame, keys=()):
@@ -432,7 +505,8 @@ def head_scores(frame, keys=()):
     if "queries" not in frame.columns:
         frame = prompt_scores(frame, keys)
     return frame.groupby([*keys, "layer", "head"], as_index=False).agg(
-        **{c: (c, "mean") for c in _averaged(frame)}, prompts=("prompt", "size"), rows=("queries", "sum"))
+        **{c: (c, "mean") for c in _averaged(frame)}, prompts=("prompt", "size"), rows=("queries", "sum")
+    )
 
 
 def check_gamma(gamma: float) -> None:
@@ -503,6 +577,8 @@ def task_prompts(task_config: TaskConfig, n_prompts: int = 100, seed: int = 0, q
     """(input_ids, per-prompt queries) of `n_prompts` test-split task samples (queries as `queries_for`)."""
     check_query_mode(queries)
     samples = generate(task_config, n_prompts, seed, split="test")
-    records = [{"input_ids": ids.tolist(), "queries": None, "chain": chain.tolist()}
-               for ids, chain in zip(samples.input_ids, samples.chain)]
+    records = [
+        {"input_ids": ids.tolist(), "queries": None, "chain": chain.tolist()}
+        for ids, chain in zip(samples.input_ids, samples.chain)
+    ]
     return [r["input_ids"] for r in records], queries_for(records, queries)

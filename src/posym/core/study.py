@@ -36,7 +36,8 @@ def sink_changes(plain, excluded):
     """
     keep = ["layer", "head", "s_pos", "s_sym", "label"]
     out = plain[keep + [c for c in ("attn_first", "attn_top") if c in plain]].merge(
-        excluded[keep], on=["layer", "head"], suffixes=("", "_excluded"))
+        excluded[keep], on=["layer", "head"], suffixes=("", "_excluded")
+    )
     out["changed"] = out["label"] != out["label_excluded"]
     return out
 
@@ -44,7 +45,8 @@ def sink_changes(plain, excluded):
 def layer_profile(heads):
     """Per layer: median s_pos and s_sym over its heads, and its head count."""
     return heads.groupby("layer", as_index=False).agg(
-        median_s_pos=("s_pos", "median"), median_s_sym=("s_sym", "median"), heads=("head", "count"))
+        median_s_pos=("s_pos", "median"), median_s_sym=("s_sym", "median"), heads=("head", "count")
+    )
 
 
 def half_profile(heads, n_layers: int) -> dict:
@@ -52,8 +54,12 @@ def half_profile(heads, n_layers: int) -> dict:
     and of the late half."""
     early = heads[heads.layer < n_layers / 2]
     late = heads[heads.layer >= n_layers / 2]
-    return {"early_s_pos": float(early.s_pos.median()), "late_s_pos": float(late.s_pos.median()),
-            "early_s_sym": float(early.s_sym.median()), "late_s_sym": float(late.s_sym.median())}
+    return {
+        "early_s_pos": float(early.s_pos.median()),
+        "late_s_pos": float(late.s_pos.median()),
+        "early_s_sym": float(early.s_sym.median()),
+        "late_s_sym": float(late.s_sym.median()),
+    }
 
 
 def pearson(x, y) -> float:
@@ -68,8 +74,10 @@ def label_counts(frame, gammas=GAMMAS):
     rows = []
     for gamma in gammas:
         counts = summarize_heads(frame, gamma=gamma)["label"].value_counts()
-        rows += [{"gamma": gamma, "label": label, "heads": int(counts.get(label, 0))}
-                 for label in ("positional", "symbolic", "mixed", "uniform")]
+        rows += [
+            {"gamma": gamma, "label": label, "heads": int(counts.get(label, 0))}
+            for label in ("positional", "symbolic", "mixed", "uniform")
+        ]
     return pd.DataFrame(rows)
 
 
@@ -80,10 +88,9 @@ def label_agreement(heads_by_set: dict):
     names = list(heads_by_set)
     rows = []
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             both = heads_by_set[a].merge(heads_by_set[b], on=["layer", "head"], suffixes=("_a", "_b"))
-            rows.append({"a": a, "b": b, "heads": len(both),
-                         "agreement": float((both.label_a == both.label_b).mean())})
+            rows.append({"a": a, "b": b, "heads": len(both), "agreement": float((both.label_a == both.label_b).mean())})
     return pd.DataFrame(rows, columns=["a", "b", "heads", "agreement"])
 
 
@@ -97,8 +104,11 @@ def behaviour_frequency(heads, frequency):
     both = heads.merge(frequency, on=["layer", "head"]).dropna(subset=["weighted_id"])
     both["behaviour"] = both.s_pos - both.s_sym
     ranks = both[["behaviour", "weighted_id"]].rank()
-    return both, {"pearson": pearson(both.behaviour, both.weighted_id),
-                  "spearman": pearson(ranks.behaviour, ranks.weighted_id), "heads": len(both)}
+    return both, {
+        "pearson": pearson(both.behaviour, both.weighted_id),
+        "spearman": pearson(ranks.behaviour, ranks.weighted_id),
+        "heads": len(both),
+    }
 
 
 def ablation_groups(heads, k: int, seed: int = 0) -> dict[str, list[tuple[int, int]]]:

@@ -47,7 +47,9 @@ def resolve_queries(queries, length: int, where: str = "prompt") -> list[int]:
         raise PosymError(f"queries must be 'last', 'all' or a list of positions, got {queries!r}")
     positions = sorted({int(q) for q in queries})
     if not positions or positions[0] < 2 or positions[-1] >= length:
-        raise PosymError(f"{where}: query positions must lie in 2..{length - 1} (two earlier keys to swap), got {list(queries)}")
+        raise PosymError(
+            f"{where}: query positions must lie in 2..{length - 1} (two earlier keys to swap), got {list(queries)}"
+        )
     return positions
 
 
@@ -61,8 +63,9 @@ def query_batches(prompts, queries, batch_size: int) -> list[tuple[list[int], di
     per_prompt = isinstance(queries, (list, tuple)) and not all(isinstance(q, int) for q in queries)
     if per_prompt and len(queries) != len(prompts):
         raise PosymError(f"queries has {len(queries)} entries for {len(prompts)} prompts")
-    wanted = [resolve_queries(queries[k] if per_prompt else queries, len(ids), f"prompt {k}")
-              for k, ids in enumerate(prompts)]
+    wanted = [
+        resolve_queries(queries[k] if per_prompt else queries, len(ids), f"prompt {k}") for k, ids in enumerate(prompts)
+    ]
     by_length: dict[int, list[int]] = {}
     for k, ids in enumerate(prompts):
         by_length.setdefault(len(ids), []).append(k)
@@ -118,7 +121,10 @@ def unrotated_queries(qk: HeadQK, rows: Tensor, heads, p: int, dtype=torch.float
     pre-rotation keys, both [G, H, n, d]."""
     first = qk.first_key(p)
     rows = torch.as_tensor(rows, device=qk.q.device)
-    cos, sin = qk.cos[rows, first : p + 1].to(dtype)[:, None], qk.sin[rows, first : p + 1].to(dtype)[:, None]  # [G, 1, n, r]
+    cos, sin = (
+        qk.cos[rows, first : p + 1].to(dtype)[:, None],
+        qk.sin[rows, first : p + 1].to(dtype)[:, None],
+    )  # [G, 1, n, r]
     q = rotate(qk.q[rows][:, heads, p].to(dtype), cos[:, :, -1], sin[:, :, -1], qk.pairing)  # [G, H, d]
     u = rotate(q[:, :, None, :], cos, sin, qk.pairing, inverse=True)  # [G, H, n, d]
     return u, qk.k[rows][:, heads, first : p + 1].to(dtype)  # [G, H, n, d] each

@@ -137,8 +137,14 @@ class TaskConfig:
             object.__setattr__(self, "alphabet_size", alphabet)
         if self.int_range is None:
             object.__setattr__(self, "int_range", ints)
-        for name, low in [("target_size", 1), ("pretarget_size", 0), ("max_hops", 1),
-                          ("alphabet_size", 1), ("int_range", 1), ("extra_target", 0)]:
+        for name, low in [
+            ("target_size", 1),
+            ("pretarget_size", 0),
+            ("max_hops", 1),
+            ("alphabet_size", 1),
+            ("int_range", 1),
+            ("extra_target", 0),
+        ]:
             object.__setattr__(self, name, check_int(name, getattr(self, name), low))
         if not isinstance(self.markers, (bool, np.bool_)):
             raise PosymError(f"markers must be true or false, got {self.markers!r}")
@@ -261,8 +267,21 @@ def concat(parts: Sequence[Samples]) -> Samples:
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 # Stream tags keep the draws for different purposes independent.
-(_S_SLOT, _S_POS, _S_VAL, _S_ANS_NUM, _S_SUBSET, _S_TARGET, _S_DECOY, _S_LETTERS, _S_X, _S_Y,
- _S_NUM, _S_EXTRA, _S_EXTRA_NUM) = range(1, 14)
+(
+    _S_SLOT,
+    _S_POS,
+    _S_VAL,
+    _S_ANS_NUM,
+    _S_SUBSET,
+    _S_TARGET,
+    _S_DECOY,
+    _S_LETTERS,
+    _S_X,
+    _S_Y,
+    _S_NUM,
+    _S_EXTRA,
+    _S_EXTRA_NUM,
+) = range(1, 14)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -315,19 +334,16 @@ def _schedule(config: TaskConfig, key: tuple, index: np.ndarray) -> tuple[np.nda
 
     def balanced(stream: int, size: int) -> np.ndarray:
         # [nb, H, m] independent permutations of 0..m-1 per block and hop class
-        perm = np.argsort(_hash(*key, stream, blocks[:, None, None], np.arange(H)[:, None],
-                                np.arange(m)), axis=2)
+        perm = np.argsort(_hash(*key, stream, blocks[:, None, None], np.arange(H)[:, None], np.arange(m)), axis=2)
         return perm[inverse, hops - 1, j] % size  # [n]
 
     pos = balanced(_S_POS, T)
     if config.task == "number":
         return hops, pos, balanced(_S_VAL, config.alphabet_size)
-    return hops, pos, np.stack([balanced(_S_VAL, config.alphabet_size),
-                                balanced(_S_ANS_NUM, config.int_range)], axis=1)
+    return hops, pos, np.stack([balanced(_S_VAL, config.alphabet_size), balanced(_S_ANS_NUM, config.int_range)], axis=1)
 
 
-def _chains(config: TaskConfig, key: tuple, index: np.ndarray, hops: np.ndarray,
-            pos: np.ndarray) -> np.ndarray:
+def _chains(config: TaskConfig, key: tuple, index: np.ndarray, hops: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """Base chain positions (no extra_target) [n, max_hops + 1]: query, intermediates, answer."""
     T, P, H = config.target_size, config.pretarget_size, config.max_hops
     n = len(index)
@@ -402,8 +418,7 @@ def _letter(config, key, index, hops, pos, values, chain):
     ids[rows, pos] = answer
     # extra target tokens: non-hop letters only, so no lookup gains a second match
     extra_cols = np.arange(config.extra_target)
-    extra = _letter_ids(config, other(_S_EXTRA, extra_cols), numbers(_S_EXTRA_NUM, extra_cols),
-                        target=True)
+    extra = _letter_ids(config, other(_S_EXTRA, extra_cols), numbers(_S_EXTRA_NUM, extra_cols), target=True)
     return ids, answer, extra
 
 
@@ -451,8 +466,9 @@ def unmark(config: TaskConfig, ids: np.ndarray) -> np.ndarray:
     return np.where(marked, plain, ids)
 
 
-def iter_batches(config: TaskConfig, batch_size: int, seed: int, split: str = "train",
-                 start: int = 0, stop: int | None = None) -> Iterator[Samples]:
+def iter_batches(
+    config: TaskConfig, batch_size: int, seed: int, split: str = "train", start: int = 0, stop: int | None = None
+) -> Iterator[Samples]:
     """Consecutive batches of samples from index `start` on, forever or until index `stop`."""
     check_int("batch_size", batch_size, 1)
     while stop is None or start < stop:
@@ -582,8 +598,7 @@ def follow_chain(config: TaskConfig, input_ids) -> tuple[int, list[int]]:
         matches = np.flatnonzero(letters[:pos] == want)
         if len(matches) != 1:
             where = "no" if len(matches) == 0 else f"{len(matches)} ({', '.join(map(str, matches))})"
-            raise ChainError(f"the lookup of letter {chr(97 + want)!r} from position {pos} has "
-                             f"{where} earlier matches")
+            raise ChainError(f"the lookup of letter {chr(97 + want)!r} from position {pos} has {where} earlier matches")
         pos = int(matches[0])
         chain.append(pos)
     return int(unmark(config, ids[pos])), chain

@@ -30,8 +30,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posym.core.constructions import (Head, apply, attention_logits, index_head, letter_of, retrieval, retrieval_head,
-                                      selective_index)
+from posym.core.constructions import (
+    Head,
+    apply,
+    attention_logits,
+    index_head,
+    letter_of,
+    retrieval,
+    retrieval_head,
+    selective_index,
+)
 from posym.core.tasks import TaskConfig
 from posym.errors import PosymError
 
@@ -58,8 +66,15 @@ def gap_stats(gaps: Tensor) -> dict[str, float]:
     """Delta (the minimum gap, see the module docstring), max, mean and quantiles of per-input gaps."""
     g = gaps.reshape(-1).double()
     q = torch.quantile(g[:1_000_000], torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
-    return {"delta": g.min().item(), "gap_max": g.max().item(), "gap_mean": g.mean().item(),
-            "gap_q05": q[0].item(), "gap_q50": q[1].item(), "gap_q95": q[2].item(), "inputs": g.numel()}
+    return {
+        "delta": g.min().item(),
+        "gap_max": g.max().item(),
+        "gap_mean": g.mean().item(),
+        "gap_q05": q[0].item(),
+        "gap_q50": q[1].item(),
+        "gap_q95": q[2].item(),
+        "inputs": g.numel(),
+    }
 
 
 def lemma_beta(gap: Tensor | float, keys: int, eps: float) -> Tensor:
@@ -109,7 +124,7 @@ def index_inputs(cfg: TaskConfig, n: int, seed: int = 0) -> Tensor:
     rows = torch.arange(len(sig))
     ids[rows, n - sig] = content
     ids[rows, n] = sig
-    ids[len(sig):, n] = symbols
+    ids[len(sig) :, n] = symbols
     return ids
 
 
@@ -142,8 +157,9 @@ def retrieval_worst_letters(cfg: TaskConfig, n: int, theta: float) -> tuple[Tens
     return letters, torch.zeros(n + 1, dtype=torch.long)
 
 
-def retrieval_inputs(cfg: TaskConfig, n: int, theta: float, *, limit: int = 1_000_000,
-                     samples: int = 100_000, seed: int = 0) -> tuple[Tensor, bool]:
+def retrieval_inputs(
+    cfg: TaskConfig, n: int, theta: float, *, limit: int = 1_000_000, samples: int = 100_000, seed: int = 0
+) -> tuple[Tensor, bool]:
     """Valid inputs of length n (exactly one key whose left letter is the looked-up letter): all of
     them when there are at most `limit`, else `samples` random ones plus the hardest ones."""
     A = cfg.alphabet_size
@@ -196,8 +212,7 @@ def check_length(head: Head, cfg: TaskConfig, ids: Tensor, beta: float | None = 
         logits = logits * (beta / head.beta)
         soft = apply(head, ids, hard=False, last_only=True, logits=logits)[:, 0]
         mass = torch.softmax(logits[:, 0], -1).gather(1, target_key(cfg, ids)[:, None])  # [N, 1]
-        out.update(softmax_correct=(soft == want).double().mean().item(),
-                   min_target_mass=mass.min().item())
+        out.update(softmax_correct=(soft == want).double().mean().item(), min_target_mass=mass.min().item())
     return out
 
 
@@ -241,16 +256,16 @@ def discrepancy_curve(theta: float, ns, *, alphabet_size: int = 8) -> list[dict]
     let = TaskConfig("letter", alphabet_size=alphabet_size)
     omega = 2 * math.pi / alphabet_size
     rows = []
-    for head, cfg, bound in [(index_head(num, theta), num, lambda n: index_bound(theta, n)),
-                             (retrieval_head(let, theta), let,
-                              lambda n: retrieval_bound(theta, alphabet_size, n))]:
+    for head, cfg, bound in [
+        (index_head(num, theta), num, lambda n: index_bound(theta, n)),
+        (retrieval_head(let, theta), let, lambda n: retrieval_bound(theta, alphabet_size, n)),
+    ]:
         for n in ns:
             ids = hardest_inputs(cfg, n, theta)
             delta = logit_gaps(attention_logits(head, ids, last_only=True)[:, 0]).min().item()
             kind = "index" if cfg.task == "number" else "retrieval"
             valid = kind == "index" or n * theta < omega / 2
-            rows.append({"head": kind, "theta": theta, "n": n, "delta": delta, "bound": bound(n),
-                         "valid": valid})
+            rows.append({"head": kind, "theta": theta, "n": n, "delta": delta, "bound": bound(n), "valid": valid})
     return rows
 
 
@@ -312,8 +327,10 @@ def verify(config: TheoryConfig) -> list[dict]:
     th_i, th_r = angle(config.index_freq_id), angle(config.retrieval_freq_id)
     A = config.alphabet_size
     if th_r >= math.pi / (A * top):
-        raise PosymError(f"T_Retrieval needs theta < omega / (2 n0) = {math.pi / (A * top):.4g} for "
-                         f"n0 = {top}, but frequency ID {config.retrieval_freq_id} gives {th_r:.4g}")
+        raise PosymError(
+            f"T_Retrieval needs theta < omega / (2 n0) = {math.pi / (A * top):.4g} for "
+            f"n0 = {top}, but frequency ID {config.retrieval_freq_id} gives {th_r:.4g}"
+        )
     num = TaskConfig("number", int_range=max(16, top))
     let = TaskConfig("letter", alphabet_size=A)
     rows = []
@@ -325,13 +342,23 @@ def verify(config: TheoryConfig) -> list[dict]:
             elif kind == "index":
                 ids, how = index_inputs(cfg, n, config.seed), "exhaustive"
             else:
-                ids, full = retrieval_inputs(cfg, n, th_r, limit=config.exhaustive_limit,
-                                             samples=config.samples, seed=config.seed + n)
+                ids, full = retrieval_inputs(
+                    cfg, n, th_r, limit=config.exhaustive_limit, samples=config.samples, seed=config.seed + n
+                )
                 how = "exhaustive" if full else "sampled+hardest"
             bound = index_bound(th_i, n) if kind == "index" else retrieval_bound(th_r, A, n)
-            rows.append({"head": kind, "theta": head.theta, "n": n, "input_set": how, "bound": bound,
-                         "beta_needed": beta, "beta_lemma": beta_lemma,
-                         **check_length(head, cfg, ids, beta)})
+            rows.append(
+                {
+                    "head": kind,
+                    "theta": head.theta,
+                    "n": n,
+                    "input_set": how,
+                    "bound": bound,
+                    "beta_needed": beta,
+                    "beta_lemma": beta_lemma,
+                    **check_length(head, cfg, ids, beta),
+                }
+            )
     return rows
 
 
@@ -341,13 +368,18 @@ def summarize_lengths(rows: list[dict], n0: list[int]) -> list[dict]:
     for kind in HEADS:
         for top in sorted(n0):
             sub = [r for r in rows if r["head"] == kind and r["n"] <= top]
-            out.append({"head": kind, "n0": top, "theta": sub[0]["theta"],
-                        "exact": all(r["correct"] == 1.0 for r in sub),
-                        "softmax_exact": all(r["softmax_correct"] == 1.0 for r in sub),
-                        "inputs": sum(r["inputs"] for r in sub),
-                        "delta_n0": sub[-1]["delta"], "bound_n0": sub[-1]["bound"],
-                        "beta_needed": max(r["beta_needed"] for r in sub),
-                        "beta_lemma": max(r["beta_lemma"] for r in sub)})
+            out.append(
+                {
+                    "head": kind,
+                    "n0": top,
+                    "theta": sub[0]["theta"],
+                    "exact": all(r["correct"] == 1.0 for r in sub),
+                    "softmax_exact": all(r["softmax_correct"] == 1.0 for r in sub),
+                    "inputs": sum(r["inputs"] for r in sub),
+                    "delta_n0": sub[-1]["delta"],
+                    "bound_n0": sub[-1]["bound"],
+                    "beta_needed": max(r["beta_needed"] for r in sub),
+                    "beta_lemma": max(r["beta_lemma"] for r in sub),
+                }
+            )
     return out
-
-

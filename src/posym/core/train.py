@@ -86,14 +86,17 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise PosymError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if not 0 <= self.val_size <= SPLIT_SIZES["val"]:
-            raise PosymError(f"val_size must be between 0 and the val split's {SPLIT_SIZES['val']}, got {self.val_size}")
+            raise PosymError(
+                f"val_size must be between 0 and the val split's {SPLIT_SIZES['val']}, got {self.val_size}"
+            )
         if self.warmup_steps < 0 or self.lr <= 0 or self.weight_decay < 0:
             raise PosymError("warmup_steps and weight_decay must be >= 0 and lr > 0")
         if not self.eps > 0:
             raise PosymError(f"eps (AdamW's epsilon) must be positive, got {self.eps}")
         if not 0 <= self.seed <= MAX_SEED:
-            raise PosymError(f"seed must be an integer in 0..{MAX_SEED:,} (what every random generator takes), "
-                             f"got {self.seed}")
+            raise PosymError(
+                f"seed must be an integer in 0..{MAX_SEED:,} (what every random generator takes), got {self.seed}"
+            )
         if self.max_steps > MAX_STEPS:
             raise PosymError(f"max_steps must be at most {MAX_STEPS:,}, got {self.max_steps}")
         if self.grad_clip is not None and self.grad_clip <= 0:
@@ -103,8 +106,10 @@ class TrainConfig:
         if self.threads is not None and self.threads < 1:
             raise PosymError(f"threads must be a positive integer or null, got {self.threads}")
         if self.model.n_positions < self.task.seq_len:
-            raise PosymError(f"model.n_positions ({self.model.n_positions}) must cover the task's "
-                             f"{self.task.seq_len}-token sequences")
+            raise PosymError(
+                f"model.n_positions ({self.model.n_positions}) must cover the task's "
+                f"{self.task.seq_len}-token sequences"
+            )
 
 
 MAX_SEED = 2**32 - 1
@@ -137,9 +142,16 @@ def _authors(task: TaskConfig) -> TrainConfig:
 def _seed(task: TaskConfig) -> TrainConfig:
     """The seed summary's GPT-J: 6 layers x 8 heads, width 128, with a faster optimisation."""
     return TrainConfig(
-        preset="seed", task=task, model=ModelConfig(n_layer=6, n_head=8, n_embd=128),
-        lr=5e-4, betas=[0.9, 0.999], warmup_steps=300, max_steps=4000, batch_size=128,
-        checkpoint_every=250, val_size=SPLIT_SIZES["val"],
+        preset="seed",
+        task=task,
+        model=ModelConfig(n_layer=6, n_head=8, n_embd=128),
+        lr=5e-4,
+        betas=[0.9, 0.999],
+        warmup_steps=300,
+        max_steps=4000,
+        batch_size=128,
+        checkpoint_every=250,
+        val_size=SPLIT_SIZES["val"],
     )
 
 
@@ -153,16 +165,28 @@ def _quick(task: TaskConfig) -> TrainConfig:
     """
     steps = 1750 if task.task == "number" else 3000
     return TrainConfig(
-        preset="quick", task=task,
+        preset="quick",
+        task=task,
         # exact GELU: faster than gelu_new on CPU
         model=ModelConfig(n_layer=8, n_head=1, n_embd=64, activation="gelu", dropout=0.1),
-        lr=1e-3, betas=[0.9, 0.999], warmup_steps=100, max_steps=steps, batch_size=64,
-        checkpoint_every=250, eval_size=1000, val_size=1000, threads=1,  # one thread: these matrices are too small to split
+        lr=1e-3,
+        betas=[0.9, 0.999],
+        warmup_steps=100,
+        max_steps=steps,
+        batch_size=64,
+        checkpoint_every=250,
+        eval_size=1000,
+        val_size=1000,
+        threads=1,  # one thread: these matrices are too small to split
     )
 
 
-PRESETS: dict[str, Callable[[TaskConfig], TrainConfig]] = {"paper": _paper, "authors": _authors, "seed": _seed,
-                                                           "quick": _quick}
+PRESETS: dict[str, Callable[[TaskConfig], TrainConfig]] = {
+    "paper": _paper,
+    "authors": _authors,
+    "seed": _seed,
+    "quick": _quick,
+}
 """Preset name -> builder of its TrainConfig for a task config."""
 
 
@@ -275,8 +299,11 @@ def train_step(model, optimizer, config: TrainConfig, step: int, ids, answer):
     import torch
     import torch.nn.functional as F
 
-    autocast = (torch.autocast(ids.device.type, dtype=torch.bfloat16) if config.precision == "bfloat16"
-                else contextlib.nullcontext())
+    autocast = (
+        torch.autocast(ids.device.type, dtype=torch.bfloat16)
+        if config.precision == "bfloat16"
+        else contextlib.nullcontext()
+    )
     with autocast:
         loss = F.cross_entropy(last_logits(model, ids).float(), answer)
     return optimizer_update(model, optimizer, config, step, loss)
@@ -293,5 +320,3 @@ def train_batch(task: TaskConfig, step: int, batch_size: int, seed: int):
         return first.input_ids, first.answer
     rest = generate(task, batch_size - len(first.answer), seed, split="train", start=0)
     return np.concatenate([first.input_ids, rest.input_ids]), np.concatenate([first.answer, rest.answer])
-
-

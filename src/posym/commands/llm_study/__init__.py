@@ -108,9 +108,15 @@ class StudyConfig:
     """What the screen, lengths and causal stages measure (`posym.commands.llm_study.prediction.PredictionConfig`)."""
 
     def __post_init__(self) -> None:
-        counts = {"n_binding": self.n_binding, "n_bench": self.n_bench, "frequency_prompts": self.frequency_prompts,
-                  "gap_prompts": self.gap_prompts, "gap_heads": self.gap_heads, "bench_runs": self.bench_runs,
-                  "bench_n": self.bench_n}
+        counts = {
+            "n_binding": self.n_binding,
+            "n_bench": self.n_bench,
+            "frequency_prompts": self.frequency_prompts,
+            "gap_prompts": self.gap_prompts,
+            "gap_heads": self.gap_heads,
+            "bench_runs": self.bench_runs,
+            "bench_n": self.bench_n,
+        }
         for name, value in counts.items():
             if value < 1:
                 raise PosymError(f"{name} must be at least 1, got {value}")
@@ -135,9 +141,14 @@ def puzzle_query(loaded: LoadedModel, prompt: Prompt) -> int:
 def study_prompts(config: StudyConfig) -> dict[str, list[Prompt]]:
     """The stage-1 prompt sets by name (the two binding sets share their prompts)."""
     binding = prompt_sets.binding_prompts(config.n_binding, seed=config.seed)
-    return {"binding-last": binding, "binding-name": binding,
-            **{task: prompt_sets.bench_prompts(task, config.bench_size, config.n_bench, seed=config.seed)
-               for task in ("number", "letter")}}
+    return {
+        "binding-last": binding,
+        "binding-name": binding,
+        **{
+            task: prompt_sets.bench_prompts(task, config.bench_size, config.n_bench, seed=config.seed)
+            for task in ("number", "letter")
+        },
+    }
 
 
 def query_positions(loaded: LoadedModel, name: str, prompts: list[Prompt]) -> list[int]:
@@ -164,7 +175,6 @@ def _read(out: Path, stage: str, table: str):
     return io.read_parquet(out.parent / stage / f"{table}.parquet")
 
 
-
 def stage_scores(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
     import pandas as pd
 
@@ -176,20 +186,35 @@ def stage_scores(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
         sinks[name] = find_sinks(plain) if config.exclude_keys is None else list(config.exclude_keys)
         variants = {"plain": plain}
         if sinks[name]:
-            variants["sinks excluded"] = score_model(loaded.model, ids, [[q] for q in queries], tau=config.tau,
-                                                     exclude_keys=sinks[name])
+            variants["sinks excluded"] = score_model(
+                loaded.model, ids, [[q] for q in queries], tau=config.tau, exclude_keys=sinks[name]
+            )
         frames += [frame.assign(set=name, variant=variant) for variant, frame in variants.items()]
         answers = accuracy_rows(loaded, prompts, set=name) if name != "binding-name" else []
         for k, prompt in enumerate(prompts):
             judged = answers[k] if answers else {"predicted": None, "correct": None}
-            prompt_rows.append({"set": name, "prompt": k, "text": prompt.text, "answer": prompt.answer,
-                                "input_ids": ids[k], "query": queries[k], "query_token": loaded.tokenizer.decode(
-                                    [ids[k][queries[k]]]), "predicted": judged["predicted"],
-                                "correct": judged["correct"]})
+            prompt_rows.append(
+                {
+                    "set": name,
+                    "prompt": k,
+                    "text": prompt.text,
+                    "answer": prompt.answer,
+                    "input_ids": ids[k],
+                    "query": queries[k],
+                    "query_token": loaded.tokenizer.decode([ids[k][queries[k]]]),
+                    "predicted": judged["predicted"],
+                    "correct": judged["correct"],
+                }
+            )
         progress(1)
     scores = pd.concat(frames, ignore_index=True)
-    heads = pd.concat([summarize_heads(g, gamma=config.gammas[0]).assign(set=s, variant=v)
-                       for (s, v), g in scores.groupby(["set", "variant"], sort=False)], ignore_index=True)
+    heads = pd.concat(
+        [
+            summarize_heads(g, gamma=config.gammas[0]).assign(set=s, variant=v)
+            for (s, v), g in scores.groupby(["set", "variant"], sort=False)
+        ],
+        ignore_index=True,
+    )
     io.write_parquet(out / "scores.parquet", scores)
     io.write_parquet(out / "heads.parquet", heads)
     io.write_parquet(out / "prompts.parquet", pd.DataFrame(prompt_rows))
@@ -205,22 +230,41 @@ def stage_profile(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     n_layers = loaded.model.config.num_hidden_layers
     plain = {name: heads[(heads.set == name) & (heads.variant == "plain")] for name in SETS}
     layers = pd.concat([layer_profile(h).assign(set=name) for name, h in plain.items()], ignore_index=True)
-    labels = pd.concat([label_counts(g, config.gammas).assign(set=s, variant=v)
-                        for (s, v), g in scores.groupby(["set", "variant"], sort=False)], ignore_index=True)
-    sinks = [sink_changes(plain[s], heads[(heads.set == s) & (heads.variant == v)]).assign(set=s)
-             for s, v in heads[["set", "variant"]].drop_duplicates().itertuples(index=False) if v != "plain"]
+    labels = pd.concat(
+        [
+            label_counts(g, config.gammas).assign(set=s, variant=v)
+            for (s, v), g in scores.groupby(["set", "variant"], sort=False)
+        ],
+        ignore_index=True,
+    )
+    sinks = [
+        sink_changes(plain[s], heads[(heads.set == s) & (heads.variant == v)]).assign(set=s)
+        for s, v in heads[["set", "variant"]].drop_duplicates().itertuples(index=False)
+        if v != "plain"
+    ]
     accuracy = prompts.dropna(subset=["correct"]).groupby("set")["correct"].agg(["mean", "size"])
-    summary = {name: {**half_profile(h, n_layers), "pearson_r": pearson(h.s_pos, h.s_sym),
-                      "sink_label_changes": int(sum(s.changed.sum() for s in sinks if s.set.iloc[0] == name)),
-                      "mean_attn_first": float(h.attn_first.mean())} for name, h in plain.items()}
+    summary = {
+        name: {
+            **half_profile(h, n_layers),
+            "pearson_r": pearson(h.s_pos, h.s_sym),
+            "sink_label_changes": int(sum(s.changed.sum() for s in sinks if s.set.iloc[0] == name)),
+            "mean_attn_first": float(h.attn_first.mean()),
+        }
+        for name, h in plain.items()
+    }
     for name, row in accuracy.iterrows():
         summary[name] |= {"accuracy": float(row["mean"]), "prompts": int(row["size"])}
     io.write_parquet(out / "layers.parquet", layers)
     io.write_parquet(out / "labels.parquet", labels)
-    io.write_parquet(out / "agreement.parquet",
-                     label_agreement({s: plain[s] for s in ("binding-last", "number", "letter")}))
-    io.write_parquet(out / "sink_changes.parquet", pd.concat(sinks, ignore_index=True) if sinks else
-                     sink_changes(plain["binding-last"], plain["binding-last"]).assign(set="binding-last").iloc[:0])
+    io.write_parquet(
+        out / "agreement.parquet", label_agreement({s: plain[s] for s in ("binding-last", "number", "letter")})
+    )
+    io.write_parquet(
+        out / "sink_changes.parquet",
+        pd.concat(sinks, ignore_index=True)
+        if sinks
+        else sink_changes(plain["binding-last"], plain["binding-last"]).assign(set="binding-last").iloc[:0],
+    )
     io.write_json(out / "profile.json", summary)
     progress(1)
 
@@ -229,18 +273,26 @@ def stage_frequency(loaded: LoadedModel, config: StudyConfig, out: Path, progres
     prompts = _read(out, "scores", "prompts")
     heads = _read(out, "scores", "heads")
     chosen = prompts[prompts.set == "binding-last"].head(config.frequency_prompts)
-    planes = channel_means(plane_scores(loaded.model, [list(i) for i in chosen.input_ids],
-                                        [[int(q)] for q in chosen["query"]], tau=config.tau))
+    planes = channel_means(
+        plane_scores(
+            loaded.model, [list(i) for i in chosen.input_ids], [[int(q)] for q in chosen["query"]], tau=config.tau
+        )
+    )
     use = frequency_use(planes)
     plain = heads[(heads.set == "binding-last") & (heads.variant == "plain")]
     both, correlation = behaviour_frequency(plain, use)
     rotary = planes[planes.frequency_id > 0].frequency_id.max()
     io.write_parquet(out / "planes.parquet", planes)
     io.write_parquet(out / "behaviour.parquet", both)
-    io.write_json(out / "frequency.json", {
-        **correlation, "uniform_weighted_id": (1 + float(rotary)) / 2,
-        "weighting": "use_k = mean over prompts of plane k's largest logit contribution, clipped at 0",
-        "mean_weighted_id": float(both.weighted_id.mean())})
+    io.write_json(
+        out / "frequency.json",
+        {
+            **correlation,
+            "uniform_weighted_id": (1 + float(rotary)) / 2,
+            "weighting": "use_k = mean over prompts of plane k's largest logit contribution, clipped at 0",
+            "mean_weighted_id": float(both.weighted_id.mean()),
+        },
+    )
     progress(1)
 
 
@@ -267,9 +319,13 @@ def rope_bases(model_config) -> tuple[dict, list[float]]:
     layer_types = list(getattr(model_config, "layer_types", None) or [])
     if per_kind and layer_types and set(layer_types) <= set(per_kind):
         kinds = [kind for kind in per_kind if kind in layer_types]
-        return ({"rope_bases": {kind: per_kind[kind] for kind in kinds},
-                 "layers_by_kind": {kind: [k for k, t in enumerate(layer_types) if t == kind] for kind in kinds}},
-                [per_kind[t] for t in layer_types])
+        return (
+            {
+                "rope_bases": {kind: per_kind[kind] for kind in kinds},
+                "layers_by_kind": {kind: [k for k, t in enumerate(layer_types) if t == kind] for kind in kinds},
+            },
+            [per_kind[t] for t in layer_types],
+        )
     base = float(getattr(model_config, "rope_theta", None) or params.get("rope_theta", 10_000.0))
     return {"rope_base": base}, [base] * int(model_config.num_hidden_layers)
 
@@ -278,44 +334,83 @@ def stage_discrepancy(loaded: LoadedModel, config: StudyConfig, out: Path, progr
     import pandas as pd
 
     if max(config.lengths) > loaded.max_positions:
-        raise PosymError(f"lengths reach {max(config.lengths)} tokens but the model has {loaded.max_positions} positions")
+        raise PosymError(
+            f"lengths reach {max(config.lengths)} tokens but the model has {loaded.max_positions} positions"
+        )
     behaviour = _read(out, "frequency", "behaviour").sort_values("behaviour")
-    chosen = pd.concat([behaviour.tail(config.gap_heads).assign(group="positional"),
-                        behaviour.head(config.gap_heads).assign(group="symbolic")])
+    chosen = pd.concat(
+        [
+            behaviour.tail(config.gap_heads).assign(group="positional"),
+            behaviour.head(config.gap_heads).assign(group="symbolic"),
+        ]
+    )
     model_config = loaded.model.config
     head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads
     bases, layer_base = rope_bases(model_config)
     rows = []
     for length in config.lengths:
-        gaps = head_gaps(loaded.model, _long_prompts(loaded, config, length), "last",
-                         layers=sorted(set(chosen.layer.astype(int))))
+        gaps = head_gaps(
+            loaded.model, _long_prompts(loaded, config, length), "last", layers=sorted(set(chosen.layer.astype(int)))
+        )
         for head in chosen.itertuples():
             mine = gaps[(gaps.layer == head.layer) & (gaps["head"] == head.head)]
             # the dominant plane's angle off the head's own layer's tables (Gemma 3: local and global bases);
             # a frequency stage written before that column existed falls back to the config's base of its layer
             base = layer_base[int(head.layer)]
-            theta = (float(head.dominant_frequency) if hasattr(head, "dominant_frequency")
-                     else frequency_angle(int(head.dominant_id), base=base, rotary_dim=head_dim))
-            rows += [{"group": head.group, "layer": head.layer, "head": head.head, "length": length,
-                      "prompt": int(g.prompt), "gap": float(g.gap), "top_key": int(g.top_key),
-                      "dominant_id": int(head.dominant_id), "theta": theta, "index_bound": index_bound(theta, length),
-                      "rope_base": base}
-                     for g in mine.itertuples()]
+            theta = (
+                float(head.dominant_frequency)
+                if hasattr(head, "dominant_frequency")
+                else frequency_angle(int(head.dominant_id), base=base, rotary_dim=head_dim)
+            )
+            rows += [
+                {
+                    "group": head.group,
+                    "layer": head.layer,
+                    "head": head.head,
+                    "length": length,
+                    "prompt": int(g.prompt),
+                    "gap": float(g.gap),
+                    "top_key": int(g.top_key),
+                    "dominant_id": int(head.dominant_id),
+                    "theta": theta,
+                    "index_bound": index_bound(theta, length),
+                    "rope_base": base,
+                }
+                for g in mine.itertuples()
+            ]
         progress(1)
     io.write_parquet(out / "gaps.parquet", pd.DataFrame(rows))
-    io.write_json(out / "discrepancy.json", {**bases, "head_dim": head_dim,
-                                             "theta": "the dominant plane's angle read off the head's own layer's "
-                                                      "rotary tables (per-layer RoPE bases)",
-                                             "bound": "Theorem 3.2 Index bound min(1 - cos theta, 2 pi^2 / n^2) for "
-                                                      "unit-norm q, k; the measured gaps carry the head's norms"})
+    io.write_json(
+        out / "discrepancy.json",
+        {
+            **bases,
+            "head_dim": head_dim,
+            "theta": "the dominant plane's angle read off the head's own layer's rotary tables (per-layer RoPE bases)",
+            "bound": "Theorem 3.2 Index bound min(1 - cos theta, 2 pi^2 / n^2) for "
+            "unit-norm q, k; the measured gaps carry the head's norms",
+        },
+    )
 
 
 def stage_bench(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
-    settings = {"model": loaded.name, "sizes": config.bench_sizes, "runs": config.bench_runs, "n": config.bench_n,
-                "judge": "local whole answer"}
-    llm_bench.write_bench(lambda prompt: llm_bench.local_correct(loaded, prompt), out, label=loaded.name,
-                      tasks=("number", "letter"), sizes=config.bench_sizes, runs=config.bench_runs, n=config.bench_n,
-                      settings=settings, progress=lambda k: None)
+    settings = {
+        "model": loaded.name,
+        "sizes": config.bench_sizes,
+        "runs": config.bench_runs,
+        "n": config.bench_n,
+        "judge": "local whole answer",
+    }
+    llm_bench.write_bench(
+        lambda prompt: llm_bench.local_correct(loaded, prompt),
+        out,
+        label=loaded.name,
+        tasks=("number", "letter"),
+        sizes=config.bench_sizes,
+        runs=config.bench_runs,
+        n=config.bench_n,
+        settings=settings,
+        progress=lambda k: None,
+    )
     progress(1)
 
 
@@ -325,24 +420,35 @@ def stage_ablation(loaded: LoadedModel, config: StudyConfig, out: Path, progress
     heads = _read(out, "scores", "heads")
     plain = heads[(heads.set == "binding-last") & (heads.variant == "plain")]
     sets = {name: p for name, p in study_prompts(config).items() if name != "binding-name"}
-    groups = {(k, g): heads_ for k in config.ablation_ks if k <= len(plain)
-              for g, heads_ in ablation_groups(plain, k, config.seed + k).items()}
+    groups = {
+        (k, g): heads_
+        for k in config.ablation_ks
+        if k <= len(plain)
+        for g, heads_ in ablation_groups(plain, k, config.seed + k).items()
+    }
     means = None
     if "mean" in config.ablation_modes:
         reference = [tokenize(loaded, p.text)[0].tolist() for prompts in sets.values() for p in prompts]
         means = head_means(loaded.model, reference, sorted({h for hs in groups.values() for h in hs}))
-    rows = [r for name, prompts in sets.items()
-            for r in accuracy_rows(loaded, prompts, k=0, group="none", mode="none", heads="", set=name)]
+    rows = [
+        r
+        for name, prompts in sets.items()
+        for r in accuracy_rows(loaded, prompts, k=0, group="none", mode="none", heads="", set=name)
+    ]
     for (k, group), chosen in groups.items():
         for mode in config.ablation_modes:
             with ablated(loaded.model, chosen, mode, means):
                 text = ",".join(f"{layer}.{head}" for layer, head in chosen)
-                rows += [r for name, prompts in sets.items()
-                         for r in accuracy_rows(loaded, prompts, k=k, group=group, mode=mode, heads=text, set=name)]
+                rows += [
+                    r
+                    for name, prompts in sets.items()
+                    for r in accuracy_rows(loaded, prompts, k=k, group=group, mode=mode, heads=text, set=name)
+                ]
         progress(1)
     frame = pd.DataFrame(rows)
     summary = frame.groupby(["k", "group", "mode", "set"], as_index=False)["correct"].agg(
-        acc="mean", std=lambda c: float(c.std(ddof=0)), prompts="size")
+        acc="mean", std=lambda c: float(c.std(ddof=0)), prompts="size"
+    )
     summary["sem"] = summary["std"] / summary["prompts"].map(math.sqrt)
     io.write_parquet(out / "ablation.parquet", frame)
     io.write_parquet(out / "ablation_summary.parquet", summary)
@@ -350,9 +456,17 @@ def stage_ablation(loaded: LoadedModel, config: StudyConfig, out: Path, progress
 
 def stage_screen(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
     settings = config.prediction
-    rows = prediction.screen(loaded.model, Builder(loaded.tokenizer), settings, seed=config.seed,
-                             max_positions=loaded.max_positions, progress=progress)
-    summary = prediction.accuracy_rows(rows, ["format"]).merge(rows.drop_duplicates("format")[["format", "base_length"]])
+    rows = prediction.screen(
+        loaded.model,
+        Builder(loaded.tokenizer),
+        settings,
+        seed=config.seed,
+        max_positions=loaded.max_positions,
+        progress=progress,
+    )
+    summary = prediction.accuracy_rows(rows, ["format"]).merge(
+        rows.drop_duplicates("format")[["format", "base_length"]]
+    )
     io.write_parquet(out / "screen.parquet", rows)
     io.write_parquet(out / "summary.parquet", summary)
     io.write_json(out / "screen.json", prediction.choose_format(summary, settings))
@@ -361,9 +475,10 @@ def stage_screen(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
 def _length_prompts(loaded: LoadedModel, config: StudyConfig, fmt: str) -> dict:
     """{layout: {factor: prompts}} of the chosen format, the same questions in every layout."""
     builder = Builder(loaded.tokenizer)
-    return {name: build(family, builder, config.prediction.n_length, seed=config.seed,
-                        max_positions=loaded.max_positions)
-            for name, family in prediction.families(fmt, config.prediction).items()}
+    return {
+        name: build(family, builder, config.prediction.n_length, seed=config.seed, max_positions=loaded.max_positions)
+        for name, family in prediction.families(fmt, config.prediction).items()
+    }
 
 
 def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
@@ -377,15 +492,25 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     for layout, by_factor in layouts.items():
         correct = prediction.correct_by_length(loaded.model, by_factor, workers=workers)  # one shared-prefix pass
         for factor, prompts in by_factor.items():
-            accuracy.append(pd.DataFrame({"layout": layout, "factor": factor, "length": prompts[0].length,
-                                          "prompt": [p.index for p in prompts], "correct": correct[factor]}))
+            accuracy.append(
+                pd.DataFrame(
+                    {
+                        "layout": layout,
+                        "factor": factor,
+                        "length": prompts[0].length,
+                        "prompt": [p.index for p in prompts],
+                        "correct": correct[factor],
+                    }
+                )
+            )
         progress(1)
     accuracy = pd.concat(accuracy, ignore_index=True)
     summary = prediction.accuracy_rows(accuracy, ["layout", "factor", "length"])
     scores, sinks = {}, {}
     for layout in ("between", "marked"):
-        scores[layout], sinks[layout] = prediction.score_heads(loaded.model, layouts[layout][1][: settings.n_scores],
-                                                               gamma=config.gammas[0], tau=config.tau)
+        scores[layout], sinks[layout] = prediction.score_heads(
+            loaded.model, layouts[layout][1][: settings.n_scores], gamma=config.gammas[0], tau=config.tau
+        )
         progress(1)
     retention, groups, measured = [], [], []
     for layout in ("between", "before"):
@@ -393,12 +518,20 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
         measured.append(measures.assign(layout=layout))
         base = layouts[layout][1][0].length
         for variant in ("sink-free", "plain"):
-            labels = scores["between"][scores["between"].variant == variant][["layer", "head", "label", "s_pos", "s_sym"]]
-            retention.append(head_retention(measures, base_length=base).merge(labels, on=["layer", "head"]).assign(
-                layout=layout, ranking=variant))
+            labels = scores["between"][scores["between"].variant == variant][
+                ["layer", "head", "label", "s_pos", "s_sym"]
+            ]
+            retention.append(
+                head_retention(measures, base_length=base)
+                .merge(labels, on=["layer", "head"])
+                .assign(layout=layout, ranking=variant)
+            )
             named = prediction.label_groups(scores["between"], variant, settings.draws, config.seed)
-            groups.append(group_retention(measures, named, base_length=base, n_boot=settings.n_boot,
-                                          seed=config.seed).assign(layout=layout, ranking=variant))
+            groups.append(
+                group_retention(measures, named, base_length=base, n_boot=settings.n_boot, seed=config.seed).assign(
+                    layout=layout, ranking=variant
+                )
+            )
         progress(1)
     heads = pd.concat([frame.assign(layout=layout) for layout, frame in scores.items()], ignore_index=True)
     io.write_parquet(out / "accuracy.parquet", accuracy)
@@ -408,10 +541,15 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     io.write_parquet(out / "head_retention.parquet", pd.concat(retention, ignore_index=True))
     io.write_parquet(out / "group_retention.parquet", pd.concat(groups, ignore_index=True))
     io.write_parquet(out / "label_moves.parquet", label_moves(heads, config))
-    io.write_json(out / "lengths.json", {"format": chosen["format"], "sinks": sinks,
-                                         "base_lengths": {k: v[1][0].length for k, v in layouts.items()},
-                                         "prompts": {"accuracy": settings.n_length, "heads": settings.n_heads,
-                                                     "scores": settings.n_scores}})
+    io.write_json(
+        out / "lengths.json",
+        {
+            "format": chosen["format"],
+            "sinks": sinks,
+            "base_lengths": {k: v[1][0].length for k, v in layouts.items()},
+            "prompts": {"accuracy": settings.n_length, "heads": settings.n_heads, "scores": settings.n_scores},
+        },
+    )
 
 
 def label_moves(heads, config: StudyConfig):
@@ -422,8 +560,13 @@ def label_moves(heads, config: StudyConfig):
     plain, marked = heads[heads.layout == "between"], heads[heads.layout == "marked"]
     k = config.prediction.causal_ks[0]
     groups = prediction.causal_groups(plain, k, 0, config.seed)
-    return pd.concat([prediction.label_moves(plain, marked, groups[("sink-free", g)]).assign(group=g, k=k)
-                      for g in ("symbolic", "positional")], ignore_index=True)
+    return pd.concat(
+        [
+            prediction.label_moves(plain, marked, groups[("sink-free", g)]).assign(group=g, k=k)
+            for g in ("symbolic", "positional")
+        ],
+        ignore_index=True,
+    )
 
 
 def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
@@ -433,28 +576,53 @@ def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
     heads = _read(out, "lengths", "heads")
     heads = heads[heads.layout == "between"]
     accuracy = _read(out, "lengths", "accuracy")  # the clean model on these prompts: measured once, there
-    rows = prediction.causal_rows(loaded.model, prompts, settings, heads, seed=config.seed,
-                                  clean=accuracy[accuracy.layout == "between"], progress=progress)
+    rows = prediction.causal_rows(
+        loaded.model,
+        prompts,
+        settings,
+        heads,
+        seed=config.seed,
+        clean=accuracy[accuracy.layout == "between"],
+        progress=progress,
+    )
     io.write_parquet(out / "causal.parquet", rows)
-    io.write_parquet(out / "causal_summary.parquet",
-                     prediction.causal_table(rows, n_boot=settings.n_boot, seed=config.seed))
+    io.write_parquet(
+        out / "causal_summary.parquet", prediction.causal_table(rows, n_boot=settings.n_boot, seed=config.seed)
+    )
 
 
-STAGE_WORK: dict[str, Callable] = {"scores": stage_scores, "profile": stage_profile, "frequency": stage_frequency,
-                                   "discrepancy": stage_discrepancy, "bench": stage_bench, "ablation": stage_ablation,
-                                   "screen": stage_screen, "lengths": stage_lengths, "causal": stage_causal}
+STAGE_WORK: dict[str, Callable] = {
+    "scores": stage_scores,
+    "profile": stage_profile,
+    "frequency": stage_frequency,
+    "discrepancy": stage_discrepancy,
+    "bench": stage_bench,
+    "ablation": stage_ablation,
+    "screen": stage_screen,
+    "lengths": stage_lengths,
+    "causal": stage_causal,
+}
 
 
 def stage_steps(config: StudyConfig) -> dict[str, int]:
     """Progress steps of each stage (for one progress bar over the study)."""
     p = config.prediction
-    return {"scores": len(SETS), "profile": 1, "frequency": 1, "discrepancy": len(config.lengths), "bench": 1,
-            "ablation": len(config.ablation_ks) * len(GROUPS), "screen": len(p.formats), "lengths": 3 + 2 + 2,
-            "causal": 1 + len(p.causal_ks) * len(p.causal_modes) * (4 + 2 * p.draws)}
+    return {
+        "scores": len(SETS),
+        "profile": 1,
+        "frequency": 1,
+        "discrepancy": len(config.lengths),
+        "bench": 1,
+        "ablation": len(config.ablation_ks) * len(GROUPS),
+        "screen": len(p.formats),
+        "lengths": 3 + 2 + 2,
+        "causal": 1 + len(p.causal_ks) * len(p.causal_modes) * (4 + 2 * p.draws),
+    }
 
 
-def run_study(loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, progress=None,
-              only: list[str] | None = None) -> dict:
+def run_study(
+    loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, progress=None, only: list[str] | None = None
+) -> dict:
     """Run the stages not yet done (all, or `only`), then the report; returns {stage: seconds or "done"}.
     One process per OUT (`posym.io.locked`); Ctrl-C keeps the finished stages."""
     out = Path(out)
@@ -482,16 +650,20 @@ def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> 
         for task in ("number", "letter"):
             prompt = prompt_sets.bench_prompts(task, max(config.bench_sizes), 1, seed=config.seed)[0]
             if len(loaded.text_ids(prompt.text)) > top:
-                raise PosymError(f"the Appendix H prompts of size {max(config.bench_sizes)} do not fit the model's "
-                                 f"{top} positions; choose smaller bench_sizes")
+                raise PosymError(
+                    f"the Appendix H prompts of size {max(config.bench_sizes)} do not fit the model's "
+                    f"{top} positions; choose smaller bench_sizes"
+                )
     if {"screen", "lengths", "causal"} & set(stages):
         builder, p = Builder(loaded.tokenizer), config.prediction
         for fmt in p.formats:
             for family in prediction.families(fmt, p).values():
                 base = base_length(family, builder, p.n_length, config.seed)
                 if max(p.factors) * base > top:
-                    raise PosymError(f"the {family.name} family reaches {max(p.factors) * base} tokens at "
-                                     f"{max(p.factors)}x but the model has {top} positions; choose smaller factors")
+                    raise PosymError(
+                        f"the {family.name} family reaches {max(p.factors) * base} tokens at "
+                        f"{max(p.factors)}x but the model has {top} positions; choose smaller factors"
+                    )
 
 
 def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict) -> None:
@@ -508,10 +680,13 @@ def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict
             was, now = before.get("model"), settings.get("model", model["name"])
             other = was is not None and str(was) != str(now)
         if other:
-            raise PosymError(f"{out} holds a study of {was}, not of {now}; re-run with that model to continue it, "
-                             "or choose another --out")
-    io.write_json(out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, identity=model,
-                                                     **settings))
+            raise PosymError(
+                f"{out} holds a study of {was}, not of {now}; re-run with that model to continue it, "
+                "or choose another --out"
+            )
+    io.write_json(
+        out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, identity=model, **settings)
+    )
 
 
 def _kept(out: Path) -> str:

@@ -64,8 +64,9 @@ RANKINGS = ("sink-free", "plain")
 class PredictionConfig:
     """What the screen, lengths and causal stages of `posym llm-study` measure (part of study.yaml)."""
 
-    formats: list[str] = field(default_factory=lambda: ["kv-code", "copy", "kv-list", "kv-fewshot", "possession",
-                                                        "arithmetic"])
+    formats: list[str] = field(
+        default_factory=lambda: ["kv-code", "copy", "kv-list", "kv-fewshot", "possession", "arithmetic"]
+    )
     """Formats screened, in order of preference (`posym.prompts.FORMATS`)."""
     n_screen: int = 200
     """Prompts a format needs at the base length to be the task (`screen`)."""
@@ -104,8 +105,16 @@ class PredictionConfig:
             raise PosymError(f"formats must be among {', '.join(FORMATS)}, got {self.formats}")
         if not 0 <= self.workers <= 1024:
             raise PosymError(f"workers must lie in 0..1024 (0: one per CPU), got {self.workers}")
-        counts = {"n_screen": self.n_screen, "n_probe": self.n_probe, "n_length": self.n_length, "n_heads": self.n_heads,
-                  "n_scores": self.n_scores, "draws": self.draws, "n_causal": self.n_causal, "n_boot": self.n_boot}
+        counts = {
+            "n_screen": self.n_screen,
+            "n_probe": self.n_probe,
+            "n_length": self.n_length,
+            "n_heads": self.n_heads,
+            "n_scores": self.n_scores,
+            "draws": self.draws,
+            "n_causal": self.n_causal,
+            "n_boot": self.n_boot,
+        }
         for name, value in counts.items():
             if not 1 <= value <= 100_000:
                 raise PosymError(f"{name} must lie in 1..100000, got {value}")
@@ -188,8 +197,9 @@ def last_logits(model, prompts: dict[int, list[LengthPrompt]]):
         for i in range(n):
             longest = prompts[factors[0]][i].ids
             # a cache of full layers even where a layer has a window: the model's mask applies the window
-            out = model(input_ids=torch.tensor([longest], device=device), cache=DynamicCache(), use_cache=True,
-                        logits_to_keep=1)
+            out = model(
+                input_ids=torch.tensor([longest], device=device), cache=DynamicCache(), use_cache=True, logits_to_keep=1
+            )
             yield factors[0], i, out.logits[0, -1]  # [vocab]
             cache = out.cache
             share = _croppable(cache)
@@ -213,7 +223,9 @@ def correct_by_length(model, prompts: dict[int, list[LengthPrompt]], *, workers:
 
     def answers(i: int) -> dict[int, bool]:
         one = {factor: [group[i]] for factor, group in prompts.items()}
-        return {factor: int(logits.argmax()) == one[factor][0].answer_id for factor, _, logits in last_logits(model, one)}
+        return {
+            factor: int(logits.argmax()) == one[factor][0].answer_id for factor, _, logits in last_logits(model, one)
+        }
 
     found = forked_map(answers, range(n), workers=workers)
     return {factor: [found[i][factor] for i in range(n)] for factor in prompts}
@@ -225,8 +237,9 @@ def accuracy_rows(frame, by):
     for key, group in frame.groupby(by, sort=False):
         k, n = int(group.correct.sum()), len(group)
         lo, hi = wilson_interval(k, n)
-        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "acc": k / n, "lo": lo, "hi": hi,
-                     "n": n})
+        rows.append(
+            {**dict(zip(by, key if isinstance(key, tuple) else (key,))), "acc": k / n, "lo": lo, "hi": hi, "n": n}
+        )
     import pandas as pd
 
     return pd.DataFrame(rows)
@@ -244,8 +257,10 @@ def screen(model, builder: Builder, config: PredictionConfig, *, seed: int, max_
     and only the candidates pay for the full count (about a third of screening every format fully)."""
     import pandas as pd
 
-    prompts = {fmt: build(LengthFamily(fmt, factors=[1]), builder, config.n_screen, seed=seed,
-                          max_positions=max_positions)[1] for fmt in config.formats}
+    prompts = {
+        fmt: build(LengthFamily(fmt, factors=[1]), builder, config.n_screen, seed=seed, max_positions=max_positions)[1]
+        for fmt in config.formats
+    }
     correct = {}
     for fmt, ps in prompts.items():
         correct[fmt] = next_token_correct(model, ps[: config.n_probe])
@@ -254,12 +269,23 @@ def screen(model, builder: Builder, config: PredictionConfig, *, seed: int, max_
     for fmt in config.formats:
         found = correct[fmt]
         if wilson_interval(sum(found), len(found))[1] >= config.min_accuracy:  # the probe leaves it possible
-            found += next_token_correct(model, prompts[fmt][len(found):])
+            found += next_token_correct(model, prompts[fmt][len(found) :])
             if sum(found) >= config.min_accuracy * len(found):
                 break
-    return pd.concat([pd.DataFrame({"format": fmt, "index": [p.index for p in prompts[fmt][: len(found)]],
-                                    "base_length": prompts[fmt][0].length, "correct": found})
-                      for fmt, found in correct.items()], ignore_index=True)
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "format": fmt,
+                    "index": [p.index for p in prompts[fmt][: len(found)]],
+                    "base_length": prompts[fmt][0].length,
+                    "correct": found,
+                }
+            )
+            for fmt, found in correct.items()
+        ],
+        ignore_index=True,
+    )
 
 
 def choose_format(summary, config: PredictionConfig) -> dict:
@@ -268,16 +294,26 @@ def choose_format(summary, config: PredictionConfig) -> dict:
     acc, n = dict(zip(summary.format, summary.acc)), dict(zip(summary.format, summary.n))
     passing = [f for f in config.formats if acc.get(f, 0.0) >= config.min_accuracy and n.get(f, 0) >= config.n_screen]
     chosen = passing[0] if passing else max(config.formats, key=lambda f: acc.get(f, 0.0))
-    return {"format": chosen, "accuracy": float(acc[chosen]), "prompts": int(n[chosen]), "passes": bool(passing),
-            "rule": f"the first of {config.formats} with base accuracy >= {config.min_accuracy} on {config.n_screen} "
-                    f"prompts (each format probed on {config.n_probe} first)"}
+    return {
+        "format": chosen,
+        "accuracy": float(acc[chosen]),
+        "prompts": int(n[chosen]),
+        "passes": bool(passing),
+        "rule": f"the first of {config.formats} with base accuracy >= {config.min_accuracy} on {config.n_screen} "
+        f"prompts (each format probed on {config.n_probe} first)",
+    }
 
 
 def families(fmt: str, config: PredictionConfig) -> dict[str, LengthFamily]:
     """The lengths stage's three layouts of a format, by name."""
-    return {name: LengthFamily(fmt, variant=variant, markers=markers, factors=list(config.factors))
-            for name, variant, markers in (("between", "between", False), ("before", "before", False),
-                                           ("marked", "between", True))}
+    return {
+        name: LengthFamily(fmt, variant=variant, markers=markers, factors=list(config.factors))
+        for name, variant, markers in (
+            ("between", "between", False),
+            ("before", "before", False),
+            ("marked", "between", True),
+        )
+    }
 
 
 def score_heads(model, prompts: list[LengthPrompt], *, gamma: float = GAMMA, tau: float = TAU):
@@ -289,8 +325,13 @@ def score_heads(model, prompts: list[LengthPrompt], *, gamma: float = GAMMA, tau
     plain = score_model(model, ids, queries, tau=tau)
     sinks = find_sinks(plain)
     free = score_model(model, ids, queries, tau=tau, exclude_keys=sinks) if sinks else plain
-    heads = pd.concat([summarize_heads(plain, gamma=gamma).assign(variant="plain"),
-                       summarize_heads(free, gamma=gamma).assign(variant="sink-free")], ignore_index=True)
+    heads = pd.concat(
+        [
+            summarize_heads(plain, gamma=gamma).assign(variant="plain"),
+            summarize_heads(free, gamma=gamma).assign(variant="sink-free"),
+        ],
+        ignore_index=True,
+    )
     return heads, sinks
 
 
@@ -327,8 +368,13 @@ def measures_by_length(model, prompts: dict[int, list[LengthPrompt]], n: int, pr
             continue
         chosen = group[:n]
         tracked = base_tracking(first, lambda k, pos: chosen[k].position_map(pos))
-        frame = head_measures(model, [p.ids for p in chosen], [[p.query] for p in chosen], tracked=tracked,
-                              batch_size=max(1, min(n, 16384 // len(chosen[0].ids))))
+        frame = head_measures(
+            model,
+            [p.ids for p in chosen],
+            [[p.query] for p in chosen],
+            tracked=tracked,
+            batch_size=max(1, min(n, 16384 // len(chosen[0].ids))),
+        )
         frames.append(frame.assign(length=chosen[0].length, factor=factor))
         if progress:
             progress(0)
@@ -345,16 +391,26 @@ def causal_groups(heads, k: int, draws: int, seed: int) -> dict[tuple[str, str],
         pairs = [(int(a), int(b)) for a, b in zip(order.layer, order["head"])]
         out[(ranking, "symbolic")] = sorted(pairs[:k])
         out[(ranking, "positional")] = sorted(pairs[::-1][:k])
-    every = [(int(a), int(b)) for a, b in zip(heads.layer[heads.variant == "sink-free"],
-                                              heads["head"][heads.variant == "sink-free"])]
+    every = [
+        (int(a), int(b))
+        for a, b in zip(heads.layer[heads.variant == "sink-free"], heads["head"][heads.variant == "sink-free"])
+    ]
     for g, group in enumerate(("symbolic", "positional")):
         for i, draw in enumerate(matched_random(every, out[("sink-free", group)], draws, seed=seed + 31 * g + k)):
             out[("sink-free", f"{RANDOM}:{group}:{i}")] = draw
     return out
 
 
-def causal_rows(model, prompts: dict[int, list[LengthPrompt]], config: PredictionConfig, heads, *, seed: int,
-                clean=None, progress=None):
+def causal_rows(
+    model,
+    prompts: dict[int, list[LengthPrompt]],
+    config: PredictionConfig,
+    heads,
+    *,
+    seed: int,
+    clean=None,
+    progress=None,
+):
     """Per (condition, factor, prompt) whether the answer is right: the clean model (k = 0, group 'none')
     and every ablation of `causal_groups` for each k and mode, every length of a question through one
     shared-prefix pass (`last_logits`). clean: the clean model's rows (factor, length, prompt, correct)
@@ -369,15 +425,20 @@ def causal_rows(model, prompts: dict[int, list[LengthPrompt]], config: Predictio
         needed = sorted({h for groups in every_group.values() for hs in groups.values() for h in hs})
         means = head_means(model, [p.ids for p in prompts[1][: config.n_length]], needed)
     rows: list[dict] = []
-    done: dict[tuple, list[dict]] = {}  # (k, mode, heads) -> its rows: a plain group equal to a sink-free one is not re-run
+    done: dict[
+        tuple, list[dict]
+    ] = {}  # (k, mode, heads) -> its rows: a plain group equal to a sink-free one is not re-run
 
     def measure(condition: dict, context) -> None:
         key = (condition["k"], condition["mode"], condition["heads"])
         if key not in done:
             with context:  # the ablation's hooks are on the model before the workers fork
                 correct = correct_by_length(model, chosen, workers=workers)
-            done[key] = [{"factor": f, "length": p.length, "prompt": p.index, "correct": ok}
-                         for f, group in chosen.items() for p, ok in zip(group, correct[f])]
+            done[key] = [
+                {"factor": f, "length": p.length, "prompt": p.index, "correct": ok}
+                for f, group in chosen.items()
+                for p, ok in zip(group, correct[f])
+            ]
         if progress:
             progress(1)
         rows.extend({**condition, **r} for r in done[key])
@@ -387,8 +448,11 @@ def causal_rows(model, prompts: dict[int, list[LengthPrompt]], config: Predictio
         measure(none, nullcontext())
     else:
         wanted = {(p.index, f) for f, group in chosen.items() for p in group}
-        found = [r for r in clean[["factor", "length", "prompt", "correct"]].to_dict("records")
-                 if (r["prompt"], r["factor"]) in wanted]
+        found = [
+            r
+            for r in clean[["factor", "length", "prompt", "correct"]].to_dict("records")
+            if (r["prompt"], r["factor"]) in wanted
+        ]
         if len(found) != len(wanted):
             raise PosymError(f"the clean rows cover {len(found)} of the {len(wanted)} causal prompts")
         rows.extend({**none, **r, "correct": bool(r["correct"])} for r in found)
@@ -397,10 +461,14 @@ def causal_rows(model, prompts: dict[int, list[LengthPrompt]], config: Predictio
     for k, groups in every_group.items():
         for mode in config.causal_modes:
             for (ranking, name), members in groups.items():
-                pool, draw = (name.rsplit(":", 1)[0], int(name.rsplit(":", 1)[1])) if name.startswith(RANDOM) else (name, -1)
+                pool, draw = (
+                    (name.rsplit(":", 1)[0], int(name.rsplit(":", 1)[1])) if name.startswith(RANDOM) else (name, -1)
+                )
                 text = ",".join(f"{a}.{b}" for a, b in members)
-                measure({"k": k, "mode": mode, "ranking": ranking, "group": pool, "draw": draw, "heads": text},
-                        ablated(model, members, mode, means))
+                measure(
+                    {"k": k, "mode": mode, "ranking": ranking, "group": pool, "draw": draw, "heads": text},
+                    ablated(model, members, mode, means),
+                )
     return pd.DataFrame(rows)
 
 
@@ -439,14 +507,38 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
         dlo, dhi = percentile_interval(drop_boot)
         elo, ehi = percentile_interval(effect_boot)
         for j, factor in enumerate(factors):
-            out.append({"k": k, "mode": mode, "ranking": ranking, "group": group, "factor": factor,
-                        "length": length_of[factor], "acc": float(a_point[j]), "acc_clean": float(c_point[j]),
-                        "drop": float(drop[j]), "drop_lo": float(dlo[j]), "drop_hi": float(dhi[j]),
-                        "effect": float(effect[j]), "effect_lo": float(elo[j]), "effect_hi": float(ehi[j]),
-                        "draws": int(g.draw.nunique()) if group.startswith(RANDOM) else 1, "prompts": n})
+            out.append(
+                {
+                    "k": k,
+                    "mode": mode,
+                    "ranking": ranking,
+                    "group": group,
+                    "factor": factor,
+                    "length": length_of[factor],
+                    "acc": float(a_point[j]),
+                    "acc_clean": float(c_point[j]),
+                    "drop": float(drop[j]),
+                    "drop_lo": float(dlo[j]),
+                    "drop_hi": float(dhi[j]),
+                    "effect": float(effect[j]),
+                    "effect_lo": float(elo[j]),
+                    "effect_hi": float(ehi[j]),
+                    "draws": int(g.draw.nunique()) if group.startswith(RANDOM) else 1,
+                    "prompts": n,
+                }
+            )
     table = pd.DataFrame(out)
-    columns = ("drop_vs_random", "drop_vs_random_lo", "drop_vs_random_hi", "drop_separated", "vs_random", "vs_random_lo",
-               "vs_random_hi", "separated", "needed")
+    columns = (
+        "drop_vs_random",
+        "drop_vs_random_lo",
+        "drop_vs_random_hi",
+        "drop_separated",
+        "vs_random",
+        "vs_random_lo",
+        "vs_random_hi",
+        "separated",
+        "needed",
+    )
     for column in columns:
         table[column] = None
     for i, row in table.iterrows():
@@ -461,8 +553,17 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
         lo, hi = percentile_interval(diff_boot)
         separated = bool(lo > 0 or hi < 0) if j > 0 else None
         needed = None if j == 0 or separated else needed_prompts(n, diff, float(np.std(diff_boot)))
-        table.loc[i, list(columns)] = [float(drop_diff), float(dlo), float(dhi), bool(dlo > 0 or dhi < 0), float(diff),
-                                       float(lo), float(hi), separated, needed]
+        table.loc[i, list(columns)] = [
+            float(drop_diff),
+            float(dlo),
+            float(dhi),
+            bool(dlo > 0 or dhi < 0),
+            float(diff),
+            float(lo),
+            float(hi),
+            separated,
+            needed,
+        ]
     return table
 
 
@@ -476,8 +577,13 @@ def plot_accuracy(summary, chosen: str):
         rows = rows.sort_values("length")
         ax.plot(rows.length, rows.acc, "o-", color=f"C{k}", label=f"{layout} (n = {int(rows.n.iloc[0])})")
         ax.fill_between(rows.length, rows.lo, rows.hi, color=f"C{k}", alpha=0.2)
-    ax.set(xscale="log", xlabel="prompt length (tokens)", ylabel="accuracy (next token)", ylim=(-0.02, 1.02),
-           title=f"{chosen}: accuracy by length")
+    ax.set(
+        xscale="log",
+        xlabel="prompt length (tokens)",
+        ylabel="accuracy (next token)",
+        ylim=(-0.02, 1.02),
+        title=f"{chosen}: accuracy by length",
+    )
     ax.legend(fontsize=8)
     return fig
 
@@ -490,12 +596,21 @@ def plot_retention(groups, title: str):
         for k, (group, rows) in enumerate(groups[groups.measure == measure].groupby("group", sort=False)):
             rows = rows.sort_values("length")
             dashed = group.startswith(RANDOM)
-            ax.plot(rows.length, rows.value, "--" if dashed else "o-", color=f"C{k}",
-                    label=f"{group} ({int(rows.heads.iloc[0])} heads{', %d draws' % rows.draws.iloc[0] if dashed else ''})")
+            ax.plot(
+                rows.length,
+                rows.value,
+                "--" if dashed else "o-",
+                color=f"C{k}",
+                label=f"{group} ({int(rows.heads.iloc[0])} heads{', %d draws' % rows.draws.iloc[0] if dashed else ''})",
+            )
             ax.fill_between(rows.length, rows.lo, rows.hi, color=f"C{k}", alpha=0.15)
         ax.axhline(1, color="gray", lw=0.8, ls=":")
-        ax.set(xscale="log", xlabel="prompt length (tokens)", ylabel=f"{measure} retention (median over heads)",
-               title=measure)
+        ax.set(
+            xscale="log",
+            xlabel="prompt length (tokens)",
+            ylabel=f"{measure} retention (median over heads)",
+            title=measure,
+        )
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -509,8 +624,16 @@ def plot_causal(table):
     for ax, ((k, mode), rows) in zip(axes[0], panels):
         for c, (group, g) in enumerate(rows.groupby("group", sort=False)):
             g = g.sort_values("length")
-            ax.errorbar(g.length * (1 + 0.04 * c), g.effect, yerr=[g.effect - g.effect_lo, g.effect_hi - g.effect],
-                        marker="o", capsize=3, ls="--" if group.startswith(RANDOM) else "-", color=f"C{c}", label=group)
+            ax.errorbar(
+                g.length * (1 + 0.04 * c),
+                g.effect,
+                yerr=[g.effect - g.effect_lo, g.effect_hi - g.effect],
+                marker="o",
+                capsize=3,
+                ls="--" if group.startswith(RANDOM) else "-",
+                color=f"C{c}",
+                label=group,
+            )
         ax.axhline(0, color="gray", lw=0.8)
         ax.set(xscale="log", xlabel="prompt length (tokens)", title=f"k = {k}, {mode}-ablation")
     axes[0, 0].set_ylabel("drop(L) - drop(base)")
@@ -526,4 +649,3 @@ def label_moves(plain_heads, marked_heads, chosen: list[tuple[int, int]]):
     both = a.merge(b, on=["layer", "head"], suffixes=("", "_marked"))
     wanted = set(chosen)
     return both[[(int(x), int(y)) in wanted for x, y in zip(both.layer, both["head"])]].reset_index(drop=True)
-

@@ -33,8 +33,20 @@ JOB = "study"
 
 GEMMA_HALVES = (0.83, 0.56)
 """2511.11579: median positional score of Gemma-2-2b-it's early and late halves of layers."""
-SECTIONS = ("Settings", "Accuracy", "Scores and sinks", "Layer profile", "Frequency", "Discrepancy",
-            "Table 3", "Ablation", "Length task", "Head retention", "Causal tests", "Head explorer")
+SECTIONS = (
+    "Settings",
+    "Accuracy",
+    "Scores and sinks",
+    "Layer profile",
+    "Frequency",
+    "Discrepancy",
+    "Table 3",
+    "Ablation",
+    "Length task",
+    "Head retention",
+    "Causal tests",
+    "Head explorer",
+)
 
 TEMPLATE = """<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
 <style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -60,12 +72,19 @@ def _fmt(value) -> str:
 
 
 def _table(frame, columns) -> dict:
-    return {"header": list(columns), "rows": [[_fmt(v) for v in row] for row in frame[list(columns)].itertuples(index=False)]}
+    return {
+        "header": list(columns),
+        "rows": [[_fmt(v) for v in row] for row in frame[list(columns)].itertuples(index=False)],
+    }
 
 
 def _figure(stem: Path, out: Path, title: str, caption: str) -> dict:
-    return {"title": title, "caption": caption, "files": f"{stem.relative_to(out)}.png, .svg",
-            "data": base64.b64encode(stem.with_suffix(".png").read_bytes()).decode("ascii")}
+    return {
+        "title": title,
+        "caption": caption,
+        "files": f"{stem.relative_to(out)}.png, .svg",
+        "data": base64.b64encode(stem.with_suffix(".png").read_bytes()).decode("ascii"),
+    }
 
 
 # ---- figures ------------------------------------------------------------------------------------
@@ -88,8 +107,12 @@ def plot_behaviour(both, correlation: dict) -> Figure:
     fig, ax = subplots(figsize=(6.5, 4.2))
     dots = ax.scatter(both.weighted_id, both.behaviour, c=both.layer, cmap="plasma", s=14)
     fig.colorbar(dots, ax=ax, label="layer")
-    ax.set(xlabel="weighted frequency ID (1 = fastest plane)", ylabel="s_pos - s_sym", ylim=(-1.05, 1.05),
-           title=f"Pearson r = {correlation['pearson']:.2f}, Spearman rho = {correlation['spearman']:.2f}")
+    ax.set(
+        xlabel="weighted frequency ID (1 = fastest plane)",
+        ylabel="s_pos - s_sym",
+        ylim=(-1.05, 1.05),
+        title=f"Pearson r = {correlation['pearson']:.2f}, Spearman rho = {correlation['spearman']:.2f}",
+    )
     return fig
 
 
@@ -103,8 +126,13 @@ def plot_gaps(gaps) -> Figure:
             med = g.groupby("length", as_index=False).agg(gap=("gap", "median"), bound=("index_bound", "first"))
             ax.plot(med["length"], med.gap.clip(lower=1e-6), "o-", color=f"C{k}", label=f"L{layer}.H{head} gap")
             ax.plot(med["length"], med.bound, ":", color=f"C{k}", label=f"bound (id {g.dominant_id.iloc[0]})")
-        ax.set(xscale="log", yscale="log", xlabel="prompt length (tokens)", ylabel="top-1 minus top-2 logit",
-               title=f"most {group} heads")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="prompt length (tokens)",
+            ylabel="top-1 minus top-2 logit",
+            title=f"most {group} heads",
+        )
         ax.legend(fontsize=7)
     return fig
 
@@ -118,8 +146,15 @@ def plot_ablation(summary) -> Figure:
         base = summary[(summary.k == 0) & (summary.set == name)]
         for k, (group, g) in enumerate(rows.groupby("group")):
             g = g.sort_values("k")
-            ax.errorbar([0, *g.k], [base.acc.iloc[0], *g.acc], yerr=[base["sem"].iloc[0], *g["sem"]], marker="o",
-                        capsize=3, color=f"C{k}", label=group)
+            ax.errorbar(
+                [0, *g.k],
+                [base.acc.iloc[0], *g.acc],
+                yerr=[base["sem"].iloc[0], *g["sem"]],
+                marker="o",
+                capsize=3,
+                color=f"C{k}",
+                label=group,
+            )
         ax.set(title=f"{name}, {mode}-ablation", xlabel="heads ablated (k)", ylim=(-0.05, 1.05))
     axes[0, 0].set_ylabel("accuracy (whole answer)")
     axes[0, -1].legend(fontsize=7)
@@ -138,86 +173,187 @@ def _sections(out: Path) -> list[dict]:
 
     def section(name, stage=None, **parts):
         absent = stage if stage and not _has(out, stage) else None
-        return {"name": name, "absent": absent, "texts": [], "tables": [], "pres": [], "figures": [], "links": [], **parts}
+        return {
+            "name": name,
+            "absent": absent,
+            "texts": [],
+            "tables": [],
+            "pres": [],
+            "figures": [],
+            "links": [],
+            **parts,
+        }
 
-    settings = section("Settings", pres=[io.read_text(out / io.STUDY_MARKER)] if (out / io.STUDY_MARKER).is_file() else [])
-    accuracy, scores, profile = section("Accuracy", "profile"), section("Scores and sinks", "scores"), section("Layer profile", "profile")
+    settings = section(
+        "Settings", pres=[io.read_text(out / io.STUDY_MARKER)] if (out / io.STUDY_MARKER).is_file() else []
+    )
+    accuracy, scores, profile = (
+        section("Accuracy", "profile"),
+        section("Scores and sinks", "scores"),
+        section("Layer profile", "profile"),
+    )
     if _has(out, "scores"):
         heads = io.read_parquet(out / "scores" / "heads.parquet")
         sinks = io.read_json_object(out / "scores" / "sinks.json")
-        scores["texts"].append("Sink key positions left out of the swaps, per prompt set: "
-                               + "; ".join(f"{k}: {v or 'none'}" for k, v in sinks.items()))
+        scores["texts"].append(
+            "Sink key positions left out of the swaps, per prompt set: "
+            + "; ".join(f"{k}: {v or 'none'}" for k, v in sinks.items())
+        )
         for variant, rows in heads[heads.set == "binding-last"].groupby("variant", sort=False):
             stem = out / "figures" / f"heads-{variant.replace(' ', '-')}"
             save_figure(plot_heads(rows, pearson(rows.s_pos, rows.s_sym)), stem)
-            scores["figures"].append(_figure(stem, out, f"Layer x head maps, binding prompts, last token ({variant})",
-                                             "s_pos and s_sym of every head, and the heads in the (s_pos, s_sym) plane."))
+            scores["figures"].append(
+                _figure(
+                    stem,
+                    out,
+                    f"Layer x head maps, binding prompts, last token ({variant})",
+                    "s_pos and s_sym of every head, and the heads in the (s_pos, s_sym) plane.",
+                )
+            )
         counts = heads.groupby(["set", "variant", "label"]).size().unstack(fill_value=0).reset_index()
         scores["tables"].append(_table(counts, counts.columns))
     if _has(out, "profile"):
         summary = io.read_json_object(out / "profile" / "profile.json")
         rows = pd.DataFrame([{"set": k, **v} for k, v in summary.items()])
-        accuracy["tables"].append(_table(rows.dropna(subset=["accuracy"]) if "accuracy" in rows else rows.iloc[:0],
-                                         ["set", "accuracy", "prompts"] if "accuracy" in rows else ["set"]))
-        profile["tables"].append(_table(rows, ["set", "early_s_pos", "late_s_pos", "early_s_sym", "late_s_sym",
-                                               "pearson_r", "mean_attn_first", "sink_label_changes"]))
-        profile["texts"].append(f"2511.11579 (Gemma-2-2b-it): median s_pos {GEMMA_HALVES[0]} in the early half of the "
-                                f"layers vs {GEMMA_HALVES[1]} in the late half.")
+        accuracy["tables"].append(
+            _table(
+                rows.dropna(subset=["accuracy"]) if "accuracy" in rows else rows.iloc[:0],
+                ["set", "accuracy", "prompts"] if "accuracy" in rows else ["set"],
+            )
+        )
+        profile["tables"].append(
+            _table(
+                rows,
+                [
+                    "set",
+                    "early_s_pos",
+                    "late_s_pos",
+                    "early_s_sym",
+                    "late_s_sym",
+                    "pearson_r",
+                    "mean_attn_first",
+                    "sink_label_changes",
+                ],
+            )
+        )
+        profile["texts"].append(
+            f"2511.11579 (Gemma-2-2b-it): median s_pos {GEMMA_HALVES[0]} in the early half of the "
+            f"layers vs {GEMMA_HALVES[1]} in the late half."
+        )
         save_figure(plot_profile(io.read_parquet(out / "profile" / "layers.parquet")), out / "figures" / "profile")
-        halves = "; ".join(f"{k}: {v['early_s_pos']:.2f} vs {v['late_s_pos']:.2f}" for k, v in summary.items()
-                           if v.get("early_s_pos") is not None)
-        profile["figures"].append(_figure(out / "figures" / "profile", out, "Layer profile",
-                                          "Median s_pos (solid) and s_sym (dashed) per layer and prompt set. Median "
-                                          f"s_pos, early vs late half of the layers, ours: {halves}; 2511.11579 "
-                                          f"(Gemma-2-2b-it): {GEMMA_HALVES[0]} vs {GEMMA_HALVES[1]}."))
+        halves = "; ".join(
+            f"{k}: {v['early_s_pos']:.2f} vs {v['late_s_pos']:.2f}"
+            for k, v in summary.items()
+            if v.get("early_s_pos") is not None
+        )
+        profile["figures"].append(
+            _figure(
+                out / "figures" / "profile",
+                out,
+                "Layer profile",
+                "Median s_pos (solid) and s_sym (dashed) per layer and prompt set. Median "
+                f"s_pos, early vs late half of the layers, ours: {halves}; 2511.11579 "
+                f"(Gemma-2-2b-it): {GEMMA_HALVES[0]} vs {GEMMA_HALVES[1]}.",
+            )
+        )
         labels = io.read_parquet(out / "profile" / "labels.parquet")
-        profile["tables"].append(_table(labels.pivot_table(index=["set", "variant", "gamma"], columns="label",
-                                                           values="heads").reset_index(),
-                                        ["set", "variant", "gamma", "positional", "symbolic", "mixed", "uniform"]))
-        profile["tables"].append(_table(io.read_parquet(out / "profile" / "agreement.parquet"),
-                                        ["a", "b", "heads", "agreement"]))
+        profile["tables"].append(
+            _table(
+                labels.pivot_table(index=["set", "variant", "gamma"], columns="label", values="heads").reset_index(),
+                ["set", "variant", "gamma", "positional", "symbolic", "mixed", "uniform"],
+            )
+        )
+        profile["tables"].append(
+            _table(io.read_parquet(out / "profile" / "agreement.parquet"), ["a", "b", "heads", "agreement"])
+        )
         changes = io.read_parquet(out / "profile" / "sink_changes.parquet")
         changed = changes[changes.changed]
-        scores["texts"].append(f"{len(changed)} of {len(changes)} (set, head) labels change when the sinks are "
-                               "excluded from the swaps; the first 40:")
-        scores["tables"].append(_table(changed.head(40), ["set", "layer", "head", "attn_first", "s_pos", "s_sym", "label",
-                                                          "s_pos_excluded", "s_sym_excluded", "label_excluded"]))
+        scores["texts"].append(
+            f"{len(changed)} of {len(changes)} (set, head) labels change when the sinks are "
+            "excluded from the swaps; the first 40:"
+        )
+        scores["tables"].append(
+            _table(
+                changed.head(40),
+                [
+                    "set",
+                    "layer",
+                    "head",
+                    "attn_first",
+                    "s_pos",
+                    "s_sym",
+                    "label",
+                    "s_pos_excluded",
+                    "s_sym_excluded",
+                    "label_excluded",
+                ],
+            )
+        )
     frequency = section("Frequency", "frequency")
     if _has(out, "frequency"):
         info = io.read_json_object(out / "frequency" / "frequency.json")
-        save_figure(plot_behaviour(io.read_parquet(out / "frequency" / "behaviour.parquet"), info),
-                    out / "figures" / "behaviour")
-        frequency["texts"].append(f"Weighting: {info['weighting']}. Mean weighted frequency ID {info['mean_weighted_id']:.2f} "
-                                  f"(uniform weighting: {info['uniform_weighted_id']:.1f}); over {info['heads']} heads, "
-                                  f"Pearson r = {info['pearson']:.3f}, Spearman rho = {info['spearman']:.3f}.")
-        frequency["figures"].append(_figure(out / "figures" / "behaviour", out, "Behaviour against frequency",
-                                            "One dot per head (binding prompts, last token). Ours: Pearson r = "
-                                            f"{info['pearson']:.2f} between behaviour (s_pos - s_sym) and weighted "
-                                            "frequency ID; 2511.11579: positional heads use fast planes, symbolic heads "
-                                            "slow ones, i.e. a negative correlation (no coefficient given)."))
+        save_figure(
+            plot_behaviour(io.read_parquet(out / "frequency" / "behaviour.parquet"), info),
+            out / "figures" / "behaviour",
+        )
+        frequency["texts"].append(
+            f"Weighting: {info['weighting']}. Mean weighted frequency ID {info['mean_weighted_id']:.2f} "
+            f"(uniform weighting: {info['uniform_weighted_id']:.1f}); over {info['heads']} heads, "
+            f"Pearson r = {info['pearson']:.3f}, Spearman rho = {info['spearman']:.3f}."
+        )
+        frequency["figures"].append(
+            _figure(
+                out / "figures" / "behaviour",
+                out,
+                "Behaviour against frequency",
+                "One dot per head (binding prompts, last token). Ours: Pearson r = "
+                f"{info['pearson']:.2f} between behaviour (s_pos - s_sym) and weighted "
+                "frequency ID; 2511.11579: positional heads use fast planes, symbolic heads "
+                "slow ones, i.e. a negative correlation (no coefficient given).",
+            )
+        )
     discrepancy = section("Discrepancy", "discrepancy")
     if _has(out, "discrepancy"):
         save_figure(plot_gaps(io.read_parquet(out / "discrepancy" / "gaps.parquet")), out / "figures" / "gaps")
         info = io.read_json_object(out / "discrepancy" / "discrepancy.json")
-        discrepancy["figures"].append(_figure(out / "figures" / "gaps", out, "Discrepancy by length",
-                                              f"Median gap over prompts; dotted: {info['bound']}."))
+        discrepancy["figures"].append(
+            _figure(
+                out / "figures" / "gaps",
+                out,
+                "Discrepancy by length",
+                f"Median gap over prompts; dotted: {info['bound']}.",
+            )
+        )
     table3 = section("Table 3", "bench")
     if _has(out, "bench"):
         table3["pres"].append(io.read_text(out / "bench" / "table.md"))
         note = _chance_note(io.read_parquet(out / "bench" / "summary.parquet"))
         if note:
             table3["texts"].append(note)
-        table3["figures"].append(_figure(out / "bench" / "bench", out, "Table 3 analogue",
-                                         "Whole-answer accuracy per target-window size, std over runs; the paper's "
-                                         "models dashed."))
+        table3["figures"].append(
+            _figure(
+                out / "bench" / "bench",
+                out,
+                "Table 3 analogue",
+                "Whole-answer accuracy per target-window size, std over runs; the paper's models dashed.",
+            )
+        )
     ablation = section("Ablation", "ablation")
     if _has(out, "ablation"):
         summary = io.read_parquet(out / "ablation" / "ablation_summary.parquet")
         save_figure(plot_ablation(summary), out / "figures" / "ablation")
-        ablation["figures"].append(_figure(out / "figures" / "ablation", out, "Ablation effects",
-                                           "Top-k positional, top-k symbolic and k random heads (binding, last token)."))
+        ablation["figures"].append(
+            _figure(
+                out / "figures" / "ablation",
+                out,
+                "Ablation effects",
+                "Top-k positional, top-k symbolic and k random heads (binding, last token).",
+            )
+        )
         ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "sem", "prompts"]))
-        size = int(io.read_yaml(out / io.STUDY_MARKER).get("bench_size", 12)) if (out / io.STUDY_MARKER).is_file() else 12
+        size = (
+            int(io.read_yaml(out / io.STUDY_MARKER).get("bench_size", 12)) if (out / io.STUDY_MARKER).is_file() else 12
+        )
         for row in summary[summary.k == 0].itertuples():
             chance = 0.25 if row.set.startswith("binding") else 1 / size  # 4 facts; one of `size` target tokens
             lo, hi = wilson_interval(round(row.acc * row.prompts), int(row.prompts))
@@ -225,93 +361,195 @@ def _sections(out: Path) -> list[dict]:
                 ablation["texts"].append(
                     f"The intact model is at chance on {row.set} ({row.acc:.2f}, Wilson 95% [{lo:.2f}, {hi:.2f}] over "
                     f"{row.prompts} prompts reaches chance {chance:.2f}), so its ablation rows say nothing about "
-                    "which heads matter.")
+                    "which heads matter."
+                )
     explorer = section("Head explorer", "scores")
     if _has(out, "scores"):
         # the tables alone (the report recomputes nothing); `posym explore OUT` adds attention rows and swaps
         result = explore([out], out / EXPLORER, details=False, title=f"posym explore: {out.name}")
-        explorer["texts"].append(f"Every head on one offline page ({result['heads']} heads in {result['sets']} prompt sets): "
-                                 "layer x head maps of s_pos, s_sym (plain and sink-free), label, entropy, sink mass and "
-                                 "frequency ID, filters, and per head its per-plane use, margin vs length and prompts. "
-                                 "Attention rows and swaps need the model: posym explore OUT --model MODEL.")
+        explorer["texts"].append(
+            f"Every head on one offline page ({result['heads']} heads in {result['sets']} prompt sets): "
+            "layer x head maps of s_pos, s_sym (plain and sink-free), label, entropy, sink mass and "
+            "frequency ID, filters, and per head its per-plane use, margin vs length and prompts. "
+            "Attention rows and swaps need the model: posym explore OUT --model MODEL."
+        )
         explorer["links"].append({"href": EXPLORER, "text": f"{EXPLORER} ({result['bytes'] / 1e6:.2f} MB)"})
-    return [settings, accuracy, scores, profile, frequency, discrepancy, table3, ablation, *_prediction_sections(out, section),
-            explorer]
+    return [
+        settings,
+        accuracy,
+        scores,
+        profile,
+        frequency,
+        discrepancy,
+        table3,
+        ablation,
+        *_prediction_sections(out, section),
+        explorer,
+    ]
 
 
 def _chance_note(summary) -> str | None:
     """A sentence when every Appendix H accuracy's Wilson interval reaches down to chance (1 / size):
     the benchmark then cannot rank anything."""
-    rows = [(r, wilson_interval(round(r.acc_mean * r.runs * r.per_run), int(r.runs * r.per_run)))
-            for r in summary.itertuples()]
+    rows = [
+        (r, wilson_interval(round(r.acc_mean * r.runs * r.per_run), int(r.runs * r.per_run)))
+        for r in summary.itertuples()
+    ]
     if rows and all(lo <= 1 / r.size for r, (lo, _) in rows):
-        return ("The model is at chance on every size (each accuracy's 95% Wilson interval reaches 1 / size), so "
-                "this table says nothing about how its heads behave.")
+        return (
+            "The model is at chance on every size (each accuracy's 95% Wilson interval reaches 1 / size), so "
+            "this table says nothing about how its heads behave."
+        )
     return None
 
 
 def _prediction_sections(out: Path, section) -> list[dict]:
     """Length task (screen), Head retention and Causal tests (`posym.commands.llm_study.prediction`)."""
-    task, kept, causal = (section("Length task", "screen"), section("Head retention", "lengths"),
-                          section("Causal tests", "causal"))
+    task, kept, causal = (
+        section("Length task", "screen"),
+        section("Head retention", "lengths"),
+        section("Causal tests", "causal"),
+    )
     if _has(out, "screen"):
         summary = io.read_parquet(out / "screen" / "summary.parquet")
         chosen = io.read_json_object(out / "screen" / "screen.json")
-        task["texts"].append(f"Every format tried at its base length ('between' layout), with its n and 95% Wilson "
-                             f"interval: each is probed first, and a format that can still reach the threshold is then "
-                             f"asked the full count, in order, until one passes. "
-                             f"Rule: {chosen['rule']}. Chosen: {chosen['format']} ({chosen['accuracy']:.3f})"
-                             + ("." if chosen["passes"] else "; NO format reached the threshold, so the length and "
-                                "causal stages describe a task the model does not solve."))
+        task["texts"].append(
+            f"Every format tried at its base length ('between' layout), with its n and 95% Wilson "
+            f"interval: each is probed first, and a format that can still reach the threshold is then "
+            f"asked the full count, in order, until one passes. "
+            f"Rule: {chosen['rule']}. Chosen: {chosen['format']} ({chosen['accuracy']:.3f})"
+            + (
+                "."
+                if chosen["passes"]
+                else "; NO format reached the threshold, so the length and "
+                "causal stages describe a task the model does not solve."
+            )
+        )
         task["tables"].append(_table(summary, ["format", "base_length", "acc", "lo", "hi", "n"]))
     if _has(out, "lengths"):
         acc = io.read_parquet(out / "lengths" / "accuracy_summary.parquet")
         info = io.read_json_object(out / "lengths" / "lengths.json")
         save_figure(plot_accuracy(acc, info["format"]), out / "figures" / "length-accuracy")
-        task["figures"].append(_figure(out / "figures" / "length-accuracy", out, "Accuracy by length",
-                                       "between: distractors between the facts and the question; before: distractors "
-                                       "before everything; marked: between, each fact tagged with a marker the question "
-                                       "repeats. Bands: Wilson 95%."))
+        task["figures"].append(
+            _figure(
+                out / "figures" / "length-accuracy",
+                out,
+                "Accuracy by length",
+                "between: distractors between the facts and the question; before: distractors "
+                "before everything; marked: between, each fact tagged with a marker the question "
+                "repeats. Bands: Wilson 95%.",
+            )
+        )
         task["tables"].append(_table(acc, ["layout", "factor", "length", "acc", "lo", "hi", "n"]))
         groups = io.read_parquet(out / "lengths" / "group_retention.parquet")
         for (layout, ranking), rows in groups.groupby(["layout", "ranking"], sort=False):
             stem = out / "figures" / f"retention-{layout}-{ranking}"
             save_figure(plot_retention(rows, f"{info['format']} / {layout}: heads labelled by {ranking} scores"), stem)
-            kept["figures"].append(_figure(stem, out, f"Head retention, {layout}, {ranking} labels",
-                                           "Median over a group's heads of (mean at L / mean at the base length) of the "
-                                           "top-1 minus top-2 logit and of the attention on the key the head attended at "
-                                           "the base length; dashed: layer-matched random heads; bands: paired prompt "
-                                           f"bootstrap 95% over {int(rows.prompts.iloc[0])} prompts."))
+            kept["figures"].append(
+                _figure(
+                    stem,
+                    out,
+                    f"Head retention, {layout}, {ranking} labels",
+                    "Median over a group's heads of (mean at L / mean at the base length) of the "
+                    "top-1 minus top-2 logit and of the attention on the key the head attended at "
+                    "the base length; dashed: layer-matched random heads; bands: paired prompt "
+                    f"bootstrap 95% over {int(rows.prompts.iloc[0])} prompts.",
+                )
+            )
         moves = out / "lengths" / "label_moves.parquet"
         if moves.is_file():
             moves = io.read_parquet(moves)
-            kept["texts"].append(f"The heads the causal stage ablates, sink-free scores without and with markers: "
-                                 f"{int((moves.label != moves.label_marked).sum())} of {len(moves)} change label.")
-            kept["tables"].append(_table(moves, ["group", "layer", "head", "s_pos", "s_sym", "label", "s_pos_marked",
-                                                 "s_sym_marked", "label_marked"]))
+            kept["texts"].append(
+                f"The heads the causal stage ablates, sink-free scores without and with markers: "
+                f"{int((moves.label != moves.label_marked).sum())} of {len(moves)} change label."
+            )
+            kept["tables"].append(
+                _table(
+                    moves,
+                    [
+                        "group",
+                        "layer",
+                        "head",
+                        "s_pos",
+                        "s_sym",
+                        "label",
+                        "s_pos_marked",
+                        "s_sym_marked",
+                        "label_marked",
+                    ],
+                )
+            )
         if len(groups):
             longest = groups[groups.length == groups.length.max()]
-            kept["tables"].append(_table(longest, ["layout", "ranking", "measure", "group", "length", "value", "lo", "hi",
-                                                   "heads", "draws", "prompts"]))
+            kept["tables"].append(
+                _table(
+                    longest,
+                    [
+                        "layout",
+                        "ranking",
+                        "measure",
+                        "group",
+                        "length",
+                        "value",
+                        "lo",
+                        "hi",
+                        "heads",
+                        "draws",
+                        "prompts",
+                    ],
+                )
+            )
         else:
             kept["texts"].append("No head has a positional, symbolic or mixed label here, so there are no groups.")
     if _has(out, "causal"):
         table = io.read_parquet(out / "causal" / "causal_summary.parquet")
         save_figure(plot_causal(table), out / "figures" / "causal")
-        causal["figures"].append(_figure(out / "figures" / "causal", out, "Length effect of ablations",
-                                         "drop(L) - drop(base) of each ablated group (sink-free ranking) and of its "
-                                         "layer-matched random heads; bars: paired prompt bootstrap 95%."))
+        causal["figures"].append(
+            _figure(
+                out / "figures" / "causal",
+                out,
+                "Length effect of ablations",
+                "drop(L) - drop(base) of each ablated group (sink-free ranking) and of its "
+                "layer-matched random heads; bars: paired prompt bootstrap 95%.",
+            )
+        )
         named = table[~table.group.str.startswith("random")]
-        causal["texts"].append("drop_separated: the 95% interval of (group's drop - its random heads' drop) at that "
-                               "length excludes 0 (the heads matter there beyond random ones); separated: the same for "
-                               "the length effect drop(L) - drop(base) (they matter MORE at L than at the base length); "
-                               "needed: the prompt count that would separate the length effects if the measured "
-                               "difference held.")
-        causal["tables"].append(_table(named.assign(separated=named.separated.astype(str), needed=named.needed.astype(str),
-                                                    drop_separated=named.drop_separated.astype(str)),
-                                       ["k", "mode", "ranking", "group", "length", "acc", "drop", "drop_vs_random",
-                                        "drop_separated", "effect", "effect_lo", "effect_hi", "vs_random", "vs_random_lo",
-                                        "vs_random_hi", "separated", "needed", "prompts"]))
+        causal["texts"].append(
+            "drop_separated: the 95% interval of (group's drop - its random heads' drop) at that "
+            "length excludes 0 (the heads matter there beyond random ones); separated: the same for "
+            "the length effect drop(L) - drop(base) (they matter MORE at L than at the base length); "
+            "needed: the prompt count that would separate the length effects if the measured "
+            "difference held."
+        )
+        causal["tables"].append(
+            _table(
+                named.assign(
+                    separated=named.separated.astype(str),
+                    needed=named.needed.astype(str),
+                    drop_separated=named.drop_separated.astype(str),
+                ),
+                [
+                    "k",
+                    "mode",
+                    "ranking",
+                    "group",
+                    "length",
+                    "acc",
+                    "drop",
+                    "drop_vs_random",
+                    "drop_separated",
+                    "effect",
+                    "effect_lo",
+                    "effect_hi",
+                    "vs_random",
+                    "vs_random_lo",
+                    "vs_random_hi",
+                    "separated",
+                    "needed",
+                    "prompts",
+                ],
+            )
+        )
     return [task, kept, causal]
 
 
@@ -324,8 +562,10 @@ def build_study_report(out) -> Path:
     try:
         sections = _sections(out)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:  # a stage output of another shape
-        raise PosymError(f"{out} holds a stage output that is not what posym llm-study writes there "
-                         f"({type(exc).__name__}: {io.quote(str(exc))}); delete that stage's folder and its "
-                         f"{io.STAGES}/{JOB}-STAGE{io.DONE} to run it again") from None
+        raise PosymError(
+            f"{out} holds a stage output that is not what posym llm-study writes there "
+            f"({type(exc).__name__}: {io.quote(str(exc))}); delete that stage's folder and its "
+            f"{io.STAGES}/{JOB}-STAGE{io.DONE} to run it again"
+        ) from None
     page = template.render(title=f"posym llm-study: {out.name}", sections=sections)
     return io.write_text(out / "report.html", page)
