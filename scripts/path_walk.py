@@ -10,6 +10,7 @@ left before) and the climbs (a stay one layer up from the one before: core < the
     python scripts/path_walk.py            # trains a 2-layer run in a temporary directory (~10 s), then walks
     python scripts/path_walk.py --json     # the same numbers as JSON
     python scripts/path_walk.py --without io.py   # the walk without the shared readers and writers
+    python scripts/path_walk.py --exact    # only the calls that receive the path itself
 
 The run is tiny and the lengths short (17 and 34 tokens): the walk depends on the code, not the sizes.
 """
@@ -40,18 +41,20 @@ def layer(file: str) -> int:
     return {"core": 0, "commands": 2, "cli": 3}.get(rel[0], 1) if len(rel) > 1 else 1
 
 
-def carries(value, run: Path) -> bool:
+def carries(value, run: Path, exact: bool = False) -> bool:
+    """Whether an argument is the run's path (`exact`) or the run's path or a path inside it."""
     if isinstance(value, (str, os.PathLike)):
         try:
             path = Path(value).resolve()
         except (OSError, ValueError, TypeError):
             return False
-        return path == run or run in path.parents
+        return path == run or (not exact and run in path.parents)
     return False
 
 
-def walk(run: Path, out: Path) -> list[str]:
-    """The posym files, in call order, of every call that receives the run's path."""
+def walk(run: Path, out: Path, exact: bool = False) -> list[str]:
+    """The posym files, in call order, of every call that receives the run's path (with `exact`, the
+    path itself only; else also a path inside the run: a checkpoint, config.json, an output)."""
     from posym.cli import main
 
     files: list[str] = []
@@ -65,7 +68,7 @@ def walk(run: Path, out: Path) -> list[str]:
             return None
         code = frame.f_code
         args = [frame.f_locals.get(name) for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]]
-        if any(carries(value, run) for value in args):
+        if any(carries(value, run, exact) for value in args):
             files.append(str(Path(file).relative_to(PACKAGE)))
             calls.append(f"{files[-1]}:{code.co_name}")
         return None
@@ -98,6 +101,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
     parser.add_argument("--calls", action="store_true", help="also print every call (file:function) of the walk")
     parser.add_argument(
+        "--exact", action="store_true", help="follow the run's path itself only, not the paths inside it"
+    )
+    parser.add_argument(
         "--without",
         action="append",
         default=[],
@@ -109,7 +115,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         run = train_tiny(Path(tmp), steps=4, every=4).resolve()
-        result = summary(walk(run, run / "discrepancy"), tuple(args.without))
+        result = summary(walk(run, run / "discrepancy", args.exact), tuple(args.without))
     if args.json:
         print(json.dumps(result, indent=1))
         return
