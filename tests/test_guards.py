@@ -1298,9 +1298,9 @@ def test_a_replaced_directory_output_never_takes_foreign_files_with_it(tmp_path)
 def test_every_read_of_a_posym_output_goes_through_the_guarded_readers():
     """Parquet tables are read only by `io.read_parquet`, JSON files only by `io.read_json(_object)` (a damaged
     file is one line naming it): llm-study's report and resume, sweep's done-files and trial metrics read
-    theirs raw (truncated file: ArrowInvalid traceback). One raw read remains, in a handler of its own:
-    `posym data`'s reading back of its own Parquet output (commands/data.py); the trainer state and the
-    cache stamp of an assembled model now go through the bounded JSON reader too."""
+    theirs raw (truncated file: ArrowInvalid traceback). No raw read remains: `posym data`'s reading back
+    of its own Parquet output (commands/data.py) goes through `io.read_parquet(..., arrow=True)`, and the
+    trainer state and the cache stamp of an assembled model through the bounded JSON reader."""
     import ast
 
     src = Path(__file__).resolve().parents[1] / "src" / "posym"
@@ -1328,7 +1328,7 @@ def test_every_read_of_a_posym_output_goes_through_the_guarded_readers():
                 raw.append((str(path.relative_to(src)), node.lineno, f"{owner}.{name}"))
             if name == "loads" and owner == "json" and "read_text" in ast.dump(node):
                 raw.append((str(path.relative_to(src)), node.lineno, "json.loads(read_text)"))
-    assert {(file, what) for file, _, what in raw} == {("commands/data.py", "pq.read_table")}, raw
+    assert raw == []
 
 
 @pytest.mark.parametrize("damage", ["truncated-table", "json-list", "another-shape", "not-utf8-settings"])

@@ -125,23 +125,6 @@ def test_bad_pipeline_configs(tmp_path, monkeypatch, capsys):
     assert "holds no pipeline.yaml" in capsys.readouterr().err
 
 
-def test_stage_marks_done_only_after_success(tmp_path):
-    calls = []
-
-    def fail():
-        calls.append("fail")
-        raise PosymError("boom")
-
-    with pytest.raises(PosymError):
-        pipeline._stage(tmp_path, "number", "train", fail)
-    assert not stages.is_done(tmp_path, "number", "train")
-    assert pipeline._stage(tmp_path, "number", "train", lambda: calls.append("ok")) >= 0
-    assert stages.is_done(tmp_path, "number", "train")
-    assert pipeline._stage(tmp_path, "number", "train", lambda: calls.append("again")) == 0.0
-    assert calls == ["fail", "ok"]
-    assert not list((tmp_path / "stages").glob(".*"))  # atomic: no temporary leftovers
-
-
 def test_resolve_pipeline_layers(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("seed: 3\npreset: paper\ntasks: [number]\ntrain: {max_steps: 7}\n")
