@@ -11,7 +11,6 @@ from tiny_runs import PIPELINE as TINY
 
 from posym import stages
 from posym.commands import run as pipeline
-from posym.errors import PosymError
 
 
 def _stamps(out: Path) -> dict:
