@@ -1,8 +1,13 @@
-"""posym.io: a later write of the same path removes what killed writers left, and only that."""
+"""posym.io: a later write of the same path removes what killed writers left, and only that; a write
+interrupted at any point leaves no temporary."""
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+
+import pytest
 
 from posym import io
 
@@ -40,3 +45,35 @@ def test_a_write_removes_temporaries_of_dead_writers_only(tmp_path):
         "step-00000008",
         "table.parquet",
     ]
+
+
+def test_ctrl_c_while_the_temporary_is_created_leaves_none(tmp_path, monkeypatch):
+    """A SIGINT that arrives while atomic_path creates its temporary (between mkstemp and the cleanup's
+    `try`) is held back and raised once the temporary is named, so the cleanup removes it. Before, a
+    Ctrl-C in that window (the guard test of Ctrl-C during `posym score` hit it under load) left the
+    temporary behind."""
+    real = tempfile.mkstemp
+
+    def mkstemp_then_ctrl_c(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # Python raises it at the next bytecode it runs, if not held
+        return made
+
+    monkeypatch.setattr(io.tempfile, "mkstemp", mkstemp_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        with io.atomic_path(tmp_path / "out.txt") as tmp:
+            tmp.write_text("never")
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
+
+
+def test_an_error_after_the_temporary_exists_removes_it(tmp_path, monkeypatch):
+    def chmod_fails(path, mode):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(io.os, "chmod", chmod_fails)
+    for is_dir in (False, True):
+        with pytest.raises(KeyboardInterrupt):
+            with io.atomic_path(tmp_path / f"out-{is_dir}", is_dir=is_dir):
+                pass
+    assert list(tmp_path.iterdir()) == []

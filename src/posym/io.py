@@ -24,6 +24,7 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -65,6 +66,28 @@ def _running(pid: int) -> bool:
 
 
 @contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back for the body and delivered, to the handlers they had, when it ends.
+
+    Python runs signal handlers in the main thread at its next bytecode, whichever thread the OS gave the
+    signal to (so a thread's signal mask cannot hold them back): the handlers are swapped for one that
+    notes the signal, and the noted signals are raised again afterwards. Elsewhere than in the main thread
+    no handler runs, and nothing needs holding."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    before = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(noted):
+            signal.raise_signal(s)
+
+
+@contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling path; on success rename it to `path` (replacing it).
 
@@ -91,15 +114,20 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
     # the writer's host and pid in the name let a later write of the same path tell a temporary that
     # a killed process left behind from one that a live process is still writing
     prefix = f".{path.name}.tmp-{_HOST}-{os.getpid()}-"
-    if is_dir:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-        os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes it 0700; a plain mkdir would give the umask's mode
-    else:  # mkstemp creates the file, so no other writer can take the name between choosing and opening it
-        handle, name = tempfile.mkstemp(prefix=prefix, dir=parent)
-        os.close(handle)
-        tmp = Path(name)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it 0600; a plain open() would give the umask's mode
+    tmp = None
     try:
+        # Ctrl-C or SIGTERM is held back while the temporary is created and named here: arriving in between,
+        # it would leave a temporary no cleanup knows of; held, it is raised just after, and the cleanup
+        # below removes the temporary
+        with _signals_held():
+            if is_dir:
+                tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            else:  # mkstemp creates the file, so no other writer can take the name between choosing and opening it
+                handle, name = tempfile.mkstemp(prefix=prefix, dir=parent)
+                os.close(handle)
+                tmp = Path(name)
+        # mkdtemp makes a directory 0700 and mkstemp a file 0600; a plain mkdir or open() would give the umask's mode
+        os.chmod(tmp, (0o777 if is_dir else 0o666) & ~_UMASK)
         yield tmp
         if is_dir:
             _umask_modes(tmp)
@@ -115,9 +143,9 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
             os.replace(tmp, path)
         remove_stale_temporaries(path)
     except BaseException as exc:
-        if tmp.is_dir():
+        if tmp is not None and tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
-        elif tmp.exists():
+        elif tmp is not None and tmp.exists():
             tmp.unlink()
         if isinstance(exc, OSError):
             raise PosymError(f"cannot write {path}: {exc.strerror or exc}") from None
