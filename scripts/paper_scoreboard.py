@@ -26,9 +26,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from paper_tables import lengths, spread, table  # noqa: E402
 
-from posym.commands.dynamics import layer_ranges  # noqa: E402
 from posym.core import paper  # noqa: E402
 from posym.core.geometry import WEIGHTINGS, index_alignment  # noqa: E402
+from posym.core.purity import layer_ranges  # noqa: E402
 from posym.core.tasks import TaskConfig, offset_ids  # noqa: E402
 
 BEGIN, END = "<!-- scoreboard:begin -->", "<!-- scoreboard:end -->"

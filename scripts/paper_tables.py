@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import pandas as pd  # noqa: E402
 
-from posym.commands.dynamics import layer_ranges  # noqa: E402
 from posym.core.geometry import WEIGHTINGS  # noqa: E402
+from posym.core.purity import layer_ranges  # noqa: E402
 
 STEPS = (500, 1000, 1500, 2000, 3000, 4000, 5000, 6000)
 """Checkpoints of the accuracy table."""

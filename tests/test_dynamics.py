@@ -10,6 +10,7 @@ from cli_runner import run_posym
 from tiny_runs import train_tiny
 
 from posym.commands import dynamics
+from posym.core import purity as purity_core
 from posym.core.scores import label_column
 from posym.core.tasks import generate
 from posym.errors import PosymError
@@ -44,7 +45,7 @@ def _hand_table():
                     "acc": [0.1, 0.5, 0.6, 0.7, 0.95][k],
                 }
             )
-    return dynamics.label(pd.DataFrame(rows))
+    return purity_core.label(pd.DataFrame(rows))
 
 
 def _brute_force(labels, steps):
@@ -58,7 +59,7 @@ def _brute_force(labels, steps):
 
 def test_purity_rule_on_hand_made_table():
     table = _hand_table()
-    pure = dynamics.purity(table)
+    pure = purity_core.purity(table)
     expected = {
         0.1: {
             0: ("positional", 30),
@@ -80,7 +81,7 @@ def test_purity_rule_on_hand_made_table():
 
 def test_purity_counts_are_cumulative_and_instantaneous():
     table = _hand_table()
-    counts = dynamics.purity_counts(table, dynamics.purity(table))
+    counts = purity_core.purity_counts(table, purity_core.purity(table))
     g = counts[(counts.gamma == 0.1)].set_index("step")
     assert g.positional.tolist() == [0, 0, 1, 2, 2]  # layer 4 from 20, layer 0 from 30
     assert g.symbolic.tolist() == [0, 1, 2, 2, 2]  # layer 1 from 10, layer 3 from 20
@@ -92,8 +93,8 @@ def test_purity_counts_are_cumulative_and_instantaneous():
 
 def test_max_accuracy_composition_and_layer_ranges():
     table = _hand_table()
-    assert dynamics.max_accuracy_step(table) == 20  # earliest of the tied validation maxima (test: 40)
-    heads, summary = dynamics.composition(table, 20)
+    assert purity_core.max_accuracy_step(table) == 20  # earliest of the tied validation maxima (test: 40)
+    heads, summary = purity_core.composition(table, 20)
     at_max = summary[(summary.gamma == 0.1) & (summary.stage == "max_acc")].iloc[0]
     assert at_max.step == 20 and at_max.heads == 5
     assert (at_max.frac_symbolic, at_max.layers_symbolic) == (0.6, "L1-L3")
@@ -102,15 +103,15 @@ def test_max_accuracy_composition_and_layer_ranges():
     end = summary[(summary.gamma == 0.05) & (summary.stage == "end")].iloc[0]
     assert (end.layers_positional, end.layers_symbolic, end.layers_mixed) == ("L0", "L1, L3", "L2, L4")
     assert len(heads) == 2 * 2 * 5
-    assert dynamics.layer_ranges([5, 0, 1, 2, 3, 7, 8]) == "L0-L3, L5, L7-L8"
-    assert dynamics.layer_ranges([]) == ""
+    assert purity_core.layer_ranges([5, 0, 1, 2, 3, 7, 8]) == "L0-L3, L5, L7-L8"
+    assert purity_core.layer_ranges([]) == ""
 
 
 def test_normalised_entropy():
     table = pd.DataFrame(
         {"query_mode": "last", "layer": [0, 0, 0, 1, 1], "head": 0, "entropy": [2.0, 1.0, 1.5, 0.7, 0.7]}
     )
-    assert dynamics.normalised_entropy(table).tolist() == [1.0, 0.0, 0.5, 0.0, 0.0]
+    assert purity_core.normalised_entropy(table).tolist() == [1.0, 0.0, 0.5, 0.0, 0.0]
 
 
 @pytest.fixture(scope="module")

@@ -32,12 +32,11 @@ from cli_runner import cli, one_line
 from safetensors.torch import load_file
 from tiny_runs import TRAIN_2HOP
 
-from posym import io
-from posym import models
-from posym.commands import llm_bench
-from posym.commands import llm_study
+from posym import io, models
+from posym.commands import llm_bench, llm_study
 from posym.commands.llm_study import report as study_report
 from posym.commands.train import resolve_config, train
+from posym.core import tasks
 from posym.errors import PosymError
 from posym.models import list_checkpoints, load_checkpoint
 
@@ -491,7 +490,7 @@ def test_the_timeout_bounds_the_whole_reply(monkeypatch):
         ("```text\nE```", "E"),
         (7, "7"),
         ([{"type": "text", "text": "E"}, {"type": "text", "text": "2 more"}], "E2"),
-        ("A" * 20_000_000, "A" * llm_bench.MAX_STORED),
+        ("A" * 20_000_000, "A" * tasks.MAX_STORED),
     ],
     ids=["fenced", "fenced-with-language", "number", "list-of-parts", "20-MB"],
 )
@@ -499,7 +498,7 @@ def test_common_reply_shapes_are_parsed_and_stored_bounded(monkeypatch, content,
     monkeypatch.setenv("POSYM_TEST_KEY", KEY)
     with Endpoint(body=chat_reply(content)) as server:
         server.endpoint.timeout_s = 30.0
-        assert llm_bench.reply_answer(llm_bench.chat(server.endpoint, "hi")) == answer
+        assert tasks.reply_answer(llm_bench.chat(server.endpoint, "hi")) == answer
 
 
 # ---- one process per output directory ------------------------------------------------------------------------
@@ -1146,8 +1145,7 @@ def test_a_study_resumed_with_another_model_is_refused_by_its_weights(tmp_path, 
     from test_llm_study import TINY
     from tiny_llms import save_model, tokenizer
 
-    from posym import configs
-    from posym import models
+    from posym import configs, models
 
     config = configs.from_dict(llm_study.StudyConfig, TINY)
     monkeypatch.setitem(llm_study.STAGE_WORK, "bench", lambda loaded, config, out, progress: None)  # the resume check

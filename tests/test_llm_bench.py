@@ -21,6 +21,7 @@ from tiny_llms import run_cli, save_model, tokenizer
 from posym import models as model_specs
 from posym import prompts as prompt_sets
 from posym.commands import llm_bench
+from posym.core import tasks
 from posym.errors import PosymError
 
 
@@ -89,8 +90,8 @@ def test_whole_answer_judge_matches_the_argmax_loop(models):
         ids = model_specs.tokenize(loaded, prompt.text)
         reply = loaded.tokenizer.decode(_argmax_loop(loaded.model, ids, len(target) + 1)[0, ids.shape[1] :].tolist())
         correct, predicted = llm_bench.local_correct(loaded, prompt)
-        assert predicted == llm_bench.reply_answer(reply)
-        assert correct == (llm_bench.reply_answer(reply).lower() == prompt.answer.lower())
+        assert predicted == tasks.reply_answer(reply)
+        assert correct == (tasks.reply_answer(reply).lower() == prompt.answer.lower())
 
 
 def test_first_token_matches_are_not_correct(monkeypatch):

@@ -128,7 +128,7 @@ ROLE_STYLES = {
 def plot_roles(heads, gamma: float) -> Figure:
     """Fig. 7 by query role: per layer (heads averaged), s_pos, s_sym and the fraction of prompts on
     which the head is pure (positional solid, symbolic dashed) for the all-hops mean and each role;
-    `heads` is one step's `posym.commands.dynamics.composition` rows at one gamma."""
+    `heads` is one step's `posym.core.purity.composition` rows at one gamma."""
     fig, axes = subplots(1, 3, figsize=(14, 3.6), sharex=True)
     step = int(heads.step.iloc[0])
     for mode, (color, name) in ROLE_STYLES.items():

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from posym.core.tasks import reply_answer, same_answer
 from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.io import manifest, parse_json, write_json, write_parquet, write_text
@@ -78,7 +79,7 @@ def local_correct(loaded: LoadedModel, prompt: Prompt) -> tuple[bool, str]:
     the answer (case-insensitive). Returns (correct, predicted word)."""
     n_tokens = len(answer_tokens(loaded.tokenizer, prompt.text, prompt.answer))
     predicted = reply_answer(greedy_reply(loaded, prompt.text, n_tokens + 1))
-    return predicted.lower() == prompt.answer.lower(), predicted
+    return same_answer(predicted, prompt.answer), predicted
 
 
 @dataclass
@@ -150,8 +151,6 @@ def shown_url(url: str) -> str:
 
 MAX_REPLY_BYTES = 64 * 2**20
 """Largest reply body read from an endpoint (the whole-reply timeout bounds the time as well)."""
-MAX_STORED = 200
-"""Characters of a predicted answer kept in bench.parquet: a runaway answer is stored as its prefix."""
 
 
 def key_spellings(key: str) -> list[str]:
@@ -308,22 +307,10 @@ def chat(endpoint: Endpoint, content: str) -> str:
     raise PosymError(f"endpoint {shown_url(url)} failed after {attempt + 1} attempt(s): {last}")
 
 
-def reply_answer(reply: str) -> str:
-    """The first word of a chat reply (inside a ``` fence if it opens with one), without surrounding
-    punctuation or quotes, at most MAX_STORED characters."""
-    text = reply.strip()
-    if text.startswith("```"):  # ```\nanswer\n``` or ```text\nanswer```: the fenced body
-        body = text[3:].split("```", 1)[0]
-        lines = body.split("\n", 1)
-        text = lines[1] if len(lines) > 1 and lines[1].strip() else lines[0]
-    words = text.split()
-    return words[0].strip(".,;:!?\"'`*()[]")[:MAX_STORED] if words else ""
-
-
 def endpoint_correct(endpoint: Endpoint, prompt: Prompt) -> tuple[bool, str]:
     """Ask the endpoint and compare its first word with the answer (case-insensitive)."""
     predicted = reply_answer(chat(endpoint, prompt.text))
-    return predicted.lower() == prompt.answer.lower(), predicted
+    return same_answer(predicted, prompt.answer), predicted
 
 
 # ---- benchmark (Appendix H) ---------------------------------------------------------------------

@@ -602,3 +602,31 @@ def follow_chain(config: TaskConfig, input_ids) -> tuple[int, list[int]]:
         pos = int(matches[0])
         chain.append(pos)
     return int(unmark(config, ids[pos])), chain
+
+
+# ---- answers of a judged model (Appendix H) -----------------------------------------------------
+
+
+MAX_STORED = 200
+"""Characters of a predicted answer kept in bench.parquet: a runaway answer is stored as its prefix."""
+
+
+def reply_answer(reply: str) -> str:
+    """The first word of a chat reply (inside a ``` fence if it opens with one), without surrounding
+    punctuation or quotes, at most MAX_STORED characters."""
+    text = reply.strip()
+    if text.startswith("```"):  # ```\nanswer\n``` or ```text\nanswer```: the fenced body
+        body = text[3:].split("```", 1)[0]
+        lines = body.split("\n", 1)
+        text = lines[1] if len(lines) > 1 and lines[1].strip() else lines[0]
+    words = text.split()
+    return words[0].strip(".,;:!?\"'`*()[]")[:MAX_STORED] if words else ""
+
+
+def same_answer(predicted: str, answer: str) -> bool:
+    """Appendix H's rule: the reply's first word (`reply_answer`) is the whole answer, case-insensitive.
+
+    >>> same_answer(reply_answer("E3."), "e3"), same_answer(reply_answer("e3x"), "e3")
+    (True, False)
+    """
+    return predicted.lower() == answer.lower()
