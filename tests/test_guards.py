@@ -1170,7 +1170,7 @@ def test_a_study_resumed_with_another_model_is_refused_by_its_weights(tmp_path, 
 
 
 _SIGNALS = """
-import os, signal, sys, time
+import os, signal, sys, threading, time
 from pathlib import Path
 from posym import io
 from posym import models
@@ -1179,16 +1179,21 @@ from posym.commands import llm_study
 from posym.commands.llm_study import report as study_report
 from posym.cli import app, main
 
+# each signal goes to the main thread, which runs posym's handler before the next is sent: sent to the
+# process, a signal may wait on a thread the loaded machine has not scheduled, and a second one of the
+# same number then merges with it (standard signals are not queued)
+MAIN = threading.main_thread().ident
+
 @app.command("probe")
 def probe(out: Path, more: int) -> None:
     with io.locked(out):
         try:
             with io.interruptible(lambda: "kept what was finished"):
-                os.kill(os.getpid(), signal.SIGTERM)
+                signal.pthread_kill(MAIN, signal.SIGTERM)
                 time.sleep(30)
         finally:  # the cleanup after the SIGTERM, while `more` Ctrl-Cs arrive
             for _ in range(more):
-                os.kill(os.getpid(), signal.SIGINT)
+                signal.pthread_kill(MAIN, signal.SIGINT)
                 time.sleep(0.05)
             (out / "cleaned").write_text("yes")
 

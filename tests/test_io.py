@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 import pytest
 
@@ -53,18 +54,23 @@ def test_ctrl_c_while_the_temporary_is_created_leaves_none(tmp_path, monkeypatch
     Ctrl-C in that window (the guard test of Ctrl-C during `posym score` hit it under load) left the
     temporary behind."""
     real = tempfile.mkstemp
+    main = threading.main_thread().ident
 
     def mkstemp_then_ctrl_c(*args, **kwargs):
         made = real(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGINT)  # Python raises it at the next bytecode it runs, if not held
+        signal.pthread_kill(main, signal.SIGINT)  # Python raises it at the next bytecode it runs, if not held
         return made
 
     monkeypatch.setattr(io.tempfile, "mkstemp", mkstemp_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        with io.atomic_path(tmp_path / "out.txt") as tmp:
-            tmp.write_text("never")
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # an xdist worker ignores SIGINT
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with io.atomic_path(tmp_path / "out.txt") as tmp:
+                tmp.write_text("never")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert list(tmp_path.iterdir()) == []
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
 
 
 def test_an_error_after_the_temporary_exists_removes_it(tmp_path, monkeypatch):
