@@ -1170,7 +1170,7 @@ def test_a_study_resumed_with_another_model_is_refused_by_its_weights(tmp_path, 
 
 
 _SIGNALS = """
-import os, signal, sys, threading, time
+import os, signal, sys, time
 from pathlib import Path
 from posym import io
 from posym import models
@@ -1179,21 +1179,16 @@ from posym.commands import llm_study
 from posym.commands.llm_study import report as study_report
 from posym.cli import app, main
 
-# each signal goes to the main thread, which runs posym's handler before the next is sent: sent to the
-# process, a signal may wait on a thread the loaded machine has not scheduled, and a second one of the
-# same number then merges with it (standard signals are not queued)
-MAIN = threading.main_thread().ident
-
 @app.command("probe")
 def probe(out: Path, more: int) -> None:
     with io.locked(out):
         try:
             with io.interruptible(lambda: "kept what was finished"):
-                signal.pthread_kill(MAIN, signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(30)
         finally:  # the cleanup after the SIGTERM, while `more` Ctrl-Cs arrive
             for _ in range(more):
-                signal.pthread_kill(MAIN, signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(0.05)
             (out / "cleaned").write_text("yes")
 
@@ -1209,8 +1204,15 @@ def test_signals_during_the_cleanup_neither_cut_it_short_nor_change_the_line(tmp
     one with exit 130. Now it is noted, the cleanup ends, the line and exit 143 are the first signal's; a
     third stops posym at once with one line."""
     out = tmp_path / "out"
+    # SIGINT back to its default (as `start` does): a test run started in the background inherits it ignored,
+    # posym then leaves it ignored, and the probe's Ctrl-Cs would never arrive
     done = subprocess.run(
-        [sys.executable, "-c", _SIGNALS, str(out), str(more)], env=ENV, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _SIGNALS, str(out), str(more)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert done.returncode == 143, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr

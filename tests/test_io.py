@@ -62,7 +62,9 @@ def test_ctrl_c_while_the_temporary_is_created_leaves_none(tmp_path, monkeypatch
         return made
 
     monkeypatch.setattr(io.tempfile, "mkstemp", mkstemp_then_ctrl_c)
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # an xdist worker ignores SIGINT
+    before = signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # a test run started in the background inherits SIGINT ignored
     try:
         with pytest.raises(KeyboardInterrupt):
             with io.atomic_path(tmp_path / "out.txt") as tmp:
