@@ -239,10 +239,8 @@ def cli_violations(root: Path) -> list[str]:
                         found.append(f"{name}:{node.lineno} imports {module} {names or ''}".rstrip())
                 elif module != "posym" and not module.startswith(CLI_MAY_IMPORT):
                     found.append(f"{name}:{node.lineno} imports {module}")
-                elif module == "posym" and set(names or ()) - {n.split(".")[-1] for n in CLI_MAY_IMPORT}:
-                    found.append(
-                        f"{name}:{node.lineno} imports posym {sorted(set(names) - {'io', 'errors', 'configs', 'models', 'prompts'})}"
-                    )
+                elif module == "posym" and (extra := set(names or ()) - {n.split(".")[-1] for n in CLI_MAY_IMPORT}):
+                    found.append(f"{name}:{node.lineno} imports posym {sorted(extra)}")
     return sorted(found)
 
 
