@@ -151,8 +151,8 @@ def test_outputs_beside_inputs_are_allowed(runs, tmp_path):
 
 def start(args, cwd: Path) -> subprocess.Popen:
     """`python -m posym ARGS` leading its own process group (so that SIGINT reaches every process of it)."""
-    # SIGINT back to its default first: a test run started in the background (`pytest &`) inherits it
-    # ignored, and Python then never raises KeyboardInterrupt
+    # SIGINT and SIGHUP back to their defaults first: a test run started in the background (`pytest &`)
+    # inherits SIGINT ignored, one under `nohup` SIGHUP, and posym then (rightly) leaves them ignored
     return subprocess.Popen(
         [sys.executable, "-m", "posym", *map(str, args)],
         cwd=cwd,
@@ -161,8 +161,13 @@ def start(args, cwd: Path) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=_default_signals,
     )
+
+
+def _default_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 180) -> tuple[int, str]:
@@ -1040,17 +1045,19 @@ def test_sigterm_is_answered_as_ctrl_c(runs, tmp_path):
     assert not (out / io.LOCK).exists() and not [p for p in out.rglob(".*")]
 
 
-def test_sigterm_during_score_exits_143_and_leaves_nothing(runs, tmp_path):
+@pytest.mark.parametrize("signum, word", [(signal.SIGTERM, "terminated"), (signal.SIGHUP, "hung up")])
+def test_sigterm_or_sighup_during_score_is_one_line_and_leaves_nothing(runs, tmp_path, signum, word):
+    # a kill and a closed terminal (ssh dropped) are answered as a Ctrl-C: one line, exit 128 + the signal
     out = tmp_path / "scores" / "s.parquet"
     proc = start(["score", runs / "run", "--n", 100000, "--batch-size", 1, "--out", out], tmp_path)
     deadline = time.time() + 180
     while not (out.parent.is_dir() and any(out.parent.iterdir())) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     assert proc.poll() is None, proc.stderr.read()[-2000:]
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signum)
     err = proc.stderr.read()
-    assert proc.wait(timeout=60) == 143, err
-    assert err.startswith("posym: terminated: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert proc.wait(timeout=60) == 128 + signum, err
+    assert err.startswith(f"posym: {word}: ") and err.count("\n") == 1 and "Traceback" not in err, err
     assert not list(out.parent.iterdir())
 
 
@@ -1204,15 +1211,15 @@ def test_signals_during_the_cleanup_neither_cut_it_short_nor_change_the_line(tmp
     one with exit 130. Now it is noted, the cleanup ends, the line and exit 143 are the first signal's; a
     third stops posym at once with one line."""
     out = tmp_path / "out"
-    # SIGINT back to its default (as `start` does): a test run started in the background inherits it ignored,
-    # posym then leaves it ignored, and the probe's Ctrl-Cs would never arrive
+    # SIGINT back to its default (`_default_signals`, as `start` does): a test run started in the background
+    # inherits it ignored, posym then leaves it ignored, and the probe's Ctrl-Cs would never arrive
     done = subprocess.run(
         [sys.executable, "-c", _SIGNALS, str(out), str(more)],
         env=ENV,
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=_default_signals,
     )
     assert done.returncode == 143, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr

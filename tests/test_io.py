@@ -3,6 +3,7 @@ interrupted at any point leaves no temporary."""
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -85,3 +86,15 @@ def test_an_error_after_the_temporary_exists_removes_it(tmp_path, monkeypatch):
             with io.atomic_path(tmp_path / f"out-{is_dir}", is_dir=is_dir):
                 pass
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("umask, mode", [(0o002, 0o664), (0o022, 0o644), (0o077, 0o600)])
+def test_the_lock_file_honours_the_umask(tmp_path, umask, mode):
+    # the lock was created 0644 whatever the umask: a group-shared run directory (umask 002) got one file
+    # its group could not write, unlike every other file posym writes
+    old = os.umask(umask)
+    try:
+        with io.locked(tmp_path) as lock:
+            assert stat.S_IMODE(lock.stat().st_mode) == mode
+    finally:
+        os.umask(old)

@@ -81,7 +81,7 @@ def test_cpu_seconds_count_the_workers():
 
 
 def test_a_worker_terminated_before_its_initializer_dies_quietly(monkeypatch, capfd):
-    """Workers fork with SIGINT/SIGTERM blocked: one that pool.terminate() hits before its initializer
+    """Workers fork with the stop signals blocked: one that pool.terminate() hits before its initializer
     ran (here: held back 2 s) must not run the parent's raising handler (posym.io.handle_signals, which
     every in-process CLI call installs): that printed a Signalled traceback, and an exception escaping
     right after fork() runs the parent's own code on in the child (under xdist: a crashed worker)."""
@@ -90,6 +90,7 @@ def test_a_worker_terminated_before_its_initializer_dies_quietly(monkeypatch, ca
     import time
 
     from posym import io
+    from posym.errors import STOP_SIGNALS
 
     started = multiprocessing.get_context("fork").Value("i", 0)
     original = parallel._start_worker
@@ -107,10 +108,10 @@ def test_a_worker_terminated_before_its_initializer_dies_quietly(monkeypatch, ca
             raise ValueError("item 3")
         return x
 
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     try:
         for s in saved:
-            signal.signal(s, signal.SIG_DFL if s == signal.SIGTERM else signal.default_int_handler)
+            signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
         io.handle_signals()
         monkeypatch.setattr(parallel, "_start_worker", held_back)
         with pytest.raises(ValueError, match="item 3"):

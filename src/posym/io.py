@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import yaml
 
 import posym
-from posym.errors import Interrupted, PosymError
+from posym.errors import STOP_SIGNALS, Interrupted, PosymError
 
 
 _HOST = platform.node().replace("-", "_") or "host"
@@ -67,7 +67,8 @@ def _running(pid: int) -> bool:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back for the body and delivered, to the handlers they had, when it ends.
+    """The stop signals (`STOP_SIGNALS`) held back for the body and delivered, to the handlers they had,
+    when it ends.
 
     Python runs signal handlers in the main thread at its next bytecode, whichever thread the OS gave the
     signal to (so a thread's signal mask cannot hold them back): the handlers are swapped for one that
@@ -77,7 +78,7 @@ def _signals_held() -> Iterator[None]:
         yield
         return
     noted: list[int] = []
-    before = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    before = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -397,7 +398,7 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
     path = directory / LOCK
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for every file posym writes
         except OSError as exc:
             raise PosymError(f"cannot lock {directory}: {exc.strerror}") from None
         try:
@@ -435,7 +436,7 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
 
 
 class Signalled(KeyboardInterrupt):
-    """SIGINT or SIGTERM, raised where the main thread is (`handle_signals`), so that every `finally`
+    """A stop signal (`STOP_SIGNALS`), raised where the main thread is (`handle_signals`), so that every `finally`
     runs: temporaries are removed and locks released as after a Ctrl-C."""
 
     def __init__(self, signum: int):
@@ -444,10 +445,11 @@ class Signalled(KeyboardInterrupt):
 
 
 def handle_signals() -> None:
-    """The one handler for SIGINT and SIGTERM (`posym.cli.main` installs it): both raise `Signalled`, so a
-    `kill` (SIGTERM, what job schedulers and `timeout` send first) is answered as a Ctrl-C is: one line on
-    what was kept, the lock released, exit 128 + the signal (130, 143). A signal that the parent left
-    ignored (`nohup`, a background job's SIGINT) stays ignored.
+    """The one handler for the stop signals (`STOP_SIGNALS`; `posym.cli.main` installs it): each raises
+    `Signalled`, so a `kill` (SIGTERM, what job schedulers and `timeout` send first) or a closed terminal
+    (SIGHUP) is answered as a Ctrl-C is: one line on what was kept, the lock released, exit 128 + the
+    signal (130, 143, 129). A signal that the parent left ignored (`nohup`, a background job's SIGINT)
+    stays ignored.
 
     Only the first signal is raised: a second one (an impatient second Ctrl-C, `kill` then Ctrl-C) arrives
     while posym is already unwinding, and raising it there would cut the cleanup short (a temporary or the
@@ -461,11 +463,10 @@ def handle_signals() -> None:
             raise Signalled(signum)
         if len(_RECEIVED) >= 3:
             first = _RECEIVED[0]
-            word = "interrupted" if first == signal.SIGINT else "terminated"
-            os.write(2, f"posym: {word}: {STOPPED}\n".encode())
+            os.write(2, f"posym: {STOP_SIGNALS[first]}: {STOPPED}\n".encode())
             os._exit(128 + first)
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
             signal.signal(signum, handler)
 
@@ -493,9 +494,9 @@ def signal_number(exc: BaseException | None = None) -> int:
 
 @contextlib.contextmanager
 def interruptible(kept: Any) -> Iterator[None]:
-    """Turn a KeyboardInterrupt (Ctrl-C, or SIGTERM through `handle_signals`) in the body into
+    """Turn a KeyboardInterrupt (Ctrl-C, or SIGTERM / SIGHUP through `handle_signals`) in the body into
     `Interrupted(kept())`: the CLI prints that one line (what was kept, how re-running continues) and
-    exits 130 (143 for SIGTERM)."""
+    exits 130 (143 for SIGTERM, 129 for SIGHUP)."""
     try:
         yield
     except KeyboardInterrupt as exc:

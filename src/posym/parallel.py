@@ -25,6 +25,8 @@ import os
 import signal
 from typing import Callable
 
+from posym.errors import STOP_SIGNALS
+
 _JOB: tuple[Callable, list] | None = None
 """The function and items of the running `forked_map`, inherited by its forked workers."""
 
@@ -63,7 +65,7 @@ def forked_map(fn: Callable, items, *, workers: int, progress: Callable | None =
     if _JOB is not None:
         raise RuntimeError("forked_map does not nest")
     _JOB = (fn, items)
-    # Fork with SIGINT/SIGTERM blocked: a child signalled before its initializer ran would otherwise run the
+    # Fork with the stop signals blocked: a child signalled before its initializer ran would otherwise run the
     # parent's handler (posym.io.handle_signals raises), and an exception escaping right after fork() runs
     # the parent's code on in the child (under pytest-xdist: a second "worker" reporting an interrupt).
     # Blocked, such a signal waits until _start_worker has set the child's own dispositions.
@@ -86,7 +88,7 @@ def forked_map(fn: Callable, items, *, workers: int, progress: Callable | None =
         _JOB = None
 
 
-_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_SIGNALS = set(STOP_SIGNALS)
 """The signals forked workers are created with blocked (forked_map) and then handle themselves."""
 
 
@@ -95,7 +97,8 @@ def _start_worker() -> None:
 
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it terminates the pool
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (`posym.io.handle_signals`)
+    for signum in _SIGNALS - {signal.SIGINT}:
+        signal.signal(signum, signal.SIG_DFL)  # not the parent's handler (`posym.io.handle_signals`)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # forked blocked (forked_map): a pending one lands here
 
 

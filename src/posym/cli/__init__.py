@@ -10,13 +10,12 @@ importing them registers them on `app`, in that order (the order of `posym --hel
 from __future__ import annotations
 
 import importlib
-import signal
 import sys
 
 import typer
 
 from posym import io
-from posym.errors import Interrupted, PosymError
+from posym.errors import STOP_SIGNALS, Interrupted, PosymError
 
 NOTHING_KEPT = (
     "every file written so far is whole and nothing half-written is left; the output is written only "
@@ -105,8 +104,8 @@ def parse_head_pairs(text: str | None) -> list[tuple[int, int]]:
 
 
 def _interrupted(message: str, signum: int) -> None:
-    """The one line of a Ctrl-C (SIGINT) or a kill (SIGTERM), and exit 128 + the signal."""
-    print(f"posym: {'interrupted' if signum == signal.SIGINT else 'terminated'}: {message}", file=sys.stderr)
+    """The one line of a Ctrl-C (SIGINT), a kill (SIGTERM) or a hang-up (SIGHUP), and exit 128 + the signal."""
+    print(f"posym: {STOP_SIGNALS.get(signum, 'stopped')}: {message}", file=sys.stderr)
     sys.exit(128 + signum)
 
 

@@ -123,9 +123,12 @@ def _pool_worker() -> None:
     group) to the driver, which stops the workers itself and says what was kept."""
     import signal
 
+    from posym.errors import STOP_SIGNALS
+
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the driver's handler (posym.io.handle_signals): die
+    for signum in set(STOP_SIGNALS) - {signal.SIGINT}:
+        signal.signal(signum, signal.SIG_DFL)  # not the driver's handler (posym.io.handle_signals): die
 
 
 def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
