@@ -286,16 +286,25 @@ def running(pid: int) -> bool:
         return False
 
 
-def kill_when(proc: subprocess.Popen, path: Path, delay: float = 0.0, timeout: float = 120.0) -> None:
+def kill_when(proc: subprocess.Popen, path: Path, delay: float = 0.0, timeout: float = 900.0, before_kill=None) -> None:
     """SIGKILL the process group of `proc` (from `start`) `delay` seconds after `path` appears; fail if
-    it finished first. Returns once every process it had started is gone, wherever it moved (Ray's
-    workers lead their own sessions): none may live on and keep writing into the output."""
+    it finished first, or if `path` is not there within `timeout` seconds (a guard against a hang only:
+    killed before its kill point, a test would check a state it did not ask for; under load the sweep's
+    Ray start and first trial took over the 120 s this once was, and its test failed on a state before
+    the first trial's done-file). Returns once every process it had started is gone, wherever it moved
+    (Ray's workers lead their own sessions): none may live on and keep writing into the output.
+    `before_kill(pids)`, if given, looks at the live processes first."""
     deadline = time.time() + timeout
     while not path.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.005)
     time.sleep(delay)
     assert proc.poll() is None, f"the process ended before the kill point {path.name}: {proc.stderr.read()[-2000:]}"
+    if not path.exists():
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the kill point {path} did not appear within {timeout:.0f} s")
     family = descendants(proc.pid)
+    if before_kill is not None:
+        before_kill(family)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.time() + 3  # SIGKILL needs no cooperation: ms, even on loaded cores
@@ -518,6 +527,21 @@ def test_run_killed_then_rerun_equals_uninterrupted(run_reference, tmp_path, poi
     assert summary[0] == summary[1]
 
 
+def trials_at_nice_0(pids: set[int]) -> None:
+    """The Ray worker running a trial has nice 0 (sweep.LOCAL_RAY): Ray's own default, 15, starved the
+    trials of any machine with other work on it."""
+    nice = {}
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended while we looked
+            continue
+        if command.startswith(b"ray::_ray_trial"):
+            nice[pid] = int(fields[16])  # field 19 of proc(5), counted from the state (field 3)
+    assert nice and set(nice.values()) == {0}, nice
+
+
 # `posym sweep`: two trials of the zoo's 96-step training on local Ray, one at a time
 def test_sweep_killed_then_rerun_skips_finished_trials_and_equals_uninterrupted(tmp_path):
     from posym.commands import sweep
@@ -529,7 +553,7 @@ def test_sweep_killed_then_rerun_skips_finished_trials_and_equals_uninterrupted(
     out = tmp_path / "sweep"
     first, second = (out / "trials" / t["name"] for t in grid)
     command = ["sweep", path, "--out", out, "--max-concurrent", 1]
-    kill_when(start(command, tmp_path), second / "checkpoints" / "step-00000008")
+    kill_when(start(command, tmp_path), second / "checkpoints" / "step-00000008", before_kill=trials_at_nice_0)
     assert_complete(out)
     done = [sweep.done_path(out, t["name"], sweep.SWEEP_JOB) for t in grid]
     assert done[0].is_file() and not done[1].is_file() and not (out / "trials.parquet").exists()

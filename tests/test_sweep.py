@@ -195,7 +195,7 @@ def test_a_second_sweep_into_the_same_out_is_refused(tmp_path, monkeypatch, caps
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=sweep.LOCAL_RAY)
     yield ray
     ray.shutdown()
 

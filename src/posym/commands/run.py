@@ -37,7 +37,7 @@ from posym.core.lengthgen import LengthGenConfig
 from posym.core.model import resolve_device
 from posym.core.theory import TheoryConfig
 from posym.core.train import PRESETS
-from posym.errors import PosymError
+from posym.errors import STOP_SIGNALS, PosymError
 from posym.models import RunDir, list_checkpoints
 from posym.resources import check_resources
 from posym.stages import claim, die_with_parent, is_done, resumable, run_stage
@@ -122,8 +122,6 @@ def _pool_worker() -> None:
     """`posym run`'s pool initializer: die with the driver, and leave Ctrl-C (sent to the whole process
     group) to the driver, which stops the workers itself and says what was kept."""
     import signal
-
-    from posym.errors import STOP_SIGNALS
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
