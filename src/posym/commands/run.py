@@ -34,7 +34,7 @@ from posym import io
 from posym.commands import discrepancy, dynamics, geometry, lengthgen, report, theory, train
 from posym.configs import from_dict, to_dict
 from posym.core.lengthgen import LengthGenConfig
-from posym.core.model import resolve_device
+from posym.core.model import DEVICES, resolve_device
 from posym.core.theory import TheoryConfig
 from posym.core.train import PRESETS
 from posym.errors import STOP_SIGNALS, PosymError
@@ -84,8 +84,8 @@ class PipelineConfig:
         for task in self.tasks:
             if task not in ("number", "letter"):
                 raise PosymError(f"unknown task {task!r}; choose number and/or letter")
-        if self.device not in ("cpu", "cuda", "auto"):
-            raise PosymError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.device not in DEVICES:
+            raise PosymError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.dynamics_prompts < 1 or self.geometry_prompts < 1:
             raise PosymError("dynamics_prompts and geometry_prompts must be positive")
         if not isinstance(self.train, dict):

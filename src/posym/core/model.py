@@ -167,7 +167,7 @@ def resolve_device(device: str) -> str:
     import torch
 
     if device not in DEVICES:
-        raise PosymError(f"device must be auto, cpu or cuda, got {device!r}")
+        raise PosymError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():

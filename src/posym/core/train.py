@@ -102,7 +102,7 @@ class TrainConfig:
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise PosymError(f"grad_clip must be positive or null, got {self.grad_clip}")
         if self.device not in DEVICES:
-            raise PosymError(f"device must be cpu, cuda or auto, got {self.device!r}")
+            raise PosymError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.threads is not None and self.threads < 1:
             raise PosymError(f"threads must be a positive integer or null, got {self.threads}")
         if self.model.n_positions < self.task.seq_len:
