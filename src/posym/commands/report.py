@@ -24,23 +24,36 @@ from pathlib import Path
 import posym
 from posym import io
 from posym.commands import explore
-from posym.core.paper import GAMMA, TABLE1 as PAPER_TABLE1
+from posym.core.paper import FIG5B, FIG7_LABELS, GAMMA, RETENTION, SEED_SUMMARY_SHARES, TABLE1 as PAPER_TABLE1
 from posym.errors import PosymError
 from posym.models import RunDir
 
-# Pure heads at gamma = 0.1 of the paper's 12-layer models (arXiv 2605.31558, Fig. 2B / 7).
-PAPER_PURE = {"number": ("L0-L3", "L4-L11"), "letter": ("none", "L1-L11")}
+
+def _layer_span(layers: range) -> str:
+    """Layers as the report writes them: `range(4, 12)` -> 'L4-L11', `range(0)` -> 'none'."""
+    if not layers:
+        return "none"
+    return f"L{layers[0]}" if len(layers) == 1 else f"L{layers[0]}-L{layers[-1]}"
+
+
+# The paper's values in the report's words, read from posym.core.paper (its one source).
+PAPER_PURE = {
+    task: (_layer_span(labels["positional"]), _layer_span(labels["symbolic"]))
+    for task, labels in FIG7_LABELS[GAMMA].items()
+}
+"""Pure heads at the default gamma of the paper's 12-layer models (Fig. 2B / 7): (positional, symbolic)."""
 SMALL_MODEL_PURE = (
-    "a 6-layer, 8-head model (preset seed) is expected at ~40% positional / 60% symbolic heads "
-    "(number) and > 90% symbolic (letter)"
+    f"a 6-layer, 8-head model (preset seed) is expected at ~{SEED_SUMMARY_SHARES['number']['positional']:.0%} "
+    f"positional / {SEED_SUMMARY_SHARES['number']['symbolic']:.0%} symbolic heads (number) and "
+    f"> {SEED_SUMMARY_SHARES['letter']['symbolic']:.0%} symbolic (letter)"
 )
 PAPER_LENGTHGEN = {
-    "number": "barely generalizes (collapses beyond the training length)",
-    "letter": ">= 90% accuracy up to 850 tokens (53x)",
+    task: f"accuracy {curve[850]:.2f} at 850 tokens, {curve[2048]:.2f} at 2,048 (Fig. 5B)"
+    for task, curve in FIG5B.items()
 }
 EXPECTED_RETENTION = {
-    "number": "retention ~0.3 at 4x the training length (positional)",
-    "letter": "retention >= 0.8 at 2x-4x (symbolic)",
+    "number": f"retention ~{RETENTION['number']:.1f} at 4x the training length (positional)",
+    "letter": f"retention >= {RETENTION['letter']:.1f} at 2x-4x (symbolic)",
 }
 PAPER_PLANES = 64
 """RoPE planes of the paper's models (head dimension 128): the scale of its Table 1."""
@@ -303,7 +316,7 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
         "Fig. 2B": "both scores ~1 at initialisation (uniform attention); then heads become pure: "
         f"positional {pos}, symbolic {sym} (12 layers).",
         "Fig. 6": "entropy falls as heads become pure.",
-        "Fig. 7": f"pure heads at gamma 0.1: positional {pos}, symbolic {sym} (12 layers); {SMALL_MODEL_PURE}.",
+        "Fig. 7": f"pure heads at gamma {GAMMA}: positional {pos}, symbolic {sym} (12 layers); {SMALL_MODEL_PURE}.",
         "Fig. 7 by query role": "which query positions the paper scored is not stated.",
         "Fig. 4B": (
             "number model, layer 1: keys cluster in one direction, queries fan out by the offset they "
@@ -317,8 +330,8 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
         + f" (12 layers, {PAPER_PLANES} planes).",
         "Fig. 5B": f"{PAPER_LENGTHGEN[task]}; {EXPECTED_RETENTION[task]}.",
         "Head-level retention": "a positional head's best margin can only shrink like 2 pi^2 / n^2 (Theorem 3.2), a "
-        "symbolic head's need not; seed summary: symbolic >= 80% of its accuracy at 2x-4x, "
-        "positional ~30%.",
+        f"symbolic head's need not; seed summary: symbolic >= {RETENTION['letter']:.0%} of its accuracy at 2x-4x, "
+        f"positional ~{RETENTION['number']:.0%}.",
         "Theorem 3.2 on trained heads": "a positional (Index) head's best gap can only shrink like 2 pi^2 / n^2, "
         "a symbolic (Retrieval) head's need not; the letter model generalizes, "
         "the number model does not.",
