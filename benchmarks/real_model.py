@@ -42,8 +42,9 @@ PROMPT_TOKENS = 20
 
 
 def run(args: list[str], cwd: Path) -> dict:
-    """Run `python -m posym ARGS` in cwd; its wall seconds, peak RSS and the floor of that peak (this
-    process's own peak when it started the child; bytes). A failure stops the benchmark."""
+    """Run `python -m posym ARGS` in cwd; its wall seconds, CPU seconds (user + system, which a loaded
+    machine inflates less), peak RSS and the floor of that peak (this process's own peak when it
+    started the child; bytes). A failure stops the benchmark."""
     floor = proc_status("VmHWM")
     start = time.perf_counter()
     process = subprocess.Popen(
@@ -59,7 +60,12 @@ def run(args: list[str], cwd: Path) -> dict:
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         sys.exit(f"posym {' '.join(args)} failed ({process.returncode}):\n{output.decode()[-2000:]}")
-    return {"seconds": round(seconds, 1), "peak_rss_bytes": usage.ru_maxrss * 1024, "parent_peak_rss_bytes": floor}
+    return {
+        "seconds": round(seconds, 1),
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+        "peak_rss_bytes": usage.ru_maxrss * 1024,
+        "parent_peak_rss_bytes": floor,
+    }
 
 
 def text_prompts(path: Path) -> None:

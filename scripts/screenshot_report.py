@@ -40,6 +40,7 @@ def render(html: Path, width: int, png: Path, *, binary: str, height: int = PAGE
                 "--hide-scrollbars",
                 f"--user-data-dir={profile}",
                 f"--window-size={width},{height}",
+                "--virtual-time-budget=10000",  # the explorer draws its head page once its blocks are decoded
                 f"--screenshot={png}",
                 html.resolve().as_uri() + fragment,
             ],

@@ -37,6 +37,15 @@ def page_data(path) -> dict:
     return json.loads(blob.replace("<\\/", "</"))
 
 
+def page_blocks(path) -> list[str]:
+    """The blocks a `posym explore` page embeds (<script id="block-N">, in order of N): base64 text
+    that `posym.commands.explore.unblock` decodes."""
+    html = Path(path).read_text(encoding="utf-8")
+    found = re.findall(r'<script type="application/octet-stream" id="block-(\d+)">(.*?)</script>', html, re.S)
+    assert [int(k) for k, _ in found] == list(range(len(found)))
+    return [text for _, text in found]
+
+
 class BrowserError(RuntimeError):
     pass
 

@@ -1,6 +1,8 @@
-"""posym.commands.explore (`posym explore`): the embedded data against the tables, the degraded page
-without a model, and the page itself in a headless Chromium (tests/browser.py): a click on a head
-shows the tables' numbers, keyboard navigation and permalinks work, and no request leaves the page."""
+"""posym.commands.explore (`posym explore`): the embedded data against the tables, the details that
+llm-scores stores against a fresh recomputation, the degraded page without a model, the size limit on
+a large synthetic set, and the page itself in a headless Chromium (tests/browser.py): a click on a
+head shows the tables' numbers, a later page of prompts and a chosen query of a `posym score --queries
+all` table show theirs, keyboard navigation and permalinks work, and no request leaves the page."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from browser import CHROMIUM, SKIP_REASON, Chromium, page_data
+from browser import CHROMIUM, SKIP_REASON, Chromium, page_blocks, page_data
 from cli_runner import run_posym
 from tiny_llms import run_cli, save_model, tokenizer
 
@@ -27,16 +29,39 @@ def unpack(text: str, step: float) -> np.ndarray:
     return np.where(codes == explore.MISSING, np.nan, codes * step)
 
 
+def embedded(path, index: int = 0) -> tuple[dict, list[dict], dict]:
+    """(set `index` of a page, its prompts from their pages, prompt -> its detail block)."""
+    data, blocks = page_data(path), page_blocks(path)
+    s = data["sets"][index]
+    prompts = [p for page in s["pages"] for p in explore.unblock(blocks[page])["prompts"]]
+    assert [p["index"] for p in prompts] == list(range(s["n_prompts"]))
+    return s, prompts, {int(k): explore.unblock(blocks[b]) for k, b in s["details"].items()}
+
+
 @pytest.fixture(scope="module")
 def scores_dir(tmp_path_factory):
     """A tiny Llama with a word-level tokenizer, scored by `posym llm-scores` on 3 binding prompts,
-    with the sink left out too and per-plane scores of two heads."""
+    with the sink left out too, per-plane scores of two heads and the details of 2 prompts stored."""
     root = tmp_path_factory.mktemp("explore")
     model = save_model(root / "llama", "llama", tokenizer())
     out = root / "scores"
     mp = pytest.MonkeyPatch()
     code = run_posym(
-        mp, "llm-scores", model, "--n", 3, "--exclude-keys", "0", "--heads", "0.1,1.0", "--device", "cpu", "--out", out
+        mp,
+        "llm-scores",
+        model,
+        "--n",
+        3,
+        "--exclude-keys",
+        "0",
+        "--heads",
+        "0.1,1.0",
+        "--details",
+        2,
+        "--device",
+        "cpu",
+        "--out",
+        out,
     )
     mp.undo()
     assert code == 0
@@ -58,52 +83,71 @@ def test_pack_round_trips_and_refuses_what_does_not_fit():
         explore.pack([3.3], 1e-4)
 
 
-def test_rows_with_fewer_swaps_are_padded_and_nan_is_null():
-    details = pd.DataFrame(
-        [
+def _details(heads: int, keys: int, swaps, *, query: int, prompt: int = 0, rng=None) -> pd.DataFrame:
+    """head_details-shaped rows of one prompt and query (layer 0, `heads` heads; swaps[h] swaps of head h)."""
+    rng = rng or np.random.default_rng(0)
+    rows = []
+    for h in range(heads):
+        n = swaps[h]
+        attention = rng.dirichlet(np.ones(keys))
+        rows.append(
             {
-                "layer": 0,
-                "head": h,
+                "prompt": prompt,
+                "query": query,
+                "layer": h // 9 if heads > 9 else 0,
+                "head": h % 9 if heads > 9 else h,
                 "first": 0,
-                "attention": [0.5, 0.25, 0.25],
-                "s_pos": 1.0,
-                "s_sym": 0.0,
+                "attention": attention.tolist(),
+                "s_pos": float(rng.random()),
+                "s_sym": float(rng.random()),
                 "a": [0] * n,
                 "b": [1] * n,
                 **{
-                    c: [0.5] * n for c in ("weight", "before_a", "before_b", "after_a", "after_b", "cos_pos", "cos_sym")
+                    c: rng.random(n).round(4).tolist()
+                    for c in ("weight", "before_a", "before_b", "after_a", "after_b", "cos_pos", "cos_sym")
                 },
             }
-            for h, n in ((0, 2), (1, 1))
-        ]
-    )
+        )
+    return pd.DataFrame(rows)
+
+
+def test_rows_with_fewer_swaps_are_padded_and_nan_is_null():
+    details = _details(2, 3, [2, 1], query=2)
     s = explore.HeadSet(
         "toy",
         1,
         2,
         {"s_pos": {(0, 0): 1.0, (0, 1): float("nan")}, "label": {(0, 0): "positional"}},
-        prompts=[{"text": "a b c", "ids": [1, 2, 3], "query": 2}],
+        prompts=[{"text": "a b c", "ids": [1, 2, 3], "queries": [2]}],
         details={0: details},
         planes={(0, 1): [[1, explore._num(float("nan")), 0.5, 1.0]]},
     )
-    data = json.loads(
-        explore.render(explore.encode([s], title="t", sources=[]))
-        .split('type="application/json">')[1]
-        .split("</script>")[0]
+    data, blocks = explore.encode([s], title="t", sources=[])
+    assert data == json.loads(
+        explore.render(data, blocks).split('id="data" type="application/json">')[1].split("</script>")[0]
     )
-    entry = data["sets"][0]["prompts"][0]
-    assert entry["top"] == 2 and entry["keys"] == [0, 1, 0, 1, 0, 1, -1, -1]
+    entry = explore.unblock(blocks[data["sets"][0]["details"]["0"]])["queries"][0]
+    assert entry["query"] == 2 and entry["top"] == 2 and entry["keys"] == [0, 1, 0, 1, 0, 1, -1, -1]
     swaps = unpack(entry["swaps"], explore.FINE).reshape(2, 2, 7)
     assert np.isnan(swaps[1, 1]).all() and not np.isnan(swaps[:, 0]).any()
+    assert np.abs(swaps[0, :, 0] - details.weight[0]).max() <= 5e-5 + 1e-12
     assert data["sets"][0]["planes"]["0.1"] == [[1, None, 0.5, 1.0]] and data["sets"][0]["labels"] == ["positional", ""]
     assert np.isnan(unpack(data["sets"][0]["maps"]["s_pos"], 1e-4)[1])
 
 
-def test_the_page_embeds_the_tables_and_the_models_details(scores_dir, page):
+def test_blocks_round_trip_and_keep_the_payload():
+    payload = {
+        "prompts": [{"index": 0, "s_pos": explore.pack([0.25, float("nan")], explore.FINE), "text": "</script>"}]
+    }
+    assert explore.unblock(explore.block(payload)) == payload
+    assert "</" not in explore.block(payload)  # base64: the block cannot end its script element
+
+
+def test_the_page_embeds_the_tables_and_the_stored_details(scores_dir, page):
     path, result = page
     assert result["bytes"] == path.stat().st_size and result["heads"] == 8 and result["sets"] == 1
-    data = page_data(path)
-    s = data["sets"][0]
+    assert result["stored"] == 1 and result["detail_prompts"] == 2 and result["dropped"] == 0
+    s, prompts, details = embedded(path)
     heads = pd.read_parquet(scores_dir / "heads.parquet").sort_values(["layer", "head"])
     free = head_scores(pd.read_parquet(scores_dir / "scores_excluded.parquet")).sort_values(["layer", "head"])
     for metric, frame, column in [
@@ -119,38 +163,58 @@ def test_the_page_embeds_the_tables_and_the_models_details(scores_dir, page):
     assert s["labels"] == heads.label.tolist()
     assert set(s["planes"]) == {"0.1", "1.0"} and len(s["planes"]["0.1"]) == 4  # head_dim 8: four planes
     per_prompt = prompt_scores(pd.read_parquet(scores_dir / "scores.parquet")).sort_values(["prompt", "layer", "head"])
-    prompts = pd.read_parquet(scores_dir / "prompts.parquet")
+    table = pd.read_parquet(scores_dir / "prompts.parquet")
     loaded = load(scores_dir.parent / "llama")
+    # the stored rows are what a fresh pass gives (llm-scores wrote them with the same model and prompts)
     fresh = head_details(
-        loaded.model, [list(i) for i in prompts.input_ids[:2]], [[int(q)] for q in prompts["query"][:2]], top=3
+        loaded.model, [list(i) for i in table.input_ids[:2]], [[int(q)] for q in table["query"][:2]], top=3
     )
-    for k, entry in enumerate(s["prompts"]):
+    assert set(details) == {0, 1}
+    for k, entry in enumerate(prompts):
         rows = per_prompt[per_prompt.prompt == k]
         assert np.abs(unpack(entry["s_pos"], explore.FINE) - rows.s_pos.to_numpy()).max() <= 5e-5 + 1e-12
-        assert entry["query"] == int(prompts["query"][k])
-        if k >= 2:  # detail_prompts=2: the third prompt has scores but no attention rows
-            assert "attention" not in entry
-            continue
+        assert entry["queries"] == [int(table["query"][k])]
         assert entry["tokens"] == [
-            loaded.tokenizer.decode([int(i)]) for i in prompts.input_ids[k][: entry["query"] + 1]
+            loaded.tokenizer.decode([int(i)]) for i in table.input_ids[k][: entry["queries"][0] + 1]
         ]
-        mine = fresh[fresh.prompt == k]
-        attention = unpack(entry["attention"], explore.FINE)
-        assert len(attention) == 8 * (entry["query"] + 1)
+        if k >= 2:  # --details 2: the third prompt has scores but no attention rows
+            continue
+        mine, (at,) = fresh[fresh.prompt == k], details[k]["queries"]
+        attention = unpack(at["attention"], explore.FINE)
+        assert at["query"] == entry["queries"][0] and len(attention) == 8 * (at["query"] + 1)
         assert np.abs(attention - np.concatenate(mine.attention.to_list())).max() <= 5e-5 + 1e-12
-        assert entry["keys"] == [x for a, b in zip(mine.a, mine.b) for pair in zip(a, b) for x in pair]
-        weights = unpack(entry["swaps"], explore.FINE).reshape(8, 3, 7)[:, :, 0]
+        assert at["keys"] == [x for a, b in zip(mine.a, mine.b) for pair in zip(a, b) for x in pair]
+        weights = unpack(at["swaps"], explore.FINE).reshape(8, 3, 7)[:, :, 0]  # the 8 stored swaps cut to --top 3
         assert np.abs(weights - np.array(mine.weight.to_list())).max() <= 5e-5 + 1e-12
     assert s["note"] == ""
 
 
+def test_stored_details_match_a_recomputation_and_no_details_keeps_them(scores_dir, page, tmp_path):
+    path, _ = page
+    _, _, stored = embedded(path)
+    again = tmp_path / "again.html"
+    result = explore.explore(
+        [scores_dir], again, detail_prompts=2, top=3, model=str(scores_dir.parent / "llama")
+    )  # --model: the stored rows are set aside and recomputed
+    assert result["stored"] == 0 and result["detail_prompts"] == 2
+    assert embedded(again)[2] == stored
+    tables = tmp_path / "tables.html"
+    assert explore.explore([scores_dir], tables, details=False, top=3)["detail_prompts"] == 2  # loads no model
+    assert embedded(tables)[2] == stored
+    # 3 prompts asked for, 2 stored: recomputed when the model may be loaded, else the 2 stored shown
+    more = explore.explore([scores_dir], tmp_path / "more.html", detail_prompts=3, top=3)
+    assert more["stored"] == 0 and more["detail_prompts"] == 3
+    assert {k: v for k, v in embedded(tmp_path / "more.html")[2].items() if k < 2} == stored
+    assert explore.explore([scores_dir], tmp_path / "two.html", details=False, top=3)["detail_prompts"] == 2
+
+
 def test_without_the_model_the_page_says_so(scores_dir, tmp_path):
-    path = tmp_path / "tables.html"
-    explore.explore([scores_dir], path, details=False)
-    s = page_data(path)["sets"][0]
-    assert "--no-details" in s["note"] and all("attention" not in p for p in s["prompts"])
     moved = tmp_path / "moved"
     shutil.copytree(scores_dir, moved)
+    (moved / explore.DETAILS).unlink()
+    explore.explore([moved], tmp_path / "tables.html", details=False)
+    s, prompts, details = embedded(tmp_path / "tables.html")
+    assert "--no-details" in s["note"] and details == {} and len(prompts) == 3
     summary = json.loads((moved / "summary.json").read_text())
     summary["settings"]["model_dir"] = str(tmp_path / "gone")
     (moved / "summary.json").write_text(json.dumps(summary))
@@ -174,7 +238,14 @@ def test_cli_reports_the_file_size(scores_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "e.html"
     code, stdout, err = run_cli(["explore", scores_dir, "--no-details", "--out", out], capsys, monkeypatch)
     assert code == 0, err
-    assert f"({out.stat().st_size / 1e6:.2f} MB; 1 head sets, 8 heads)" in stdout
+    assert (
+        f"({out.stat().st_size / 1e6:.2f} MB of at most {explore.MAX_MB:g} MB; 1 head sets, 8 heads, 3 prompts, "
+        "attention rows of 2)" in stdout
+    )
+    code, _, err = run_cli(["explore", scores_dir, "--max-mb", "0.001", "--out", out], capsys, monkeypatch)
+    assert code == 2 and "over the explorer's limit of 0.001 MB (--max-mb)" in err
+    code, stdout, err = run_cli(["explore", "--help"], capsys, monkeypatch)
+    assert f"default {explore.MAX_MB:g}" in " ".join(stdout.split())  # the help names the constant's value
 
 
 # ---- the page in a browser ----------------------------------------------------------------------
@@ -185,18 +256,23 @@ def _luminance(rgb: str) -> float:
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
 
+READY = "explorerReady"
+"""Awaited after each action: the promise of the head page's last draw (it decodes its blocks first)."""
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
 def test_the_page_in_chromium(scores_dir, page, tmp_path):
     path, _ = page
     heads = pd.read_parquet(scores_dir / "heads.parquet").set_index(["layer", "head"])
     per_prompt = prompt_scores(pd.read_parquet(scores_dir / "scores.parquet")).set_index(["prompt", "layer", "head"])
-    data = page_data(path)["sets"][0]
+    _, prompts, details = embedded(path)
     with Chromium() as browser:
         browser.open(path, width=1400)
         assert browser.evaluate("document.querySelectorAll('#map [data-head]').length") == 8
         browser.click('[data-head="1.0"]')
+        browser.evaluate(READY)
         assert browser.evaluate("document.getElementById('headtitle').textContent") == "Layer 1, head 0"
-        assert browser.evaluate("location.hash") == "#set=0&map=s_pos&head=1.0&prompt=0"
+        assert browser.evaluate("location.hash") == "#set=0&map=s_pos&head=1.0&prompt=0&query=0"
         shown = browser.evaluate(
             "Object.fromEntries([...document.querySelectorAll('#summary [data-field]')]"
             ".map(e => [e.dataset.field, e.textContent]))"
@@ -213,16 +289,16 @@ def test_the_page_in_chromium(scores_dir, page, tmp_path):
             assert abs(s_pos - per_prompt.loc[(k, 1, 0), "s_pos"]) <= 5.5e-4
             assert abs(s_sym - per_prompt.loc[(k, 1, 0), "s_sym"]) <= 5.5e-4
         # prompt 0 is shown: its attention row over the tokens, the query last, and the heaviest swaps
-        query = data["prompts"][0]["query"]
+        (query,) = prompts[0]["queries"]
         tokens = browser.evaluate(
             "[...document.querySelectorAll('#attention .tok')].map(t => "
             "[+t.dataset.pos, +t.dataset.attn, t.querySelector('.t').textContent])"
         )
-        row = unpack(data["prompts"][0]["attention"], explore.FINE)[
+        row = unpack(details[0]["queries"][0]["attention"], explore.FINE)[
             4 * (query + 1) : 5 * (query + 1)
         ]  # head 1.0 is the fifth of 2 x 4
         assert [t[0] for t in tokens] == list(range(query + 1))
-        assert [t[2] for t in tokens] == data["prompts"][0]["tokens"]
+        assert [t[2] for t in tokens] == prompts[0]["tokens"]
         assert np.abs(np.array([t[1] for t in tokens]) - row).max() <= 5.5e-5
         assert browser.evaluate("document.querySelectorAll('#swaps tr').length") == 1 + 3
         assert browser.evaluate("document.querySelectorAll('#planes tr').length") == 1 + 4
@@ -233,6 +309,7 @@ def test_the_page_in_chromium(scores_dir, page, tmp_path):
         browser.key("ArrowRight", key_code=39)
         assert browser.evaluate("document.activeElement.dataset.head") == "0.1"
         browser.key("Enter", key_code=13)
+        browser.evaluate(READY)
         assert browser.evaluate("document.getElementById('headtitle').textContent") == "Layer 0, head 1"
         # filters fade heads; the label map carries letters; a permalink restores head, map and prompt
         browser.evaluate(
@@ -241,6 +318,7 @@ def test_the_page_in_chromium(scores_dir, page, tmp_path):
         )
         assert browser.evaluate("document.querySelectorAll('#map .cell.out').length") == 8
         browser.open(path, width=800, fragment="#set=0&map=label&head=0.1&prompt=1")
+        browser.evaluate(READY)
         assert browser.evaluate("document.getElementById('headtitle').textContent") == "Layer 0, head 1"
         assert browser.evaluate("document.getElementById('prompt').value") == "1"
         assert set(browser.evaluate("[...document.querySelectorAll('#map .cell')].map(c => c.textContent)")) <= set(
@@ -249,6 +327,7 @@ def test_the_page_in_chromium(scores_dir, page, tmp_path):
         assert browser.evaluate("document.documentElement.scrollWidth") <= 800  # nothing wider than the window
         browser.screenshot(tmp_path / "800.png")
         browser.open(path, width=1400, fragment="#head=0.1")
+        browser.evaluate(READY)
         side_by_side = browser.evaluate(
             "document.getElementById('headpage').getBoundingClientRect().left >= "
             "document.getElementById('mapbox').getBoundingClientRect().right"
@@ -270,3 +349,179 @@ def test_the_page_in_chromium(scores_dir, page, tmp_path):
         assert min(b - a for a, b in zip(labels, labels[1:])) > 0.1
         assert browser.console_errors == []
         assert browser.requests == [path.resolve().as_uri()] * 3  # the file itself, once per open; nothing else
+
+
+# ---- a large set: pages of prompts and the size limit -------------------------------------------
+
+LAYERS, HEADS, KEYS = 30, 9, 40
+"""The synthetic set's shape: SmolLM2's 30 x 9 heads, prompts of 40 tokens."""
+
+
+def _scored(scores, k: int) -> dict:
+    """Synthetic prompt k with per-prompt scores [heads, 2] over the LAYERS x HEADS grid."""
+    grid = [(l, h) for l in range(LAYERS) for h in range(HEADS)]
+    return {
+        "text": f"synthetic prompt {k}",
+        "ids": list(range(KEYS)),
+        "queries": [KEYS - 1],
+        "tokens": [f"t{i}" for i in range(KEYS)],
+        "scores": {g: tuple(scores[j]) for j, g in enumerate(grid)},
+    }
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    """400 prompts of random per-prompt scores over 270 heads, 60 of them with random attention rows
+    and 8 swaps per head, explored under a 2 MB limit (which the rows of all 60 would break)."""
+    rng = np.random.default_rng(1)
+    grid = [(l, h) for l in range(LAYERS) for h in range(HEADS)]
+    scores = rng.random((400, len(grid), 2)).round(4)
+    prompts = [_scored(scores[k], k) for k in range(400)]
+    details = {k: _details(len(grid), KEYS, [8] * len(grid), query=KEYS - 1, prompt=k, rng=rng) for k in range(60)}
+    maps = {"s_pos": {g: float(scores[:, j, 0].mean()) for j, g in enumerate(grid)}, "label": {}}
+    s = explore.HeadSet("synthetic", LAYERS, HEADS, maps, prompts=prompts, details=details)
+    data, blocks = explore.encode([s], title="large", sources=[], max_bytes=2_000_000)
+    path = tmp_path_factory.mktemp("large") / "large.html"
+    path.write_text(explore.render(data, blocks), encoding="utf-8")
+    return path, scores, details
+
+
+def test_a_large_set_pages_its_prompts_and_stays_within_the_limit(large):
+    path, scores, details = large
+    assert path.stat().st_size <= 2_000_000
+    s, prompts, kept = embedded(path)
+    assert len(s["pages"]) == 400 // explore.PAGE and s["n_prompts"] == 400
+    assert 0 < len(kept) < 60 and s["dropped"] == 60 - len(kept)
+    assert sorted(kept) == list(range(len(kept)))  # the first prompts keep their rows, in order
+    last = max(kept)
+    got = unpack(kept[last]["queries"][0]["attention"], explore.FINE).reshape(LAYERS * HEADS, KEYS)
+    assert np.abs(got - np.array(details[last].attention.to_list())).max() <= 5e-5 + 1e-12
+    assert np.abs(unpack(prompts[337]["s_sym"], explore.FINE) - scores[337, :, 1]).max() <= 5e-5 + 1e-12
+    with pytest.raises(PosymError, match="over the explorer's limit"):
+        explore.encode(
+            [explore.HeadSet("x", LAYERS, HEADS, {}, prompts=[_scored(scores[k], k) for k in range(50)])],
+            title="t",
+            sources=[],
+            max_bytes=50_000,
+        )
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
+def test_a_later_page_in_chromium(large):
+    path, scores, details = large
+    s, _, kept = embedded(path)
+    last, head = max(kept), 17 * HEADS + 4
+    with Chromium() as browser:
+        browser.open(path, width=1400, fragment="#head=17.4&prompt=337")
+        browser.evaluate(READY)
+        assert browser.evaluate("document.getElementById('pageinfo').textContent") == (
+            "prompts 325..349 of 400 (page 14 of 16)"
+        )
+        row = browser.evaluate(
+            "[...document.querySelectorAll('#promptscores tr[data-prompt=\"337\"] [data-field]')].map(e => +e.textContent)"
+        )
+        assert np.abs(np.array(row) - scores[337, head]).max() <= 5.5e-4
+        assert "size limit" in browser.evaluate("document.querySelector('#headpage .note').textContent")
+        assert browser.evaluate("blocks.size") == 1  # only this page of prompts was decoded
+        browser.click("#nextpage")
+        browser.evaluate(READY)
+        assert browser.evaluate("location.hash").endswith("&prompt=350&query=0")
+        assert browser.evaluate("document.getElementById('prompt').value") == "350"
+        # a prompt with rows: its attention row of head 17.4, from its own block
+        browser.evaluate(
+            f"(() => {{ const e = document.getElementById('gotoprompt'); e.value = '{last}'; "
+            "e.dispatchEvent(new Event('change')); })()"
+        )
+        browser.evaluate(READY)
+        shown = browser.evaluate("[...document.querySelectorAll('#attention .tok')].map(t => +t.dataset.attn)")
+        assert np.abs(np.array(shown) - np.array(details[last].attention[head])).max() <= 5.5e-5
+        assert browser.evaluate("blocks.size") == 4  # pages 14, 15 and the page of `last`, and its rows
+        assert browser.console_errors == [] and browser.requests == [path.resolve().as_uri()]
+
+
+# ---- several queries per prompt: a `posym score --queries all` table -----------------------------
+
+
+@pytest.fixture(scope="module")
+def all_queries(scores_dir, tmp_path_factory):
+    """`posym score --queries all` of the tiny Llama on 3 prompt files lines (ids from its tokenizer)
+    and its explorer (rows of 2 prompts at every query, 3 swaps)."""
+    root = tmp_path_factory.mktemp("queries")
+    model = scores_dir.parent / "llama"
+    ids = pd.read_parquet(scores_dir / "prompts.parquet").input_ids
+    (root / "p.jsonl").write_text("".join(json.dumps({"input_ids": [int(i) for i in x[:12]]}) + "\n" for x in ids))
+    mp = pytest.MonkeyPatch()
+    code = run_posym(
+        mp,
+        "score",
+        model,
+        "--prompts",
+        root / "p.jsonl",
+        "--queries",
+        "all",
+        "--device",
+        "cpu",
+        "--out",
+        root / "q.parquet",
+    )
+    mp.undo()
+    assert code == 0
+    path = root / "explorer.html"
+    explore.explore([root / "q.parquet"], path, detail_prompts=2, top=3)
+    return root / "q.parquet", path, [[int(i) for i in x[:12]] for x in ids], model
+
+
+def test_every_query_of_a_score_table_is_embedded(all_queries):
+    table_path, path, ids, model = all_queries
+    table = pd.read_parquet(table_path)
+    s, prompts, details = embedded(path)
+    assert s["n_prompts"] == 3 and set(details) == {0, 1}
+    for k, p in enumerate(prompts):
+        queries = sorted(table[table.prompt == k]["query"].unique().tolist())
+        assert p["queries"] == queries and len(queries) > 5
+        rows = table[table.prompt == k].sort_values(["query", "layer", "head"])
+        assert np.abs(unpack(p["q_s_pos"], explore.FINE) - rows.s_pos.to_numpy()).max() <= 5e-5 + 1e-12
+        if k in details:
+            assert [d["query"] for d in details[k]["queries"]] == queries
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
+def test_the_chosen_query_in_chromium(all_queries):
+    table_path, path, ids, model = all_queries
+    table = pd.read_parquet(table_path).set_index(["prompt", "query", "layer", "head"])
+    _, prompts, _ = embedded(path)
+    queries = prompts[1]["queries"]
+    j, position = 3, queries[3]
+    fresh = head_details(load(model).model, [ids[1]], [[position]], top=3)
+    fresh = fresh[(fresh.layer == 1) & (fresh["head"] == 2)].iloc[0]
+    with Chromium() as browser:
+        browser.open(path, width=1400)
+        browser.click('[data-head="1.2"]')
+        browser.evaluate(READY)
+        assert browser.evaluate("document.getElementById('query').options.length") == len(prompts[0]["queries"])
+        for select, value in (("prompt", 1), ("query", j)):
+            browser.evaluate(
+                f"(() => {{ const e = document.getElementById('{select}'); e.value = '{value}'; "
+                "e.dispatchEvent(new Event('change')); })()"
+            )
+            browser.evaluate(READY)
+        assert browser.evaluate("location.hash") == f"#set=0&map=s_pos&head=1.2&prompt=1&query={j}"
+        shown = browser.evaluate(
+            "Object.fromEntries([...document.querySelectorAll('#queryscores tr[data-row]')].map(r => "
+            "[r.dataset.row, [...r.querySelectorAll('[data-field]')].map(e => +e.textContent)]))"
+        )
+        expected = table.loc[(1, position, 1, 2)]
+        assert np.abs(np.array(shown["table"]) - [expected.s_pos, expected.s_sym]).max() <= 5.5e-4
+        assert np.abs(np.array(shown["dense"]) - [fresh.s_pos, fresh.s_sym]).max() <= 5.5e-4
+        attention = browser.evaluate(
+            "[...document.querySelectorAll('#attention .tok')].map(t => [+t.dataset.pos, +t.dataset.attn])"
+        )
+        assert [a[0] for a in attention] == list(range(fresh["first"], position + 1))
+        assert np.abs(np.array([a[1] for a in attention]) - np.array(fresh.attention)).max() <= 5.5e-5
+        keys = browser.evaluate("[...document.querySelectorAll('#swaps [data-field=keys]')].map(e => e.textContent)")
+        assert keys == [f"{a}, {b}" for a, b in zip(fresh.a, fresh.b)]
+        browser.open(path, width=800, fragment=f"#head=1.2&prompt=1&query={j}")  # the permalink
+        browser.evaluate(READY)
+        assert browser.evaluate("document.getElementById('query').value") == str(j)
+        assert browser.evaluate("document.documentElement.scrollWidth") <= 800
+        assert browser.console_errors == [] and browser.requests == [path.resolve().as_uri()] * 2

@@ -14,6 +14,7 @@ from tiny_llms import run_cli, save_model, tokenizer
 from posym import models as model_specs
 from posym import prompts as prompt_sets
 from posym.commands import llm_scores
+from posym.core.scores import head_details
 from posym.cli import parse_head_pairs
 from posym.errors import PosymError
 
@@ -178,6 +179,25 @@ def test_llm_scores_exclude_keys_and_records(models, tmp_path, capsys, monkeypat
     assert (prompts["query"] == prompts.input_ids.map(len) - 1).all() and prompts.text.str.contains("likes").all()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["settings"]["exclude_keys"] == "0" and summary["excluded_keys"] == [0]
+    # --details 8 (the default) on 3 prompts: every head's row and 8 heaviest swaps at each query, for posym explore
+    loaded = model_specs.load(models["llama"], device="cpu")
+    assert summary["details"] == {"prompts": 3, "top": 8}
+    assert prompts.tokens.map(list).tolist() == [
+        [loaded.tokenizer.decode([int(t)]) for t in i] for i in prompts.input_ids
+    ]
+    stored = pd.read_parquet(out / "details.parquet")
+    fresh = head_details(loaded.model, [list(i) for i in prompts.input_ids], [[int(q)] for q in prompts["query"]])
+    assert (
+        len(stored) == 3 * 2 * 4
+        and (
+            stored[["prompt", "query", "layer", "head", "first"]]
+            == fresh[["prompt", "query", "layer", "head", "first"]]
+        )
+        .all()
+        .all()
+    )
+    for column in ("attention", "weight", "after_a", "cos_sym"):
+        assert np.abs(np.concatenate(stored[column].to_list()) - np.concatenate(fresh[column].to_list())).max() <= 1e-12
 
 
 @pytest.mark.parametrize("kind", ["llama", "neox", "gptj"])

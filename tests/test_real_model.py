@@ -86,7 +86,8 @@ def test_commands_give_identical_results_on_the_gguf_and_the_converted_directory
             code, _, err = run_cli(args, capsys, monkeypatch)
             assert code == 0, err
         outputs[name] = {path.relative_to(out): pd.read_parquet(path) for path in sorted(out.rglob("*.parquet"))}
-    assert list(outputs["gguf"]) == list(outputs["hf"]) and len(outputs["gguf"]) == 12  # llm-scores: + prompts.parquet
+    # 13 files: llm-scores adds prompts.parquet and details.parquet to its score tables
+    assert list(outputs["gguf"]) == list(outputs["hf"]) and len(outputs["gguf"]) == 13
     for path, frame in outputs["gguf"].items():
         pd.testing.assert_frame_equal(frame, outputs["hf"][path], check_exact=True, obj=str(path))
     score = outputs["gguf"][next(p for p in outputs["gguf"] if p.name == "score.parquet")]

@@ -203,7 +203,9 @@ def test_explore_reads_the_run_output(finished, tmp_path, monkeypatch, capsys):
 
     import numpy as np
     import pandas as pd
-    from browser import page_data
+    from browser import page_blocks, page_data
+
+    from posym.commands.explore import unblock
 
     _, _, out = finished
     assert '<a href="explorer.html">' in (out / "report" / "report.html").read_text()
@@ -212,7 +214,7 @@ def test_explore_reads_the_run_output(finished, tmp_path, monkeypatch, capsys):
         monkeypatch, "explore", out, "--out", tmp_path / "e.html", "--detail-prompts", 2, "--device", "cpu"
     )
     assert code == 0 and "explorer: " in capsys.readouterr().out
-    sets = page_data(tmp_path / "e.html")["sets"]
+    sets, blocks = page_data(tmp_path / "e.html")["sets"], page_blocks(tmp_path / "e.html")
     assert len(sets) == 2 * 4  # number and letter x hops, inner, last, target
     for s in sets:
         task, mode = s["name"].split(" ")[0], s["name"].split(", ")[-1].split(" ")[0]
@@ -220,5 +222,10 @@ def test_explore_reads_the_run_output(finished, tmp_path, monkeypatch, capsys):
         rows = table[(table.step == table.step.max()) & (table.query_mode == mode)].sort_values(["layer", "head"])
         codes = np.frombuffer(base64.b64decode(s["maps"]["s_sym"]), dtype="<i2")
         assert np.abs(codes * 1e-4 - rows.s_sym.to_numpy()).max() <= 5e-5 + 1e-12
-        assert s["note"] == "" and all("attention" in p and p["tokens"] for p in s["prompts"][:2])
+        prompts = [p for b in s["pages"] for p in unblock(blocks[b])["prompts"]]
+        details = {int(k): unblock(blocks[b])["queries"] for k, b in s["details"].items()}
+        assert s["note"] == "" and sorted(details) == [0, 1] and all(p["tokens"] for p in prompts[:2])
+        for k in (0, 1):  # each mode's own queries (a hop chain's last, target, inner or every pointer)
+            assert [d and d["query"] for d in details[k]] == prompts[k]["queries"]
+            assert mode in ("hops", "inner") or len(prompts[k]["queries"]) == 1
         assert s["margins"] and s["planes"]

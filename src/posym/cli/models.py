@@ -82,6 +82,12 @@ def llm_scores_cmd(
         False,
         help="Accept pickle weights (pytorch_model.bin) when there is no safetensors file; only for files you trust.",
     ),
+    details: int = typer.Option(
+        8,
+        min=0,
+        help="Prompts whose attention rows and heaviest swaps at the query are written to details.parquet "
+        "while the model is loaded, for posym explore (0: none; explore then loads the model itself).",
+    ),
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-scores/<model>)."),
 ) -> None:
     """Positional and symbolic score of every head of a real model, per-layer summaries and figures."""
@@ -118,6 +124,7 @@ def llm_scores_cmd(
         "exclude_keys": exclude_keys,
         "seed": seed,
         "dtype": dtype,
+        "details": details,
     }
     excluded = exclude_keys if exclude_keys in (None, "auto") else parse_list(exclude_keys, int)
     bar, advance = progress_bar(len(chosen) * (1 if exclude_keys is None else 2), "scoring prompts")
@@ -132,6 +139,7 @@ def llm_scores_cmd(
             epsilon=epsilon,
             exact=exact,
             exclude_keys=excluded,
+            details=details,
             settings=settings,
             progress=advance,
         )

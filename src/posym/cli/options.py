@@ -254,6 +254,7 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
         "planes.parquet",
         "planes.png",
         "planes.svg",
+        "details.parquet",
         "summary.json",
     ),
     "atlas": (

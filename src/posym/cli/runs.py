@@ -143,15 +143,15 @@ def explore_command(
     paths: list[Path] = typer.Argument(
         ...,
         metavar="TABLES...",
-        help="Directories of score tables: an llm-scores "
-        "output, an llm-study output, a posym run output or a training run directory.",
+        help="Score tables: an llm-scores output, an llm-study output, a posym run output, a training run "
+        "directory or a posym score Parquet file (beside its .json sidecar).",
     ),
     out: Path = typer.Option(Path("explorer.html"), help="The HTML file to write (one self-contained file)."),
     details: bool = typer.Option(
         True,
         "--details/--no-details",
-        help="Recompute attention rows and the heaviest "
-        "swaps from the model the tables name (--no-details: the tables alone, faster).",
+        help="Attention rows and heaviest swaps: read from the tables where they hold them (llm-scores' "
+        "details.parquet), else recomputed from the model the tables name (--no-details: never load a model).",
     ),
     model: Optional[str] = typer.Option(
         None,
@@ -161,10 +161,19 @@ def explore_command(
         "tables name: " + EMBEDDED_HELP + ", a .gguf file or a model directory (e.g. "
         "for an llm-study output without manifest.json).",
     ),
-    detail_prompts: int = typer.Option(8, min=0, help="Prompts per head set that get attention rows and swaps."),
-    top: int = typer.Option(8, min=1, help="Heaviest swaps shown per head and prompt."),
+    detail_prompts: int = typer.Option(
+        8, min=0, help="Prompts per head set that get attention rows and swaps (at each of their queries)."
+    ),
+    top: int = typer.Option(8, min=1, help="Heaviest swaps shown per head, prompt and query."),
     device: Device = device_option(" for the model's forward passes"),
     title: Optional[str] = typer.Option(None, help="Title of the page."),
+    max_mb: Optional[float] = typer.Option(
+        None,
+        "--max-mb",
+        help="Limit on the file's size in MB (default 25: posym.commands.explore.MAX_MB): attention rows "
+        "and swaps of the prompts past it are left out (the page says so); maps and per-prompt scores "
+        "over it are an error.",
+    ),
 ) -> None:
     """An offline HTML head explorer: layer x head maps; per head its attention row, heaviest swaps,
     per-plane scores, margin vs length and per-prompt scores."""
@@ -181,11 +190,15 @@ def explore_command(
         top=top,
         device=device_of(device),
         title=title,
+        **({} if max_mb is None else {"max_mb": max_mb}),
     )
     print(
-        f"explorer: {result['path']} ({result['bytes'] / 1e6:.2f} MB; {result['sets']} head sets, "
-        f"{result['heads']} heads)"
+        f"explorer: {result['path']} ({result['bytes'] / 1e6:.2f} MB of at most {result['limit'] / 1e6:g} MB; "
+        f"{result['sets']} head sets, {result['heads']} heads, {result['prompts']} prompts, attention rows "
+        f"of {result['detail_prompts']})"
     )
+    if result["dropped"]:
+        print(f"the size limit left out the attention rows of {result['dropped']} prompts (--max-mb)")
 
 
 @app.command("sweep")

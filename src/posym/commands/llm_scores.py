@@ -14,7 +14,7 @@ from pathlib import Path
 
 from posym.core.geometry import layer_bases, plane_scores
 from posym.core.paper import TAU
-from posym.core.scores import score_model, summarize_heads
+from posym.core.scores import head_details, score_model, summarize_heads
 from posym.core.study import find_sinks, layer_profile, pearson, sink_changes
 from posym.errors import PosymError
 from posym.figures import plot_heads, save_figure, subplots
@@ -68,6 +68,8 @@ def write_scores(
     epsilon: float = 1e-12,
     exact: str = "pruned",
     exclude_keys=None,
+    details: int = 0,
+    top: int = 8,
     settings: dict,
     progress=None,
 ) -> dict:
@@ -80,7 +82,10 @@ def write_scores(
     exclude_keys (positions, or "auto": `posym.core.study.find_sinks`) also scores_excluded.parquet and
     sinks.parquet (each head's label with and without them),
     planes.parquet (prompt-mean per-plane scores of --heads), heads.png/svg, planes.png/svg,
-    summary.json (manifest, Pearson r, per-layer medians). Returns the summary dict.
+    with `details` > 0 details.parquet (`posym.core.scores.head_details` of the first `details`
+    prompts at their query, the `top` heaviest swaps: what `posym explore` shows, written here while
+    the model is loaded so that explore need not load it again), summary.json (manifest, Pearson r,
+    per-layer medians, "details": {"prompts", "top"}). Returns the summary dict.
     """
     import pandas as pd
 
@@ -128,12 +133,18 @@ def write_scores(
                     "input_ids": i.tolist(),
                     "query": q[0],
                     "query_token": loaded.tokenizer.decode([int(i[q[0]])]),
+                    "tokens": [loaded.tokenizer.decode([int(t)]) for t in i[: q[0] + 1]],
                 }
                 for k, (p, i, q) in enumerate(zip(prompts, ids, queries))
             ]
         ),
     )
     write_parquet(out_dir / "layers.parquet", layers)
+    if details > 0:
+        chosen = min(details, len(ids))
+        rows = head_details(loaded.model, [i.tolist() for i in ids[:chosen]], queries[:chosen], tau=tau, top=top)
+        write_parquet(out_dir / "details.parquet", rows)
+        extra["details"] = {"prompts": chosen, "top": top}
     save_figure(plot_heads(head_means, r), out_dir / "heads")
     if heads:
         # one pass per chosen layer scores all of its chosen heads (posym.core.geometry's channel engine)
