@@ -161,3 +161,32 @@ def test_the_causal_check_is_its_rows_and_what_results_md_quotes(heads):
     positional = at.loc[("positional", "slowest")]
     assert positional.logprob_vs_random_planes_low < 0 < positional.logprob_vs_random_planes_high
     assert round(float(at.loc[("retrieval", "slowest")].logprob_vs_matched_heads), 3) == 9.232
+
+
+def test_a_stopped_causal_check_is_summarised_from_its_complete_groups(tmp_path, heads):
+    """scripts/atlas_causal.py --finish: the clean rows and the groups whose every condition finished (no model)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from posym import io
+
+    for name in ("atlas.parquet", "atlas.yaml", "summary.json"):
+        shutil.copy(DIR / name, tmp_path / name)
+    config = command.AtlasConfig(causal=True, causal_prompts=8)
+    rows = pd.read_parquet(DIR / "causal.parquet")
+    stopped = rows.iloc[: 24 * 6]  # clean, the retrieval group's 3 conditions, 2 of the symbolic group's
+    io.write_parquet(tmp_path / "causal_partial.parquet", stopped)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "atlas_causal.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "--prompts", "8", "--finish", "32"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "causal.json").read_text())
+    assert meta["partial"] == {"groups_run": ["retrieval"], "groups_not_run": ["symbolic", "positional"]}
+    kept = pd.read_parquet(tmp_path / "causal.parquet")
+    assert set(kept.group) == {"none", "retrieval"} and len(kept) == 24 * 4
+    summary = pd.read_parquet(tmp_path / "causal_summary.parquet")
+    full = pd.read_parquet(DIR / "causal_summary.parquet")
+    pd.testing.assert_frame_equal(summary, full[full.group.isin(["none", "retrieval"])].reset_index(drop=True))
+    assert configs.from_dict(command.AtlasConfig, meta["config"]) == config
