@@ -17,12 +17,14 @@ from posym.configs import from_dict, to_dict
 from posym.core.interventions import (
     HeadFreezer,
     ablated,
+    ablated_planes,
     fold_ablation,
     head_means,
     parse_heads,
     select_heads,
 )
 from posym.core.model import ModelConfig, build_model
+from posym.core.qk import pair_planes, plane_dims
 from posym.core.rope import layer_bands
 from posym.errors import PosymError
 from posym.models import load_checkpoint
@@ -376,3 +378,83 @@ def test_cli_bad_heads_is_one_line_error(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["posym: error: head '9.0': layer 9 does not exist (layers 0..1)"]
+
+
+# ---- RoPE planes of single heads (ablated_planes) --------------------------------------------------
+
+
+def _query_rows(model, kind: str, layer: int, head: int, dims: list[int]) -> list[int]:
+    """Rows of the layer's query projection that give head `head`'s query dims `dims` (the reference
+    zeroes them in the weights: RoPE turns each plane within itself, so that is the ablation)."""
+    config = model.config
+    if kind == "neox":  # fused [q | k | v] per head: rows h * 3d + j are head h's query dim j
+        d = config.hidden_size // config.num_attention_heads
+        return [head * 3 * d + j for j in dims]
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return [head * d + j for j in dims]
+
+
+def _query_projection(model, kind: str, layer: int):
+    if kind == "gptj":
+        return model.transformer.h[layer].attn.q_proj
+    if kind == "neox":
+        return model.gpt_neox.layers[layer].attention.query_key_value
+    return model.model.layers[layer].self_attn.q_proj
+
+
+@pytest.mark.parametrize(
+    "kind, pairing, rotary",
+    [("llama", "half", 8), ("qwen2", "half", 8), ("gptj", "interleaved", 4), ("neox", "half", 4)],
+)
+def test_plane_ablation_equals_zeroed_query_weights(kind, pairing, rotary):
+    """Exact reference: the hooked model (float64) gives the logits of a copy whose query-projection rows
+    (and biases) of the ablated planes are zero, on GQA (llama, qwen2 with q biases), interleaved GPT-J and
+    partial-rotary NeoX; other heads and layers are untouched and the hook is gone afterwards."""
+    import copy
+
+    from tiny_llms import model_config
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(model_config(kind, 50, 64)).double().eval()
+    ids = torch.randint(0, 50, (2, 12))
+    planes = {(1, 2): [0, 1], (0, 1): [rotary // 2 - 1]}  # rotary / 2 planes: the slowest is rotary / 2 - 1
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for (layer, head), chosen in planes.items():
+            proj = _query_projection(reference, kind, layer)
+            rows = _query_rows(reference, kind, layer, head, plane_dims(chosen, pairing, rotary))
+            proj.weight[rows] = 0.0
+            if proj.bias is not None:
+                proj.bias[rows] = 0.0
+        clean = model(ids).logits
+        with ablated_planes(model, planes):
+            hooked = model(ids).logits
+        after = model(ids).logits
+        expected = reference(ids).logits
+    assert (hooked - expected).abs().max().item() < 1e-12
+    assert (hooked - clean).abs().max().item() > 1e-6  # the ablation changes something
+    assert torch.equal(after, clean)
+
+
+def test_plane_dims_are_the_planes_of_pair_planes():
+    x = torch.arange(8.0)
+    for pairing in ("half", "interleaved"):
+        planes = pair_planes(x, pairing, 8)  # [4, 2]
+        for m in range(4):
+            assert sorted(planes[m].long().tolist()) == plane_dims([m], pairing, 8)
+    with pytest.raises(PosymError, match="planes must lie in 0..3"):
+        plane_dims([4], "half", 8)
+
+
+def test_plane_ablation_checks_heads_and_planes():
+    from tiny_llms import model_config
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(model_config("llama", 50, 64)).eval()
+    with pytest.raises(PosymError, match="head 0.7 does not exist"):
+        with ablated_planes(model, {(0, 7): [0]}):
+            pass
+    with pytest.raises(PosymError, match="planes must lie in 0..3"), torch.no_grad():
+        with ablated_planes(model, {(0, 0): [9]}):
+            model(torch.zeros(1, 4, dtype=torch.long))

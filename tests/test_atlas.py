@@ -264,3 +264,114 @@ def test_spearman_pairs_and_top_heads():
     assert atlas.top_heads([0.1, 0.9, np.nan, 0.5], 0.34).tolist() == [False, True, False, False]
     table = atlas.confusion(["x", "x", "y"], [True, True, False], "label", "top")
     assert table.heads.tolist() == [2, 1]
+
+
+# ---- the causal check's plan and statistics ----------------------------------------------------------
+
+
+def test_top_k_skips_nans_and_breaks_ties_by_order():
+    heads = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert atlas.top_k([0.5, math.nan, 0.5, 0.9], heads, 2) == [(0, 0), (1, 1)]
+    assert atlas.top_k([math.nan] * 4, heads, 2) == []
+
+
+def test_plane_ablations_follow_the_plan():
+    every = [(layer, h) for layer in range(3) for h in range(4)]
+    groups = {"a": [(2, 1), (0, 3)], "b": [(1, 0)]}
+    plan = atlas.plane_ablations(groups, every, n_planes=8, planes=3, draws=2, seed=5)
+    assert [(r["group"], r["control"], r["draw"]) for r in plan] == [
+        ("a", "slowest", 0),
+        ("a", "random planes", 0),
+        ("a", "random planes", 1),
+        ("a", "matched heads", 0),
+        ("a", "matched heads", 1),
+        ("b", "slowest", 0),
+        ("b", "random planes", 0),
+        ("b", "random planes", 1),
+        ("b", "matched heads", 0),
+        ("b", "matched heads", 1),
+    ]
+    for r in plan:
+        group = sorted(groups[r["group"]])
+        assert sorted(r["planes"]) == r["heads"]
+        if r["control"] == "slowest":
+            assert r["heads"] == group and all(p == [5, 6, 7] for p in r["planes"].values())
+        elif r["control"] == "random planes":
+            assert r["heads"] == group
+            assert all(len(set(p)) == 3 and set(p) <= set(range(8)) for p in r["planes"].values())
+        else:  # layer-matched heads outside the group, their slowest planes
+            assert sorted(l for l, _ in r["heads"]) == sorted(l for l, _ in group)
+            assert not set(r["heads"]) & set(group) and all(p == [5, 6, 7] for p in r["planes"].values())
+    draws = [r["planes"] for r in plan if r["control"] == "random planes"]
+    assert draws[0] != draws[1]  # fresh planes per draw
+    assert atlas.plane_ablations(groups, every, 8, 3, 2, seed=5) == plan  # seeded
+    with pytest.raises(PosymError, match="cannot ablate 9 of 8"):
+        atlas.plane_ablations(groups, every, 8, 9, 1)
+
+
+def causal_rows(seed: int = 0) -> pd.DataFrame:
+    """Per-prompt answers of the clean model and of one group's three controls (two draws of each random one)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for group, control, draws, p_recall in (
+        ("none", "clean", 1, 0.9),
+        ("g", "slowest", 1, 0.3),
+        ("g", "random planes", 2, 0.8),
+        ("g", "matched heads", 2, 0.7),
+    ):
+        for draw in range(draws):
+            for prompt in range(12):
+                words = rng.integers(0, 5) / 4
+                rows.append(
+                    {
+                        "group": group,
+                        "control": control,
+                        "draw": draw,
+                        "prompt": prompt,
+                        "recalled": bool(rng.random() < p_recall),
+                        "words": words,
+                        "logprob": float(-rng.random() * (2 if control == "slowest" else 1)),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def test_causal_summary_against_a_loop():
+    from posym.core.stats import bootstrap_weights, wilson_interval
+
+    rows = causal_rows()
+    summary = atlas.causal_summary(rows, draws=200, seed=3).set_index(["group", "control"])
+    weights = bootstrap_weights(12, 200, seed=3)  # [draws, prompts]: the summary's resampling
+
+    def per_prompt(group, control, measure):
+        mine = rows[(rows.group == group) & (rows.control == control)]
+        return np.array([mine[mine.prompt == k][measure].mean() for k in range(12)])
+
+    def boot_means(x):  # the slow obvious bootstrap: each draw's prompts written out
+        return np.array([np.mean(np.repeat(x, w.astype(int))) for w in weights])
+
+    clean = {m: per_prompt("none", "clean", m) for m in atlas.MEASURES}
+    for (group, control), row in summary.iterrows():
+        assert row.n == 12 and row.draws == (2 if control in ("random planes", "matched heads") else 1)
+        for m in atlas.MEASURES:
+            x = per_prompt(group, control, m)
+            assert row[m] == pytest.approx(x.mean(), abs=1e-12)
+            if m == "recalled" and row.draws == 1:
+                assert (row.recalled_low, row.recalled_high) == pytest.approx(wilson_interval(int(x.sum()), 12))
+            else:
+                assert (row[f"{m}_low"], row[f"{m}_high"]) == pytest.approx(
+                    tuple(np.percentile(boot_means(x), [2.5, 97.5])), abs=1e-12
+                )
+            if control != "clean":
+                drop = clean[m] - x
+                assert row[f"{m}_drop"] == pytest.approx(drop.mean(), abs=1e-12)
+                lo, hi = np.percentile(boot_means(drop), [2.5, 97.5])
+                assert (row[f"{m}_drop_low"], row[f"{m}_drop_high"]) == pytest.approx((lo, hi), abs=1e-12)
+            if control == "slowest":
+                for other in ("random planes", "matched heads"):
+                    tag = other.replace(" ", "_")
+                    diff = per_prompt(group, other, m) - x
+                    assert row[f"{m}_vs_{tag}"] == pytest.approx(diff.mean(), abs=1e-12)
+                    lo, hi = np.percentile(boot_means(diff), [2.5, 97.5])
+                    assert (row[f"{m}_vs_{tag}_low"], row[f"{m}_vs_{tag}_high"]) == pytest.approx((lo, hi), abs=1e-12)
+    assert math.isnan(summary.loc[("none", "clean"), "recalled_drop"])

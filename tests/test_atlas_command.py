@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from cli_runner import run_posym
 from tiny_llms import run_cli, save_model, tokenizer
 
@@ -30,6 +31,8 @@ SMALL = dict(
     top_share=0.25,
     draws=100,
 )
+CAUSAL = dict(causal=True, causal_length=64, causal_prompts=3, causal_heads=2, causal_planes=2)
+"""The causal check on the tiny model: 2 heads per group, their 2 slowest of 4 planes, 6 prompts of 64 tokens."""
 GRID = [[0.9, 0.1], [0.2, 0.7]]
 """An imported layer x KV-head table (2 layers x 2 KV heads), as another tool would write it."""
 
@@ -41,9 +44,10 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run(model_dir, tmp_path_factory):
-    """`posym atlas` once through the CLI (tables and report; figures are tested without rendering)."""
+    """`posym atlas` once through the CLI with the causal check (tables and report; figures are tested
+    without rendering)."""
     root = tmp_path_factory.mktemp("atlas-run")
-    (root / "atlas.yaml").write_text("".join(f"{k}: {v}\n" for k, v in SMALL.items()))
+    (root / "atlas.yaml").write_text("".join(f"{k}: {v}\n" for k, v in (SMALL | CAUSAL).items()))
     (root / "other.tsv").write_text("\n".join("\t".join(map(str, row)) for row in GRID) + "\n")
     patch = pytest.MonkeyPatch()  # the fixture is module-wide: its own patcher, undone at once
     try:
@@ -203,3 +207,121 @@ def test_bad_input_is_one_line(model_dir, tmp_path, capsys, monkeypatch):
         command.AtlasConfig(needle_depths=[1.5])
     with pytest.raises(PosymError, match="no query"):
         command.AtlasConfig(stream_length=200, windows=[256])
+
+
+# ---- the causal check --------------------------------------------------------------------------------
+
+HAY, KEYS, VALUES, QUESTIONS, UNKNOWN = range(0, 6), range(6, 10), range(10, 14), range(14, 18), 18
+"""The hand-built retrieval model's vocabulary: haystack, needle keys a_i, their values b_i, the
+questions Q_i ("which value goes with a_i?") and the answer it gives when it retrieves nothing."""
+SLOW = [3, 7, 2, 6]
+"""Head 0's query/key dim of pair i: dims 3 and 7 form plane 3 (the slowest of 4), 2 and 6 plane 2."""
+
+
+def retrieval_model():
+    """A 1-layer Llama (hidden 24, 2 query heads of 8 dims sharing 1 KV head, 4 RoPE planes of
+    frequencies 1, 0.1, 0.01, 0.001) built by hand so that the answer to Q_i is b_i only through head
+    0's attention from Q_i to a_i, which lives on the two slowest planes alone: Q_i's query and a_i's key
+    both point along SLOW[i] (logit ~30 at the match, ~0 elsewhere), a_i's value writes b_i's output
+    direction, and Q_i's own embedding writes UNKNOWN's at half that strength (what uniform attention
+    leaves standing). Head 1 and the MLP are zero."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=19,
+        hidden_size=24,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=64,
+    )
+    model = LlamaForCausalLM(config).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.model.norm.weight.fill_(1.0)
+        layer = model.model.layers[0]
+        layer.input_layernorm.weight.fill_(1.0)
+        layer.post_attention_layernorm.weight.fill_(1.0)
+        embed, attn = model.model.embed_tokens.weight, layer.self_attn
+        for t in HAY:
+            embed[t, 13 + t] = 1.0
+        for i, (a, b, q) in enumerate(zip(KEYS, VALUES, QUESTIONS)):
+            embed[a, i] = 1.0  # key content
+            embed[q, 4 + i], embed[q, 12] = 1.0, 0.5  # query content; UNKNOWN's output direction
+            embed[b, 19] = 1.0
+            attn.q_proj.weight[SLOW[i], 4 + i] = 2.0
+            attn.k_proj.weight[SLOW[i], i] = 2.0
+            attn.v_proj.weight[i, i] = 1.0
+            attn.o_proj.weight[8 + i, i] = 1.0
+            model.lm_head.weight[b, 8 + i] = 1.0
+        embed[UNKNOWN, 20] = 1.0
+        model.lm_head.weight[UNKNOWN, 12] = 1.0
+    return model
+
+
+def retrieval_needles():
+    """For each pair i: the four keys among the haystack, then Q_i, teacher-forced answer b_i."""
+    out = []
+    for i in range(4):
+        ids = [0, 1, 2, KEYS[0], 3, KEYS[1], 4, KEYS[2], 5, KEYS[3], 1, 2, QUESTIONS[i], VALUES[i]]
+        out.append(command.Needle(ids, [ids.index(KEYS[i])], [len(ids) - 2], len(ids), 0.5, [f"b{i}"], i))
+    return out
+
+
+def test_hand_built_head_retrieves_through_its_slow_planes_only():
+    from posym.core.interventions import ablated_planes
+
+    model, needles = retrieval_model(), retrieval_needles()
+    clean = command.needle_answers(model, needles)
+    assert [a["recalled"] for a in clean] == [True] * 4
+    with ablated_planes(model, {(0, 0): [2, 3]}):  # the slowest two of head 0's four planes
+        slow = command.needle_answers(model, needles)
+    assert [a["recalled"] for a in slow] == [False] * 4  # uniform attention: UNKNOWN wins every time
+    assert max(a["logprob"] for a in slow) < min(a["logprob"] for a in clean) - 1
+    with torch.no_grad(), ablated_planes(model, {(0, 0): [2, 3]}):
+        top = model(torch.tensor([needles[0].ids])).logits[0, -2].argmax().item()
+    assert top == UNKNOWN
+    for planes in ({(0, 0): [0, 1]}, {(0, 1): [2, 3]}):  # the fast planes, or another head's slow ones
+        with ablated_planes(model, planes):
+            assert command.needle_answers(model, needles) == clean  # exactly: those query dims are zero already
+    with ablated_planes(model, {(0, 0): [3]}):  # plane 3 alone carries pairs 0 and 1
+        half = command.needle_answers(model, needles)
+    assert [a["recalled"] for a in half] == [False, False, True, True]
+
+
+def test_causal_check_on_the_tiny_model(run):
+    """`causal_check` end to end (the module's run has CAUSAL on): every condition on the same prompts, the
+    clean rows equal to the recall of the same prompts in needles.parquet, the ablated planes as planned,
+    the summary's numbers its rows'."""
+    import json
+
+    out = run
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kv_table"].endswith("other.tsv")
+    assert summary["causal"]["prompts"] == 6 and summary["causal"]["planes"] == "2 of 4"
+    rows = pd.read_parquet(out / "causal.parquet")
+    assert summary["causal"]["conditions"] == 1 + 3 * 3 and len(rows) == 10 * 6
+    needles = pd.read_parquet(out / "needles.parquet")
+    at_length = needles[(needles.length == 64) & (needles["index"] < 3)].sort_values(["depth", "index"])
+    clean = rows[rows.control == "clean"].sort_values("prompt")
+    assert clean.recalled.tolist() == at_length.recalled.tolist()
+    assert np.allclose(clean.logprob, at_length.logprob, atol=1e-12)
+    heads = pd.read_parquet(out / "causal_heads.parquet")
+    table = pd.read_parquet(out / "atlas.parquet")
+    top = table.sort_values(["retrieval", "layer", "head"], ascending=[False, True, True]).head(2)
+    chosen = heads[(heads.group == "retrieval") & (heads.control == "slowest")]
+    assert sorted(zip(chosen.layer, chosen["head"])) == sorted(zip(top.layer, top["head"]))
+    assert all(list(p) == [2, 3] for p in chosen.planes)
+    matched = heads[(heads.group == "retrieval") & (heads.control == "matched heads")]
+    assert sorted(matched.layer) == sorted(top.layer)  # layer-matched: 4 heads a layer leave room in each
+    assert not set(zip(matched.layer, matched["head"])) & set(zip(top.layer, top["head"]))
+    frame = pd.read_parquet(out / "causal_summary.parquet")
+    for r in frame.itertuples():
+        mine = rows[(rows.group == r.group) & (rows.control == r.control)]
+        assert r.n == 6 and r.recalled == pytest.approx(mine.recalled.mean())
+        assert r.logprob == pytest.approx(mine.logprob.mean()) and r.logprob_low <= r.logprob <= r.logprob_high
+    text = (out / "report.md").read_text()
+    assert "Causal check" in text and "layer-matched random heads" in text

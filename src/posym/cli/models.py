@@ -306,6 +306,12 @@ def atlas_cmd(
         "full_attention_heads.tsv) to cross-tabulate with posym's labels.",
     ),
     seed: Optional[int] = typer.Option(None, help="Seed of every prompt set (default 0)."),
+    causal: Optional[bool] = typer.Option(
+        None,
+        help="Also run the causal check of the frequency story: the needle accuracy with the slowest RoPE planes "
+        "of the top symbolic, positional and retrieval heads zeroed, against random planes and layer-matched "
+        "random heads (one forward pass per prompt and condition: off by default, docs/atlas.md).",
+    ),
     figures: bool = typer.Option(
         True, help="Draw maps and scatter (PNG + SVG); --no-figures writes the tables and report only."
     ),
@@ -326,6 +332,7 @@ def atlas_cmd(
         "sink": sink,
         "quantile": quantile,
         "seed": seed,
+        "causal": causal,
     }
     settings = configs.from_dict(
         atlas.AtlasConfig,
@@ -336,13 +343,13 @@ def atlas_cmd(
     device = device_of(device)
     loaded = models.load(spec, device=device)
     out = io.check_output(out or Path("runs") / "atlas" / loaded.name, is_dir=True, owns=OUTPUTS["atlas"])
-    bar, advance = progress_bar(4, "atlas")
+    bar, advance = progress_bar(5 if settings.causal else 4, "atlas")
     with bar:
         summary = atlas.write_atlas(
             loaded,
             out,
             settings,
-            settings={"model": str(spec), "device": device, "kv_table": None if kv_table is None else str(kv_table)},
+            settings={"model": str(spec), "device": device},
             compare=kv_table,
             figures=figures,
             progress=advance,

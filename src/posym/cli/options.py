@@ -262,6 +262,7 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
         "atlas_kv.parquet",
         "retrieval.parquet",
         "needles.parquet",
+        "causal*.parquet",
         "agreement_*.parquet",
         "compare.parquet",
         "compare_confusion.parquet",

@@ -30,8 +30,9 @@ import torch
 from posym import configs, io
 from posym.core import atlas
 from posym.core.geometry import channel_means, frequency_use, plane_scores
+from posym.core.interventions import ablated_planes
 from posym.core.paper import GAMMA, TAU
-from posym.core.qk import as_batch, capture, check_layers
+from posym.core.qk import as_batch, capture, check_layers, head_qk
 from posym.core.scores import score_model, summarize_heads
 from posym.core.stats import wilson_interval
 from posym.core.study import find_sinks
@@ -106,7 +107,11 @@ class AtlasConfig:
     needle_depths: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
     """Where the needle sits in the haystack (0: its start, 1: its end)."""
     needle_prompts: int = 1
-    """Needle prompts per (length, depth), each with its own needle words."""
+    """Needle prompts per (length, depth) on which the retrieval score is computed, each with its own
+    needle words (the first ones of the recall set)."""
+    recall_prompts: int = 4
+    """Needle prompts per (length, depth) of the model's own needle recall (a superset of the
+    retrieval-score prompts: one forward pass each)."""
     needle_words: int = 4
     """Words of a needle (single-token key words of the model's tokenizer, drawn per prompt)."""
     stream_length: int = 1024
@@ -131,12 +136,30 @@ class AtlasConfig:
     """Bootstrap draws (heads resampled) of every AUROC interval."""
     seed: int = 0
     """Seed of every prompt set."""
+    causal: bool = False
+    """Run the causal check of the frequency story (`causal_*` below; one forward pass per prompt and
+    condition, so it is off by default: docs/atlas.md gives its cost)."""
+    causal_length: int = 256
+    """Token length of the causal check's needle prompts."""
+    causal_prompts: int = 12
+    """Needle prompts per depth of the causal check (the first ones are the recall prompts of that length)."""
+    causal_heads: int = 16
+    """Heads per group (the top sink-free symbolic, sink-free positional and retrieval heads) whose planes are ablated."""
+    causal_planes: int = 8
+    """RoPE planes zeroed in each ablated head (the slowest ones, or as many random ones)."""
+    causal_draws: int = 1
+    """Draws of each random control (random planes of the same heads; layer-matched random heads)."""
 
     def __post_init__(self) -> None:
         counts = {
             "n_binding": self.n_binding,
             "frequency_prompts": self.frequency_prompts,
             "needle_prompts": self.needle_prompts,
+            "recall_prompts": self.recall_prompts,
+            "causal_prompts": self.causal_prompts,
+            "causal_heads": self.causal_heads,
+            "causal_planes": self.causal_planes,
+            "causal_draws": self.causal_draws,
             "needle_words": self.needle_words,
             "stream_prompts": self.stream_prompts,
             "repeat_prompts": self.repeat_prompts,
@@ -149,6 +172,10 @@ class AtlasConfig:
         if self.repeats < 2:
             raise PosymError(
                 f"repeats must be at least 2 (echo and induction need an earlier copy), got {self.repeats}"
+            )
+        if self.recall_prompts < self.needle_prompts:
+            raise PosymError(
+                "recall_prompts cannot be fewer than needle_prompts (the recall set holds the scored prompts)"
             )
         if self.frequency_prompts > self.n_binding:
             raise PosymError(
@@ -213,16 +240,22 @@ class Needle:
     length: int
     depth: float
     words: list[str]
+    index: int = 0
+    """Its number within its (length, depth) cell: the prompt is a function of (seed, length, depth, index)."""
 
 
-def needle_prompts(loaded: LoadedModel, config: AtlasConfig) -> list[Needle]:
+def needle_prompts(
+    loaded: LoadedModel, config: AtlasConfig, per_cell: int | None = None, lengths: list[int] | None = None
+) -> list[Needle]:
     """Haystack (`posym.prompts.FILLER` sentences) with the needle sentence at each depth, then the
-    question and the needle words as the answer, exactly `length` tokens each."""
+    question and the needle words as the answer, exactly `length` tokens each: `per_cell` (default
+    `needle_prompts`) per (length, depth) for the `lengths` (default `needle_lengths`); a larger
+    per_cell adds prompts and keeps the first ones."""
     builder = Builder(loaded.tokenizer)
     out = []
-    for length in config.needle_lengths:
+    for length in config.needle_lengths if lengths is None else lengths:
         for depth in config.needle_depths:
-            for k in range(config.needle_prompts):
+            for k in range(config.needle_prompts if per_cell is None else per_cell):
                 rng = random.Random(f"needle:{config.seed}:{length}:{depth}:{k}")
                 words = rng.sample(builder.keys, config.needle_words)
                 word_ids = [builder.encode(f" {w}")[0] for w in words]  # Builder.keys are single tokens
@@ -243,6 +276,7 @@ def needle_prompts(loaded: LoadedModel, config: AtlasConfig) -> list[Needle]:
                         length,
                         depth,
                         words,
+                        k,
                     )
                 )
     return out
@@ -314,15 +348,27 @@ def prompt_mean(frame, columns):
     return frame.groupby(["layer", "head"], as_index=False)[list(columns)].mean()
 
 
-def needle_recall(model, needles: list[Needle]) -> list[bool]:
-    """Whether the model's greedy next token is the needle's word at every answer step (teacher-forced)."""
+def needle_answers(model, needles: list[Needle]) -> list[dict]:
+    """Per needle prompt (teacher-forced, one forward pass; logits only at the answer steps): recalled,
+    whether the model's greedy token is the needle's word at every answer step; words, the share of
+    answer steps where it is; logprob, the mean log-probability of the needle's words."""
     out = []
     with torch.inference_mode():
         for n in needles:
             ids = torch.tensor([n.ids], device=model.device)
-            logits = model(input_ids=ids, use_cache=False).logits[0]  # [T, vocab]
-            predicted = logits[n.queries].argmax(-1).tolist()
-            out.append(predicted == [n.ids[q + 1] for q in n.queries])
+            first = n.queries[0]
+            kept = len(n.ids) - first  # the answer steps are the last positions but one
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=kept).logits[0]  # [kept, vocab]
+            rows = logits[[q - first for q in n.queries]].double().log_softmax(-1)  # [answer steps, vocab]
+            wanted = torch.tensor([n.ids[q + 1] for q in n.queries], device=rows.device)
+            right = rows.argmax(-1) == wanted
+            out.append(
+                {
+                    "recalled": bool(right.all()),
+                    "words": float(right.double().mean()),
+                    "logprob": float(rows.gather(-1, wanted[:, None]).mean()),
+                }
+            )
     return out
 
 
@@ -367,12 +413,14 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
     progress(1)
 
     start = time.perf_counter()
-    needles = needle_prompts(loaded, config)
-    if max(n.length for n in needles) > loaded.max_positions:
+    recall_set = needle_prompts(loaded, config, config.recall_prompts)
+    if max(n.length for n in recall_set) > loaded.max_positions:
         raise PosymError(
             f"needle_lengths reach {max(config.needle_lengths)} tokens but {loaded.name} has "
             f"{loaded.max_positions} positions"
         )
+    scored = [k for k, n in enumerate(recall_set) if n.index < config.needle_prompts]
+    needles = [recall_set[k] for k in scored]
     marks = []
     for n in needles:
         mark = torch.zeros(1, len(n.ids), dtype=torch.bool)
@@ -384,11 +432,19 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
         [n.queries for n in needles],
         lambda probs, ids, q, k: {"retrieval": atlas.copy_events(probs, ids, q, marks[k])},
     )
-    recalled = needle_recall(model, needles)
+    retrieval["prompt"] = retrieval.prompt.map(dict(enumerate(scored)))  # numbered as in the recall set
     needle_rows = pd.DataFrame(
         [
-            {"prompt": k, "length": n.length, "depth": n.depth, "words": " ".join(n.words), "recalled": r}
-            for k, (n, r) in enumerate(zip(needles, recalled))
+            {
+                "prompt": k,
+                "length": n.length,
+                "depth": n.depth,
+                "index": n.index,
+                "needle": " ".join(n.words),
+                "scored": n.index < config.needle_prompts,
+                **answer,
+            }
+            for k, (n, answer) in enumerate(zip(recall_set, needle_answers(model, recall_set)))
         ]
     )
     retrieval = retrieval.merge(needle_rows[["prompt", "length", "depth"]], on="prompt")
@@ -450,6 +506,117 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
         "n_heads": n_heads,
         "n_kv_heads": n_kv,
         "n_layers": model.config.num_hidden_layers,
+    }
+
+
+# ---- the causal check of the frequency story --------------------------------------------------------
+
+
+GROUP_COLUMNS = {"retrieval": "retrieval", "symbolic": "s_sym_sinkfree", "positional": "s_pos_sinkfree"}
+"""The groups of the causal check and the atlas column whose top heads make each."""
+
+
+def rope_planes(model) -> int:
+    """RoPE planes of the model's heads (rotary dims / 2), read off layer 0's own tables."""
+    qk = head_qk(model, [[0, 0]], [0])[0]
+    return qk.cos.shape[-1] // 2
+
+
+def causal_check(loaded: LoadedModel, config: AtlasConfig, table, progress=None, on_rows=None) -> dict:
+    """Needle answers of the clean model and of every ablation of `posym.core.atlas.plane_ablations`
+    (the top `causal_heads` of each of `GROUP_COLUMNS`, their slowest `causal_planes` planes, as many
+    random planes, or the slowest planes of layer-matched random heads) on `causal_prompts` needle
+    prompts per depth of `causal_length` tokens: rows (group, control, draw, prompt, measures),
+    summary (`posym.core.atlas.causal_summary`), the ablated heads and planes. on_rows(frame), if given,
+    receives the rows so far after every condition (a long run can keep what it has)."""
+    import pandas as pd
+
+    progress = progress or (lambda k=1: None)
+    model = loaded.model
+    if config.causal_length > loaded.max_positions:
+        raise PosymError(
+            f"causal_length {config.causal_length} exceeds the {loaded.max_positions} positions of {loaded.name}"
+        )
+    needles = needle_prompts(loaded, config, config.causal_prompts, [config.causal_length])
+    n_planes = rope_planes(model)
+    groups, ablations = causal_plan(table, config, n_planes)
+    rows = []
+    for a in ablations:
+        with ablated_planes(model, a["planes"]):
+            answers = needle_answers(model, needles)
+        for k, (n, answer) in enumerate(zip(needles, answers)):
+            rows.append(
+                {
+                    "group": a["group"],
+                    "control": a["control"],
+                    "draw": a["draw"],
+                    "prompt": k,
+                    "depth": n.depth,
+                    **answer,
+                }
+            )
+        progress(1 / len(ablations))  # one step of the caller's bar for the whole check
+        if on_rows is not None:
+            on_rows(pd.DataFrame(rows))
+    return causal_result(pd.DataFrame(rows), groups, ablations, n_planes, config)
+
+
+def causal_plan(table, config: AtlasConfig, n_planes: int) -> tuple[dict, list[dict]]:
+    """The groups of the causal check (the top `causal_heads` of each `GROUP_COLUMNS` column of the atlas
+    table) and its conditions in order: the clean model, then `posym.core.atlas.plane_ablations`."""
+    every = [(int(a), int(b)) for a, b in zip(table.layer, table["head"])]
+    groups = {
+        g: atlas.top_k(table[c].to_numpy(dtype=float), every, config.causal_heads) for g, c in GROUP_COLUMNS.items()
+    }
+    ablations = [
+        {"group": atlas.CLEAN[0], "control": atlas.CLEAN[1], "draw": 0, "heads": [], "planes": {}},
+        *atlas.plane_ablations(groups, every, n_planes, config.causal_planes, config.causal_draws, config.seed),
+    ]
+    return groups, ablations
+
+
+def causal_result(rows, groups: dict, ablations: list[dict], n_planes: int, config: AtlasConfig) -> dict:
+    """The causal check's tables from its rows: rows, summary, the ablated heads and planes of every
+    condition the rows hold, n_planes and the heads the groups share."""
+    import pandas as pd
+
+    ran = set(zip(rows.group, rows.control, rows.draw))
+    heads = [
+        {
+            "group": a["group"],
+            "control": a["control"],
+            "draw": a["draw"],
+            "layer": h[0],
+            "head": h[1],
+            "planes": list(p),
+        }
+        for a in ablations
+        if (a["group"], a["control"], a["draw"]) in ran
+        for h, p in a["planes"].items()
+    ]
+    return {
+        "rows": rows,
+        "summary": atlas.causal_summary(rows, config.draws, config.seed),
+        "heads": pd.DataFrame(heads, columns=["group", "control", "draw", "layer", "head", "planes"]),
+        "n_planes": n_planes,
+        "overlap": {
+            f"{a} & {b}": len(set(groups[a]) & set(groups[b]))
+            for i, a in enumerate(groups)
+            for b in list(groups)[i + 1 :]
+        },
+    }
+
+
+def causal_entry(causal: dict, config: AtlasConfig) -> dict:
+    """summary.json's account of the causal check: prompts, length, planes, heads per group, shared heads, conditions."""
+    rows = causal["rows"]
+    return {
+        "prompts": int(rows.prompt.nunique()),
+        "length": config.causal_length,
+        "planes": f"{config.causal_planes} of {causal['n_planes']}",
+        "heads_per_group": config.causal_heads,
+        "group_overlap": causal["overlap"],
+        "conditions": int(len(rows) // rows.prompt.nunique()),
     }
 
 
@@ -638,9 +805,49 @@ def markdown_table(frame, digits: int = 3) -> str:
     )
 
 
-def report(result: dict, agree: dict, summary: dict, config: AtlasConfig, figures: bool = True) -> str:
+CAUSAL_REPORT = ("group", "control", "n", "draws", "recalled", "recalled_low", "recalled_high", "recalled_drop")
+CAUSAL_REPORT += (
+    "recalled_drop_low",
+    "recalled_drop_high",
+    "logprob",
+    "logprob_drop",
+    "logprob_drop_low",
+    "logprob_drop_high",
+)
+"""The columns of causal_summary.parquet that report.md shows (the rest: words, and the vs-control differences)."""
+
+
+def causal_section(causal: dict, config: AtlasConfig) -> str:
+    """report.md's causal check: what was ablated, every condition's accuracy, the slowest-vs-control differences."""
+    summary = causal["summary"]
+    slow = summary[summary.control == "slowest"]
+    versus = [
+        c
+        for m in ("recalled", "logprob")
+        for tag in ("random_planes", "matched_heads")
+        for c in (f"{m}_vs_{tag}", f"{m}_vs_{tag}_low", f"{m}_vs_{tag}_high")
+    ]
+    return (
+        f"## Causal check: do the slow RoPE planes carry retrieval?\n\n"
+        f"In the top {config.causal_heads} heads of each group (sink-free s_sym, sink-free s_pos, retrieval score), the "
+        f"query components on the slowest {config.causal_planes} of {causal['n_planes']} RoPE planes are zeroed "
+        f"(`posym.core.interventions.ablated_planes`); controls: {config.causal_planes} random planes of the same heads, "
+        f"and the slowest planes of layer-matched random heads ({config.causal_draws} draw(s) each). "
+        f"{summary.n.iloc[0]} needle prompts of {config.causal_length} tokens, teacher-forced; recalled = every answer "
+        "word the greedy token (95% Wilson for one condition, prompt bootstrap for pooled draws), logprob = mean "
+        "log-probability of the answer words; drops are clean - ablated with paired prompt-bootstrap intervals. "
+        f"Heads shared by groups: {causal['overlap']}.\n\n"
+        + markdown_table(summary[list(CAUSAL_REPORT)])
+        + "\n\nSlowest planes against the controls (control - slowest: positive = the slow planes of these heads "
+        "matter more than the control's):\n\n" + markdown_table(slow[["group", *versus]])
+    )
+
+
+def report(
+    result: dict, agree: dict, summary: dict, config: AtlasConfig, figures: bool = True, causal: dict | None = None
+) -> str:
     """report.md: what was measured, the needle recall, the AUROC table, the strongest rank correlations,
-    where the sinks decide, label counts."""
+    where the sinks decide, label counts, and the causal check when it ran."""
     table = result["atlas"]
     spearman = agree["spearman"].assign(abs_rho=lambda f: f.rho.abs()).sort_values("abs_rho", ascending=False)
     recall = summary["needle_recall"]
@@ -669,6 +876,7 @@ def report(result: dict, agree: dict, summary: dict, config: AtlasConfig, figure
                 + markdown_table(
                     agree["confusion"][agree["confusion"].table.str.contains("top")][["table", "a", "b", "heads"]]
                 ),
+                *([causal_section(causal, config)] if causal is not None else []),
                 "![maps](maps.png)\n\n![scatter](scatter.png)" if figures else "(figures not drawn: --no-figures)",
                 f"Timings (s): {summary['timings']}",
             ]
@@ -694,6 +902,11 @@ def write_atlas(
             getattr(config_, "num_key_value_heads", None) or config_.num_attention_heads,
         )
     result = build_atlas(loaded, config, progress)
+    causal = None
+    if config.causal:
+        begun = time.perf_counter()
+        causal = causal_check(loaded, config, result["atlas"], progress)
+        result["timings"]["causal"] = round(time.perf_counter() - begun, 2)
     agree = agreement(result["atlas"], config)
     column = f"{non_streaming(config)}_max"
     grid = atlas.kv_grid(result["kv"], column, result["n_layers"], result["n_kv_heads"])
@@ -716,6 +929,10 @@ def write_atlas(
         "full_attention_kv_heads": int(mask.sum()),
         "kv_heads": int(mask.size),
     }
+    if compare is not None:
+        summary["kv_table"] = str(compare)
+    if causal is not None:
+        summary["causal"] = causal_entry(causal, config)
     tables = {
         "atlas": result["atlas"],
         "atlas_kv": result["kv"],
@@ -723,6 +940,8 @@ def write_atlas(
         "needles": result["needles"],
         **{f"agreement_{k}": v for k, v in agree.items()},
     }
+    if causal is not None:
+        tables |= {"causal": causal["rows"], "causal_summary": causal["summary"], "causal_heads": causal["heads"]}
     if grid_in is not None:
         compared, confusion = compare_table(result["atlas"], grid_in, config.quantile)
         tables |= {"compare": compared, "compare_confusion": confusion}
@@ -738,5 +957,5 @@ def write_atlas(
     io.write_json(
         out / "summary.json", {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary}
     )
-    io.write_text(out / "report.md", report(result, agree, summary, config, figures))
+    io.write_text(out / "report.md", report(result, agree, summary, config, figures, causal))
     return summary

@@ -41,20 +41,29 @@ the heads at or above a quantile, as DuoAttention's full_attention_heads.tsv doe
 Agreement (`spearman_pairs`, `auroc`, `auroc_interval`, `top_heads`, `confusion`): rank correlation of
 every pair of scores over heads, and how well one score ranks the heads another score singles out.
 
+The causal check of the frequency story (`plane_ablations`, `causal_summary`): which RoPE planes of
+which heads are zeroed (`posym.core.interventions.ablated_planes` does it) in each condition: the slowest
+planes of the top heads of a group, the same number of random planes of the same heads, the slowest
+planes of layer-matched random heads; and the needle accuracy of every condition with its n and
+interval, and the paired differences that answer "do the slow planes carry retrieval?".
+
 >>> import torch
 >>> probs = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [0, 1.0, 0]])   # [q, k]: key 0, then key 1
 >>> previous_token(probs, torch.arange(3)).tolist()
-[nan, 0.0, 1.0]
+[nan, 1.0, 1.0]
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 from torch import Tensor
 
 from posym.core.qk import HeadQK, rotate, visible_keys
+from posym.core.retention import matched_random
+from posym.core.stats import N_BOOT, bootstrap_weights, percentile_interval, wilson_interval
 from posym.core.swaps import soft_capped
 from posym.errors import PosymError
 
@@ -277,3 +286,119 @@ def confusion(a, b, name_a: str, name_b: str):
 
     frame = pd.DataFrame({name_a: list(a), name_b: list(b)})
     return frame.groupby([name_a, name_b], as_index=False).size().rename(columns={"size": "heads"})
+
+
+# ---- the causal check: RoPE planes of chosen heads ----------------------------------------------
+
+
+CONTROLS = ("slowest", "random planes", "matched heads")
+"""What each group's ablation is compared with: its heads' slowest planes, the same number of random
+planes of the same heads (drawn per head), and the slowest planes of layer-matched random heads."""
+CLEAN = ("none", "clean")
+"""(group, control) of the unablated model."""
+
+
+def top_k(values, heads, k: int) -> list[tuple[int, int]]:
+    """The k heads with the largest values (NaNs never; ties: the earlier head first), sorted.
+
+    >>> top_k([0.1, 0.9, 0.5, float("nan")], [(0, 0), (0, 1), (1, 0), (1, 1)], 2)
+    [(0, 1), (1, 0)]
+    """
+    ranked = sorted((i for i, v in enumerate(values) if not math.isnan(float(v))), key=lambda i: (-float(values[i]), i))
+    return sorted(tuple(heads[i]) for i in ranked[:k])
+
+
+def plane_ablations(
+    groups: dict[str, list[tuple[int, int]]], all_heads, n_planes: int, planes: int, draws: int, seed: int = 0
+) -> list[dict]:
+    """Every ablation of the causal check: one dict per (group, control, draw) with `planes`, the
+    {head: zeroed plane indices} (0-based, the slowest plane of n_planes is n_planes - 1), for the
+    controls of `CONTROLS` (one "slowest" per group, `draws` of each random control); seeded.
+
+    >>> rows = plane_ablations({"g": [(1, 0)]}, [(l, h) for l in range(2) for h in range(2)], 4, 2, 1)
+    >>> [(r["control"], r["planes"]) for r in rows][:1], sorted(rows[2]["planes"]), rows[2]["planes"][rows[2]["heads"][0]]
+    ([('slowest', {(1, 0): [2, 3]})], [(1, 1)], [2, 3])
+    """
+    if not 1 <= planes <= n_planes:
+        raise PosymError(f"cannot ablate {planes} of {n_planes} RoPE planes")
+    slowest = list(range(n_planes - planes, n_planes))
+    out = []
+    for g, (group, heads) in enumerate(groups.items()):
+        heads = sorted(tuple(h) for h in heads)
+        out.append(
+            {"group": group, "control": "slowest", "draw": 0, "heads": heads, "planes": {h: slowest for h in heads}}
+        )
+        for d in range(draws):
+            rng = random.Random(f"planes:{seed}:{group}:{d}")
+            drawn = {h: sorted(rng.sample(range(n_planes), planes)) for h in heads}
+            out.append({"group": group, "control": "random planes", "draw": d, "heads": heads, "planes": drawn})
+        for d, others in enumerate(matched_random(all_heads, heads, draws, seed=seed + 97 * g)):
+            out.append(
+                {
+                    "group": group,
+                    "control": "matched heads",
+                    "draw": d,
+                    "heads": others,
+                    "planes": {h: slowest for h in others},
+                }
+            )
+    return out
+
+
+def paired_difference(a, b, draws: int = N_BOOT, seed: int = 0) -> tuple[float, float, float]:
+    """mean(a - b) over prompts (a, b: per-prompt values on the same prompts) and its 95% paired
+    prompt-bootstrap interval (the same resampled prompts for both)."""
+    import numpy as np
+
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    weights = bootstrap_weights(len(diff), draws, seed)  # [draws, prompts]
+    lo, hi = percentile_interval(weights @ diff / len(diff))
+    return float(diff.mean()), float(lo), float(hi)
+
+
+MEASURES = ("recalled", "words", "logprob")
+"""Per needle prompt: every answer word the greedy token (0/1), the share of answer words that are,
+and the mean log-probability of the answer words (teacher-forced)."""
+
+
+def causal_summary(rows, draws: int = N_BOOT, seed: int = 0):
+    """One row per (group, control) of the causal check from `rows` (one per group, control, draw,
+    prompt with the `MEASURES`; the clean model as group "none", control "clean"): the mean of each
+    measure (random controls: per prompt, the mean over their draws first) with a 95% interval (recall
+    of a single condition: Wilson over its n prompts; otherwise the prompt bootstrap), its difference
+    from the clean model (clean - ablated, paired bootstrap), and for each "slowest" row the same
+    difference against its group's random-planes and matched-heads controls (control - slowest: how
+    much more the slow planes of these heads matter than the controls'); `n` prompts, `draws`."""
+    import numpy as np
+    import pandas as pd
+
+    def per_prompt(frame):
+        return frame.groupby("prompt")[list(MEASURES)].mean().sort_index()
+
+    clean = per_prompt(rows[(rows.group == CLEAN[0]) & (rows.control == CLEAN[1])])
+    prompts = clean.index
+    n = len(prompts)
+    weights = bootstrap_weights(n, draws, seed)  # [draws, prompts]
+    values = {key: per_prompt(frame).reindex(prompts) for key, frame in rows.groupby(["group", "control"], sort=False)}
+    out = []
+    for (group, control), table in values.items():
+        count = int(rows[(rows.group == group) & (rows.control == control)].draw.nunique())
+        row = {"group": group, "control": control, "n": n, "draws": count}
+        for measure in MEASURES:
+            x = table[measure].to_numpy(dtype=float)
+            row[measure] = float(x.mean())
+            if measure == "recalled" and count == 1:
+                row["recalled_low"], row["recalled_high"] = wilson_interval(round(x.sum()), n)
+            else:
+                lo, hi = percentile_interval(weights @ x / n)
+                row[f"{measure}_low"], row[f"{measure}_high"] = float(lo), float(hi)
+            if (group, control) != CLEAN:
+                d = paired_difference(clean[measure], x, draws, seed)
+                row[f"{measure}_drop"], row[f"{measure}_drop_low"], row[f"{measure}_drop_high"] = d
+            if control == "slowest":
+                for other in CONTROLS[1:]:
+                    tag = other.replace(" ", "_")
+                    d = paired_difference(values[(group, other)][measure], x, draws, seed)
+                    row[f"{measure}_vs_{tag}"], row[f"{measure}_vs_{tag}_low"], row[f"{measure}_vs_{tag}_high"] = d
+        out.append(row)
+    return pd.DataFrame(out).replace({None: np.nan})

@@ -12,6 +12,9 @@ the output projection (GPT-J out_proj, Llama/Mistral/Qwen2 o_proj, GPT-NeoX dens
   bias, so mean-ablation folds exactly into that layer's fc_out bias (+= W_O[:, head] @ mean) with
   the columns zeroed. Both give a plain GPT-J checkpoint any `transformers` loads, equal to the hooked
   model in eval mode (with dropout in train mode the folded constant skips attention dropout).
+- RoPE planes (`ablated_planes`): within one head, the query's components on chosen RoPE planes are
+  zeroed, so those frequencies add nothing to that head's attention logits (the frequency story's
+  causal check, `posym atlas --causal`).
 - Freezing (`HeadFreezer`): gradient hooks zero the head's q/k/v rows and out_proj columns (so clipping
   and Adam moments never see them), and after every optimizer step the frozen slices are copied back
   (AdamW's decoupled weight decay moves weights even at zero gradient): they stay bit-identical.
@@ -27,11 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
 from posym.core.paper import GAMMA
+from posym.core.qk import attention_modules, pairing_of, plane_dims, rotary_module
 from posym.core.scores import LABELS, score_model, summarize_heads, task_prompts
 from posym.errors import PosymError
 
@@ -198,6 +202,82 @@ def fold_ablation(model, heads: list[Head], mode: str = "zero", means: dict | No
             if mode == "mean":
                 block.mlp.fc_out.bias += weight[:, span] @ means[head].to(weight)  # [n_embd]
             weight[:, span] = 0.0
+
+
+# ---- RoPE planes of single heads -----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def ablated_planes(model, planes: dict[Head, list[int]]) -> Iterator[None]:
+    """Within the block, query head (l, h) has zero components on the RoPE planes `planes[(l, h)]`
+    (0-based: plane m is frequency ID m + 1, so the slowest of r/2 planes is m = r/2 - 1): those
+    planes add nothing to that head's attention logits, its other planes are untouched, and so are its
+    keys (shared by the query heads of a KV group under GQA), its values and every other head.
+
+    Works on every model `posym.core.qk.capture` reads, through the same door: the modeling module's
+    `apply_rotary_pos_emb` is wrapped, and the wrapper zeroes the planes of the rotated queries it
+    returns, which equals zeroing them before the rotation (RoPE turns each plane within itself, after
+    any q-norm: Gemma 3, Qwen3). The plane layout of each layer is read off its own rotation
+    (`posym.core.qk.pairing_of`). Calls: (q, k, cos, sin, ...) -> (q, k) on [B, H, T, r] (Llama and
+    most), or GPT-J's two calls (k, then q) of (x [B, T, H, r], sin, cos).
+    """
+    by_layer: dict[int, list[tuple[int, list[int]]]] = {}
+    for head, chosen in planes.items():
+        head_slice(model, head)  # validates the index
+        by_layer.setdefault(head[0], []).append((head[1], sorted({int(m) for m in chosen})))
+    module = rotary_module(model)
+    rotary, kind = module.apply_rotary_pos_emb, getattr(model.config, "model_type", None)
+    state: dict = {"layer": None, "calls": 0}
+    masks: dict[tuple, torch.Tensor] = {}  # (layer, pairing, rotary dim, heads) -> [H, r] 1 = kept
+
+    def mask(layer: int, pairing: str, r: int, n_heads: int, like: torch.Tensor) -> torch.Tensor:
+        key = (layer, pairing, r, n_heads)
+        if key not in masks:
+            keep = torch.ones(n_heads, r, dtype=like.dtype, device=like.device)  # [H, r]
+            for h, chosen in by_layer[layer]:
+                keep[h, plane_dims(chosen, pairing, r)] = 0
+            masks[key] = keep
+        return masks[key]
+
+    def wrapper(*args, **kwargs):
+        out = rotary(*args, **kwargs)
+        layer = state["layer"]
+        if layer not in by_layer:
+            return out
+        state["calls"] += 1
+        if isinstance(out, tuple):  # (q, k, cos, sin) -> (q_rot, k_rot), q [B, H, T, r]
+            q, cos, sin = args[0], args[2], args[3]
+            r = cos.shape[-1]
+            pairing = pairing_of(q[..., :r], cos, sin, out[0][..., :r], kind, layer)
+            keep = mask(layer, pairing, r, q.shape[1], out[0])  # [H, r]
+            q_rot = torch.cat((out[0][..., :r] * keep[None, :, None], out[0][..., r:]), dim=-1)  # [B, H, T, d]
+            return (q_rot, *out[1:])
+        if len(args) == 3 and state["calls"] == 2:  # GPT-J: the second call rotates the queries [B, T, H, r]
+            return out * mask(layer, "interleaved", out.shape[-1], out.shape[2], out)[None, None]
+        if len(args) != 3:
+            raise PosymError(f"a {type(model).__name__} layer calls apply_rotary_pos_emb in a form posym does not know")
+        return out
+
+    def pre(layer: int):
+        def hook(module_, args, kwargs):
+            state.update(layer=layer, calls=0)
+
+        return hook
+
+    def post(module_, args, output):
+        state["layer"] = None
+
+    handles = []
+    for layer, attn in enumerate(attention_modules(model)):
+        handles.append(attn.register_forward_pre_hook(pre(layer), with_kwargs=True))
+        handles.append(attn.register_forward_hook(post))
+    module.apply_rotary_pos_emb = wrapper
+    try:
+        yield
+    finally:
+        module.apply_rotary_pos_emb = rotary
+        for handle in handles:
+            handle.remove()
 
 
 # ---- freezing ----------------------------------------------------------------------------------

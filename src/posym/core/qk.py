@@ -39,7 +39,6 @@ from torch import Tensor
 
 from posym.errors import PosymError
 
-
 # Model types with rotary embeddings that the per-head decomposition cannot express, and why.
 UNDECOMPOSABLE = {
     kind: "its multi-head latent attention rotates a separate, head-shared key slice (decoupled RoPE) "
@@ -116,6 +115,24 @@ def pair_planes(x: Tensor, pairing: str, rotary_dim: int) -> Tensor:
     return torch.stack((head[..., : rotary_dim // 2], head[..., rotary_dim // 2 :]), dim=-1)
 
 
+def plane_dims(planes, pairing: str, rotary_dim: int) -> list[int]:
+    """The head dims of RoPE planes `planes` (0-based: plane m is frequency ID m + 1, the layout of
+    `pair_planes`): (2m, 2m + 1) interleaved, (m, m + rotary_dim / 2) half-split; sorted.
+
+    >>> plane_dims([0, 3], "half", 8), plane_dims([0, 3], "interleaved", 8)
+    ([0, 3, 4, 7], [0, 1, 6, 7])
+    """
+    half = rotary_dim // 2
+    bad = [m for m in planes if not 0 <= int(m) < half]
+    if bad:
+        raise PosymError(
+            f"RoPE planes must lie in 0..{half - 1} ({half} planes of {rotary_dim} rotary dims), got {bad}"
+        )
+    if pairing == "interleaved":
+        return sorted(d for m in planes for d in (2 * int(m), 2 * int(m) + 1))
+    return sorted(d for m in planes for d in (int(m), int(m) + half))
+
+
 def modeling_module(kind: str | None):
     """The transformers modeling module of a model type, or None if transformers has none."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
@@ -166,6 +183,18 @@ def _attention(layer_module):
     raise PosymError(f"cannot find the attention module of {type(layer_module).__name__}")
 
 
+def attention_modules(model) -> list[torch.nn.Module]:
+    """The attention module of every decoder layer, in layer order."""
+    return [_attention(layer) for layer in _decoder_layers(model)]
+
+
+def rotary_module(model):
+    """The module whose `apply_rotary_pos_emb` the model's attention calls (patched by `capture` and by
+    `posym.core.interventions.ablated_planes`)."""
+    check_rope(_kind(model), "this model")
+    return sys.modules[type(_attention(_decoder_layers(model)[0])).__module__]
+
+
 def _kind(model) -> str | None:
     return getattr(model.config, "model_type", None)
 
@@ -184,8 +213,7 @@ def _spying(model, state: dict):
     raises _Done instead of running."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    check_rope(_kind(model), "this model")
-    module = sys.modules[type(_attention(_decoder_layers(model)[0])).__module__]
+    module = rotary_module(model)
     rotary, interface = module.apply_rotary_pos_emb, ALL_ATTENTION_FUNCTIONS.get_interface
 
     def rotary_spy(*args, **kwargs):
