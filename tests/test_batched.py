@@ -130,3 +130,49 @@ def test_bad_engine_and_budget_are_one_line_errors():
         score_model(model, random_prompts([8]), "all", engine="fast")
     with pytest.raises(PosymError, match="budget must be"):
         score_model(model, random_prompts([8]), "all", budget=0)
+
+
+def test_a_chunk_cap_only_makes_more_blocks(blocks, monkeypatch):
+    """CHUNK caps a block's grid whatever the budget (cache-sized blocks): a tiny cap makes one-query
+    blocks and the same table."""
+    monkeypatch.setattr(pruning, "SPARSE_LIMIT", 1.0)
+    model = tiny_model("llama", qk_scale=30.0)
+    prompts = random_prompts([16, 16], seed=4)
+    default = score_model(model, prompts, "all")
+    assert max(c["queries"] for c in blocks) > 1
+    blocks.clear()
+    monkeypatch.setattr(batched, "CHUNK", 1)
+    capped = score_model(model, prompts, "all")
+    assert {c["queries"] for c in blocks} == {1}
+    assert_same_rows(capped, default)
+
+
+def test_reused_scratch_buffers_change_nothing():
+    """Blocks share their work buffers (`Scratch`): a block scored after a larger one wrote different
+    values into them gives exactly what it gives with fresh buffers."""
+    import torch
+
+    from posym.core.qk import head_qk
+
+    model = tiny_model("qwen2", qk_scale=3.0)
+    qk = head_qk(model, torch.tensor(random_prompts([24, 24], seed=1)))[0]
+    rows = torch.tensor([0, 1])
+    options = {"tau": 1e-4, "compare": "probs", "epsilon": 1e-12}
+    shared = batched.prepare(qk, rows, torch.float64)
+    batched.score_block(qk, rows, list(range(10, 24)), torch.float64, **options, tables=shared)  # fills them
+    again, done = batched.score_block(qk, rows, [5, 6, 7], torch.float64, **options, tables=shared)
+    fresh, fresh_done = batched.score_block(qk, rows, [5, 6, 7], torch.float64, **options)
+    assert torch.equal(done, fresh_done) and bool(done.any())
+    for key in ("s_pos", "s_sym", "entropy", "bound", "kept", "top_key", "attn_top"):
+        assert torch.equal(again[key][done], fresh[key][done]), key
+
+
+def test_grouped_products_are_each_rows_own_product():
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    mats = torch.randn(4, 3, 7, generator=gen, dtype=torch.float64)  # [M, k, W]
+    group = torch.tensor([0, 0, 2, 2, 2, 3])
+    u = torch.randn(len(group), 3, generator=gen, dtype=torch.float64)
+    want = torch.stack([u[i] @ mats[g] for i, g in enumerate(group.tolist())])
+    assert torch.allclose(batched._grouped(u, group, mats), want, rtol=0, atol=1e-14)

@@ -263,8 +263,9 @@ def _score_layer(
         shared.setdefault(tuple(rows), []).append(p)
     keep = {key: options[key] for key in ("tau", "compare", "epsilon", "exclude_keys")}
     for rows, positions in shared.items():
+        tables = batched.prepare(qk, torch.tensor(rows), dtype, options["exclude_keys"])  # once per layer and rows
         for block in batched.query_blocks(sorted(positions), qk.first_key, len(rows) * len(heads), budget, dtype):
-            res, done = batched.score_block(qk, torch.tensor(rows), block, dtype, **keep)  # [G, H, Q] each
+            res, done = batched.score_block(qk, torch.tensor(rows), block, dtype, **keep, tables=tables)  # [G, H, Q]
             g, h, q = done.nonzero().unbind(1)  # [D] each, in the order of res[key][done]
             p = torch.tensor(block, device=g.device)[q]
             out["row"].append(torch.tensor(rows)[g.cpu()])
