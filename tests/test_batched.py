@@ -176,3 +176,26 @@ def test_grouped_products_are_each_rows_own_product():
     u = torch.randn(len(group), 3, generator=gen, dtype=torch.float64)
     want = torch.stack([u[i] @ mats[g] for i, g in enumerate(group.tolist())])
     assert torch.allclose(batched._grouped(u, group, mats), want, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("options", [{}, {"compare": "logits"}, {"exclude_keys": (0, 3)}])
+def test_the_dense_grid_equals_the_dense_reference(options):
+    """`score_dense` (every swap on the grid of key pairs, each counted twice) against
+    `pruning.score_rows` with every swap weighed (epsilon=None), windowed layer included."""
+    import torch
+
+    from posym.core import swaps
+    from posym.core.qk import head_qk
+
+    for kind, window in (("qwen2", None), ("mistral", 5)):
+        model = tiny_model(kind, qk_scale=3.0, window=window)
+        qk = head_qk(model, torch.tensor(random_prompts([14, 14], seed=6)))[0]
+        heads = list(range(qk.q.shape[1]))
+        for p in (6, 13):
+            keep = {"compare": "probs", **options}
+            got = batched.score_dense(qk, 1, heads, p, torch.float64, tau=1e-4, **keep)
+            u, k = swaps.unrotated_queries(qk, torch.tensor([1]), heads, p)
+            want = pruning.score_rows(qk, u[0], k[0], first=qk.first_key(p), epsilon=None, **keep)
+            for key in ("s_pos", "s_sym", "entropy", "attn_top"):
+                assert torch.allclose(got[key], want[key], rtol=0, atol=1e-12), (kind, p, key)
+            assert got["n_swaps"] == want["n_swaps"] and (got["kept"] == want["kept"]).all()

@@ -22,9 +22,10 @@ the same maths and the same proven bound per row:
   exp((|x_a - x_b| - G) / tau)), summed over partners and pivots, and the bound is the same
   2 m e / (Z_K + m e) (m dropped swaps, e from the largest dropped gap).
 
-Rows this does not take go to the per-query path (`pruning.score_rows` on that query's rows, the
-reference): rows whose threshold is <= 0 or that keep more than SPARSE_LIMIT of their swaps (dense:
-near-uniform heads), block swaps (blocks=M), and epsilon=None (the dense reference itself).
+Rows whose threshold is <= 0 or that keep more than SPARSE_LIMIT of their swaps (dense: near-uniform
+heads) are weighed swap by swap on the grid of key pairs (`score_dense`: O(n^2) per row, as
+`pruning.score_rows`' dense branch, without its gathered pair lists). Block swaps (blocks=M) and
+epsilon=None (the dense reference itself) take the per-query path (`pruning.score_rows`, the reference).
 
 Speed: the work is elementwise passes over [heads x queries, keys] arrays, so a block is kept to at
 most CHUNK elements whatever the memory budget (its arrays then stay in the processor's cache), masks
@@ -252,8 +253,8 @@ def score_block(
 
     Returns (results, done): results {s_pos, s_sym, entropy, kept, bound, attn_first, top_key,
     attn_top, n_swaps: [G, H, Q]} as `pruning.score_rows` gives them (and pivots [G, H, Q], the items
-    with a kept partner), and done [G, H, Q] bool, the rows scored here; the others (dense, many
-    pivots) are for the per-query path and their values here are meaningless.
+    with a kept partner), and done [G, H, Q] bool, the rows scored here; the others (dense: near-uniform
+    rows) are for `score_dense` and their values here are meaningless.
     """
     t = tables if tables is not None else prepare(qk, rows, dtype, exclude_keys)
     device = qk.q.device
@@ -373,3 +374,66 @@ def score_block(
         pivots=pivots,
     )
     return out, done
+
+
+def score_dense(
+    qk: HeadQK,
+    row: int,
+    heads: list[int],
+    p: int,
+    dtype,
+    *,
+    tau: float,
+    compare: str,
+    exclude_keys=(),
+    tables: Tables | None = None,
+    g: int = 0,
+) -> dict:
+    """Every swap of query p at batch row `row` for `heads`, weighed (the rows `score_block` leaves: a
+    near-uniform row keeps more than SPARSE_LIMIT of its swaps): `pruning.score_rows`' dense branch on
+    the grid of item pairs, in pieces of at most CHUNK elements, instead of gathered pair lists.
+
+    The sum over ordered pairs (i, j), i != j, is twice the sum over the swaps: a swap's weight and both
+    of its cosines are symmetric in its two keys (`pair_cosines`), so s_pos and s_sym are the same ratios.
+    tables, g: `prepare`'s tables of the batch rows and row's index among them (default: prepared here).
+    Returns `pruning.score_rows`' keys, [len(heads)] each (kept = n_swaps, bound 0)."""
+    t = tables if tables is not None else prepare(qk, torch.tensor([row]), dtype, exclude_keys)
+    first = qk.first_key(p)
+    movable = ~t.excluded[first:p]  # [p - first] the keys first .. p - 1 that may move
+    items = movable.nonzero()[:, 0]  # [M] key indices (relative to first)
+    hs = torch.tensor(heads, device=qk.q.device)
+    cos, sin = t.cos[g, first : p + 1], t.sin[g, first : p + 1]  # [n, r]
+    qr = rotate(qk.q[row, hs, p].to(dtype), t.cos[g, p], t.sin[g, p], qk.pairing)  # [h, d]
+    u = rotate(qr[:, None], cos, sin, qk.pairing, inverse=True)  # [h, n, d]
+    k = t.keys[g, hs, first : p + 1]  # [h, n, d]
+    clean = swaps.soft_capped(qk.scale * (u * k).sum(-1), qk.softcap)  # [h, n], as score_rows
+    log_d = torch.log_softmax(clean, dim=-1)
+    entropy = -(log_d.exp() * log_d).sum(-1)
+    x = pruning.item_values(clean, items[:, None], compare)  # [h, M]
+    top = x.amax(-1) - x.amin(-1)  # [h] the largest gap
+    weight, pos, sym = (torch.zeros(len(heads), dtype=dtype, device=qk.q.device) for _ in range(3))
+    ku, kk = u[:, items], k[:, items]  # [h, M, d]
+    step = max(1, CHUNK // (len(items) * len(heads)))  # grid rows per piece
+    for start in range(0, len(items), step):
+        part = slice(start, start + step)
+        new_a = swaps.soft_capped(qk.scale * ku[:, part] @ kk.transpose(-1, -2), qk.softcap)  # [h, c, M]: a=i, b=j
+        new_b = swaps.soft_capped(qk.scale * kk[:, part] @ ku.transpose(-1, -2), qk.softcap)  # [h, c, M]: b=j at a=i
+        ci, cj = clean[:, items[part], None], clean[:, None, items]  # [h, c, 1], [h, 1, M]
+        cos_pos, cos_sym = pruning.pair_cosines(
+            ci.expand_as(new_a)[..., None], cj.expand_as(new_a)[..., None], new_a[..., None], new_b[..., None], compare
+        )
+        w = torch.exp(((x[:, part, None] - x[:, None, :]).abs() - top[:, None, None]) / tau)  # [h, c, M]
+        w[:, torch.arange(w.shape[1]), torch.arange(start, start + w.shape[1])] = 0.0  # no swap of a key with itself
+        weight += w.sum((-1, -2))
+        pos += (w * cos_pos).sum((-1, -2))
+        sym += (w * cos_sym).sum((-1, -2))
+    n_swaps = len(items) * (len(items) - 1) // 2
+    return {
+        "s_pos": pos / weight,
+        "s_sym": sym / weight,
+        "entropy": entropy,
+        "kept": torch.full((len(heads),), n_swaps),
+        "bound": torch.zeros(len(heads), dtype=dtype),
+        "n_swaps": n_swaps,
+        **pruning.sink_view(log_d, first),
+    }
