@@ -376,6 +376,16 @@ def score_block(
     return out, done
 
 
+def _unit_cosines(delta: Tensor, old: Tensor) -> tuple[Tensor, Tensor]:
+    """`pruning.pair_cosines`' (cos_pos, cos_sym) for single keys from the differences of the new logits
+    (delta = new_b - new_a) and of the old ones (old = old_b - old_a): each pair of weights shifted by its
+    own max is (e^-max(delta, 0), e^min(delta, 0)), and the same of `old`."""
+    c, d = torch.exp(-delta.clamp_min(0.0)), torch.exp(delta.clamp_max(0.0))  # the new weights
+    v0, v1 = torch.exp(-old.clamp_min(0.0)), torch.exp(old.clamp_max(0.0))  # the old weights
+    norm = torch.sqrt((c * c + d * d) * (v0 * v0 + v1 * v1))
+    return (c * v0 + d * v1) / norm, (c * v1 + d * v0) / norm
+
+
 def score_dense(
     qk: HeadQK,
     row: int,
@@ -419,9 +429,16 @@ def score_dense(
         new_a = swaps.soft_capped(qk.scale * ku[:, part] @ kk.transpose(-1, -2), qk.softcap)  # [h, c, M]: a=i, b=j
         new_b = swaps.soft_capped(qk.scale * kk[:, part] @ ku.transpose(-1, -2), qk.softcap)  # [h, c, M]: b=j at a=i
         ci, cj = clean[:, items[part], None], clean[:, None, items]  # [h, c, 1], [h, 1, M]
-        cos_pos, cos_sym = pruning.pair_cosines(
-            ci.expand_as(new_a)[..., None], cj.expand_as(new_a)[..., None], new_a[..., None], new_b[..., None], compare
-        )
+        if compare == "probs":  # pair_cosines for single keys without its size-1 dims: (c, d) and (v0, v1)
+            cos_pos, cos_sym = _unit_cosines(new_b - new_a, cj - ci)
+        else:
+            cos_pos, cos_sym = pruning.pair_cosines(
+                ci.expand_as(new_a)[..., None],
+                cj.expand_as(new_a)[..., None],
+                new_a[..., None],
+                new_b[..., None],
+                compare,
+            )
         w = torch.exp(((x[:, part, None] - x[:, None, :]).abs() - top[:, None, None]) / tau)  # [h, c, M]
         w[:, torch.arange(w.shape[1]), torch.arange(start, start + w.shape[1])] = 0.0  # no swap of a key with itself
         weight += w.sum((-1, -2))
