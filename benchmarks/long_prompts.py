@@ -9,7 +9,8 @@ on --device (cpu default, cuda). Text: the Python reference documentation shippe
 Per length: the model's forward pass (`model(ids)`, with the attention kernel posym.models loads real
 models with: SDPA), then posym's scores (float64 maths, pruned, epsilon = 1e-12, the batched engine),
 then the forward again; the recorded ratio is scores / the mean of the two forwards around it, so a
-change of machine load between them shows as forward_s_before vs forward_s_after. `--all` lengths score
+change of machine load between them shows as forward_s_before vs forward_s_after. cpu_ratio is the same ratio of
+the process's CPU seconds (every thread's): the work, whatever share of a loaded machine each side got. `--all` lengths score
 every query (`--queries all`), `--lengths` the last token only; `--all-dense` / `--dense-max` add the
 dense reference (every swap) and max |pruned - dense| where it is affordable. Seconds are wall time.
 Peak memory (CPU) is the rise of the process's resident set over its level just before the
@@ -21,6 +22,7 @@ each entry (a run cut short keeps what it measured).
 
     OMP_WAIT_POLICY=PASSIVE nice python benchmarks/long_prompts.py [--lengths 512,1024,2048,4096] [--all 256,512,1024]
     OMP_WAIT_POLICY=PASSIVE python benchmarks/long_prompts.py --model gemma3-270m --all 512
+    python benchmarks/long_prompts.py --table docs/benchmarks/long_prompts_all_queries.json   # the docs table
     python benchmarks/long_prompts.py --device cuda --dtype bf16 --lengths 8192,16384,32768 --all 1024,2048 \
         --json docs/benchmarks/long_prompts_cuda_bf16.json      # a GPU session: bf16, then --dtype fp32
 
@@ -67,8 +69,14 @@ products) round their float64 logits differently, and the swap weights divide th
 (6.7e-14 measured on SmolLM2 at 24 tokens, every query)."""
 
 
+CPU_SECONDS = [0.0]
+"""Process CPU seconds of the last `measure` call: a ratio of CPU times is the work's, whatever share of
+the loaded machine the process got (wall-clock ratios also carry how well each side used its threads)."""
+
+
 def measure(fn, device: str) -> tuple[float, int, object]:
-    """(seconds, peak memory rise in bytes, result) of fn(): RSS on the CPU, allocated memory on cuda."""
+    """(seconds, peak memory rise in bytes, result) of fn(): RSS on the CPU, allocated memory on cuda.
+    The process's CPU time of the last call is in CPU_SECONDS[0] (every thread's, the forward's two included)."""
     gc.collect()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -79,13 +87,41 @@ def measure(fn, device: str) -> tuple[float, int, object]:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark to the current RSS
         base = proc_status("VmRSS")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = fn()
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    CPU_SECONDS[0] = time.process_time() - cpu
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else proc_status("VmHWM")
     return seconds, peak - base, result
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s"
+
+
+def markdown_table(result: dict) -> str:
+    """The docs table of a results file (docs/commands/analysis.md shows it between its long-prompts-all
+    markers; tests/test_long_prompts.py holds the page to this function's output of the committed file)."""
+    head = (
+        "| tokens | queries | rows | forward (before / after) | scores | ratio (wall) | ratio (CPU) "
+        "| peak memory forward / scores | max bound | dense reference | max \\|pruned - dense\\| |\n"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in result["runs"]:
+        memory = (
+            f"{r['forward_peak_bytes'] / 2**20:.0f} / {r['scores_peak_bytes'] / 2**20:.0f} MiB "
+            f"({r['memory_ratio']:.2f}x)"
+        )
+        dense = f"{_seconds(r['dense_s'])} | {r['max_abs_diff']:.1e}" if "dense_s" in r else "not run | "
+        lines.append(
+            f"| {r['tokens']:,} | {r['queries']} | {r['rows']:,} | {_seconds(r['forward_s'])} "
+            f"({r['forward_s_before']:.1f} / {r['forward_s_after']:.1f}) | {_seconds(r['scores_s'])} "
+            f"| {r['time_ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {memory} | {r['max_bound']:.1e} | {dense} |"
+        )
+    return "\n".join(lines)
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -104,6 +140,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and the scores run")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="the model's weights and activations")
     parser.add_argument("--model", default="smollm2-135m", choices=sorted(MODELS), help="the embedded model")
+    parser.add_argument("--table", default=None, help="print the docs table of this results file and stop")
     parser.add_argument(
         "--json",
         default=None,
@@ -114,6 +151,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     args = parser().parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(Path(args.table).read_text())))
+        return
     args.json = args.json or JSON[args.model]
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no GPU here")
@@ -156,7 +196,8 @@ def main(argv=None) -> None:
             ),
             "forward": f"model(ids, use_cache=False) under inference_mode: {model.config._attn_implementation} "
             "attention (as posym.models loads the model), LM head included; measured before and "
-            "after each scoring, time_ratio = scores_s / their mean",
+            "after each scoring, time_ratio = scores_s / their mean (wall clock); cpu_ratio the same of "
+            "the process's CPU seconds (every thread's)",
             "scores": "posym.core.scores.score_model, float64, exact='pruned' (epsilon 1e-12), engine='batched'",
             "diff_within_bound": f"max |pruned - dense| <= the row's bound + {ROUNDING:g} (float64 rounding)",
             "skipped_lengths": skipped,
@@ -173,9 +214,11 @@ def main(argv=None) -> None:
         batch = torch.tensor([ids], device=args.device)
         forward(batch)  # warm-up: first-call costs (allocations, kernels) out of the forward's time
         before_s, forward_mem, _ = forward(batch)
+        before_cpu = CPU_SECONDS[0]
         scores_s, scores_mem, frame = measure(lambda: score_model(model, [ids], queries), args.device)
+        scores_cpu = CPU_SECONDS[0]
         after_s, _, _ = forward(batch)
-        forward_s = (before_s + after_s) / 2
+        forward_s, forward_cpu = (before_s + after_s) / 2, (before_cpu + CPU_SECONDS[0]) / 2
         entry = {
             "tokens": length,
             "queries": queries,
@@ -187,6 +230,9 @@ def main(argv=None) -> None:
             "scores_s": scores_s,
             "scores_peak_bytes": scores_mem,
             "time_ratio": scores_s / forward_s,
+            "forward_cpu_s": forward_cpu,
+            "scores_cpu_s": scores_cpu,
+            "cpu_ratio": scores_cpu / forward_cpu,
             "memory_ratio": scores_mem / forward_mem,
             "pruned_rows": int((frame["kept"] < frame["n_swaps"]).sum()),
             "kept_median": float(frame["kept"].median()),

@@ -130,3 +130,72 @@ def test_bad_engine_and_budget_are_one_line_errors():
         score_model(model, random_prompts([8]), "all", engine="fast")
     with pytest.raises(PosymError, match="budget must be"):
         score_model(model, random_prompts([8]), "all", budget=0)
+
+
+def test_a_chunk_cap_only_makes_more_blocks(blocks, monkeypatch):
+    """CHUNK caps a block's grid whatever the budget (cache-sized blocks): a tiny cap makes one-query
+    blocks and the same table."""
+    monkeypatch.setattr(pruning, "SPARSE_LIMIT", 1.0)
+    model = tiny_model("llama", qk_scale=30.0)
+    prompts = random_prompts([16, 16], seed=4)
+    default = score_model(model, prompts, "all")
+    assert max(c["queries"] for c in blocks) > 1
+    blocks.clear()
+    monkeypatch.setattr(batched, "CHUNK", 1)
+    capped = score_model(model, prompts, "all")
+    assert {c["queries"] for c in blocks} == {1}
+    assert_same_rows(capped, default)
+
+
+def test_reused_scratch_buffers_change_nothing():
+    """Blocks share their work buffers (`Scratch`): a block scored after a larger one wrote different
+    values into them gives exactly what it gives with fresh buffers."""
+    import torch
+
+    from posym.core.qk import head_qk
+
+    model = tiny_model("qwen2", qk_scale=3.0)
+    qk = head_qk(model, torch.tensor(random_prompts([24, 24], seed=1)))[0]
+    rows = torch.tensor([0, 1])
+    options = {"tau": 1e-4, "compare": "probs", "epsilon": 1e-12}
+    shared = batched.prepare(qk, rows, torch.float64)
+    batched.score_block(qk, rows, list(range(10, 24)), torch.float64, **options, tables=shared)  # fills them
+    again, done = batched.score_block(qk, rows, [5, 6, 7], torch.float64, **options, tables=shared)
+    fresh, fresh_done = batched.score_block(qk, rows, [5, 6, 7], torch.float64, **options)
+    assert torch.equal(done, fresh_done) and bool(done.any())
+    for key in ("s_pos", "s_sym", "entropy", "bound", "kept", "top_key", "attn_top"):
+        assert torch.equal(again[key][done], fresh[key][done]), key
+
+
+def test_grouped_products_are_each_rows_own_product():
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    mats = torch.randn(4, 3, 7, generator=gen, dtype=torch.float64)  # [M, k, W]
+    group = torch.tensor([0, 0, 2, 2, 2, 3])
+    u = torch.randn(len(group), 3, generator=gen, dtype=torch.float64)
+    want = torch.stack([u[i] @ mats[g] for i, g in enumerate(group.tolist())])
+    assert torch.allclose(batched._grouped(u, group, mats), want, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("options", [{}, {"compare": "logits"}, {"exclude_keys": (0, 3)}])
+def test_the_dense_grid_equals_the_dense_reference(options):
+    """`score_dense` (every swap on the grid of key pairs, each counted twice) against
+    `pruning.score_rows` with every swap weighed (epsilon=None), windowed layer included."""
+    import torch
+
+    from posym.core import swaps
+    from posym.core.qk import head_qk
+
+    for kind, window in (("qwen2", None), ("mistral", 5)):
+        model = tiny_model(kind, qk_scale=3.0, window=window)
+        qk = head_qk(model, torch.tensor(random_prompts([14, 14], seed=6)))[0]
+        heads = list(range(qk.q.shape[1]))
+        for p in (6, 13):
+            keep = {"compare": "probs", **options}
+            got = batched.score_dense(qk, 1, heads, p, torch.float64, tau=1e-4, **keep)
+            u, k = swaps.unrotated_queries(qk, torch.tensor([1]), heads, p)
+            want = pruning.score_rows(qk, u[0], k[0], first=qk.first_key(p), epsilon=None, **keep)
+            for key in ("s_pos", "s_sym", "entropy", "attn_top"):
+                assert torch.allclose(got[key], want[key], rtol=0, atol=1e-12), (kind, p, key)
+            assert got["n_swaps"] == want["n_swaps"] and (got["kept"] == want["kept"]).all()

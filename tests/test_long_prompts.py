@@ -59,3 +59,13 @@ def test_a_short_cpu_run_records_every_entry(tmp_path):
     assert result["skipped_lengths"][0]["tokens"] == 9000  # past SmolLM2's 8,192 positions
     assert all(r["diff_within_bound"] for r in result["runs"] if "dense_s" in r)
     assert result["runs"][0]["rows"] == 22 * 270 and result["device"] == "cpu"
+
+
+def test_the_docs_table_is_the_committed_results_file():
+    """docs/commands/analysis.md's every-query table is `markdown_table` of the committed results (so a
+    re-recorded benchmark cannot leave the page's numbers behind)."""
+    root = SCRIPT.parents[1]
+    result = json.loads((root / "docs" / "benchmarks" / "long_prompts_all_queries.json").read_text())
+    page = (root / "docs" / "commands" / "analysis.md").read_text()
+    block = page.split("<!-- long-prompts-all -->")[1].split("<!-- /long-prompts-all -->")[0]
+    assert bench().markdown_table(result) in block

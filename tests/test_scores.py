@@ -488,6 +488,33 @@ def test_cli_score_writes_parquet_and_sidecar(trained_run, tmp_path, monkeypatch
     assert sidecar["settings"]["step"] == 200 and sidecar["settings"]["queries"] == "hops"  # what was scored
 
 
+def test_cli_budget_reaches_the_batched_engine_in_bytes(trained_run, tmp_path, monkeypatch, capsys):
+    """--budget MIB is the bytes `batched.query_blocks` sizes blocks by (a tiny budget making more blocks
+    with the same numbers: tests/test_batched.py); the table does not change; 0 is a usage error."""
+    import pandas as pd
+
+    from posym.core import batched
+
+    budgets = []
+    original = batched.query_blocks
+
+    def spy(positions, first_key, rows, budget, dtype=None):
+        budgets.append(budget)
+        return original(positions, first_key, rows, budget, dtype)
+
+    monkeypatch.setattr(batched, "query_blocks", spy)
+    tables = {}
+    for name, extra in (("default", []), ("budget", ["--budget", 3])):
+        out = tmp_path / f"{name}.parquet"
+        args = ["score", trained_run, "--n", 4, "--seed", 3, "--queries", "all", *extra, "--out", out]
+        assert run_posym(monkeypatch, *args) == 0
+        tables[name] = pd.read_parquet(out)
+    assert set(budgets) == {batched.FLOOR_BYTES, 3 << 20}
+    pd.testing.assert_frame_equal(tables["budget"], tables["default"], check_exact=True)
+    assert run_posym(monkeypatch, "score", trained_run, "--budget", 0, "--out", tmp_path / "x.parquet") == 2
+    capsys.readouterr()
+
+
 def test_cli_prompt_file_and_its_errors(trained_run, tmp_path, monkeypatch, capsys):
     import pandas as pd
 

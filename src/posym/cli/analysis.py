@@ -18,6 +18,7 @@ from posym.cli.options import (
     Queries,
     Task,
     announce,
+    budget_option,
     device_of,
     device_option,
     list_option,
@@ -83,6 +84,7 @@ def score_command(
         "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma).",
     ),
     batch_size: int = typer.Option(64, min=1, help="Prompts of equal length per forward pass."),
+    budget: Optional[int] = budget_option(),
     device: Device = device_option(),
     out: Path = typer.Option(
         ...,
@@ -123,6 +125,7 @@ def score_command(
             exact=str(exact),
             gamma=gamma,
             batch_size=batch_size,
+            budget=budget and budget << 20,
             device=device,
             progress=lambda k=1: bar.advance(job, k),
             started=started,

@@ -19,6 +19,7 @@ from posym.cli.options import (
     StudyStage,
     Task,
     announce,
+    budget_option,
     device_of,
     device_option,
     list_option,
@@ -76,6 +77,7 @@ def llm_scores_cmd(
         help="pruned (the EPSILON bound) or dense (weigh every swap: the reference, O(n^2) per head and query).",
     ),
     seed: int = typer.Option(0, help="Seed of the built-in prompt sets."),
+    budget: Optional[int] = budget_option(),
     device: Device = device_option(),
     dtype: Dtype = typer.Option(Dtype.float32, help="Weight precision."),
     allow_pickle: bool = typer.Option(
@@ -140,6 +142,7 @@ def llm_scores_cmd(
             exact=exact,
             exclude_keys=excluded,
             details=details,
+            budget=budget and budget << 20,
             settings=settings,
             progress=advance,
         )

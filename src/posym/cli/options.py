@@ -152,6 +152,17 @@ def device_option(what: str = ""):
     return typer.Option(Device.auto, "--device", help="auto (cuda when available), cpu or cuda" + what + ".")
 
 
+def budget_option():
+    """--budget MIB: the working memory of one block of queries (`posym.core.batched`)."""
+    return typer.Option(
+        None,
+        min=1,
+        metavar="MIB",
+        help="Working memory of one block of scored queries, in MiB (the batched engine: a smaller budget "
+        "makes more, smaller blocks and the same numbers). Default: the size of the forward pass's logits.",
+    )
+
+
 def device_of(device: Device) -> str:
     """The torch device an --device value names ('auto' resolved)."""
     from posym.core.model import resolve_device

@@ -70,6 +70,7 @@ def write_scores(
     exclude_keys=None,
     details: int = 0,
     top: int = 8,
+    budget: int | None = None,
     settings: dict,
     progress=None,
 ) -> dict:
@@ -106,7 +107,9 @@ def write_scores(
                 f"--exclude-keys {outside[0]} is not a key of every prompt: key positions lie in "
                 f"0..{shortest - 1} (before the earliest query)"
             )
-    frame = score_model(loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, progress=progress)
+    frame = score_model(
+        loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, budget=budget, progress=progress
+    )
     head_means = summarize_heads(frame)
     layers, r = layer_profile(head_means), pearson(head_means.s_pos, head_means.s_sym)
     out_dir = Path(out_dir)
@@ -114,7 +117,15 @@ def write_scores(
     if exclude_keys is not None:
         keys = find_sinks(frame) if exclude_keys == "auto" else list(exclude_keys)
         excluded = score_model(
-            loaded.model, ids, queries, tau=tau, epsilon=epsilon, exact=exact, exclude_keys=keys, progress=progress
+            loaded.model,
+            ids,
+            queries,
+            tau=tau,
+            epsilon=epsilon,
+            exact=exact,
+            exclude_keys=keys,
+            budget=budget,
+            progress=progress,
         )
         changes = sink_changes(head_means, summarize_heads(excluded))
         write_parquet(out_dir / "scores_excluded.parquet", excluded)

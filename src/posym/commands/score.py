@@ -52,6 +52,7 @@ def run_score(
     exact: str = "pruned",
     gamma: float = GAMMA,
     batch_size: int = 64,
+    budget: int | None = None,
     device: str = "cpu",
     progress=None,
     started=None,
@@ -61,7 +62,8 @@ def run_score(
     `task` draws the paper task's test prompts instead of the checkpoint's own; `prompts` reads a JSONL
     file instead (not both). `progress(k)` follows the scored prompts; `started(settings, total)` is
     called once the prompts are known, before scoring (the CLI prints what it scores and opens its bar).
-    Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
+    `budget`: bytes of working memory of one block of queries (`iter_scores`; None: its default); it changes
+    no number, so it is not among the settings. Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
     """
     if task is not None and prompts is not None:
         raise PosymError("--task draws the task's test prompts and --prompts reads a file: give one of them")
@@ -107,6 +109,7 @@ def run_score(
         epsilon=epsilon,
         exact=exact,
         batch_size=batch_size,
+        budget=budget,
         progress=progress,
     )
     rows = write_score_parquet(

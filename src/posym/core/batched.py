@@ -9,30 +9,40 @@ the same maths and the same proven bound per row:
   query sees (`HeadQK.first_key`, so sliding windows hold) masked, exactly the attention logits;
 - the kept swaps (`posym.core.pruning`): with G the largest gap and threshold t = G - c tau > 0, a kept
   swap (i, j) has x_i - x_j >= t, so its larger item i is a *pivot*, x_i >= min x + t (its partners are
-  exactly {j : x_j <= x_i - t}, no sort needed). A peaked row has one pivot or a few;
+  exactly {j : x_j <= x_i - t}). A peaked row has one pivot or a few. No sort: the pivots are the
+  items above min x + t (the largest from one max, the others, on the few rows that have them, from
+  `topk`), a pivot's partners one comparison, its first dropped partner one masked minimum;
 - a pivot a of query p needs one row and one column of that query's swapped-logit matrix:
   swapped[a, b] = scale (R_a^T R_p q_p) . k_b for every b (one product with the keys) and
   swapped[b, a] = scale (R_p q_p) . (R_b k_a) = scale sum_i cos_b,i (qr_i k_a,i) + sin_b,i (qr_i (J k_a)_i)
-  (+ the pass-through dims), one product with the rotary tables. Pivot slot s (the s-th largest item)
-  of every row of the block is one pair of batched products, [queries, keys] each;
+  (+ the pass-through dims), one product with the rotary tables. The largest pivot of every row of
+  the block is one pair of batched products, [queries, keys] each; the other pivots (few rows) one
+  pair of products over those rows, grouped by head;
 - every pair is weighed as `pruning.score_rows` weighs it (`pair_cosines`, the weights
   exp((|x_a - x_b| - G) / tau)), summed over partners and pivots, and the bound is the same
   2 m e / (Z_K + m e) (m dropped swaps, e from the largest dropped gap).
 
-Rows this does not take go to the per-query path (`pruning.score_rows` on that query's rows, the
-reference): rows whose threshold is <= 0 or that keep more than SPARSE_LIMIT of their swaps (dense:
-near-uniform heads), block swaps (blocks=M), and epsilon=None
-(the dense reference itself).
+Rows whose threshold is <= 0 or that keep more than SPARSE_LIMIT of their swaps (dense: near-uniform
+heads) are weighed swap by swap on the grid of key pairs (`score_dense`: O(n^2) per row, as
+`pruning.score_rows`' dense branch, without its gathered pair lists). Block swaps (blocks=M) and
+epsilon=None (the dense reference itself) take the per-query path (`pruning.score_rows`, the reference).
+
+Speed: the work is elementwise passes over [heads x queries, keys] arrays, so a block is kept to at
+most CHUNK elements whatever the memory budget (its arrays then stay in the processor's cache), masks
+are additive tables added once, and the per-layer pieces every block reads (the keys, rotated and not,
+and the rotary tables in float64) are computed once per layer (`prepare`).
 
 Memory: a block holds about `budget` bytes of [heads x queries, keys] float arrays (GRIDS of them at
-once; default `default_budget`, the forward's own logits); `query_blocks` sizes the blocks, so a tiny budget only makes more, smaller blocks with the same
-numbers.
+once; default `default_budget`, the forward's own logits; never more than CHUNK elements a grid);
+`query_blocks` sizes the blocks, so a tiny budget only makes more, smaller blocks with the same
+numbers. `prepare` holds two [rows, heads, T, head_dim] float arrays per layer on top.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -56,23 +66,30 @@ def default_budget(batch: int, tokens: int, vocab: int) -> int:
     return max(FLOOR_BYTES, batch * tokens * vocab * 4)
 
 
-GRIDS = 24
-"""[rows, keys] arrays alive at once in a block, at most (clean logits, probabilities, masks, sorted
-values, the pivots' tables, a pivot's row and column of swapped logits, cosines, weights and their
-temporaries): the budget's divisor."""
+GRIDS = 16
+"""[rows, keys] arrays a block holds at most (the `Scratch` buffers: clean logits, shifted logits,
+probabilities, the items' values with non-items +inf and -inf, a search temporary, a pivot's row and
+column of swapped logits, the weights, v1, c, a cosine temporary; two boolean masks; and the few rows
+with more pivots): the budget's divisor."""
+
+CHUNK = 1 << 17
+"""The most elements of one block's [rows, keys] grid, whatever the budget (1 MiB per float64 array):
+a block's arrays stay in the cache, so each of its elementwise passes runs at the processor's speed,
+not the memory's (on SmolLM2 at 512 tokens a layer's blocks of the forward's logits took 1.6x the
+processor time of blocks of this size)."""
 
 
 def query_blocks(positions: list[int], first_key, rows: int, budget: int, dtype=torch.float64) -> list[list[int]]:
     """Consecutive runs of the sorted query `positions` whose [rows, keys] grids fit the budget.
 
     rows: batch rows x heads scored together; first_key(p): the first key query p sees. A block of
-    queries p0..p1 spans keys first_key(p0)..p1; it holds rows x queries x keys elements GRIDS times.
-    A single query always forms a block, whatever the budget.
+    queries p0..p1 spans keys first_key(p0)..p1; it holds rows x queries x keys elements GRIDS times,
+    and at most CHUNK elements a grid. A single query always forms a block, whatever the budget.
 
-    >>> query_blocks([2, 3, 4, 5, 6, 7], lambda p: 0, rows=1, budget=24 * 8 * 12)
+    >>> query_blocks([2, 3, 4, 5, 6, 7], lambda p: 0, rows=1, budget=16 * 8 * 12)
     [[2, 3], [4, 5], [6], [7]]
     """
-    limit = max(1, budget // (GRIDS * torch.finfo(dtype).bits // 8))
+    limit = max(1, min(CHUNK, budget // (GRIDS * torch.finfo(dtype).bits // 8)))
     blocks: list[list[int]] = []
     for p in positions:
         if blocks and rows * (len(blocks[-1]) + 1) * (p - first_key(blocks[-1][0]) + 1) <= limit:
@@ -80,15 +97,6 @@ def query_blocks(positions: list[int], first_key, rows: int, budget: int, dtype=
         else:
             blocks.append([p])
     return blocks
-
-
-def _movable(qk: HeadQK, ps: Tensor, k0: int, width: int, exclude_keys) -> Tensor:
-    """[Q, width] bool: key k0 + j is a movable item of query ps[q] (seen, not the query, not excluded)."""
-    j = k0 + torch.arange(width, device=ps.device)  # [W] key positions
-    first = qk.first_keys(ps)  # [Q]
-    seen = (j >= first[:, None]) & (j < ps[:, None])  # [Q, W]
-    fixed = torch.tensor(sorted({int(key) for key in exclude_keys}), dtype=torch.long, device=ps.device)
-    return seen & ~torch.isin(j, fixed) if len(fixed) else seen
 
 
 def _folded(table: Tensor, pairing: str) -> Tensor | None:
@@ -103,169 +111,259 @@ def _fold(x: Tensor, pairing: str) -> Tensor:
     return x[..., ::2] + x[..., 1::2] if pairing == "interleaved" else sum(x.chunk(2, dim=-1))
 
 
-def _weigh(
-    x: Tensor,
-    clean: Tensor,
-    partner: Tensor,
-    xa: Tensor,
-    clean_a: Tensor,
-    gap: Tensor,
-    new_a: Tensor,
-    new_b: Tensor,
-    tau: float,
-    compare: str,
-) -> tuple[Tensor, Tensor, Tensor]:
+class Scratch:
+    """Flat work buffers that every block reuses, by role: a block's dozen [rows, keys] arrays are
+    then allocated once per scan, not once per block. Fresh arrays of a megabyte each come from the
+    kernel as new pages (page faults and zeroing), which cost as much as the arithmetic on them (on
+    SmolLM2 at 512 tokens, the weighing of a block took 3x its arithmetic's time with fresh arrays).
+    A buffer grows to the largest block asked of it; nothing is kept between scans."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype], Tensor] = {}
+
+    def __call__(self, role: str, shape: tuple[int, ...], dtype, device) -> Tensor:
+        """An uninitialised array of `shape` for `role` (the same memory each time the role is asked)."""
+        size = math.prod(shape)
+        buffer = self._buffers.get((role, dtype))
+        if buffer is None or buffer.numel() < size or buffer.device != torch.device(device):
+            buffer = self._buffers[(role, dtype)] = torch.empty(size, dtype=dtype, device=device)
+        return buffer[:size].view(shape)
+
+
+@dataclass
+class Tables:
+    """What every block of one layer reads, for batch rows `rows`, in the score dtype: computed once
+    per layer (`prepare`), since a block of a few queries would otherwise redo O(T d) work per head
+    for its O(queries T)."""
+
+    keys: Tensor
+    """Pre-rotation keys [G, H, T, d]."""
+    rotated: Tensor
+    """Rotated keys R_j k_j [G, H, T, d]."""
+    cos: Tensor
+    """Rotary cosines [G, T, r]."""
+    sin: Tensor
+    """Rotary sines [G, T, r]."""
+    planes: Tensor
+    """[G, 1, r or 2r, T]: the tables of swapped[b, a] = scale (spin . planes[:, b] + fixed): each plane's
+    cos then sin, folded to one entry per plane when its two dims share them."""
+    folding: bool
+    """Whether `planes` is folded (then the spin vector is too)."""
+    excluded: Tensor
+    """[T] bool: the key positions no swap moves (exclude_keys)."""
+    scratch: Scratch
+    """The blocks' work buffers."""
+
+
+def prepare(qk: HeadQK, rows: Tensor, dtype, exclude_keys=(), scratch: Scratch | None = None) -> Tables:
+    """The `Tables` of layer `qk` for batch rows `rows` [G] (scratch: buffers to reuse, e.g. one per scan)."""
+    cos, sin = qk.cos[rows].to(dtype), qk.sin[rows].to(dtype)  # [G, T, r]
+    keys = qk.k[rows].to(dtype)  # [G, H, T, d]
+    rotated = rotate(keys, cos[:, None], sin[:, None], qk.pairing)  # [G, H, T, d]
+    fold_c, fold_s = _folded(cos, qk.pairing), _folded(sin, qk.pairing)
+    folding = fold_c is not None and fold_s is not None
+    planes = (torch.cat((fold_c, fold_s), -1) if folding else torch.cat((cos, sin), -1)).transpose(-1, -2)[:, None]
+    excluded = torch.zeros(qk.q.shape[2], dtype=torch.bool, device=qk.q.device)  # [T]
+    fixed = sorted({int(key) for key in exclude_keys if 0 <= int(key) < len(excluded)})
+    excluded[fixed] = True
+    return Tables(keys, rotated, cos, sin, planes.contiguous(), folding, excluded, scratch or Scratch())
+
+
+def _grouped(u: Tensor, group: Tensor, mats: Tensor) -> Tensor:
+    """u[i] @ mats[group[i]] for every i: u [P, k], group [P] (sorted), mats [M, k, W] -> [P, W], from
+    one batched product with each group's rows padded to the largest group."""
+    counts = torch.bincount(group, minlength=mats.shape[0])  # [M]
+    slot = torch.arange(len(group), device=u.device) - (counts.cumsum(0) - counts)[group]  # [P]
+    padded = u.new_zeros(mats.shape[0], int(counts.max()), u.shape[-1])  # [M, most, k]
+    padded[group, slot] = u
+    return (padded @ mats)[group, slot]  # [P, W]
+
+
+def _pivot_logits(qk: HeadQK, t: Tables, qr: Tensor, key: Tensor, g: Tensor, h: Tensor, k0: int, k1: int):
+    """(swapped[a, b] for every b, swapped[b, a] for every b) [..., W] of pivots at key positions `key`
+    of rows with rotated queries qr [..., d], batch rows g and heads h (broadcast to one leading shape):
+    batched products into scratch buffers for a whole [G, H, Q] block, `_grouped` products over (g, h)
+    for a flat list of rows."""
+    r = qk.cos.shape[-1]
+    u = rotate(qr, t.cos[g, key], t.sin[g, key], qk.pairing, inverse=True)  # [..., d]: R_a^T R_p q_p
+    ka = t.keys[g, h, key]  # [..., d] the pivot's pre-rotation key
+    spin = (qr[..., :r] * ka[..., :r], qr[..., :r] * rotate_pairs(ka[..., :r], qk.pairing))  # [..., r] each
+    spin = torch.cat([_fold(s, qk.pairing) for s in spin] if t.folding else spin, -1)  # [..., r or 2r]
+    fixed = (qr[..., r:] * ka[..., r:]).sum(-1, keepdim=True)  # [..., 1] the pass-through dims
+    keys = t.keys[:, :, k0 : k1 + 1]  # [G, H, W, d]
+    planes = t.planes[..., k0 : k1 + 1]  # [G, 1, r', W]
+    if qr.dim() == 4:  # a whole block [G, H, Q, d]
+        shape = (*qr.shape[:-1], k1 - k0 + 1)
+        new_a = torch.matmul(u, keys.transpose(-1, -2), out=t.scratch("new_a", shape, qr.dtype, qr.device))
+        new_b = torch.matmul(spin, planes, out=t.scratch("new_b", shape, qr.dtype, qr.device))
+    else:  # a flat list of rows [P, d]
+        new_a = _grouped(u, g * keys.shape[1] + h, keys.flatten(0, 1).transpose(-1, -2))  # [P, W]
+        new_b = _grouped(spin, g, planes[:, 0])
+    return swaps.soft_capped(new_a.mul_(qk.scale), qk.softcap), swaps.soft_capped(
+        new_b.add_(fixed).mul_(qk.scale), qk.softcap
+    )
+
+
+def _weigh(t: Tables, x, logits, partner, xa, logit_a, gap, new_a, new_b, tau: float, compare: str):
     """(summed weight, weight x cos_pos, weight x cos_sym) [...] of the swaps of one pivot a with its
-    partners (`partner` [..., W]) over rows [..., W]: item values x, clean logits, the pivot's value xa
-    and logit clean_a [..., 1], the largest gap [...], swapped[a, b] (new_a) and swapped[b, a] (new_b).
+    partners (`partner` [..., W]) over rows [..., W]: item values x, clean logits (finite), the pivot's
+    value xa and logit logit_a [..., 1], the largest gap [...], swapped[a, b] (new_a) and swapped[b, a]
+    (new_b), both overwritten.
 
-    compare="probs" is `pruning.pair_cosines` for single keys, rewritten for a pivot: the pivot's clean
-    logit is the larger of the pair (its probability is), so v = (1, e^(clean_b - clean_a)), and one of
-    the two new weights is 1 (the larger new logit's): (1, e^-|delta|) with the same floats."""
-    w = torch.where(partner, torch.exp(((xa - x).abs() - gap[..., None]) / tau), 0.0)  # [..., W]
-    if compare == "probs":
-        v1 = torch.exp(clean - clean_a)  # old weights (1, v1)
-        delta = new_b - new_a
-        e = torch.exp(-delta.abs())  # new weights (1, e) if new_a >= new_b, else (e, 1)
-        norm = torch.sqrt((1 + e * e) * (1 + v1 * v1))
-        straight, crossed = (1 + e * v1) / norm, (e + v1) / norm
-        first = delta <= 0
-        cos_pos, cos_sym = torch.where(first, straight, crossed), torch.where(first, crossed, straight)
-    else:
+    compare="probs" is `pruning.pair_cosines` for single keys, rewritten for a pivot: the pivot's
+    probability is the larger of the pair, so the old weights are v = (1, v1), v1 = p_b / p_a, and one
+    of the two new weights is 1 (the larger new logit's): (c, d) = (1, e^delta) if delta = new_b - new_a
+    <= 0, else (e^-delta, 1); cos_pos = (c + d v1) / |.|, cos_sym = (d + c v1) / |.|. A weight's
+    exponent is masked before exp (non-partners' would be far below -700, where exp is slow)."""
+    work = functools.partial(t.scratch, shape=x.shape, dtype=x.dtype, device=x.device)
+    w = torch.sub(xa, x, out=work("w")).sub_(gap[..., None]).div_(tau)  # [..., W] exponents
+    w = torch.where(partner, w, x.new_tensor(-math.inf), out=w).exp_()  # a partner's weight, else 0
+    if compare != "probs":
         cos_pos, cos_sym = pruning.pair_cosines(
-            clean_a.expand_as(clean)[..., None], clean[..., None], new_a[..., None], new_b[..., None], compare
+            logit_a.expand_as(logits)[..., None], logits[..., None], new_a[..., None], new_b[..., None], compare
         )
-    return w.sum(-1), torch.where(partner, w * cos_pos, 0.0).sum(-1), torch.where(partner, w * cos_sym, 0.0).sum(-1)
-
-
-def _rows(t: Tensor, at: Tensor | None) -> Tensor:
-    """t [G, H, Q, ...] as rows [G * H * Q, ...], or only the rows `at`."""
-    t = t.flatten(0, 2)
-    return t if at is None else t[at]
-
-
-def _slot(t: Tensor, at: Tensor | None, slot: Tensor | None) -> Tensor:
-    """[R, 1]: entry 0 of t [G, H, Q, S] on every row, or entry slot[k] of row at[k]."""
-    t = t.flatten(0, 2)
-    return t[:, :1] if at is None else t[at, slot][:, None]
+        return w.sum(-1), torch.where(partner, w * cos_pos, 0.0).sum(-1), torch.where(partner, w * cos_sym, 0.0).sum(-1)
+    v1 = torch.div(x, xa, out=work("v1"))  # [..., W] p_b / p_a
+    delta = new_b.sub_(new_a)
+    c = torch.clamp_min(delta, 0.0, out=work("c")).neg_().exp_()  # 1 where delta <= 0, else e^-delta
+    d = delta.clamp_max_(0.0).exp_()  # e^delta where delta <= 0, else 1
+    norm = torch.mul(c, c, out=new_a).addcmul_(d, d).mul_(torch.mul(v1, v1, out=work("tmp")).add_(1.0)).sqrt_()
+    weight = w.sum(-1)
+    k = w.div_(norm)  # [..., W]: the weight over the two vectors' norms
+    pos = torch.linalg.vecdot(k, torch.addcmul(c, d, v1, out=work("tmp")))
+    sym = torch.linalg.vecdot(k, torch.addcmul(d, c, v1, out=work("tmp")))
+    return weight, pos, sym
 
 
 def score_block(
-    qk: HeadQK, rows: Tensor, ps: list[int], dtype, *, tau: float, compare: str, epsilon: float, exclude_keys=()
+    qk: HeadQK,
+    rows: Tensor,
+    ps: list[int],
+    dtype,
+    *,
+    tau: float,
+    compare: str,
+    epsilon: float,
+    exclude_keys=(),
+    tables: Tables | None = None,
 ) -> tuple[dict[str, Tensor], Tensor]:
     """Scores of the queries `ps` (sorted positions, each with >= 2 earlier keys) of batch `rows` [G],
-    every head, batched (module docstring).
+    every head, batched (module docstring). tables: `prepare(qk, rows, dtype, exclude_keys)`, computed
+    here if not given.
 
     Returns (results, done): results {s_pos, s_sym, entropy, kept, bound, attn_first, top_key,
     attn_top, n_swaps: [G, H, Q]} as `pruning.score_rows` gives them (and pivots [G, H, Q], the items
-    with a kept partner), and done [G, H, Q] bool, the rows scored here; the others (dense, many
-    pivots) are for the per-query path and their values here are meaningless.
+    with a kept partner), and done [G, H, Q] bool, the rows scored here; the others (dense: near-uniform
+    rows) are for `score_dense` and their values here are meaningless.
     """
+    t = tables if tables is not None else prepare(qk, rows, dtype, exclude_keys)
     device = qk.q.device
     p = torch.tensor(ps, device=device)  # [Q]
+    k0, k1 = qk.first_key(ps[0]), ps[-1]  # the block's keys: first_key grows with the position
+    col = torch.arange(k0, k1 + 1, device=device)  # [W] key positions
     first = qk.first_keys(p)  # [Q]
-    k0, k1 = int(first.min()), int(p.max())
-    width = k1 - k0 + 1
-    r = qk.cos.shape[-1]
-    cos, sin = qk.cos[rows].to(dtype), qk.sin[rows].to(dtype)  # [G, T, r]
-    q = qk.q[:, :, p][rows].to(dtype)  # [G, H, Q, d]
-    qr = rotate(q, cos[:, None, p], sin[:, None, p], qk.pairing)  # [G, H, Q, d]: R_p q_p
-    keys = qk.k[:, :, k0 : k1 + 1][rows].to(dtype)  # [G, H, W, d] pre-rotation
-    kc, ks = cos[:, None, k0 : k1 + 1], sin[:, None, k0 : k1 + 1]  # [G, 1, W, r]
-    col = k0 + torch.arange(width, device=device)  # [W] key positions
     seen = (col >= first[:, None]) & (col <= p[:, None])  # [Q, W]
-    clean = swaps.soft_capped(qk.scale * qr @ rotate(keys, kc, ks, qk.pairing).transpose(-1, -2), qk.softcap)
-    clean = clean.masked_fill(~seen, -math.inf)  # [G, H, Q, W]: the attention logits, unseen keys -inf
-    log_d = torch.log_softmax(clean, dim=-1)  # [G, H, Q, W]
-    prob = torch.softmax(clean, dim=-1)
-    entropy = -torch.where(seen, prob * log_d, 0.0).sum(-1)  # [G, H, Q]
-    top = log_d.max(-1)
-    attn_first = (
-        log_d[..., 0].exp().masked_fill(first != 0, math.nan) if k0 == 0 else torch.full_like(entropy, math.nan)
-    )
-    out = {"entropy": entropy, "top_key": top.indices + k0, "attn_top": top.values.exp(), "attn_first": attn_first}
-
-    items = _movable(qk, p, k0, width, exclude_keys)  # [Q, W]
+    items = seen & (col < p[:, None]) & ~t.excluded[k0 : k1 + 1]  # [Q, W]: the movable keys
     m = items.sum(-1)  # [Q] items per query
     if int(m.min()) < 2:
         raise PosymError(
             f"excluding key positions {sorted(int(k) for k in exclude_keys)} leaves no swap for "
             f"query {int(p[m.argmin()])}"
         )
+    inf = torch.tensor(math.inf, dtype=dtype, device=device)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    heads = qk.q.shape[1]
+    shape = (len(rows), heads, len(ps), k1 - k0 + 1)  # [G, H, Q, W]
+    work = functools.partial(t.scratch, shape=shape, dtype=dtype, device=device)
+
+    qr = rotate(qk.q[:, :, p][rows].to(dtype), t.cos[:, None, p], t.sin[:, None, p], qk.pairing)  # [G, H, Q, d]
+    logits = torch.matmul(qk.scale * qr, t.rotated[:, :, k0 : k1 + 1].transpose(-1, -2), out=work("logits"))
+    logits = swaps.soft_capped(logits, qk.softcap)  # [G, H, Q, W]: the attention logits (finite; unseen keys too)
+    shifted = torch.add(logits, torch.where(seen, zero, -inf), out=work("shifted"))  # unseen keys -inf
+    top = shifted.max(-1)  # the largest logit and its key
+    shifted.sub_(top.values[..., None])  # logit - max
+    prob = torch.exp(shifted, out=work("prob"))  # [G, H, Q, W] unnormalised
+    total = prob.sum(-1)  # Z
+    prob.div_(total[..., None])  # the attention row, as softmax(clean) computes it
+    # entropy = log Z - sum_j p_j (logit_j - max): both terms >= 0; unseen keys (p_j = 0) kept finite
+    entropy = total.log() - torch.linalg.vecdot(prob, shifted.clamp_min_(torch.finfo(dtype).min))
+    attn_top = prob.gather(-1, top.indices[..., None])[..., 0]  # [G, H, Q]
+    attn_first = prob[..., 0].masked_fill(first != 0, math.nan) if k0 == 0 else torch.full_like(entropy, math.nan)
+    out = {"entropy": entropy, "top_key": top.indices + k0, "attn_top": attn_top, "attn_first": attn_first}
+
     n_swaps = m * (m - 1) // 2  # [Q]
-    x = prob if compare == "probs" else clean  # [G, H, Q, W]: single-token item values
-    # the kept swaps exactly as pruning.kept_counts finds them: the sorted values, partners by searchsorted
-    xs, order = x.masked_fill(~items, math.inf).sort(dim=-1)  # [G, H, Q, W], the non-items last
-    last = (m - 1).expand(*xs.shape[:-1])[..., None]  # [G, H, Q, 1] sorted index of the largest item
-    xmin = xs[..., 0]  # [G, H, Q]
-    gap = xs.gather(-1, last)[..., 0] - xmin  # G, the largest gap
+    x = prob if compare == "probs" else logits  # [G, H, Q, W]: single-token item values (finite)
+    high = torch.where(items, zero, -inf)  # [Q, W]
+    x_lo = torch.add(x, torch.where(items, zero, inf), out=work("x_lo"))  # non-items +inf
+    x_hi = torch.add(x, high, out=work("x_hi"))  # non-items -inf
+    xmin = x_lo.amin(-1)  # [G, H, Q]
+    xmax, a0 = x_hi.max(-1)  # the largest item: the first pivot
+    gap = xmax - xmin  # G, the largest gap
     threshold = gap - torch.log(n_swaps.to(dtype) / epsilon).clamp_min(0.0) * tau  # [G, H, Q]
-    rank = torch.arange(width, device=device)
-    pivots = ((xs - threshold[..., None] >= xmin[..., None]) & (rank < m[:, None])).sum(-1)  # [G, H, Q]
     fast = threshold > 0  # else every swap is kept: dense
-    # largest dropped gap of the non-pivots: the largest of them (sorted index m - 1 - pivots >= 1) minus min x
-    below = (last[..., 0] - pivots).clamp_min(0)  # [G, H, Q]
-    dropped = torch.where(below >= 1, xs.gather(-1, below[..., None])[..., 0] - xmin, -math.inf)
-    # every pivot's partners and first partner left out, as kept_counts finds them: [G, H, Q, S]
-    slots = max(1, int(pivots[fast].max()) if bool(fast.any()) else 1)
-    index = (last - torch.arange(slots, device=device)).clamp_min(0)  # sorted index of pivot s
-    xa = xs.gather(-1, index)
-    limit = xa - threshold[..., None]  # pivot s keeps the partners with x <= limit
-    counts = torch.searchsorted(xs, limit, right=True).minimum(index)
-    real = (torch.arange(slots, device=device) < pivots[..., None]) & fast[..., None]
-    counts = torch.where(real, counts, 0)
-    kept = counts.sum(-1)  # [G, H, Q]
-    nearest = xs.gather(-1, counts.clamp_max(width - 1))
-    dropped = torch.maximum(dropped, torch.where(real & (counts < index), xa - nearest, -math.inf).amax(-1))
+    below = torch.sub(x_hi, threshold[..., None], out=work("tmp"))
+    pivotal = torch.ge(below, xmin[..., None], out=t.scratch("pivotal", shape, torch.bool, device))  # as kept_counts
+    pivots = pivotal.sum(-1)  # [G, H, Q]
+    # the largest dropped gap: the largest non-pivot's with min x (when it is not min x itself) ...
+    rest = torch.where(pivotal, -inf, x_hi, out=below).amax(-1)
+    dropped = torch.where(m - pivots >= 2, rest - xmin, -inf)  # [G, H, Q]
+    # ... and each pivot's with its first partner left out (the smallest item above its limit)
+    index = (m - 1).expand_as(pivots)  # items below the first pivot
+    partner = torch.le(x_lo, (xmax - threshold)[..., None], out=t.scratch("partner", shape, torch.bool, device))
+    counts = partner.sum(-1).minimum(index)  # [G, H, Q]
+    nearest = torch.where(partner, inf, x_lo, out=below).amin(-1)
+    dropped = torch.maximum(dropped, torch.where(counts < index, xmax - nearest, -inf))
+    kept = torch.where(fast, counts, 0)
+
+    # the other pivots: (row, slot) pairs of the rows that have them
+    flat = (gap.numel(), -1)  # [G, H, Q, W] -> [rows, W]
+    many = (fast & (pivots >= 2)).flatten().nonzero()[:, 0]  # [E] flat rows
+    if len(many):
+        above = x.view(flat)[many] + high[many % len(ps)]  # [E, W]: their items' values, non-items -inf
+        above[torch.arange(len(many), device=device), a0.flatten()[many]] = -inf  # the first pivot is done
+        slots = above.topk(int(pivots.flatten()[many].max()) - 1, dim=-1)  # [E, S - 1] pivots 1..S-1
+        extra = pivots.flatten()[many] - 1
+        pair = torch.repeat_interleave(torch.arange(len(many), device=device), extra)  # [P] row of each pair
+        slot = torch.arange(len(pair), device=device) - (extra.cumsum(0) - extra)[pair]  # [P] 0-based
+        at = many[pair]  # [P] flat row
+        xa, a = slots.values[pair, slot], slots.indices[pair, slot]  # [P] the pivot's value and column
+        xl = x_lo.view(flat)[at]  # [P, W]
+        pair_partner = xl <= (xa - threshold.flatten()[at])[:, None]  # [P, W]
+        pair_index = index.flatten()[at] - 1 - slot  # items below pivot slot + 1
+        pair_counts = pair_partner.sum(-1).minimum(pair_index)
+        pair_near = torch.where(pair_partner, inf, xl).amin(-1)
+        kept.view(-1).index_add_(0, at, pair_counts)
+        dropped.view(-1).scatter_reduce_(0, at, torch.where(pair_counts < pair_index, xa - pair_near, -inf), "amax")
     done = fast & (kept <= pruning.SPARSE_LIMIT * n_swaps)  # the rows scored here; dense ones are not
-    weight, pos, sym = (torch.zeros_like(gap) for _ in range(3))
-    fold_c, fold_s = _folded(kc, qk.pairing), _folded(ks, qk.pairing)
-    folding = fold_c is not None and fold_s is not None
-    tables = (torch.cat((fold_c, fold_s), -1) if folding else torch.cat((kc, ks), -1)).transpose(
-        -1, -2
-    )  # [G, 1, r|2r, W]
-    heads = gap.shape[1]
-    # work: slot 0 of every row as one grid, then (row, slot) pairs of the rows with more pivots, in
-    # pieces of at most one grid's rows
-    extra = torch.where(done, pivots - 1, 0).flatten()  # [G * H * Q]
-    pair_row = torch.repeat_interleave(torch.arange(extra.numel(), device=device), extra)  # [P]
-    pair_slot = 1 + torch.arange(len(pair_row), device=device) - (extra.cumsum(0) - extra)[pair_row]
-    step = extra.numel()
-    pieces = [(None, None)] + [(pair_row[k : k + step], pair_slot[k : k + step]) for k in range(0, len(pair_row), step)]
-    for at_row, at_slot in pieces:
-        whole = at_row is None
-        take = functools.partial(_rows, at=at_row)  # [G, H, Q, ...] -> [R, ...]
-        live = take(done)  # [R]
-        i, xa_r, la = (_slot(t, at_row, at_slot) for t in (index, xa, limit))  # [R, 1] each
-        i = i[:, 0]
-        a = take(order).gather(-1, i[:, None])  # [R, 1] the pivot's column
-        x_r, clean_r = take(x), take(clean)  # [R, W]
-        flat_index = torch.arange(gap.numel(), device=device) if whole else at_row
-        q_r, gh = flat_index % len(ps), flat_index // len(ps)  # [R]
-        g, h = gh // heads, gh % heads
-        partner = (x_r <= la) & items[q_r] & live[:, None]  # [R, W]
-        # swapped[a, b] for every b: (R_a^T R_p q_p) . k_b ; swapped[b, a]: (R_p q_p) . (R_b k_a)
-        at = a[:, 0] + k0
-        qr_r = take(qr)  # [R, d]
-        u = rotate(qr_r, cos[g, at], sin[g, at], qk.pairing, inverse=True)  # [R, d]
-        ka = keys[g, h, a[:, 0]]  # [R, d] the pivot's pre-rotation key
-        spin = (qr_r[..., :r] * ka[..., :r], qr_r[..., :r] * rotate_pairs(ka[..., :r], qk.pairing))  # [R, r] each
-        spin = torch.cat([_fold(t, qk.pairing) for t in spin] if folding else spin, -1)  # [R, r or 2r]
-        fixed = (qr_r[..., r:] * ka[..., r:]).sum(-1, keepdim=True)  # [R, 1] the pass-through dims
-        if whole:
-            new_a = (u.view(*qr.shape) @ keys.transpose(-1, -2)).flatten(0, 2)  # [R, W]
-            new_b = (spin.view(*qr.shape[:-1], -1) @ tables).flatten(0, 2) + fixed  # [R, W]
-        else:
-            new_a, new_b = torch.empty_like(x_r), torch.empty_like(x_r)
-            for one in torch.unique_consecutive(gh).tolist():  # the pairs come in runs of one (g, h)
-                sel = (gh == one).nonzero()[:, 0]
-                new_a[sel] = u[sel] @ keys[one // heads, one % heads].T
-                new_b[sel] = spin[sel] @ tables[one // heads, 0] + fixed[sel]
-        new_a = swaps.soft_capped(qk.scale * new_a, qk.softcap)
-        new_b = swaps.soft_capped(qk.scale * new_b, qk.softcap)
-        sums = _weigh(x_r, clean_r, partner, xa_r, clean_r.gather(-1, a), take(gap), new_a, new_b, tau, compare)
-        for total, add in zip((weight, pos, sym), sums):
-            total.view(-1).index_add_(0, flat_index, add)
+
+    # the first pivot of every row: one pair of batched products
+    g = torch.arange(len(rows), device=device)[:, None, None]  # [G, 1, 1]
+    h = torch.arange(heads, device=device)[:, None]  # [H, 1]
+    new_a, new_b = _pivot_logits(qk, t, qr, a0 + k0, g, h, k0, k1)  # [G, H, Q, W] each
+    logit_a = logits.gather(-1, a0[..., None])
+    weight, pos, sym = _weigh(t, x, logits, partner, xmax[..., None], logit_a, gap, new_a, new_b, tau, compare)
+    if len(many):
+        live = done.flatten()[at]  # [P] pairs of rows scored here
+        at, a, xa, pair_partner = at[live], a[live], xa[live], pair_partner[live]
+        if len(at):
+            gh = at // len(ps)
+            new_a, new_b = _pivot_logits(qk, t, qr.flatten(0, 2)[at], a + k0, gh // heads, gh % heads, k0, k1)
+            lg = logits.view(flat)[at]  # [P, W]
+            sums = _weigh(
+                t,
+                x.view(flat)[at],
+                lg,
+                pair_partner,
+                xa[:, None],
+                lg.gather(-1, a[:, None]),
+                gap.flatten()[at],
+                new_a,
+                new_b,
+                tau,
+                compare,
+            )
+            for total, add in zip((weight, pos, sym), sums):
+                total.view(-1).index_add_(0, at, add)
     dropped_weight = (n_swaps - kept) * torch.exp((dropped - gap) / tau)  # [G, H, Q]
     out.update(
         s_pos=pos / weight,
@@ -276,3 +374,83 @@ def score_block(
         pivots=pivots,
     )
     return out, done
+
+
+def _unit_cosines(delta: Tensor, old: Tensor) -> tuple[Tensor, Tensor]:
+    """`pruning.pair_cosines`' (cos_pos, cos_sym) for single keys from the differences of the new logits
+    (delta = new_b - new_a) and of the old ones (old = old_b - old_a): each pair of weights shifted by its
+    own max is (e^-max(delta, 0), e^min(delta, 0)), and the same of `old`."""
+    c, d = torch.exp(-delta.clamp_min(0.0)), torch.exp(delta.clamp_max(0.0))  # the new weights
+    v0, v1 = torch.exp(-old.clamp_min(0.0)), torch.exp(old.clamp_max(0.0))  # the old weights
+    norm = torch.sqrt((c * c + d * d) * (v0 * v0 + v1 * v1))
+    return (c * v0 + d * v1) / norm, (c * v1 + d * v0) / norm
+
+
+def score_dense(
+    qk: HeadQK,
+    row: int,
+    heads: list[int],
+    p: int,
+    dtype,
+    *,
+    tau: float,
+    compare: str,
+    exclude_keys=(),
+    tables: Tables | None = None,
+    g: int = 0,
+) -> dict:
+    """Every swap of query p at batch row `row` for `heads`, weighed (the rows `score_block` leaves: a
+    near-uniform row keeps more than SPARSE_LIMIT of its swaps): `pruning.score_rows`' dense branch on
+    the grid of item pairs, in pieces of at most CHUNK elements, instead of gathered pair lists.
+
+    The sum over ordered pairs (i, j), i != j, is twice the sum over the swaps: a swap's weight and both
+    of its cosines are symmetric in its two keys (`pair_cosines`), so s_pos and s_sym are the same ratios.
+    tables, g: `prepare`'s tables of the batch rows and row's index among them (default: prepared here).
+    Returns `pruning.score_rows`' keys, [len(heads)] each (kept = n_swaps, bound 0)."""
+    t = tables if tables is not None else prepare(qk, torch.tensor([row]), dtype, exclude_keys)
+    first = qk.first_key(p)
+    movable = ~t.excluded[first:p]  # [p - first] the keys first .. p - 1 that may move
+    items = movable.nonzero()[:, 0]  # [M] key indices (relative to first)
+    hs = torch.tensor(heads, device=qk.q.device)
+    cos, sin = t.cos[g, first : p + 1], t.sin[g, first : p + 1]  # [n, r]
+    qr = rotate(qk.q[row, hs, p].to(dtype), t.cos[g, p], t.sin[g, p], qk.pairing)  # [h, d]
+    u = rotate(qr[:, None], cos, sin, qk.pairing, inverse=True)  # [h, n, d]
+    k = t.keys[g, hs, first : p + 1]  # [h, n, d]
+    clean = swaps.soft_capped(qk.scale * (u * k).sum(-1), qk.softcap)  # [h, n], as score_rows
+    log_d = torch.log_softmax(clean, dim=-1)
+    entropy = -(log_d.exp() * log_d).sum(-1)
+    x = pruning.item_values(clean, items[:, None], compare)  # [h, M]
+    top = x.amax(-1) - x.amin(-1)  # [h] the largest gap
+    weight, pos, sym = (torch.zeros(len(heads), dtype=dtype, device=qk.q.device) for _ in range(3))
+    ku, kk = u[:, items], k[:, items]  # [h, M, d]
+    step = max(1, CHUNK // (len(items) * len(heads)))  # grid rows per piece
+    for start in range(0, len(items), step):
+        part = slice(start, start + step)
+        new_a = swaps.soft_capped(qk.scale * ku[:, part] @ kk.transpose(-1, -2), qk.softcap)  # [h, c, M]: a=i, b=j
+        new_b = swaps.soft_capped(qk.scale * kk[:, part] @ ku.transpose(-1, -2), qk.softcap)  # [h, c, M]: b=j at a=i
+        ci, cj = clean[:, items[part], None], clean[:, None, items]  # [h, c, 1], [h, 1, M]
+        if compare == "probs":  # pair_cosines for single keys without its size-1 dims: (c, d) and (v0, v1)
+            cos_pos, cos_sym = _unit_cosines(new_b - new_a, cj - ci)
+        else:
+            cos_pos, cos_sym = pruning.pair_cosines(
+                ci.expand_as(new_a)[..., None],
+                cj.expand_as(new_a)[..., None],
+                new_a[..., None],
+                new_b[..., None],
+                compare,
+            )
+        w = torch.exp(((x[:, part, None] - x[:, None, :]).abs() - top[:, None, None]) / tau)  # [h, c, M]
+        w[:, torch.arange(w.shape[1]), torch.arange(start, start + w.shape[1])] = 0.0  # no swap of a key with itself
+        weight += w.sum((-1, -2))
+        pos += (w * cos_pos).sum((-1, -2))
+        sym += (w * cos_sym).sum((-1, -2))
+    n_swaps = len(items) * (len(items) - 1) // 2
+    return {
+        "s_pos": pos / weight,
+        "s_sym": sym / weight,
+        "entropy": entropy,
+        "kept": torch.full((len(heads),), n_swaps),
+        "bound": torch.zeros(len(heads), dtype=dtype),
+        "n_swaps": n_swaps,
+        **pruning.sink_view(log_d, first),
+    }

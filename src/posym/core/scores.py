@@ -238,7 +238,7 @@ def _score_query(qk: HeadQK, p: int, rows: list[int], heads: list[int], dtype, o
 
 ENGINES = ("batched", "loop")
 """How a layer's queries are scored: "batched" (`posym.core.batched`: blocks of queries of every head
-at once, the per-query path for the rows it leaves) or "loop" (one query position at a time: the reference)."""
+at once, `batched.score_dense` for the near-uniform rows it leaves) or "loop" (one query position at a time: the reference)."""
 
 
 def _score_layer(
@@ -247,8 +247,9 @@ def _score_layer(
     """Columns of one layer's scores for jobs {query position: [batch rows]}, every head.
 
     engine "batched" scores blocks of query positions sharing their batch rows (`batched.query_blocks`
-    under `budget` bytes) with `batched.score_block` and sends the rows it leaves (dense, many pivots)
-    to the per-query path; block swaps and the dense reference (epsilon None) take the per-query path."""
+    under `budget` bytes) with `batched.score_block` and weighs every swap of the rows it leaves
+    (near-uniform: dense) with `batched.score_dense`; block swaps and the dense reference (epsilon None)
+    take the per-query path."""
     out = _columns()
     heads = list(range(qk.q.shape[1]))
     for p in jobs:
@@ -262,9 +263,11 @@ def _score_layer(
     for p, rows in jobs.items():
         shared.setdefault(tuple(rows), []).append(p)
     keep = {key: options[key] for key in ("tau", "compare", "epsilon", "exclude_keys")}
+    keep_dense = {key: options[key] for key in ("tau", "compare", "exclude_keys")}
     for rows, positions in shared.items():
+        tables = batched.prepare(qk, torch.tensor(rows), dtype, options["exclude_keys"])  # once per layer and rows
         for block in batched.query_blocks(sorted(positions), qk.first_key, len(rows) * len(heads), budget, dtype):
-            res, done = batched.score_block(qk, torch.tensor(rows), block, dtype, **keep)  # [G, H, Q] each
+            res, done = batched.score_block(qk, torch.tensor(rows), block, dtype, **keep, tables=tables)  # [G, H, Q]
             g, h, q = done.nonzero().unbind(1)  # [D] each, in the order of res[key][done]
             p = torch.tensor(block, device=g.device)[q]
             out["row"].append(torch.tensor(rows)[g.cpu()])
@@ -273,11 +276,12 @@ def _score_layer(
             out["keys"].append((p - qk.first_keys(p) + 1).cpu())
             for key in (*ROW_KEYS, "n_swaps"):
                 out[key].append(res[key][done].cpu())
-            left: dict[tuple[int, int], list[int]] = {}
+            left: dict[tuple[int, int], list[int]] = {}  # near-uniform rows: every swap weighed, on a grid
             for g, h, q in (~done).nonzero().tolist():
-                left.setdefault((block[q], rows[g]), []).append(h)
-            for (p, row), hs in left.items():
-                _score_query(qk, p, [row], hs, dtype, out, **options)
+                left.setdefault((block[q], g), []).append(h)
+            for (p, g), hs in left.items():
+                dense = batched.score_dense(qk, rows[g], hs, p, dtype, **keep_dense, tables=tables, g=g)
+                _append(out, [rows[g]], hs, p, p - qk.first_key(p) + 1, dense)
     return _joined(out)
 
 
