@@ -44,15 +44,21 @@ def test_the_default_config_made_it(heads):
     assert timing["cpu_s"] <= timing["acceptance_bound_s"] == 600
 
 
-def test_auroc_table_is_the_per_head_table_and_what_results_md_quotes(heads):
-    auroc = pd.read_parquet(DIR / "agreement_auroc.parquet")
+def check_auroc_rows(auroc: pd.DataFrame, heads: pd.DataFrame, positives: int) -> None:
+    """Every row of an atlas's agreement_auroc.parquet recomputed from its per-head table (also used by
+    test_atlas_results_gemma3)."""
     targets = {"retrieval": "retrieval", "non-streaming": "non_streaming_w64", "induction": "induction"}
     for row in auroc.itertuples():
         positive = atlas.top_heads(heads[targets[row.target]], CONFIG.top_share)
         scorer = row.scorer.removesuffix(" within layers")
         layers = heads.layer if row.scorer.endswith("within layers") else None
         assert row.auroc == pytest.approx(atlas.auroc(heads[scorer], positive, layers), abs=1e-12)
-        assert row.low <= row.auroc <= row.high and row.positives == 27
+        assert row.low <= row.auroc <= row.high and row.positives == positives
+
+
+def test_auroc_table_is_the_per_head_table_and_what_results_md_quotes(heads):
+    auroc = pd.read_parquet(DIR / "agreement_auroc.parquet")
+    check_auroc_rows(auroc, heads, 27)
     quotes = {
         ("retrieval", "s_sym_sinkfree"): 0.961,
         ("retrieval", "s_sym_sinkfree within layers"): 0.923,

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_atlas_results import check_auroc_rows
 
 from posym import configs
 from posym.commands import atlas as command
@@ -37,13 +38,7 @@ def test_the_default_config_made_it(heads):
 
 def test_auroc_is_the_per_head_table_and_what_results_md_quotes(heads):
     auroc = pd.read_parquet(DIR / "agreement_auroc.parquet")
-    targets = {"retrieval": "retrieval", "non-streaming": "non_streaming_w64", "induction": "induction"}
-    for row in auroc.itertuples():
-        positive = atlas.top_heads(heads[targets[row.target]], CONFIG.top_share)
-        scorer = row.scorer.removesuffix(" within layers")
-        layers = heads.layer if row.scorer.endswith("within layers") else None
-        assert row.auroc == pytest.approx(atlas.auroc(heads[scorer], positive, layers), abs=1e-12)
-        assert row.positives == 7
+    check_auroc_rows(auroc, heads, 7)
     at = auroc.set_index(["target", "scorer"])
     quotes = {
         ("retrieval", "s_sym_sinkfree"): (0.912, 0.812, 0.986),
