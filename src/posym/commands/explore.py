@@ -133,8 +133,9 @@ def block(payload) -> str:
 
 
 def unblock(text: str):
-    """The payload of a `block` (what the page's own `block(n)` decodes)."""
-    return json.loads(zlib.decompress(base64.b64decode(text)))
+    """The payload of a `block` (what the page's own `block(n)` decodes), read as every JSON posym
+    reads (`io.parse_json`: nesting bounded)."""
+    return io.parse_json(zlib.decompress(base64.b64decode(text)), "an explorer block")
 
 
 def _grid(values: dict, layers: int, heads: int) -> list[float]:
