@@ -92,13 +92,20 @@ _SIGNALS = set(STOP_SIGNALS)
 """The signals forked workers are created with blocked (forked_map) and then handle themselves."""
 
 
+def worker_signals() -> None:
+    """A worker process's stop signals: Ctrl-C (sent to the whole process group) is the parent's, which
+    stops its workers itself and says what was kept; the others kill the worker at once, never running the
+    parent's handler (`posym.io.handle_signals`) that the fork copied."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in _SIGNALS - {signal.SIGINT}:
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _start_worker() -> None:
     import torch
 
     torch.set_num_threads(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it terminates the pool
-    for signum in _SIGNALS - {signal.SIGINT}:
-        signal.signal(signum, signal.SIG_DFL)  # not the parent's handler (`posym.io.handle_signals`)
+    worker_signals()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)  # forked blocked (forked_map): a pending one lands here
 
 

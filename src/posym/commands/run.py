@@ -37,8 +37,9 @@ from posym.core.lengthgen import LengthGenConfig
 from posym.core.model import DEVICES, resolve_device
 from posym.core.theory import TheoryConfig
 from posym.core.train import PRESETS
-from posym.errors import STOP_SIGNALS, PosymError
+from posym.errors import PosymError
 from posym.models import RunDir, list_checkpoints
+from posym.parallel import worker_signals
 from posym.resources import check_resources
 from posym.stages import claim, die_with_parent, is_done, resumable, run_stage
 
@@ -121,12 +122,8 @@ def train_config(config: PipelineConfig, task: str):
 def _pool_worker() -> None:
     """`posym run`'s pool initializer: die with the driver, and leave Ctrl-C (sent to the whole process
     group) to the driver, which stops the workers itself and says what was kept."""
-    import signal
-
     die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for signum in set(STOP_SIGNALS) - {signal.SIGINT}:
-        signal.signal(signum, signal.SIG_DFL)  # not the driver's handler (posym.io.handle_signals): die
+    worker_signals()
 
 
 def task_job(config_dict: dict, out: str, task: str, threads: int) -> dict:
