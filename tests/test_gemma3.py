@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from real_llm import assert_the_copy_is_the_gguf_read
 from reference_scores import attention_rows, reference_model_scores
 from tiny_llms import run_cli
 
@@ -222,6 +223,11 @@ def test_gemma3_270m_is_read_with_its_windows_and_bases_and_matches_the_referenc
     use = frequency_use(plane_scores(model, [short], layers=[LOCAL, GLOBAL]))
     assert use.groupby("layer").rope_base.first().to_numpy() == pytest.approx([1e4, 1e6], rel=1e-5)
     assert not math.isnan(use.dominant_frequency.iloc[0])
+
+
+@pytest.mark.slow  # reads the GGUF file anew: ~2 minutes on 2 cores
+def test_the_dequantized_copy_is_the_gguf_read_exactly(gemma3):
+    assert_the_copy_is_the_gguf_read(gemma3)
 
 
 @pytest.mark.slow  # writes and reloads 1 GB of float32 weights: ~2 minutes on 2 cores

@@ -806,7 +806,7 @@ GGUFS = {  # name -> (fields, tensors, words of the error)
 @pytest.mark.parametrize("name", list(GGUFS))
 def test_a_gguf_file_without_its_weights_is_refused_before_anything_is_built(tmp_path, capsys, monkeypatch, name):
 
-    def build(*args):
+    def build(*args, **kwargs):
         raise AssertionError("transformers was asked to build the model")
 
     monkeypatch.setattr(models, "_gguf_model", build)

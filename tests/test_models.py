@@ -130,6 +130,141 @@ def test_gguf_load_prints_no_per_tensor_bar_and_restores_it(tmp_path, monkeypatc
     assert "de-quantizing" in capfd.readouterr().err
 
 
+# ---- the dequantized copies of the embedded models ------------------------------------------------
+
+
+@pytest.fixture
+def stand_in_gguf(models, tmp_path, monkeypatch):
+    """A GGUF file whose 'dequantization' is the tiny llama of `models` (counted), with the cache in
+    tmp_path: what `_gguf_model(..., cached=True)` does around transformers' GGUF reader."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv(model_specs.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(model_specs, "_GGUF_MODELS", {})
+    monkeypatch.setattr(model_specs, "_GGUF_TOKENIZERS", {})
+    monkeypatch.setattr(model_specs, "_ENTRIES", {})
+    reads = []
+
+    def read_gguf(path, dtype, attn_implementation):
+        reads.append(dtype)
+        return AutoModelForCausalLM.from_pretrained(models["llama"], dtype=dtype).eval()
+
+    monkeypatch.setattr(model_specs, "_read_gguf", read_gguf)
+    monkeypatch.setattr(model_specs, "_read_gguf_tokenizer", lambda path: tokenizer())
+    path = _gguf(tmp_path / "m.gguf", "llama")
+    return path, reads
+
+
+def _fresh_process(monkeypatch):
+    """What a new process starts with: no model or tokenizer read yet (the copy on disk stays)."""
+    for name in ("_GGUF_MODELS", "_GGUF_TOKENIZERS", "_ENTRIES"):
+        monkeypatch.setattr(model_specs, name, {})
+
+
+def test_the_first_load_writes_a_dequantized_copy_that_later_processes_read_exactly(
+    stand_in_gguf, models, monkeypatch, capsys
+):
+    import torch
+
+    path, reads = stand_in_gguf
+    first, tok = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    entry = model_specs.dequantized_entry(path)
+    assert reads == [torch.float32] and (entry / model_specs.DEQUANTIZED_META).is_file()
+    assert entry.parent == model_specs.cache_dir() / "dequantized" and entry.name.startswith("m-")
+    assert "caching the dequantized weights of m.gguf" in capsys.readouterr().err
+    texts = ["a b c d", "the cat sat on the mat [EOS]"]
+    ids = [tok()(text).input_ids for text in texts]
+
+    _fresh_process(monkeypatch)
+    again, tok = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    assert reads == [torch.float32]  # read from the copy, not the GGUF file
+    for (name, a), b in zip(first.named_parameters(), again.parameters()):
+        assert torch.equal(a, b), name
+    assert [tok()(text).input_ids for text in texts] == ids
+    assert "posym:" not in capsys.readouterr().err
+
+    _fresh_process(monkeypatch)  # another dtype is the float32 copy cast, as the GGUF read at that dtype
+    half, _ = model_specs._gguf_model(path, torch.bfloat16, None, cached=True)
+    assert reads == [torch.float32]
+    direct = model_specs._read_gguf(path, torch.bfloat16, None)
+    for (name, a), b in zip(half.named_parameters(), direct.parameters()):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "altered weights", "no meta"])
+def test_a_damaged_copy_is_read_again_from_the_gguf_and_rewritten(stand_in_gguf, monkeypatch, capsys, damage):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path, reads = stand_in_gguf
+    first, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    entry = model_specs.dequantized_entry(path)
+    weights = entry / "model.safetensors"
+    if damage == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "altered weights":  # a valid file with other values: only the recorded digest tells
+        tensors = load_file(weights)
+        name = next(iter(tensors))
+        tensors[name] = tensors[name] + 1
+        save_file(tensors, weights, metadata={"format": "pt"})
+    else:
+        (entry / model_specs.DEQUANTIZED_META).unlink()
+    capsys.readouterr()
+    _fresh_process(monkeypatch)
+    again, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    err = capsys.readouterr().err
+    assert reads == [torch.float32] * 2
+    if damage != "no meta":  # without its meta file the copy is not one (an interrupted write never is)
+        assert f"the dequantized copy {entry} is damaged" in err and "reading the GGUF file again" in err
+    for (name, a), b in zip(first.named_parameters(), again.parameters()):
+        assert torch.equal(a, b), name
+    _fresh_process(monkeypatch)
+    model_specs._gguf_model(path, torch.float32, None, cached=True)
+    assert reads == [torch.float32] * 2  # the rewritten copy is whole
+
+
+def test_the_copy_is_named_by_the_file_and_skipped_without_room_or_when_switched_off(
+    stand_in_gguf, monkeypatch, capsys, tmp_path
+):
+    import shutil
+
+    import torch
+
+    path, _ = stand_in_gguf
+    (tmp_path / "other").mkdir()
+    other = _gguf(tmp_path / "other" / "m.gguf", "llama", tensor_bytes=8192)  # same name, other bytes
+    assert model_specs.dequantized_entry(path) != model_specs.dequantized_entry(other)  # the sha256 of the file
+    monkeypatch.setattr(model_specs, "DEQUANTIZED_FORMAT", 2)
+    assert model_specs._entry_name(path) != model_specs.dequantized_entry(path)  # and the layout's version
+
+    Usage = type(shutil.disk_usage(tmp_path))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 1 << 40, 1 << 20))  # 1 MiB free
+    model, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    assert model is not None and not model_specs.dequantized_entry(path).exists()
+    assert "not caching the dequantized weights of m.gguf" in capsys.readouterr().err
+
+
+def test_only_the_embedded_names_are_cached_and_the_switch_turns_it_off(monkeypatch, tmp_path):
+    seen = []
+
+    def gguf_model(path, dtype, attn_implementation, *, cached=False):
+        seen.append(cached)
+        raise PosymError("stop here")
+
+    file = _gguf(tmp_path / "m.gguf", "llama")
+    monkeypatch.setattr(model_specs, "_gguf_model", gguf_model)
+    monkeypatch.setattr(model_specs, "check_gguf_weights", lambda *args: None)
+    monkeypatch.setattr(model_specs, "embedded_path", lambda name: file)
+    for spec, switch in [("smollm2-135m", None), (file, None), ("smollm2-135m", "0")]:
+        if switch is None:
+            monkeypatch.delenv(model_specs.DEQUANTIZED_ENV, raising=False)
+        else:
+            monkeypatch.setenv(model_specs.DEQUANTIZED_ENV, switch)
+        with pytest.raises(PosymError, match="stop here"):
+            model_specs.load(spec)
+    assert seen == [True, False, False]  # a GGUF file named by its path is read as it is
+
+
 @pytest.mark.parametrize("command", ["score", "geometry", "discrepancy", "llm-scores", "convert"])
 @pytest.mark.parametrize("bad", ["truncated", "gpt2"])
 def test_bad_gguf_files_exit_2_and_write_nothing(bad, command, tmp_path, capsys, monkeypatch):

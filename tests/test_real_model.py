@@ -11,6 +11,7 @@ import json
 import pandas as pd
 import pytest
 import torch
+from real_llm import assert_the_copy_is_the_gguf_read
 from reference_scores import reference_model_scores
 from tiny_llms import run_cli
 
@@ -32,6 +33,11 @@ def smollm2(tmp_path_factory):
     loaded = models.load("smollm2-135m")  # dequantized once per process (posym.models caches it)
     converted = convert_command.save_hf(loaded, tmp_path_factory.mktemp("smollm2") / "hf", spec="smollm2-135m")
     return loaded, converted
+
+
+@pytest.mark.slow  # reads the GGUF file anew: ~40 s on 2 cores
+def test_the_dequantized_copy_is_the_gguf_read_exactly(smollm2):
+    assert_the_copy_is_the_gguf_read(smollm2[0])
 
 
 def test_the_embedded_model_is_smollm2_and_converts_exactly(smollm2):

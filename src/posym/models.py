@@ -16,6 +16,10 @@ A model spec is any of
   chunk packages: assembled once into the cache directory (`cache_dir`; written under a temporary name,
   sha256-checked and renamed, so the file there is whole or absent; a damaged one is rebuilt, with a line
   on stderr saying so);
+  The first load of an embedded model writes its dequantized float32 weights and tokenizer into the
+  cache as a Hugging Face directory (`dequantized_entry`; `posym convert`'s layout), which every later
+  process reads instead of the GGUF file (seconds instead of minutes; bit-identical weights, the same
+  token ids); POSYM_DEQUANTIZED_CACHE=0 turns it off;
 - a `.gguf` file, or a directory holding exactly one (read by transformers, which dequantizes the
   weights to float32; needs the `gguf` extra: `pip install 'posym-rope[gguf]'`);
 - a Hugging Face model directory (config.json, *.safetensors, optionally a tokenizer);
@@ -820,8 +824,9 @@ def load(
     if source.kind == "gguf":
         check_rope(gguf_model_type(source.path), str(source.path))
         check_gguf_weights(source.path, gguf_header(source.path))
-        model = _gguf_model(source.path, dtypes[dtype], attn_implementation)
-        tokenizer = _gguf_tokenizer(source.path)
+        # the embedded models are read from their dequantized copy in the cache (`dequantized_entry`)
+        cached = str(spec) in EMBEDDED and os.environ.get(DEQUANTIZED_ENV, "1") != "0"
+        model, tokenizer = _gguf_model(source.path, dtypes[dtype], attn_implementation, cached=cached)
         config = {}
     else:
         config = check_model_dir(source.path, allow_pickle=allow_pickle)
@@ -927,52 +932,187 @@ def _gguf_key(path: Path) -> tuple:
     return str(path.resolve()), stat.st_size, stat.st_mtime_ns
 
 
-def _gguf_model(path: Path, dtype, attn_implementation: str | None):
-    """A fresh copy of the model in a GGUF file (read once per process, see _GGUF_MODELS)."""
+def _gguf_model(path: Path, dtype, attn_implementation: str | None, *, cached: bool = False):
+    """(a fresh copy of the model in a GGUF file, a loader of its tokenizer): read once per process (see
+    _GGUF_MODELS), and with `cached` from its dequantized copy in the cache (`dequantized_entry`), which
+    the first read writes."""
     import copy
 
-    from transformers import AutoModelForCausalLM
-
     key = (*_gguf_key(path), dtype, attn_implementation)
+    entry = dequantized_entry(path) if cached else None
     if key not in _GGUF_MODELS:
-        from transformers import modeling_gguf_pytorch_utils as gguf_loader
+        model = _read_dequantized(entry, attn_implementation) if entry is not None else None
+        if model is None:
+            # the copy holds float32, what transformers dequantizes to; other dtypes are cast from it
+            import torch
 
-        bar = gguf_loader.tqdm  # its per-tensor bar ignores disable_progress_bar and garbles posym's own bars
-        gguf_loader.tqdm = functools.partial(bar, disable=True)
-        try:
-            model = pretrained(
-                AutoModelForCausalLM,
-                path.parent,
-                gguf_file=path.name,
-                dtype=dtype,
-                attn_implementation=attn_implementation,
-            )
-        except (ValueError, KeyError, IndexError, TypeError, OSError, RuntimeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise PosymError(f"cannot load the GGUF model {path}: {first}") from None
-        finally:
-            gguf_loader.tqdm = bar
-        quantizer = getattr(model, "hf_quantizer", None)
-        if quantizer is not None:  # transformers marks GGUF models as quantized (save_pretrained refuses them)
-            if not all(p.dtype.is_floating_point for p in model.parameters()):
-                raise PosymError(
-                    f"transformers kept {path} quantized (GGUF matmul kernels are installed); posym "
-                    "needs plain weights: load it where the `kernels` package is absent"
-                )
-            quantizer.remove_quantization_config(model)  # the weights are plain dequantized tensors
+            model = _read_gguf(path, torch.float32 if entry is not None else dtype, attn_implementation)
+            if entry is not None:
+                _write_dequantized(entry, path, model, _gguf_tokenizer(path)())
         _GGUF_MODELS.clear()  # one model at a time: a second file replaces the first
-        _GGUF_MODELS[key] = model.eval()
-    return copy.deepcopy(_GGUF_MODELS[key])
+        _GGUF_MODELS[key] = model.to(dtype).eval()
+    tokenizer = _gguf_tokenizer(path, entry if entry is not None and (entry / DEQUANTIZED_META).is_file() else None)
+    return copy.deepcopy(_GGUF_MODELS[key]), tokenizer
 
 
-def _gguf_tokenizer(path: Path):
-    """A loader of the tokenizer a GGUF file carries (read once per process)."""
+def _read_gguf(path: Path, dtype, attn_implementation: str | None):
+    """The model in a GGUF file, dequantized by transformers (tens of seconds: see _GGUF_MODELS)."""
+    from transformers import AutoModelForCausalLM
+    from transformers import modeling_gguf_pytorch_utils as gguf_loader
+
+    bar = gguf_loader.tqdm  # its per-tensor bar ignores disable_progress_bar and garbles posym's own bars
+    gguf_loader.tqdm = functools.partial(bar, disable=True)
+    try:
+        model = pretrained(
+            AutoModelForCausalLM,
+            path.parent,
+            gguf_file=path.name,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+        )
+    except (ValueError, KeyError, IndexError, TypeError, OSError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PosymError(f"cannot load the GGUF model {path}: {first}") from None
+    finally:
+        gguf_loader.tqdm = bar
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # transformers marks GGUF models as quantized (save_pretrained refuses them)
+        if not all(p.dtype.is_floating_point for p in model.parameters()):
+            raise PosymError(
+                f"transformers kept {path} quantized (GGUF matmul kernels are installed); posym "
+                "needs plain weights: load it where the `kernels` package is absent"
+            )
+        quantizer.remove_quantization_config(model)  # the weights are plain dequantized tensors
+    return model.eval()
+
+
+def _gguf_tokenizer(path: Path, entry: Path | None = None):
+    """A loader of the tokenizer a GGUF file carries (read once per process; from the dequantized copy
+    `entry` when there is one, since building it from the GGUF's vocabulary takes up to a minute)."""
 
     def read():
         key = _gguf_key(path)
         if key not in _GGUF_TOKENIZERS:
             _GGUF_TOKENIZERS.clear()
-            _GGUF_TOKENIZERS[key] = _tokenizer_loader(path.parent, gguf_file=path.name)()
+            _GGUF_TOKENIZERS[key] = _tokenizer_loader(entry)() if entry is not None else _read_gguf_tokenizer(path)
         return _GGUF_TOKENIZERS[key]
 
     return read
+
+
+def _read_gguf_tokenizer(path: Path):
+    """The tokenizer transformers builds from a GGUF file's vocabulary."""
+    return _tokenizer_loader(path.parent, gguf_file=path.name)()
+
+
+# ---- the dequantized copies of the embedded models ------------------------------------------------
+# transformers dequantizes a GGUF file in numpy and builds its tokenizer from the vocabulary on every
+# load: 45 s for smollm2-135m and 137 s for gemma3-270m on 2 loaded cores, against a few seconds from
+# safetensors. So the first load of an embedded model writes a Hugging Face directory of its float32
+# weights and tokenizer into the cache (`posym convert`'s layout), and later processes read that.
+
+DEQUANTIZED_FORMAT = 1
+"""The layout of a dequantized copy; with the GGUF file's sha256 and the versions of the libraries that
+dequantize it, part of the copy's name, so a change of any of them writes a new copy."""
+DEQUANTIZED_ENV = "POSYM_DEQUANTIZED_CACHE"
+"""Environment variable: 0 reads the embedded models' GGUF files every time and writes no copy."""
+DEQUANTIZED_META = "dequantized.json"
+"""The file of a copy that says what it was made from and holds its weights' digest (`identity`)."""
+DEQUANTIZED_SLACK = 256 << 20
+"""Bytes of free disk a copy needs beyond its weights (the tokenizer, config, the filesystem)."""
+
+
+def dequantized_entry(path: Path) -> Path:
+    """The cache directory of the dequantized copy of the GGUF file at `path` (it may not exist yet):
+    cache_dir()/dequantized/<file stem>-<16 hex digits of the file's sha256, DEQUANTIZED_FORMAT and the
+    transformers, torch and gguf versions>. The file is hashed once per process (about a second for
+    gemma3-270m's 253 MB)."""
+    key = (*_gguf_key(path), str(cache_dir()))
+    if key not in _ENTRIES:
+        _ENTRIES[key] = _entry_name(path)
+    return _ENTRIES[key]
+
+
+_ENTRIES: dict = {}
+
+
+def _entry_name(path: Path) -> Path:
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for package in ("transformers", "torch", "gguf"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    what = {"format": DEQUANTIZED_FORMAT, "gguf_sha256": _sha256(path), **versions}
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "dequantized" / f"{path.stem}-{digest}"
+
+
+def _read_dequantized(entry: Path, attn_implementation: str | None):
+    """The float32 model of a dequantized copy, or None: absent, or damaged (unreadable, or its weights'
+    digest not the one recorded when it was written: then removed, with a line on stderr)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not (entry / DEQUANTIZED_META).is_file():
+        shutil.rmtree(entry, ignore_errors=True)  # not a copy (a whole one has its meta file): written anew
+        return None
+    try:
+        recorded = read_json_object(entry / DEQUANTIZED_META).get("digest")
+        model = pretrained(
+            AutoModelForCausalLM,
+            entry,
+            dtype=torch.float32,
+            attn_implementation=attn_implementation,
+            use_safetensors=True,
+        )
+        if _weights_digest(model) != recorded:
+            raise PosymError("its weights are not the ones written")
+    except Exception as exc:  # noqa: BLE001 (anything wrong with posym's own copy, safetensors' errors too: read anew)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"posym: the dequantized copy {entry} is damaged ({reason}); reading the GGUF file again", file=sys.stderr
+        )
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    return model.eval()
+
+
+def _weights_digest(model) -> str:
+    return identity(LoadedModel(model, "", model.config.model_type, 0, "cpu"))["digest"]
+
+
+def _write_dequantized(entry: Path, path: Path, model, tokenizer) -> None:
+    """Write the dequantized copy of `path` at `entry` (atomically: whole or absent), unless the disk
+    lacks room for it (a line on stderr says so; the model is used all the same)."""
+    import shutil
+
+    size = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + DEQUANTIZED_SLACK
+    existing = next(p for p in (entry, *entry.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free < size:
+        print(
+            f"posym: not caching the dequantized weights of {path.name} ({size / 2**30:.1f} GiB needed, "
+            f"{free / 2**30:.1f} GiB free in {existing}); its next load reads the GGUF file again",
+            file=sys.stderr,
+        )
+        return
+    print(f"posym: caching the dequantized weights of {path.name} in {entry} (once)", file=sys.stderr)
+    try:
+        with atomic_path(entry, is_dir=True) as tmp:
+            write_hf(model, tokenizer, tmp)
+            write_json(tmp / DEQUANTIZED_META, {"source": str(path), "digest": _weights_digest(model)})
+    except PosymError:  # another process wrote the copy meanwhile, or the cache is not writable
+        pass
+
+
+def write_hf(model, tokenizer, directory: Path) -> None:
+    """A Hugging Face directory of `model` (config.json, model.safetensors) and its tokenizer (if not
+    None) in `directory` (`posym convert`'s output and the dequantized copies)."""
+    model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)

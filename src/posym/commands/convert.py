@@ -10,7 +10,7 @@ from pathlib import Path
 
 from posym.errors import PosymError
 from posym.io import atomic_path, manifest, write_json
-from posym.models import LoadedModel, load
+from posym.models import LoadedModel, load, write_hf
 
 
 def _new_dir(out: str | os.PathLike) -> Path:
@@ -28,9 +28,7 @@ def save_hf(loaded: LoadedModel, out: str | os.PathLike, *, spec: str | os.PathL
     out = _new_dir(out)
     tokenizer = loaded.tokenizer if loaded.has_tokenizer else None
     with atomic_path(out, is_dir=True) as tmp:
-        loaded.model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        write_hf(loaded.model, tokenizer, tmp)
         settings = {
             "spec": str(spec or loaded.source.path),
             "source": str(loaded.source.path),
