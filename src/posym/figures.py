@@ -38,14 +38,39 @@ def colormap(name: str):
 
 
 def save_figure(fig, stem: str | os.PathLike, *, dpi: int = 120) -> list[Path]:
-    """Write `fig` as stem.png and stem.svg atomically (tight bounding box), return the paths."""
+    """Write `fig` as stem.png and stem.svg atomically, both cropped to its tight bounding box, and
+    return the paths. The box is what `bbox_inches="tight"` measures for the PNG, measured once for
+    both files: per format, matplotlib would lay the figure out twice more (a third of the time of a
+    report's figures). The PNG is byte-identical to savefig's own "tight"; the SVG's box can differ from
+    the one its 72-dpi renderer would measure by a fraction of a point (tests/test_figures.py)."""
+    box = tight_box(fig, dpi)
     paths = []
     for fmt in ("png", "svg"):
         path = Path(f"{stem}.{fmt}")
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+            fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=box)
         paths.append(path)
     return paths
+
+
+def tight_box(fig, dpi: int):
+    """The bounding box (inches, padded by savefig.pad_inches) that `fig.savefig(..., dpi=dpi,
+    bbox_inches="tight")` crops a PNG to: laid out once by the Agg renderer at that dpi, as savefig
+    does, the figure's canvas and dpi left as they were."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas, old_dpi = fig.canvas, fig.dpi
+    try:
+        fig.dpi = dpi
+        renderer = FigureCanvasAgg(fig).get_renderer()  # the canvas savefig's PNG uses (it sets itself on fig)
+        with renderer._draw_disabled():  # savefig's own layout pass before it measures "tight"
+            fig.draw(renderer)
+        pad = matplotlib.rcParams["savefig.pad_inches"]
+        return fig.get_tightbbox(renderer).padded(0.1 if pad in (None, "layout") else pad)
+    finally:
+        fig.set_canvas(canvas)
+        fig.dpi = old_dpi
 
 
 def spaced_tick_labels(values, *, min_ratio: float = 1.35) -> list[str]:
