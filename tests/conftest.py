@@ -36,6 +36,14 @@ RAY_TESTS = {
 }
 
 
+# Module-scoped fixtures that are slow to build: the tests using one run on one worker, which builds it
+# once (on two workers each built its own: both setups showed in --durations).
+SHARED_FIXTURES = {
+    "tests/test_run.py": ("finished", "pipeline"),  # a finished `posym run` of both tasks (~50 s)
+    "tests/test_llm_study.py": ("finished", "llm-study"),  # a finished llm-study on a tiny llama (~20 s)
+}
+
+
 def xdist_group_of(item) -> str | None:
     """The xdist group a collected test runs in, or None (any worker)."""
     node = item.nodeid.split("[")[0]
@@ -43,8 +51,9 @@ def xdist_group_of(item) -> str | None:
         return "real-models"
     if node in RAY_TESTS:
         return "ray"
-    if "finished" in getattr(item, "fixturenames", ()) and node.startswith("tests/test_run.py::"):
-        return "pipeline"  # one worker builds test_run's module-scoped finished run (~50 s) once
+    module = node.split("::")[0]
+    if module in SHARED_FIXTURES and SHARED_FIXTURES[module][0] in getattr(item, "fixturenames", ()):
+        return SHARED_FIXTURES[module][1]
     return None
 
 
