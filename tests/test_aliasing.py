@@ -96,9 +96,12 @@ def test_key_planes_equal_the_logits_written_out():
             got = np.array([getattr(row, f"plane_gap_{m + 1}") for m in range(4)])
             np.testing.assert_allclose(got, top[0] - want[0], atol=1e-9)
             assert row.free_gap == pytest.approx(top[1] - want[1], abs=1e-9)
-            id1 = np.array([_written_out(qk, row.query, j, row.head)[0][0] for j in range(row.query + 1)])
-            others = np.delete(id1, row.tracked_key).mean() - id1[row.tracked_key]
-            assert row.id1_others == pytest.approx(others, abs=1e-9)
+            every = np.array([_written_out(qk, row.query, j, row.head)[0] for j in range(row.query + 1)])  # [n, 4]
+            others = np.delete(every, row.tracked_key, axis=0).mean(0) - every[row.tracked_key]
+            got = np.array([getattr(row, f"plane_others_{m + 1}") for m in range(4)])
+            np.testing.assert_allclose(got, others, atol=1e-9)
+            free = np.array([_written_out(qk, row.query, j, row.head)[1] for j in range(row.query + 1)])
+            assert row.free_others == pytest.approx(np.delete(free, row.tracked_key).mean() - free[row.tracked_key])
     gaps = rows[planes].sum(axis=1) + rows.free_gap
     np.testing.assert_allclose(gaps, rows.logit_top - rows.logit_tracked, atol=1e-9)
     right = rows[rows.top_key == rows.tracked_key]

@@ -14,8 +14,8 @@ logits (float64, `posym.core.swaps`; never post-softmax weights read back):
 - `key_planes`: per (prompt, query, layer, head) the key the head scores highest (top_key) against the key it
   should attend to (tracked_key, e.g. the chain's next position at a hop pointer), and every channel's share
   of the logit difference top minus tracked (`plane_gap_<ID>`: the channel of frequency ID <ID>; `free_gap`:
-  the position-free dims), plus plane ID 1's gap of the average other key (`id1_others`): where a head goes
-  wrong, which plane gives the wrong key its advantage (or fails to take it away).
+  the position-free dims), and the same for the average other key (`plane_others_<ID>`, `free_others`):
+  where a head goes wrong, which plane gives the wrong key its advantage (or fails to take it away).
 - `offset_histogram`: the offsets d = tracked_key - top_key of the rows where the top key is not the tracked
   one, against the null that the wrong key is uniform over the keys the query sees, with each offset's
   alias gap; `alias_share` sums it: the share of wrong keys within `NEAR` radians of a full turn, observed
@@ -59,8 +59,9 @@ def key_planes(model, input_ids, queries, tracked, *, layers=None, batch_size: i
     input_ids: 1-D id sequences; queries: per prompt a list of positions (`posym.core.swaps.query_batches`);
     tracked: callable(prompt, query) -> the tracked key position (one for every head), which the query must
     see. Columns: KEY_COLUMNS, plane_gap_1 .. plane_gap_P (frequency IDs), free_gap (0 without pass-through
-    dims) and id1_others (plane ID 1's logit of the mean other visible key minus the tracked key's). Where
-    top_key == tracked_key every gap is 0. The channel gaps sum to logit_top - logit_tracked.
+    dims), and plane_others_1 .. plane_others_P, free_others: each channel's share of the mean other visible
+    key minus the tracked key's (what the channel does to a typical key). Where top_key == tracked_key every
+    gap is 0. The channel gaps sum to logit_top - logit_tracked.
     """
     import pandas as pd
 
@@ -90,8 +91,8 @@ def key_planes(model, input_ids, queries, tracked, *, layers=None, batch_size: i
                 want_i = (want - first)[:, None].expand(G, H)  # [G, H]
                 at = lambda x, i: x.gather(-1, i[..., None].to(torch.long))[..., 0]  # noqa: E731  x [..., n], i [...]
                 gaps = at(channels, top[:, :, None].expand(G, H, C)) - at(channels, want_i[:, :, None].expand(G, H, C))
-                id1 = channels[:, :, 0]  # [G, H, n] plane ID 1's share of every key
-                others = (id1.sum(-1) - at(id1, want_i)) / max(n - 1, 1) - at(id1, want_i)  # [G, H]
+                own = at(channels, want_i[:, :, None].expand(G, H, C))  # [G, H, C] the tracked key's shares
+                others = (channels.sum(-1) - own) / max(n - 1, 1) - own  # [G, H, C] mean other key minus it
                 frame = {
                     "prompt": np.repeat([batch[row] for row in rows], H),
                     "query": p,
@@ -103,11 +104,11 @@ def key_planes(model, input_ids, queries, tracked, *, layers=None, batch_size: i
                     "logit_tracked": at(logits, want_i).flatten().numpy(),
                     "logit_top": at(logits, top).flatten().numpy(),
                 }
-                flat = gaps.reshape(G * H, C).numpy()
-                for c in range(planes):
-                    frame[f"plane_gap_{c + 1}"] = flat[:, c]
-                frame["free_gap"] = flat[:, planes] if C > planes else 0.0
-                frame["id1_others"] = others.flatten().numpy()
+                for name, values in (("gap", gaps), ("others", others)):
+                    flat = values.reshape(G * H, C).numpy()
+                    for c in range(planes):
+                        frame[f"plane_{name}_{c + 1}"] = flat[:, c]
+                    frame[f"free_{name}"] = flat[:, planes] if C > planes else 0.0
                 frames.append(pd.DataFrame(frame))
         if progress is not None:
             progress(len(batch))
