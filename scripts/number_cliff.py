@@ -16,8 +16,9 @@ checkpoint of a number-task run (read only):
 4. an inference-time causal check (`posym.core.interventions.far_planes_removed`): plane ID 1 of the
    positional heads gives no logit to keys farther than the training prompts' longest distance (16), the
    identity at the training length; controls: a random other plane of the same heads (3 draws), plane ID 1
-   of as many random non-positional heads (3 draws), and plane ID 1 removed for every key
-   (`ablated_planes`).
+   of as many random non-positional heads (3 draws), plane ID 1 removed for every key (`ablated_planes`),
+   and the far keys of the positional heads lowered by a constant, plane ID 1's mean share of their logits
+   (the same average shift as the removal, without its selectivity).
 
 Writes into --out (default docs/results/number-cliff):
 
@@ -35,6 +36,8 @@ Writes into --out (default docs/results/number-cliff):
                             key) in all and by channel group (ID 1, IDs 2-8, IDs 9-64 + free), and by group
                             the mean other key's gap (*_others), bootstrap 95% intervals over prompts
     interventions.parquet   condition, draw, length, n, correct, acc, lo, hi
+    shifts.parquet          length, layer, shift: the mean-shift control's penalty (plane ID 1's mean share of
+                            the far keys' logits at the chain pointers of the first 64 prompts)
     summary.json            run, step, labels, the stages of the last call and their wall time, manifest
                             (seeds, versions, config hash)
     quoted.json             the numbers docs/results.md quotes, recomputed from the tables (`headline`)
@@ -55,11 +58,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from posym.core.aliasing import alias_gap, alias_share, key_planes, offset_histogram  # noqa: E402
 from posym.core.interventions import ablated_planes, far_planes_removed, label_heads  # noqa: E402
 from posym.core.lengthgen import ALL_HOPS, HEAD_GAMMA, LABEL_PROMPTS, extension  # noqa: E402
+from posym.core.swaps import channel_logits, scan  # noqa: E402
 from posym.core.stats import bootstrap_weights, percentile_interval, wilson_interval  # noqa: E402
 from posym.core.tasks import generate  # noqa: E402
 from posym.core.train import answer_logits  # noqa: E402
@@ -80,6 +85,8 @@ FAST = range(2, 9)
 """Frequency IDs 2-8, the next fastest planes (theta 0.87 ... 0.37), one channel group of the decomposition."""
 ROPE_BASE, PLANES = 10000.0, 64
 """The paper model's RoPE (base 10,000, 64 planes): theta_k = base^(-(k - 1) / 64) of frequency ID k."""
+SHIFT_PROMPTS = 64
+"""Prompts per length over which the mean-shift control measures plane ID 1's mean share of the far keys."""
 SEED = 0
 """Test-data seed (lengthgen's default) and the seed of the bootstrap and random draws."""
 
@@ -251,24 +258,54 @@ def conditions(model, labels, reach: int):
             ("id1_far_other_heads", draw, lambda ls=layers: far_planes_removed(model, {(l, 0): [0] for l in ls}, reach))
         )
     out.append(("id1_all_keys", 0, lambda: ablated_planes(model, {(l, 0): [0] for l in positional})))
+    out.append(("id1_mean_shift_far", 0, "shift"))  # built per length by `causal` (it needs the prompts)
     return out
+
+
+def far_share(model, samples, layers: list[int], reach: int, n_prompts: int) -> dict[int, float]:
+    """Per layer (head 0), plane ID 1's mean share of the logits of the keys more than `reach` back, at the
+    chain pointers of the first `n_prompts` samples: what removing that plane from the far keys takes from
+    them on average (float64, `posym.core.swaps.channel_logits`)."""
+    part = samples[:n_prompts]
+    queries, _ = chain_queries(part)
+    sums = {layer: [0.0, 0] for layer in layers}
+
+    def work(layer, qk, jobs):
+        for p, rows in jobs.items():
+            first = qk.first_key(p)
+            count = p - reach - first  # keys first .. p - reach - 1 are the far ones
+            if count > 0:
+                share = channel_logits(qk, torch.tensor(rows), [0], p)[:, 0, 0, :count]  # [G, far keys] plane ID 1
+                sums[layer][0] += float(share.sum())
+                sums[layer][1] += share.numel()
+
+    for _ in scan(model, list(part.input_ids), queries, work, layers=layers):
+        pass
+    return {layer: total / count if count else 0.0 for layer, (total, count) in sums.items()}
 
 
 def causal(model, base, labels, n: int, lengths, batch_tokens: int):
     rows = []
     reach = base.seq_len - 1  # the training prompts' longest query-key distance: 16 in the paper's 17 tokens
+    positional = sorted(int(x) for x in labels.layer[labels.label == "positional"])
+    shifts: list[dict] = []
     for name, draw, make in conditions(model, labels, reach):
         for length in lengths:
             samples = generate(extension(base, length), n, SEED, split="test")
             batch = max(1, batch_tokens // length)
             if make is None:
                 pred = predictions(model, samples, batch)
+            elif make == "shift":  # the same average shift of the far keys as id1_far, on every far key alike
+                shift = far_share(model, samples, positional, reach, SHIFT_PROMPTS)
+                with far_planes_removed(model, {}, reach, penalty={(layer, 0): s for layer, s in shift.items()}):
+                    pred = predictions(model, samples, batch)
+                shifts.extend({"length": length, "layer": layer, "shift": s} for layer, s in shift.items())
             else:
                 with make():
                     pred = predictions(model, samples, batch)
             rows.append({"condition": name, "draw": draw, "length": length, **wilson_row(pred == samples.answer)})
         print(f"causal {name} {draw}: " + " ".join(f"{r['acc']:.2f}" for r in rows[-len(lengths) :]), flush=True)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), pd.DataFrame(shifts)
 
 
 QUOTE_LENGTHS = (17, 50, 52, 54, 56, 58, 60, 68, 128)
@@ -347,6 +384,8 @@ def headline(out: Path) -> dict:
         }
         for c in causal.condition.unique()
     }
+    shifts = pd.read_parquet(out / "shifts.parquet").groupby("length")["shift"]
+    q["shifts"] = {int(L): [r3(g.min()), r3(g.max())] for L, g in shifts}
     single = causal[causal.condition.isin(["none", "id1_far", "id1_all_keys"])].set_index(["condition", "length"])
     q["causal_wilson"] = {
         c: {int(L): [r3(single.lo[(c, L)]), r3(single.hi[(c, L)])] for L in sorted(causal.length.unique())}
@@ -392,9 +431,9 @@ def main(argv=None) -> int:
         write_parquet(out / "head_offsets.parquet", hist)
         write_parquet(out / "planes.parquet", planes)
     if "causal" in stages:
-        write_parquet(
-            out / "interventions.parquet", causal(model, base, labels, args.n, causal_lengths, args.batch_tokens)
-        )
+        interventions, shifts = causal(model, base, labels, args.n, causal_lengths, args.batch_tokens)
+        write_parquet(out / "interventions.parquet", interventions)
+        write_parquet(out / "shifts.parquet", shifts)
     alias = []
     for name, source in (("head_offsets", "positional heads"), ("answer_offsets", "answers")):
         path = out / f"{name}.parquet"

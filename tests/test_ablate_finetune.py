@@ -439,7 +439,7 @@ def test_plane_ablation_equals_zeroed_query_weights(kind, pairing, rotary):
 
 
 def _far_removed_reference(model, ids, layer, planes, max_distance):
-    """Layer `layer`'s attention probabilities [B, H, T, T] written out key by key: every plane's share
+    """Layer `layer`'s attention logits [B, H, T, T] written out key by key (-inf after the query): every plane's share
     scale * (R_n q)_m . (R_j k)_m (the model's own sin/cos table), the chosen planes' dropped where
     n - j > max_distance, the pass-through dims kept, causal mask, softmax."""
     hidden = model(ids, output_hidden_states=True).hidden_states[layer]  # [B, T, E] entering the layer
@@ -466,7 +466,7 @@ def _far_removed_reference(model, ids, layer, planes, max_distance):
                         )
                         total = total + turn(qm, n) @ turn(km, j)
                     out[b, h, n, j] = total / math.sqrt(d)
-    return out.softmax(-1)
+    return out
 
 
 def test_far_planes_removed_equals_the_written_out_attention():
@@ -480,8 +480,8 @@ def test_far_planes_removed_equals_the_written_out_attention():
         clean = model(ids, output_attentions=True)
         with far_planes_removed(model, planes, max_distance=3):
             hooked = model(ids, output_attentions=True)
-        ref = _far_removed_reference(model, ids, 1, planes, 3)
-        torch.testing.assert_close(hooked.attentions[1], ref, atol=1e-9, rtol=0)
+        ref = _far_removed_reference(model, ids, 1, planes, 3)  # [B, H, T, T] logits
+        torch.testing.assert_close(hooked.attentions[1], ref.softmax(-1), atol=1e-9, rtol=0)
         torch.testing.assert_close(hooked.attentions[0], clean.attentions[0], atol=1e-6, rtol=0)  # layer 0 untouched
         assert (hooked.attentions[1] - clean.attentions[1]).abs().max() > 1e-3  # it changes something
         assert torch.equal(model(ids).logits, clean.logits)  # the hook is gone
@@ -491,6 +491,13 @@ def test_far_planes_removed_equals_the_written_out_attention():
             every = model(ids).logits
         with ablated_planes(model, planes):
             torch.testing.assert_close(every, model(ids).logits, atol=1e-5, rtol=0)
+        # a penalty: the far keys' logits (n - j > 3) of head 1.1 lower by 0.7, on top of its removed planes
+        with far_planes_removed(model, planes, max_distance=3, penalty={(1, 1): 0.7, (1, 0): 0.0}):
+            shifted = model(ids, output_attentions=True).attentions[1]
+        logits = ref.clone()
+        far = ((torch.arange(9)[:, None] - torch.arange(9)[None, :]) > 3).double()  # [T, T]
+        logits[:, 1] = logits[:, 1] - 0.7 * far
+        torch.testing.assert_close(shifted, logits.softmax(-1), atol=1e-9, rtol=0)
 
 
 def test_far_planes_removed_checks_its_input():

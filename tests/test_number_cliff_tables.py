@@ -70,14 +70,19 @@ def test_planes_add_up(tables):
 
 def test_causal_check_is_the_identity_at_the_training_length(tables):
     causal = tables["interventions"]
-    assert set(causal.condition) == {"none", "id1_far", "random_plane_far", "id1_far_other_heads", "id1_all_keys"}
     assert causal.groupby("condition").draw.nunique().to_dict() == {
         "none": 1,
         "id1_far": 1,
         "random_plane_far": 3,
         "id1_far_other_heads": 3,
         "id1_all_keys": 1,
+        "id1_mean_shift_far": 1,
     }
+    shifts = pd.read_parquet(OUT / "shifts.parquet")
+    assert sorted(shifts.length.unique()) == sorted(causal.length.unique())
+    positional = json.loads((OUT / "quoted.json").read_text())["positional_layers"]
+    assert all(sorted(g.layer) == positional for _, g in shifts.groupby("length"))  # the positional heads
+    assert (shifts[shifts.length == 17]["shift"] == 0).all()  # a 17-token prompt has no far key
     at17 = causal[(causal.length == 17) & causal.condition.str.contains("far")]
     none17 = causal[(causal.length == 17) & (causal.condition == "none")].correct.iloc[0]
     assert (at17.correct == none17).all()  # no key of a 17-token prompt is farther than 16 back
@@ -108,5 +113,11 @@ def test_docs_quote_these_tables():
         planes = q["planes"][str(length)]
         row = f"| {length} | {planes['rows']} | {planes['total'][0]:g} | {planes['id1'][0]:g} ({planes['id1'][1]:g} to"
         assert row in section
+    shift = q["causal"]["id1_mean_shift_far"]
+    low = min(lo for lo, _ in q["shifts"].values())
+    assert (
+        f"between {low:g} and 0.0" in section
+        and f"({shift['56'][0]:g} at 56 tokens, {shift['128'][0]:g} at 128)" in section
+    )
     most = q["offsets"]["128"]["most"][0]
     assert most == [51, 119] and f"{most[1]} of the {q['wrong_keys']['128']} at 128" in section

@@ -282,7 +282,9 @@ def ablated_planes(model, planes: dict[Head, list[int]]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def far_planes_removed(model, planes: dict[Head, list[int]], max_distance: int) -> Iterator[None]:
+def far_planes_removed(
+    model, planes: dict[Head, list[int]], max_distance: int, *, penalty: dict[Head, float] | None = None
+) -> Iterator[None]:
     """Within the block, RoPE planes `planes[(l, h)]` (0-based, as `ablated_planes`) of head (l, h) add
     nothing to its logit of a key more than `max_distance` positions before the query (n - j > max_distance);
     their share of the logits of nearer keys, the other planes, the values and every other head are untouched.
@@ -291,6 +293,8 @@ def far_planes_removed(model, planes: dict[Head, list[int]], max_distance: int) 
     of the training prompts (16 in the paper's 17 tokens), it is exactly the identity at the training length
     and removes a plane's aliasing (plane ID 1 turns once per 2 pi positions) from the keys only a longer
     prompt holds. max_distance = -1 removes the planes for every key: `ablated_planes`.
+    penalty: a constant subtracted from head (l, h)'s logit of every such far key as well (its control:
+    the same average shift of the far keys without a plane's selectivity; `planes` may then map it to []).
 
     GPT-J models (posym's own: interleaved planes, no grouped keys) in one pass without a key-value cache;
     the chosen layers' attention runs in this module's float32 (or float64) kernel: the model's eager
@@ -302,13 +306,16 @@ def far_planes_removed(model, planes: dict[Head, list[int]], max_distance: int) 
         raise PosymError("far_planes_removed works on GPT-J models (posym's own), not this one")
     if max_distance < -1:
         raise PosymError(f"max_distance must be -1 (every key) or more, got {max_distance}")
-    by_layer: dict[int, list[tuple[int, list[int]]]] = {}
-    for head, chosen in planes.items():
+    penalty = dict(penalty or {})
+    by_layer: dict[int, list[tuple[int, list[int], float]]] = {}
+    for head in sorted(set(planes) | set(penalty)):
         head_slice(model, head)  # validates the index
-        by_layer.setdefault(head[0], []).append((head[1], sorted({int(m) for m in chosen})))
+        chosen = sorted({int(m) for m in planes.get(head, [])})
+        by_layer.setdefault(head[0], []).append((head[1], chosen, float(penalty.get(head, 0.0))))
     r = model.config.rotary_dim or model.config.n_embd // model.config.n_head
     dims = {
-        layer: [(h, plane_dims(chosen, "interleaved", r)) for h, chosen in heads] for layer, heads in by_layer.items()
+        layer: [(h, plane_dims(chosen, "interleaved", r), shift) for h, chosen, shift in heads]
+        for layer, heads in by_layer.items()
     }
     state: dict = {"layer": None}
     interface = ALL_ATTENTION_FUNCTIONS.get_interface
@@ -322,9 +329,9 @@ def far_planes_removed(model, planes: dict[Head, list[int]], max_distance: int) 
         logits = q @ k.transpose(-1, -2) * scaling  # [B, H, T, T]
         gap = torch.arange(T, device=q.device)[:, None] - torch.arange(T, device=q.device)[None, :]  # [T, T] n - j
         far = (gap > max_distance).to(work)  # [T, T] 1 = the planes are removed for this key
-        for h, hd in dims[state["layer"]]:
-            share = q[:, h][..., hd] @ k[:, h][..., hd].transpose(-1, -2) * scaling  # [B, T, T]
-            logits[:, h] = logits[:, h] - share * far
+        for h, hd, shift in dims[state["layer"]]:
+            share = q[:, h][..., hd] @ k[:, h][..., hd].transpose(-1, -2) * scaling  # [B, T, T] (0 without planes)
+            logits[:, h] = logits[:, h] - (share + shift) * far
         if attention_mask is None:
             logits = logits.masked_fill(gap < 0, torch.finfo(work).min)
         elif attention_mask.dtype == torch.bool:
