@@ -18,6 +18,7 @@ from posym.core.interventions import (
     HeadFreezer,
     ablated,
     ablated_planes,
+    far_planes_removed,
     fold_ablation,
     head_means,
     parse_heads,
@@ -435,6 +436,85 @@ def test_plane_ablation_equals_zeroed_query_weights(kind, pairing, rotary):
     assert (hooked - expected).abs().max().item() < 1e-12
     assert (hooked - clean).abs().max().item() > 1e-6  # the ablation changes something
     assert torch.equal(after, clean)
+
+
+def _far_removed_reference(model, ids, layer, planes, max_distance):
+    """Layer `layer`'s attention logits [B, H, T, T] written out key by key (-inf after the query): every plane's share
+    scale * (R_n q)_m . (R_j k)_m (the model's own sin/cos table), the chosen planes' dropped where
+    n - j > max_distance, the pass-through dims kept, causal mask, softmax."""
+    hidden = model(ids, output_hidden_states=True).hidden_states[layer]  # [B, T, E] entering the layer
+    attn, config = model.transformer.h[layer].attn, model.config
+    x = model.transformer.h[layer].ln_1(hidden)
+    B, T, E = x.shape
+    H, r = config.n_head, config.rotary_dim
+    d = E // H
+    q, k = (x @ attn.q_proj.weight.T).view(B, T, H, d), (x @ attn.k_proj.weight.T).view(B, T, H, d)
+    sin, cos = model.transformer.rotary_emb.embed_positions[:T].double().split(r // 2, dim=-1)  # [T, r/2] each
+    out = torch.full((B, H, T, T), -math.inf, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for n in range(T):
+                for j in range(n + 1):
+                    total = q[b, n, h, r:] @ k[b, j, h, r:]  # the dims RoPE leaves alone
+                    for m in range(r // 2):
+                        if n - j > max_distance and m in planes.get((layer, h), []):
+                            continue
+                        qm = q[b, n, h, 2 * m : 2 * m + 2]
+                        km = k[b, j, h, 2 * m : 2 * m + 2]
+                        turn = lambda v, p: torch.stack(  # noqa: E731
+                            (v[0] * cos[p, m] - v[1] * sin[p, m], v[1] * cos[p, m] + v[0] * sin[p, m])
+                        )
+                        total = total + turn(qm, n) @ turn(km, j)
+                    out[b, h, n, j] = total / math.sqrt(d)
+    return out
+
+
+def test_far_planes_removed_equals_the_written_out_attention():
+    """Exact reference (float64): the hooked layer's attention is the one written out key by key with the
+    chosen planes dropped beyond the distance; other layers untouched, the hook gone afterwards; with
+    every key near it is the model itself, with max_distance -1 it is ablated_planes."""
+    model = build_model(_config(n_layer=2, n_head=2), 20, seed=5, attn_implementation="eager").double().eval()
+    ids = torch.randint(1, 20, (2, 9), generator=torch.Generator().manual_seed(1))
+    planes = {(1, 0): [0], (1, 1): [0, 2]}
+    with torch.no_grad():
+        clean = model(ids, output_attentions=True)
+        with far_planes_removed(model, planes, max_distance=3):
+            hooked = model(ids, output_attentions=True)
+        ref = _far_removed_reference(model, ids, 1, planes, 3)  # [B, H, T, T] logits
+        torch.testing.assert_close(hooked.attentions[1], ref.softmax(-1), atol=1e-9, rtol=0)
+        torch.testing.assert_close(hooked.attentions[0], clean.attentions[0], atol=1e-6, rtol=0)  # layer 0 untouched
+        assert (hooked.attentions[1] - clean.attentions[1]).abs().max() > 1e-3  # it changes something
+        assert torch.equal(model(ids).logits, clean.logits)  # the hook is gone
+        with far_planes_removed(model, planes, max_distance=8):  # T = 9: no key is farther than 8
+            torch.testing.assert_close(model(ids).logits, clean.logits, atol=1e-5, rtol=0)
+        with far_planes_removed(model, planes, max_distance=-1):
+            every = model(ids).logits
+        with ablated_planes(model, planes):
+            torch.testing.assert_close(every, model(ids).logits, atol=1e-5, rtol=0)
+        # a penalty: the far keys' logits (n - j > 3) of head 1.1 lower by 0.7, on top of its removed planes
+        with far_planes_removed(model, planes, max_distance=3, penalty={(1, 1): 0.7, (1, 0): 0.0}):
+            shifted = model(ids, output_attentions=True).attentions[1]
+        logits = ref.clone()
+        far = ((torch.arange(9)[:, None] - torch.arange(9)[None, :]) > 3).double()  # [T, T]
+        logits[:, 1] = logits[:, 1] - 0.7 * far
+        torch.testing.assert_close(shifted, logits.softmax(-1), atol=1e-9, rtol=0)
+
+
+def test_far_planes_removed_checks_its_input():
+    from tiny_llms import model_config
+    from transformers import AutoModelForCausalLM
+
+    model = build_model(_config(), 20, seed=0, attn_implementation="eager").eval()
+    with pytest.raises(PosymError, match="max_distance must be -1"):
+        with far_planes_removed(model, {(0, 0): [0]}, max_distance=-2):
+            pass
+    with pytest.raises(PosymError, match="head 5.0 does not exist"):
+        with far_planes_removed(model, {(5, 0): [0]}, max_distance=3):
+            pass
+    llama = AutoModelForCausalLM.from_config(model_config("llama", 50, 64))
+    with pytest.raises(PosymError, match="GPT-J models"):
+        with far_planes_removed(llama, {(0, 0): [0]}, max_distance=3):
+            pass
 
 
 def test_plane_dims_are_the_planes_of_pair_planes():

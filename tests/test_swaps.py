@@ -66,6 +66,23 @@ def test_engine_matches_the_models_logits_and_planes_sum_to_them(kind):
     assert torch.allclose(swapped.diagonal(dim1=-2, dim2=-1), own.double(), atol=1e-10)
     planes = swaps.plane_swap_logits(qk, torch.tensor([0]), list(range(qk.q.shape[1])), p)[0]  # [H, C, n, n]
     assert torch.allclose(planes.sum(1), swapped, atol=1e-10)
+    channels = swaps.channel_logits(qk, torch.tensor([0]), list(range(qk.q.shape[1])), p)[0]  # [H, C, n]
+    assert torch.allclose(channels, planes.diagonal(dim1=-2, dim2=-1), atol=1e-10)  # the swaps' diagonal
+    assert channels.shape[1] == planes.shape[1] and (channels.abs().amax(-1) > 1e-6).all()  # no channel empty
+
+
+def test_channel_logits_written_out_plane_by_plane():
+    """Plane m's share of the clean row, one 2-d dot product at a time (half pairing: dims m and m + r/2)."""
+    qk, p = _hand_made(), 5
+    channels = swaps.channel_logits(qk, torch.tensor([0]), slice(None), p)[0]  # [H, 3, n]: 2 planes + free dims
+    for h in range(2):
+        query = rotate(qk.q[0, h, p], qk.cos[0, p], qk.sin[0, p], qk.pairing)
+        for j in range(p + 1):
+            key = rotate(qk.k[0, h, j], qk.cos[0, j], qk.sin[0, j], qk.pairing)
+            for m, dims in enumerate(([0, 2], [1, 3], [4, 5])):
+                assert abs(channels[h, m, j] - qk.scale * (query[dims] @ key[dims])) < 1e-12
+    with pytest.raises(PosymError, match="soft-capping"):
+        swaps.channel_logits(_hand_made(2.5), torch.tensor([0]), slice(None), p)
 
 
 def test_eval_mode_whoever_calls_and_the_flag_is_restored():

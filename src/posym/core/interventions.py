@@ -14,7 +14,8 @@ the output projection (GPT-J out_proj, Llama/Mistral/Qwen2 o_proj, GPT-NeoX dens
   model in eval mode (with dropout in train mode the folded constant skips attention dropout).
 - RoPE planes (`ablated_planes`): within one head, the query's components on chosen RoPE planes are
   zeroed, so those frequencies add nothing to that head's attention logits (the frequency story's
-  causal check, `posym atlas --causal`).
+  causal check, `posym atlas --causal`); `far_planes_removed` removes them only from the logits of keys
+  farther back than a distance (the number cliff's check, GPT-J).
 - Freezing (`HeadFreezer`): gradient hooks zero the head's q/k/v rows and out_proj columns (so clipping
   and Adam moments never see them), and after every optimizer step the frozen slices are copied back
   (AdamW's decoupled weight decay moves weights even at zero gradient): they stay bit-identical.
@@ -276,6 +277,92 @@ def ablated_planes(model, planes: dict[Head, list[int]]) -> Iterator[None]:
         yield
     finally:
         module.apply_rotary_pos_emb = rotary
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def far_planes_removed(
+    model, planes: dict[Head, list[int]], max_distance: int, *, penalty: dict[Head, float] | None = None
+) -> Iterator[None]:
+    """Within the block, RoPE planes `planes[(l, h)]` (0-based, as `ablated_planes`) of head (l, h) add
+    nothing to its logit of a key more than `max_distance` positions before the query (n - j > max_distance);
+    their share of the logits of nearer keys, the other planes, the values and every other head are untouched.
+
+    The number cliff's causal check (docs/results.md, issue 28): with max_distance = the longest distance
+    of the training prompts (16 in the paper's 17 tokens), it is exactly the identity at the training length
+    and removes a plane's aliasing (plane ID 1 turns once per 2 pi positions) from the keys only a longer
+    prompt holds. max_distance = -1 removes the planes for every key: `ablated_planes`.
+    penalty: a constant subtracted from head (l, h)'s logit of every such far key as well (its control:
+    the same average shift of the far keys without a plane's selectivity; `planes` may then map it to []).
+
+    GPT-J models (posym's own: interleaved planes, no grouped keys) in one pass without a key-value cache;
+    the chosen layers' attention runs in this module's float32 (or float64) kernel: the model's eager
+    kernel with the planes' share `scale * q_m . k_m` of the far keys subtracted before the mask and softmax.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if getattr(model.config, "model_type", None) != "gptj":
+        raise PosymError("far_planes_removed works on GPT-J models (posym's own), not this one")
+    if max_distance < -1:
+        raise PosymError(f"max_distance must be -1 (every key) or more, got {max_distance}")
+    penalty = dict(penalty or {})
+    by_layer: dict[int, list[tuple[int, list[int], float]]] = {}
+    for head in sorted(set(planes) | set(penalty)):
+        head_slice(model, head)  # validates the index
+        chosen = sorted({int(m) for m in planes.get(head, [])})
+        by_layer.setdefault(head[0], []).append((head[1], chosen, float(penalty.get(head, 0.0))))
+    r = model.config.rotary_dim or model.config.n_embd // model.config.n_head
+    dims = {
+        layer: [(h, plane_dims(chosen, "interleaved", r), shift) for h, chosen, shift in heads]
+        for layer, heads in by_layer.items()
+    }
+    state: dict = {"layer": None}
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface
+
+    def kernel(attn, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        T, S = query.shape[-2], key.shape[-2]  # query, key [B, H, T, d], rotated
+        if T != S:
+            raise PosymError("far_planes_removed needs one pass over the whole prompt (no key-value cache)")
+        work = torch.promote_types(query.dtype, torch.float32)
+        q, k = query.to(work), key.to(work)
+        logits = q @ k.transpose(-1, -2) * scaling  # [B, H, T, T]
+        gap = torch.arange(T, device=q.device)[:, None] - torch.arange(T, device=q.device)[None, :]  # [T, T] n - j
+        far = (gap > max_distance).to(work)  # [T, T] 1 = the planes are removed for this key
+        for h, hd, shift in dims[state["layer"]]:
+            share = q[:, h][..., hd] @ k[:, h][..., hd].transpose(-1, -2) * scaling  # [B, T, T] (0 without planes)
+            logits[:, h] = logits[:, h] - (share + shift) * far
+        if attention_mask is None:
+            logits = logits.masked_fill(gap < 0, torch.finfo(work).min)
+        elif attention_mask.dtype == torch.bool:
+            logits = logits.masked_fill(~attention_mask, torch.finfo(work).min)
+        else:
+            logits = logits + attention_mask
+        probs = torch.softmax(logits, dim=-1).to(value.dtype)  # [B, H, T, T]
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=attn.training)
+        return (probs @ value).transpose(1, 2).contiguous(), probs
+
+    def get_interface(implementation, default):
+        return kernel if state["layer"] in dims else interface(implementation, default)
+
+    def pre(layer: int):
+        def hook(module_, args, kwargs):
+            state["layer"] = layer
+
+        return hook
+
+    def post(module_, args, output):
+        state["layer"] = None
+
+    handles = []
+    for layer, attn in enumerate(attention_modules(model)):
+        handles.append(attn.register_forward_pre_hook(pre(layer), with_kwargs=True))
+        handles.append(attn.register_forward_hook(post))
+    ALL_ATTENTION_FUNCTIONS.get_interface = get_interface
+    try:
+        yield
+    finally:
+        del ALL_ATTENTION_FUNCTIONS.get_interface  # the instance attribute: the class method again
         for handle in handles:
             handle.remove()
 

@@ -153,6 +153,21 @@ def plane_swap_logits(qk: HeadQK, rows: Tensor, heads, p: int) -> Tensor:
     return swapped
 
 
+def channel_logits(qk: HeadQK, rows: Tensor, heads, p: int) -> Tensor:
+    """clean[g, h, c, a] [G, H, C, n]: channel c's share of the clean row of query p (the diagonal of
+    `plane_swap_logits`, in O(n d)): the rotary planes in frequency order, then the position-free dims if
+    any. They sum to `clean_logits` (no soft-capping: such heads are a PosymError, as there)."""
+    if qk.softcap is not None:
+        raise PosymError("per-plane logits are undefined under attention-logit soft-capping (tanh of the sum)")
+    r = qk.cos.shape[-1]
+    u, k = unrotated_queries(qk, rows, heads, p)  # [G, H, n, d] each
+    clean = qk.scale * (pair_planes(u, qk.pairing, r) * pair_planes(k, qk.pairing, r)).sum(-1)  # [G, H, n, r/2]
+    if u.shape[-1] > r:
+        free = qk.scale * (u[..., r:] * k[..., r:]).sum(-1)  # [G, H, n]
+        clean = torch.cat((clean, free[..., None]), dim=-1)  # [G, H, n, r/2 + 1]
+    return clean.transpose(-1, -2)  # [G, H, C, n]
+
+
 def clean_logits(qk: HeadQK, rows: Tensor, heads, p: int, dtype=torch.float64) -> Tensor:
     """The logits [G, H, n] of query p over the keys it sees (first .. p), exactly as the model computes them."""
     u, k = unrotated_queries(qk, rows, heads, p, dtype)
