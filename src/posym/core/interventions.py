@@ -259,9 +259,22 @@ def ablated_planes(model, planes: dict[Head, list[int]]) -> Iterator[None]:
             raise PosymError(f"a {type(model).__name__} layer calls apply_rotary_pos_emb in a form posym does not know")
         return out
 
+    module.apply_rotary_pos_emb = wrapper
+    try:
+        with _tracking_layers(model, state, calls=0):
+            yield
+    finally:
+        module.apply_rotary_pos_emb = rotary
+
+
+@contextlib.contextmanager
+def _tracking_layers(model, state: dict, **reset):
+    """While open, state["layer"] is the index of the attention module running (None between them);
+    entering one also sets `reset`'s keys in `state`."""
+
     def pre(layer: int):
         def hook(module_, args, kwargs):
-            state.update(layer=layer, calls=0)
+            state.update(layer=layer, **reset)
 
         return hook
 
@@ -272,11 +285,9 @@ def ablated_planes(model, planes: dict[Head, list[int]]) -> Iterator[None]:
     for layer, attn in enumerate(attention_modules(model)):
         handles.append(attn.register_forward_pre_hook(pre(layer), with_kwargs=True))
         handles.append(attn.register_forward_hook(post))
-    module.apply_rotary_pos_emb = wrapper
     try:
         yield
     finally:
-        module.apply_rotary_pos_emb = rotary
         for handle in handles:
             handle.remove()
 
@@ -345,26 +356,12 @@ def far_planes_removed(
     def get_interface(implementation, default):
         return kernel if state["layer"] in dims else interface(implementation, default)
 
-    def pre(layer: int):
-        def hook(module_, args, kwargs):
-            state["layer"] = layer
-
-        return hook
-
-    def post(module_, args, output):
-        state["layer"] = None
-
-    handles = []
-    for layer, attn in enumerate(attention_modules(model)):
-        handles.append(attn.register_forward_pre_hook(pre(layer), with_kwargs=True))
-        handles.append(attn.register_forward_hook(post))
     ALL_ATTENTION_FUNCTIONS.get_interface = get_interface
     try:
-        yield
+        with _tracking_layers(model, state):
+            yield
     finally:
         del ALL_ATTENTION_FUNCTIONS.get_interface  # the instance attribute: the class method again
-        for handle in handles:
-            handle.remove()
 
 
 # ---- freezing ----------------------------------------------------------------------------------
