@@ -73,16 +73,19 @@ def test_batched_equals_the_loop_with_logits_and_excluded_keys(options, blocks, 
     assert_same_rows(got, score_model(model, prompts, queries, engine="loop", **options))
 
 
-def test_rows_with_several_pivots_and_near_uniform_rows(blocks):
+def test_rows_with_several_pivots_and_near_uniform_rows(blocks, monkeypatch):
     """A mildly peaked model (qk_scale 3) at the default SPARSE_LIMIT: rows with several pivots take
-    the batched path, near-uniform ones the per-query path, and the table is the loop's."""
+    the batched path, near-uniform ones the grid (`score_dense`), and the table is the loop's; a CHUNK
+    of 40 elements (blocks of one query, the extra pivots one or two at a time) changes nothing."""
     model = tiny_model("qwen2", qk_scale=3.0)
     prompts = random_prompts([40], seed=2)
     got = score_model(model, prompts, "all")
-    assert max(c["pivots"] for c in blocks) >= 2
+    assert max(c["pivots"] for c in blocks) >= 4
     done = sum(c["done"] for c in blocks)
     assert 0 < done < len(got)  # both paths ran
     assert_same_rows(got, score_model(model, prompts, "all", engine="loop"))
+    monkeypatch.setattr(batched, "CHUNK", 40)
+    assert_same_rows(score_model(model, prompts, "all"), got)
 
 
 def test_a_tiny_budget_forces_one_query_per_block_and_changes_nothing(blocks, monkeypatch):

@@ -70,8 +70,8 @@ def default_budget(batch: int, tokens: int, vocab: int) -> int:
 GRIDS = 16
 """[rows, keys] arrays a block holds at most (the `Scratch` buffers: clean logits, shifted logits,
 probabilities, the items' values with non-items +inf and -inf, a search temporary, a pivot's row and
-column of swapped logits, the weights, v1, c, a cosine temporary; two boolean masks; and the few rows
-with more pivots): the budget's divisor."""
+column of swapped logits, the weights, v1, c, a cosine temporary; two boolean masks; and the pivots
+after each row's first, taken in pieces of at most a grid's elements): the budget's divisor."""
 
 CHUNK = 1 << 17
 """The most elements of one block's [rows, keys] grid, whatever the budget (1 MiB per float64 array):
@@ -342,13 +342,17 @@ def score_block(
         slot = torch.arange(len(pair), device=device) - (extra.cumsum(0) - extra)[pair]  # [P] 0-based
         at = many[pair]  # [P] flat row
         xa, a = slots.values[pair, slot], slots.indices[pair, slot]  # [P] the pivot's value and column
-        xl = x_lo.view(flat)[at]  # [P, W]
-        pair_partner = xl <= (xa - threshold.flatten()[at])[:, None]  # [P, W]
+        limit = (xa - threshold.flatten()[at])[:, None]  # [P, 1] a partner's largest value
         pair_index = index.flatten()[at] - 1 - slot  # items below pivot slot + 1
-        pair_counts = pair_partner.sum(-1).minimum(pair_index)
-        pair_near = torch.where(pair_partner, inf, xl).amin(-1)
-        kept.view(-1).index_add_(0, at, pair_counts)
-        dropped.view(-1).scatter_reduce_(0, at, torch.where(pair_counts < pair_index, xa - pair_near, -inf), "amax")
+        step = max(1, CHUNK // shape[-1])  # pairs a piece: its [pairs, W] arrays no larger than a block's grid
+        for piece in torch.arange(len(at), device=device).split(step):
+            xl = x_lo.view(flat)[at[piece]]  # [p, W]
+            pair_partner = xl <= limit[piece]  # [p, W]
+            pair_counts = pair_partner.sum(-1).minimum(pair_index[piece])
+            pair_near = torch.where(pair_partner, inf, xl).amin(-1)
+            kept.view(-1).index_add_(0, at[piece], pair_counts)
+            gaps = torch.where(pair_counts < pair_index[piece], xa[piece] - pair_near, -inf)
+            dropped.view(-1).scatter_reduce_(0, at[piece], gaps, "amax")
     done = fast & (kept <= pruning.SPARSE_LIMIT * n_swaps)  # the rows scored here; dense ones are not
 
     # the first pivot of every row: one pair of batched products
@@ -359,26 +363,29 @@ def score_block(
     weight, pos, sym = _weigh(t, x, logits, partner, xmax[..., None], logit_a, gap, new_a, new_b, tau, compare)
     if len(many):
         live = done.flatten()[at]  # [P] pairs of rows scored here
-        at, a, xa, pair_partner = at[live], a[live], xa[live], pair_partner[live]
-        if len(at):
-            gh = at // len(ps)
-            new_a, new_b = _pivot_logits(qk, t, qr.flatten(0, 2)[at], a + k0, gh // heads, gh % heads, k0, k1)
-            lg = logits.view(flat)[at]  # [P, W]
+        at, a, xa, limit = at[live], a[live], xa[live], limit[live]
+        for piece in torch.arange(len(at), device=device).split(step):
+            rows_at = at[piece]  # [p] flat rows
+            gh = rows_at // len(ps)
+            new_a, new_b = _pivot_logits(
+                qk, t, qr.flatten(0, 2)[rows_at], a[piece] + k0, gh // heads, gh % heads, k0, k1
+            )
+            lg = logits.view(flat)[rows_at]  # [p, W]
             sums = _weigh(
                 t,
-                x.view(flat)[at],
+                x.view(flat)[rows_at],
                 lg,
-                pair_partner,
-                xa[:, None],
-                lg.gather(-1, a[:, None]),
-                gap.flatten()[at],
+                x_lo.view(flat)[rows_at] <= limit[piece],
+                xa[piece, None],
+                lg.gather(-1, a[piece, None]),
+                gap.flatten()[rows_at],
                 new_a,
                 new_b,
                 tau,
                 compare,
             )
             for total, add in zip((weight, pos, sym), sums):
-                total.view(-1).index_add_(0, at, add)
+                total.view(-1).index_add_(0, rows_at, add)
     dropped_weight = (n_swaps - kept) * torch.exp((dropped - gap) / tau)  # [G, H, Q]
     out.update(
         s_pos=pos / weight,
