@@ -2,8 +2,8 @@
 
 `posym.core.pruning.score_rows` scores the rows of ONE query position (all of equal length n); a
 prompt scored at every query then costs a Python loop of T positions per layer. This module scores a
-whole block of query positions of every head and prompt with a handful of batched matrix products,
-the same maths and the same proven bound per row:
+whole block of query positions of one head (`head_view`; every prompt's rows) with a handful of
+matrix products, the same maths and the same proven bound per row:
 
 - clean logits of the block: one product R_p q_p . R_j k_j per head, [queries, keys], the keys each
   query sees (`HeadQK.first_key`, so sliding windows hold) masked, exactly the attention logits;
@@ -17,7 +17,7 @@ the same maths and the same proven bound per row:
   swapped[b, a] = scale (R_p q_p) . (R_b k_a) = scale sum_i cos_b,i (qr_i k_a,i) + sin_b,i (qr_i (J k_a)_i)
   (+ the pass-through dims), one product with the rotary tables. The largest pivot of every row of
   the block is one pair of batched products, [queries, keys] each; the other pivots (few rows) one
-  pair of products over those rows, grouped by head;
+  pair of products over those rows, in pieces of at most CHUNK elements;
 - every pair is weighed as `pruning.score_rows` weighs it (`pair_cosines`, the weights
   exp((|x_a - x_b| - G) / tau)), summed over partners and pivots, and the bound is the same
   2 m e / (Z_K + m e) (m dropped swaps, e from the largest dropped gap).
@@ -27,12 +27,12 @@ heads) are weighed swap by swap on the grid of key pairs (`score_dense`: O(n^2) 
 `pruning.score_rows`' dense branch, without its gathered pair lists), and so is every row of the dense
 reference (epsilon=None). Block swaps (blocks=M) take the per-query path (`pruning.score_rows`).
 
-Speed: the work is elementwise passes over [heads x queries, keys] arrays, so a block is kept to at
-most CHUNK elements whatever the memory budget (its arrays then stay in the processor's cache), masks
+Speed: the work is elementwise passes over [rows x queries, keys] arrays, so a block is kept to at
+most CHUNK elements whatever the memory budget (its arrays then stay near the processor), masks
 are additive tables added once, and the per-layer pieces every block reads (the keys, rotated and not,
 and the rotary tables in float64) are computed once per layer (`prepare`).
 
-Memory: a block holds about `budget` bytes of [heads x queries, keys] float arrays (GRIDS of them at
+Memory: a block holds about `budget` bytes of [rows x queries, keys] float arrays (GRIDS of them at
 once; default `default_budget`, the forward's own logits; never more than CHUNK elements a grid);
 `query_blocks` sizes the blocks, so a tiny budget only makes more, smaller blocks with the same
 numbers. `prepare` holds two [rows, heads, T, head_dim] float arrays per layer on top.
