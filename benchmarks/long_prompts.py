@@ -12,7 +12,8 @@ then the forward again; the recorded ratio is scores / the mean of the two forwa
 change of machine load between them shows as forward_s_before vs forward_s_after. cpu_ratio is the same ratio of
 the process's CPU seconds (every thread's): the work, whatever share of a loaded machine each side got. `--all` lengths score
 every query (`--queries all`), `--lengths` the last token only; `--all-dense` / `--dense-max` add the
-dense reference (every swap) and max |pruned - dense| where it is affordable. Seconds are wall time.
+dense reference (every swap: exact='dense', which the batched engine weighs on the grid of key pairs,
+`posym.core.batched.score_dense`) and max |pruned - dense| where it is affordable. Seconds are wall time.
 Peak memory (CPU) is the rise of the process's resident set over its level just before the
 measurement: the kernel's high-water mark (VmHWM) is reset through /proc/self/clear_refs before each
 one, and glibc is told to serve large blocks by mmap and to trim (so freed memory leaves the RSS and
@@ -199,6 +200,9 @@ def main(argv=None) -> None:
             "after each scoring, time_ratio = scores_s / their mean (wall clock); cpu_ratio the same of "
             "the process's CPU seconds (every thread's)",
             "scores": "posym.core.scores.score_model, float64, exact='pruned' (epsilon 1e-12), engine='batched'",
+            "dense": "score_model(exact='dense'), engine='batched': posym.core.batched.score_dense weighs every "
+            "swap of every row (tests/test_batched.py holds it to the per-query loop's dense table, "
+            "pruning.score_rows with epsilon None, to 1e-12)",
             "diff_within_bound": f"max |pruned - dense| <= the row's bound + {ROUNDING:g} (float64 rounding)",
             "skipped_lengths": skipped,
             "runs": runs,

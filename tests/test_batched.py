@@ -73,16 +73,19 @@ def test_batched_equals_the_loop_with_logits_and_excluded_keys(options, blocks, 
     assert_same_rows(got, score_model(model, prompts, queries, engine="loop", **options))
 
 
-def test_rows_with_several_pivots_and_near_uniform_rows(blocks):
+def test_rows_with_several_pivots_and_near_uniform_rows(blocks, monkeypatch):
     """A mildly peaked model (qk_scale 3) at the default SPARSE_LIMIT: rows with several pivots take
-    the batched path, near-uniform ones the per-query path, and the table is the loop's."""
+    the batched path, near-uniform ones the grid (`score_dense`), and the table is the loop's; a CHUNK
+    of 40 elements (blocks of one query, the extra pivots one or two at a time) changes nothing."""
     model = tiny_model("qwen2", qk_scale=3.0)
     prompts = random_prompts([40], seed=2)
     got = score_model(model, prompts, "all")
-    assert max(c["pivots"] for c in blocks) >= 2
+    assert max(c["pivots"] for c in blocks) >= 4
     done = sum(c["done"] for c in blocks)
     assert 0 < done < len(got)  # both paths ran
     assert_same_rows(got, score_model(model, prompts, "all", engine="loop"))
+    monkeypatch.setattr(batched, "CHUNK", 40)
+    assert_same_rows(score_model(model, prompts, "all"), got)
 
 
 def test_a_tiny_budget_forces_one_query_per_block_and_changes_nothing(blocks, monkeypatch):
@@ -93,7 +96,9 @@ def test_a_tiny_budget_forces_one_query_per_block_and_changes_nothing(blocks, mo
     assert max(c["queries"] for c in blocks) > 1
     blocks.clear()
     tiny = score_model(model, prompts, "all", budget=1)
-    assert {c["queries"] for c in blocks} == {1} and len(blocks) == 2 * 14  # 2 layers x 14 queries
+    assert {c["queries"] for c in blocks} == {1} and len(
+        blocks
+    ) == 2 * 4 * 14  # 2 layers x 4 heads (a block each) x 14 queries
     assert_same_rows(tiny, default)
 
 
@@ -122,6 +127,22 @@ def test_batched_pruned_equals_dense_within_its_bound(kind, blocks):
     assert (pruned["bound"] <= 2e-12).all()
     for column in ("s_pos", "s_sym"):
         assert ((pruned[column] - dense[column]).abs() <= pruned["bound"] + 1e-13).all()
+
+
+@pytest.mark.parametrize("kind", ["gptj", "llama", "gemma2", "gemma3_text"])
+def test_the_batched_dense_reference_equals_the_loops(kind):
+    """exact="dense" on the batched engine (`score_dense` for every row) gives the per-query loop's
+    dense table (`pruning.score_rows`, epsilon None): every query of two prompts, then per-prompt queries
+    excluding key 0; interleaved planes and partial rotary (GPT-J), GQA and scaled tables (Llama),
+    soft-capping and a 4-key window (Gemma 2), local and global layers (Gemma 3)."""
+    model = tiny_model(kind, qk_scale=3.0, window=4 if kind in WINDOWED else None)
+    prompts = random_prompts([9, 12], seed=8)
+    got = score_model(model, prompts, "all", exact="dense")
+    assert (got["kept"] == got["n_swaps"]).all() and (got["bound"] == 0).all()
+    assert_same_rows(got, score_model(model, prompts, "all", exact="dense", engine="loop"))
+    queries = [list(range(3, 9)), list(range(4, 12))]
+    got = score_model(model, prompts, queries, exact="dense", exclude_keys=(0,))
+    assert_same_rows(got, score_model(model, prompts, queries, exact="dense", exclude_keys=(0,), engine="loop"))
 
 
 def test_bad_engine_and_budget_are_one_line_errors():
@@ -178,11 +199,16 @@ def test_grouped_products_are_each_rows_own_product():
     assert torch.allclose(batched._grouped(u, group, mats), want, rtol=0, atol=1e-14)
 
 
-@pytest.mark.parametrize("options", [{}, {"compare": "logits"}, {"exclude_keys": (0, 3)}])
-def test_the_dense_grid_equals_the_dense_reference(options):
-    """`score_dense` (every swap on the grid of key pairs, each counted twice) against
-    `pruning.score_rows` with every swap weighed (epsilon=None), windowed layer included."""
+@pytest.mark.parametrize("options", [{}, {"compare": "logits"}, {"exclude_keys": (0, 3)}, {"smallest": 1.0}])
+def test_the_dense_grid_equals_the_dense_reference(options, monkeypatch):
+    """`score_dense` (every swap once, on the upper triangle of the grid of key pairs) against
+    `pruning.score_rows` with every swap weighed (epsilon=None), windowed layer included; smallest 1.0
+    sends every row down the logit-difference branch (`_unit_cosines`, for probabilities too small
+    for `_probs_sums`)."""
     import torch
+
+    options = dict(options)
+    monkeypatch.setattr(batched, "SMALLEST", options.pop("smallest", batched.SMALLEST))
 
     from posym.core import swaps
     from posym.core.qk import head_qk

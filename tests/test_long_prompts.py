@@ -45,6 +45,27 @@ def test_the_gpu_options_parse():
         module.parser().parse_args(["--dtype", "fp16"])
 
 
+def test_the_gpu_script_runs_every_model_and_dtype(tmp_path):
+    """scripts/long_prompts_gpu.sh (DRY_RUN: its runs' arguments): each parses with the benchmark's own
+    parser, the two models x bf16/fp32 on cuda, 8k-32k tokens at the last query, every query to 2,048
+    tokens with the dense reference at 256 and 512, one JSON each under $OUT."""
+    import os
+    import subprocess
+
+    script = SCRIPT.parents[1] / "scripts" / "long_prompts_gpu.sh"
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path)}
+    lines = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=True).stdout.split(
+        "\n"
+    )
+    module = bench()
+    runs = [module.parser().parse_args(line.split()) for line in lines if line]
+    assert sorted((r.model, r.dtype) for r in runs) == sorted((m, d) for m in module.MODELS for d in ("bf16", "fp32"))
+    for r in runs:
+        assert r.device == "cuda" and {8192, 16384, 32768} <= set(module.parse_lengths(r.lengths))
+        assert {256, 512, 1024} <= set(module.parse_lengths(r.all)) and module.parse_lengths(r.all_dense) == [256, 512]
+    assert len({r.json for r in runs}) == 4 and all(Path(r.json).parent == tmp_path for r in runs)
+
+
 @pytest.mark.slow
 def test_a_short_cpu_run_records_every_entry(tmp_path):
     from real_llm import gguf_path

@@ -2,8 +2,8 @@
 
 `posym.core.pruning.score_rows` scores the rows of ONE query position (all of equal length n); a
 prompt scored at every query then costs a Python loop of T positions per layer. This module scores a
-whole block of query positions of every head and prompt with a handful of batched matrix products,
-the same maths and the same proven bound per row:
+whole block of query positions of one head (`head_view`; every prompt's rows) with a handful of
+matrix products, the same maths and the same proven bound per row:
 
 - clean logits of the block: one product R_p q_p . R_j k_j per head, [queries, keys], the keys each
   query sees (`HeadQK.first_key`, so sliding windows hold) masked, exactly the attention logits;
@@ -17,22 +17,22 @@ the same maths and the same proven bound per row:
   swapped[b, a] = scale (R_p q_p) . (R_b k_a) = scale sum_i cos_b,i (qr_i k_a,i) + sin_b,i (qr_i (J k_a)_i)
   (+ the pass-through dims), one product with the rotary tables. The largest pivot of every row of
   the block is one pair of batched products, [queries, keys] each; the other pivots (few rows) one
-  pair of products over those rows, grouped by head;
+  pair of products over those rows, in pieces of at most CHUNK elements;
 - every pair is weighed as `pruning.score_rows` weighs it (`pair_cosines`, the weights
   exp((|x_a - x_b| - G) / tau)), summed over partners and pivots, and the bound is the same
   2 m e / (Z_K + m e) (m dropped swaps, e from the largest dropped gap).
 
 Rows whose threshold is <= 0 or that keep more than SPARSE_LIMIT of their swaps (dense: near-uniform
 heads) are weighed swap by swap on the grid of key pairs (`score_dense`: O(n^2) per row, as
-`pruning.score_rows`' dense branch, without its gathered pair lists). Block swaps (blocks=M) and
-epsilon=None (the dense reference itself) take the per-query path (`pruning.score_rows`, the reference).
+`pruning.score_rows`' dense branch, without its gathered pair lists), and so is every row of the dense
+reference (epsilon=None). Block swaps (blocks=M) take the per-query path (`pruning.score_rows`).
 
-Speed: the work is elementwise passes over [heads x queries, keys] arrays, so a block is kept to at
-most CHUNK elements whatever the memory budget (its arrays then stay in the processor's cache), masks
+Speed: the work is elementwise passes over [rows x queries, keys] arrays, so a block is kept to at
+most CHUNK elements whatever the memory budget (its arrays then stay near the processor), masks
 are additive tables added once, and the per-layer pieces every block reads (the keys, rotated and not,
 and the rotary tables in float64) are computed once per layer (`prepare`).
 
-Memory: a block holds about `budget` bytes of [heads x queries, keys] float arrays (GRIDS of them at
+Memory: a block holds about `budget` bytes of [rows x queries, keys] float arrays (GRIDS of them at
 once; default `default_budget`, the forward's own logits; never more than CHUNK elements a grid);
 `query_blocks` sizes the blocks, so a tiny budget only makes more, smaller blocks with the same
 numbers. `prepare` holds two [rows, heads, T, head_dim] float arrays per layer on top.
@@ -40,6 +40,7 @@ numbers. `prepare` holds two [rows, heads, T, head_dim] float arrays per layer o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -69,8 +70,8 @@ def default_budget(batch: int, tokens: int, vocab: int) -> int:
 GRIDS = 16
 """[rows, keys] arrays a block holds at most (the `Scratch` buffers: clean logits, shifted logits,
 probabilities, the items' values with non-items +inf and -inf, a search temporary, a pivot's row and
-column of swapped logits, the weights, v1, c, a cosine temporary; two boolean masks; and the few rows
-with more pivots): the budget's divisor."""
+column of swapped logits, the weights, v1, c, a cosine temporary; two boolean masks; and the pivots
+after each row's first, taken in pieces of at most a grid's elements): the budget's divisor."""
 
 CHUNK = 1 << 17
 """The most elements of one block's [rows, keys] grid, whatever the budget (1 MiB per float64 array):
@@ -169,9 +170,23 @@ def prepare(qk: HeadQK, rows: Tensor, dtype, exclude_keys=(), scratch: Scratch |
     return Tables(keys, rotated, cos, sin, planes.contiguous(), folding, excluded, scratch or Scratch())
 
 
+def head_view(qk: HeadQK, t: Tables, h: int) -> tuple[HeadQK, Tables]:
+    """Layer `qk` and its `prepare` tables restricted to head h (views, nothing copied), for `score_block`.
+
+    A block of one head's queries makes each of its products one [queries, d] x [d, keys] matrix
+    product: on SmolLM2 (9 heads, head dim 64, float64) a block of 126 queries of one head took 0.54 ms
+    where 9 heads x 14 queries (the same elements) took 2.8 ms, products of a few rows being slow."""
+    one = slice(h, h + 1)
+    return dataclasses.replace(qk, q=qk.q[:, one], k=qk.k[:, one]), dataclasses.replace(
+        t, keys=t.keys[:, one], rotated=t.rotated[:, one]
+    )
+
+
 def _grouped(u: Tensor, group: Tensor, mats: Tensor) -> Tensor:
     """u[i] @ mats[group[i]] for every i: u [P, k], group [P] (sorted), mats [M, k, W] -> [P, W], from
-    one batched product with each group's rows padded to the largest group."""
+    one batched product with each group's rows padded to the largest group (one group: one product)."""
+    if mats.shape[0] == 1:
+        return u @ mats[0]
     counts = torch.bincount(group, minlength=mats.shape[0])  # [M]
     slot = torch.arange(len(group), device=u.device) - (counts.cumsum(0) - counts)[group]  # [P]
     padded = u.new_zeros(mats.shape[0], int(counts.max()), u.shape[-1])  # [M, most, k]
@@ -327,13 +342,17 @@ def score_block(
         slot = torch.arange(len(pair), device=device) - (extra.cumsum(0) - extra)[pair]  # [P] 0-based
         at = many[pair]  # [P] flat row
         xa, a = slots.values[pair, slot], slots.indices[pair, slot]  # [P] the pivot's value and column
-        xl = x_lo.view(flat)[at]  # [P, W]
-        pair_partner = xl <= (xa - threshold.flatten()[at])[:, None]  # [P, W]
+        limit = (xa - threshold.flatten()[at])[:, None]  # [P, 1] a partner's largest value
         pair_index = index.flatten()[at] - 1 - slot  # items below pivot slot + 1
-        pair_counts = pair_partner.sum(-1).minimum(pair_index)
-        pair_near = torch.where(pair_partner, inf, xl).amin(-1)
-        kept.view(-1).index_add_(0, at, pair_counts)
-        dropped.view(-1).scatter_reduce_(0, at, torch.where(pair_counts < pair_index, xa - pair_near, -inf), "amax")
+        step = max(1, CHUNK // shape[-1])  # pairs a piece: its [pairs, W] arrays no larger than a block's grid
+        for piece in torch.arange(len(at), device=device).split(step):
+            xl = x_lo.view(flat)[at[piece]]  # [p, W]
+            pair_partner = xl <= limit[piece]  # [p, W]
+            pair_counts = pair_partner.sum(-1).minimum(pair_index[piece])
+            pair_near = torch.where(pair_partner, inf, xl).amin(-1)
+            kept.view(-1).index_add_(0, at[piece], pair_counts)
+            gaps = torch.where(pair_counts < pair_index[piece], xa[piece] - pair_near, -inf)
+            dropped.view(-1).scatter_reduce_(0, at[piece], gaps, "amax")
     done = fast & (kept <= pruning.SPARSE_LIMIT * n_swaps)  # the rows scored here; dense ones are not
 
     # the first pivot of every row: one pair of batched products
@@ -344,26 +363,29 @@ def score_block(
     weight, pos, sym = _weigh(t, x, logits, partner, xmax[..., None], logit_a, gap, new_a, new_b, tau, compare)
     if len(many):
         live = done.flatten()[at]  # [P] pairs of rows scored here
-        at, a, xa, pair_partner = at[live], a[live], xa[live], pair_partner[live]
-        if len(at):
-            gh = at // len(ps)
-            new_a, new_b = _pivot_logits(qk, t, qr.flatten(0, 2)[at], a + k0, gh // heads, gh % heads, k0, k1)
-            lg = logits.view(flat)[at]  # [P, W]
+        at, a, xa, limit = at[live], a[live], xa[live], limit[live]
+        for piece in torch.arange(len(at), device=device).split(step):
+            rows_at = at[piece]  # [p] flat rows
+            gh = rows_at // len(ps)
+            new_a, new_b = _pivot_logits(
+                qk, t, qr.flatten(0, 2)[rows_at], a[piece] + k0, gh // heads, gh % heads, k0, k1
+            )
+            lg = logits.view(flat)[rows_at]  # [p, W]
             sums = _weigh(
                 t,
-                x.view(flat)[at],
+                x.view(flat)[rows_at],
                 lg,
-                pair_partner,
-                xa[:, None],
-                lg.gather(-1, a[:, None]),
-                gap.flatten()[at],
+                x_lo.view(flat)[rows_at] <= limit[piece],
+                xa[piece, None],
+                lg.gather(-1, a[piece, None]),
+                gap.flatten()[rows_at],
                 new_a,
                 new_b,
                 tau,
                 compare,
             )
             for total, add in zip((weight, pos, sym), sums):
-                total.view(-1).index_add_(0, at, add)
+                total.view(-1).index_add_(0, rows_at, add)
     dropped_weight = (n_swaps - kept) * torch.exp((dropped - gap) / tau)  # [G, H, Q]
     out.update(
         s_pos=pos / weight,
@@ -386,6 +408,30 @@ def _unit_cosines(delta: Tensor, old: Tensor) -> tuple[Tensor, Tensor]:
     return (c * v0 + d * v1) / norm, (c * v1 + d * v0) / norm
 
 
+SMALLEST = 1e-150
+"""The smallest key probability `score_dense` weighs through `_probs_sums` (its square stays a normal
+float64); a row with a smaller one takes the logit differences (`_unit_cosines`)."""
+
+
+def _probs_sums(delta: Tensor, pi: Tensor, pj: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """(sum w (cos_pos + cos_sym), sum w (cos_pos - cos_sym)) [h] over a piece of swaps (i, j) for
+    compare="probs", from delta = new_b - new_a [h, c, M'] (overwritten), the probabilities p_i [h, c, 1]
+    and p_j [h, 1, M'] and the weights w [h, c, M'] (overwritten).
+
+    `pair_cosines` for single keys: the old weights are (p_i, p_j) and the new ones, scaled by the
+    larger, (c, d) = (1, t) if delta <= 0 else (t, 1), t = e^-|delta| (one exponential). Then
+    cos_pos + cos_sym = (1 + t)(p_i + p_j) / N and cos_pos - cos_sym = +-(1 - t)(p_i - p_j) / N (+ where
+    delta <= 0), N = sqrt(1 + t^2) |(p_i, p_j)|."""
+    t = delta.abs().neg_().exp_()  # [h, c, M']
+    norm = torch.mul(t, t).add_(1.0).sqrt_()  # |(c, d)|
+    plus = torch.add(t, 1.0).div_(norm)  # (1 + t) / |(c, d)|
+    minus = torch.rsub(t, 1.0).div_(norm)
+    minus = torch.where(delta > 0, minus.neg(), minus)
+    k = w.div_(torch.hypot(pi, pj))  # the weight over |(p_i, p_j)|
+    both = torch.linalg.vecdot(k, plus.mul_(pi + pj)).sum(-1)
+    return both, torch.linalg.vecdot(k, minus.mul_(pi - pj)).sum(-1)
+
+
 def score_dense(
     qk: HeadQK,
     row: int,
@@ -401,10 +447,8 @@ def score_dense(
 ) -> dict:
     """Every swap of query p at batch row `row` for `heads`, weighed (the rows `score_block` leaves: a
     near-uniform row keeps more than SPARSE_LIMIT of its swaps): `pruning.score_rows`' dense branch on
-    the grid of item pairs, in pieces of at most CHUNK elements, instead of gathered pair lists.
-
-    The sum over ordered pairs (i, j), i != j, is twice the sum over the swaps: a swap's weight and both
-    of its cosines are symmetric in its two keys (`pair_cosines`), so s_pos and s_sym are the same ratios.
+    the grid of item pairs i < j (its upper triangle), in pieces of at most CHUNK elements, instead of
+    gathered pair lists.
     tables, g: `prepare`'s tables of the batch rows and row's index among them (default: prepared here).
     Returns `pruning.score_rows`' keys, [len(heads)] each (kept = n_swaps, bound 0)."""
     t = tables if tables is not None else prepare(qk, torch.tensor([row]), dtype, exclude_keys)
@@ -422,14 +466,25 @@ def score_dense(
     x = pruning.item_values(clean, items[:, None], compare)  # [h, M]
     top = x.amax(-1) - x.amin(-1)  # [h] the largest gap
     weight, pos, sym = (torch.zeros(len(heads), dtype=dtype, device=qk.q.device) for _ in range(3))
-    ku, kk = u[:, items], k[:, items]  # [h, M, d]
+    ku, kk, old = u[:, items], k[:, items], clean[:, items]  # [h, M, d], [h, M, d], [h, M]
+    # probabilities whose squares stay normal weigh with (p_i, p_j) as the old weights (`_probs_sums`)
+    probs = compare == "probs" and bool((x > SMALLEST).all())
     step = max(1, CHUNK // (len(items) * len(heads)))  # grid rows per piece
     for start in range(0, len(items), step):
-        part = slice(start, start + step)
-        new_a = swaps.soft_capped(qk.scale * ku[:, part] @ kk.transpose(-1, -2), qk.softcap)  # [h, c, M]: a=i, b=j
-        new_b = swaps.soft_capped(qk.scale * kk[:, part] @ ku.transpose(-1, -2), qk.softcap)  # [h, c, M]: b=j at a=i
-        ci, cj = clean[:, items[part], None], clean[:, None, items]  # [h, c, 1], [h, 1, M]
-        if compare == "probs":  # pair_cosines for single keys without its size-1 dims: (c, d) and (v0, v1)
+        part, rest = slice(start, start + step), slice(start, None)  # rows i, columns j >= the piece's first i
+        new_a = swaps.soft_capped(qk.scale * ku[:, part] @ kk[:, rest].transpose(-1, -2), qk.softcap)  # [h, c, M']
+        new_b = swaps.soft_capped(qk.scale * kk[:, part] @ ku[:, rest].transpose(-1, -2), qk.softcap)  # content i at j
+        xi, xj = x[:, part, None], x[:, None, rest]  # [h, c, 1], [h, 1, M']
+        w = torch.sub(xi, xj).abs_().sub_(top[:, None, None]).div_(tau).exp_()  # [h, c, M']
+        w[..., : w.shape[1]].triu_(1)  # each swap once: j > i (the piece's own columns)
+        weight += w.sum((-1, -2))
+        if probs:
+            plus, minus = _probs_sums(new_b.sub_(new_a), xi, xj, w)
+            pos += (plus + minus) / 2
+            sym += (plus - minus) / 2
+            continue
+        ci, cj = old[:, part, None], old[:, None, rest]  # [h, c, 1], [h, 1, M']
+        if compare == "probs":
             cos_pos, cos_sym = _unit_cosines(new_b - new_a, cj - ci)
         else:
             cos_pos, cos_sym = pruning.pair_cosines(
@@ -439,9 +494,6 @@ def score_dense(
                 new_b[..., None],
                 compare,
             )
-        w = torch.exp(((x[:, part, None] - x[:, None, :]).abs() - top[:, None, None]) / tau)  # [h, c, M]
-        w[:, torch.arange(w.shape[1]), torch.arange(start, start + w.shape[1])] = 0.0  # no swap of a key with itself
-        weight += w.sum((-1, -2))
         pos += (w * cos_pos).sum((-1, -2))
         sym += (w * cos_sym).sum((-1, -2))
     n_swaps = len(items) * (len(items) - 1) // 2

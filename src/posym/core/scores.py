@@ -238,7 +238,8 @@ def _score_query(qk: HeadQK, p: int, rows: list[int], heads: list[int], dtype, o
 
 ENGINES = ("batched", "loop")
 """How a layer's queries are scored: "batched" (`posym.core.batched`: blocks of queries of every head
-at once, `batched.score_dense` for the near-uniform rows it leaves) or "loop" (one query position at a time: the reference)."""
+at once, `batched.score_dense` for the near-uniform rows it leaves and for exact="dense") or "loop" (one query
+position at a time through `pruning.score_rows`: the reference)."""
 
 
 def _score_layer(
@@ -248,14 +249,14 @@ def _score_layer(
 
     engine "batched" scores blocks of query positions sharing their batch rows (`batched.query_blocks`
     under `budget` bytes) with `batched.score_block` and weighs every swap of the rows it leaves
-    (near-uniform: dense) with `batched.score_dense`; block swaps and the dense reference (epsilon None)
-    take the per-query path."""
+    (near-uniform: dense) with `batched.score_dense`, which also weighs every row of the dense reference
+    (epsilon None); block swaps take the per-query path."""
     out = _columns()
     heads = list(range(qk.q.shape[1]))
     for p in jobs:
         if p - qk.first_key(p) + 1 < 3:
             raise PosymError(f"a sliding window of {qk.window} keys leaves query {p} fewer than 2 earlier keys to swap")
-    if engine == "loop" or options["blocks"] is not None or options["epsilon"] is None:
+    if engine == "loop" or options["blocks"] is not None:
         for p, rows in jobs.items():
             _score_query(qk, p, rows, heads, dtype, out, **options)
         return _joined(out)
@@ -266,22 +267,28 @@ def _score_layer(
     keep_dense = {key: options[key] for key in ("tau", "compare", "exclude_keys")}
     for rows, positions in shared.items():
         tables = batched.prepare(qk, torch.tensor(rows), dtype, options["exclude_keys"])  # once per layer and rows
-        for block in batched.query_blocks(sorted(positions), qk.first_key, len(rows) * len(heads), budget, dtype):
-            res, done = batched.score_block(qk, torch.tensor(rows), block, dtype, **keep, tables=tables)  # [G, H, Q]
-            g, h, q = done.nonzero().unbind(1)  # [D] each, in the order of res[key][done]
-            p = torch.tensor(block, device=g.device)[q]
-            out["row"].append(torch.tensor(rows)[g.cpu()])
-            out["head"].append(h.cpu())
-            out["query"].append(p.cpu())
-            out["keys"].append((p - qk.first_keys(p) + 1).cpu())
-            for key in (*ROW_KEYS, "n_swaps"):
-                out[key].append(res[key][done].cpu())
-            left: dict[tuple[int, int], list[int]] = {}  # near-uniform rows: every swap weighed, on a grid
-            for g, h, q in (~done).nonzero().tolist():
-                left.setdefault((block[q], g), []).append(h)
-            for (p, g), hs in left.items():
-                dense = batched.score_dense(qk, rows[g], hs, p, dtype, **keep_dense, tables=tables, g=g)
-                _append(out, [rows[g]], hs, p, p - qk.first_key(p) + 1, dense)
+        if options["epsilon"] is None:  # the dense reference: every swap of every row, on the grid
+            for p in positions:
+                for g, row in enumerate(rows):
+                    dense = batched.score_dense(qk, row, heads, p, dtype, **keep_dense, tables=tables, g=g)
+                    _append(out, [row], heads, p, p - qk.first_key(p) + 1, dense)
+            continue
+        for head in heads:  # one head a block: its products are then single matrix products (`head_view`)
+            one, part = batched.head_view(qk, tables, head)
+            for block in batched.query_blocks(sorted(positions), qk.first_key, len(rows), budget, dtype):
+                res, done = batched.score_block(one, torch.tensor(rows), block, dtype, **keep, tables=part)  # [G, 1, Q]
+                g, _, q = done.nonzero().unbind(1)  # [D] each, in the order of res[key][done]
+                p = torch.tensor(block, device=g.device)[q]
+                out["row"].append(torch.tensor(rows)[g.cpu()])
+                out["head"].append(torch.full((len(g),), head))
+                out["query"].append(p.cpu())
+                out["keys"].append((p - qk.first_keys(p) + 1).cpu())
+                for key in (*ROW_KEYS, "n_swaps"):
+                    out[key].append(res[key][done].cpu())
+                for g, _, q in (~done).nonzero().tolist():  # near-uniform rows: every swap weighed, on a grid
+                    p = block[q]
+                    dense = batched.score_dense(qk, rows[g], [head], p, dtype, **keep_dense, tables=tables, g=g)
+                    _append(out, [rows[g]], [head], p, p - qk.first_key(p) + 1, dense)
     return _joined(out)
 
 
