@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 from posym import configs
-from posym.commands import atlas as atlas_command
 from posym.commands import atlas as command
 from posym.core import atlas
 
@@ -109,12 +108,19 @@ def test_spearman_and_where_the_sink_decides(heads):
     assert (round(s_sym.plain, 3), round(s_sym.sinkfree, 3)) == (-0.325, 0.366)
 
 
+def check_export(directory: Path, layers: int, kv_heads: int, marked: int) -> None:
+    """A committed atlas's DuoAttention-style export is its pooled KV table: full_attention_heads.tsv the
+    [layers, kv_heads] grid of atlas_kv.parquet, full_attention_mask.tsv that grid's top quantile
+    (`marked` heads); shared by both committed atlases."""
+    kv = pd.read_parquet(directory / "atlas_kv.parquet")
+    grid = atlas.kv_grid(kv, "non_streaming_w64_max", layers, kv_heads)
+    assert np.array_equal(command.read_kv_table(directory / "full_attention_heads.tsv"), grid)
+    mask = command.read_kv_table(directory / "full_attention_mask.tsv").astype(bool)
+    assert np.array_equal(mask, atlas.full_attention_mask(grid, CONFIG.quantile)) and mask.sum() == marked
+
+
 def test_the_export_is_the_pooled_table():
-    kv = pd.read_parquet(DIR / "atlas_kv.parquet")
-    grid = atlas.kv_grid(kv, "non_streaming_w64_max", 30, 3)
-    assert np.array_equal(atlas_command.read_kv_table(DIR / "full_attention_heads.tsv"), grid)
-    mask = atlas_command.read_kv_table(DIR / "full_attention_mask.tsv").astype(bool)
-    assert np.array_equal(mask, atlas.full_attention_mask(grid, CONFIG.quantile)) and mask.sum() == 45
+    check_export(DIR, 30, 3, 45)
 
 
 def test_the_causal_check_is_its_rows_and_what_results_md_quotes(heads):

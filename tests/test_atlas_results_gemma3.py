@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
-from test_atlas_results import check_auroc_rows
+from test_atlas_results import check_auroc_rows, check_export
 
 from posym import configs
 from posym.commands import atlas as command
@@ -80,8 +79,4 @@ def test_spearman_and_where_the_sink_decides(heads):
 
 
 def test_the_export_is_the_pooled_table():
-    kv = pd.read_parquet(DIR / "atlas_kv.parquet")
-    grid = atlas.kv_grid(kv, "non_streaming_w64_max", 18, 1)
-    assert np.array_equal(command.read_kv_table(DIR / "full_attention_heads.tsv"), grid)
-    mask = command.read_kv_table(DIR / "full_attention_mask.tsv").astype(bool)
-    assert np.array_equal(mask, atlas.full_attention_mask(grid, CONFIG.quantile)) and mask.sum() == 9
+    check_export(DIR, 18, 1, 9)

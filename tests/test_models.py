@@ -140,9 +140,7 @@ def stand_in_gguf(models, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv(model_specs.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(model_specs, "_GGUF_MODELS", {})
-    monkeypatch.setattr(model_specs, "_GGUF_TOKENIZERS", {})
-    monkeypatch.setattr(model_specs, "_ENTRIES", {})
+    _fresh_process(monkeypatch)
     reads = []
 
     def read_gguf(path, dtype, attn_implementation):
