@@ -70,7 +70,7 @@ def default_budget(batch: int, tokens: int, vocab: int) -> int:
 GRIDS = 16
 """[rows, keys] arrays a block holds at most (the `Scratch` buffers: clean logits, shifted logits,
 probabilities, the items' values with non-items +inf and -inf, a search temporary, a pivot's row and
-column of swapped logits, the weights, v1, c, a cosine temporary; two boolean masks; and the pivots
+column of swapped logits, the weights, v1, c, a cosine temporary; three boolean masks; and the pivots
 after each row's first, taken in pieces of at most a grid's elements): the budget's divisor."""
 
 CHUNK = 1 << 17
@@ -240,8 +240,13 @@ def _weigh(t: Tables, x, logits, partner, xa, logit_a, gap, new_a, new_b, tau: f
         return w.sum(-1), torch.where(partner, w * cos_pos, 0.0).sum(-1), torch.where(partner, w * cos_sym, 0.0).sum(-1)
     v1 = torch.div(x, xa, out=work("v1"))  # [..., W] p_b / p_a
     delta = new_b.sub_(new_a)
-    c = torch.clamp_min(delta, 0.0, out=work("c")).neg_().exp_()  # 1 where delta <= 0, else e^-delta
-    d = delta.clamp_max_(0.0).exp_()  # e^delta where delta <= 0, else 1
+    # one exp for both: e^-|delta| is c where delta > 0 and d elsewhere, the other one is 1 (bit for bit
+    # the two exps it replaces: e^-delta, e^delta and e^0 = 1)
+    e = torch.abs(delta, out=work("c")).neg_().exp_()  # [..., W]
+    up = torch.gt(delta, 0.0, out=t.scratch("up", x.shape, torch.bool, x.device))
+    one = x.new_ones(())
+    d = torch.where(up, one, e, out=delta)  # e^delta where delta <= 0, else 1
+    c = torch.where(up, e, one, out=e)  # 1 where delta <= 0, else e^-delta
     norm = torch.mul(c, c, out=new_a).addcmul_(d, d).mul_(torch.mul(v1, v1, out=work("tmp")).add_(1.0)).sqrt_()
     weight = w.sum(-1)
     k = w.div_(norm)  # [..., W]: the weight over the two vectors' norms
