@@ -469,6 +469,31 @@ def handle_signals() -> None:
     for signum in STOP_SIGNALS:
         if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
             signal.signal(signum, handler)
+    if sys.unraisablehook is not _redeliver_swallowed:
+        _UNRAISABLE[:] = [sys.unraisablehook]
+        sys.unraisablehook = _redeliver_swallowed
+
+
+def _redeliver_swallowed(unraisable) -> None:
+    """`sys.unraisablehook` while `handle_signals` is in force: a signal whose handler ran inside a
+    finalizer (a `__del__`, a weakref callback: the main thread's next bytecode may be one) raises its
+    `Signalled` there, where Python swallows it, and the command would run on as if no signal had come
+    (a SIGTERM that arrived while garbage was being freed left `posym score` scoring). The signal is then
+    delivered again, from another thread 10 ms later, so that the main thread raises it at a later bytecode
+    (landing in a finalizer again, it comes back again); it counts as the first signal again. Any other unraisable exception goes to the hook that was there before."""
+    if isinstance(unraisable.exc_value, Signalled) and _RECEIVED:
+        signum = _RECEIVED[0]
+        _RECEIVED.clear()
+        # a moment later: the main thread must have left this hook (starting the thread waits for it)
+        redeliver = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+        redeliver.daemon = True
+        redeliver.start()
+        return
+    (_UNRAISABLE or [sys.__unraisablehook__])[0](unraisable)
+
+
+_UNRAISABLE: list = []
+"""The unraisable hook `handle_signals` replaced (one entry)."""
 
 
 STOPPED = (
