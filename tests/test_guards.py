@@ -177,8 +177,19 @@ def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 180) -> tuple
         time.sleep(0.01)
     assert proc.poll() is None, f"finished before the interrupt: {proc.stderr.read()[-2000:]}"
     os.killpg(proc.pid, signal.SIGINT)
-    err = proc.stderr.read()
-    return proc.wait(timeout=60), err
+    return answer(proc)
+
+
+def answer(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
+    """(exit code, stderr) of a signalled `proc`; one that has not ended `timeout` seconds later is killed
+    and the test fails (reading stderr to its end would otherwise wait on it for ever, and so would CI)."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"still running {timeout:g} s after the signal; stderr: {err[-2000:]}")
+    return proc.returncode, err
 
 
 def interrupted(code: int, err: str, *needles: str) -> None:
@@ -1037,8 +1048,7 @@ def test_sigterm_is_answered_as_ctrl_c(runs, tmp_path):
     while not (out / "checkpoints" / "step-00000004").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGTERM)
-    err = proc.stderr.read()
-    code = proc.wait(timeout=60)
+    code, err = answer(proc)
     assert code == 143 and err.startswith("posym: terminated: kept checkpoints up to step") and err.count("\n") == 1, (
         err
     )
@@ -1055,8 +1065,8 @@ def test_sigterm_or_sighup_during_score_is_one_line_and_leaves_nothing(runs, tmp
         time.sleep(0.01)
     assert proc.poll() is None, proc.stderr.read()[-2000:]
     os.killpg(proc.pid, signum)
-    err = proc.stderr.read()
-    assert proc.wait(timeout=60) == 128 + signum, err
+    code, err = answer(proc)
+    assert code == 128 + signum, err
     assert err.startswith(f"posym: {word}: ") and err.count("\n") == 1 and "Traceback" not in err, err
     assert not list(out.parent.iterdir())
 
