@@ -478,9 +478,11 @@ def _redeliver_swallowed(unraisable) -> None:
     """`sys.unraisablehook` while `handle_signals` is in force: a signal whose handler ran inside a
     finalizer (a `__del__`, a weakref callback: the main thread's next bytecode may be one) raises its
     `Signalled` there, where Python swallows it, and the command would run on as if no signal had come
-    (a SIGTERM that arrived while garbage was being freed left `posym score` scoring). The signal is then
-    delivered again, from another thread 10 ms later, so that the main thread raises it at a later bytecode
-    (landing in a finalizer again, it comes back again); it counts as the first signal again. Any other unraisable exception goes to the hook that was there before."""
+    (the likely cause of a `posym score` that scored on after a test's SIGTERM: its handler had run, its
+    exception was gone). The signal is then delivered again, from another thread 10 ms later, so that the
+    main thread raises it at a later bytecode (landing in a finalizer again, it comes back again); it
+    counts as the first signal again. Any other unraisable exception goes to the hook that was there
+    before."""
     if isinstance(unraisable.exc_value, Signalled) and _RECEIVED:
         signum = _RECEIVED[0]
         _RECEIVED.clear()
