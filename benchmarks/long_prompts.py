@@ -21,8 +21,9 @@ cannot hide inside another's); on cuda it is torch.cuda.max_memory_allocated ove
 The allocator is glibc's as a user's process has it: until 2026-12-02 this script re-executed itself with
 MALLOC_MMAP_THRESHOLD_=65536, which made every block over 64 KiB a fresh mapping (page faults and zeroing
 on each allocation) and so charged the scores' many temporaries about twice their time (every query at
-1,024 tokens, one thread, same run conditions: 41.6 s against 21.4 s; the forward 6.0 s against 5.0 s). Every entry records the load average when it ended; results go to --json after
-each entry (a run cut short keeps what it measured).
+1,024 tokens, one thread, same run conditions: 41.6 s against 21.4 s; the forward 6.0 s against 5.0 s).
+Every entry records the load average when it ended; results go to --json after each entry (a run cut
+short keeps what it measured).
 
     OMP_WAIT_POLICY=PASSIVE nice python benchmarks/long_prompts.py [--lengths 512,1024,2048,4096] [--all 256,512,1024]
     OMP_WAIT_POLICY=PASSIVE python benchmarks/long_prompts.py --model gemma3-270m --all 512
@@ -75,10 +76,11 @@ last place <= eps) into a relative change of up to 2 eps / tau of the weight (tw
 moves a weighted mean of cosines in [-1, 1] by at most twice that; the pruned engine (probabilities from
 exp(logit - max) / Z over a block's matrix product) and the dense one (per query) may round a probability
 differently by a few units (4 allowed): 2 x 2 x 4 = 16 eps / tau. Measured: on SmolLM2 at 512 tokens,
-every query, layer 10 head 2 query 337 (bound 4.3e-15) differs from the dense reference by 1.66e-12,
-and the dense reference itself moves by exactly that (-1.109e-12 in s_pos) when its clean logits are
-moved by at most one unit in the last place (2 of 4 random draws; the others 0): it is the score's own
-sensitivity to float64 rounding, not a pruning error (the 1e-12 slack used before this was below it)."""
+every query, layer 10 head 2 query 337 (bound 4.3e-15) differs from the dense reference by 1.66e-12
+(by 1.11e-12 from the per-query loop's dense score of that query alone), and the loop's dense score
+itself moves by 1.109e-12 when its clean logits are moved by at most one unit in the last place (2 of 4
+random draws; the others 0; benchmarks/rounding_check.py): it is the score's own sensitivity to float64
+rounding, not a pruning error (the 1e-12 slack used before this was below it)."""
 
 
 CPU_SECONDS = [0.0]
