@@ -73,8 +73,8 @@ ROUNDING = 16 * torch.finfo(torch.float64).eps / TAU
 """Slack of diff_within_bound (3.6e-11 at tau = 1e-4): the bound is exact arithmetic's, and a swap's weight
 exp((|x_a - x_b| - G) / tau) turns a rounding of its item values x (probabilities <= 1, one unit in the
 last place <= eps) into a relative change of up to 2 eps / tau of the weight (two items a gap), which
-moves a weighted mean of cosines in [-1, 1] by at most twice that; the pruned engine (probabilities from
-exp(logit - max) / Z over a block's matrix product) and the dense one (per query) may round a probability
+moves a weighted mean of cosines in [-1, 1] by at most twice that; the pruned engine (a block's matrix
+products, each pivot's row and column) and the dense one (every pair) may round an item value or a gap
 differently by a few units (4 allowed): 2 x 2 x 4 = 16 eps / tau. Measured: on SmolLM2 at 512 tokens,
 every query, layer 10 head 2 query 337 (bound 4.3e-15) differs from the dense reference by 1.66e-12
 (by 1.11e-12 from the per-query loop's dense score of that query alone), and the loop's dense score
