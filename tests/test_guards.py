@@ -1072,7 +1072,7 @@ def test_sigterm_or_sighup_during_score_is_one_line_and_leaves_nothing(runs, tmp
 
 
 _SWALLOWED = """
-import gc, signal, sys, time
+import signal, time
 from posym import io
 io.handle_signals()
 
@@ -1093,7 +1093,7 @@ except io.Signalled as exc:
 
 def test_a_signal_swallowed_inside_a_finalizer_is_delivered_again():
     """A stop signal whose handler ran inside a `__del__` raised its Signalled where Python swallows it:
-    `posym score` then scored on after a SIGTERM (seen once in CI). The unraisable hook delivers it again,
+    `posym score` then scored on after a SIGTERM (once, in a clean-clone `.ci/run`). The unraisable hook delivers it again,
     and it is raised in the main code as the first signal, with nothing printed about the finalizer."""
     done = subprocess.run(
         [sys.executable, "-c", _SWALLOWED], capture_output=True, text=True, timeout=60, env=ENV, check=False

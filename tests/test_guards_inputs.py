@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -80,9 +82,6 @@ def test_posym_data_streams_its_rows_in_bounded_memory(tmp_path, fmt):
     them): the rows are written chunk by chunk. It used to hold every chunk until the end (16 GB in 74 s for
     --n 10^12). Measured in a process of its own: tracemalloc counts every thread's allocations, and in a
     worker shared with the rest of the suite it once read 9 MB against 1.1 MB (passing alone)."""
-    import subprocess
-    import sys
-
     done = subprocess.run(
         [sys.executable, "-c", _PEAKS, fmt, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
     )

@@ -491,7 +491,7 @@ def _redeliver_swallowed(unraisable) -> None:
         redeliver.daemon = True
         redeliver.start()
         return
-    (_UNRAISABLE or [sys.__unraisablehook__])[0](unraisable)
+    _UNRAISABLE[0](unraisable)
 
 
 _UNRAISABLE: list = []
