@@ -10,7 +10,7 @@
 #   discrepancy              top-1 minus top-2 logit by length (paper preset runs)
 # then `posym theory` once and one report per seed of the paper preset.
 # PRESETS may also name issue 28's variants of the paper preset (scripts/paper_variants.py: authors,
-# horizon, batch64, noid1): each trains RUNS/<variant>-s<seed>/<task> from its preset plus its config
+# horizon, batch64, authors64, noid1): each trains RUNS/<variant>-s<seed>/<task> from its preset plus its config
 # overrides, to its final step (horizon: step 6,000 of a 22,500-step schedule), analysed like the paper
 # preset; collect them with `collect_paper_results.py RUNS --presets authors,... --out docs/results/paper-variants`.
 #

@@ -18,6 +18,7 @@ mean ± std over the seeds present, at the last and the best-by-validation check
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,9 @@ VARIANTS = {
     "authors": Variant("authors", "embedding dropout 0 (the authors' effective setting)"),
     "horizon": Variant("paper", "lr horizon 22,500 steps, compared at step 6,000", {"max_steps": 22500}, 6000),
     "batch64": Variant("paper", "batch 64 (one device of the authors' three)", {"batch_size": 64}),
+    "authors64": Variant(
+        "authors", "embedding dropout 0 and batch 64 (the authors' settings on one device)", {"batch_size": 64}
+    ),
     "noid1": Variant(
         "paper",
         "plane ID 1 not rotated (the number cliff's fast plane)",
@@ -64,6 +68,9 @@ VARIANTS = {
 """Variant name -> its definition; `paper` is the committed default study (docs/results/paper/)."""
 LENGTHS = tuple(paper.FIG5B["letter"])
 """The lengths of Fig. 5B's table (those the paper's curve is read at)."""
+MIN_GAP = 0.05
+"""Where the default preset's mean is within this of the paper's curve, no share of the gap is computed
+(a share of a gap inside the curve's reading error, +- 0.01, and the seeds' spread means nothing)."""
 
 
 def curve_rows(lengthgen, task: str, label: str) -> list[list[str]]:
@@ -71,13 +78,52 @@ def curve_rows(lengthgen, task: str, label: str) -> list[list[str]]:
     from paper_tables import spread  # pandas: imported only for tables (paper_seeds.sh asks the variants often)
 
     rows = []
-    runs = lengthgen[(lengthgen.protocol == "paper") & (lengthgen.hop == 0) & (lengthgen.task == task)]
     for checkpoint in ("last", "best"):
-        chosen = runs[runs.checkpoint == checkpoint]
+        chosen = paper_runs(lengthgen, task, checkpoint)
         if chosen.empty:
             continue
         cells = [spread(chosen[chosen.length == length].acc, 2) for length in LENGTHS]
         rows.append([label, checkpoint, str(chosen.seed.nunique()), *cells])
+    return rows
+
+
+def paper_runs(lengthgen, task: str, checkpoint: str):
+    """The paper-protocol, all-hops rows of one task at one checkpoint (last or best)."""
+    keep = (lengthgen.protocol == "paper") & (lengthgen.hop == 0) & (lengthgen.task == task)
+    return lengthgen[keep & (lengthgen.checkpoint == checkpoint)]
+
+
+def gap_closed(default, variant, task: str, checkpoint: str, length: int) -> float | None:
+    """The share of the gap between the default preset and the paper's curve that a variant closes at one
+    length: (variant - default) / (paper - default), on means over each one's seeds; 1 = the paper's
+    value reached, 0 = no change, negative = further from it. None where the default is within MIN_GAP
+    of the paper or either side has no run.
+
+    >>> import pandas as pd
+    >>> rows = lambda accs: pd.DataFrame({"protocol": "paper", "hop": 0, "task": "number", "checkpoint": "last",
+    ...                                   "length": 128, "seed": range(len(accs)), "acc": accs})
+    >>> round(gap_closed(rows([0.2, 0.22]), rows([0.47]), "number", "last", 128), 3)  # paper: 0.73
+    0.5
+    """
+    means = [paper_runs(frame, task, checkpoint) for frame in (default, variant)]
+    means = [runs[runs.length == length].acc.mean() for runs in means]
+    gap = paper.FIG5B[task][length] - means[0]
+    if any(math.isnan(mean) for mean in means) or abs(gap) < MIN_GAP:  # NaN: no run at that length
+        return None
+    return (means[1] - means[0]) / gap
+
+
+def gap_rows(default, variants, task: str) -> list[list[str]]:
+    """Per variant present and checkpoint, the share of the gap closed at each of LENGTHS ('-': none)."""
+    rows = []
+    for name in VARIANTS:
+        chosen = variants[variants.preset == name] if name != "paper" and variants is not None else None
+        for checkpoint in ("last", "best"):
+            if chosen is None or paper_runs(chosen, task, checkpoint).empty:
+                continue
+            shares = [gap_closed(default, chosen, task, checkpoint, length) for length in LENGTHS]
+            seeds = str(paper_runs(chosen, task, checkpoint).seed.nunique())
+            rows.append([name, checkpoint, seeds, *("-" if s is None else f"{s:+.2f}" for s in shares)])
     return rows
 
 
@@ -98,6 +144,14 @@ def variants_table(default, variants) -> str:
             f"Fig. 5B, {task} model (accuracy, all hops, 480 questions per length and seed; mean ± "
             f"std over seeds):\n\n" + table(header, rows)
         )
+        gaps = gap_rows(default[default.preset == "paper"], variants, task)
+        if gaps:
+            parts.append(
+                f"Share of the {task} model's gap to the paper closed, (variant − default) / (paper − default) "
+                f"on the seeds' means, each checkpoint against the default's same checkpoint (1: the paper's "
+                f"value, 0: no change, negative: further away; '-' where the default is within {MIN_GAP} of "
+                f"the paper):\n\n" + table(["variant", "checkpoint", "seeds", *(f"{n:,}" for n in LENGTHS)], gaps)
+            )
     missing = [
         name for name in VARIANTS if name != "paper" and (variants is None or not (variants.preset == name).any())
     ]

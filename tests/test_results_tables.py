@@ -213,11 +213,48 @@ def test_each_variant_is_its_preset_plus_only_its_declared_overrides():
         "authors": {"model.embd_dropout"},
         "horizon": {"max_steps"},
         "batch64": {"batch_size"},
+        "authors64": {"model.embd_dropout", "batch_size"},
         "noid1": {"model.rope_bands"},
     }
     assert resolve_config("paper", "number", overrides={"model": {"rope_bands": [[2, 64]]}}).model.rope_bands == [
         [2, 64]
     ]
+
+
+def test_gap_closed_is_the_share_of_the_distance_to_the_papers_curve():
+    """paper_variants.gap_closed: (variant - default) / (paper - default) on seed means, against the
+    paper's value in posym.core.paper.FIG5B; none where the default is already within MIN_GAP of it."""
+
+    def rows(task, checkpoint, length, accs, preset="x"):
+        return pd.DataFrame(
+            {
+                "protocol": "paper",
+                "hop": 0,
+                "task": task,
+                "checkpoint": checkpoint,
+                "length": length,
+                "seed": range(len(accs)),
+                "acc": accs,
+                "preset": preset,
+            }
+        )
+
+    paper_128 = paper_values.FIG5B["number"][128]
+    default = pd.concat([rows("number", "last", 128, [0.2, 0.3]), rows("letter", "last", 68, [1.0])])
+    half = 0.25 + (paper_128 - 0.25) / 2
+    assert paper_variants.gap_closed(default, rows("number", "last", 128, [half]), "number", "last", 128) == (
+        pytest.approx(0.5)
+    )
+    worse = paper_variants.gap_closed(default, rows("number", "last", 128, [0.0, 0.1]), "number", "last", 128)
+    assert worse == pytest.approx((0.05 - 0.25) / (paper_128 - 0.25))
+    # the letter model at 68 tokens is at the paper's 1.00 already: no share of a gap that is not there
+    assert paper_variants.gap_closed(default, rows("letter", "last", 68, [0.5]), "letter", "last", 68) is None
+    # no variant run at that checkpoint: nothing to compare
+    assert paper_variants.gap_closed(default, rows("number", "best", 128, [0.5]), "number", "last", 128) is None
+    variants = rows("number", "last", 128, [half], preset="batch64")
+    gaps = paper_variants.gap_rows(default, variants, "number")
+    assert [row[:3] for row in gaps] == [["batch64", "last", "1"]]
+    assert gaps[0][3 + paper_variants.LENGTHS.index(128)] == "+0.50"
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
