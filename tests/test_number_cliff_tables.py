@@ -17,18 +17,25 @@ from posym.core.aliasing import alias_share  # noqa: E402
 from posym.core.stats import wilson_interval  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "number-cliff"
+OUT_AUTHORS64 = OUT.with_name("number-cliff-authors64")
+"""The same measurement on the `authors64` variant's seed-0 number model at step 6,000."""
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 
+@pytest.fixture(scope="module", params=[OUT, OUT_AUTHORS64], ids=["authors-2750", "authors64-6000"])
+def out(request) -> Path:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def tables():
+def tables(out):
     names = ("accuracy", "answer_offsets", "heads", "head_offsets", "top_keys", "alias", "planes", "interventions")
-    return {name: pd.read_parquet(OUT / f"{name}.parquet") for name in names}
+    return {name: pd.read_parquet(out / f"{name}.parquet") for name in names}
 
 
-def test_quoted_numbers_are_the_tables():
-    recomputed = json.loads(json.dumps(number_cliff.headline(OUT), default=str))  # as write_json stores it
-    assert recomputed == json.loads((OUT / "quoted.json").read_text())
+def test_quoted_numbers_are_the_tables(out):
+    recomputed = json.loads(json.dumps(number_cliff.headline(out), default=str))  # as write_json stores it
+    assert recomputed == json.loads((out / "quoted.json").read_text())
 
 
 def test_accuracy_table(tables):
@@ -68,7 +75,7 @@ def test_planes_add_up(tables):
         assert (planes[f"{g}_lo"] <= planes[g] + 1e-12).all() and (planes[g] <= planes[f"{g}_hi"] + 1e-12).all()
 
 
-def test_causal_check_is_the_identity_at_the_training_length(tables):
+def test_causal_check_is_the_identity_at_the_training_length(tables, out):
     causal = tables["interventions"]
     assert causal.groupby("condition").draw.nunique().to_dict() == {
         "none": 1,
@@ -78,9 +85,9 @@ def test_causal_check_is_the_identity_at_the_training_length(tables):
         "id1_all_keys": 1,
         "id1_mean_shift_far": 1,
     }
-    shifts = pd.read_parquet(OUT / "shifts.parquet")
+    shifts = pd.read_parquet(out / "shifts.parquet")
     assert sorted(shifts.length.unique()) == sorted(causal.length.unique())
-    positional = json.loads((OUT / "quoted.json").read_text())["positional_layers"]
+    positional = json.loads((out / "quoted.json").read_text())["positional_layers"]
     assert all(sorted(g.layer) == positional for _, g in shifts.groupby("length"))  # the positional heads
     assert (shifts[shifts.length == 17]["shift"] == 0).all()  # a 17-token prompt has no far key
     at17 = causal[(causal.length == 17) & causal.condition.str.contains("far")]
@@ -121,3 +128,22 @@ def test_docs_quote_these_tables():
     )
     most = q["offsets"]["128"]["most"][0]
     assert most == [51, 119] and f"{most[1]} of the {q['wrong_keys']['128']} at 128" in section
+
+
+def test_docs_quote_the_authors64_tables():
+    """docs/results.md's paragraph on the authors64 number model cites its quoted.json and quotes the causal
+    check's headline numbers (the removal and its controls) at the places they belong."""
+    q = json.loads((OUT_AUTHORS64 / "quoted.json").read_text())
+    text = RESULTS.read_text()
+    start = text.index("**The same check on `authors64`**")
+    section = " ".join(text[start : text.index("bf16 is not among them", start)].split())
+    assert "docs/results/number-cliff-authors64/quoted.json" in section and f"step {q['step']:,}" in section
+    for condition, lengths in (("none", (56, 60, 68, 128)), ("id1_far", (56, 60, 68, 128))):
+        cells = ", ".join(f"{q['causal'][condition][str(n)][0]:.2f}" for n in lengths)
+        assert cells in section, (condition, cells)
+    low, high = q["causal"]["random_plane_far"]["128"][1:]
+    assert f"{low:.2f}-{high:.2f} at 128" in section
+    assert (
+        f"{q['causal']['id1_far_other_heads']['128'][0]:.2f} and {q['causal']['id1_mean_shift_far']['128'][0]:.2f}"
+        in section
+    )
