@@ -116,14 +116,18 @@ def gap_closed(default, variant, task: str, checkpoint: str, length: int) -> flo
 def gap_rows(default, variants, task: str) -> list[list[str]]:
     """Per variant present and checkpoint, the share of the gap closed at each of LENGTHS ('-': none)."""
     rows = []
-    for name in VARIANTS:
-        chosen = variants[variants.preset == name] if name != "paper" and variants is not None else None
+    for name in VARIANTS if variants is not None else ():
+        if name == "paper":  # the default itself: no gap of its own to close
+            continue
+        chosen = variants[variants.preset == name]
         for checkpoint in ("last", "best"):
-            if chosen is None or paper_runs(chosen, task, checkpoint).empty:
+            runs = paper_runs(chosen, task, checkpoint)
+            if runs.empty:
                 continue
-            shares = [gap_closed(default, chosen, task, checkpoint, length) for length in LENGTHS]
-            seeds = str(paper_runs(chosen, task, checkpoint).seed.nunique())
-            rows.append([name, checkpoint, seeds, *("-" if s is None else f"{s:+.2f}" for s in shares)])
+            shares = [gap_closed(default, runs, task, checkpoint, length) for length in LENGTHS]
+            rows.append(
+                [name, checkpoint, str(runs.seed.nunique()), *("-" if s is None else f"{s:+.2f}" for s in shares)]
+            )
     return rows
 
 
