@@ -1087,6 +1087,7 @@ try:
         time.sleep(0.001)
     print("ran on")
 except io.Signalled as exc:
+    io.answered()  # as posym.cli.main does
     print("stopped", exc.signum, io._RECEIVED)
 """
 
@@ -1100,6 +1101,43 @@ def test_a_signal_swallowed_inside_a_finalizer_is_delivered_again():
     )
     assert done.stdout.split() == ["stopped", str(int(signal.SIGTERM)), f"[{int(signal.SIGTERM)}]"], done
     assert "Exception ignored" not in done.stderr, done.stderr
+
+
+_SWALLOWED_BY_CODE = """
+import signal, time
+from posym import io
+io.handle_signals()
+try:
+    signal.raise_signal(signal.SIGHUP)
+except BaseException:  # a library that swallows everything, or a C call that clears any error
+    pass
+try:
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        time.sleep(0.001)
+    print("ran on")
+except io.Signalled as exc:
+    io.answered()  # as posym.cli.main does
+    print("stopped", exc.signum, io._RECEIVED)
+"""
+
+
+def test_a_signal_swallowed_without_a_trace_is_delivered_again_once_its_exception_is_freed():
+    """No unraisable hook sees a Signalled that code catches and drops; freed before posym answered it,
+    it is delivered again (half a second later) and raised as the first signal."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SWALLOWED_BY_CODE], capture_output=True, text=True, timeout=60, env=ENV, check=False
+    )
+    assert done.stdout.split() == ["stopped", str(int(signal.SIGHUP)), f"[{int(signal.SIGHUP)}]"], done
+    assert "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_a_signal_freed_after_posym_answered_it_is_not_delivered_again():
+    code = _SWALLOWED_BY_CODE.replace("    pass", "    io.answered()")
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV, check=False
+    )
+    assert done.stdout.split() == ["ran", "on"], done
 
 
 def test_minor_cases_are_one_line_or_work(runs, tmp_path, capsys, monkeypatch):

@@ -443,6 +443,12 @@ class Signalled(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
+    def __del__(self):
+        # freed while posym has not answered it: something swallowed it without a trace (a library's
+        # `except BaseException: pass`, a C call that clears any error), and the command would run on
+        if _RAISED and _RAISED[0] is not None and _RAISED[0] == id(self) and not _ANSWERED:
+            _deliver_again(self.signum, delay=0.5)
+
 
 def handle_signals() -> None:
     """The one handler for the stop signals (`STOP_SIGNALS`; `posym.cli.main` installs it): each raises
@@ -460,18 +466,26 @@ def handle_signals() -> None:
     def handler(signum, frame):
         _RECEIVED.append(signum)
         if len(_RECEIVED) == 1:
-            raise Signalled(signum)
+            raise _first(signum)  # no local name: the traceback holds this frame, which would keep it alive
         if len(_RECEIVED) >= 3:
             first = _RECEIVED[0]
             os.write(2, f"posym: {STOP_SIGNALS[first]}: {STOPPED}\n".encode())
             os._exit(128 + first)
 
+    _ANSWERED.clear()
     for signum in STOP_SIGNALS:
         if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
             signal.signal(signum, handler)
     if sys.unraisablehook is not _redeliver_swallowed:
         _UNRAISABLE[:] = [sys.unraisablehook]
         sys.unraisablehook = _redeliver_swallowed
+
+
+def _first(signum: int) -> Signalled:
+    """The Signalled of the first signal, its id kept (`Signalled.__del__` tells a swallowed one by it)."""
+    exc = Signalled(signum)
+    _RAISED[:] = [id(exc)]
+    return exc
 
 
 def _redeliver_swallowed(unraisable) -> None:
@@ -484,14 +498,37 @@ def _redeliver_swallowed(unraisable) -> None:
     counts as the first signal again. Any other unraisable exception goes to the hook that was there
     before."""
     if isinstance(unraisable.exc_value, Signalled) and _RECEIVED:
-        signum = _RECEIVED[0]
-        _RECEIVED.clear()
-        # a moment later: the main thread must have left this hook (starting the thread waits for it)
-        redeliver = threading.Timer(0.01, os.kill, (os.getpid(), signum))
-        redeliver.daemon = True
-        redeliver.start()
+        _deliver_again(_RECEIVED[0], delay=0.01)
         return
     _UNRAISABLE[0](unraisable)
+
+
+def _deliver_again(signum: int, delay: float) -> None:
+    """Deliver a swallowed first signal again, `delay` seconds later from another thread (the main thread
+    must have left the hook or finalizer it is in), as the first signal again; not if posym has answered
+    the signal meanwhile (`answered`)."""
+    _RECEIVED.clear()
+    _RAISED[:] = [None]  # the swallowed exception's later finalization is not a second swallowing
+
+    def again():  # not once posym answered, nor while the interpreter shuts down (the main thread has ended)
+        if not _ANSWERED and threading.main_thread().is_alive():
+            os.kill(os.getpid(), signum)
+
+    redeliver = threading.Timer(delay, again)
+    redeliver.daemon = True
+    redeliver.start()
+
+
+def answered() -> None:
+    """Say that posym is answering a stop signal (its one line, its exit status): from now on a `Signalled`
+    freed before it is not redelivered (`posym.cli.main` calls it, Typer may free the exception first)."""
+    _ANSWERED.append(True)
+
+
+_RAISED: list = []
+"""id() of the `Signalled` that `handle_signals` raised for the first signal (None once redelivered)."""
+_ANSWERED: list = []
+"""Non-empty once posym answers a stop signal (`answered`)."""
 
 
 _UNRAISABLE: list = []

@@ -105,6 +105,7 @@ def parse_head_pairs(text: str | None) -> list[tuple[int, int]]:
 
 def _interrupted(message: str, signum: int) -> None:
     """The one line of a Ctrl-C (SIGINT), a kill (SIGTERM) or a hang-up (SIGHUP), and exit 128 + the signal."""
+    io.answered()
     print(f"posym: {STOP_SIGNALS.get(signum, 'stopped')}: {message}", file=sys.stderr)
     sys.exit(128 + signum)
 
