@@ -19,7 +19,11 @@ with `preset`, `seed` and `task` columns (one row set per run that has the outpu
 Runs still training are left out; runs without an output are left out of that table (the table's seeds say what is present). Rerun after
 every finished piece of the study; the tables are rewritten atomically.
 
-    python scripts/collect_paper_results.py RUNS [--out docs/results/paper]
+    python scripts/collect_paper_results.py RUNS [--out docs/results/paper] [--keep]
+
+With --keep, the rows already in --out of runs not found under RUNS stay (a run found again replaces
+its rows): a later session on a fresh machine adds its seeds to the committed ones without the
+checkpoints of the earlier seeds.
 """
 
 from __future__ import annotations
@@ -111,6 +115,25 @@ def collect(root: Path, presets=("paper", "seed")) -> dict[str, pd.DataFrame]:
     }
 
 
+def keep_absent(tables: dict[str, pd.DataFrame], out: Path) -> dict[str, pd.DataFrame]:
+    """`tables` with the rows of out/<kind>.parquet whose run (preset, seed, task) `tables` lacks put back
+    before them; a kind collected now from no run keeps its committed rows as they are."""
+    merged = dict(tables)
+    for path in sorted(out.glob("*.parquet")) if out.is_dir() else []:
+        kind = path.stem
+        if kind in THEORY or kind not in (*TABLES, "validation", "lengthgen"):
+            continue
+        old = pd.read_parquet(path)
+        if kind not in tables:
+            merged[kind] = old
+            continue
+        keys = ["preset", "seed", "task"]
+        found = set(tables[kind][keys].itertuples(index=False, name=None))
+        kept = old[[run not in found for run in old[keys].itertuples(index=False, name=None)]]
+        merged[kind] = pd.concat([kept, tables[kind]], ignore_index=True)
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, help="the RUNS directory of scripts/paper_seeds.sh")
@@ -121,6 +144,9 @@ def main() -> None:
         help="comma-separated: paper, seed or variants of "
         f"scripts/paper_variants.py ({', '.join(v for v in VARIANTS if v != 'paper')})",
     )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the rows in --out of runs not found under RUNS (earlier seeds)"
+    )
     args = parser.parse_args()
     if not args.runs.is_dir():
         sys.exit(f"{args.runs} is not a directory")
@@ -129,6 +155,8 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown preset(s) {', '.join(unknown)}; choose among seed, {', '.join(VARIANTS)}")
     tables = collect(args.runs, presets)
+    if args.keep:
+        tables = keep_absent(tables, args.out)
     if not tables:
         sys.exit(f"no run under {args.runs} has outputs yet")
     present = {}

@@ -19,7 +19,7 @@ from posym.core.tasks import TaskConfig, generate
 from posym.core.theory import check_length, frequency_angle, index_bound, index_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from collect_paper_results import collect  # noqa: E402
+from collect_paper_results import collect, keep_absent  # noqa: E402
 from extra_token_attention import extra_mass  # noqa: E402
 from paper_scoreboard import BEGIN, END, hop_order, labels_rows, replace_block, scoreboard  # noqa: E402
 import paper_figures  # noqa: E402
@@ -125,6 +125,28 @@ def test_collector_tags_every_run_and_keeps_the_last_row_of_a_resumed_step(tmp_p
     assert training[training.step == 250].acc.tolist() == [0.3, 1.3]
     assert tables["lengthgen"].checkpoint.unique().tolist() == ["best"]
     assert tables["validation"].best_step.tolist() == [250, 250] and "source" not in tables["validation"]
+
+
+def test_collector_keep_puts_back_the_committed_rows_of_runs_it_did_not_find(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    committed = pd.DataFrame(
+        {"preset": ["authors64"] * 3, "seed": [0, 0, 1], "task": ["number", "letter", "number"], "acc": [0.1, 0.2, 0.3]}
+    )
+    committed.to_parquet(out / "lengthgen.parquet")
+    committed.to_parquet(out / "validation.parquet")
+    (out / "theory.parquet").write_bytes(b"not a table")  # theory is never merged, so never read
+    new = pd.DataFrame({"preset": ["authors64"] * 2, "seed": [1, 2], "task": ["number", "number"], "acc": [0.9, 0.8]})
+    merged = keep_absent({"lengthgen": new}, out)
+    # s0's two runs stay, s1/number is replaced by the row found now, s2 is added
+    assert merged["lengthgen"][["seed", "task", "acc"]].values.tolist() == [
+        [0, "number", 0.1],
+        [0, "letter", 0.2],
+        [1, "number", 0.9],
+        [2, "number", 0.8],
+    ]
+    assert merged["validation"].equals(committed)  # a kind found in no run keeps its committed rows
+    assert "theory" not in merged and keep_absent({"lengthgen": new}, tmp_path / "absent")["lengthgen"].equals(new)
 
 
 def test_paper_tables_report_mean_and_std_over_the_seeds_present():
