@@ -12,7 +12,7 @@ import pytest
 
 from posym import configs
 from posym.commands import atlas as command
-from posym.core import atlas
+from posym.core import atlas, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 DIR = ROOT / "docs" / "results" / "atlas-smollm2"
@@ -100,7 +100,7 @@ def test_spearman_and_where_the_sink_decides(heads):
     assert round(rho[("s_sym_sinkfree", "weighted_id")], 3) == 0.830
     assert round(rho[("s_sym_sinkfree", "previous_token")], 3) == -0.728
     assert round(rho[("weighted_id", "retrieval")], 3) == 0.530 and round(rho[("weighted_id", "induction")], 3) == 0.770
-    assert rho[("s_sym_sinkfree", "induction")] == pytest.approx(atlas.spearman(heads.s_sym_sinkfree, heads.induction))
+    assert rho[("s_sym_sinkfree", "induction")] == pytest.approx(stats.spearman(heads.s_sym_sinkfree, heads.induction))
     decides = pd.read_parquet(DIR / "agreement_sink_decides.parquet")
     flipped = decides[decides.sink_decides]
     assert sorted(flipped.measure) == ["spearman rho with entropy"] * 2

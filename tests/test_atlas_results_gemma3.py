@@ -12,7 +12,7 @@ from test_atlas_results import check_auroc_rows, check_export
 
 from posym import configs
 from posym.commands import atlas as command
-from posym.core import atlas
+from posym.core import atlas, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 DIR = ROOT / "docs" / "results" / "atlas-gemma3"
@@ -70,7 +70,7 @@ def test_retrieval_and_induction_heads_sit_in_the_global_layers(heads):
 def test_spearman_and_where_the_sink_decides(heads):
     rho = pd.read_parquet(DIR / "agreement_spearman.parquet").set_index(["a", "b"]).rho
     assert round(rho[("weighted_id", "induction")], 3) == 0.883 and round(rho[("weighted_id", "retrieval")], 3) == 0.468
-    assert rho[("weighted_id", "induction")] == pytest.approx(atlas.spearman(heads.weighted_id, heads.induction))
+    assert rho[("weighted_id", "induction")] == pytest.approx(stats.spearman(heads.weighted_id, heads.induction))
     decides = pd.read_parquet(DIR / "agreement_sink_decides.parquet")
     flipped = decides[decides.sink_decides & (decides.score == "s_sym")]
     assert sorted(flipped.measure) == [f"spearman rho with {m}" for m in ("echo", "entropy", "induction")]

@@ -15,7 +15,8 @@ from pathlib import Path
 from posym.core.geometry import layer_bases, plane_scores
 from posym.core.paper import TAU
 from posym.core.scores import head_details, score_model, summarize_heads
-from posym.core.study import find_sinks, layer_profile, pearson, sink_changes
+from posym.core.stats import pearson
+from posym.core.study import find_sinks, layer_profile, sink_changes
 from posym.errors import PosymError
 from posym.figures import plot_heads, save_figure, subplots
 from posym.io import manifest, write_json, write_parquet

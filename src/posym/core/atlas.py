@@ -63,7 +63,7 @@ from torch import Tensor
 
 from posym.core.qk import HeadQK, rotate, visible_keys
 from posym.core.retention import matched_random
-from posym.core.stats import N_BOOT, bootstrap_weights, percentile_interval, wilson_interval
+from posym.core.stats import N_BOOT, bootstrap_weights, percentile_interval, spearman, wilson_interval
 from posym.core.swaps import soft_capped
 from posym.errors import PosymError
 
@@ -206,14 +206,6 @@ def full_attention_mask(grid, quantile: float):
 
 
 # ---- agreement ------------------------------------------------------------------------------------
-
-
-def spearman(x, y) -> float:
-    """Spearman rho of two equal-length arrays (average ranks for ties); NaN when either is constant."""
-    import pandas as pd
-
-    a, b = pd.Series(x, dtype=float).rank(), pd.Series(y, dtype=float).rank()
-    return float("nan") if a.nunique() < 2 or b.nunique() < 2 else float(a.corr(b))
 
 
 def spearman_pairs(heads, columns):

@@ -28,6 +28,27 @@ N_BOOT = 1000
 """Bootstrap draws of every interval unless a caller says otherwise."""
 
 
+def pearson(x, y) -> float:
+    """Pearson r of two pandas Series; NaN when either is constant.
+
+    >>> import pandas as pd
+    >>> pearson(pd.Series([1, 2, 3]), pd.Series([2, 4, 7])) > 0.99, pearson(pd.Series([1, 1]), pd.Series([1, 2]))
+    (True, nan)
+    """
+    return float("nan") if x.nunique() < 2 or y.nunique() < 2 else float(x.corr(y))
+
+
+def spearman(x, y) -> float:
+    """Spearman rho of two equal-length arrays: `pearson` of their ranks (average ranks for ties).
+
+    >>> round(spearman([1, 2, 3, 4], [10, 20, 40, 30]), 6)
+    0.8
+    """
+    import pandas as pd
+
+    return pearson(pd.Series(x, dtype=float).rank(), pd.Series(y, dtype=float).rank())
+
+
 def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     """Wilson score interval of a binomial proportion successes / n (NaNs when n = 0)."""
     if n <= 0:

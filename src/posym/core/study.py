@@ -18,6 +18,7 @@ import random
 
 from posym.core.paper import GAMMAS
 from posym.core.scores import summarize_heads
+from posym.core.stats import pearson, spearman
 
 GROUPS = ("positional", "symbolic", "random")
 
@@ -62,11 +63,6 @@ def half_profile(heads, n_layers: int) -> dict:
     }
 
 
-def pearson(x, y) -> float:
-    """Pearson r of two Series; NaN when either is constant."""
-    return float("nan") if x.nunique() < 2 or y.nunique() < 2 else float(x.corr(y))
-
-
 def label_counts(frame, gammas=GAMMAS):
     """Heads per label at each purity threshold gamma: columns gamma, label, heads."""
     import pandas as pd
@@ -103,10 +99,9 @@ def behaviour_frequency(heads, frequency):
     """
     both = heads.merge(frequency, on=["layer", "head"]).dropna(subset=["weighted_id"])
     both["behaviour"] = both.s_pos - both.s_sym
-    ranks = both[["behaviour", "weighted_id"]].rank()
     return both, {
         "pearson": pearson(both.behaviour, both.weighted_id),
-        "spearman": pearson(ranks.behaviour, ranks.weighted_id),
+        "spearman": spearman(both.behaviour, both.weighted_id),
         "heads": len(both),
     }
 

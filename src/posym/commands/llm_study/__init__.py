@@ -42,6 +42,7 @@ from posym.core.interventions import ABLATION_MODES, ablated, head_means
 from posym.core.paper import GAMMAS, TAU
 from posym.core.retention import group_retention, head_retention
 from posym.core.scores import score_model, summarize_heads
+from posym.core.stats import pearson
 from posym.core.study import (
     GROUPS,
     ablation_groups,
@@ -51,7 +52,6 @@ from posym.core.study import (
     label_agreement,
     label_counts,
     layer_profile,
-    pearson,
     sink_changes,
 )
 from posym.core.theory import frequency_angle, index_bound

@@ -20,7 +20,7 @@ from posym.commands.llm_study.prediction import (
     plot_retention,
 )
 from posym.core.stats import wilson_interval
-from posym.core.study import pearson
+from posym.core.stats import pearson
 from posym.errors import PosymError
 from posym.figures import plot_heads, save_figure, subplots
 from posym.stages import is_done
