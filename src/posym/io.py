@@ -507,11 +507,13 @@ def _deliver_again(signum: int, delay: float) -> None:
     """Deliver a swallowed first signal again, `delay` seconds later from another thread (the main thread
     must have left the hook or finalizer it is in), as the first signal again; not if posym has answered
     the signal meanwhile (`answered`)."""
-    _RECEIVED.clear()
     _RAISED[:] = [None]  # the swallowed exception's later finalization is not a second swallowing
 
     def again():  # not once posym answered, nor while the interpreter shuts down (the main thread has ended)
+        # _RECEIVED is cleared only here: until then posym may still answer (Typer returns 130 after freeing
+        # the exception) and must find the signal's number in it
         if not _ANSWERED and threading.main_thread().is_alive():
+            _RECEIVED.clear()
             os.kill(os.getpid(), signum)
 
     redeliver = threading.Timer(delay, again)
