@@ -29,7 +29,7 @@
 # Environment: POSYM (command, default "python3 -m posym.cli" on this checkout's src/), JOBS,
 # PRECISION (float32 default; bfloat16 autocast for new runs only, see docs/results.md), PRESETS (default "paper seed";
 # "paper" trains and analyses only the paper-preset runs, e.g. to analyse finished seeds first), SEEDS (default
-# "0 1 2"), N (questions per length, 480), LENGTHS, TRAIN_EXTRA (YAML lines added to both presets'
+# "0 1 2"), TASKS (default: each preset's own; e.g. "letter" trains and analyses only those), N (questions per length, 480), LENGTHS, TRAIN_EXTRA (YAML lines added to both presets'
 # config files, e.g. for a smoke test: 'max_steps: 8' -- the paper study itself leaves it empty).
 # On the GPU machine, carry the pinned transformers wheel as scripts/paper_gpu.sh explains (.whl/).
 set -euo pipefail
@@ -89,7 +89,9 @@ train_run() {  # preset seed task: start or resume one run up to STOP_AT (or the
 RUN_LIST=()
 for preset in $PRESETS; do
   if [ "$preset" = seed ]; then RUN_LIST+=("seed 0 number" "seed 0 letter"); continue; fi
-  for seed in $SEEDS; do for task in $(variant tasks "$preset"); do RUN_LIST+=("$preset $seed $task"); done; done
+  for seed in $SEEDS; do for task in $(variant tasks "$preset"); do
+    case " ${TASKS:-$task} " in *" $task "*) RUN_LIST+=("$preset $seed $task");; esac  # TASKS: only these
+  done; done
 done
 
 width=$([ "$DEVICE" = cuda ] && echo "${#RUN_LIST[@]}" || echo "$JOBS")

@@ -22,7 +22,11 @@ OUT_AUTHORS64 = OUT.with_name("number-cliff-authors64")
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 
-@pytest.fixture(scope="module", params=[OUT, OUT_AUTHORS64], ids=["authors-2750", "authors64-6000"])
+@pytest.fixture(
+    scope="module",
+    params=[OUT, OUT_AUTHORS64, OUT.with_name("number-cliff-authors64-s1"), OUT.with_name("number-cliff-authors64-s2")],
+    ids=["authors-2750", "authors64-6000", "authors64-s1-6000", "authors64-s2-6000"],
+)
 def out(request) -> Path:
     return request.param
 
