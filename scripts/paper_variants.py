@@ -156,11 +156,15 @@ def variants_table(default, variants) -> str:
                 f"value, 0: no change, negative: further away; '-' where the default is within {MIN_GAP} of "
                 f"the paper):\n\n" + table(["variant", "checkpoint", "seeds", *(f"{n:,}" for n in LENGTHS)], gaps)
             )
-    missing = [
-        name for name in VARIANTS if name != "paper" and (variants is None or not (variants.preset == name).any())
-    ]
+    missing = []  # per variant, the tasks it is trained on that have no collected run yet
+    for name, variant in VARIANTS.items():
+        have = set() if variants is None else set(variants[variants.preset == name].task)
+        lacking = [task for task in variant.tasks if task not in have]
+        if name != "paper" and lacking:
+            which = "" if len(lacking) == len(variant.tasks) else f", its {' and '.join(lacking)} model"
+            missing.append(f"`{name}` ({variant.what}){which}")
     if missing:
-        parts.append("Not trained yet: " + ", ".join(f"`{name}` ({VARIANTS[name].what})" for name in missing) + ".")
+        parts.append("Not trained yet: " + ", ".join(missing) + ".")
     return "\n\n".join(parts)
 
 

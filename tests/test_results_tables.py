@@ -279,6 +279,32 @@ def test_gap_closed_is_the_share_of_the_distance_to_the_papers_curve():
     assert gaps[0][3 + paper_variants.LENGTHS.index(128)] == "+0.50"
 
 
+def test_variants_table_names_each_untrained_task():
+    """The variants block's closing line lists a variant none of whose tasks is collected by name alone,
+    and one trained on some of its tasks with the task still missing ('its number model')."""
+    rows = [
+        {
+            "protocol": "paper",
+            "hop": 0,
+            "task": task,
+            "checkpoint": "last",
+            "length": n,
+            "seed": 0,
+            "acc": 0.5,
+            "preset": preset,
+        }
+        for preset, task in (("paper", "number"), ("paper", "letter"), ("authors", "letter"), ("noid1", "number"))
+        for n in paper_variants.LENGTHS
+    ]
+    frame = pd.DataFrame(rows)
+    text = paper_variants.variants_table(frame, frame[frame.preset != "paper"])
+    last = text.split("\n\n")[-1]
+    what = paper_variants.VARIANTS
+    assert f"`authors` ({what['authors'].what}), its number model" in last
+    assert f"`horizon` ({what['horizon'].what})," in last and "noid1" not in last  # noid1: number only
+    assert "| authors: " in text and "| noid1: " in text
+
+
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
 def test_results_fig5b_variants_block_is_the_committed_tables():
     """docs/results.md's Fig. 5B variants table is scripts/paper_variants.py's output on the committed
