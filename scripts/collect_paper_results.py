@@ -110,6 +110,8 @@ def collect(root: Path, presets=("paper", "seed")) -> dict[str, pd.DataFrame]:
             if (run / relative).is_file():
                 parts["lengthgen"].append(_tagged(pd.read_parquet(run / relative), keys, checkpoint=checkpoint))
     tables = {kind: pd.concat(frames, ignore_index=True) for kind, frames in parts.items() if frames}
+    if not {"paper", "seed"} & set(presets):  # variants only: the theory tables are docs/results/paper's own
+        return tables
     return tables | {
         kind: pd.read_parquet(root / relative) for kind, relative in THEORY.items() if (root / relative).is_file()
     }

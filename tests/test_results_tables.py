@@ -127,6 +127,21 @@ def test_collector_tags_every_run_and_keeps_the_last_row_of_a_resumed_step(tmp_p
     assert tables["validation"].best_step.tolist() == [250, 250] and "source" not in tables["validation"]
 
 
+def test_collector_takes_the_theory_tables_only_with_the_paper_or_seed_preset(tmp_path):
+    """RUNS/theory/ is the paper preset's (docs/results/paper/); a collection of variants alone leaves it out."""
+    import collect_paper_results
+
+    run = tmp_path / "noid1-s0" / "number"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\nmax_steps: 6000\n")
+    pd.DataFrame({"step": [0, 6000], "acc": [0.1, 1.0]}).to_parquet(run / "metrics.parquet")
+    for relative in collect_paper_results.THEORY.values():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame({"x": [1.0]}).to_parquet(tmp_path / relative)
+    assert set(collect(tmp_path, ("noid1",))) == {"training"}
+    assert set(collect(tmp_path, ("paper", "noid1"))) == {"training", *collect_paper_results.THEORY}
+
+
 def test_collector_keep_puts_back_the_committed_rows_of_runs_it_did_not_find(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
