@@ -1097,7 +1097,13 @@ def test_a_signal_swallowed_inside_a_finalizer_is_delivered_again():
     `posym score` then scored on after a SIGTERM (once, in a clean-clone `.ci/run`). The unraisable hook delivers it again,
     and it is raised in the main code as the first signal, with nothing printed about the finalizer."""
     done = subprocess.run(
-        [sys.executable, "-c", _SWALLOWED], capture_output=True, text=True, timeout=60, env=ENV, check=False
+        [sys.executable, "-c", _SWALLOWED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+        check=False,
+        preexec_fn=_default_signals,  # not SIGHUP ignored, as under `nohup`: posym would rightly leave it so
     )
     assert done.stdout.split() == ["stopped", str(int(signal.SIGTERM)), f"[{int(signal.SIGTERM)}]"], done
     assert "Exception ignored" not in done.stderr, done.stderr
@@ -1126,7 +1132,13 @@ def test_a_signal_swallowed_without_a_trace_is_delivered_again_once_its_exceptio
     """No unraisable hook sees a Signalled that code catches and drops; freed before posym answered it,
     it is delivered again (half a second later) and raised as the first signal."""
     done = subprocess.run(
-        [sys.executable, "-c", _SWALLOWED_BY_CODE], capture_output=True, text=True, timeout=60, env=ENV, check=False
+        [sys.executable, "-c", _SWALLOWED_BY_CODE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+        check=False,
+        preexec_fn=_default_signals,  # not SIGHUP ignored, as under `nohup`: posym would rightly leave it so
     )
     assert done.stdout.split() == ["stopped", str(int(signal.SIGHUP)), f"[{int(signal.SIGHUP)}]"], done
     assert "Exception ignored" not in done.stderr, done.stderr
@@ -1135,7 +1147,13 @@ def test_a_signal_swallowed_without_a_trace_is_delivered_again_once_its_exceptio
 def test_a_signal_freed_after_posym_answered_it_is_not_delivered_again():
     code = _SWALLOWED_BY_CODE.replace("    pass", "    io.answered()")
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+        check=False,
+        preexec_fn=_default_signals,  # not SIGHUP ignored, as under `nohup`: posym would rightly leave it so
     )
     assert done.stdout.split() == ["ran", "on"], done
 
