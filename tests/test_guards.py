@@ -1071,6 +1071,20 @@ def test_sigterm_or_sighup_during_score_is_one_line_and_leaves_nothing(runs, tmp
     assert not list(out.parent.iterdir())
 
 
+def _run_code(code: str) -> subprocess.CompletedProcess:
+    """`python -c code` with the stop signals at their defaults (not SIGHUP ignored, as under `nohup`: posym
+    would rightly leave it so), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+        check=False,
+        preexec_fn=_default_signals,
+    )
+
+
 _SWALLOWED = """
 import signal, time
 from posym import io
@@ -1096,15 +1110,7 @@ def test_a_signal_swallowed_inside_a_finalizer_is_delivered_again():
     """A stop signal whose handler ran inside a `__del__` raised its Signalled where Python swallows it:
     `posym score` then scored on after a SIGTERM (once, in a clean-clone `.ci/run`). The unraisable hook delivers it again,
     and it is raised in the main code as the first signal, with nothing printed about the finalizer."""
-    done = subprocess.run(
-        [sys.executable, "-c", _SWALLOWED],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=ENV,
-        check=False,
-        preexec_fn=_default_signals,  # not SIGHUP ignored, as under `nohup`: posym would rightly leave it so
-    )
+    done = _run_code(_SWALLOWED)
     assert done.stdout.split() == ["stopped", str(int(signal.SIGTERM)), f"[{int(signal.SIGTERM)}]"], done
     assert "Exception ignored" not in done.stderr, done.stderr
 
@@ -1131,30 +1137,14 @@ except io.Signalled as exc:
 def test_a_signal_swallowed_without_a_trace_is_delivered_again_once_its_exception_is_freed():
     """No unraisable hook sees a Signalled that code catches and drops; freed before posym answered it,
     it is delivered again (half a second later) and raised as the first signal."""
-    done = subprocess.run(
-        [sys.executable, "-c", _SWALLOWED_BY_CODE],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=ENV,
-        check=False,
-        preexec_fn=_default_signals,  # not SIGHUP ignored, as under `nohup`: posym would rightly leave it so
-    )
+    done = _run_code(_SWALLOWED_BY_CODE)
     assert done.stdout.split() == ["stopped", str(int(signal.SIGHUP)), f"[{int(signal.SIGHUP)}]"], done
     assert "Exception ignored" not in done.stderr, done.stderr
 
 
 def test_a_signal_freed_after_posym_answered_it_is_not_delivered_again():
     code = _SWALLOWED_BY_CODE.replace("    pass", "    io.answered()")
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=ENV,
-        check=False,
-        preexec_fn=_default_signals,  # not SIGHUP ignored, as under `nohup`: posym would rightly leave it so
-    )
+    done = _run_code(code)
     assert done.stdout.split() == ["ran", "on"], done
 
 
