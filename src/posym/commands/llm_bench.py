@@ -154,8 +154,8 @@ MAX_REPLY_BYTES = 64 * 2**20
 
 
 def key_spellings(key: str) -> list[str]:
-    """Every way a reply may spell `key`: as it is, JSON-escaped (`/` as `\\/`, as PHP writes it; any
-    character as `\\u00XX`, as Go writes `<>&`) and URL-encoded (an error that quotes the request URL),
+    r"""Every way a reply may spell `key`: as it is, JSON-escaped (`/` as `\/`, as PHP writes it; any
+    character as `\u00XX`, as Go writes `<>&`) and URL-encoded (an error that quotes the request URL),
     longest first. A key of base64 characters (`/`, `+`) echoed in a JSON error body would otherwise pass
     the mask.
 
