@@ -110,7 +110,7 @@ def gap_closed(default, variant, task: str, checkpoint: str, length: int) -> flo
     gap = paper.FIG5B[task][length] - means[0]
     if any(math.isnan(mean) for mean in means) or abs(gap) < MIN_GAP:  # NaN: no run at that length
         return None
-    return (means[1] - means[0]) / gap
+    return float((means[1] - means[0]) / gap)
 
 
 def gap_rows(default, variants, task: str) -> list[list[str]]:
