@@ -24,8 +24,14 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 @pytest.fixture(
     scope="module",
-    params=[OUT, OUT_AUTHORS64, OUT.with_name("number-cliff-authors64-s1"), OUT.with_name("number-cliff-authors64-s2")],
-    ids=["authors-2750", "authors64-6000", "authors64-s1-6000", "authors64-s2-6000"],
+    params=[
+        OUT,
+        OUT_AUTHORS64,
+        OUT.with_name("number-cliff-authors64-s1"),
+        OUT.with_name("number-cliff-authors64-s2"),
+        OUT.with_name("number-cliff-noid1"),
+    ],
+    ids=["authors-2750", "authors64-6000", "authors64-s1-6000", "authors64-s2-6000", "noid1-6000"],
 )
 def out(request) -> Path:
     return request.param
@@ -151,3 +157,22 @@ def test_docs_quote_the_authors64_tables():
         f"{q['causal']['id1_far_other_heads']['128'][0]:.2f} and {q['causal']['id1_mean_shift_far']['128'][0]:.2f}"
         in section
     )
+
+
+def test_docs_quote_the_noid1_tables():
+    """docs/results.md's paragraph on the noid1 number model (plane ID 1 not rotated) cites its quoted.json
+    and quotes its accuracy, where its wrong keys sit and the planes' split at the places they belong."""
+    q = json.loads((OUT.with_name("number-cliff-noid1") / "quoted.json").read_text())
+    text = RESULTS.read_text()
+    start = text.index("**Without plane ID 1's rotation (`noid1`")
+    section = " ".join(text[start : text.index("\n\n", start + 10)].split())
+    assert "docs/results/number-cliff-noid1/quoted.json" in section and f"step {q['step']:,}" in section
+    assert f"lies below 0.9 is {q['cliff_first_below_0p9']}" in section
+    assert f"0.84 ({q['accuracy']['60'][1]:g}-{q['accuracy']['60'][2]:g}) at 60" in section
+    (offset, count), *_ = q["offsets"]["68"]["most"]
+    assert offset == 58 and f"{count} of the {q['wrong_keys']['68']} at 68" in section
+    planes = q["planes"]["68"]
+    assert f"wrong keys {-planes['ids2_8'][0]:g} below the chain key at 68 tokens" in section
+    assert f"the average key {-planes['ids2_8_others'][0]:g}" in section
+    assert f"lead of {planes['ids9_free'][0]:g}" in section
+    assert f"{q['causal']['id1_far']['68'][0]:g} at 68 tokens, {q['causal']['none']['68'][0]:g} without" in section
