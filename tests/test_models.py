@@ -369,7 +369,6 @@ def test_run_dir_names_the_files_posym_train_writes(tmp_path):
     from posym.models import ANALYSES, RunDir, list_checkpoints
 
     run = RunDir(train_tiny(tmp_path, steps=2, every=2, eval_size=8))
-    assert run.is_run() and not RunDir(tmp_path / "nothing").is_run()
     for path in (run.config, run.manifest, run.metrics, run.log):
         assert path.is_file(), path
     assert [step for step, _ in list_checkpoints(run.path)] == [0, 1, 2]

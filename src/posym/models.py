@@ -537,10 +537,6 @@ class RunDir:
             raise ValueError(f"unknown analysis directory {name!r}")
         return self.path / name
 
-    def is_run(self) -> bool:
-        """Whether the directory looks like a run: a config.yaml or a checkpoints/ directory."""
-        return self.config.is_file() or self.checkpoints.is_dir()
-
 
 ANALYSES = ("analysis", "lengthgen", "discrepancy")
 """The analyses' default output directories inside a run: dynamics and geometry write RUN_DIR/analysis,
