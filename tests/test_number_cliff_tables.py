@@ -19,6 +19,8 @@ from posym.core.stats import wilson_interval  # noqa: E402
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "number-cliff"
 OUT_AUTHORS64 = OUT.with_name("number-cliff-authors64")
 """The same measurement on the `authors64` variant's seed-0 number model at step 6,000."""
+OUT_NOID1 = OUT.with_name("number-cliff-noid1")
+"""The same measurement on the `noid1` variant's (plane ID 1 not rotated) seed-0 number model at step 6,000."""
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
 
@@ -29,7 +31,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
         OUT_AUTHORS64,
         OUT.with_name("number-cliff-authors64-s1"),
         OUT.with_name("number-cliff-authors64-s2"),
-        OUT.with_name("number-cliff-noid1"),
+        OUT_NOID1,
     ],
     ids=["authors-2750", "authors64-6000", "authors64-s1-6000", "authors64-s2-6000", "noid1-6000"],
 )
@@ -162,7 +164,7 @@ def test_docs_quote_the_authors64_tables():
 def test_docs_quote_the_noid1_tables():
     """docs/results.md's paragraph on the noid1 number model (plane ID 1 not rotated) cites its quoted.json
     and quotes its accuracy, where its wrong keys sit and the planes' split at the places they belong."""
-    q = json.loads((OUT.with_name("number-cliff-noid1") / "quoted.json").read_text())
+    q = json.loads((OUT_NOID1 / "quoted.json").read_text())
     text = RESULTS.read_text()
     start = text.index("**Without plane ID 1's rotation (`noid1`")
     section = " ".join(text[start : text.index("\n\n", start + 10)].split())
