@@ -18,7 +18,10 @@ checkpoint of a number-task run (read only):
    identity at the training length; controls: a random other plane of the same heads (3 draws), plane ID 1
    of as many random non-positional heads (3 draws), plane ID 1 removed for every key (`ablated_planes`),
    and the far keys of the positional heads lowered by a constant, plane ID 1's mean share of their logits
-   (the same average shift as the removal, without its selectivity).
+   (the same average shift as the removal, without its selectivity). `--planes` runs the same check on
+   other planes (e.g. `--planes 2` or `--planes 9-64`: IDs 9-64 removed together from the far keys; the
+   random-plane control then draws as many other planes), into interventions-<tag>.parquet and
+   shifts-<tag>.parquet beside the plane-ID-1 tables (tag: `plane_tag`, e.g. id2, ids9_64).
 
 Writes into --out (default docs/results/number-cliff):
 
@@ -40,9 +43,11 @@ Writes into --out (default docs/results/number-cliff):
                             the far keys' logits at the chain pointers of the first 64 prompts)
     summary.json            run, step, labels, the stages of the last call and their wall time, manifest
                             (seeds, versions, config hash)
+    interventions-<tag>.parquet, shifts-<tag>.parquet   the same two for `--planes` other than 1
     quoted.json             the numbers docs/results.md quotes, recomputed from the tables (`headline`)
 
     python scripts/number_cliff.py RUN --step STEP [--out DIR] [--n 480] [--head-prompts 128]
+    python scripts/number_cliff.py RUN --step STEP --stages causal --planes 9-64 --out DIR
     python scripts/number_cliff.py RUN --step STEP --stages summary     # quoted.json from the tables
 """
 
@@ -86,9 +91,16 @@ FAST = range(2, 9)
 ROPE_BASE, PLANES = 10000.0, 64
 """The paper model's RoPE (base 10,000, 64 planes): theta_k = base^(-(k - 1) / 64) of frequency ID k."""
 SHIFT_PROMPTS = 64
-"""Prompts per length over which the mean-shift control measures plane ID 1's mean share of the far keys."""
+"""Prompts per length over which the mean-shift control measures the planes' mean share of the far keys."""
+DEFAULT_PLANES = "1"
+"""The planes of the causal check unless `--planes` says otherwise: plane ID 1, the committed hypothesis."""
 SEED = 0
 """Test-data seed (lengthgen's default) and the seed of the bootstrap and random draws."""
+
+
+def r3(x) -> float:
+    """A quoted number: three decimals."""
+    return round(float(x), 3)
 
 
 def wilson_row(correct: np.ndarray) -> dict:
@@ -237,35 +249,79 @@ def plane_rows(pos: pd.DataFrame, length: int) -> list[dict]:
     return out
 
 
-def conditions(model, labels, reach: int):
-    """(name, draw, context factory) of the causal check: plane 0 = frequency ID 1; planes are 0-based."""
+def rotary_planes(model) -> int:
+    """The RoPE planes of one head of a posym GPT-J model (frequency IDs 1 .. this)."""
+    config = model.config
+    return config.rotary_dim // 2 if config.rotary_dim else config.n_embd // config.n_head // 2
+
+
+def parse_planes(spec: str, planes: int) -> list[int]:
+    """Frequency IDs (1-based) from '1', '2,3' or '9-64'; a PosymError unless each is in 1 .. planes.
+
+    >>> parse_planes("2,9-11", 64)
+    [2, 9, 10, 11]
+    """
+    ids: set[int] = set()
+    for part in spec.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi if dash else lo)
+        except ValueError:
+            raise PosymError(f"--planes takes frequency IDs such as 1, 2,3 or 9-64, got {spec!r}") from None
+        if not 1 <= first <= last <= planes:
+            raise PosymError(f"--planes: frequency IDs run 1-{planes} in this model, got {part.strip()!r}")
+        ids.update(range(first, last + 1))
+    return sorted(ids)
+
+
+def plane_tag(ids: list[int]) -> str:
+    """The name of a plane set in the causal conditions and file names.
+
+    >>> plane_tag([1]), plane_tag([9, 10, 11]), plane_tag([2, 5])
+    ('id1', 'ids9_11', 'ids2_5')
+    """
+    if len(ids) == 1:
+        return f"id{ids[0]}"
+    if ids == list(range(ids[0], ids[-1] + 1)):
+        return f"ids{ids[0]}_{ids[-1]}"
+    return "ids" + "_".join(map(str, ids))
+
+
+def conditions(model, labels, reach: int, ids: list[int]):
+    """(name, draw, context factory) of the causal check of frequency IDs `ids` (1-based; the model's planes
+    are 0-based, so ID 1 is plane 0). The random-plane control draws len(ids) planes outside `ids` (none
+    when fewer remain); with ids = [1] its draws are those of the committed tables."""
+    tag, chosen = plane_tag(ids), [i - 1 for i in ids]
     positional = sorted(int(x) for x in labels.layer[labels.label == "positional"])
     others = sorted(set(range(model.config.n_layer)) - set(positional))
-    planes = (
-        model.config.rotary_dim // 2 if model.config.rotary_dim else model.config.n_embd // model.config.n_head // 2
-    )
+    rest = [m for m in range(rotary_planes(model)) if m not in chosen]
     rng = random.Random(SEED)
     out = [
         ("none", 0, None),
-        ("id1_far", 0, lambda: far_planes_removed(model, {(l, 0): [0] for l in positional}, reach)),
+        (f"{tag}_far", 0, lambda: far_planes_removed(model, {(l, 0): chosen for l in positional}, reach)),
     ]
-    for draw in range(DRAWS):
-        chosen = {(l, 0): [rng.randrange(1, planes)] for l in positional}
-        out.append(("random_plane_far", draw, lambda c=chosen: far_planes_removed(model, c, reach)))
+    for draw in range(DRAWS if len(rest) >= len(chosen) else 0):
+        drawn = {(l, 0): rng.sample(rest, len(chosen)) for l in positional}
+        out.append(("random_plane_far", draw, lambda c=drawn: far_planes_removed(model, c, reach)))
     for draw in range(DRAWS):
         layers = rng.sample(others, min(len(positional), len(others)))
         out.append(
-            ("id1_far_other_heads", draw, lambda ls=layers: far_planes_removed(model, {(l, 0): [0] for l in ls}, reach))
+            (
+                f"{tag}_far_other_heads",
+                draw,
+                lambda ls=layers: far_planes_removed(model, {(l, 0): chosen for l in ls}, reach),
+            )
         )
-    out.append(("id1_all_keys", 0, lambda: ablated_planes(model, {(l, 0): [0] for l in positional})))
-    out.append(("id1_mean_shift_far", 0, "shift"))  # built per length by `causal` (it needs the prompts)
+    out.append((f"{tag}_all_keys", 0, lambda: ablated_planes(model, {(l, 0): chosen for l in positional})))
+    out.append((f"{tag}_mean_shift_far", 0, "shift"))  # built per length by `causal` (it needs the prompts)
     return out
 
 
-def far_share(model, samples, layers: list[int], reach: int, n_prompts: int) -> dict[int, float]:
-    """Per layer (head 0), plane ID 1's mean share of the logits of the keys more than `reach` back, at the
-    chain pointers of the first `n_prompts` samples: what removing that plane from the far keys takes from
-    them on average (float64, `posym.core.swaps.channel_logits`)."""
+def far_share(model, samples, layers: list[int], reach: int, n_prompts: int, planes=(0,)) -> dict[int, float]:
+    """Per layer (head 0), the mean share of `planes` (0-based; default plane ID 1) in the logits of the keys
+    more than `reach` back, at the chain pointers of the first `n_prompts` samples: what removing those
+    planes from the far keys takes from them on average (float64, `posym.core.swaps.channel_logits`)."""
+    planes = list(planes)
     part = samples[:n_prompts]
     queries, _ = chain_queries(part)
     sums = {layer: [0.0, 0] for layer in layers}
@@ -275,7 +331,7 @@ def far_share(model, samples, layers: list[int], reach: int, n_prompts: int) -> 
             first = qk.first_key(p)
             count = p - reach - first  # keys first .. p - reach - 1 are the far ones
             if count > 0:
-                share = channel_logits(qk, torch.tensor(rows), [0], p)[:, 0, 0, :count]  # [G, far keys] plane ID 1
+                share = channel_logits(qk, torch.tensor(rows), [0], p)[:, 0, planes, :count].sum(1)  # [G, far keys]
                 sums[layer][0] += float(share.sum())
                 sums[layer][1] += share.numel()
 
@@ -284,19 +340,20 @@ def far_share(model, samples, layers: list[int], reach: int, n_prompts: int) -> 
     return {layer: total / count if count else 0.0 for layer, (total, count) in sums.items()}
 
 
-def causal(model, base, labels, n: int, lengths, batch_tokens: int):
+def causal(model, base, labels, n: int, lengths, batch_tokens: int, ids=(1,)):
     rows = []
     reach = base.seq_len - 1  # the training prompts' longest query-key distance: 16 in the paper's 17 tokens
     positional = sorted(int(x) for x in labels.layer[labels.label == "positional"])
     shifts: list[dict] = []
-    for name, draw, make in conditions(model, labels, reach):
+    planes = [i - 1 for i in ids]
+    for name, draw, make in conditions(model, labels, reach, list(ids)):
         for length in lengths:
             samples = generate(extension(base, length), n, SEED, split="test")
             batch = max(1, batch_tokens // length)
             if make is None:
                 pred = predictions(model, samples, batch)
-            elif make == "shift":  # the same average shift of the far keys as id1_far, on every far key alike
-                shift = far_share(model, samples, positional, reach, SHIFT_PROMPTS)
+            elif make == "shift":  # the same average shift of the far keys as <tag>_far, on every far key alike
+                shift = far_share(model, samples, positional, reach, SHIFT_PROMPTS, planes)
                 with far_planes_removed(model, {}, reach, penalty={(layer, 0): s for layer, s in shift.items()}):
                     pred = predictions(model, samples, batch)
                 shifts.extend({"length": length, "layer": layer, "shift": s} for layer, s in shift.items())
@@ -323,7 +380,6 @@ def headline(out: Path) -> dict:
     causal = pd.read_parquet(out / "interventions.parquet")
     summary = pd.read_json(out / "summary.json", typ="series")
     positional = [r["layer"] for r in summary["labels"] if r["label"] == "positional"]
-    r3 = lambda x: round(float(x), 3)  # noqa: E731
     below = acc[acc.hi < 0.9]
     q: dict = {
         "step": int(summary["step"]),
@@ -376,22 +432,35 @@ def headline(out: Path) -> dict:
         int(L): {"rows": int(row.rows), **{g: [r3(row[g]), r3(row[f"{g}_lo"]), r3(row[f"{g}_hi"])] for g in groups}}
         for L, row in pooled.iterrows()
     }
-    mean = causal.groupby(["condition", "length"]).acc.agg(["mean", "min", "max"])
-    q["causal"] = {
-        c: {
-            int(L): [r3(mean.loc[(c, L), "mean"]), r3(mean.loc[(c, L), "min"]), r3(mean.loc[(c, L), "max"])]
-            for L in sorted(causal.length.unique())
+    q |= causal_quotes(causal, pd.read_parquet(out / "shifts.parquet"), "id1")
+    extra = {path.stem.removeprefix("interventions-"): path for path in sorted(out.glob("interventions-*.parquet"))}
+    if extra:  # `--planes` other than 1
+        q["causal_planes"] = {
+            tag: causal_quotes(pd.read_parquet(path), pd.read_parquet(out / f"shifts-{tag}.parquet"), tag)
+            for tag, path in extra.items()
         }
-        for c in causal.condition.unique()
-    }
-    shifts = pd.read_parquet(out / "shifts.parquet").groupby("length")["shift"]
-    q["shifts"] = {int(L): [r3(g.min()), r3(g.max())] for L, g in shifts}
-    single = causal[causal.condition.isin(["none", "id1_far", "id1_all_keys"])].set_index(["condition", "length"])
-    q["causal_wilson"] = {
-        c: {int(L): [r3(single.lo[(c, L)]), r3(single.hi[(c, L)])] for L in sorted(causal.length.unique())}
-        for c in ("none", "id1_far", "id1_all_keys")
-    }
     return q
+
+
+def causal_quotes(causal: pd.DataFrame, shifts: pd.DataFrame, tag: str) -> dict:
+    """The causal check's quoted numbers: per condition and length the mean, min and max accuracy over the
+    draws, the mean-shift control's penalties (min, max over layers) and Wilson intervals of the single
+    conditions (no control, the planes removed from the far keys, from every key)."""
+    lengths = sorted(causal.length.unique())
+    mean = causal.groupby(["condition", "length"]).acc.agg(["mean", "min", "max"])
+    single = ("none", f"{tag}_far", f"{tag}_all_keys")
+    rows = causal[causal.condition.isin(single)].set_index(["condition", "length"])
+    return {
+        "causal": {
+            c: {
+                int(L): [r3(mean.loc[(c, L), "mean"]), r3(mean.loc[(c, L), "min"]), r3(mean.loc[(c, L), "max"])]
+                for L in lengths
+            }
+            for c in causal.condition.unique()
+        },
+        "shifts": {int(L): [r3(g.min()), r3(g.max())] for L, g in shifts.groupby("length")["shift"]},
+        "causal_wilson": {c: {int(L): [r3(rows.lo[(c, L)]), r3(rows.hi[(c, L)])] for L in lengths} for c in single},
+    }
 
 
 def main(argv=None) -> int:
@@ -404,6 +473,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-tokens", type=int, default=16384)
     parser.add_argument("--stages", default="accuracy,heads,causal")
     parser.add_argument("--smoke", action="store_true", help="two lengths per stage (a quick check of the script)")
+    parser.add_argument(
+        "--planes", default=DEFAULT_PLANES, help="frequency IDs of the causal check, e.g. 1 (default), 2 or 9-64"
+    )
     args = parser.parse_args(argv)
     if args.stages == "summary":  # quoted.json from the tables already there, no model needed
         write_json(args.out / "quoted.json", headline(args.out))
@@ -413,6 +485,8 @@ def main(argv=None) -> int:
     if base.task != "number" or base.extra_target:
         raise PosymError(f"{args.run} is not a number-task run at its training length")
     stages = set(args.stages.split(","))
+    ids = parse_planes(args.planes, rotary_planes(model))
+    suffix = "" if ids == [1] else f"-{plane_tag(ids)}"  # plane ID 1's tables keep their committed names
     start = time.time()
     labels = label_heads(model, base, n_prompts=LABEL_PROMPTS, seed=SEED, gamma=HEAD_GAMMA)
     labels = labels[labels["head"] == 0][["layer", "label", "s_pos", "s_sym"]].reset_index(drop=True)
@@ -431,9 +505,9 @@ def main(argv=None) -> int:
         write_parquet(out / "head_offsets.parquet", hist)
         write_parquet(out / "planes.parquet", planes)
     if "causal" in stages:
-        interventions, shifts = causal(model, base, labels, args.n, causal_lengths, args.batch_tokens)
-        write_parquet(out / "interventions.parquet", interventions)
-        write_parquet(out / "shifts.parquet", shifts)
+        interventions, shifts = causal(model, base, labels, args.n, causal_lengths, args.batch_tokens, ids)
+        write_parquet(out / f"interventions{suffix}.parquet", interventions)
+        write_parquet(out / f"shifts{suffix}.parquet", shifts)
     alias = []
     for name, source in (("head_offsets", "positional heads"), ("answer_offsets", "answers")):
         path = out / f"{name}.parquet"
@@ -454,6 +528,7 @@ def main(argv=None) -> int:
             "head_lengths": head_lengths,
             "causal_lengths": causal_lengths,
             "stages": sorted(stages),
+            "planes": ids,  # of this call's causal check
             "wall_s": round(time.time() - start, 1),  # of the stages this call ran
             "manifest": manifest(config, seed=SEED),
         },
@@ -464,4 +539,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except PosymError as error:  # bad input: one line, exit 2, no traceback
+        print(f"number_cliff: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -3,6 +3,8 @@ columns and row counts, Wilson intervals and alias shares recomputed, the causal
 training length, and quoted.json (the numbers docs/results.md quotes) recomputed from the tables."""
 
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,14 +16,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import number_cliff  # noqa: E402
 
 from posym.core.aliasing import alias_share  # noqa: E402
+from posym.core.lengthgen import extension  # noqa: E402
+from posym.core.tasks import generate  # noqa: E402
+from posym.errors import PosymError  # noqa: E402
 from posym.core.stats import wilson_interval  # noqa: E402
 
-OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "number-cliff"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "results" / "number-cliff"
 OUT_AUTHORS64 = OUT.with_name("number-cliff-authors64")
 """The same measurement on the `authors64` variant's seed-0 number model at step 6,000."""
 OUT_NOID1 = OUT.with_name("number-cliff-noid1")
 """The same measurement on the `noid1` variant's (plane ID 1 not rotated) seed-0 number model at step 6,000."""
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+RESULTS = ROOT / "docs" / "results.md"
 
 
 @pytest.fixture(
@@ -178,3 +184,96 @@ def test_docs_quote_the_noid1_tables():
     assert f"the average key {-planes['ids2_8_others'][0]:g}" in section
     assert f"lead of {planes['ids9_free'][0]:g}" in section
     assert f"{q['causal']['id1_far']['68'][0]:g} at 68 tokens, {q['causal']['none']['68'][0]:g} without" in section
+
+
+def test_plane_sets_parse_and_name_themselves():
+    assert number_cliff.parse_planes(" 9-11 ,2", 64) == [2, 9, 10, 11]
+    assert number_cliff.parse_planes(number_cliff.DEFAULT_PLANES, 64) == [1]
+    for bad in ("0", "65", "3-2", "x", "1-", ""):
+        with pytest.raises(PosymError):
+            number_cliff.parse_planes(bad, 64)
+    assert [number_cliff.plane_tag(ids) for ids in ([1], [2], [9, 10], [2, 4])] == ["id1", "id2", "ids9_10", "ids2_4"]
+
+
+def test_plane_id_1_conditions_draw_what_the_committed_tables_drew():
+    """The random-plane control of `--planes 1` draws the planes the pre-`--planes` script drew
+    (rng.randrange(1, planes) per positional layer), so the committed tables stay reproducible; a set of
+    k planes draws k planes outside the set, and none when fewer remain."""
+    import random
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(config=SimpleNamespace(n_layer=6, rotary_dim=128, n_embd=256, n_head=1))
+    labels = pd.DataFrame({"layer": range(6), "label": ["mixed", *["positional"] * 4, "symbolic"]})
+    drawn = lambda conds: [f.__defaults__[0] for name, _, f in conds if name == "random_plane_far"]  # noqa: E731
+    rng = random.Random(number_cliff.SEED)
+    old = [{(l, 0): [rng.randrange(1, 64)] for l in range(1, 5)} for _ in range(number_cliff.DRAWS)]
+    conds = number_cliff.conditions(model, labels, 16, [1])
+    assert drawn(conds) == old
+    assert [name for name, draw, _ in conds if draw == 0] == [
+        "none",
+        "id1_far",
+        "random_plane_far",
+        "id1_far_other_heads",
+        "id1_all_keys",
+        "id1_mean_shift_far",
+    ]
+    eight = number_cliff.conditions(model, labels, 16, list(range(2, 10)))
+    for choice in drawn(eight):
+        assert all(len(set(p)) == 8 and not set(p) & set(range(1, 9)) for p in choice.values())
+    assert drawn(number_cliff.conditions(model, labels, 16, list(range(2, 65)))) == []  # only plane 0 is left
+
+
+@pytest.fixture(scope="module")
+def tiny_number_run(tmp_path_factory):
+    from tiny_runs import train_tiny
+
+    return train_tiny(tmp_path_factory.mktemp("cliff"), "number", steps=2, every=2, eval_size=8)
+
+
+def test_causal_check_of_a_plane_set(tiny_number_run, tmp_path):
+    """`--planes 2-3` on a tiny number model: the conditions carry the set's tag, every far-key condition is
+        the identity at the training length, the mean-shift penalty is the two planes' shares summed (logits are
+        linear in the planes), the tables go beside plane ID 1's and headline quotes them under their tag (the
+    identity at the training length is test_ablate_finetune's far_planes_removed test and, on the trained
+    models, test_causal_check_is_the_identity_at_the_training_length)."""
+    from posym.models import load_checkpoint
+
+    model, info = load_checkpoint(tiny_number_run, step=2)
+    base = info["task_config"]
+    labels = pd.DataFrame({"layer": [0, 1], "label": ["positional", "positional"]})
+    lengths = [base.seq_len, 40]
+    causal, shifts = number_cliff.causal(model, base, labels, 24, lengths, 4096, [2, 3])
+    assert set(causal.condition) == {
+        "none",
+        "ids2_3_far",
+        "random_plane_far",
+        "ids2_3_far_other_heads",
+        "ids2_3_all_keys",
+        "ids2_3_mean_shift_far",
+    }
+    samples = generate(extension(base, 40), 24, number_cliff.SEED, split="test")
+    parts = [number_cliff.far_share(model, samples, [0, 1], base.seq_len - 1, 24, [m]) for m in (1, 2)]
+    both = shifts[shifts.length == 40].set_index("layer")["shift"]
+    for layer in (0, 1):
+        assert both[layer] == pytest.approx(parts[0][layer] + parts[1][layer], abs=1e-9)
+        assert both[layer] != 0.0
+    assert (shifts[shifts.length == base.seq_len]["shift"] == 0).all()
+
+    out = tmp_path / "cliff"
+    shutil.copytree(OUT_NOID1, out)
+    causal.to_parquet(out / "interventions-ids2_3.parquet")
+    shifts.to_parquet(out / "shifts-ids2_3.parquet")
+    q = number_cliff.headline(out)
+    committed = json.loads((OUT_NOID1 / "quoted.json").read_text())
+    assert json.loads(json.dumps({k: v for k, v in q.items() if k != "causal_planes"})) == committed
+    extra = q["causal_planes"]["ids2_3"]
+    assert extra["causal"]["ids2_3_far"][40][0] == round(float(causal.acc[causal.condition == "ids2_3_far"].iloc[1]), 3)
+    assert set(extra["causal_wilson"]) == {"none", "ids2_3_far", "ids2_3_all_keys"}
+
+
+def test_a_bad_plane_set_is_one_line_and_exit_2(tiny_number_run, tmp_path):
+    out = tmp_path / "cliff"
+    cmd = [sys.executable, str(ROOT / "scripts" / "number_cliff.py"), str(tiny_number_run), "--step", "2"]
+    done = subprocess.run([*cmd, "--planes", "99", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "frequency IDs run 1-" in done.stderr
+    assert not out.exists()  # nothing half-written
