@@ -265,8 +265,8 @@ def test_causal_check_of_a_plane_set(tiny_number_run, tmp_path):
     shifts.to_parquet(out / "shifts-ids2_3.parquet")
     q = number_cliff.headline(out)
     committed = json.loads((OUT_NOID1 / "quoted.json").read_text())
-    assert json.loads(json.dumps({k: v for k, v in q.items() if k != "causal_planes"})) == committed
-    extra = q["causal_planes"]["ids2_3"]
+    extra = q["causal_planes"].pop("ids2_3")
+    assert json.loads(json.dumps(q)) == committed  # the rest as committed, other plane sets included
     assert extra["causal"]["ids2_3_far"][40][0] == round(float(causal.acc[causal.condition == "ids2_3_far"].iloc[1]), 3)
     assert set(extra["causal_wilson"]) == {"none", "ids2_3_far", "ids2_3_all_keys"}
 
@@ -277,3 +277,31 @@ def test_a_bad_plane_set_is_one_line_and_exit_2(tiny_number_run, tmp_path):
     done = subprocess.run([*cmd, "--planes", "99", "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "frequency IDs run 1-" in done.stderr
     assert not out.exists()  # nothing half-written
+
+
+def test_docs_quote_the_noid1_plane_sets():
+    """docs/results.md's paragraph on `--planes 2-8` / `--planes 9-64` in noid1 quotes quoted.json's
+    causal_planes (the removal, its controls, the mean-shift penalties) at the places they belong."""
+    q = json.loads((OUT_NOID1 / "quoted.json").read_text())["causal_planes"]
+    fast, slow = q["ids2_8"]["causal"], q["ids9_64"]["causal"]
+    text = RESULTS.read_text()
+    start = text.index("**In `noid1` the fast planes are the cause")
+    section = " ".join(text[start : text.index("\n\n", start + 10)].split())
+    assert "docs/results/number-cliff-noid1/quoted.json" in section
+    lo, hi = q["ids2_8"]["causal_wilson"]["ids2_8_far"]["68"]
+    assert all(fast["ids2_8_far"][str(n)][0] == 1.0 for n in (56, 60, 68, 128)) and f"1.0 ({lo:g}-{hi:.1f})" in section
+    untouched = ", ".join(f"{fast['none'][str(n)][0]:g}" for n in (56, 60, 68)) + f" and {fast['none']['128'][0]:g}"
+    assert untouched in section
+    mean, low, high = fast["random_plane_far"]["60"]
+    assert f"{mean:g} ({low:g}-{high:g} over 3 draws) at 60 tokens and {fast['random_plane_far']['68'][0]:g}" in section
+    other, shift = fast["ids2_8_far_other_heads"], fast["ids2_8_mean_shift_far"]
+    assert (
+        f"{other['60'][0]:g} and {other['68'][0]:g}" in section
+        and f"{shift['60'][0]:g} and {shift['68'][0]:g}" in section
+    )
+    assert f"({fast['ids2_8_all_keys']['17'][0]:g} at 17 tokens)" in section
+    penalties = [v for L, pair in q["ids9_64"]["shifts"].items() if L != "17" for v in pair]
+    assert f"{min(penalties):g} to {max(penalties):g} per head" in section
+    assert f"({slow['ids9_64_far']['56'][0]:g} at 56 tokens, {slow['ids9_64_far']['68'][0]:g} at 68)" in section
+    assert f"({slow['ids9_64_all_keys']['17'][0]:g} at 17 tokens)" in section
+    assert f"({slow['ids9_64_all_keys']['68'][0]:g} at 68, {slow['ids9_64_all_keys']['128'][0]:g} at 128)" in section
