@@ -27,6 +27,8 @@ OUT_AUTHORS64 = OUT.with_name("number-cliff-authors64")
 """The same measurement on the `authors64` variant's seed-0 number model at step 6,000."""
 OUT_NOID1 = OUT.with_name("number-cliff-noid1")
 """The same measurement on the `noid1` variant's (plane ID 1 not rotated) seed-0 number model at step 6,000."""
+OUT_HORIZON = OUT.with_name("number-cliff-horizon")
+"""The same measurement on the `horizon` variant's seed-0 number model at step 6,000 (with --planes 1-8, 2-8)."""
 RESULTS = ROOT / "docs" / "results.md"
 
 
@@ -38,8 +40,9 @@ RESULTS = ROOT / "docs" / "results.md"
         OUT.with_name("number-cliff-authors64-s1"),
         OUT.with_name("number-cliff-authors64-s2"),
         OUT_NOID1,
+        OUT_HORIZON,
     ],
-    ids=["authors-2750", "authors64-6000", "authors64-s1-6000", "authors64-s2-6000", "noid1-6000"],
+    ids=["authors-2750", "authors64-6000", "authors64-s1-6000", "authors64-s2-6000", "noid1-6000", "horizon-6000"],
 )
 def out(request) -> Path:
     return request.param
@@ -305,3 +308,39 @@ def test_docs_quote_the_noid1_plane_sets():
     assert f"({slow['ids9_64_far']['56'][0]:g} at 56 tokens, {slow['ids9_64_far']['68'][0]:g} at 68)" in section
     assert f"({slow['ids9_64_all_keys']['17'][0]:g} at 17 tokens)" in section
     assert f"({slow['ids9_64_all_keys']['68'][0]:g} at 68, {slow['ids9_64_all_keys']['128'][0]:g} at 128)" in section
+
+
+def test_docs_quote_the_horizon_tables():
+    """docs/results.md's paragraph on horizon's number model quotes its accuracy, wrong-key offsets and the
+    causal check of plane ID 1, IDs 2-8 and IDs 1-8 with their controls at the places they belong."""
+    q = json.loads((OUT_HORIZON / "quoted.json").read_text())
+    text = RESULTS.read_text()
+    start = text.index("**On `horizon`'s number model")
+    section = " ".join(text[start : text.index("\n\n", start + 10)].split())
+    assert "docs/results/number-cliff-horizon/quoted.json" in section and f"step {q['step']:,}" in section
+    assert f"lies below 0.9 is {q['cliff_first_below_0p9']}" in section
+    assert "0.867 ({:g}-{:g}) at 50".format(*q["accuracy"]["50"][1:]) in section
+    (a, na), (b, nb), (c, nc), _ = q["offsets"]["68"]["most"]
+    assert (
+        f"{a}, {b} and {c} positions" in section and f"({na}, {nb} and {nc} of the {q['wrong_keys']['68']}" in section
+    )
+    cells = lambda c, t=None: [(q["causal_planes"][t] if t else q)["causal"][c][str(n)][0] for n in (56, 60, 68, 128)]  # noqa: E731
+    one, fast, all8 = cells("id1_far"), cells("ids2_8_far", "ids2_8"), cells("ids1_8_far", "ids1_8")
+    assert (
+        f"{one[0]:g} at 56 tokens, {one[1]:g} at 60, {one[2]:g} (" in section and f"only {one[3]:g} at 128" in section
+    )
+    assert "give {:g}, {:g}, {:g} and {:g} (".format(*fast) in section
+    assert "together {:g}, {:g}, {:g} and {:g} (".format(*all8) in section
+    controls = q["causal_planes"]["ids1_8"]["causal"]
+    assert (
+        f"{controls['random_plane_far']['56'][0]:g} at 56 tokens and {controls['random_plane_far']['128'][0]:g} at 128"
+        in section
+    )
+    assert (
+        f"{controls['ids1_8_far_other_heads']['56'][0]:g} and {controls['ids1_8_far_other_heads']['128'][0]:g}"
+        in section
+    )
+    assert (
+        f"{controls['ids1_8_mean_shift_far']['56'][0]:g} and {controls['ids1_8_mean_shift_far']['128'][0]:g}" in section
+    )
+    assert f"{controls['ids1_8_all_keys']['17'][0]:g} at 17 tokens" in section
