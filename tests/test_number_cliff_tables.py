@@ -32,6 +32,13 @@ OUT_HORIZON = OUT.with_name("number-cliff-horizon")
 RESULTS = ROOT / "docs" / "results.md"
 
 
+def paragraph(opening: str) -> str:
+    """The docs/results.md paragraph that starts with `opening`, on one line (whitespace collapsed)."""
+    text = RESULTS.read_text()
+    start = text.index(opening)
+    return " ".join(text[start : text.index("\n\n", start + 10)].split())
+
+
 @pytest.fixture(
     scope="module",
     params=[
@@ -174,9 +181,7 @@ def test_docs_quote_the_noid1_tables():
     """docs/results.md's paragraph on the noid1 number model (plane ID 1 not rotated) cites its quoted.json
     and quotes its accuracy, where its wrong keys sit and the planes' split at the places they belong."""
     q = json.loads((OUT_NOID1 / "quoted.json").read_text())
-    text = RESULTS.read_text()
-    start = text.index("**Without plane ID 1's rotation (`noid1`")
-    section = " ".join(text[start : text.index("\n\n", start + 10)].split())
+    section = paragraph("**Without plane ID 1's rotation (`noid1`")
     assert "docs/results/number-cliff-noid1/quoted.json" in section and f"step {q['step']:,}" in section
     assert f"lies below 0.9 is {q['cliff_first_below_0p9']}" in section
     assert f"0.84 ({q['accuracy']['60'][1]:g}-{q['accuracy']['60'][2]:g}) at 60" in section
@@ -287,9 +292,7 @@ def test_docs_quote_the_noid1_plane_sets():
     causal_planes (the removal, its controls, the mean-shift penalties) at the places they belong."""
     q = json.loads((OUT_NOID1 / "quoted.json").read_text())["causal_planes"]
     fast, slow = q["ids2_8"]["causal"], q["ids9_64"]["causal"]
-    text = RESULTS.read_text()
-    start = text.index("**In `noid1` the fast planes are the cause")
-    section = " ".join(text[start : text.index("\n\n", start + 10)].split())
+    section = paragraph("**In `noid1` the fast planes are the cause")
     assert "docs/results/number-cliff-noid1/quoted.json" in section
     lo, hi = q["ids2_8"]["causal_wilson"]["ids2_8_far"]["68"]
     assert all(fast["ids2_8_far"][str(n)][0] == 1.0 for n in (56, 60, 68, 128)) and f"1.0 ({lo:g}-{hi:.1f})" in section
@@ -314,9 +317,7 @@ def test_docs_quote_the_horizon_tables():
     """docs/results.md's paragraph on horizon's number model quotes its accuracy, wrong-key offsets and the
     causal check of plane ID 1, IDs 2-8 and IDs 1-8 with their controls at the places they belong."""
     q = json.loads((OUT_HORIZON / "quoted.json").read_text())
-    text = RESULTS.read_text()
-    start = text.index("**On `horizon`'s number model")
-    section = " ".join(text[start : text.index("\n\n", start + 10)].split())
+    section = paragraph("**On `horizon`'s number model")
     assert "docs/results/number-cliff-horizon/quoted.json" in section and f"step {q['step']:,}" in section
     assert f"lies below 0.9 is {q['cliff_first_below_0p9']}" in section
     assert "0.867 ({:g}-{:g}) at 50".format(*q["accuracy"]["50"][1:]) in section
