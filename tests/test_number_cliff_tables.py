@@ -239,11 +239,11 @@ def tiny_number_run(tmp_path_factory):
 
 
 def test_causal_check_of_a_plane_set(tiny_number_run, tmp_path):
-    """`--planes 2-3` on a tiny number model: the conditions carry the set's tag, every far-key condition is
-        the identity at the training length, the mean-shift penalty is the two planes' shares summed (logits are
-        linear in the planes), the tables go beside plane ID 1's and headline quotes them under their tag (the
-    identity at the training length is test_ablate_finetune's far_planes_removed test and, on the trained
-    models, test_causal_check_is_the_identity_at_the_training_length)."""
+    """`--planes 2-3` on a tiny number model: the conditions carry the set's tag, the mean-shift penalty is
+    the two planes' shares summed (logits are linear in the planes) and zero at the training length, and
+    headline quotes the set's tables under its tag beside plane ID 1's. (The removal's identity at the
+    training length is test_ablate_finetune's far_planes_removed test and, on the trained models,
+    test_causal_check_is_the_identity_at_the_training_length: this untrained model answers nothing right.)"""
     from posym.models import load_checkpoint
 
     model, info = load_checkpoint(tiny_number_run, step=2)
