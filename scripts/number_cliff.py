@@ -67,7 +67,7 @@ import torch  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from posym.core.aliasing import alias_gap, alias_share, key_planes, offset_histogram  # noqa: E402
-from posym.core.interventions import ablated_planes, far_planes_removed, label_heads  # noqa: E402
+from posym.core.interventions import ablated_planes, far_planes_removed, gptj_rotary_dim, label_heads  # noqa: E402
 from posym.core.lengthgen import ALL_HOPS, HEAD_GAMMA, LABEL_PROMPTS, extension  # noqa: E402
 from posym.core.swaps import channel_logits, scan  # noqa: E402
 from posym.core.stats import bootstrap_weights, percentile_interval, wilson_interval  # noqa: E402
@@ -251,8 +251,7 @@ def plane_rows(pos: pd.DataFrame, length: int) -> list[dict]:
 
 def rotary_planes(model) -> int:
     """The RoPE planes of one head of a posym GPT-J model (frequency IDs 1 .. this)."""
-    config = model.config
-    return config.rotary_dim // 2 if config.rotary_dim else config.n_embd // config.n_head // 2
+    return gptj_rotary_dim(model.config) // 2
 
 
 def parse_planes(spec: str, planes: int) -> list[int]:

@@ -208,6 +208,19 @@ def fold_ablation(model, heads: list[Head], mode: str = "zero", means: dict | No
 # ---- RoPE planes of single heads -----------------------------------------------------------------
 
 
+def gptj_rotary_dim(config) -> int:
+    """Rotated dimensions per head of a Hugging Face GPT-J config: its `rotary_dim`, or the whole head
+    when that is null. Plane m (0-based, frequency ID m + 1) exists for m < gptj_rotary_dim(config) // 2.
+
+    >>> from types import SimpleNamespace
+    >>> gptj_rotary_dim(SimpleNamespace(rotary_dim=None, n_embd=128, n_head=4))
+    32
+    >>> gptj_rotary_dim(SimpleNamespace(rotary_dim=8, n_embd=128, n_head=4))
+    8
+    """
+    return config.rotary_dim or config.n_embd // config.n_head
+
+
 @contextlib.contextmanager
 def ablated_planes(model, planes: dict[Head, list[int]]) -> Iterator[None]:
     """Within the block, query head (l, h) has zero components on the RoPE planes `planes[(l, h)]`
@@ -323,7 +336,7 @@ def far_planes_removed(
         head_slice(model, head)  # validates the index
         chosen = sorted({int(m) for m in planes.get(head, [])})
         by_layer.setdefault(head[0], []).append((head[1], chosen, float(penalty.get(head, 0.0))))
-    r = model.config.rotary_dim or model.config.n_embd // model.config.n_head
+    r = gptj_rotary_dim(model.config)
     dims = {
         layer: [(h, plane_dims(chosen, "interleaved", r), shift) for h, chosen, shift in heads]
         for layer, heads in by_layer.items()
