@@ -33,7 +33,7 @@ ROLES = ("hops", "inner", "last", "target")
 GAMMA = paper.GAMMA
 
 
-def _seed_lines(ax, wide: pd.DataFrame, color, label: str) -> None:
+def seed_lines(ax, wide: pd.DataFrame, color, label: str) -> None:
     """Each column of `wide` ([x, seed]) thin, their mean thick and labelled."""
     for seed in wide.columns:
         ax.plot(wide.index, wide[seed], color=color, lw=0.7, alpha=0.45)
@@ -51,7 +51,7 @@ def accuracy_figure(training: pd.DataFrame):
     for ax, task in zip(axes, TASKS):
         runs = training[(training.preset == "paper") & (training.task == task)]
         for hop in range(1, 5):
-            _seed_lines(
+            seed_lines(
                 ax,
                 runs.pivot_table(index="step", columns="seed", values=f"acc_hop{hop}"),
                 colors((hop - 1) / 3.5),
@@ -77,7 +77,7 @@ def roles_figure(composition: pd.DataFrame):
         for ax, role in zip(axes[row], ROLES):
             heads = runs[runs.query_mode == role]
             for score, color in (("s_pos", "tab:blue"), ("s_sym", "tab:orange")):
-                _seed_lines(ax, heads.pivot_table(index="layer", columns="seed", values=score), color, score)
+                seed_lines(ax, heads.pivot_table(index="layer", columns="seed", values=score), color, score)
             for kind, color in (("positional", "tab:blue"), ("symbolic", "tab:orange")):
                 for layer in paper.FIG7_LABELS[GAMMA][task][kind]:  # the paper's Fig. 7 labels, shaded behind ours
                     ax.axvspan(layer - 0.5, layer + 0.5, color=color, alpha=0.08, lw=0)
@@ -104,7 +104,7 @@ def frequency_figure(geometry: pd.DataFrame):
     for ax, task in zip(axes, TASKS):
         runs = geometry[(geometry.preset == "paper") & (geometry.task == task)]
         for k, weighting in enumerate(WEIGHTINGS):
-            _seed_lines(
+            seed_lines(
                 ax,
                 runs.pivot_table(index="layer", columns="seed", values=f"weighted_id_{weighting}"),
                 colors(k),
@@ -130,7 +130,7 @@ def length_figure(lengthgen: pd.DataFrame):
         ]
         for checkpoint, color in (("last", "tab:blue"), ("best", "tab:green")):
             chosen = runs[runs.checkpoint == checkpoint]
-            _seed_lines(
+            seed_lines(
                 ax, chosen.pivot_table(index="length", columns="seed", values="acc"), color, f"{checkpoint} checkpoint"
             )
         lengths = sorted(runs.length.unique())

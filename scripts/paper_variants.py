@@ -9,6 +9,7 @@ per task, the paper's curve (posym.core.paper.FIG5B), the default preset's three
 mean ± std over the seeds present, at the last and the best-by-validation checkpoint.
 
     python scripts/paper_variants.py table [--write docs/results.md]
+    python scripts/paper_variants.py figure             # the same curves drawn: paper-variants/figures/fig5b_variants
     python scripts/paper_variants.py overrides NAME     # the variant's YAML overrides (for paper_seeds.sh)
     python scripts/paper_variants.py preset NAME        # the preset it starts from
     python scripts/paper_variants.py final NAME         # the step it is compared at (0: the schedule's end)
@@ -168,15 +169,83 @@ def variants_table(default, variants) -> str:
     return "\n\n".join(parts)
 
 
+FIGURE = "fig5b_variants"
+"""The figure's file stem under the variants directory's figures/ (PNG + SVG)."""
+
+
+def variants_figure(default, variants):
+    """Fig. 5B per task (columns) at the last and the best-by-validation checkpoint (rows): the paper's
+    curve dashed, the default preset and each variant present, each seed thin and the mean over seeds
+    thick (one seed: its line alone, with dots). Lengths on a log axis; the same runs as `variants_table`.
+    One legend for the figure: each model once, with its seeds per task."""
+    from paper_figures import seed_lines
+    from posym.figures import colormap, spaced_tick_labels, subplots
+
+    frames = [("default paper preset", default[default.preset == "paper"])]
+    frames += [
+        (name, variants[variants.preset == name]) for name in VARIANTS if name != "paper" and variants is not None
+    ]
+    colors = colormap("tab10")
+    fig, axes = subplots(2, 2, figsize=(11, 7), sharey=True, squeeze=False)
+    handles: dict[str, object] = {}
+    for row, checkpoint in enumerate(("last", "best")):
+        for ax, task in zip(axes[row], ("number", "letter")):
+            lengths: set[int] = set()
+            for i, (name, frame) in enumerate(frames):
+                runs = paper_runs(frame, task, checkpoint)
+                if runs.empty:
+                    continue
+                wide = runs.pivot_table(index="length", columns="seed", values="acc")  # [length, seed]
+                lengths |= set(wide.index)
+                if len(wide.columns) > 1:
+                    seed_lines(ax, wide, colors(i), name)
+                else:
+                    ax.plot(wide.index, wide.iloc[:, 0], color=colors(i), lw=1.4, marker=".", label=name)
+                handles.setdefault(name, ax.lines[-1])
+            curve = paper.FIG5B[task]
+            ax.plot(list(curve), list(curve.values()), "ks--", ms=4)
+            handles.setdefault("paper", ax.lines[-1])
+            ticks = sorted(lengths | set(curve))
+            ax.set_xscale("log")
+            ax.set_xticks(ticks, spaced_tick_labels(ticks))
+            ax.minorticks_off()
+            ax.set(title=f"{task}, {checkpoint} checkpoint", ylim=(-0.02, 1.02))
+            if row == 1:
+                ax.set_xlabel("prompt length (tokens, log)")
+        axes[row][0].set_ylabel("accuracy, all hops")
+
+    def seeds(frame) -> str:
+        per_task = [f"{task} {paper_runs(frame, task, 'last').seed.nunique()}" for task in ("number", "letter")]
+        return ", ".join(part for part in per_task if not part.endswith(" 0"))
+
+    labels = [f"{name} (seeds: {seeds(frame)})" for name, frame in frames if name in handles]
+    labels.append("paper (Fig. 5B, read point by point)")
+    fig.legend(
+        [handles[name] for name, _ in frames if name in handles] + [handles["paper"]],
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
+    fig.suptitle(
+        "Fig. 5B: the default preset and each training variant beside the paper's curve (dashed); "
+        "thin lines single seeds, thick their mean",
+        y=1.0,
+    )
+    return fig
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["table", "overrides", "preset", "final", "tasks"])
+    parser.add_argument("what", choices=["table", "figure", "overrides", "preset", "final", "tasks"])
     parser.add_argument("name", nargs="?", help="a variant (for overrides, preset, final, tasks)")
     parser.add_argument("--default", type=Path, default=ROOT / "docs" / "results" / "paper")
     parser.add_argument("--variants", type=Path, default=ROOT / "docs" / "results" / "paper-variants")
     parser.add_argument("--write", type=Path, help="rewrite the Fig. 5B variants block of this Markdown file")
     args = parser.parse_args()
-    if args.what != "table":
+    if args.what not in ("table", "figure"):
         if args.name not in VARIANTS:
             sys.exit(f"unknown variant {args.name!r}; choose one of {', '.join(VARIANTS)}")
         variant = VARIANTS[args.name]
@@ -194,9 +263,17 @@ def main() -> None:
     import pandas as pd
 
     variants = args.variants / "lengthgen.parquet"
-    block = variants_table(
-        pd.read_parquet(args.default / "lengthgen.parquet"), pd.read_parquet(variants) if variants.is_file() else None
+    default, variants = (
+        pd.read_parquet(args.default / "lengthgen.parquet"),
+        pd.read_parquet(variants) if variants.is_file() else None,
     )
+    if args.what == "figure":
+        from posym.figures import save_figure
+
+        for path in save_figure(variants_figure(default, variants), args.variants / "figures" / FIGURE):
+            print(path)
+        return
+    block = variants_table(default, variants)
     if args.write:
         from paper_scoreboard import replace_block
 

@@ -339,6 +339,68 @@ def test_results_fig5b_variants_block_is_the_committed_tables():
 
 
 @pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
+def test_variants_figure_draws_every_run_beside_the_papers_curve():
+    """scripts/paper_variants.py figure on the committed tables: per task and checkpoint, each model's seeds
+    thin and their mean thick (a single seed: one line), the paper's curve last; the committed PNG + SVG."""
+    default = pd.read_parquet(PAPER / "lengthgen.parquet")
+    variants = pd.read_parquet(RESULTS / "paper-variants" / "lengthgen.parquet")
+    fig = paper_variants.variants_figure(default, variants)
+    frames = [default[default.preset == "paper"]] + [
+        variants[variants.preset == name] for name in paper_variants.VARIANTS if name != "paper"
+    ]
+    for ax, (checkpoint, task) in zip(fig.axes, [(c, t) for c in ("last", "best") for t in ("number", "letter")]):
+        assert ax.get_title() == f"{task}, {checkpoint} checkpoint"
+        lines = iter(ax.lines)
+        for frame in frames:
+            runs = paper_variants.paper_runs(frame, task, checkpoint)
+            if runs.empty:
+                continue
+            seeds = runs.seed.nunique()
+            drawn = [next(lines) for _ in range(seeds + 1 if seeds > 1 else 1)]
+            mean = runs.groupby("length").acc.mean()
+            assert list(drawn[-1].get_xdata()) == mean.index.tolist()
+            assert drawn[-1].get_ydata() == pytest.approx(mean.to_numpy())
+        paper_line = next(lines)
+        assert list(paper_line.get_ydata()) == list(paper_values.FIG5B[task].values())
+        assert next(lines, None) is None
+    legend = [text.get_text() for text in fig.legends[0].get_texts()]
+    assert "noid1 (seeds: number 1)" in legend and "horizon (seeds: number 1, letter 3)" in legend
+    for suffix in (".png", ".svg"):
+        path = RESULTS / "paper-variants" / "figures" / f"{paper_variants.FIGURE}{suffix}"
+        assert path.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
+def test_variants_text_quotes_the_authors_number_model():
+    """docs/results.md, "What the variants show": the sentence on `authors`' number model (embedding
+    dropout 0 at batch 192) quotes its committed accuracies with Wilson 95% intervals on their n, and its
+    shares of the gap are paper_variants.gap_closed on the committed tables."""
+    from posym.core.stats import wilson_interval
+
+    text = " ".join((RESULTS.parent / "results.md").read_text().split())
+    start = text.index("Embedding dropout 0 alone, at batch 192")
+    sentence = text[start : text.index("batch64's 0.20 and 0.02)", start)]
+    runs = pd.read_parquet(RESULTS / "paper-variants" / "lengthgen.parquet")
+    runs = runs[(runs.protocol == "paper") & (runs.hop == 0)]
+    ours = runs[(runs.preset == "authors") & (runs.task == "number") & (runs.seed == 0)]
+
+    def quoted(checkpoint, length):
+        row = ours[(ours.checkpoint == checkpoint) & (ours.length == length)].iloc[0]
+        lo, hi = wilson_interval(int(round(row.acc * row.n)), int(row.n))
+        return f"{row.acc:.2f} ({lo:.2f}-{hi:.2f})"
+
+    last = [quoted("last", n) for n in (68, 128, 256, 512)]
+    assert f"{last[0]} at 68 tokens, {last[1]} at 128, {last[2]} at 256 and {last[3]} at 512" in sentence
+    assert f"cliff in place ({quoted('last', 51)} at 51 tokens)" in sentence
+    best = [quoted("best", n) for n in (68, 128, 256)]
+    assert f"gives {best[0]}, {best[1]} and {best[2]} at 68, 128 and 256" in sentence
+    assert f"(step {int(ours[ours.checkpoint == 'best'].step.iloc[0]):,})" in sentence
+    default = pd.read_parquet(PAPER / "lengthgen.parquet")
+    shares = [paper_variants.gap_closed(default, ours, "number", "last", n) for n in (68, 128, 256, 512)]
+    assert f"{shares[0]:.0%}, {shares[1]:.0%}, {shares[2]:.0%} and {shares[3]:.0%} of the gap" in sentence
+
+
+@pytest.mark.skipif(not (PAPER / "runs.json").is_file(), reason="no paper-scale run collected yet")
 def test_every_verdict_reads_the_paper_values_from_one_place(monkeypatch):
     """Each strict rule compares with posym.core.paper and nothing else: set a paper value to what our runs
     measured (or move a tolerance) and exactly that verdict turns; the committed verdicts are the baseline."""
