@@ -179,6 +179,7 @@ def variants_figure(default, variants):
     thick (one seed: its line alone, with dots). Lengths on a log axis; the same runs as `variants_table`.
     One legend for the figure: each model once, with its seeds per task."""
     from paper_figures import seed_lines
+
     from posym.figures import colormap, spaced_tick_labels, subplots
 
     frames = [("default paper preset", default[default.preset == "paper"])]

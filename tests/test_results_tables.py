@@ -386,7 +386,7 @@ def test_variants_text_quotes_the_authors_number_model():
 
     def quoted(checkpoint, length):
         row = ours[(ours.checkpoint == checkpoint) & (ours.length == length)].iloc[0]
-        lo, hi = wilson_interval(int(round(row.acc * row.n)), int(row.n))
+        lo, hi = wilson_interval(round(row.acc * row.n), int(row.n))
         return f"{row.acc:.2f} ({lo:.2f}-{hi:.2f})"
 
     last = [quoted("last", n) for n in (68, 128, 256, 512)]
