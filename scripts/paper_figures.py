@@ -119,6 +119,22 @@ def frequency_figure(geometry: pd.DataFrame):
     return fig
 
 
+PAPER_CURVE = "paper (Fig. 5B, read point by point)"
+"""The label of the paper's Fig. 5B curve (posym.core.paper.FIG5B) in figures and tables."""
+
+
+def fig5b_axis(ax, task: str, lengths):
+    """A Fig. 5B panel's axis: prompt lengths on a log axis ticked at `lengths` and the paper's, and the
+    paper's curve of `task` drawn dashed (labelled PAPER_CURVE); returns that line."""
+    curve = paper.FIG5B[task]
+    ticks = sorted({int(n) for n in lengths} | set(curve))
+    ax.set_xscale("log")
+    ax.set_xticks(ticks, spaced_tick_labels(ticks))
+    ax.minorticks_off()
+    (line,) = ax.plot(list(curve), list(curve.values()), "ks--", ms=4, label=PAPER_CURVE)
+    return line
+
+
 def length_figure(lengthgen: pd.DataFrame):
     fig, axes = subplots(1, 2, figsize=(11, 3.6), sharey=True)
     for ax, task in zip(axes, TASKS):
@@ -133,12 +149,7 @@ def length_figure(lengthgen: pd.DataFrame):
             seed_lines(
                 ax, chosen.pivot_table(index="length", columns="seed", values="acc"), color, f"{checkpoint} checkpoint"
             )
-        lengths = sorted(runs.length.unique())
-        ax.set_xscale("log")
-        ax.set_xticks(lengths, spaced_tick_labels(lengths))
-        ax.minorticks_off()
-        curve = paper.FIG5B[task]
-        ax.plot(list(curve), list(curve.values()), "ks--", ms=4, label="paper (Fig. 5B, read point by point)")
+        fig5b_axis(ax, task, runs.length.unique())
         ax.axhline(0.9, color="grey", ls=":", lw=1)
         ax.set(title=_seeds_title(runs, task), xlabel="prompt length (tokens, log)", ylim=(-0.02, 1.02))
     axes[0].set_ylabel("accuracy, all hops (0.9 dotted)")

@@ -135,11 +135,12 @@ def gap_rows(default, variants, task: str) -> list[list[str]]:
 def variants_table(default, variants) -> str:
     """The Markdown block (DataFrames of lengthgen rows in; `variants` may be None): per task the paper's
     curve, the default preset and every variant present."""
+    from paper_figures import PAPER_CURVE, TASKS
     from paper_tables import table
 
     parts = []
-    for task in ("number", "letter"):
-        rows = [["paper (Fig. 5B, read point by point)", "-", "1", *(f"{paper.FIG5B[task][n]:.2f}" for n in LENGTHS)]]
+    for task in TASKS:
+        rows = [[PAPER_CURVE, "-", "1", *(f"{paper.FIG5B[task][n]:.2f}" for n in LENGTHS)]]
         rows += curve_rows(default[default.preset == "paper"], task, VARIANTS["paper"].what)
         for name, variant in VARIANTS.items():
             if name != "paper" and variants is not None:
@@ -178,9 +179,9 @@ def variants_figure(default, variants):
     curve dashed, the default preset and each variant present, each seed thin and the mean over seeds
     thick (one seed: its line alone, with dots). Lengths on a log axis; the same runs as `variants_table`.
     One legend for the figure: each model once, with its seeds per task."""
-    from paper_figures import seed_lines
+    from paper_figures import PAPER_CURVE, TASKS, fig5b_axis, seed_lines
 
-    from posym.figures import colormap, spaced_tick_labels, subplots
+    from posym.figures import colormap, subplots
 
     frames = [("default paper preset", default[default.preset == "paper"])]
     frames += [
@@ -190,7 +191,7 @@ def variants_figure(default, variants):
     fig, axes = subplots(2, 2, figsize=(11, 7), sharey=True, squeeze=False)
     handles: dict[str, object] = {}
     for row, checkpoint in enumerate(("last", "best")):
-        for ax, task in zip(axes[row], ("number", "letter")):
+        for ax, task in zip(axes[row], TASKS):
             lengths: set[int] = set()
             for i, (name, frame) in enumerate(frames):
                 runs = paper_runs(frame, task, checkpoint)
@@ -203,26 +204,20 @@ def variants_figure(default, variants):
                 else:
                     ax.plot(wide.index, wide.iloc[:, 0], color=colors(i), lw=1.4, marker=".", label=name)
                 handles.setdefault(name, ax.lines[-1])
-            curve = paper.FIG5B[task]
-            ax.plot(list(curve), list(curve.values()), "ks--", ms=4)
-            handles.setdefault("paper", ax.lines[-1])
-            ticks = sorted(lengths | set(curve))
-            ax.set_xscale("log")
-            ax.set_xticks(ticks, spaced_tick_labels(ticks))
-            ax.minorticks_off()
+            handles.setdefault(PAPER_CURVE, fig5b_axis(ax, task, lengths))
             ax.set(title=f"{task}, {checkpoint} checkpoint", ylim=(-0.02, 1.02))
             if row == 1:
                 ax.set_xlabel("prompt length (tokens, log)")
         axes[row][0].set_ylabel("accuracy, all hops")
 
     def seeds(frame) -> str:
-        per_task = [f"{task} {paper_runs(frame, task, 'last').seed.nunique()}" for task in ("number", "letter")]
+        per_task = [f"{task} {paper_runs(frame, task, 'last').seed.nunique()}" for task in TASKS]
         return ", ".join(part for part in per_task if not part.endswith(" 0"))
 
     labels = [f"{name} (seeds: {seeds(frame)})" for name, frame in frames if name in handles]
-    labels.append("paper (Fig. 5B, read point by point)")
+    labels.append(PAPER_CURVE)
     fig.legend(
-        [handles[name] for name, _ in frames if name in handles] + [handles["paper"]],
+        [handles[name] for name, _ in frames if name in handles] + [handles[PAPER_CURVE]],
         labels,
         loc="upper center",
         bbox_to_anchor=(0.5, 0.0),
@@ -263,11 +258,9 @@ def main() -> None:
         return
     import pandas as pd
 
-    variants = args.variants / "lengthgen.parquet"
-    default, variants = (
-        pd.read_parquet(args.default / "lengthgen.parquet"),
-        pd.read_parquet(variants) if variants.is_file() else None,
-    )
+    variants_path = args.variants / "lengthgen.parquet"
+    default = pd.read_parquet(args.default / "lengthgen.parquet")
+    variants = pd.read_parquet(variants_path) if variants_path.is_file() else None
     if args.what == "figure":
         from posym.figures import save_figure
 
