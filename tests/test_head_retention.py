@@ -14,7 +14,7 @@ from tiny_runs import train_tiny
 from posym.commands import lengthgen as lg
 from posym.core import lengthgen as core_lengthgen
 from posym.commands import report
-from posym.core.retention import MEASURES, RANDOM
+from posym.core.retention import GROUP_TEST_COLUMNS, RANDOM
 from posym.core.scores import LABELS
 from posym.core.tasks import generate, task_config
 from posym.errors import PosymError
@@ -36,7 +36,23 @@ HEAD_COLUMNS = [
     "s_sym",
     "label",
 ]
-GROUP_COLUMNS = ["group", "factor", "measure", "length", "value", "lo", "hi", "heads", "draws", "prompts"]
+GROUP_COLUMNS = [
+    "group",
+    "factor",
+    "measure",
+    "statistic",
+    "length",
+    "value",
+    "lo",
+    "hi",
+    "level",
+    "heads",
+    "draws",
+    "prompts",
+    *GROUP_TEST_COLUMNS,
+]
+MEASURES = ("margin", "attn_tracked")
+"""What the toy tasks measure (their tracked key is the chain's; they have no answer-bearing fact key)."""
 
 
 @pytest.fixture(scope="module")

@@ -75,9 +75,33 @@ def test_head_measures_match_eager_attention_weights():
         top2 = torch.log(weights).topk(2).values  # log-weights differ from logits by a constant per row
         assert row.margin == pytest.approx(float(top2[0] - top2[1]), abs=1e-4)
     assert set(frame.columns) == set(retention.MEASURE_COLUMNS) and len(frame) == 2 * 4
-    # a tracked key the query cannot see gives NaN, not a number
+    # a tracked key after the query is no key of its row: NaN, not a number
     late = retention.head_measures(model, ids, [8], tracked=lambda p, q: 10)
-    assert late.attn_tracked.isna().all()
+    assert late.attn_tracked.isna().all() and not late.tracked_seen.any()
+
+
+@pytest.mark.parametrize("kind", ["llama", *WINDOWED])
+def test_head_measures_answer_keys_sinks_and_keys_outside_the_window(kind):
+    """attn_answer sums the attention on the answer keys, top_free is the top key without the sinks,
+    and a tracked key before a sliding window (4 keys here) is lost: attention 0, never NaN."""
+    model = tiny_model(kind, window=4) if kind in WINDOWED else tiny_model(kind)
+    ids = [[3, 5, 7, 9, 11, 2, 4, 6, 8, 10, 12, 1]]
+    frame = retention.head_measures(model, ids, "last", tracked=lambda p, q: 2, answer=lambda p: [2, 5], exclude=(0,))
+    with torch.no_grad():
+        attn = model(torch.tensor(ids), output_attentions=True).attentions  # per layer [1, H, T, T]
+    for row in frame.itertuples():
+        weights = attn[row.layer][0, row.head, row.query].double()  # [T]; 0 outside the window
+        assert row.attn_answer == pytest.approx(float(weights[2] + weights[5]), abs=1e-6)
+        assert row.attn_tracked == pytest.approx(float(weights[2]), abs=1e-6)
+        assert not math.isnan(row.attn_tracked) and row.tracked_seen == bool(weights[2] > 0)
+        free = weights.clone()
+        free[0] = -1.0
+        assert row.top_free == int(free.argmax()) and row.top_free != 0
+    if kind in WINDOWED:  # the window drops key 2 on the local layers: those heads lost it
+        assert (~frame.tracked_seen).any() and (frame.attn_tracked[~frame.tracked_seen] == 0).all()
+        assert (frame.attn_answer[~frame.tracked_seen] < 1e-6).all()  # key 5 lies outside too (first key 8)
+    none = retention.head_measures(model, ids, "last")
+    assert none.attn_answer.isna().all() and none.attn_tracked.isna().all()
 
 
 def test_base_tracking_follows_moved_tokens():
@@ -186,6 +210,70 @@ def test_group_retention_intervals_pooling_and_matching():
     assert all(d[0][0] in (0, 2) for d in single)
 
 
+def _attention_rows(n_prompts=16, drop_head=0, seed=3):
+    """Measures of 3 layers x 6 heads whose attention on the answer key is 0.2 (+ noise) at the base
+    length 8; at 16 the heads `drop_head` of every layer fall to a tenth, the others stay."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for prompt in range(n_prompts):
+        for layer in range(3):
+            for head in range(6):
+                for length in (8, 16):
+                    keep = 0.1 if (length == 16 and head == drop_head) else 1.0
+                    attn = 0.2 * keep * (1 + 0.2 * rng.standard_normal())
+                    rows.append(
+                        {"prompt": prompt, "query": length - 1, "layer": layer, "head": head, "length": length,
+                         "margin": 1.0 + rng.random(), "attn_answer": attn}
+                    )
+    return pd.DataFrame(rows)
+
+
+def test_group_retention_pooled_statistic_randomization_test_and_holm():
+    """The pooled statistic is sum at L / sum at base over the group's heads; a group that loses its key
+    against 200 matched random draws gets the smallest p the draws allow, Holm over the table's tests,
+    and a verdict that follows from p_holm and the prompt-bootstrap interval; a group like random is
+    'not separated'."""
+    measures = _attention_rows()
+    every = [(l, h) for l in range(3) for h in range(6)]
+    losers, others = [(l, 0) for l in range(3)], [(l, 1) for l in range(3)]
+    groups = {"losers": losers, "others": others}
+    for name, members in (("losers", losers), ("others", others)):
+        for i, d in enumerate(retention.matched_random(every, members, 200, seed=5)):
+            groups[f"random:{name}:{i}"] = d
+    table = retention.group_retention(measures, groups, base_length=8, n_boot=200, statistic={"attn_answer": "pooled"})
+    at = table[(table.measure == "attn_answer") & (table.length == 16)].set_index("group")
+    per_head = measures.groupby(["layer", "head", "length"]).attn_answer.mean().unstack("length")
+    pooled = per_head.loc[losers, 16].sum() / per_head.loc[losers, 8].sum()
+    assert at.loc["losers", "value"] == pytest.approx(pooled, rel=1e-12) and at.loc["losers", "value"] < 0.2
+    assert at.loc["losers", "statistic"] == "pooled" and at.loc["losers", "draws"] == 1
+    assert at.loc["random:losers", "draws"] == 200
+    assert at.loc["losers", "p_random"] == pytest.approx(1 / 201)  # below every draw (no draw holds a loser)
+    assert at.loc["others", "p_random"] > 0.05
+    base = table[table.length == 8]
+    assert base.p_random.isna().all()  # retention is 1 at the base length: no test
+    judged = retention.holm_verdicts(table[table.measure == "attn_answer"], effect=0.2)
+    tested = judged[judged.p_random.notna()]
+    assert (tested.family == 2).all() and len(tested) == 2
+    row = judged[(judged.group == "losers") & (judged.length == 16)].iloc[0]
+    assert row.p_holm == pytest.approx(2 / 201) and row.verdict == "loses more than random"
+    assert row["diff"] < 0 and row.diff_hi < 0 and row.mde > 0 and row.needed >= 2
+    other = judged[(judged.group == "others") & (judged.length == 16)].iloc[0]
+    assert other.verdict == "not separated"
+    # the verdict follows from its numbers: a p_holm above alpha can never give a separation
+    shown = judged.dropna(subset=["verdict"])
+    separated = (shown.p_holm < 0.05) & ((shown.diff_lo > 0) | (shown.diff_hi < 0))
+    assert ((shown.verdict != "not separated") == separated).all()
+
+
+def test_matched_random_keeps_layer_kinds_and_refuses_what_cannot_be_matched():
+    every = [(l, h) for l in range(4) for h in range(2)]
+    kinds = {0: "local", 1: "global", 2: "local", 3: "global"}
+    draws = retention.matched_random(every, [(1, 0), (1, 1)], 50, seed=0, kinds=kinds)  # layer 1 fully taken
+    assert {kinds[l] for d in draws for l, _ in d} == {"global"} and {l for d in draws for l, _ in d} == {3}
+    with pytest.raises(PosymError, match="of kind global"):
+        retention.matched_random(every, [(1, 0), (1, 1), (3, 0), (3, 1)], 1, kinds=kinds)
+
+
 # ---- the length families ----------------------------------------------------------------------------
 
 
@@ -212,6 +300,26 @@ def test_families_keep_every_base_token_and_the_answer(builder, fmt, variant):
     else:  # everything but the base prompt's own leading filler comes after the inserted distractors
         head, tail, _ = builder.core_ids(family.core(3, 0, builder.keys))
         assert long.insert_at == len(builder.bos) + base - len(head) - len(tail) - len(builder.encode("\n"))
+
+
+@pytest.mark.parametrize("fmt", prompt_sets.FORMATS)
+@pytest.mark.parametrize("variant", prompt_sets.VARIANTS)
+@pytest.mark.parametrize("markers", [False, True])
+def test_families_know_their_answer_bearing_keys(builder, fmt, variant, markers):
+    """Every prompt's answer_keys hold the token of each answer fact's value, at every length, and they
+    are the same base tokens moved as `position_map` moves them (what attn_answer reads)."""
+    family = prompt_sets.LengthFamily(fmt, variant=variant, markers=markers, factors=[1, 4])
+    prompts = prompt_sets.build(family, builder, 6, seed=3)
+    for factor, group in prompts.items():
+        for p, b in zip(group, prompts[1]):
+            core = family.core(3, p.index, builder.keys)
+            wanted = [builder.encode(v)[-1] for v in core.answer_values]
+            assert len(p.answer_keys) == (2 if fmt == "arithmetic" else 1) == len(wanted)
+            assert [p.ids[k] for k in p.answer_keys] == wanted
+            assert all(k < p.query - len(builder.encode(core.question[-1])) for k in p.answer_keys)  # in the facts
+            assert list(p.answer_keys) == [p.position_map(k) for k in b.answer_keys]
+    if fmt in ("kv-code", "kv-list", "possession"):  # the value token is the answer token itself
+        assert all(p.ids[p.answer_keys[0]] == p.answer_id for p in prompts[4])
 
 
 def test_families_answer_token_is_the_one_distinct_candidate_token(builder):

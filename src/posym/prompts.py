@@ -376,6 +376,10 @@ class Core:
     """The answer as it continues the prompt (one token, leading space included)."""
     candidates: list[str]
     """Every answer the prompt offers (the facts' values), for the one-token check."""
+    answer_facts: tuple[int, ...] = ()
+    """The facts that bear the answer (indices into facts): the asked key's fact, or both operands'."""
+    answer_values: tuple[str, ...] = ()
+    """Per answer fact, the text in it whose last token bears the answer (the value as the fact spells it)."""
 
 
 @dataclass
@@ -434,7 +438,9 @@ class LengthFamily:
                     "\nAnswer:",
                 ]
                 prefix = "Values:"
-            return Core(prefix, facts, question, f" {values[asked]}", [f" {v}" for v in values])
+            return Core(
+                prefix, facts, question, f" {values[asked]}", [f" {v}" for v in values], (asked,), (f" {values[asked]}",)
+            )
         if self.format == "copy":
             words = rng.sample(list(keys), max(n, 2) * 2)
             cut = rng.randrange(1, len(words))
@@ -442,7 +448,13 @@ class LengthFamily:
             again = "".join(f" {tag[i % n]}{w}," for i, w in enumerate(words[:cut]))
             lead = f" {tag[cut % n]}".rstrip() if self.markers else ""
             return Core(
-                "List:", items, [f"\nThe same list again:{again}{lead}"], f" {words[cut]}", [f" {w}" for w in words]
+                "List:",
+                items,
+                [f"\nThe same list again:{again}{lead}"],
+                f" {words[cut]}",
+                [f" {w}" for w in words],
+                (cut,),
+                (f" {words[cut]}",),
             )
         if self.format == "possession":
             owners, objects = rng.sample(OWNERS, n), rng.sample(OBJECTS, n)
@@ -455,6 +467,8 @@ class LengthFamily:
                 [f"\nWhat does {who} have?", f" {who} has a"],
                 f" {objects[asked]}",
                 [f" {x}" for x in objects],
+                (asked,),
+                (f" {objects[asked]}",),
             )
         names = rng.sample(VARIABLES, n)
         values = rng.sample(range(1, 10), n)
@@ -470,6 +484,8 @@ class LengthFamily:
             [f"\nWhat is {tag[i]}{names[i]} + {tag[j]}{names[j]}?", f" {tag[i]}{names[i]} + {tag[j]}{names[j]} ="],
             f" {values[i] + values[j]}",
             [f" {s}" for s in range(1, 10)],
+            (i, j),
+            (f" {values[i]}", f" {values[j]}"),
         )
 
 
@@ -490,6 +506,9 @@ class LengthPrompt:
     """Distractor tokens beyond the base prompt's own (0 at the base length)."""
     query: int
     """The query position: the last token."""
+    answer_keys: tuple[int, ...] = ()
+    """Positions of the answer-bearing tokens in this prompt (`Builder.answer_positions`, moved past any
+    filler put before them): the keys a head must read to answer; empty where a format names none."""
 
     def position_map(self, base_position: int) -> int:
         """Where the token at `base_position` of the base prompt sits in this one."""
@@ -516,6 +535,24 @@ class Builder:
         if text not in self._cache:
             self._cache[text] = list(self.tokenizer(text, add_special_tokens=False).input_ids)
         return self._cache[text]
+
+    def answer_positions(self, core: Core) -> tuple[int, ...]:
+        """Positions, in the 'between' layout's ids, of the tokens that bear the answer: per answer fact,
+        the last occurrence in it of the last token of its answer value (a one-token check as the
+        answer's own). A PosymError when the tokenizer splits the fact so that the value's token is absent."""
+        position = len(self.bos) + len(self.encode(core.prefix))
+        starts = []
+        for fact in core.facts:
+            starts.append(position)
+            position += len(self.encode(fact))
+        out = []
+        for k, value in zip(core.answer_facts, core.answer_values):
+            tokens, wanted = self.encode(core.facts[k]), self.encode(value)[-1]
+            hits = [j for j, token in enumerate(tokens) if token == wanted]
+            if not hits:
+                raise PosymError(f"the answer {value!r} is not a token of its fact {core.facts[k]!r} for this tokenizer")
+            out.append(starts[k] + hits[-1])
+        return tuple(out)
 
     def filler(self, stream: str, n: int) -> list[int]:
         """The first n tokens of a prompt's own filler stream (seeded by `stream`)."""
@@ -574,6 +611,7 @@ def build(
         if own < 0:
             raise PosymError(f"base length {base} is shorter than question {i} of {family.name}")
         bos = len(builder.bos)
+        keys = builder.answer_positions(core)  # in the 'between' layout, where the facts never move
         for factor in out:
             length = factor * base
             pad = builder.filler(f"{seed}:{family.format}:{i}", length - len(head) - len(tail) - len(brk))
@@ -581,10 +619,21 @@ def build(
                 ids, insert_at = head + pad + tail, len(head) + own
             else:  # the filler goes first (after the BOS, which stays the first token), then a line break
                 ids, insert_at = head[:bos] + pad + brk + head[bos:] + tail, bos + own
+            shift = 0 if family.variant == "between" else len(pad) + len(brk)  # 'before': the facts move
             # the base prompt's own filler keeps its place; the extra tokens enter after it
             out[factor].append(
                 LengthPrompt(
-                    family.name, i, factor, length, ids, core.answer, answer_id, insert_at, length - base, length - 1
+                    family.name,
+                    i,
+                    factor,
+                    length,
+                    ids,
+                    core.answer,
+                    answer_id,
+                    insert_at,
+                    length - base,
+                    length - 1,
+                    tuple(k + shift for k in keys),
                 )
             )
     return out

@@ -28,7 +28,7 @@ from posym.core.lengthgen import (
     summarize_head_retention,
     summarize_protocols,
 )
-from posym.core.retention import MEASURES, RANDOM
+from posym.core.retention import RANDOM
 from posym.core.tasks import TaskConfig, generate
 from posym.errors import PosymError
 from posym.figures import colormap, save_figure, spaced_tick_labels, subplots
@@ -107,9 +107,10 @@ MEASURE_TITLES = {"margin": "margin (top-1 minus top-2 logit)", "attn_tracked": 
 def plot_head_retention(groups, task: TaskConfig, *, title: str = ""):
     """Retention vs length per group of heads (margin and attention panels, log x): each label a solid
     line with its 95% bootstrap band, its layer-matched random draws dashed with theirs. Returns the Figure."""
-    fig, axes = subplots(1, len(MEASURES), figsize=(5.5 * len(MEASURES), 4), squeeze=False)
+    panels = list(MEASURE_TITLES)  # the toy tasks fix the tracked key; they have no answer-bearing fact key
+    fig, axes = subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     colors = {"positional": "tab:red", "symbolic": "tab:blue", "mixed": "tab:purple"}
-    for ax, kind in zip(axes[0], MEASURES):
+    for ax, kind in zip(axes[0], panels):
         sub = groups[groups["measure"] == kind]
         for name in dict.fromkeys(sub["group"]):
             rows = sub[sub["group"] == name].sort_values("length")

@@ -10,8 +10,12 @@ weights read back from the model):
 
 - margin        = top-1 minus top-2 logit (the discrepancy of Definition 3.1, `posym.core.discrepancy`);
 - attn_tracked  = the softmax weight the query gives to its TRACKED key: the key the same head attended
-                  most at the base length (moved to where that token sits in the longer prompt), or a key
-                  the task fixes (the chain's next position for a hop pointer);
+                  most at the base length (moved to where that token sits in the longer prompt; on a real
+                  model with the attention sinks left out of that choice), or a key the task fixes (the
+                  chain's next position for a hop pointer);
+- attn_answer   = the softmax weight on the ANSWER-BEARING keys, which the prompt builder knows (the
+                  fact's value token: `posym.prompts.LengthPrompt.answer_keys`), at every length;
+- a key the query cannot see (outside its sliding window) has attention 0: it is LOST, never missing;
 - and per head: retention = (mean over prompts at L) / (mean over prompts at the base length), for both.
 
 Groups of heads (positional, symbolic, mixed, layer-matched random draws) are summarised by the
@@ -32,7 +36,17 @@ import random
 import numpy as np
 import torch
 
-from posym.core.stats import N_BOOT, bootstrap_weights, percentile_interval
+from posym.core.stats import (
+    ALPHA,
+    N_BOOT,
+    POWER,
+    bootstrap_weights,
+    detectable_effect,
+    holm,
+    percentile_interval,
+    prompts_for_effect,
+    randomization_p,
+)
 from posym.core.interop import scorable
 from posym.core.qk import check_layers
 from posym.core.swaps import clean_logits, scan
@@ -49,8 +63,11 @@ MEASURE_COLUMNS = (
     "attn_top",
     "tracked_key",
     "attn_tracked",
+    "tracked_seen",
+    "top_free",
+    "attn_answer",
 )
-MEASURES = ("margin", "attn_tracked")
+MEASURES = ("margin", "attn_tracked", "attn_answer")
 """The per-head quantities whose retention is reported."""
 RANDOM = "random"
 """Group name prefix of layer-matched random draws (`matched_random`)."""
@@ -62,19 +79,28 @@ def head_measures(
     queries=None,
     *,
     tracked=None,
+    answer=None,
+    exclude=(),
     layers: list[int] | None = None,
     batch_size: int = 16,
     progress=None,
 ):
-    """Margin, top key and attention on a tracked key of every head at every query (float64 maths).
+    """Margin, top key and attention on a tracked key and on the answer keys of every head at every
+    query (float64 maths).
 
     input_ids: 1-D id sequences; queries: "last" (default), "all" or per prompt a list of positions
     (`posym.core.swaps.query_batches`). tracked: None, or callable(prompt, query) -> None, an int
     (one key position for every head) or an integer array [n_layers_of_model, heads] of key positions
-    per head (-1 = none); a tracked key the query does not see (outside its window, after it) gives
-    attn_tracked NaN. Returns a DataFrame with MEASURE_COLUMNS (keys = the number of keys the query sees).
+    per head (-1 = none, or a key after the query: attn_tracked NaN); a tracked key before the query's
+    window gives attn_tracked 0 and tracked_seen False: the head has lost it. answer: None (attn_answer NaN) or
+    callable(prompt) -> the answer-bearing key positions; attn_answer sums the attention on those the
+    query sees (0 when it sees none). exclude: key positions (the attention sinks) that top_free, the
+    head's top key among the others, never is. Returns a DataFrame with MEASURE_COLUMNS (keys = the
+    number of keys the query sees).
     """
     import pandas as pd
+
+    exclude = sorted({int(k) for k in exclude})
 
     def layer_work(layer, qk, jobs):
         found = []
@@ -83,7 +109,11 @@ def head_measures(
             first = qk.first_key(p)
             logits = clean_logits(qk, torch.tensor(rows), heads, p)  # [G, H, n] over keys first..p
             margin, top, attn_top, probs = row_measures(logits)
-            found.append((p, rows, first, logits.shape[-1], margin, top + first, attn_top, probs))
+            free = logits.clone()
+            sinks = [k - first for k in exclude if first <= k <= p]
+            if sinks and len(sinks) < logits.shape[-1]:
+                free[..., sinks] = -torch.inf  # the sinks cannot be the free top key
+            found.append((p, rows, first, logits.shape[-1], margin, top + first, attn_top, probs, free.argmax(-1) + first))
         return found
 
     layers = check_layers(scorable(model), layers)
@@ -92,10 +122,11 @@ def head_measures(
         model, input_ids, queries, layer_work, layers=layers, batch_size=batch_size, progress=progress
     ):
         for layer, found in zip(layers, results):
-            for p, rows, first, n, margin, top_key, attn_top, probs in found:
+            for p, rows, first, n, margin, top_key, attn_top, probs, top_free in found:
                 for g, row in enumerate(rows):
                     prompt = batch[row]
                     keys = _tracked_keys(tracked, prompt, p, layer, probs.shape[1])  # [H] absolute, -1 none
+                    wanted = None if answer is None else [int(k) for k in answer(prompt)]
                     for h in range(probs.shape[1]):
                         key = int(keys[h])
                         seen = first <= key <= p
@@ -110,11 +141,21 @@ def head_measures(
                                 int(top_key[g, h]),
                                 float(attn_top[g, h]),
                                 key,
-                                float(probs[g, h, key - first]) if seen else float("nan"),
+                                float(probs[g, h, key - first]) if seen else (0.0 if 0 <= key < first else float("nan")),
+                                bool(seen),
+                                int(top_free[g, h]),
+                                _attention_on(probs[g, h], wanted, first, p),
                             )
                         )
     frame = pd.DataFrame.from_records(records, columns=list(MEASURE_COLUMNS))
     return frame.sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
+
+
+def _attention_on(probs, keys, first: int, query: int) -> float:
+    """Attention of one row (probs over keys first..query) summed over `keys` it sees; NaN for no keys."""
+    if keys is None:
+        return float("nan")
+    return float(sum(float(probs[k - first]) for k in keys if first <= k <= query))
 
 
 def row_measures(logits):
@@ -139,9 +180,10 @@ def _tracked_keys(tracked, prompt: int, query: int, layer: int, heads: int) -> n
     return np.asarray(keys)[layer]
 
 
-def base_tracking(base, position_map):
-    """`tracked` callable for `head_measures` at a longer length: each head's top key at the base length,
-    moved to where that token sits in the longer prompt.
+def base_tracking(base, position_map, *, key: str = "top_key"):
+    """`tracked` callable for `head_measures` at a longer length: each head's top key at the base length
+    (column `key`: 'top_key', or 'top_free' for the top key with the sinks left out), moved to where
+    that token sits in the longer prompt.
 
     base: `head_measures` rows of the base-length prompts; position_map(prompt, base_position) -> the
     position of that token in the longer prompt (None: it is not there). A base query moves by the same
@@ -151,8 +193,8 @@ def base_tracking(base, position_map):
     table: dict[tuple[int, int], np.ndarray] = {}
     for (prompt, query), group in base.groupby(["prompt", "query"], sort=False):
         keys = np.full((n_layers, n_heads), -1)
-        for layer, head, key in zip(group.layer, group["head"], group.top_key):
-            moved = position_map(int(prompt), int(key))
+        for layer, head, top in zip(group.layer, group["head"], group[key]):
+            moved = position_map(int(prompt), int(top))
             keys[int(layer), int(head)] = -1 if moved is None else int(moved)
         table[(int(prompt), int(position_map(int(prompt), int(query))))] = keys
     return lambda prompt, query: table.get((prompt, query))
@@ -179,13 +221,18 @@ def prompt_means(measures, value: str):
     return full.to_numpy(dtype=np.float64).reshape(len(prompts), len(heads), len(lengths)), prompts, heads, lengths
 
 
+def measured(measures) -> list[str]:
+    """The MEASURES a table holds values of (a column of NaNs, e.g. attn_answer without answer keys, is none)."""
+    return [m for m in MEASURES if m in measures and measures[m].notna().any()]
+
+
 def head_retention(measures, *, base_length: int):
     """Per (layer, head, length): the prompt means of every measure present, their retentions
     (mean at L / mean at base_length) and the prompt count. measures: `head_measures` rows with a
     `length` column (every prompt index measured at every length, the same questions)."""
     import pandas as pd
 
-    present = [m for m in MEASURES if m in measures]
+    present = measured(measures)
     frames = []
     for value in present:
         values, _, heads, lengths = prompt_means(measures, value)
@@ -214,53 +261,91 @@ def head_retention(measures, *, base_length: int):
     return out.merge(counts, on="length").sort_values(["layer", "head", "length"], ignore_index=True)
 
 
-def matched_random(all_heads, group, draws: int, seed: int = 0) -> list[list[tuple[int, int]]]:
+def matched_random(
+    all_heads, group, draws: int, seed: int = 0, kinds: dict[int, str] | None = None
+) -> list[list[tuple[int, int]]]:
     """`draws` random head sets matched to `group` layer by layer: each head (l, h) of the group is
     replaced by a head of layer l outside the group (without repeats within a draw); where layer l has
-    no such head left (a one-head-per-layer toy model), by a head of the nearest layer that has one.
+    no such head left (a one-head-per-layer toy model, or a group holding the whole layer), by a head of
+    the nearest layer that has one and, with `kinds` (layer -> its kind, e.g. 'sliding_attention' /
+    'full_attention'), of the same kind: a local layer's head is never matched by a global one's.
 
     >>> heads = [(l, h) for l in range(2) for h in range(3)]
     >>> draws = matched_random(heads, [(0, 0), (1, 2)], 2, seed=1)
     >>> [sorted(l for l, _ in d) for d in draws], all((0, 0) not in d and (1, 2) not in d for d in draws)
     ([[0, 1], [0, 1]], True)
+    >>> kinds = {0: "local", 1: "global", 2: "local"}
+    >>> heads = [(l, h) for l in range(3) for h in range(2)]
+    >>> {l for d in matched_random(heads, [(0, 0), (0, 1)], 5, kinds=kinds) for l, _ in d}  # layer 1 is global
+    {2}
     """
     group = {tuple(h) for h in group}
+    kind = (lambda layer: kinds.get(layer)) if kinds else (lambda layer: None)
     pool: dict[int, list[tuple[int, int]]] = {}
     for layer, head in sorted({tuple(h) for h in all_heads} - group):
         pool.setdefault(layer, []).append((layer, head))
-    if len(pool) == 0 or sum(map(len, pool.values())) < len(group):
-        raise PosymError(
-            f"cannot draw {len(group)} random heads outside a group of {len(group)} "
-            f"from {len(set(map(tuple, all_heads)))} heads"
-        )
+    for wanted in {kind(layer) for layer, _ in group}:
+        have = sum(len(v) for layer, v in pool.items() if kind(layer) == wanted)
+        need = sum(1 for layer, _ in group if kind(layer) == wanted)
+        if have < need:
+            where = f" of kind {wanted}" if wanted is not None else ""
+            raise PosymError(
+                f"cannot draw {need} random heads{where} outside a group of {len(group)} "
+                f"from {len(set(map(tuple, all_heads)))} heads"
+            )
     rng = random.Random(seed)
     out = []
     for _ in range(draws):
         left = {layer: list(heads) for layer, heads in pool.items()}
         chosen = []
         for layer, _ in sorted(group):
-            near = min((l for l in left if left[l]), key=lambda l: (abs(l - layer), l))
+            near = min(
+                (l for l in left if left[l] and kind(l) == kind(layer)), key=lambda l: (abs(l - layer), l)
+            )
             pick = left[near].pop(rng.randrange(len(left[near])))
             chosen.append(pick)
         out.append(sorted(chosen))
     return out
 
 
+STATISTICS = ("median", "pooled")
+"""How a group's retention is made of its heads': 'median' of the heads' own retentions (mean at L / mean
+at the base length), or 'pooled', the group's summed measure at L over its sum at the base length (for an
+attention, the share the group keeps of the attention it gave the key: not swamped by heads whose base
+attention on the key is ~0, whose own ratios are noise)."""
+
+
 def group_retention(
-    measures, groups: dict[str, list[tuple[int, int]]], *, base_length: int, n_boot: int = N_BOOT, seed: int = 0
+    measures,
+    groups: dict[str, list[tuple[int, int]]],
+    *,
+    base_length: int,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    statistic: dict[str, str] | None = None,
 ):
-    """Retention per group of heads and length, with paired-bootstrap 95% intervals over prompts.
+    """Retention per group of heads and length, with paired-bootstrap 95% intervals over prompts and,
+    for a group with a pool of random draws, the randomization test against them.
 
     groups: name -> heads; names starting with RANDOM followed by ':' and a draw index (e.g.
     'random:symbolic:3') are pooled per prefix ('random:symbolic'): the value is the mean over draws of
-    each draw's median head retention, in every bootstrap sample. Returns rows (group, measure, length,
-    value, lo, hi, heads, draws, prompts): value = median over the group's heads of (mean at L / mean at
-    base) on all prompts; lo, hi = the 2.5 / 97.5 percentiles of the same statistic over bootstrap samples.
+    each draw's statistic, in every bootstrap sample. statistic: measure -> one of STATISTICS (default
+    'median' for every measure). Returns rows (group, measure, statistic, length, value, lo, hi, level,
+    heads, draws, prompts) and, for a group whose pool 'random:<group>' exists, null_median, null_lo,
+    null_hi (the median and 2.5 / 97.5 percentiles of the draws' values), p_random (two-sided
+    randomization p over the draws, `posym.core.stats.randomization_p`), diff (value minus the draws'
+    mean), diff_lo / diff_hi (its paired-bootstrap 95% interval over prompts) and diff_se (the bootstrap
+    standard error of diff: what a minimal detectable effect over prompts is made of). level = the mean
+    over the group's heads of the measure itself at that length.
     """
     import pandas as pd
 
+    statistic = statistic or {}
     rows = []
-    for value in [m for m in MEASURES if m in measures]:
+    for value in measured(measures):
+        how = statistic.get(value, "median")
+        if how not in STATISTICS:
+            raise PosymError(f"statistic must be one of {', '.join(STATISTICS)}, got {how!r}")
         values, prompts, heads, lengths = prompt_means(measures, value)
         if base_length not in lengths:
             raise PosymError(f"the base length {base_length} was not measured (lengths: {lengths})")
@@ -274,42 +359,117 @@ def group_retention(
         boot = boot.reshape(n_boot, len(heads), len(lengths))
         full = full.reshape(len(heads), len(lengths))
         b = lengths.index(base_length)
-        with np.errstate(all="ignore"):
-            boot_ret = boot / boot[:, :, b : b + 1]  # [B, heads, lengths]
-            full_ret = full / full[:, b : b + 1]  # [heads, lengths]
+
+        def summary(idx):  # -> the statistic [lengths] on all prompts, [B, lengths] per bootstrap sample
+            with np.errstate(all="ignore"):
+                if how == "pooled":
+                    return (
+                        np.nansum(full[idx], 0) / np.nansum(full[idx, b]),
+                        np.nansum(boot[:, idx], 1) / np.nansum(boot[:, idx, b], 1)[:, None],
+                    )
+                return (
+                    np.nanmedian(full[idx] / full[idx, b : b + 1], axis=0),
+                    np.nanmedian(boot[:, idx] / boot[:, idx, b : b + 1], axis=1),
+                )
+
         pooled: dict[str, list[str]] = {}
         for name in groups:
             pooled.setdefault(_pool_name(name), []).append(name)
+        found: dict[str, tuple] = {}
         for name, members in pooled.items():
-            stats_full, stats_boot, sizes = [], [], []
+            stats_full, stats_boot, levels, sizes = [], [], [], []
             for member in members:
                 idx = [index[tuple(h)] for h in groups[member] if tuple(h) in index]
                 if not idx:
                     continue
                 sizes.append(len(idx))
+                point, samples = summary(idx)
+                stats_full.append(point)  # [lengths]
+                stats_boot.append(samples)  # [B, lengths]
                 with np.errstate(all="ignore"):
-                    stats_full.append(np.nanmedian(full_ret[idx], axis=0))  # [lengths]
-                    stats_boot.append(np.nanmedian(boot_ret[:, idx], axis=1))  # [B, lengths]
-            if not sizes:
-                continue
+                    levels.append(np.nanmean(full[idx], axis=0))  # [lengths]
+            if sizes:
+                found[name] = (np.array(stats_full), np.array(stats_boot), np.array(levels), sizes)
+        for name, (stats_full, stats_boot, levels, sizes) in found.items():
             with np.errstate(all="ignore"):
-                point = np.nanmean(stats_full, axis=0)
-                lo, hi = percentile_interval(np.nanmean(stats_boot, axis=0))
-            rows += [
-                {
+                point = np.nanmean(stats_full, axis=0)  # [lengths]
+                mean_boot = np.nanmean(stats_boot, axis=0)  # [B, lengths]
+                lo, hi = percentile_interval(mean_boot)
+                level = np.nanmean(levels, axis=0)
+            pool = found.get(f"{RANDOM}:{name}") if not name.startswith(RANDOM) else None
+            for j, length in enumerate(lengths):
+                row = {
                     "group": name,
                     "measure": value,
+                    "statistic": how,
                     "length": length,
                     "value": float(point[j]),
                     "lo": float(lo[j]),
                     "hi": float(hi[j]),
+                    "level": float(level[j]),
                     "heads": int(sizes[0]),
                     "draws": len(sizes),
                     "prompts": len(prompts),
                 }
-                for j, length in enumerate(lengths)
-            ]
-    return pd.DataFrame(rows, columns=["group", "measure", "length", "value", "lo", "hi", "heads", "draws", "prompts"])
+                if pool is not None:
+                    null, null_boot = pool[0][:, j], np.nanmean(pool[1][:, :, j], axis=0)  # [D], [B]
+                    with np.errstate(all="ignore"):
+                        diff_boot = mean_boot[:, j] - null_boot  # [B]
+                        dlo, dhi = percentile_interval(diff_boot)
+                        row.update(
+                            null_median=float(np.nanmedian(null)),
+                            null_lo=float(np.nanpercentile(null, 2.5)),
+                            null_hi=float(np.nanpercentile(null, 97.5)),
+                            p_random=randomization_p(float(point[j]), null) if j != b else float("nan"),
+                            diff=float(point[j] - np.nanmean(null)),
+                            diff_lo=float(dlo),
+                            diff_hi=float(dhi),
+                            diff_se=float(np.nanstd(diff_boot, ddof=1)),
+                        )
+                rows.append(row)
+    columns = ["group", "measure", "statistic", "length", "value", "lo", "hi", "level", "heads", "draws", "prompts"]
+    columns += [c for c in GROUP_TEST_COLUMNS if any(c in r for r in rows)]
+    return pd.DataFrame(rows, columns=columns)
+
+
+GROUP_TEST_COLUMNS = ("null_median", "null_lo", "null_hi", "p_random", "diff", "diff_lo", "diff_hi", "diff_se")
+"""The columns `group_retention` adds for a group tested against its pool of random draws."""
+
+
+def holm_verdicts(table, *, alpha: float = ALPHA, effect: float | None = None, power: float = POWER):
+    """Holm over every randomization test of a group table (`group_retention` rows, or several
+    concatenated: the table is one family), and a verdict per tested row.
+
+    Adds p_holm, family (the number of tests), verdict ('keeps more than random' / 'loses more than
+    random' when p_holm < alpha AND the prompt-bootstrap interval of diff excludes 0 on the same side;
+    'not separated' otherwise; NaN for untested rows), mde (the difference in value detectable over
+    prompts with `power` at level alpha / family, from diff_se) and, with `effect`, needed (prompts for
+    that effect at that level and power)."""
+    import pandas as pd
+
+    out = table.copy()
+    tested = out["p_random"].to_numpy(dtype=np.float64) if "p_random" in out else np.full(len(out), np.nan)
+    out["p_holm"] = holm(tested)
+    family = int(np.sum(~np.isnan(tested)))
+    out["family"] = family
+    level = alpha / max(family, 1)
+    verdicts, mde, needed = [], [], []
+    for row in out.itertuples():
+        if not np.isfinite(getattr(row, "p_holm", np.nan)):
+            verdicts.append(None)
+            mde.append(np.nan)
+            needed.append(None)
+            continue
+        side = "keeps more than random" if row.diff > 0 else "loses more than random"
+        bootstrap_agrees = row.diff_lo > 0 if row.diff > 0 else row.diff_hi < 0
+        verdicts.append(side if row.p_holm < alpha and bootstrap_agrees else "not separated")
+        sd = row.diff_se * np.sqrt(row.prompts)  # the per-prompt spread the bootstrap implies
+        mde.append(detectable_effect(sd, int(row.prompts), alpha=level, power=power))
+        needed.append(prompts_for_effect(sd, effect, alpha=level, power=power) if effect else None)
+    out["verdict"] = pd.Series(verdicts, index=out.index, dtype=object)
+    out["mde"] = mde
+    out["needed"] = pd.Series(needed, index=out.index, dtype=object)
+    return out
 
 
 def _pool_name(name: str) -> str:

@@ -80,3 +80,98 @@ def needed_prompts(n: int, effect: float, spread: float) -> int | None:
     if not effect or not math.isfinite(effect) or not math.isfinite(spread):
         return None
     return max(n, math.ceil(n * (Z95 * spread / abs(effect)) ** 2))
+
+
+# ---- tests: randomization p, Holm, McNemar, power ---------------------------------------------------
+
+ALPHA = 0.05
+"""Family-wise error rate of every Holm-corrected verdict."""
+POWER = 0.8
+"""Power at which a minimal detectable effect or a needed prompt count is stated."""
+
+
+def normal_quantile(p: float) -> float:
+    """The standard normal's p-quantile (stdlib `statistics.NormalDist`).
+
+    >>> round(normal_quantile(0.975), 4), round(normal_quantile(0.8), 4)
+    (1.96, 0.8416)
+    """
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(p)
+
+
+def randomization_p(observed: float, null) -> float:
+    """Two-sided randomization p of a statistic against its null draws (random head sets):
+    (1 + #draws at least as far from the null's median as the observation) / (draws + 1). Draws that
+    are NaN are left out; NaN when the observation is NaN or no draw is left. With D draws the
+    smallest p it can give is 1 / (D + 1): 10 draws can never go below 0.091.
+
+    >>> randomization_p(5.0, [0.0, 1.0, -1.0, 2.0]), randomization_p(0.0, [0.0, 1.0, -1.0])
+    (0.2, 1.0)
+    """
+    null = np.asarray(null, dtype=np.float64)
+    null = null[~np.isnan(null)]
+    if not math.isfinite(observed) or null.size == 0:
+        return float("nan")
+    centre = float(np.median(null))
+    extreme = int(np.sum(np.abs(null - centre) >= abs(observed - centre) - 1e-12))
+    return (1 + extreme) / (null.size + 1)
+
+
+def holm(pvalues) -> np.ndarray:
+    """Holm-adjusted p-values (step-down, monotone, capped at 1) of one family of tests; NaN entries
+    are not tests (they keep NaN and do not count in the family's size).
+
+    >>> holm([0.01, 0.04, 0.03, float("nan")]).round(3).tolist()
+    [0.03, 0.06, 0.06, nan]
+    """
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    real = np.flatnonzero(~np.isnan(p))
+    m = real.size
+    running = 0.0
+    for rank, i in enumerate(real[np.argsort(p[real], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    """Exact two-sided McNemar p of paired binary outcomes: b pairs right only in the first condition,
+    c only in the second (a binomial test of b against b + c trials at 1/2); 1.0 with no discordant pair.
+
+    >>> round(mcnemar_p(10, 2), 4), mcnemar_p(0, 0)
+    (0.0386, 1.0)
+    """
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def detectable_effect(sd: float, n: int, *, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Minimal detectable effect of a paired comparison of n prompts whose per-prompt differences have
+    standard deviation sd (ddof 1): (z_{1-alpha/2} + z_power) * sd / sqrt(n), normal approximation.
+
+    >>> round(detectable_effect(0.5, 49), 3)
+    0.2
+    """
+    if n < 2 or not math.isfinite(sd):
+        return float("nan")
+    return (normal_quantile(1 - alpha / 2) + normal_quantile(power)) * sd / math.sqrt(n)
+
+
+def prompts_for_effect(sd: float, effect: float, *, alpha: float = ALPHA, power: float = POWER) -> int | None:
+    """Prompts a paired comparison needs to detect `effect` with the given power at level alpha, when
+    its per-prompt differences have standard deviation sd: ((z_{1-alpha/2} + z_power) * sd / effect)^2,
+    at least 2. None when sd is not finite.
+
+    >>> prompts_for_effect(0.5, 0.2)
+    50
+    """
+    if not math.isfinite(sd) or not effect:
+        return None
+    z = normal_quantile(1 - alpha / 2) + normal_quantile(power)
+    return max(2, math.ceil((z * sd / abs(effect)) ** 2 - 1e-9))
