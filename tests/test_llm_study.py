@@ -44,6 +44,7 @@ TINY = {
         "n_heads": 3,
         "n_scores": 4,
         "draws": 2,
+        "causal_draws": 2,
         "causal_factors": [1, 4],
         "n_causal": 4,
         "causal_ks": [1],
@@ -232,7 +233,7 @@ def test_stage_tables(finished):
     assert len(moves) == 2 * p["causal_ks"][0] and set(moves.group) == {"symbolic", "positional"}
     assert moves.label_marked.isin(["positional", "symbolic", "mixed", "uniform"]).all()
     causal = pd.read_parquet(out / "causal" / "causal.parquet")
-    conditions = 1 + len(p["causal_ks"]) * 2 * (4 + 2 * p["draws"])  # clean + modes x (2 rankings x 2 groups + draws)
+    conditions = 1 + len(p["causal_ks"]) * 2 * (4 + 2 * p["causal_draws"])  # clean + modes x (2 rankings x 2 groups + draws)
     assert len(causal) == conditions * len(p["causal_factors"]) * p["n_causal"]
     assert set(causal["mode"]) == {"none", "mean", "zero"}
     accuracy_between = accuracy[

@@ -415,7 +415,8 @@ class LengthFamily:
         """The index-th question of this family (a pure function of seed, index and the word lists)."""
         rng = random.Random(f"{seed}:{self.format}:{index}")
         n = self.n_facts
-        marks = rng.sample(MARKERS, n) if self.markers else [""] * n
+        # the markers come from their own stream: a marked question is the unmarked one with tags (paired tests)
+        marks = random.Random(f"{seed}:{self.format}:{index}:markers").sample(MARKERS, n) if self.markers else [""] * n
         tag = [f"{m} " if m else "" for m in marks]
         if self.format in ("kv-code", "kv-list", "kv-fewshot"):
             words = rng.sample(list(keys), n)

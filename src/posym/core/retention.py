@@ -360,17 +360,17 @@ def group_retention(
         full = full.reshape(len(heads), len(lengths))
         b = lengths.index(base_length)
 
-        def summary(idx):  # -> the statistic [lengths] on all prompts, [B, lengths] per bootstrap sample
+        def summary(idx, with_boot: bool = True):  # -> statistic [lengths] on all prompts, [B, lengths] or None
             with np.errstate(all="ignore"):
                 if how == "pooled":
-                    return (
-                        np.nansum(full[idx], 0) / np.nansum(full[idx, b]),
-                        np.nansum(boot[:, idx], 1) / np.nansum(boot[:, idx, b], 1)[:, None],
-                    )
-                return (
-                    np.nanmedian(full[idx] / full[idx, b : b + 1], axis=0),
-                    np.nanmedian(boot[:, idx] / boot[:, idx, b : b + 1], axis=1),
-                )
+                    point = np.nansum(full[idx], 0) / np.nansum(full[idx, b])
+                    if not with_boot:
+                        return point, None
+                    return point, np.nansum(boot[:, idx], 1) / np.nansum(boot[:, idx, b], 1)[:, None]
+                point = np.nanmedian(full[idx] / full[idx, b : b + 1], axis=0)
+                if not with_boot:
+                    return point, None
+                return point, np.nanmedian(boot[:, idx] / boot[:, idx, b : b + 1], axis=1)
 
         pooled: dict[str, list[str]] = {}
         for name in groups:
@@ -383,9 +383,10 @@ def group_retention(
                 if not idx:
                     continue
                 sizes.append(len(idx))
-                point, samples = summary(idx)
+                point, samples = summary(idx, len(sizes) <= BOOT_DRAWS)
                 stats_full.append(point)  # [lengths]
-                stats_boot.append(samples)  # [B, lengths]
+                if samples is not None:
+                    stats_boot.append(samples)  # [B, lengths]
                 with np.errstate(all="ignore"):
                     levels.append(np.nanmean(full[idx], axis=0))  # [lengths]
             if sizes:
@@ -432,6 +433,9 @@ def group_retention(
     return pd.DataFrame(rows, columns=columns)
 
 
+BOOT_DRAWS = 200
+"""Draws of a random pool that enter its bootstrap (the pool's mean over prompts resampled): its other
+draws count in the randomization p alone, which needs each draw's value on all prompts only."""
 GROUP_TEST_COLUMNS = ("null_median", "null_lo", "null_hi", "p_random", "diff", "diff_lo", "diff_hi", "diff_se")
 """The columns `group_retention` adds for a group tested against its pool of random draws."""
 

@@ -40,7 +40,7 @@ from posym.core.discrepancy import head_gaps
 from posym.core.geometry import channel_means, frequency_use, plane_scores
 from posym.core.interventions import ABLATION_MODES, ablated, head_means
 from posym.core.paper import GAMMAS, TAU
-from posym.core.retention import group_retention, head_retention
+from posym.core.retention import group_retention, head_retention, holm_verdicts
 from posym.core.scores import score_model, summarize_heads
 from posym.core.stats import pearson
 from posym.core.study import (
@@ -473,11 +473,14 @@ def stage_screen(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
 
 
 def _length_prompts(loaded: LoadedModel, config: StudyConfig, fmt: str) -> dict:
-    """{layout: {factor: prompts}} of the chosen format, the same questions in every layout."""
-    builder = Builder(loaded.tokenizer)
+    """{layout: {factor: prompts}} of the chosen format, the same questions in every layout and at the same
+    lengths (one base length for all: the longest layout's, so a marked prompt is as long as its unmarked one)."""
+    builder, n = Builder(loaded.tokenizer), config.prediction.n_length
+    layouts = prediction.families(fmt, config.prediction)
+    base = max(base_length(family, builder, n, config.seed) for family in layouts.values())
     return {
-        name: build(family, builder, config.prediction.n_length, seed=config.seed, max_positions=loaded.max_positions)
-        for name, family in prediction.families(fmt, config.prediction).items()
+        name: build(family, builder, n, seed=config.seed, base=base, max_positions=loaded.max_positions)
+        for name, family in layouts.items()
     }
 
 
@@ -506,17 +509,24 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
         progress(1)
     accuracy = pd.concat(accuracy, ignore_index=True)
     summary = prediction.accuracy_rows(accuracy, ["layout", "factor", "length"])
+    tests = prediction.accuracy_tests(accuracy, effect=settings.accuracy_effect)
     scores, sinks = {}, {}
     for layout in ("between", "marked"):
         scores[layout], sinks[layout] = prediction.score_heads(
             loaded.model, layouts[layout][1][: settings.n_scores], gamma=config.gammas[0], tau=config.tau
         )
         progress(1)
-    retention, groups, measured = [], [], []
+    kinds = prediction.layer_kinds(loaded.model)
+    retention, groups, measured, sink_sets = [], [], [], {}
     for layout in ("between", "before"):
-        measures = prediction.measures_by_length(loaded.model, layouts[layout], settings.n_heads)
+        # the sinks found on the base prompts' scores (token 0 on both models) are the keys the free top key
+        # never is; the same token sits at the same place in both layouts (the filler of 'before' follows it)
+        measures = prediction.measures_by_length(
+            loaded.model, layouts[layout], settings.n_heads, sinks=sinks["between"]
+        )
         measured.append(measures.assign(layout=layout))
         base = layouts[layout][1][0].length
+        sink_sets[layout] = prediction.sink_heads(measures[measures.factor == 1], sinks["between"])
         for variant in ("sink-free", "plain"):
             labels = scores["between"][scores["between"].variant == variant][
                 ["layer", "head", "label", "s_pos", "s_sym"]
@@ -526,16 +536,26 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
                 .merge(labels, on=["layer", "head"])
                 .assign(layout=layout, ranking=variant)
             )
-            named = prediction.label_groups(scores["between"], variant, settings.draws, config.seed)
-            groups.append(
-                group_retention(measures, named, base_length=base, n_boot=settings.n_boot, seed=config.seed).assign(
-                    layout=layout, ranking=variant
-                )
+            named = prediction.label_groups(
+                scores["between"], variant, settings.draws, config.seed, sinks=sink_sets[layout], kinds=kinds
             )
+            table = group_retention(
+                measures,
+                named,
+                base_length=base,
+                n_boot=settings.n_boot,
+                seed=config.seed,
+                statistic=prediction.RETENTION_STATISTIC,
+            ).assign(layout=layout, ranking=variant)
+            # one Holm family per (layout, ranking, measure): the groups at every length
+            groups += [
+                holm_verdicts(part, effect=settings.effect) for _, part in table.groupby("measure", sort=False)
+            ] or [holm_verdicts(table, effect=settings.effect)]  # no group at all: an empty table with its columns
         progress(1)
     heads = pd.concat([frame.assign(layout=layout) for layout, frame in scores.items()], ignore_index=True)
     io.write_parquet(out / "accuracy.parquet", accuracy)
     io.write_parquet(out / "accuracy_summary.parquet", summary)
+    io.write_parquet(out / "accuracy_tests.parquet", tests)
     io.write_parquet(out / "heads.parquet", heads)
     io.write_parquet(out / "measures.parquet", pd.concat(measured, ignore_index=True))
     io.write_parquet(out / "head_retention.parquet", pd.concat(retention, ignore_index=True))
@@ -546,8 +566,12 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
         {
             "format": chosen["format"],
             "sinks": sinks,
+            "sink_heads": {k: [list(h) for h in v] for k, v in sink_sets.items()},
+            "layer_kinds": kinds,
             "base_lengths": {k: v[1][0].length for k, v in layouts.items()},
             "prompts": {"accuracy": settings.n_length, "heads": settings.n_heads, "scores": settings.n_scores},
+            "draws": settings.draws,
+            "holm_family": "per (layout, ranking, measure): every group with a random pool at every length",
         },
     )
 

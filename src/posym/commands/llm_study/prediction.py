@@ -42,10 +42,16 @@ from posym.core.paper import GAMMA, TAU
 from posym.core.retention import RANDOM, base_tracking, head_measures, matched_random
 from posym.core.scores import score_model, summarize_heads
 from posym.core.stats import (
+    ALPHA,
     N_BOOT,
+    POWER,
     bootstrap_weights,
+    detectable_effect,
+    holm,
+    mcnemar_p,
     needed_prompts,
     percentile_interval,
+    prompts_for_effect,
     wilson_interval,
 )
 from posym.core.study import find_sinks
@@ -82,8 +88,17 @@ class PredictionConfig:
     """Prompts per layout and length for the head measures (a capture pass each)."""
     n_scores: int = 24
     """Base-length prompts whose scores label and rank the heads."""
-    draws: int = 10
-    """Layer-matched random head sets per group (retention and causal)."""
+    draws: int = 1000
+    """Layer-matched random head sets per group of the head-retention tests (cheap: the measures are taken
+    once, a draw only picks heads), the randomization p's null; its smallest p is 1 / (draws + 1)."""
+    causal_draws: int = 10
+    """Layer-matched random head sets per group of the causal stage (each one ablation pass per prompt and
+    length); its randomization p cannot go below 1 / (causal_draws + 1)."""
+    effect: float = 0.2
+    """Retention difference (group against its random heads) whose needed prompt count the tables state
+    (80% power at the Holm-family level)."""
+    accuracy_effect: float = 0.1
+    """Accuracy difference whose needed prompt count the paired accuracy tests state (80% power)."""
     causal_factors: list[int] = field(default_factory=lambda: list(FACTORS))
     """Lengths of the causal stage (multiples of the base length; must include 1): every length by default,
     which costs little more than the longest alone (`last_logits` shares each question's prefix)."""
@@ -112,6 +127,7 @@ class PredictionConfig:
             "n_heads": self.n_heads,
             "n_scores": self.n_scores,
             "draws": self.draws,
+            "causal_draws": self.causal_draws,
             "n_causal": self.n_causal,
             "n_boot": self.n_boot,
         }
@@ -131,6 +147,8 @@ class PredictionConfig:
             raise PosymError(f"causal_ks must be positive head counts, got {self.causal_ks}")
         if any(m not in ABLATION_MODES for m in self.causal_modes) or not self.causal_modes:
             raise PosymError(f"causal_modes must be zero and/or mean, got {self.causal_modes}")
+        if not (0 < self.effect <= 10 and 0 < self.accuracy_effect <= 1):
+            raise PosymError(f"effect must lie in (0, 10] and accuracy_effect in (0, 1], got {self.effect}, {self.accuracy_effect}")
         if not 0 < self.min_accuracy <= 1:
             raise PosymError(f"min_accuracy must lie in (0, 1], got {self.min_accuracy}")
 
@@ -335,50 +353,158 @@ def score_heads(model, prompts: list[LengthPrompt], *, gamma: float = GAMMA, tau
     return heads, sinks
 
 
-def label_groups(heads, variant: str, draws: int, seed: int) -> dict[str, list[tuple[int, int]]]:
-    """Heads per label (LABEL_GROUPS) of one score variant, plus `draws` layer-matched random sets per
-    label, named 'random:<label>:<i>' (`posym.core.retention.group_retention` pools them); a label held by
-    more than half the heads has no random set disjoint from it, so it comes without one."""
+SINK = "sink"
+"""Group of the sink-tracking heads: the plain top key at the base length is an attention sink in at least
+half of the prompts. They are their own group, apart from the labels (their attention is the sink's)."""
+RETENTION_STATISTIC = {"margin": "median", "attn_tracked": "pooled", "attn_answer": "pooled"}
+"""How each measure's group retention is made (`posym.core.retention.STATISTICS`)."""
+KIND_NAMES = {"sliding_attention": "local", "full_attention": "global"}
+
+
+def layer_kinds(model) -> dict[int, str] | None:
+    """{layer: 'local' / 'global' / the config's own name} where the model has layers of more than one kind
+    (Gemma 2/3's sliding-window and full layers: `config.layer_types`), else None."""
+    config = getattr(model, "config", None)
+    types = list(getattr(getattr(config, "text_config", config), "layer_types", None) or [])
+    if len(set(types)) < 2:
+        return None
+    return {layer: KIND_NAMES.get(kind, kind) for layer, kind in enumerate(types)}
+
+
+def sink_heads(base, sinks) -> list[tuple[int, int]]:
+    """Heads whose plain top key at the base length (`head_measures` rows) is a sink in >= half the prompts."""
+    if not sinks:
+        return []
+    on_sink = base.assign(sink=base.top_key.isin(list(sinks))).groupby(["layer", "head"]).sink.mean()
+    return [(int(a), int(b)) for (a, b), share in on_sink.items() if share >= 0.5]
+
+
+def label_groups(
+    heads, variant: str, draws: int, seed: int, *, sinks: list[tuple[int, int]] = (), kinds: dict | None = None
+) -> dict[str, list[tuple[int, int]]]:
+    """Heads per label (LABEL_GROUPS) of one score variant, the sink-tracking heads not among them but in
+    their own group SINK, and `draws` random sets per group matched on layer and layer kind, named
+    'random:<group>:<i>' (`posym.core.retention.group_retention` pools them). Where the model has layers of
+    two kinds (`layer_kinds`), each group is also split by kind ('symbolic@local', ...), each part with its
+    own pool. A group whose heads cannot be matched (too few other heads of its layers' kind) comes without one."""
     rows = heads[heads.variant == variant]
     every = [(int(a), int(b)) for a, b in zip(rows.layer, rows["head"])]
+    sinks = {tuple(h) for h in sinks}
+    named: dict[str, list[tuple[int, int]]] = {}
+    for label in LABEL_GROUPS:
+        members = [
+            (int(a), int(b))
+            for a, b in zip(rows.layer[rows.label == label], rows["head"][rows.label == label])
+            if (int(a), int(b)) not in sinks
+        ]
+        if members:
+            named[label] = members
+    if sinks:
+        named[SINK] = sorted(sinks)
+    if kinds:
+        for name, members in list(named.items()):
+            for kind in sorted({kinds[l] for l, _ in members}):
+                named[f"{name}@{kind}"] = [h for h in members if kinds[h[0]] == kind]
     groups: dict[str, list[tuple[int, int]]] = {}
-    for k, label in enumerate(LABEL_GROUPS):
-        members = [(int(a), int(b)) for a, b in zip(rows.layer[rows.label == label], rows["head"][rows.label == label])]
-        if not members:
+    for k, (name, members) in enumerate(named.items()):
+        groups[name] = members
+        try:
+            draw = matched_random(every, members, draws, seed=seed + 97 * k, kinds=kinds)
+        except PosymError:  # not enough other heads of its layers' kind: reported without random heads
             continue
-        groups[label] = members
-        if len(members) > len(every) - len(members):  # more than half the heads: no disjoint random set exists
-            continue
-        for i, draw in enumerate(matched_random(every, members, draws, seed=seed + 97 * k)):
-            groups[f"{RANDOM}:{label}:{i}"] = draw
+        for i, d in enumerate(draw):
+            groups[f"{RANDOM}:{name}:{i}"] = d
     return groups
 
 
-def measures_by_length(model, prompts: dict[int, list[LengthPrompt]], n: int, progress=None):
-    """head_measures of the first n prompts at every factor, the tracked key being each head's top key
-    at the base length moved to its place (`LengthPrompt.position_map`); a `length` and `factor` column."""
+def measures_by_length(model, prompts: dict[int, list[LengthPrompt]], n: int, *, sinks=(), progress=None):
+    """head_measures of the first n prompts at every factor: the attention on the answer-bearing keys
+    (attn_answer), and on each head's top key at the base length with the sinks left out (`top_free`,
+    moved to its place by `LengthPrompt.position_map`: attn_tracked); a `length` and `factor` column."""
     import pandas as pd
 
     base = prompts[1][:n]
-    first = head_measures(model, [p.ids for p in base], [[p.query] for p in base], batch_size=n)
-    # at the base length each head's tracked key is its own top key: no second pass
-    frames = [first.assign(tracked_key=first.top_key, attn_tracked=first.attn_top, length=base[0].length, factor=1)]
+    ids, queries = [p.ids for p in base], [[p.query] for p in base]
+    first = head_measures(model, ids, queries, exclude=sinks, batch_size=n)
+    # the base length's tracked key is each head's own free top key: a second (short) pass reads it
+    frames = [
+        head_measures(
+            model,
+            ids,
+            queries,
+            tracked=base_tracking(first, lambda k, pos: pos, key="top_free"),
+            answer=lambda k: base[k].answer_keys or None,
+            exclude=sinks,
+            batch_size=n,
+        ).assign(length=base[0].length, factor=1)
+    ]
     for factor, group in prompts.items():
         if factor == 1:
             continue
         chosen = group[:n]
-        tracked = base_tracking(first, lambda k, pos: chosen[k].position_map(pos))
         frame = head_measures(
             model,
             [p.ids for p in chosen],
             [[p.query] for p in chosen],
-            tracked=tracked,
+            tracked=base_tracking(first, lambda k, pos: chosen[k].position_map(pos), key="top_free"),
+            answer=lambda k: chosen[k].answer_keys or None,
+            exclude=sinks,
             batch_size=max(1, min(n, 16384 // len(chosen[0].ids))),
         )
         frames.append(frame.assign(length=chosen[0].length, factor=factor))
         if progress:
             progress(0)
     return pd.concat(frames, ignore_index=True)
+
+
+def accuracy_tests(accuracy, *, effect: float, alpha: float = ALPHA, power: float = POWER):
+    """Paired accuracy comparisons on the same questions (`accuracy` rows: layout, factor, length, prompt,
+    correct), one Holm family: each layout at every factor against its base length; 'marked' against
+    'between' and 'before' against 'between' at every factor (a marked question is the unmarked one with
+    tags, at the same length). Per comparison: n, both accuracies, diff = a - b, the discordant counts,
+    the exact McNemar p, p_holm, separated (p_holm < alpha), the minimal detectable difference at n (80%
+    power at alpha / family) and the prompts `effect` would need."""
+    import pandas as pd
+
+    table = accuracy.pivot_table(index="prompt", columns=["layout", "factor"], values="correct", aggfunc="first")
+    pairs = []
+    layouts, factors = list(dict.fromkeys(accuracy.layout)), sorted(accuracy.factor.unique())
+    for layout in layouts:
+        pairs += [(f"{layout} at {f}x vs 1x", (layout, f), (layout, 1)) for f in factors if f != 1]
+    for other in (x for x in ("marked", "before") if x in layouts and "between" in layouts):
+        pairs += [(f"{other} vs between at {f}x", (other, f), ("between", f)) for f in factors]
+    rows = []
+    for name, a, b in pairs:
+        both = table[[a, b]].dropna()
+        x, y = both[a].astype(bool).to_numpy(), both[b].astype(bool).to_numpy()
+        d = x.astype(float) - y.astype(float)
+        rows.append(
+            {
+                "comparison": name,
+                "layout_a": a[0],
+                "factor_a": int(a[1]),
+                "layout_b": b[0],
+                "factor_b": int(b[1]),
+                "n": len(d),
+                "acc_a": float(x.mean()),
+                "acc_b": float(y.mean()),
+                "diff": float(d.mean()),
+                "only_a": int((x & ~y).sum()),
+                "only_b": int((~x & y).sum()),
+                "p": mcnemar_p(int((x & ~y).sum()), int((~x & y).sum())),
+                "sd": float(d.std(ddof=1)) if len(d) > 1 else float("nan"),
+            }
+        )
+    out = pd.DataFrame(rows)
+    out["p_holm"] = holm(out.p.to_numpy())
+    out["family"] = len(out)
+    out["separated"] = out.p_holm < alpha
+    level = alpha / max(len(out), 1)
+    # a difference that never varied (sd 0) gives no spread to size a test with: use the binomial worst case
+    spread = out.sd.where(out.sd > 0, 1.0)
+    out["mde"] = [detectable_effect(s, int(n), alpha=level, power=power) for s, n in zip(spread, out.n)]
+    out["needed"] = [prompts_for_effect(s, effect, alpha=level, power=power) for s in spread]
+    return out
 
 
 def causal_groups(heads, k: int, draws: int, seed: int) -> dict[tuple[str, str], list[tuple[int, int]]]:
@@ -419,7 +545,7 @@ def causal_rows(
 
     chosen = {f: prompts[f][: config.n_causal] for f in sorted(config.causal_factors)}
     workers = cpu_workers(config.workers, model)
-    every_group = {k: causal_groups(heads, k, config.draws, seed) for k in config.causal_ks}
+    every_group = {k: causal_groups(heads, k, config.causal_draws, seed) for k in config.causal_ks}
     means = None
     if "mean" in config.causal_modes:
         needed = sorted({h for groups in every_group.values() for hs in groups.values() for h in hs})
