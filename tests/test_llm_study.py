@@ -233,7 +233,8 @@ def test_stage_tables(finished):
     assert len(moves) == 2 * p["causal_ks"][0] and set(moves.group) == {"symbolic", "positional"}
     assert moves.label_marked.isin(["positional", "symbolic", "mixed", "uniform"]).all()
     causal = pd.read_parquet(out / "causal" / "causal.parquet")
-    conditions = 1 + len(p["causal_ks"]) * 2 * (4 + 2 * p["causal_draws"])  # clean + modes x (2 rankings x 2 groups + draws)
+    # clean + modes x 2 rankings x 2 groups x (the group itself + its own draws)
+    conditions = 1 + len(p["causal_ks"]) * 2 * 4 * (1 + p["causal_draws"])
     assert len(causal) == conditions * len(p["causal_factors"]) * p["n_causal"]
     assert set(causal["mode"]) == {"none", "mean", "zero"}
     accuracy_between = accuracy[

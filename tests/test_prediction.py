@@ -222,8 +222,15 @@ def _attention_rows(n_prompts=16, drop_head=0, seed=3):
                     keep = 0.1 if (length == 16 and head == drop_head) else 1.0
                     attn = 0.2 * keep * (1 + 0.2 * rng.standard_normal())
                     rows.append(
-                        {"prompt": prompt, "query": length - 1, "layer": layer, "head": head, "length": length,
-                         "margin": 1.0 + rng.random(), "attn_answer": attn}
+                        {
+                            "prompt": prompt,
+                            "query": length - 1,
+                            "layer": layer,
+                            "head": head,
+                            "length": length,
+                            "margin": 1.0 + rng.random(),
+                            "attn_answer": attn,
+                        }
                     )
     return pd.DataFrame(rows)
 
@@ -483,10 +490,12 @@ def test_correct_by_length_equals_one_forward_per_prompt():
 # ---- the causal table ---------------------------------------------------------------------------
 
 
-def _causal_rows(n=40):
+def _causal_rows(n=40, draws=3):
     """Clean: right everywhere. 'symbolic' ablation: wrong at the long length on 3/4 of the prompts;
-    its random draws: right everywhere; 'positional': wrong on half the prompts at every length."""
+    'positional': wrong on half the prompts at every length; their random draws: wrong on a prompt now
+    and then (1 in 10, seeded), so that the draws' drops spread."""
     rows = []
+    rng = np.random.default_rng(7)
     for prompt in range(n):
         for factor, length in ((1, 10), (4, 40)):
 
@@ -509,32 +518,43 @@ def _causal_rows(n=40):
             add("none", -1, True, ranking="none", k=0)
             add("symbolic", -1, not (factor == 4 and prompt % 4 != 0))
             add("positional", -1, prompt % 2 == 0)
-            for draw in range(3):
-                add("random:symbolic", draw, True)
-                add("random:positional", draw, True)
+            for draw in range(draws):
+                add("random:symbolic", draw, bool(rng.random() > 0.1))
+                add("random:positional", draw, bool(rng.random() > 0.1))
     return pd.DataFrame(rows)
 
 
 def test_causal_table_drops_effects_and_separation():
-    table = prediction.causal_table(_causal_rows(), n_boot=400).set_index(["group", "factor"])
+    table = prediction.causal_table(_causal_rows(draws=200), n_boot=400).set_index(["group", "factor"])
     assert table.loc[("symbolic", 4), "drop"] == pytest.approx(0.75)
     assert table.loc[("symbolic", 4), "effect"] == pytest.approx(0.75)
     assert table.loc[("positional", 4), "drop"] == pytest.approx(0.5)
     assert table.loc[("positional", 4), "effect"] == pytest.approx(0.0)
-    assert table.loc[("symbolic", 4), "separated"] is True or table.loc[("symbolic", 4), "separated"] == True  # noqa: E712
-    assert table.loc[("positional", 4), "separated"] == False  # noqa: E712 - no length effect beyond random's
-    assert table.loc[("random:symbolic", 4), "draws"] == 3
+    sym, pos = table.loc[("symbolic", 4)], table.loc[("positional", 4)]
+    assert sym.p_effect == pytest.approx(1 / 201) and sym.p_floor == pytest.approx(1 / 201)
+    assert sym.family == 6  # 2 groups x (2 drops + 1 length effect) in one Holm family
+    assert sym.p_effect_holm == pytest.approx(min(1.0, 6 / 201)) and sym.separated == True  # noqa: E712
+    assert pos.separated == False and pos.drop_separated == True  # noqa: E712 - it matters, not more at length
+    assert table.loc[("random:symbolic", 4), "draws"] == 200
     assert pd.isna(table.loc[("symbolic", 1), "separated"])  # the base length is the reference
     assert (table.drop_lo <= table["drop"] + 1e-12).all() and (table["drop"] <= table.drop_hi + 1e-12).all()
+    # the verdict follows from its numbers
+    named = table[table.p_effect.notna()]
+    follows = (named.p_effect_holm < 0.05) & ((named.vs_random_lo > 0) | (named.vs_random_hi < 0))
+    assert (named.separated.astype(bool) == follows).all()
 
 
-def test_causal_table_gives_the_needed_count_when_not_separated():
-    rows = _causal_rows(8)
-    flip = (rows.group == "symbolic") & (rows.factor == 4)
-    rows.loc[flip, "correct"] = rows.loc[flip, "prompt"] % 8 != 0  # a small effect on 8 prompts
-    table = prediction.causal_table(rows, n_boot=400).set_index(["group", "factor"])
-    assert table.loc[("symbolic", 4), "separated"] == False  # noqa: E712
-    assert table.loc[("symbolic", 4), "needed"] > 8
+def test_causal_table_states_the_floor_of_few_draws_and_what_prompts_would_need():
+    """With 3 draws no p can go below 1/4: nothing is separated, whatever the drop; the table says the
+    minimal detectable effect at the n used and the prompts a 0.1 difference would need."""
+    table = prediction.causal_table(_causal_rows(8), n_boot=400).set_index(["group", "factor"])
+    sym = table.loc[("symbolic", 4)]
+    assert sym.p_floor == pytest.approx(0.25) and sym.p_effect >= 0.25
+    assert sym.separated == False and sym.drop_separated == False  # noqa: E712
+    assert sym.mde_effect > 0 and sym.needed > 8
+    assert sym.mde_effect == pytest.approx(
+        stats.detectable_effect(sym.sd_effect, 8, alpha=0.05 / sym.family), rel=1e-12
+    )
 
 
 # ---- the committed SmolLM2 tables (docs/results/llm-study, default llm-study) ----------------------

@@ -440,7 +440,13 @@ class LengthFamily:
                 ]
                 prefix = "Values:"
             return Core(
-                prefix, facts, question, f" {values[asked]}", [f" {v}" for v in values], (asked,), (f" {values[asked]}",)
+                prefix,
+                facts,
+                question,
+                f" {values[asked]}",
+                [f" {v}" for v in values],
+                (asked,),
+                (f" {values[asked]}",),
             )
         if self.format == "copy":
             words = rng.sample(list(keys), max(n, 2) * 2)
@@ -551,7 +557,9 @@ class Builder:
             tokens, wanted = self.encode(core.facts[k]), self.encode(value)[-1]
             hits = [j for j, token in enumerate(tokens) if token == wanted]
             if not hits:
-                raise PosymError(f"the answer {value!r} is not a token of its fact {core.facts[k]!r} for this tokenizer")
+                raise PosymError(
+                    f"the answer {value!r} is not a token of its fact {core.facts[k]!r} for this tokenizer"
+                )
             out.append(starts[k] + hits[-1])
         return tuple(out)
 

@@ -113,7 +113,9 @@ def head_measures(
             sinks = [k - first for k in exclude if first <= k <= p]
             if sinks and len(sinks) < logits.shape[-1]:
                 free[..., sinks] = -torch.inf  # the sinks cannot be the free top key
-            found.append((p, rows, first, logits.shape[-1], margin, top + first, attn_top, probs, free.argmax(-1) + first))
+            found.append(
+                (p, rows, first, logits.shape[-1], margin, top + first, attn_top, probs, free.argmax(-1) + first)
+            )
         return found
 
     layers = check_layers(scorable(model), layers)
@@ -141,7 +143,9 @@ def head_measures(
                                 int(top_key[g, h]),
                                 float(attn_top[g, h]),
                                 key,
-                                float(probs[g, h, key - first]) if seen else (0.0 if 0 <= key < first else float("nan")),
+                                float(probs[g, h, key - first])
+                                if seen
+                                else (0.0 if 0 <= key < first else float("nan")),
                                 bool(seen),
                                 int(top_free[g, h]),
                                 _attention_on(probs[g, h], wanted, first, p),
@@ -299,9 +303,7 @@ def matched_random(
         left = {layer: list(heads) for layer, heads in pool.items()}
         chosen = []
         for layer, _ in sorted(group):
-            near = min(
-                (l for l in left if left[l] and kind(l) == kind(layer)), key=lambda l: (abs(l - layer), l)
-            )
+            near = min((l for l in left if left[l] and kind(l) == kind(layer)), key=lambda l: (abs(l - layer), l))
             pick = left[near].pop(rng.randrange(len(left[near])))
             chosen.append(pick)
         out.append(sorted(chosen))

@@ -608,10 +608,12 @@ def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
         seed=config.seed,
         clean=accuracy[accuracy.layout == "between"],
         progress=progress,
+        kinds=prediction.layer_kinds(loaded.model),
     )
     io.write_parquet(out / "causal.parquet", rows)
     io.write_parquet(
-        out / "causal_summary.parquet", prediction.causal_table(rows, n_boot=settings.n_boot, seed=config.seed)
+        out / "causal_summary.parquet",
+        prediction.causal_table(rows, n_boot=settings.n_boot, seed=config.seed, effect=settings.accuracy_effect),
     )
 
 

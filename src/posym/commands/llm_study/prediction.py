@@ -49,9 +49,9 @@ from posym.core.stats import (
     detectable_effect,
     holm,
     mcnemar_p,
-    needed_prompts,
     percentile_interval,
     prompts_for_effect,
+    randomization_p,
     wilson_interval,
 )
 from posym.core.study import find_sinks
@@ -148,7 +148,9 @@ class PredictionConfig:
         if any(m not in ABLATION_MODES for m in self.causal_modes) or not self.causal_modes:
             raise PosymError(f"causal_modes must be zero and/or mean, got {self.causal_modes}")
         if not (0 < self.effect <= 10 and 0 < self.accuracy_effect <= 1):
-            raise PosymError(f"effect must lie in (0, 10] and accuracy_effect in (0, 1], got {self.effect}, {self.accuracy_effect}")
+            raise PosymError(
+                f"effect must lie in (0, 10] and accuracy_effect in (0, 1], got {self.effect}, {self.accuracy_effect}"
+            )
         if not 0 < self.min_accuracy <= 1:
             raise PosymError(f"min_accuracy must lie in (0, 1], got {self.min_accuracy}")
 
@@ -507,9 +509,12 @@ def accuracy_tests(accuracy, *, effect: float, alpha: float = ALPHA, power: floa
     return out
 
 
-def causal_groups(heads, k: int, draws: int, seed: int) -> dict[tuple[str, str], list[tuple[int, int]]]:
+def causal_groups(
+    heads, k: int, draws: int, seed: int, *, kinds: dict | None = None
+) -> dict[tuple[str, str], list[tuple[int, int]]]:
     """{(ranking, group): heads}: the top-k symbolic and positional heads by each ranking's behaviour
-    (s_pos - s_sym), and per sink-free group `draws` layer-matched random sets ('random:<group>:<i>')."""
+    (s_pos - s_sym), and per ranking and group its own `draws` random sets matched on layer and layer kind
+    ('random:<group>:<i>' under that ranking)."""
     out: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for ranking in RANKINGS:
         rows = heads[heads.variant == ranking]
@@ -521,9 +526,12 @@ def causal_groups(heads, k: int, draws: int, seed: int) -> dict[tuple[str, str],
         (int(a), int(b))
         for a, b in zip(heads.layer[heads.variant == "sink-free"], heads["head"][heads.variant == "sink-free"])
     ]
-    for g, group in enumerate(("symbolic", "positional")):
-        for i, draw in enumerate(matched_random(every, out[("sink-free", group)], draws, seed=seed + 31 * g + k)):
-            out[("sink-free", f"{RANDOM}:{group}:{i}")] = draw
+    for r, ranking in enumerate(RANKINGS):
+        for g, group in enumerate(("symbolic", "positional")):
+            # the sink-free pools keep the seeds they always had (same draws as before for the same heads)
+            drawn = matched_random(every, out[(ranking, group)], draws, seed=seed + 31 * g + k + 1009 * r, kinds=kinds)
+            for i, draw in enumerate(drawn):
+                out[(ranking, f"{RANDOM}:{group}:{i}")] = draw
     return out
 
 
@@ -536,6 +544,7 @@ def causal_rows(
     seed: int,
     clean=None,
     progress=None,
+    kinds: dict | None = None,
 ):
     """Per (condition, factor, prompt) whether the answer is right: the clean model (k = 0, group 'none')
     and every ablation of `causal_groups` for each k and mode, every length of a question through one
@@ -545,7 +554,7 @@ def causal_rows(
 
     chosen = {f: prompts[f][: config.n_causal] for f in sorted(config.causal_factors)}
     workers = cpu_workers(config.workers, model)
-    every_group = {k: causal_groups(heads, k, config.causal_draws, seed) for k in config.causal_ks}
+    every_group = {k: causal_groups(heads, k, config.causal_draws, seed, kinds=kinds) for k in config.causal_ks}
     means = None
     if "mean" in config.causal_modes:
         needed = sorted({h for groups in every_group.values() for hs in groups.values() for h in hs})
@@ -598,17 +607,20 @@ def causal_rows(
     return pd.DataFrame(rows)
 
 
-def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
-    """Drops and length effects per ablated group, against its layer-matched random heads.
+def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0, effect: float = 0.1):
+    """Drops and length effects per ablated group, against its own layer-matched random heads.
 
     rows: `causal_rows`. Per (k, mode, ranking, group, length): acc, drop = acc clean - acc ablated,
     effect = drop(L) - drop(base), each with a paired-bootstrap 95% interval over prompts (the random
     pools average their draws per prompt first); for the named groups also, against the random pool
-    matched to the sink-free group of that name: drop_vs_random (the group's drop minus the pool's, with
-    interval; drop_separated when it excludes 0: the heads matter at that length), vs_random (the same
-    for the length effect; separated when its interval excludes 0: the heads matter MORE at length L
-    than at the base length, beyond random heads) and needed (the prompt count that would separate the
-    length effects at the measured difference)."""
+    drawn for that ranking and group: drop_vs_random (the group's drop minus the pool's mean drop, with
+    interval), p_drop (randomization p of the group's drop among the draws' drops), vs_random and p_effect
+    (the same for the length effect, from the second length on), p_floor = 1 / (draws + 1), the smallest p
+    the draws allow. Holm runs over every p of one (k, mode): p_drop_holm, p_effect_holm, family.
+    drop_separated / separated: Holm-adjusted p < 0.05 and the bootstrap interval on the same side of 0.
+    mde_drop / mde_effect: the difference detectable over prompts with 80% power at 0.05 / family (from
+    the per-prompt spread of the difference, ddof 1); needed_drop / needed: prompts for `effect` at that
+    level (the random side's draws averaged per prompt)."""
     import pandas as pd
 
     clean = rows[rows.group == "none"].pivot_table(index="prompt", columns="factor", values="correct", aggfunc="mean")
@@ -619,17 +631,23 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
     def boot(matrix):  # [P, F] per-prompt values -> point [F], samples [B, F]
         return matrix.mean(0), weights @ matrix / n
 
-    c_point, c_boot = boot(clean[factors].to_numpy(dtype=float))
+    clean_matrix = clean[factors].to_numpy(dtype=float)  # [P, F]
+    c_point, c_boot = boot(clean_matrix)
     length_of = rows.drop_duplicates("factor").set_index("factor")["length"].to_dict()
     ablations = rows[rows.group != "none"]
     stats: dict[tuple, tuple] = {}
     out = []
     for (k, mode, ranking, group), g in ablations.groupby(["k", "mode", "ranking", "group"], sort=False):
         per_prompt = g.pivot_table(index="prompt", columns="factor", values="correct", aggfunc="mean")
-        a_point, a_boot = boot(per_prompt.reindex(index=prompts, columns=factors).to_numpy(dtype=float))
+        matrix = per_prompt.reindex(index=prompts, columns=factors).to_numpy(dtype=float)  # [P, F]
+        a_point, a_boot = boot(matrix)
         drop, drop_boot = c_point - a_point, c_boot - a_boot
-        effect, effect_boot = drop - drop[0], drop_boot - drop_boot[:, :1]
-        stats[(k, mode, ranking, group)] = (effect, effect_boot, drop, drop_boot)
+        effect_, effect_boot = drop - drop[0], drop_boot - drop_boot[:, :1]
+        per_draw = None
+        if group.startswith(RANDOM):  # each draw's drop and length effect over all prompts: the null
+            draws = g.pivot_table(index="draw", columns="factor", values="correct", aggfunc="mean")
+            per_draw = c_point[None, :] - draws.reindex(columns=factors).to_numpy(dtype=float)  # [D, F]
+        stats[(k, mode, ranking, group)] = (effect_, effect_boot, drop, drop_boot, clean_matrix - matrix, per_draw)
         dlo, dhi = percentile_interval(drop_boot)
         elo, ehi = percentile_interval(effect_boot)
         for j, factor in enumerate(factors):
@@ -646,7 +664,7 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
                     "drop": float(drop[j]),
                     "drop_lo": float(dlo[j]),
                     "drop_hi": float(dhi[j]),
-                    "effect": float(effect[j]),
+                    "effect": float(effect_[j]),
                     "effect_lo": float(elo[j]),
                     "effect_hi": float(ehi[j]),
                     "draws": int(g.draw.nunique()) if group.startswith(RANDOM) else 1,
@@ -658,17 +676,19 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
         "drop_vs_random",
         "drop_vs_random_lo",
         "drop_vs_random_hi",
-        "drop_separated",
+        "p_drop",
         "vs_random",
         "vs_random_lo",
         "vs_random_hi",
-        "separated",
-        "needed",
+        "p_effect",
+        "p_floor",
+        "sd_drop",
+        "sd_effect",
     )
     for column in columns:
-        table[column] = None
+        table[column] = np.nan
     for i, row in table.iterrows():
-        pool = (row.k, row["mode"], "sink-free", f"{RANDOM}:{row.group}")
+        pool = (row.k, row["mode"], row.ranking, f"{RANDOM}:{row.group}")
         if row.group.startswith(RANDOM) or pool not in stats:
             continue
         j = factors.index(row.factor)
@@ -677,19 +697,51 @@ def causal_table(rows, *, n_boot: int = N_BOOT, seed: int = 0):
         dlo, dhi = percentile_interval(drop_boot)
         diff, diff_boot = mine[0][j] - theirs[0][j], mine[1][:, j] - theirs[1][:, j]
         lo, hi = percentile_interval(diff_boot)
-        separated = bool(lo > 0 or hi < 0) if j > 0 else None
-        needed = None if j == 0 or separated else needed_prompts(n, diff, float(np.std(diff_boot)))
+        null = theirs[5]  # [D, F] the draws' drops
+        per_prompt_drop = mine[4][:, j] - theirs[4][:, j]  # [P]: group's drop minus the pool's mean drop
+        per_prompt_effect = per_prompt_drop - (mine[4][:, 0] - theirs[4][:, 0])
         table.loc[i, list(columns)] = [
             float(drop_diff),
             float(dlo),
             float(dhi),
-            bool(dlo > 0 or dhi < 0),
-            float(diff),
-            float(lo),
-            float(hi),
-            separated,
-            needed,
+            randomization_p(float(mine[2][j]), null[:, j]),
+            float(diff) if j > 0 else np.nan,
+            float(lo) if j > 0 else np.nan,
+            float(hi) if j > 0 else np.nan,
+            randomization_p(float(mine[0][j]), null[:, j] - null[:, 0]) if j > 0 else np.nan,
+            1.0 / (len(null) + 1),
+            float(np.std(per_prompt_drop, ddof=1)),
+            float(np.std(per_prompt_effect, ddof=1)) if j > 0 else np.nan,
         ]
+    for column in ("p_drop_holm", "p_effect_holm", "mde_drop", "mde_effect"):
+        table[column] = np.nan
+    table["family"] = 0
+    for column in ("drop_separated", "separated", "needed_drop", "needed"):
+        table[column] = None
+    for _, part in table.groupby(["k", "mode"], sort=False):
+        both = np.concatenate([part.p_drop.to_numpy(), part.p_effect.to_numpy()])
+        adjusted = holm(both)
+        family = int(np.sum(~np.isnan(both)))
+        level = ALPHA / max(family, 1)
+        table.loc[part.index, "p_drop_holm"] = adjusted[: len(part)]
+        table.loc[part.index, "p_effect_holm"] = adjusted[len(part) :]
+        table.loc[part.index, "family"] = family
+        for i in part.index:
+            row = table.loc[i]
+            if np.isnan(row.p_drop):
+                continue
+            table.at[i, "drop_separated"] = bool(
+                row.p_drop_holm < ALPHA and (row.drop_vs_random_lo > 0 or row.drop_vs_random_hi < 0)
+            )
+            table.at[i, "mde_drop"] = detectable_effect(row.sd_drop, n, alpha=level)
+            table.at[i, "needed_drop"] = prompts_for_effect(row.sd_drop, effect, alpha=level)
+            if np.isnan(row.p_effect):
+                continue
+            table.at[i, "separated"] = bool(
+                row.p_effect_holm < ALPHA and (row.vs_random_lo > 0 or row.vs_random_hi < 0)
+            )
+            table.at[i, "mde_effect"] = detectable_effect(row.sd_effect, n, alpha=level)
+            table.at[i, "needed"] = prompts_for_effect(row.sd_effect, effect, alpha=level)
     return table
 
 

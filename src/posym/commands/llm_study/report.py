@@ -450,10 +450,12 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                     stem,
                     out,
                     f"Head retention, {layout}, {ranking} labels",
-                    "Median over a group's heads of (mean at L / mean at the base length) of the "
-                    "top-1 minus top-2 logit and of the attention on the key the head attended at "
-                    "the base length; dashed: layer-matched random heads; bands: paired prompt "
-                    f"bootstrap 95% over {int(rows.prompts.iloc[0])} prompts.",
+                    "Per group of heads (sink-tracking heads apart), the attention it keeps on the "
+                    "answer-bearing key and on each head's base-length top key with the sinks left out "
+                    "(summed over the group at L / summed at the base length; a key outside a window "
+                    "counts as lost), and the median head's top-1 minus top-2 logit retention; dashed: "
+                    "random heads matched on layer and layer kind; bands: paired prompt bootstrap 95% "
+                    f"over {int(rows.prompts.iloc[0])} prompts.",
                 )
             )
         moves = out / "lengths" / "label_moves.parquet"
@@ -480,24 +482,22 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                 )
             )
         if len(groups):
-            longest = groups[groups.length == groups.length.max()]
+            longest = groups[(groups.length == groups.length.max()) & ~groups.group.str.startswith("random")]
+            kept["texts"].append(
+                "At the longest length, every group against its own random heads: p_random is the "
+                "randomization p over the draws, p_holm its Holm adjustment over the family of one "
+                "(layout, ranking, measure); a verdict needs p_holm < 0.05 and the prompt-bootstrap "
+                "interval of diff on the same side of 0; mde: the difference detectable over prompts "
+                "with 80% power at the family's level."
+            )
+            columns = ["layout", "ranking", "measure", "group", "length", "value", "lo", "hi", "level", "heads"]
+            columns += [
+                c
+                for c in ("null_median", "diff", "diff_lo", "diff_hi", "p_random", "p_holm", "verdict", "mde")
+                if c in longest
+            ]
             kept["tables"].append(
-                _table(
-                    longest,
-                    [
-                        "layout",
-                        "ranking",
-                        "measure",
-                        "group",
-                        "length",
-                        "value",
-                        "lo",
-                        "hi",
-                        "heads",
-                        "draws",
-                        "prompts",
-                    ],
-                )
+                _table(longest.assign(verdict=longest.get("verdict", "").astype(str)), columns + ["draws", "prompts"])
             )
         else:
             kept["texts"].append("No head has a positional, symbolic or mixed label here, so there are no groups.")
@@ -515,11 +515,13 @@ def _prediction_sections(out: Path, section) -> list[dict]:
         )
         named = table[~table.group.str.startswith("random")]
         causal["texts"].append(
-            "drop_separated: the 95% interval of (group's drop - its random heads' drop) at that "
-            "length excludes 0 (the heads matter there beyond random ones); separated: the same for "
-            "the length effect drop(L) - drop(base) (they matter MORE at L than at the base length); "
-            "needed: the prompt count that would separate the length effects if the measured "
-            "difference held."
+            "Each group against its own random heads (matched on layer and layer kind): p_drop is the "
+            "randomization p of its drop among the draws' drops, p_effect that of the length effect "
+            "drop(L) - drop(base); Holm over every p of one (k, mode). drop_separated / separated: the "
+            "Holm-adjusted p below 0.05 and the prompt-bootstrap interval on the same side of 0. p_floor "
+            "= 1 / (draws + 1) is the smallest p the draws allow: with p_floor * family above 0.05 "
+            "nothing can be separated. mde_effect: the length-effect difference detectable with 80% "
+            "power; needed: the prompts a 0.1 difference would need."
         )
         causal["tables"].append(
             _table(
@@ -537,6 +539,7 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                     "acc",
                     "drop",
                     "drop_vs_random",
+                    "p_drop_holm",
                     "drop_separated",
                     "effect",
                     "effect_lo",
@@ -544,7 +547,11 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                     "vs_random",
                     "vs_random_lo",
                     "vs_random_hi",
+                    "p_effect",
+                    "p_effect_holm",
+                    "p_floor",
                     "separated",
+                    "mde_effect",
                     "needed",
                     "prompts",
                 ],
