@@ -597,20 +597,18 @@ def test_committed_lengths_tables():
 
 
 def test_committed_causal_table():
-    table = _committed("causal", "causal_summary")
+    """The withdrawn causal run (10 draws, no Holm: its 'separated' cannot stand), kept as it was measured;
+    its prompts are those of the lengths stage before issue 50 (which now builds every layout at one length)."""
+    table = _committed("causal-withdrawn", "causal_summary")
     named = table[~table.group.str.startswith("random")]
     assert set(named.group) == {"symbolic", "positional"} and set(named.ranking) == {"sink-free", "plain"}
     longer = named[named.factor > 1]
     assert longer.separated.notna().all() and (longer.separated.astype(bool) | longer.needed.notna()).all()
     assert (table[table.group.str.startswith("random")].draws == 10).all()
-    assert set(table.factor) == set(prompt_sets.FACTORS)  # every length of the lengths stage
-    rows = _committed("causal", "causal")
+    assert set(table.factor) == set(prompt_sets.FACTORS)
+    rows = _committed("causal-withdrawn", "causal")
     clean = rows[rows.group == "none"].groupby("factor").correct.mean()
     assert np.allclose(table.groupby("factor").acc_clean.first().loc[clean.index], clean)
-    # the clean model's rows are the lengths stage's own 'between' answers on the same prompts
-    acc = _committed("lengths", "accuracy")
-    same = acc[(acc.layout == "between") & (acc.prompt < table.prompts.iloc[0])].set_index(["factor", "prompt"]).correct
-    assert (rows[rows.group == "none"].set_index(["factor", "prompt"]).correct.sort_index() == same.sort_index()).all()
 
 
 def test_powered_preset_is_a_study_config_whose_causal_draws_can_pass_holm():
@@ -624,3 +622,85 @@ def test_powered_preset_is_a_study_config_whose_causal_draws_can_pass_holm():
     p = study.prediction
     family = 2 * 2 * (len(p.causal_factors) + len(p.causal_factors) - 1)
     assert family / (p.causal_draws + 1) < 0.05 and p.draws >= 1000 and p.n_heads >= 32
+
+
+# ---- the corrected verdicts (issue 50): committed lengths tables of both real models ---------------
+
+STUDIES = {
+    "smollm2": RESULTS,
+    "gemma3": RESULTS.parent / "llm-study-gemma3",
+}
+
+
+@pytest.fixture(params=sorted(STUDIES))
+def lengths_dir(request):
+    return STUDIES[request.param] / "lengths"
+
+
+def test_committed_group_retention_tests_follow_from_their_numbers(lengths_dir):
+    """Every named group is tested against its own pool of >= 1,000 random draws; p_random respects the
+    draws' floor, p_holm is Holm over each (layout, ranking, measure), and every verdict is what p_holm and
+    the bootstrap interval of diff say: a changed number that no longer supports its verdict fails here."""
+    groups = pd.read_parquet(lengths_dir / "group_retention.parquet")
+    info = json.loads((lengths_dir / "lengths.json").read_text())
+    assert {"attn_answer", "attn_tracked", "margin"} <= set(groups.measure)
+    pools = groups[groups.group.str.startswith("random:")]
+    assert (pools.draws >= 1000).all() and info["draws"] >= 1000
+    tested = groups[groups.p_random.notna()]
+    assert len(tested) and (tested.p_random >= 1 / (1 + pools.draws.max()) - 1e-12).all()
+    for _, family in groups.groupby(["layout", "ranking", "measure"]):
+        np.testing.assert_allclose(family.p_holm, stats.holm(family.p_random), rtol=0, atol=1e-12)
+        assert (family.family[family.p_random.notna()] == family.p_random.notna().sum()).all()
+    for row in tested.itertuples():
+        side = row.diff_lo > 0 if row.diff > 0 else row.diff_hi < 0
+        expect = (
+            ("keeps more than random" if row.diff > 0 else "loses more than random")
+            if (row.p_holm < 0.05 and side)
+            else "not separated"
+        )
+        assert row.verdict == expect, (row.layout, row.ranking, row.measure, row.group, row.length)
+        assert row.mde >= 0 and row.needed >= 2  # 0 where a group and its draws lost everything (no spread)
+    base = groups[groups.length == groups.groupby("layout").length.transform("min")]
+    assert np.allclose(base.value.dropna(), 1.0) and base.p_random.isna().all()
+
+
+def test_committed_groups_keep_sinks_apart_and_count_their_heads(lengths_dir):
+    """Sink-tracking heads are their own group and in no label group; each group's head count is what
+    the labels give; where a model has local and global layers, groups are also reported per kind."""
+    groups = pd.read_parquet(lengths_dir / "group_retention.parquet")
+    heads = pd.read_parquet(lengths_dir / "heads.parquet")
+    info = json.loads((lengths_dir / "lengths.json").read_text())
+    for layout, sinks in info["sink_heads"].items():
+        sinks = {tuple(h) for h in sinks}
+        for ranking, rows in groups[groups.layout == layout].groupby("ranking"):
+            labels = heads[(heads.layout == "between") & (heads.variant == ranking)]
+            for label in ("positional", "symbolic", "mixed"):
+                want = sum(
+                    (int(a), int(b)) not in sinks
+                    for a, b in zip(labels.layer[labels.label == label], labels["head"][labels.label == label])
+                )
+                got = rows[rows.group == label].heads.unique()
+                assert (want == 0 and len(got) == 0) or list(got) == [want], (layout, ranking, label)
+            if sinks:
+                assert list(rows[rows.group == "sink"].heads.unique()) == [len(sinks)]
+    kinds = info["layer_kinds"]
+    named = {g for g in groups.group if not g.startswith("random:")}
+    if kinds:
+        assert {g.split("@")[1] for g in named if "@" in g} == set(kinds.values())
+    else:
+        assert not any("@" in g for g in named)
+
+
+def test_committed_accuracy_tests_are_exact_mcnemar_with_holm(lengths_dir):
+    tests = pd.read_parquet(lengths_dir / "accuracy_tests.parquet")
+    accuracy = pd.read_parquet(lengths_dir / "accuracy.parquet")
+    for row in tests.itertuples():
+        a = accuracy[(accuracy.layout == row.layout_a) & (accuracy.factor == row.factor_a)].set_index("prompt").correct
+        b = accuracy[(accuracy.layout == row.layout_b) & (accuracy.factor == row.factor_b)].set_index("prompt").correct
+        assert row.only_a == int((a & ~b).sum()) and row.only_b == int((~a & b).sum()) and row.n == len(a)
+        assert row.p == pytest.approx(stats.mcnemar_p(row.only_a, row.only_b), abs=1e-15)
+        assert row.diff == pytest.approx(a.mean() - b.mean(), abs=1e-12)
+    np.testing.assert_allclose(tests.p_holm, stats.holm(tests.p), atol=1e-12)
+    assert (tests.separated == (tests.p_holm < 0.05)).all() and (tests.family == len(tests)).all()
+    lengths = accuracy.groupby(["layout", "factor"]).length.first().unstack("layout")
+    assert (lengths.nunique(axis=1) == 1).all()  # every layout at the same lengths: markers compared fairly

@@ -510,10 +510,15 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     accuracy = pd.concat(accuracy, ignore_index=True)
     summary = prediction.accuracy_rows(accuracy, ["layout", "factor", "length"])
     tests = prediction.accuracy_tests(accuracy, effect=settings.accuracy_effect)
-    scores, sinks = {}, {}
-    for layout in ("between", "marked"):
-        scores[layout], sinks[layout] = prediction.score_heads(
-            loaded.model, layouts[layout][1][: settings.n_scores], gamma=config.gammas[0], tau=config.tau
+    scored = {layout: layouts[layout][1][: settings.n_scores] for layout in ("between", "marked")}
+    plain = {layout: prediction.plain_scores(loaded.model, ps, tau=config.tau) for layout, ps in scored.items()}
+    sinks = {layout: find_sinks(frame) for layout, frame in plain.items()}
+    # the sink is the model's: a key found as the sink of either prompt set is left out of both
+    used = sorted(set().union(*map(set, sinks.values())))
+    scores = {}
+    for layout, prompts in scored.items():
+        scores[layout], _ = prediction.score_heads(
+            loaded.model, prompts, gamma=config.gammas[0], tau=config.tau, plain=plain[layout], sinks=used
         )
         progress(1)
     kinds = prediction.layer_kinds(loaded.model)
@@ -521,12 +526,10 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     for layout in ("between", "before"):
         # the sinks found on the base prompts' scores (token 0 on both models) are the keys the free top key
         # never is; the same token sits at the same place in both layouts (the filler of 'before' follows it)
-        measures = prediction.measures_by_length(
-            loaded.model, layouts[layout], settings.n_heads, sinks=sinks["between"]
-        )
+        measures = prediction.measures_by_length(loaded.model, layouts[layout], settings.n_heads, sinks=used)
         measured.append(measures.assign(layout=layout))
         base = layouts[layout][1][0].length
-        sink_sets[layout] = prediction.sink_heads(measures[measures.factor == 1], sinks["between"])
+        sink_sets[layout] = prediction.sink_heads(measures[measures.factor == 1], used)
         for variant in ("sink-free", "plain"):
             labels = scores["between"][scores["between"].variant == variant][
                 ["layer", "head", "label", "s_pos", "s_sym"]
@@ -566,6 +569,7 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
         {
             "format": chosen["format"],
             "sinks": sinks,
+            "sinks_left_out": used,
             "sink_heads": {k: [list(h) for h in v] for k, v in sink_sets.items()},
             "layer_kinds": kinds,
             "base_lengths": {k: v[1][0].length for k, v in layouts.items()},

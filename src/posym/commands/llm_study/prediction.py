@@ -336,14 +336,22 @@ def families(fmt: str, config: PredictionConfig) -> dict[str, LengthFamily]:
     }
 
 
-def score_heads(model, prompts: list[LengthPrompt], *, gamma: float = GAMMA, tau: float = TAU):
+def plain_scores(model, prompts: list[LengthPrompt], *, tau: float = TAU):
+    """Every head's scores (rows of `score_model`) at the last token of base-length prompts, every key swapped."""
+    return score_model(model, [p.ids for p in prompts], [[p.query] for p in prompts], tau=tau)
+
+
+def score_heads(model, prompts: list[LengthPrompt], *, gamma: float = GAMMA, tau: float = TAU, plain=None, sinks=None):
     """Every head's plain and sink-free scores at the last token of base-length prompts: rows of
-    `summarize_heads` with a `variant` column ('plain', 'sink-free') and the sinks found."""
+    `summarize_heads` with a `variant` column ('plain', 'sink-free') and the sinks left out. plain: the
+    prompts' `plain_scores` when already computed; sinks: the keys to leave out (default: those
+    `find_sinks` finds on these prompts; a caller that scores several prompt sets of one model passes the
+    sinks found on any of them, since the sink is the model's, not one prompt set's)."""
     import pandas as pd
 
+    plain = plain_scores(model, prompts, tau=tau) if plain is None else plain
+    sinks = find_sinks(plain) if sinks is None else list(sinks)
     ids, queries = [p.ids for p in prompts], [[p.query] for p in prompts]
-    plain = score_model(model, ids, queries, tau=tau)
-    sinks = find_sinks(plain)
     free = score_model(model, ids, queries, tau=tau, exclude_keys=sinks) if sinks else plain
     heads = pd.concat(
         [

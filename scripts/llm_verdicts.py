@@ -1,0 +1,126 @@
+"""Issue 50's real-model verdicts, printed from the committed lengths tables of `posym llm-study`.
+
+For each real model (docs/results/llm-study*/lengths/), the block of docs/results.md between
+`<!-- llm-verdicts:begin -->` and `<!-- llm-verdicts:end -->` (`--write FILE` rewrites it):
+
+- head retention at the longest length (16x), 'between' layout (the fact-to-question distance grows),
+  heads labelled by their sink-free scores: per group (its head count; the sink-tracking heads apart;
+  Gemma's local and global layers apart) the share of its base-length attention it keeps on the
+  answer-bearing key and on its own base top key with the sinks left out, with the paired prompt
+  bootstrap 95% interval, the median of its 1,000 matched random draws, the Holm-adjusted randomization
+  p, the verdict and the minimal detectable difference (80% power at the Holm family's level);
+- the paired accuracy tests (exact McNemar on the same questions, Holm over the table).
+
+Nothing is computed here that the tables do not hold: tests/test_prediction.py checks the block
+against this script's output and the verdicts against their numbers.
+
+    python scripts/llm_verdicts.py [--write docs/results.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- llm-verdicts:begin -->", "<!-- llm-verdicts:end -->"
+MODELS = {
+    "SmolLM2-135M-Instruct": ROOT / "docs" / "results" / "llm-study",
+    "Gemma 3 270M": ROOT / "docs" / "results" / "llm-study-gemma3",
+}
+MEASURE_NAMES = {"attn_answer": "answer key", "attn_tracked": "own top key, sinks left out", "margin": "margin"}
+
+
+def _p(value: float) -> str:
+    return "-" if pd.isna(value) else (f"{value:.3f}" if value >= 0.001 else f"{value:.1e}")
+
+
+def retention_rows(lengths: Path, *, layout: str = "between", ranking: str = "sink-free") -> list[str]:
+    """Markdown rows: one per (measure, group) at the longest length."""
+    groups = pd.read_parquet(lengths / "group_retention.parquet")
+    longest = groups.length.max()
+    at = groups[
+        (groups.layout == layout)
+        & (groups.ranking == ranking)
+        & (groups.length == longest)
+        & ~groups.group.str.startswith("random:")
+        & groups.measure.isin(["attn_answer", "attn_tracked"])
+    ]
+    rows = []
+    for measure in ("attn_answer", "attn_tracked"):
+        for r in at[at.measure == measure].itertuples():
+            if pd.isna(r.p_holm):  # over half of the heads: no disjoint random set, no test
+                rows.append(
+                    f"| {MEASURE_NAMES[measure]} | {r.group} | {r.heads} | {r.level:.3f} | {r.value:.2f} "
+                    f"[{r.lo:.2f}, {r.hi:.2f}] | - | - | untested (no disjoint random set) | - |"
+                )
+                continue
+            rows.append(
+                f"| {MEASURE_NAMES[measure]} | {r.group} | {r.heads} | {r.level:.3f} | {r.value:.2f} "
+                f"[{r.lo:.2f}, {r.hi:.2f}] | {r.null_median:.2f} | {_p(r.p_holm)} (of {r.family}) | "
+                f"{r.verdict} | {r.mde:.2f} |"
+            )
+    return rows
+
+
+def accuracy_rows(lengths: Path) -> list[str]:
+    tests = pd.read_parquet(lengths / "accuracy_tests.parquet")
+    return [
+        f"| {r.comparison} | {r.n} | {r.acc_a:.2f} vs {r.acc_b:.2f} | {r.only_a} / {r.only_b} | {_p(r.p)} | "
+        f"{_p(r.p_holm)} | {'yes' if r.separated else 'no'} | {r.mde:.2f} |"
+        for r in tests.itertuples()
+    ]
+
+
+def block() -> str:
+    lines = [BEGIN]
+    for model, study in MODELS.items():
+        lengths = study / "lengths"
+        groups = pd.read_parquet(lengths / "group_retention.parquet")
+        longest, base = groups.length.max(), groups.length.min()
+        prompts = int(groups.prompts.iloc[0])
+        draws = int(groups[groups.group.str.startswith("random:")].draws.max())
+        lines += [
+            "",
+            f"**{model}**, head retention at {longest:,} tokens (16x the base {base}), distractors between the "
+            f"facts and the question, sink-free labels, {prompts} prompts, {draws:,} matched random draws per group "
+            f"(docs/results/{study.name}/lengths/group_retention.parquet):",
+            "",
+            "| measure | group | heads | attention at 16x | kept (pooled) [95%] | random median | Holm p "
+            "(family) | verdict | MDE |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *retention_rows(lengths),
+            "",
+            f"{model}, paired accuracy tests (exact McNemar on the same questions, Holm over the table; MDE: "
+            "the accuracy difference detectable with 80% power at the family's level):",
+            "",
+            "| comparison | n | accuracy | right only in a / only in b | p | Holm p | separated | MDE |",
+            "|---|---|---|---|---|---|---|---|",
+            *accuracy_rows(lengths),
+        ]
+    return "\n".join([*lines, "", END])
+
+
+def write(path: Path) -> None:
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        sys.exit(f"{path} has no {BEGIN} ... {END} block")
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(head + block() + rest.split(END, 1)[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", type=Path, help="rewrite the llm-verdicts block of this Markdown file")
+    args = parser.parse_args()
+    if args.write:
+        write(args.write)
+    else:
+        print(block())
+
+
+if __name__ == "__main__":
+    main()
