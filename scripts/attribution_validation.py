@@ -8,7 +8,7 @@ plus the top-8 heads by mean AtP and by mean AtP* ablated together. Each chunk i
 $HOME/posym-runs/attribution/<model>/<factor>x/ as soon as it is done (resumable: done chunks are skipped).
 
 `collect`: the chunks -> docs/results/attribution/{heads,groups}_<model>_<factor>x.parquet (per prompt and
-head / group) and summary.parquet (`posym.commands.attribute.validation_summary`).
+head / group), summary.parquet and groups_summary.parquet (`posym.commands.attribute.validation_summary`).
 
     OMP_WAIT_POLICY=PASSIVE nice -n 10 python scripts/attribution_validation.py run smollm2-135m:1:50 ...
     python scripts/attribution_validation.py collect
@@ -106,12 +106,12 @@ def run_job(name: str, factor: int, n: int) -> None:
 
 def collect() -> None:
     import pandas as pd
-    from posym.commands.attribute import validation_summary
 
+    from posym.commands.attribute import validation_summary
     from posym.io import write_parquet
 
     OUT.mkdir(parents=True, exist_ok=True)
-    summaries = []
+    summaries, group_summaries = [], []
     for model_dir in sorted(p for p in RUNS.iterdir() if p.is_dir()):
         for job in sorted(p for p in model_dir.iterdir() if p.is_dir()):
             chunks = [np.load(c) for c in sorted(job.glob("chunk*.npz"))]
@@ -152,12 +152,14 @@ def collect() -> None:
             heads_frame = pd.concat(heads, ignore_index=True)
             groups_frame = pd.concat(groups, ignore_index=True)
             tag = f"{model_dir.name}_{job.name}"
-            write_parquet(heads_frame, OUT / f"heads_{tag}.parquet")
-            write_parquet(groups_frame, OUT / f"groups_{tag}.parquet")
-            summaries.append(
-                validation_summary(heads_frame, groups_frame).assign(model=model_dir.name, factor=int(job.name[:-1]))
-            )
-    write_parquet(pd.concat(summaries, ignore_index=True), OUT / "summary.parquet")
+            write_parquet(OUT / f"heads_{tag}.parquet", heads_frame)
+            write_parquet(OUT / f"groups_{tag}.parquet", groups_frame)
+            single, grouped = validation_summary(heads_frame, groups_frame)
+            where = {"model": model_dir.name, "factor": int(job.name[:-1])}
+            summaries.append(single.assign(**where))
+            group_summaries.append(grouped.assign(**where))
+    write_parquet(OUT / "summary.parquet", pd.concat(summaries, ignore_index=True))
+    write_parquet(OUT / "groups_summary.parquet", pd.concat(group_summaries, ignore_index=True))
 
 
 def main() -> None:
