@@ -8,7 +8,8 @@ plus the top-8 heads by mean AtP and by mean AtP* ablated together. Each chunk i
 $HOME/posym-runs/attribution/<model>/<factor>x/ as soon as it is done (resumable: done chunks are skipped).
 
 `collect`: the chunks -> docs/results/attribution/{heads,groups}_<model>_<factor>x.parquet (per prompt and
-head / group), summary.parquet and groups_summary.parquet (`posym.commands.attribute.validation_summary`).
+head / group), summary.parquet and groups_summary.parquet (`posym.commands.attribute.validation_summary`),
+and the generated tables of docs/attribution.md (with the benchmark's, docs/benchmarks/attribution_speed.json).
 
     OMP_WAIT_POLICY=PASSIVE nice -n 10 python scripts/attribution_validation.py run smollm2-135m:1:50 ...
     python scripts/attribution_validation.py collect
@@ -17,7 +18,9 @@ head / group), summary.parquet and groups_summary.parquet (`posym.commands.attri
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import random
 import time
 from pathlib import Path
@@ -27,6 +30,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = Path(os.environ.get("POSYM_RUNS", Path.home() / "posym-runs")) / "attribution"
 OUT = ROOT / "docs" / "results" / "attribution"
+DOC = ROOT / "docs" / "attribution.md"
+SPEED = ROOT / "docs" / "benchmarks" / "attribution_speed.json"
 REFERENCE = 50
 """Prompts of each length whose per-position mean is the mean-ablation reference."""
 K = 8
@@ -107,7 +112,7 @@ def run_job(name: str, factor: int, n: int) -> None:
 def collect() -> None:
     import pandas as pd
 
-    from posym.commands.attribute import validation_summary
+    from posym.commands.attribute import speed_markdown, validation_markdown, validation_summary
     from posym.io import write_parquet
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -158,8 +163,22 @@ def collect() -> None:
             where = {"model": model_dir.name, "factor": int(job.name[:-1])}
             summaries.append(single.assign(**where))
             group_summaries.append(grouped.assign(**where))
-    write_parquet(OUT / "summary.parquet", pd.concat(summaries, ignore_index=True))
-    write_parquet(OUT / "groups_summary.parquet", pd.concat(group_summaries, ignore_index=True))
+    summary = pd.concat(summaries, ignore_index=True)
+    group_summary = pd.concat(group_summaries, ignore_index=True)
+    write_parquet(OUT / "summary.parquet", summary)
+    write_parquet(OUT / "groups_summary.parquet", group_summary)
+    tables = {"attribution-validation": validation_markdown(summary, group_summary)}
+    if SPEED.exists():
+        tables["attribution-speed"] = speed_markdown(json.loads(SPEED.read_text()))
+    text = DOC.read_text(encoding="utf-8")
+    for name, table in tables.items():
+        text = re.sub(
+            rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)",
+            lambda m, t=table: m.group(1) + t + "\n" + m.group(2),
+            text,
+            flags=re.S,
+        )
+    DOC.write_text(text, encoding="utf-8")
 
 
 def main() -> None:

@@ -92,7 +92,7 @@ def head_table(effects):
     >>> e = pd.DataFrame({"factor": 1, "prompt": [0, 0, 1, 1], "layer": 0, "head": [0, 1, 0, 1],
     ...                   "effect": [1.0, -3.0, 3.0, -1.0], "magnitude": [1.0, 3.0, 3.0, 1.0]})
     >>> head_table(e)[["head", "effect", "sd", "rank"]].values.tolist()
-    [[0, 2.0, 1.4142135623730951, 1], [1, -2.0, 1.4142135623730951, 2]]
+    [[0.0, 2.0, 1.4142135623730951, 1.0], [1.0, -2.0, 1.4142135623730951, 2.0]]
     """
     grouped = effects.groupby(["factor", "layer", "head"], sort=True)
     table = grouped.agg(
@@ -174,3 +174,70 @@ def validation_summary(heads, groups):
             }
         )
     return pd.DataFrame(rows), pd.DataFrame(group_rows)
+
+
+# ---- the tables docs/attribution.md shows (generated; tests/test_attribution_results.py compares) -------
+
+
+def _cell(value, digits: int = 2) -> str:
+    return "-" if isinstance(value, float) and math.isnan(value) else f"{value:.{digits}f}"
+
+
+def validation_markdown(summary, group_summary) -> str:
+    """The validation tables of docs/attribution.md from summary.parquet and groups_summary.parquet.
+
+    >>> import pandas as pd
+    >>> s = pd.DataFrame([{"model": "m", "factor": 1, "method": "atp", "n_prompts": 2, "n_heads": 20, "k": 2,
+    ...     "spearman_signed": 0.5, "spearman_abs": 0.25, "spearman_prompt_median": 0.1, "recall_top": 0.5,
+    ...     "recall_top_prompt": 0.5, "false_negatives": "1.0"}])
+    >>> g = pd.DataFrame([{"model": "m", "factor": 1, "kind": "random", "n": 4, "n_groups": 2, "pearson": 0.9,
+    ...     "spearman": 0.8, "mean_exact": -1.0, "mean_estimate": -0.5, "slope": 1.9}])
+    >>> print(validation_markdown(s, g).splitlines()[2])
+    | m | 1x | 2 | atp | 0.50 | 0.25 | 0.10 | 1/2 (0.50) | 0.50 | 1.0 |
+    """
+    lines = [
+        "| model | length | prompts | method | Spearman, signed | Spearman, magnitude | per-prompt Spearman "
+        "(median) | top-10% recall | per-prompt recall | false negatives (by real effect) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in summary.sort_values(["model", "factor", "method"]).itertuples():
+        hits = round(r.recall_top * r.k)
+        lines.append(
+            f"| {r.model} | {r.factor}x | {r.n_prompts} | {r.method} | {_cell(r.spearman_signed)} | "
+            f"{_cell(r.spearman_abs)} | {_cell(r.spearman_prompt_median)} | {hits}/{r.k} ({r.recall_top:.2f}) | "
+            f"{r.recall_top_prompt:.2f} | {r.false_negatives or 'none'} |"
+        )
+    lines += [
+        "",
+        "| model | length | groups of 8 | prompt x group | Pearson | Spearman | mean real | mean sum of AtP | "
+        "real / estimate (slope) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in group_summary.sort_values(["model", "factor", "kind"]).itertuples():
+        lines.append(
+            f"| {r.model} | {r.factor}x | {r.kind} ({r.n_groups}) | {r.n} | {_cell(r.pearson)} | {_cell(r.spearman)} | "
+            f"{r.mean_exact:.3f} | {r.mean_estimate:.3f} | {_cell(r.slope)} |"
+        )
+    return "\n".join(lines)
+
+
+def speed_markdown(record: dict) -> str:
+    """The benchmark table of docs/attribution.md from docs/benchmarks/attribution_speed.json.
+
+    >>> row = {"model": "m", "heads": 8, "tokens": 56, "forward_s": 0.1, "atp_s": 0.3, "atp_x_forward": 3.0,
+    ...        "atp*_s": 1.0, "atp*_x_forward": 10.0}
+    >>> print(speed_markdown({"machine": {"torch_threads": 1}, "rows": [row]}).splitlines()[2])
+    | m | 56 | 8 | 0.100 | 0.30 (3.0x) | 1.00 (10.0x) | - |
+    """
+    lines = [
+        f"| model | tokens | heads | forward (s) | AtP (s, x forward) | AtP* (s, x forward) | every head ablated "
+        f"(s, x forward) |  <!-- torch threads: {record['machine']['torch_threads']} -->",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in record["rows"]:
+        exhaustive = f"{r['exhaustive_s']:.1f} ({r['exhaustive_x_forward']:.0f}x)" if "exhaustive_s" in r else "-"
+        lines.append(
+            f"| {r['model']} | {r['tokens']} | {r['heads']} | {r['forward_s']:.3f} | {r['atp_s']:.2f} "
+            f"({r['atp_x_forward']:.1f}x) | {r['atp*_s']:.2f} ({r['atp*_x_forward']:.1f}x) | {exhaustive} |"
+        )
+    return "\n".join(lines)

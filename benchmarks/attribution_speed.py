@@ -1,0 +1,99 @@
+"""The cost of every head's effect per prompt (AtP, AtP*) against one forward pass of the same prompt, in one run.
+
+Per model (smollm2-135m: 270 heads, gemma3-270m: 72) and length (the kv-code length task's 56-token base
+prompts, and the same questions padded with filler to 1,024 tokens): the wall time of one no-grad forward
+pass (logits at the last position only, median of REPEATS), of `posym.core.attribution.attribute` on that one
+prompt with method atp and with atp* (zero-ablation, so no reference pass; mean-ablation adds one no-grad
+forward over its reference set, shared by every prompt of that length), each the median of REPEATS, and at
+56 tokens every head ablated alone (`ablation_effects`, one pass), all in one process with the same torch
+threads. -> docs/benchmarks/attribution_speed.json; the ratios are what docs/attribution.md quotes.
+
+    OMP_WAIT_POLICY=PASSIVE nice -n 10 python benchmarks/attribution_speed.py [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks")]
+
+from record import benchmark_header  # noqa: E402
+
+from posym.io import write_json  # noqa: E402
+
+OUT = ROOT / "docs" / "benchmarks" / "attribution_speed.json"
+MODELS = ("smollm2-135m", "gemma3-270m")
+LONG = 1024
+"""The long prompt's length in tokens."""
+REPEATS = 3
+"""Timed repeats of the forward pass and of AtP (median); AtP* and the exhaustive ablation run once."""
+
+
+def timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    import torch
+
+    from posym.core.attribution import ablation_effects, attribute, layout
+    from posym.models import load
+    from posym.prompts import Builder, LengthFamily, build
+
+    torch.set_num_threads(args.threads)
+    load_at_start = os.getloadavg()
+    rows = []
+    for name in MODELS:
+        loaded = load(name)
+        model = loaded.model
+        builder = Builder(loaded.tokenizer)
+        family = LengthFamily("kv-code", factors=[1])
+        short = build(family, builder, 4, seed=0)[1][0]
+        long = build(family, builder, 4, seed=0, base=LONG)[1][0]
+        layers, _, n_head, _ = layout(model)
+        heads = [[(l, h)] for l in range(len(layers)) for h in range(n_head)]
+        for prompt in (short, long):
+            ids = torch.tensor([prompt.ids])
+
+            def forward(ids=ids):
+                with torch.no_grad():
+                    model(input_ids=ids, logits_to_keep=1)
+
+            forward()  # warm-up
+            row = {"model": name, "heads": len(heads), "tokens": len(prompt.ids)}
+            row["forward_s"] = timed(forward, REPEATS)
+            for method, repeats in (("atp", REPEATS), ("atp*", 1)):
+                row[f"{method}_s"] = timed(
+                    lambda method=method, prompt=prompt: attribute(
+                        model, [prompt.ids], [prompt.answer_id], mode="zero", method=method
+                    ),
+                    repeats,
+                )
+                row[f"{method}_x_forward"] = round(row[f"{method}_s"] / row["forward_s"], 2)
+            if prompt is short:
+                row["exhaustive_s"] = timed(
+                    lambda: ablation_effects(model, [short.ids], [short.answer_id], heads, mode="zero"), 1
+                )
+                row["exhaustive_x_forward"] = round(row["exhaustive_s"] / row["forward_s"], 1)
+            print(row, flush=True)
+            rows.append(row)
+    write_json(OUT, {**benchmark_header(args.threads, load_at_start), "rows": rows})
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
