@@ -3,10 +3,13 @@
 Per model (smollm2-135m: 270 heads, gemma3-270m: 72) and length (the kv-code length task's 56-token base
 prompts, and the same questions padded with filler to 1,024 tokens): the wall time of one no-grad forward
 pass (logits at the last position only, median of REPEATS), of `posym.core.attribution.attribute` on that one
-prompt with method atp and with atp* (zero-ablation, so no reference pass; mean-ablation adds one no-grad
-forward over its reference set, shared by every prompt of that length), each the median of REPEATS, and at
-56 tokens every head ablated alone (`ablation_effects`, one pass), all in one process with the same torch
-threads. -> docs/benchmarks/attribution_speed.json; the ratios are what docs/attribution.md quotes.
+prompt with method atp (median of REPEATS, interleaved with the forward passes) and once with atp*
+(zero-ablation, so no reference pass; mean-ablation adds one no-grad forward over its reference set, shared by
+every prompt of that length), and at 56 tokens every head ablated alone (`ablation_effects`, once), all in
+one process with the same torch threads. Times are the process's CPU seconds (`time.process_time`): on a
+machine shared with other jobs, wall time swings with their load (a 56-token forward pass took from 0.05 to
+2 s of wall time in one minute here), CPU time of a one-thread process much less; wall seconds are recorded
+beside them. -> docs/benchmarks/attribution_speed.json; the ratios are what docs/attribution.md quotes.
 
     OMP_WAIT_POLICY=PASSIVE nice -n 10 python benchmarks/attribution_speed.py [--threads 1]
 """
@@ -31,17 +34,15 @@ OUT = ROOT / "docs" / "benchmarks" / "attribution_speed.json"
 MODELS = ("smollm2-135m", "gemma3-270m")
 LONG = 1024
 """The long prompt's length in tokens."""
-REPEATS = 3
+REPEATS = 5
 """Timed repeats of the forward pass and of AtP (median); AtP* and the exhaustive ablation run once."""
 
 
-def timed(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def timed(fn) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one call."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - cpu, time.perf_counter() - wall
 
 
 def main() -> None:
@@ -75,20 +76,30 @@ def main() -> None:
 
             forward()  # warm-up
             row = {"model": name, "heads": len(heads), "tokens": len(prompt.ids)}
-            row["forward_s"] = timed(forward, REPEATS)
-            for method, repeats in (("atp", REPEATS), ("atp*", 1)):
-                row[f"{method}_s"] = timed(
-                    lambda method=method, prompt=prompt: attribute(
-                        model, [prompt.ids], [prompt.answer_id], mode="zero", method=method
-                    ),
-                    repeats,
+            runs = {"forward": [], "atp": []}
+            for _ in range(REPEATS):  # interleaved, so both see the same machine
+                runs["forward"].append(timed(forward))
+                runs["atp"].append(
+                    timed(
+                        lambda prompt=prompt: attribute(
+                            model, [prompt.ids], [prompt.answer_id], mode="zero", method="atp"
+                        )
+                    )
                 )
-                row[f"{method}_x_forward"] = round(row[f"{method}_s"] / row["forward_s"], 2)
+            runs["atp*"] = [
+                timed(
+                    lambda prompt=prompt: attribute(model, [prompt.ids], [prompt.answer_id], mode="zero", method="atp*")
+                )
+            ]
             if prompt is short:
-                row["exhaustive_s"] = timed(
-                    lambda: ablation_effects(model, [short.ids], [short.answer_id], heads, mode="zero"), 1
-                )
-                row["exhaustive_x_forward"] = round(row["exhaustive_s"] / row["forward_s"], 1)
+                runs["exhaustive"] = [
+                    timed(lambda: ablation_effects(model, [short.ids], [short.answer_id], heads, mode="zero"))
+                ]
+            for what, times in runs.items():
+                row[f"{what}_s"] = statistics.median(t[0] for t in times)
+                row[f"{what}_wall_s"] = statistics.median(t[1] for t in times)
+                if what != "forward":
+                    row[f"{what}_x_forward"] = round(row[f"{what}_s"] / row["forward_s"], 2)
             print(row, flush=True)
             rows.append(row)
     write_json(OUT, {**benchmark_header(args.threads, load_at_start), "rows": rows})

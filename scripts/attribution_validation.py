@@ -112,11 +112,11 @@ def run_job(name: str, factor: int, n: int) -> None:
 def collect() -> None:
     import pandas as pd
 
-    from posym.commands.attribute import speed_markdown, validation_markdown, validation_summary
+    from posym.commands.attribute import disagreements, speed_markdown, validation_markdown, validation_summary
     from posym.io import write_parquet
 
     OUT.mkdir(parents=True, exist_ok=True)
-    summaries, group_summaries = [], []
+    summaries, group_summaries, worst = [], [], []
     for model_dir in sorted(p for p in RUNS.iterdir() if p.is_dir()):
         for job in sorted(p for p in model_dir.iterdir() if p.is_dir()):
             chunks = [np.load(c) for c in sorted(job.glob("chunk*.npz"))]
@@ -161,13 +161,15 @@ def collect() -> None:
             write_parquet(OUT / f"groups_{tag}.parquet", groups_frame)
             single, grouped = validation_summary(heads_frame, groups_frame)
             where = {"model": model_dir.name, "factor": int(job.name[:-1])}
+            worst.append(disagreements(heads_frame).assign(**where))
             summaries.append(single.assign(**where))
             group_summaries.append(grouped.assign(**where))
     summary = pd.concat(summaries, ignore_index=True)
     group_summary = pd.concat(group_summaries, ignore_index=True)
     write_parquet(OUT / "summary.parquet", summary)
     write_parquet(OUT / "groups_summary.parquet", group_summary)
-    tables = {"attribution-validation": validation_markdown(summary, group_summary)}
+    worst_frame = pd.concat(worst, ignore_index=True)
+    tables = {"attribution-validation": validation_markdown(summary, group_summary, worst_frame)}
     if SPEED.exists():
         tables["attribution-speed"] = speed_markdown(json.loads(SPEED.read_text()))
     text = DOC.read_text(encoding="utf-8")

@@ -183,7 +183,22 @@ def _cell(value, digits: int = 2) -> str:
     return "-" if isinstance(value, float) and math.isnan(value) else f"{value:.{digits}f}"
 
 
-def validation_markdown(summary, group_summary) -> str:
+def disagreements(heads, n: int = 5):
+    """The n heads whose prompt-mean AtP is farthest from their prompt-mean real effect: layer, head, exact,
+    atp, atp_star (prompt means), gap = atp - exact.
+
+    >>> import pandas as pd
+    >>> h = pd.DataFrame({"prompt": 0, "layer": 0, "head": [0, 1], "exact": [1.0, -2.0], "atp": [1.0, 0.5],
+    ...                   "atp_star": [1.0, 1.5]})
+    >>> disagreements(h, 1)[["head", "gap"]].values.tolist()
+    [[1.0, 2.5]]
+    """
+    means = heads.groupby(["layer", "head"])[["exact", "atp", "atp_star"]].mean().reset_index()
+    means["gap"] = means.atp - means.exact
+    return means.loc[means.gap.abs().sort_values(ascending=False).index[:n]].reset_index(drop=True)
+
+
+def validation_markdown(summary, group_summary, worst=None) -> str:
     """The validation tables of docs/attribution.md from summary.parquet and groups_summary.parquet.
 
     >>> import pandas as pd
@@ -218,6 +233,17 @@ def validation_markdown(summary, group_summary) -> str:
             f"| {r.model} | {r.factor}x | {r.kind} ({r.n_groups}) | {r.n} | {_cell(r.pearson)} | {_cell(r.spearman)} | "
             f"{r.mean_exact:.3f} | {r.mean_estimate:.3f} | {_cell(r.slope)} |"
         )
+    if worst is not None:
+        lines += [
+            "",
+            "| model | length | head | mean real effect | mean AtP | mean AtP* magnitude | AtP - real |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in worst.sort_values(["model", "factor"], kind="stable").itertuples():
+            lines.append(
+                f"| {r.model} | {r.factor}x | {int(r.layer)}.{int(r.head)} | {r.exact:.3f} | {r.atp:.3f} | "
+                f"{r.atp_star:.3f} | {r.gap:+.3f} |"
+            )
     return "\n".join(lines)
 
 
@@ -230,8 +256,8 @@ def speed_markdown(record: dict) -> str:
     | m | 56 | 8 | 0.100 | 0.30 (3.0x) | 1.00 (10.0x) | - |
     """
     lines = [
-        f"| model | tokens | heads | forward (s) | AtP (s, x forward) | AtP* (s, x forward) | every head ablated "
-        f"(s, x forward) |  <!-- torch threads: {record['machine']['torch_threads']} -->",
+        f"| model | tokens | heads | forward (CPU s) | AtP (CPU s, x forward) | AtP* (CPU s, x forward) | every head "
+        f"ablated (CPU s, x forward) |  <!-- torch threads: {record['machine']['torch_threads']} -->",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in record["rows"]:
