@@ -209,6 +209,7 @@ def test_every_help_that_names_an_embedded_model_names_both():
         "llm-bench",
         "llm-study",
         "atlas",
+        "attribute",
         "convert",
         "explore",
     }
@@ -222,7 +223,7 @@ def code_lists() -> dict:
     from posym.cli import options as o
     from posym.commands import data as datasets
     from posym.commands import llm_study
-    from posym.core import interventions, lengthgen, model, scores, tasks, train
+    from posym.core import attribution, interventions, lengthgen, model, scores, tasks, train
 
     return {
         o.Device: model.DEVICES,
@@ -238,6 +239,9 @@ def code_lists() -> dict:
         o.Focus: prompts.QUERIES,
         o.StudyStage: llm_study.STAGES,
         o.Dtype: train.PRECISIONS,
+        o.AttributionMethod: attribution.METHODS,
+        o.AttributionMetric: attribution.METRICS,
+        o.LengthFormat: prompts.FORMATS,
     }
 
 

@@ -11,6 +11,10 @@ from posym.cli import app, parse_head_pairs, parse_list, progress_bar
 from posym.cli.options import (
     EMBEDDED_HELP,
     OUTPUTS,
+    AblationMode,
+    AttributionMethod,
+    AttributionMetric,
+    LengthFormat,
     Device,
     Dtype,
     Exactness,
@@ -149,6 +153,79 @@ def llm_scores_cmd(
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
     if "excluded_keys" in result:
         print(f"excluding keys {result['excluded_keys']}: {result['label_changes']} heads change label")
+
+
+@app.command("attribute")
+def attribute_cmd(
+    path: Path = path_argument(
+        "The model: " + EMBEDDED_HELP + ", a .gguf file (or a directory holding one) or a "
+        "Hugging Face directory; RoPE models only."
+    ),
+    fmt: LengthFormat = typer.Option(
+        LengthFormat.kv_code, "--format", help="Length task: the prompt format of posym llm-study's length families."
+    ),
+    factors: list[str] = list_option(["1"], "Prompt lengths as multiples of the base length, e.g. 1,16.", item="F"),
+    n: int = n_option(50, "Prompts per length (also the mean-ablation reference set)."),
+    method: AttributionMethod = typer.Option(
+        AttributionMethod.atp_star,
+        help="atp (one forward + one backward pass) or atp* (AtP* GradDrop magnitudes beside AtP's signed "
+        "estimate; about L/2 more backward passes).",
+    ),
+    metric: AttributionMetric = typer.Option(
+        AttributionMetric.margin,
+        help="margin (answer logit minus the clean run's best other token's) or logprob (the answer's).",
+    ),
+    mode: AblationMode = typer.Option(
+        AblationMode.mean,
+        help="mean (each head's output -> its mean over the prompts of that length at each position) or zero.",
+    ),
+    batch_size: int = typer.Option(4, min=1, max=4096, help="Prompts per forward/backward pass."),
+    seed: int = typer.Option(0, help="Seed of the prompts."),
+    device: Device = device_option(),
+    dtype: Dtype = typer.Option(Dtype.float32, help="Weight precision."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default runs/attribute/<model>)."),
+) -> None:
+    """Every head's estimated effect of its ablation on a length task (AtP / AtP*), per prompt and head."""
+    from posym import io, models
+    from posym.commands import attribute
+
+    io.check_output(out, inputs=[path], is_dir=True, owns=OUTPUTS["attribute"])
+    factor_list = values(factors, int, option="--factors")
+    if not factor_list or min(factor_list) < 1 or max(factor_list) > 64:
+        raise PosymError(f"--factors must lie in 1..64, got {factor_list}")
+    fmt, method, metric, mode, dtype = str(fmt), str(method), str(metric), str(mode), str(dtype)
+    if mode == "mean" and n < 2:
+        raise PosymError("mean-ablation needs at least 2 prompts per length (--n 2 or more)")
+    loaded = models.load(path, device=str(device), dtype=dtype)
+    prompts = attribute.length_prompts(loaded, fmt, factor_list, n, seed=seed)
+    out = io.check_output(out or Path("runs") / "attribute" / loaded.name, is_dir=True, owns=OUTPUTS["attribute"])
+    settings = {
+        "model": str(path),
+        "format": fmt,
+        "factors": factor_list,
+        "n": n,
+        "method": method,
+        "metric": metric,
+        "mode": mode,
+        "seed": seed,
+        "dtype": dtype,
+    }
+    bar, advance = progress_bar(n * len(factor_list), f"{method} over prompts")
+    with bar:
+        summary = attribute.write_attribution(
+            loaded,
+            prompts,
+            out,
+            mode=mode,
+            method=method,
+            metric=metric,
+            batch_size=batch_size,
+            settings=settings,
+            progress=advance,
+        )
+    for factor, top in summary["top_heads"].items():
+        print(f"{factor}x: largest {method} heads {', '.join(top)}")
+    print(f"wrote {out}")
 
 
 @app.command("llm-bench")

@@ -117,6 +117,25 @@ class Focus(enum.StrEnum):
     name = "name"
 
 
+class AttributionMethod(enum.StrEnum):
+    atp = "atp"
+    atp_star = "atp*"
+
+
+class AttributionMetric(enum.StrEnum):
+    margin = "margin"
+    logprob = "logprob"
+
+
+class LengthFormat(enum.StrEnum):
+    kv_code = "kv-code"
+    kv_list = "kv-list"
+    kv_fewshot = "kv-fewshot"
+    copy = "copy"
+    possession = "possession"
+    arithmetic = "arithmetic"
+
+
 # ---- the options spelled the same way everywhere ----------------------------------------------------
 
 PATH_HELP = "A posym run directory (latest checkpoint unless --step) or one of its checkpoint directories"
@@ -253,6 +272,7 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "sweep": ("trials", "trials.parquet", "aggregate.parquet", "aggregate.*", "sweep.json", "stages"),
     "ablate": ("ablation.parquet", "ablation.json", "ablation.png", "ablation.svg"),
     "finetune": ("finetune.parquet", "finetune.json", "finetune.png", "finetune.svg", "models"),
+    "attribute": ("effects.parquet", "heads.parquet", "summary.json"),
     "llm-scores": (
         "scores.parquet",
         "scores_excluded.parquet",
