@@ -26,8 +26,10 @@ it shows them. The file stays within `max_mb` (MAX_MB): the rows of the prompts 
 from __future__ import annotations
 
 import base64
+import html
 import json
 import math
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -306,18 +308,38 @@ def _size(data: dict, blocks: list[str]) -> int:
 
 
 def render(data: dict, blocks: list[str] = ()) -> str:
-    """The HTML page: the template with the data as one inline JSON script (`</` escaped) and each
-    block in a script element of its own (id block-N, base64 text, never run)."""
-    blob = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """The HTML page: the template with the data as one inline JSON script (every `<`, `>` and `&`
+    written as a JSON escape, so no name can close the script or open a comment) and each block in a
+    script element of its own (id block-N, base64 text, never run).
+
+    The placeholders are filled in one pass over the template, never in the values put in: a title or
+    file name holding `__DATA__` stays text (here twice in the heading, once in the data).
+
+    >>> page = render({"title": "__DATA__</script><script>alert(1)</script>"})
+    >>> "<script>alert(1)" in page, page.count("__DATA__")
+    (False, 3)
+    """
+    blob = html_json(data)
     chunks = "".join(
         f'<script type="application/octet-stream" id="block-{k}">{b}</script>\n' for k, b in enumerate(blocks)
     )
-    page = TEMPLATE.read_text(encoding="utf-8")
-    return page.replace("__TITLE__", _escape(data["title"])).replace("__BLOCKS__", chunks).replace("__DATA__", blob)
+    values = {"__TITLE__": html.escape(data["title"], quote=True), "__BLOCKS__": chunks, "__DATA__": blob}
+    return _PLACEHOLDER.sub(lambda m: values[m.group(0)], TEMPLATE.read_text(encoding="utf-8"))
 
 
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+_PLACEHOLDER = re.compile("|".join(("__TITLE__", "__BLOCKS__", "__DATA__")))
+"""The explorer template's placeholders, filled by `render` in one `re.sub` pass."""
+
+
+def html_json(value) -> str:
+    """JSON safe inside an HTML `<script>` element: `<`, `>` and `&` as `\\u003c`, `\\u003e`, `\\u0026`
+    (JSON decodes them back; the HTML parser never sees a tag, a comment or an entity).
+
+    >>> html_json({"name": "</script><!--&"})
+    '{"name":"\\\\u003c/script\\\\u003e\\\\u003c!--\\\\u0026"}'
+    """
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 # ---- reading the tables -------------------------------------------------------------------------
