@@ -357,6 +357,7 @@ def check_output(
                 f"command ({hit}); choose another {option}"
             )
     if is_dir:
+        _refuse_inputs_inside(path, output, given, owns=owns, marker=marker, option=option)
         names = [name for name in _entries(path) if name != LOCK]
         if names and not (marker is not None and marker in names):
             foreign = [name for name in names if not any(fnmatch.fnmatchcase(name, p) for p in owns)]
@@ -373,6 +374,21 @@ def check_output(
                     f"{quote(foreign[0])}); choose a new or empty directory"
                 )
     return path
+
+
+def _refuse_inputs_inside(path: Path, output: Path, given: list[Path], *, owns, marker, option: str) -> None:
+    """Refuse an input that lies inside directory output `output` under a name the command writes there
+    (one of `owns`, or `marker`): `posym atlas --kv-table D/full_attention_heads.tsv --out D` would
+    replace the user's table with its own."""
+    for source in given:
+        if output not in source.parents:
+            continue
+        name = source.relative_to(output).parts[0]
+        if name == marker or any(fnmatch.fnmatchcase(name, p) for p in owns):
+            raise PosymError(
+                f"{option} {path} would overwrite an input of this command ({source}), which it writes as "
+                f"{name}; move that file or choose another {option}"
+            )
 
 
 # ---- one process per output directory -----------------------------------------------------------

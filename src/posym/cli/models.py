@@ -106,7 +106,9 @@ def llm_scores_cmd(
             f"examples and the puzzle), more than the {loaded.max_positions:,} positions of {loaded.name}"
         )
     chosen = prompt_sets.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
-    out = io.check_output(out or Path("runs") / "llm-scores" / loaded.name, is_dir=True, owns=OUTPUTS["llm-scores"])
+    out = io.check_output(
+        out or Path("runs") / "llm-scores" / loaded.name, inputs=[path, prompts], is_dir=True, owns=OUTPUTS["llm-scores"]
+    )
     heads = ",".join(values(heads, option="--heads")) or None
     print(announce(path, None, query))
     settings = {
@@ -204,7 +206,7 @@ def llm_bench_cmd(
         dtype=dtype,
         allow_pickle=allow_pickle,
     )
-    out = io.check_output(out or Path("runs") / "llm-bench" / label, is_dir=True, owns=OUTPUTS["llm-bench"])
+    out = io.check_output(out or Path("runs") / "llm-bench" / label, inputs=[path], is_dir=True, owns=OUTPUTS["llm-bench"])
     settings = {
         "model": label,
         "tasks": task_list,
@@ -262,7 +264,9 @@ def llm_study_cmd(
     spec = path or "smollm2-135m"
     device = device_of(device)
     loaded = models.load(spec, device=device)
-    out = io.check_output(out or Path("runs") / "llm-study" / loaded.name, is_dir=True, marker=io.STUDY_MARKER)
+    out = io.check_output(
+        out or Path("runs") / "llm-study" / loaded.name, inputs=[path, config], is_dir=True, marker=io.STUDY_MARKER
+    )
     steps = llm_study.stage_steps(settings)
     bar, advance = progress_bar(sum(steps[s] for s in only or llm_study.STAGES), "llm-study")
     with bar:
@@ -345,7 +349,9 @@ def atlas_cmd(
     spec = path or "smollm2-135m"
     device = device_of(device)
     loaded = models.load(spec, device=device)
-    out = io.check_output(out or Path("runs") / "atlas" / loaded.name, is_dir=True, owns=OUTPUTS["atlas"])
+    out = io.check_output(
+        out or Path("runs") / "atlas" / loaded.name, inputs=[path, config, kv_table], is_dir=True, owns=OUTPUTS["atlas"]
+    )
     bar, advance = progress_bar(5 if settings.causal else 4, "atlas")
     with bar:
         summary = atlas.write_atlas(
