@@ -34,3 +34,62 @@ def test_atlas_never_overwrites_its_kv_table(llama, tmp_path, capsys, monkeypatc
     code, err = cli(capsys, monkeypatch, *argv, *(["--out", out] if given_out else []))
     one_line(code, err, "would overwrite an input of this command", "full_attention_heads.tsv")
     assert table.read_text() == GRID and sorted(p.name for p in out.iterdir()) == ["full_attention_heads.tsv"]
+
+
+# ---- unbounded counts and lengths: one table of bounds (posym.resources.BOUNDS), flags and YAML alike -------------
+
+HUGE = 10**12
+ATLAS_COUNTS = [  # (flags, YAML fields, the start of the message)
+    pytest.param(["--n", HUGE], {}, "--n 1,000,000,000,000 is more than the 100,000 posym allows", id="--n"),
+    pytest.param(["--seed", -1], {}, "--seed must be at least 0, got -1", id="--seed -1"),
+    pytest.param(["--lengths", 10**9], {}, "--lengths 1,000,000,000 is more than the 1,048,576", id="--lengths"),
+    pytest.param(["--lengths", 500_000], {}, "needle_lengths asks for 500,000 tokens, more than", id="--lengths 5e5"),
+    pytest.param([], {"draws": 10**9}, "atlas.yaml: draws 1,000,000,000 is more than", id="draws"),
+    pytest.param([], {"repeats": 10**9}, "atlas.yaml: repeats 1,000,000,000 is more than", id="repeats"),
+    pytest.param([], {"repeats": 1000}, "repeat_period x repeats asks for", id="repeats 1000"),
+    pytest.param([], {"needle_words": 4000}, "needle_words 4000 is more than the", id="needle_words"),
+    pytest.param(
+        [], {"stream_length": HUGE}, "atlas.yaml: stream_length 1,000,000,000,000 is more", id="stream_length"
+    ),
+    pytest.param([], {"recall_prompts": 90_000}, "recall_prompts 90,000 asks for at least", id="recall_prompts"),
+    pytest.param([], {"n_binding": HUGE}, "atlas.yaml: n_binding 1,000,000,000,000 is more", id="n_binding"),
+]
+
+
+@pytest.mark.parametrize("flags, fields, message", ATLAS_COUNTS)
+def test_every_atlas_count_and_length_is_bounded_before_any_work(
+    llama, tmp_path, capsys, monkeypatch, flags, fields, message
+):
+    from posym import io, resources
+
+    monkeypatch.setattr(resources, "machine_memory", lambda device: 2**26)  # 64 MiB: the same answer on any machine
+    io.write_yaml(tmp_path / "atlas.yaml", {"needle_lengths": [48], "stream_length": 48, "windows": [8], **fields})
+    out = tmp_path / "out"
+    code, err = cli(capsys, monkeypatch, "atlas", llama, "--config", tmp_path / "atlas.yaml", *flags, "--out", out)
+    one_line(code, err, message)
+    assert not out.exists()
+
+
+STUDY_COUNTS = [
+    pytest.param({"n_binding": HUGE}, "n_binding 1,000,000,000,000 is more than the 100,000", id="n_binding"),
+    pytest.param({"bench_runs": 10**9}, "bench_runs 1,000,000,000 is more than the 1,000", id="bench_runs"),
+    pytest.param({"gap_prompts": HUGE}, "gap_prompts 1,000,000,000,000 is more than", id="gap_prompts"),
+    pytest.param({"seed": -1}, "seed must be at least 0", id="seed"),
+]
+
+
+@pytest.mark.parametrize("fields, message", STUDY_COUNTS)
+def test_every_study_count_is_bounded_before_any_work(llama, tmp_path, capsys, monkeypatch, fields, message):
+    from posym import io
+
+    io.write_yaml(tmp_path / "study.yaml", fields)
+    out = tmp_path / "out"
+    code, err = cli(capsys, monkeypatch, "llm-study", llama, "--config", tmp_path / "study.yaml", "--out", out)
+    one_line(code, err, "study.yaml: " + message)
+    assert not out.exists()
+
+
+def test_llm_scores_binding_count_is_bounded(llama, tmp_path, capsys, monkeypatch):
+    code, err = cli(capsys, monkeypatch, "llm-scores", llama, "--n", HUGE, "--out", tmp_path / "out")
+    one_line(code, err, "--n 1,000,000,000,000 is more than the 100,000 posym allows")
+    assert not (tmp_path / "out").exists()

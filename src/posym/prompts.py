@@ -61,7 +61,7 @@ from posym.core.tasks import decode, generate, task_config
 from posym.errors import PosymError
 from posym.io import parse_json, quote
 from posym.models import LoadedModel
-from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_count, sequence_bytes
+from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_bounds, check_count, sequence_bytes
 
 # ---- prompt files (JSONL) and task prompts -------------------------------------------------------
 
@@ -206,9 +206,10 @@ def query_position(loaded: LoadedModel, prompt: Prompt, query: str) -> int:
 def llm_prompts(name: str, *, text: str | None = None, n: int = 20, size: int = 12, seed: int = 0) -> list[Prompt]:
     """--text, a built-in set (binding, number, letter) or a JSONL file, as Prompts."""
     if text is not None:
+        if name != "binding":  # the default set: any other --prompts was asked for and would be ignored
+            raise PosymError(f"--text and --prompts {name} both say which prompts to score; give one of them")
         return [Prompt(text, meta={"set": "text", "index": 0})]
-    if n < 1:
-        raise PosymError(f"--n must be at least 1, got {n}")
+    check_bounds({"--n": n, "--size": size, "--seed": seed})
     if name == "binding":
         return binding_prompts(n, seed=seed)
     if name in ("number", "letter"):

@@ -107,7 +107,10 @@ def llm_scores_cmd(
         )
     chosen = prompt_sets.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
     out = io.check_output(
-        out or Path("runs") / "llm-scores" / loaded.name, inputs=[path, prompts], is_dir=True, owns=OUTPUTS["llm-scores"]
+        out or Path("runs") / "llm-scores" / loaded.name,
+        inputs=[path, prompts],
+        is_dir=True,
+        owns=OUTPUTS["llm-scores"],
     )
     heads = ",".join(values(heads, option="--heads")) or None
     print(announce(path, None, query))
@@ -206,7 +209,9 @@ def llm_bench_cmd(
         dtype=dtype,
         allow_pickle=allow_pickle,
     )
-    out = io.check_output(out or Path("runs") / "llm-bench" / label, inputs=[path], is_dir=True, owns=OUTPUTS["llm-bench"])
+    out = io.check_output(
+        out or Path("runs") / "llm-bench" / label, inputs=[path], is_dir=True, owns=OUTPUTS["llm-bench"]
+    )
     settings = {
         "model": label,
         "tasks": task_list,
@@ -256,8 +261,12 @@ def llm_study_cmd(
     from posym.commands import llm_study
 
     io.check_output(out, inputs=[path, config], is_dir=True, marker=io.STUDY_MARKER)
-    settings = configs.from_dict(
-        llm_study.StudyConfig, io.read_yaml(config) if config else {}, where=str(config or "study config")
+    settings = configs.from_file_and_flags(
+        llm_study.StudyConfig,
+        io.read_yaml(config) if config else {},
+        {},
+        where=str(config or "study config"),
+        options={},
     )
     chosen = values(stages, option="--stages", choices=StudyStage)
     only = [stage for stage in llm_study.STAGES if stage in chosen] or None
@@ -276,6 +285,19 @@ def llm_study_cmd(
     for stage, seconds in timings.items():
         print(f"{stage:12s} {seconds if seconds == 'done' else f'{seconds:.1f} s'}")
     print(f"wrote {out / 'report.html'}")
+
+
+ATLAS_OPTIONS = {
+    "n_binding": "--n",
+    "needle_lengths": "--lengths",
+    "needle_depths": "--depths",
+    "windows": "--windows",
+    "sink": "--sink",
+    "quantile": "--quantile",
+    "seed": "--seed",
+    "causal": "--causal",
+}
+"""The AtlasConfig field each `posym atlas` option sets (errors name the option, not the YAML file)."""
 
 
 @app.command("atlas")
@@ -341,10 +363,8 @@ def atlas_cmd(
         "seed": seed,
         "causal": causal,
     }
-    settings = configs.from_dict(
-        atlas.AtlasConfig,
-        {**given, **{k: v for k, v in flags.items() if v is not None}},
-        where=str(config or "atlas config"),
+    settings = configs.from_file_and_flags(
+        atlas.AtlasConfig, given, flags, where=str(config or "atlas config"), options=ATLAS_OPTIONS
     )
     spec = path or "smollm2-135m"
     device = device_of(device)

@@ -27,11 +27,11 @@ OUT skips the finished stages. `posym.commands.llm_study.report` turns OUT into 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
-from posym import configs, io
+from posym import configs, io, resources
 from posym import prompts as prompt_sets
 from posym.commands import llm_bench
 from posym.commands.llm_study import prediction
@@ -108,18 +108,7 @@ class StudyConfig:
     """What the screen, lengths and causal stages measure (`posym.commands.llm_study.prediction.PredictionConfig`)."""
 
     def __post_init__(self) -> None:
-        counts = {
-            "n_binding": self.n_binding,
-            "n_bench": self.n_bench,
-            "frequency_prompts": self.frequency_prompts,
-            "gap_prompts": self.gap_prompts,
-            "gap_heads": self.gap_heads,
-            "bench_runs": self.bench_runs,
-            "bench_n": self.bench_n,
-        }
-        for name, value in counts.items():
-            if value < 1:
-                raise PosymError(f"{name} must be at least 1, got {value}")
+        resources.check_bounds({f.name: getattr(self, f.name) for f in fields(self)})
         if self.frequency_prompts > self.n_binding:
             raise PosymError("frequency_prompts cannot exceed n_binding (stage 3 reuses the binding prompts)")
         if any(k < 1 for k in self.ablation_ks) or not self.ablation_ks:
