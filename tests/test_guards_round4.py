@@ -93,3 +93,76 @@ def test_llm_scores_binding_count_is_bounded(llama, tmp_path, capsys, monkeypatc
     code, err = cli(capsys, monkeypatch, "llm-scores", llama, "--n", HUGE, "--out", tmp_path / "out")
     one_line(code, err, "--n 1,000,000,000,000 is more than the 100,000 posym allows")
     assert not (tmp_path / "out").exists()
+
+
+# ---- half-written output sets: written into a temporary directory, then renamed (posym.io.output_set) ------------
+
+SMALL_ATLAS = dict(
+    n_binding=3,
+    frequency_prompts=2,
+    needle_lengths=[64],
+    needle_depths=[0.5],
+    stream_length=64,
+    stream_prompts=1,
+    windows=[8],
+    sink=2,
+    repeat_period=10,
+    repeats=3,
+    repeat_prompts=1,
+    draws=10,
+)
+
+
+def _fail_on(monkeypatch, module, name: str, target: str):
+    """Make `module.name` (a writer) raise ENOSPC when it writes a path ending in `target`."""
+    import errno
+
+    real = getattr(module, name)
+
+    def writer(path, *args, **kwargs):
+        if str(path).endswith(target):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, writer)
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())} if directory.exists() else {}
+
+
+def test_atlas_writes_its_tables_as_one_set(llama, tmp_path, capsys, monkeypatch):
+    from posym import io
+
+    io.write_yaml(tmp_path / "atlas.yaml", SMALL_ATLAS)
+    out = tmp_path / "out"
+    argv = ["atlas", llama, "--config", tmp_path / "atlas.yaml", "--no-figures", "--out", out]
+    _fail_on(monkeypatch, io, "write_text", "full_attention_heads.tsv")
+    code, err = cli(capsys, monkeypatch, *argv)
+    one_line(code, err, "No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["atlas.yaml"]  # no table, no temporary
+    monkeypatch.undo()
+    assert cli(capsys, monkeypatch, *argv)[0] == 0
+    before = _files(out)
+    assert "full_attention_heads.tsv" in before and "summary.json" in before
+    _fail_on(monkeypatch, io, "write_json", "summary.json")  # the last file: every table before it is new
+    code, err = cli(capsys, monkeypatch, *argv, "--seed", 1)
+    one_line(code, err, "No space left on device")
+    assert _files(out) == before and sorted(p.name for p in tmp_path.iterdir()) == ["atlas.yaml", "out"]
+
+
+def test_llm_scores_writes_its_tables_as_one_set(llama, tmp_path, capsys, monkeypatch):
+    from posym.commands import llm_scores
+
+    out = tmp_path / "out"
+    argv = ["llm-scores", llama, "--n", 2, "--details", 1, "--device", "cpu", "--out", out]
+    assert cli(capsys, monkeypatch, *argv, "--exclude-keys", "0")[0] == 0
+    before = _files(out)
+    assert "scores_excluded.parquet" in before
+    _fail_on(monkeypatch, llm_scores, "write_json", "summary.json")
+    code, err = cli(capsys, monkeypatch, *argv, "--seed", 1)
+    one_line(code, err, "No space left on device")
+    assert _files(out) == before and [p.name for p in tmp_path.iterdir()] == ["out"]
+    monkeypatch.undo()
+    assert cli(capsys, monkeypatch, *argv, "--seed", 1)[0] == 0  # the earlier set's own files may go
+    assert "scores_excluded.parquet" not in _files(out) and _files(out)["heads.parquet"] != before["heads.parquet"]

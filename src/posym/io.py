@@ -89,14 +89,17 @@ def _signals_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool = False) -> Iterator[Path]:
+def atomic_path(
+    path: str | os.PathLike, *, is_dir: bool = False, replace: bool = False, owns: tuple[str, ...] = ()
+) -> Iterator[Path]:
     """Yield a temporary sibling path; on success rename it to `path` (replacing it).
 
     On any exception the temporary file or directory is removed and `path` is left untouched. A
     directory `path` that exists and is not empty is replaced only with `replace=True` (the caller owns
     it, as `posym train` owns its checkpoints), and then only if the new directory holds every name the
-    old one held (`_refuse_foreign`); otherwise it is refused before anything is written, so a directory
-    output never deletes what it lands on.
+    old one held (`_refuse_foreign`; entries matching a glob pattern of `owns` may go: the command's own
+    files of an earlier run); otherwise it is refused before anything is written, so a directory output
+    never deletes what it lands on.
     """
     path = Path(path)
     parent = path.parent
@@ -133,7 +136,7 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
         if is_dir:
             _umask_modes(tmp)
         if is_dir and replace and _entries(path):
-            _refuse_foreign(path, tmp)
+            _refuse_foreign(path, tmp, owns)
         if is_dir and path.exists():
             # A directory cannot be renamed over a non-empty one: move the old one aside first.
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=parent))
@@ -155,11 +158,26 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
         raise
 
 
-def _refuse_foreign(path: Path, new: Path) -> None:
+@contextlib.contextmanager
+def output_set(path: str | os.PathLike, *, owns: tuple[str, ...]) -> Iterator[Path]:
+    """Write a command's several output files as one: yield an empty temporary sibling of directory
+    `path`; when the block ends without an error it replaces `path` whole (an earlier set of the
+    command's own files, those matching `owns`, goes with it; anything else there is refused, as
+    `atomic_path` does). So `path` holds a complete set or the one before it: a kill or a failed write
+    mid-way leaves no tables of the new set beside those of the old one (`posym atlas`, `llm-scores`)."""
+    with atomic_path(Path(os.path.abspath(path)), is_dir=True, replace=True, owns=owns) as tmp:
+        yield tmp
+
+
+def _refuse_foreign(path: Path, new: Path, owns: tuple[str, ...] = ()) -> None:
     """`replace=True` replaces a directory only by a newer version of itself: every entry of the old `path`
     must be one the `new` directory holds too, so a file someone put there (or a directory of other files
     under the same name) is never deleted with it."""
-    foreign = sorted(set(_entries(path)) - set(os.listdir(new)) - {LOCK})
+    foreign = sorted(
+        name
+        for name in set(_entries(path)) - set(os.listdir(new)) - {LOCK}
+        if not any(fnmatch.fnmatchcase(name, p) for p in owns)
+    )
     if foreign:
         raise PosymError(
             f"{path} holds {quote(foreign[0])}, which the new {path.name} does not; posym replaces a "

@@ -150,6 +150,7 @@ def llm_scores_cmd(
             budget=budget and budget << 20,
             settings=settings,
             progress=advance,
+            owns=OUTPUTS["llm-scores"],
         )
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
     if "excluded_keys" in result:
@@ -382,6 +383,7 @@ def atlas_cmd(
             compare=kv_table,
             figures=figures,
             progress=advance,
+            owns=OUTPUTS["atlas"],
         )
     recall = summary["needle_recall"]
     print(

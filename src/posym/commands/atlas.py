@@ -903,13 +903,21 @@ def report(
 
 
 def write_atlas(
-    loaded: LoadedModel, out, config: AtlasConfig, *, settings: dict, compare=None, figures: bool = True, progress=None
+    loaded: LoadedModel,
+    out,
+    config: AtlasConfig,
+    *,
+    settings: dict,
+    compare=None,
+    figures: bool = True,
+    progress=None,
+    owns: tuple[str, ...] = (),
 ) -> dict:
     """Build the atlas and write every file of OUT (module docstring; maps and scatter PNG/SVG unless
-    figures=False); returns summary.json's dict."""
+    figures=False) as one set (`posym.io.output_set`; `owns`: the names an earlier set in OUT may hold):
+    a kill or a failed write leaves OUT as it was. Returns summary.json's dict."""
     start = time.perf_counter()
     out = Path(out)
-    check_sizes(loaded, config)
     grid_in = None
     if compare is not None:  # a bad file fails before any work
         grid_in = read_kv_table(compare)
@@ -919,6 +927,7 @@ def write_atlas(
             config_.num_hidden_layers,
             getattr(config_, "num_key_value_heads", None) or config_.num_attention_heads,
         )
+    check_sizes(loaded, config)
     result = build_atlas(loaded, config, progress)
     causal = None
     if config.causal:
@@ -963,17 +972,18 @@ def write_atlas(
     if grid_in is not None:
         compared, confusion = compare_table(result["atlas"], grid_in, config.quantile)
         tables |= {"compare": compared, "compare_confusion": confusion}
-    for name, frame in tables.items():
-        io.write_parquet(out / f"{name}.parquet", frame)
-    io.write_text(out / "full_attention_heads.tsv", format_grid(grid))
-    io.write_text(out / "full_attention_mask.tsv", format_grid(mask, as_bool=True))
-    if figures:
-        save_figure(plot_maps(result["atlas"], score_columns(config)), out / "maps")
-        save_figure(plot_scatter(result["atlas"], list(SCATTER)), out / "scatter")
-    summary["timings"]["total"] = round(time.perf_counter() - start, 2)
-    io.write_yaml(out / "atlas.yaml", configs.to_dict(config))
-    io.write_json(
-        out / "summary.json", {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary}
-    )
-    io.write_text(out / "report.md", report(result, agree, summary, config, figures, causal))
+    with io.output_set(out, owns=owns) as final:
+        for name, frame in tables.items():
+            io.write_parquet(final / f"{name}.parquet", frame)
+        io.write_text(final / "full_attention_heads.tsv", format_grid(grid))
+        io.write_text(final / "full_attention_mask.tsv", format_grid(mask, as_bool=True))
+        if figures:
+            save_figure(plot_maps(result["atlas"], score_columns(config)), final / "maps")
+            save_figure(plot_scatter(result["atlas"], list(SCATTER)), final / "scatter")
+        summary["timings"]["total"] = round(time.perf_counter() - start, 2)
+        io.write_yaml(final / "atlas.yaml", configs.to_dict(config))
+        io.write_json(
+            final / "summary.json", {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary}
+        )
+        io.write_text(final / "report.md", report(result, agree, summary, config, figures, causal))
     return summary
