@@ -166,3 +166,104 @@ def test_llm_scores_writes_its_tables_as_one_set(llama, tmp_path, capsys, monkey
     monkeypatch.undo()
     assert cli(capsys, monkeypatch, *argv, "--seed", 1)[0] == 0  # the earlier set's own files may go
     assert "scores_excluded.parquet" not in _files(out) and _files(out)["heads.parquet"] != before["heads.parquet"]
+
+
+# ---- secrets: masked in URLs, in partial echoes, and a key given as a variable name ----------------------------
+
+KEY = "sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"
+
+
+class _Echo:
+    """A local endpoint answering 401 with `body(path, authorization)`; records each request's path."""
+
+    def __init__(self, body):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer, self.paths = self, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.paths.append(self.path)
+                data = body(self.path, self.headers.get("Authorization", "")).encode()
+                self.send_response(401)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_token_in_the_base_urls_query_is_sent_but_never_shown(tmp_path, capsys, monkeypatch):
+    with _Echo(lambda path, auth: f"no access for {path}") as server:
+        code, err = cli(
+            capsys,
+            monkeypatch,
+            "llm-bench",
+            "--base-url",
+            f"{server.url}?api_key={KEY}",
+            "--model-name",
+            "m",
+            "--retries",
+            0,
+            "--out",
+            tmp_path / "out",
+        )
+        assert server.paths == [f"/v1/chat/completions?api_key={KEY}"]  # the path first, then the query
+    one_line(code, err, "HTTP 401", "?api_key=***")
+    assert KEY[8:16] not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        lambda auth: f"invalid key {auth[7:-1]}!",  # all but the last character
+        lambda auth: f"invalid key {auth[7:20]}****{auth[30:]}",  # starred in the middle
+        lambda auth: f"invalid key {auth[7:].upper()}",  # case changed
+    ],
+    ids=["cut", "starred", "upper"],
+)
+def test_a_near_complete_echo_of_the_key_is_masked(monkeypatch, echo):
+    from posym.commands import llm_bench
+    from posym.errors import PosymError
+
+    monkeypatch.setenv("ROUND4_KEY", KEY)
+    with _Echo(lambda path, auth: echo(auth)) as server:
+        endpoint = llm_bench.Endpoint(server.url, "m", "ROUND4_KEY", timeout_s=5, retries=0)
+        with pytest.raises(PosymError) as caught:
+            llm_bench.chat(endpoint, "hello")
+    message = str(caught.value)
+    assert "HTTP 401" in message and "***" in message
+    for start in range(len(KEY) - 8):  # no 9 characters of the key in a row, in any case
+        assert KEY[start : start + 9].lower() not in message.lower(), message
+
+
+def test_a_key_given_as_the_variable_name_is_not_printed(tmp_path, capsys, monkeypatch):
+    code, err = cli(
+        capsys,
+        monkeypatch,
+        "llm-bench",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model-name",
+        "m",
+        "--api-key-env",
+        KEY,
+        "--out",
+        tmp_path / "out",
+    )
+    one_line(code, err, "--api-key-env takes the name of an environment variable", "not shown")
+    assert KEY[:9] not in err and KEY[-9:] not in err
