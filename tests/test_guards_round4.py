@@ -267,3 +267,86 @@ def test_a_key_given_as_the_variable_name_is_not_printed(tmp_path, capsys, monke
     )
     one_line(code, err, "--api-key-env takes the name of an environment variable", "not shown")
     assert KEY[:9] not in err and KEY[-9:] not in err
+
+
+# ---- tracebacks that are now one line ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new directory", "existing directory"])
+def test_a_full_disk_while_taking_the_lock_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, exists):
+    import errno
+    import os
+
+    from posym import io
+    from posym.errors import PosymError
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    directory = tmp_path / "out"
+    if exists:
+        directory.mkdir()
+    monkeypatch.setattr(io.os, "pwrite", full)
+    with pytest.raises(PosymError, match="cannot lock .*: No space left on device"):
+        with io.locked(directory):
+            pytest.fail("the body ran without a lock")
+    monkeypatch.undo()
+    assert (sorted(p.name for p in directory.iterdir()) == []) if exists else not directory.exists()
+
+
+@pytest.fixture(scope="module")
+def scores(llama, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("scores") / "scores"
+    mp = pytest.MonkeyPatch()
+    from cli_runner import run_posym
+
+    assert run_posym(mp, "llm-scores", llama, "--n", 2, "--details", 1, "--device", "cpu", "--out", out) == 0
+    mp.undo()
+    return out
+
+
+def test_a_lone_surrogate_in_prompt_text_is_one_line(llama, tmp_path, capsys, monkeypatch):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"text": "Alice likes \\ud800 tea and Bob likes coffee. Alice likes"}\n')
+    code, err = cli(capsys, monkeypatch, "llm-scores", llama, "--prompts", prompts, "--out", tmp_path / "a")
+    one_line(code, err, "line 1", "lone surrogate (U+D800)")
+    code, err = cli(capsys, monkeypatch, "llm-scores", llama, "--text", "Alice \udcff likes", "--out", tmp_path / "b")
+    one_line(code, err, "lone surrogate (U+DCFF at character 7)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]
+
+
+def test_explore_max_mb_inf_or_nan_is_one_line(scores, tmp_path, capsys, monkeypatch):
+    for value in ("inf", "nan", "1e300"):
+        code, err = cli(capsys, monkeypatch, "explore", scores, "--max-mb", value, "--out", tmp_path / "e.html")
+        one_line(code, err, "--max-mb must be a number of MB in (0, 10,000]")
+    assert not list(tmp_path.iterdir())
+
+
+def test_explore_on_a_table_missing_a_column_is_one_line(scores, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import pandas as pd
+
+    copy = tmp_path / "scores"
+    shutil.copytree(scores, copy)
+    pd.read_parquet(copy / "heads.parquet").drop(columns="s_pos").to_parquet(copy / "heads.parquet")
+    code, err = cli(capsys, monkeypatch, "explore", copy, "--out", tmp_path / "e.html")
+    one_line(code, err, "heads.parquet lacks the column 's_pos'")
+    assert not (tmp_path / "e.html").exists()
+
+
+def test_explore_with_a_model_that_cannot_load_is_an_error(scores, tmp_path, capsys, monkeypatch):
+    code, err = cli(capsys, monkeypatch, "explore", scores, "--model", tmp_path / "nope", "--out", tmp_path / "e.html")
+    one_line(code, err, "--model ", "does not exist")
+    assert not (tmp_path / "e.html").exists()
+
+
+# ---- silent cases that are now errors -------------------------------------------------------------------------
+
+
+def test_llm_scores_text_and_prompts_together_is_an_error(llama, tmp_path, capsys, monkeypatch):
+    code, err = cli(
+        capsys, monkeypatch, "llm-scores", llama, "--text", "Alice likes tea", "--prompts", "number", "--out", tmp_path
+    )
+    one_line(code, err, "--text and --prompts number both say which prompts to score")
+    assert not list(tmp_path.iterdir())

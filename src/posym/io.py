@@ -434,6 +434,7 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for every file posym writes
         except OSError as exc:
+            _unlock(directory, path, None, created)
             raise PosymError(f"cannot lock {directory}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -452,18 +453,29 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
         if same:  # not a file the previous holder unlinked just before we locked it
             break
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {_HOST}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {_HOST}\n".encode(), 0)
+    except OSError as exc:  # a full disk (ENOSPC) or quota while naming the holder
+        _unlock(directory, path, fd, created)
+        raise PosymError(f"cannot lock {directory}: {exc.strerror}") from None
     try:
         yield path
     finally:
+        _unlock(directory, path, fd, created)
+
+
+def _unlock(directory: Path, path: Path, fd: int | None, created: bool) -> None:
+    """Remove the lock file (only ours, never a file that replaced it), close it, and remove `directory`
+    if `locked` created it and it is empty."""
+    if fd is not None:
         with contextlib.suppress(OSError):
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # never a file that replaced our lock
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 path.unlink()
         os.close(fd)
-        if created:
-            with contextlib.suppress(OSError):
-                directory.rmdir()  # only if empty
+    if created:
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only if empty
 
 
 # ---- Ctrl-C --------------------------------------------------------------------------------------
@@ -709,10 +721,22 @@ def read_json_object(path: str | os.PathLike) -> dict:
     return data
 
 
-def read_parquet(path: str | os.PathLike, *, arrow: bool = False, **kwargs: Any):
+def read_parquet(path: str | os.PathLike, *, arrow: bool = False, required: tuple[str, ...] = (), **kwargs: Any):
     """`pandas.read_parquet`, a missing or damaged file answered with one PosymError line; every Parquet
     read of posym goes through here (tests/test_lint.py). arrow=True: `pyarrow.parquet.read_table`'s
-    Table instead of a DataFrame (list columns stay flat Arrow arrays)."""
+    Table instead of a DataFrame (list columns stay flat Arrow arrays). `required`: the columns the
+    caller reads; a table without one is a PosymError naming it (not a KeyError deep inside)."""
+    table = _read_parquet(path, arrow=arrow, **kwargs)
+    names = table.column_names if arrow else table.columns
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise PosymError(
+            f"{path} lacks the column {quote(missing[0])} that posym reads there; give the table as posym wrote it"
+        )
+    return table
+
+
+def _read_parquet(path: str | os.PathLike, *, arrow: bool = False, **kwargs: Any):
     path = Path(path)
     if not path.is_file():
         raise PosymError(f"{path} does not exist")

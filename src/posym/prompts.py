@@ -86,6 +86,15 @@ def read_text_prompts(path: str | os.PathLike) -> list[Prompt]:
         unknown = sorted(set(obj) - {"text", "answer", "focus"})
         if unknown:
             raise PosymError(f"{path} line {number} has unknown key {unknown[0]!r} (text, answer, focus)")
+        for key, value in obj.items():
+            if isinstance(value, str) and not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:  # JSON's "\\ud800": no tokenizer reads it
+                    raise PosymError(
+                        f'{path} line {number}: "{key}" holds a lone surrogate (U+{ord(value[exc.start]):04X}), '
+                        "which is not Unicode text"
+                    ) from None
         prompts.append(Prompt(obj["text"], obj.get("answer"), obj.get("focus"), {"set": path.name, "index": number}))
     return prompts
 

@@ -50,6 +50,7 @@ from posym.core.scores import (
 from posym.core.tasks import TaskConfig, token_names
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
+from posym.io import quote
 from posym.models import RunDir
 from posym.prompts import jsonl_records
 
@@ -70,6 +71,8 @@ PAGE = 25
 MAX_MB = 25.0
 """The default limit on the file's size (MB, 1e6 bytes): attention rows and swaps of the prompts past it are left out."""
 MAX_BYTES = int(MAX_MB * 1e6)
+MOST_MB = 10_000.0
+"""The largest --max-mb: a 10 GB page is more than a browser opens."""
 
 
 @dataclass
@@ -365,11 +368,16 @@ def _shape(frame) -> tuple[int, int]:
     return int(frame.layer.max()) + 1, int(frame["head"].max()) + 1
 
 
+HEAD_COLUMNS = ("layer", "head", "s_pos", "s_sym", "entropy", "label")
+"""The columns of a heads table (llm-scores' heads.parquet, llm-study's scores/heads.parquet) explore reads."""
+
+
 def llm_scores_sets(path: Path) -> list[HeadSet]:
     """One set from an `llm-scores` output directory."""
     summary = io.read_json_object(path / "summary.json")
-    heads, scores = io.read_parquet(path / "heads.parquet"), io.read_parquet(path / "scores.parquet")
-    prompts = io.read_parquet(path / "prompts.parquet")
+    heads = io.read_parquet(path / "heads.parquet", required=HEAD_COLUMNS)
+    scores = io.read_parquet(path / "scores.parquet", required=("prompt", "layer", "head", "s_pos", "s_sym"))
+    prompts = io.read_parquet(path / "prompts.parquet", required=("prompt", "text", "input_ids", "query"))
     layers, n_heads = _shape(heads)
     maps = {
         "s_pos": _values(heads, "s_pos"),
@@ -579,7 +587,7 @@ def study_sets(path: Path) -> list[HeadSet]:
     study = io.read_yaml(path / "study.yaml") if (path / "study.yaml").is_file() else {}
     manifest = path / "manifest.json"
     spec = io.read_json_object(manifest).get("model") if manifest.is_file() else None
-    heads = io.read_parquet(path / "scores" / "heads.parquet")
+    heads = io.read_parquet(path / "scores" / "heads.parquet", required=(*HEAD_COLUMNS, "set", "attn_first"))
     prompts = io.read_parquet(path / "scores" / "prompts.parquet")
     layers, n_heads = _shape(heads)
     behaviour = path / "frequency" / "behaviour.parquet"
@@ -649,25 +657,38 @@ def collect(paths) -> list[HeadSet]:
     """Every head set of the inputs, in order."""
     sets: list[HeadSet] = []
     for path in map(Path, paths):
-        kind = kind_of(path)
-        if kind == "llm-scores":
-            sets += llm_scores_sets(path)
-        elif kind == "score":
-            sets += score_sets(path)
-        elif kind == "study":
-            sets += study_sets(path)
-        elif kind == "run":
-            sets += run_sets(path)
-        else:
-            runs = sorted(
-                p for p in path.iterdir() if RunDir(p).config.is_file() and RunDir(p).output("analysis").is_dir()
-            )
-            if not runs:
-                raise PosymError(f"{path} is a posym run output without analysed tasks (no <task>/analysis/)")
-            for run in runs:
-                sets += run_sets(run)
+        try:
+            sets += _sets_of(path)
+        except KeyError as exc:  # a table without a column posym writes (edited, or of another tool)
+            raise PosymError(
+                f"{path}: a table lacks the column {quote(exc.args[0] if exc.args else '?')} that posym explore "
+                "reads; give the tables as posym wrote them"
+            ) from None
     if not sets:
         raise PosymError("no head sets found in the inputs")
+    return sets
+
+
+def _sets_of(path: Path) -> list[HeadSet]:
+    """The head sets of one input (`collect`)."""
+    sets: list[HeadSet] = []
+    kind = kind_of(path)
+    if kind == "llm-scores":
+        sets += llm_scores_sets(path)
+    elif kind == "score":
+        sets += score_sets(path)
+    elif kind == "study":
+        sets += study_sets(path)
+    elif kind == "run":
+        sets += run_sets(path)
+    else:
+        runs = sorted(
+            p for p in path.iterdir() if RunDir(p).config.is_file() and RunDir(p).output("analysis").is_dir()
+        )
+        if not runs:
+            raise PosymError(f"{path} is a posym run output without analysed tasks (no <task>/analysis/)")
+        for run in runs:
+            sets += run_sets(run)
     return sets
 
 
@@ -700,7 +721,8 @@ def add_details(
     """Fill `details` of each set that has none from its model (loaded once per spec and step; `model`
     replaces the spec the tables name) for its first `detail_prompts` prompts at every one of their
     queries (the sets of one run share one pass at every hop query); a set whose model cannot be
-    loaded, or whose prompts' ids the tables do not give back, gets `note`."""
+    loaded, or whose prompts' ids the tables do not give back, gets `note` (a `model` given by name
+    that cannot be loaded is a PosymError: `--model /nope` used to write a page without rows, exit 0)."""
     loaded: dict = {}
     computed: dict = {}
     for s in sets:
@@ -721,6 +743,8 @@ def add_details(
             try:
                 loaded[key] = models.load(spec, step=s.model.get("step"), device=device, dtype="float32")
             except PosymError as exc:
+                if model is not None:  # asked for by name: a model that cannot load is the user's error
+                    raise PosymError(f"--model {model}: {exc}") from None
                 loaded[key] = exc
         found = loaded[key]
         if isinstance(found, PosymError):
@@ -775,8 +799,8 @@ def explore(
         raise PosymError("posym explore needs at least one directory of score tables")
     if detail_prompts < 0 or top < 1:
         raise PosymError(f"--detail-prompts must be >= 0 and --top >= 1, got {detail_prompts} and {top}")
-    if not max_mb > 0:
-        raise PosymError(f"--max-mb must be positive, got {max_mb}")
+    if not 0 < max_mb <= MOST_MB:  # also refuses nan and inf (int(inf) raised OverflowError)
+        raise PosymError(f"--max-mb must be a number of MB in (0, {MOST_MB:,.0f}], got {max_mb}")
     sets = collect(paths)
     recompute = bool(details and detail_prompts)
     use_stored(sets, detail_prompts=detail_prompts, top=top, model=model, recompute=recompute)
