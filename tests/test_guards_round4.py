@@ -350,3 +350,57 @@ def test_llm_scores_text_and_prompts_together_is_an_error(llama, tmp_path, capsy
     )
     one_line(code, err, "--text and --prompts number both say which prompts to score")
     assert not list(tmp_path.iterdir())
+
+
+STUDY = {"n_binding": 2, "n_bench": 2, "frequency_prompts": 1, "lengths": [64], "bench_sizes": [12], "ablation_ks": [1]}
+"""A small study config (stage 1 only is run)."""
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"ablation_ks": [1, 100_000]}, "ablation_ks reach 100,000 heads, more than the model's 8"),
+        ({"exclude_keys": [0, 5000]}, "exclude_keys 5000 is not a key of every prompt: key positions lie in 0.."),
+        ({"exclude_keys": [-1]}, "exclude_keys must be at least 0, got -1"),
+    ],
+    ids=["ablation_ks", "exclude_keys past the query", "exclude_keys negative"],
+)
+def test_study_values_the_model_cannot_take_are_refused_before_any_stage(
+    llama, tmp_path, capsys, monkeypatch, fields, message
+):
+    from posym import io
+
+    io.write_yaml(tmp_path / "study.yaml", {**STUDY, **fields})
+    out = tmp_path / "out"
+    code, err = cli(capsys, monkeypatch, "llm-study", llama, "--config", tmp_path / "study.yaml", "--out", out)
+    one_line(code, err, message)
+    assert not out.exists()
+
+
+def test_llm_study_stages_empty_is_an_error(llama, tmp_path, capsys, monkeypatch):
+    code, err = cli(capsys, monkeypatch, "llm-study", llama, "--stages", "", "--out", tmp_path / "out")
+    one_line(code, err, "--stages names no stage; give one or more of scores, profile")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_study_without_its_manifest_is_not_resumed_on_any_model(llama, tmp_path, capsys, monkeypatch):
+    from tiny_llms import save_model, tokenizer
+
+    from posym import io
+
+    other = save_model(tmp_path / "other", "llama", tokenizer(), seed=1)
+    io.write_yaml(tmp_path / "cfg.yaml", STUDY)  # not study.yaml: that would make tmp_path a study
+    out = tmp_path / "out"
+    argv = ["--config", tmp_path / "cfg.yaml", "--stages", "scores", "--device", "cpu", "--out", out]
+    assert cli(capsys, monkeypatch, "llm-study", llama, *argv)[0] == 0
+    (out / "manifest.json").unlink()
+    before = _files(out / "scores")
+    code, err = cli(capsys, monkeypatch, "llm-study", other, *argv)
+    one_line(code, err, "holds finished stages but no manifest.json")
+    assert _files(out / "scores") == before
+
+
+def test_a_path_is_never_shown_as_a_python_repr(tmp_path, capsys, monkeypatch):
+    code, err = cli(capsys, monkeypatch, "atlas", "--kv-table", tmp_path / "nope.tsv", "--out", tmp_path / "o")
+    one_line(code, err, f"'{tmp_path / 'nope.tsv'}' is not a file")
+    assert "PosixPath" not in err

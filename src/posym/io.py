@@ -753,8 +753,13 @@ def _read_parquet(path: str | os.PathLike, *, arrow: bool = False, **kwargs: Any
 
 
 def quote(value: Any) -> str:
-    """A bounded repr for error messages: a huge (or billion-laughs) value never builds a huge message."""
-    text = _QUOTE.repr(value)
+    """A bounded repr for error messages: a huge (or billion-laughs) value never builds a huge message.
+    A path is shown as the user typed it, in quotes (no `PosixPath(...)`).
+
+    >>> quote(Path("/no/such.tsv")), quote("abc")
+    ("'/no/such.tsv'", "'abc'")
+    """
+    text = _QUOTE.repr(str(value) if isinstance(value, os.PathLike) else value)
     return text if len(text) <= 200 else text[:200] + "..."
 
 

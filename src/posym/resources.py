@@ -205,7 +205,8 @@ BOUNDS: dict[str, tuple[int, int]] = {
     ),
     **dict.fromkeys(("draws", "causal_draws"), (1, MOST_DRAWS)),
     **dict.fromkeys(("bench_runs",), (1, 1_000)),
-    **dict.fromkeys(("seed",), (0, 2**32 - 1)),  # numpy's generators take no negative seed
+    **dict.fromkeys(("seed",), (0, 2**32 - 1)),
+    **dict.fromkeys(("exclude_keys",), (0, MOST_TOKENS)),  # key positions  # numpy's generators take no negative seed
     **dict.fromkeys(("causal_heads", "causal_planes", "gap_heads", "needle_words"), (1, 4_096)),
     **dict.fromkeys(("repeats",), (2, MOST_TOKENS)),
     **dict.fromkeys(

@@ -270,6 +270,8 @@ def llm_study_cmd(
         options={},
     )
     chosen = values(stages, option="--stages", choices=StudyStage)
+    if stages is not None and not chosen:  # --stages '' used to run every stage
+        raise PosymError(f"--stages names no stage; give one or more of {', '.join(llm_study.STAGES)}")
     only = [stage for stage in llm_study.STAGES if stage in chosen] or None
     spec = path or "smollm2-135m"
     device = device_of(device)
