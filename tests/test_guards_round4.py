@@ -404,3 +404,19 @@ def test_a_path_is_never_shown_as_a_python_repr(tmp_path, capsys, monkeypatch):
     code, err = cli(capsys, monkeypatch, "atlas", "--kv-table", tmp_path / "nope.tsv", "--out", tmp_path / "o")
     one_line(code, err, f"'{tmp_path / 'nope.tsv'}' is not a file")
     assert "PosixPath" not in err
+
+
+# ---- numerically fragile heads: flagged in the score tables and the explorer ----------------------------------
+
+
+def test_low_mass_is_a_column_of_the_tables_and_a_map_of_the_explorer(scores, tmp_path):
+    import pandas as pd
+    from browser import page_data
+
+    from posym.commands import explore
+
+    rows, heads = pd.read_parquet(scores / "scores.parquet"), pd.read_parquet(scores / "heads.parquet")
+    assert rows.low_mass.dtype == bool and heads.low_mass.between(0, 1).all()
+    explore.explore([scores], tmp_path / "e.html", details=False)
+    s = page_data(tmp_path / "e.html")["sets"][0]
+    assert "low_mass" in s["maps"] and s["steps"]["low_mass"] == 1e-4

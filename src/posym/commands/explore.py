@@ -54,7 +54,16 @@ from posym.io import quote
 from posym.models import RunDir
 from posym.prompts import jsonl_records
 
-STEPS = {"s_pos": 1e-4, "s_sym": 1e-4, "s_pos_sf": 1e-4, "s_sym_sf": 1e-4, "entropy": 1e-3, "sink": 1e-4, "freq": 1e-3}
+STEPS = {
+    "s_pos": 1e-4,
+    "s_sym": 1e-4,
+    "s_pos_sf": 1e-4,
+    "s_sym_sf": 1e-4,
+    "entropy": 1e-3,
+    "sink": 1e-4,
+    "freq": 1e-3,
+    "low_mass": 1e-4,
+}
 """Quantisation step of each map metric (the page shows 3 decimals: nothing visible is lost)."""
 FINE = 1e-4
 """Quantisation step of attention rows, swap weights, attention pairs and cosines (all in [-1, 1])."""
@@ -387,6 +396,8 @@ def llm_scores_sets(path: Path) -> list[HeadSet]:
     }
     if "attn_first" in heads:
         maps["sink"] = _values(heads, "attn_first")
+    if "low_mass" in heads:
+        maps["low_mass"] = _values(heads, "low_mass")
     if (path / "scores_excluded.parquet").is_file():
         free = head_scores(io.read_parquet(path / "scores_excluded.parquet"))
         maps["s_pos_sf"], maps["s_sym_sf"] = _values(free, "s_pos"), _values(free, "s_sym")
@@ -437,6 +448,8 @@ def score_sets(path: Path) -> list[HeadSet]:
     }
     if "attn_first" in frame:
         maps["sink"] = _values(heads, "attn_first")
+    if "low_mass" in heads:
+        maps["low_mass"] = _values(heads, "low_mass")
     per_prompt = _prompt_scores(frame)
     ids, names = _score_ids(settings)
     rows = []
@@ -605,6 +618,8 @@ def study_sets(path: Path) -> list[HeadSet]:
             "sink": _values(plain, "attn_first"),
             "label": {(int(r.layer), int(r.head)): r.label for r in plain.itertuples()},
         }
+        if "low_mass" in plain:
+            maps["low_mass"] = _values(plain, "low_mass")
         free = [v for k, v in variants.items() if k != "plain"]
         if free:
             maps["s_pos_sf"], maps["s_sym_sf"] = _values(free[0], "s_pos"), _values(free[0], "s_sym")
