@@ -697,9 +697,7 @@ def _sets_of(path: Path) -> list[HeadSet]:
     elif kind == "run":
         sets += run_sets(path)
     else:
-        runs = sorted(
-            p for p in path.iterdir() if RunDir(p).config.is_file() and RunDir(p).output("analysis").is_dir()
-        )
+        runs = sorted(p for p in path.iterdir() if RunDir(p).config.is_file() and RunDir(p).output("analysis").is_dir())
         if not runs:
             raise PosymError(f"{path} is a posym run output without analysed tasks (no <task>/analysis/)")
         for run in runs:

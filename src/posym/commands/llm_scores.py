@@ -10,7 +10,6 @@ itself is `posym.commands.llm_bench`.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from posym.core.geometry import layer_bases, plane_scores
 from posym.core.paper import TAU

@@ -212,6 +212,8 @@ def low_mass(frame):
     [True, False, False]
     """
     return (frame["top_key"] == frame["query"]) & (1.0 - frame["attn_top"] < MASS_FLOOR)
+
+
 FLOAT_COLUMNS = ("s_pos", "s_sym", "entropy", "bound", "attn_first", "attn_top")
 ROW_KEYS = ("s_pos", "s_sym", "entropy", "kept", "bound", "attn_first", "top_key", "attn_top")
 """Per-row results of `posym.core.pruning.score_rows` that become columns."""
