@@ -402,7 +402,7 @@ def test_a_study_without_its_manifest_is_not_resumed_on_any_model(llama, tmp_pat
 
 def test_a_path_is_never_shown_as_a_python_repr(tmp_path, capsys, monkeypatch):
     code, err = cli(capsys, monkeypatch, "atlas", "--kv-table", tmp_path / "nope.tsv", "--out", tmp_path / "o")
-    one_line(code, err, f"'{tmp_path / 'nope.tsv'}' is not a file")
+    one_line(code, err, "nope.tsv' is not a file")  # io.quote shortens a long path in the middle
     assert "PosixPath" not in err
 
 
