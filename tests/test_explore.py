@@ -525,3 +525,26 @@ def test_the_chosen_query_in_chromium(all_queries):
         assert browser.evaluate("document.getElementById('query').value") == str(j)
         assert browser.evaluate("document.documentElement.scrollWidth") <= 800
         assert browser.console_errors == [] and browser.requests == [path.resolve().as_uri()] * 2
+
+
+HOSTILE = "__DATA__ __BLOCKS__ __TITLE__<img src=x onerror=window.pwned=1><script>window.pwned=2</script><!--"
+"""A name an adversary chooses: every placeholder of the template, a tag with a handler, a script and an
+open comment (issue 55: the template filled by successive replaces pulled the raw data into the heading)."""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
+def test_a_hostile_directory_name_or_title_runs_no_script(scores_dir, tmp_path):
+    source = tmp_path / HOSTILE.replace("/", "_")
+    shutil.copytree(scores_dir, source)
+    path = tmp_path / "explorer.html"
+    explore.explore([source], path, details=False, title=HOSTILE)
+    text = path.read_text(encoding="utf-8")
+    assert "<img" not in text and "<script>window" not in text and "<!--" not in text
+    assert page_data(path)["title"] == HOSTILE and HOSTILE.replace("/", "_") in json.dumps(page_data(path))
+    with Chromium() as browser:
+        browser.open(path, width=1200)
+        assert browser.evaluate("document.querySelectorAll('#map [data-head]').length") == 8  # the page works
+        assert browser.evaluate("typeof window.pwned") == "undefined"
+        assert browser.evaluate("document.getElementById('title').textContent") == HOSTILE
+        assert browser.evaluate("document.title") == HOSTILE
+        assert browser.evaluate("document.querySelectorAll('img, h1 *').length") == 0

@@ -320,6 +320,7 @@ def test_streaming_batches_and_determinism():
         "attn_first",
         "top_key",
         "attn_top",
+        "low_mass",
     ]
 
 
@@ -610,3 +611,26 @@ def test_head_details_match_the_model_rerun_per_swap(kind):
         for a, b, after_a, after_b in zip(row.a, row.b, row.after_a, row.after_b):
             moved = attention_rows(model, ids, row.layer, swap=([a], [b]), query=q)[row.head]
             assert abs(after_a - float(moved[a])) < 1e-9 and abs(after_b - float(moved[b])) < 1e-9
+
+
+def test_low_mass_flags_exactly_the_rows_resting_on_attention_below_the_floor():
+    """A Llama whose layer-0 keys are its queries, scaled up: most rows put nearly all attention on the
+    query itself, and the scores of those rows turn on the little mass left (issue 55). low_mass must be
+    True exactly where the reference attention row puts less than MASS_FLOOR off the query."""
+    from posym.core.scores import MASS_FLOOR, head_scores, score_model
+
+    model = tiny_model("llama", seed=3)
+    attention = model.model.layers[0].self_attn
+    with torch.no_grad():  # heads 0, 1 share kv head 0: its keys become query head 0's queries x 40
+        attention.k_proj.weight[:8] = 40 * attention.q_proj.weight[:8]
+    prompts = _prompts([9, 12], seed=5)
+    frame = score_model(model, prompts, "all", layers=[0])
+    flags = []
+    for row in frame.itertuples():
+        probs = attention_rows(model, prompts[row.prompt], 0, query=row.query)[row.head]  # [T]
+        flags.append(bool(1 - float(probs[row.query]) < MASS_FLOOR))
+    assert frame.low_mass.tolist() == flags
+    assert 0 < sum(flags) < len(flags)  # both kinds of rows occur
+    heads = head_scores(frame)
+    share = frame.groupby(["prompt", "layer", "head"]).low_mass.mean().groupby(["layer", "head"]).mean()
+    assert heads.set_index(["layer", "head"]).low_mass.tolist() == pytest.approx(share.tolist())

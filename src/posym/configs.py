@@ -100,3 +100,41 @@ def override(config: T, updates: dict, *, where: str = "config") -> T:
         else:
             merged[key] = value
     return from_dict(type(config), merged, where=where)
+
+
+def from_file_and_flags(cls: type[T], given: dict | None, flags: dict, *, where: str, options: dict[str, str]) -> T:
+    """Build dataclass `cls` from a YAML file's fields `given` (`where`: the file) overridden by the
+    command-line `flags` (field -> value, None: not given; `options`: field -> its option). An error
+    names where the value came from: `FILE.key` for the file's, the option (`--n`) for a flag's, also in
+    the checks of `cls.__post_init__` that start with the field's name.
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass
+    ... class C:
+    ...     n: int = 1
+    ...     def __post_init__(self):
+    ...         if self.n > 9:
+    ...             raise PosymError(f"n {self.n} is more than 9")
+    >>> from_file_and_flags(C, {"n": 3}, {"n": 12}, where="c.yaml", options={"n": "--n"})
+    Traceback (most recent call last):
+    ...
+    posym.errors.PosymError: --n 12 is more than 9
+    >>> from_file_and_flags(C, {"n": 12}, {"n": None}, where="c.yaml", options={"n": "--n"})
+    Traceback (most recent call last):
+    ...
+    posym.errors.PosymError: c.yaml: n 12 is more than 9
+    """
+    if given is not None and not isinstance(given, dict):
+        raise PosymError(f"{where} must be a mapping, got {quote(given)}")
+    given = dict(given or {})
+    hints = typing.get_type_hints(cls)
+    chosen = {k: _coerce(v, hints[k], options.get(k, k)) for k, v in flags.items() if v is not None}
+    try:
+        return from_dict(cls, {**given, **chosen}, where=where)
+    except PosymError as exc:
+        message = str(exc)
+        for field in sorted({**given, **chosen}, key=len, reverse=True):
+            if message.startswith(f"{field} ") or message.startswith(f"{field}:"):
+                named = options.get(field, field) if field in chosen else f"{where}: {field}"
+                raise PosymError(named + message[len(field) :]) from None
+        raise

@@ -89,14 +89,17 @@ def _signals_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool = False) -> Iterator[Path]:
+def atomic_path(
+    path: str | os.PathLike, *, is_dir: bool = False, replace: bool = False, owns: tuple[str, ...] = ()
+) -> Iterator[Path]:
     """Yield a temporary sibling path; on success rename it to `path` (replacing it).
 
     On any exception the temporary file or directory is removed and `path` is left untouched. A
     directory `path` that exists and is not empty is replaced only with `replace=True` (the caller owns
     it, as `posym train` owns its checkpoints), and then only if the new directory holds every name the
-    old one held (`_refuse_foreign`); otherwise it is refused before anything is written, so a directory
-    output never deletes what it lands on.
+    old one held (`_refuse_foreign`; entries matching a glob pattern of `owns` may go: the command's own
+    files of an earlier run); otherwise it is refused before anything is written, so a directory output
+    never deletes what it lands on.
     """
     path = Path(path)
     parent = path.parent
@@ -133,7 +136,7 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
         if is_dir:
             _umask_modes(tmp)
         if is_dir and replace and _entries(path):
-            _refuse_foreign(path, tmp)
+            _refuse_foreign(path, tmp, owns)
         if is_dir and path.exists():
             # A directory cannot be renamed over a non-empty one: move the old one aside first.
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=parent))
@@ -155,11 +158,26 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False, replace: bool 
         raise
 
 
-def _refuse_foreign(path: Path, new: Path) -> None:
+@contextlib.contextmanager
+def output_set(path: str | os.PathLike, *, owns: tuple[str, ...]) -> Iterator[Path]:
+    """Write a command's several output files as one: yield an empty temporary sibling of directory
+    `path`; when the block ends without an error it replaces `path` whole (an earlier set of the
+    command's own files, those matching `owns`, goes with it; anything else there is refused, as
+    `atomic_path` does). So `path` holds a complete set or the one before it: a kill or a failed write
+    mid-way leaves no tables of the new set beside those of the old one (`posym atlas`, `llm-scores`)."""
+    with atomic_path(Path(os.path.abspath(path)), is_dir=True, replace=True, owns=owns) as tmp:
+        yield tmp
+
+
+def _refuse_foreign(path: Path, new: Path, owns: tuple[str, ...] = ()) -> None:
     """`replace=True` replaces a directory only by a newer version of itself: every entry of the old `path`
     must be one the `new` directory holds too, so a file someone put there (or a directory of other files
     under the same name) is never deleted with it."""
-    foreign = sorted(set(_entries(path)) - set(os.listdir(new)) - {LOCK})
+    foreign = sorted(
+        name
+        for name in set(_entries(path)) - set(os.listdir(new)) - {LOCK}
+        if not any(fnmatch.fnmatchcase(name, p) for p in owns)
+    )
     if foreign:
         raise PosymError(
             f"{path} holds {quote(foreign[0])}, which the new {path.name} does not; posym replaces a "
@@ -357,6 +375,7 @@ def check_output(
                 f"command ({hit}); choose another {option}"
             )
     if is_dir:
+        _refuse_inputs_inside(path, output, given, owns=owns, marker=marker, option=option)
         names = [name for name in _entries(path) if name != LOCK]
         if names and not (marker is not None and marker in names):
             foreign = [name for name in names if not any(fnmatch.fnmatchcase(name, p) for p in owns)]
@@ -373,6 +392,21 @@ def check_output(
                     f"{quote(foreign[0])}); choose a new or empty directory"
                 )
     return path
+
+
+def _refuse_inputs_inside(path: Path, output: Path, given: list[Path], *, owns, marker, option: str) -> None:
+    """Refuse an input that lies inside directory output `output` under a name the command writes there
+    (one of `owns`, or `marker`): `posym atlas --kv-table D/full_attention_heads.tsv --out D` would
+    replace the user's table with its own."""
+    for source in given:
+        if output not in source.parents:
+            continue
+        name = source.relative_to(output).parts[0]
+        if name == marker or any(fnmatch.fnmatchcase(name, p) for p in owns):
+            raise PosymError(
+                f"{option} {path} would overwrite an input of this command ({source}), which it writes as "
+                f"{name}; move that file or choose another {option}"
+            )
 
 
 # ---- one process per output directory -----------------------------------------------------------
@@ -400,6 +434,7 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for every file posym writes
         except OSError as exc:
+            _unlock(directory, path, None, created)
             raise PosymError(f"cannot lock {directory}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -418,18 +453,29 @@ def locked(directory: str | os.PathLike) -> Iterator[Path]:
         if same:  # not a file the previous holder unlinked just before we locked it
             break
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {_HOST}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {_HOST}\n".encode(), 0)
+    except OSError as exc:  # a full disk (ENOSPC) or quota while naming the holder
+        _unlock(directory, path, fd, created)
+        raise PosymError(f"cannot lock {directory}: {exc.strerror}") from None
     try:
         yield path
     finally:
+        _unlock(directory, path, fd, created)
+
+
+def _unlock(directory: Path, path: Path, fd: int | None, created: bool) -> None:
+    """Remove the lock file (only ours, never a file that replaced it), close it, and remove `directory`
+    if `locked` created it and it is empty."""
+    if fd is not None:
         with contextlib.suppress(OSError):
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # never a file that replaced our lock
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 path.unlink()
         os.close(fd)
-        if created:
-            with contextlib.suppress(OSError):
-                directory.rmdir()  # only if empty
+    if created:
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only if empty
 
 
 # ---- Ctrl-C --------------------------------------------------------------------------------------
@@ -675,10 +721,22 @@ def read_json_object(path: str | os.PathLike) -> dict:
     return data
 
 
-def read_parquet(path: str | os.PathLike, *, arrow: bool = False, **kwargs: Any):
+def read_parquet(path: str | os.PathLike, *, arrow: bool = False, required: tuple[str, ...] = (), **kwargs: Any):
     """`pandas.read_parquet`, a missing or damaged file answered with one PosymError line; every Parquet
     read of posym goes through here (tests/test_lint.py). arrow=True: `pyarrow.parquet.read_table`'s
-    Table instead of a DataFrame (list columns stay flat Arrow arrays)."""
+    Table instead of a DataFrame (list columns stay flat Arrow arrays). `required`: the columns the
+    caller reads; a table without one is a PosymError naming it (not a KeyError deep inside)."""
+    table = _read_parquet(path, arrow=arrow, **kwargs)
+    names = table.column_names if arrow else table.columns
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise PosymError(
+            f"{path} lacks the column {quote(missing[0])} that posym reads there; give the table as posym wrote it"
+        )
+    return table
+
+
+def _read_parquet(path: str | os.PathLike, *, arrow: bool = False, **kwargs: Any):
     path = Path(path)
     if not path.is_file():
         raise PosymError(f"{path} does not exist")
@@ -695,8 +753,13 @@ def read_parquet(path: str | os.PathLike, *, arrow: bool = False, **kwargs: Any)
 
 
 def quote(value: Any) -> str:
-    """A bounded repr for error messages: a huge (or billion-laughs) value never builds a huge message."""
-    text = _QUOTE.repr(value)
+    """A bounded repr for error messages: a huge (or billion-laughs) value never builds a huge message.
+    A path is shown as the user typed it, in quotes (no `PosixPath(...)`).
+
+    >>> quote(Path("/no/such.tsv")), quote("abc")
+    ("'/no/such.tsv'", "'abc'")
+    """
+    text = _QUOTE.repr(str(value) if isinstance(value, os.PathLike) else value)
     return text if len(text) <= 200 else text[:200] + "..."
 
 

@@ -761,7 +761,15 @@ class LoadedModel:
         return self._tokenizer is not None or self._tokenizer_loader is not None
 
     def text_ids(self, text: str) -> list[int]:
-        """The token ids of `text` under the model's own tokenizer (special tokens as it adds them)."""
+        """The token ids of `text` under the model's own tokenizer (special tokens as it adds them). Text
+        that is not Unicode a tokenizer reads (a lone surrogate, e.g. JSON's "\\ud800") is a PosymError."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PosymError(
+                f"a prompt holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start + 1}), "
+                "which is not text a tokenizer can read; fix the prompt"
+            ) from None
         return list(self.tokenizer(text).input_ids)
 
 

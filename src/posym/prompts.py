@@ -61,7 +61,7 @@ from posym.core.tasks import decode, generate, task_config
 from posym.errors import PosymError
 from posym.io import parse_json, quote
 from posym.models import LoadedModel
-from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_count, sequence_bytes
+from posym.resources import SAMPLE_BYTES_PER_TOKEN, check_bounds, check_count, sequence_bytes
 
 # ---- prompt files (JSONL) and task prompts -------------------------------------------------------
 
@@ -86,6 +86,15 @@ def read_text_prompts(path: str | os.PathLike) -> list[Prompt]:
         unknown = sorted(set(obj) - {"text", "answer", "focus"})
         if unknown:
             raise PosymError(f"{path} line {number} has unknown key {unknown[0]!r} (text, answer, focus)")
+        for key, value in obj.items():
+            if isinstance(value, str) and not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:  # JSON's "\\ud800": no tokenizer reads it
+                    raise PosymError(
+                        f'{path} line {number}: "{key}" holds a lone surrogate (U+{ord(value[exc.start]):04X}), '
+                        "which is not Unicode text"
+                    ) from None
         prompts.append(Prompt(obj["text"], obj.get("answer"), obj.get("focus"), {"set": path.name, "index": number}))
     return prompts
 
@@ -206,9 +215,10 @@ def query_position(loaded: LoadedModel, prompt: Prompt, query: str) -> int:
 def llm_prompts(name: str, *, text: str | None = None, n: int = 20, size: int = 12, seed: int = 0) -> list[Prompt]:
     """--text, a built-in set (binding, number, letter) or a JSONL file, as Prompts."""
     if text is not None:
+        if name != "binding":  # the default set: any other --prompts was asked for and would be ignored
+            raise PosymError(f"--text and --prompts {name} both say which prompts to score; give one of them")
         return [Prompt(text, meta={"set": "text", "index": 0})]
-    if n < 1:
-        raise PosymError(f"--n must be at least 1, got {n}")
+    check_bounds({"--n": n, "--size": size, "--seed": seed})
     if name == "binding":
         return binding_prompts(n, seed=seed)
     if name in ("number", "letter"):

@@ -174,3 +174,107 @@ def check_lengths(task_config, config, points) -> None:
     check_count("--n", config.n, each, what=f"{longest}-token test sequence")
     if config.heads:
         check_count("--head-prompts", config.head_prompts, each, what=f"{longest}-token test sequence")
+
+
+# ---- the bounds of every count and length a user gives (flags and YAML alike) ---------------------
+
+MOST_PROMPTS = 100_000
+"""The most prompts of one kind any posym command builds (each is at least a forward pass)."""
+MOST_TOKENS = 2**20
+"""The longest prompt any posym command builds (1,048,576 tokens), before the model's own position table
+bounds it further (`check_positions`)."""
+MOST_DRAWS = 100_000
+"""The most random draws (bootstrap resamples, random head groups) of one interval or control."""
+
+BOUNDS: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(
+        (
+            "n",
+            "n_binding",
+            "n_bench",
+            "frequency_prompts",
+            "needle_prompts",
+            "recall_prompts",
+            "stream_prompts",
+            "repeat_prompts",
+            "causal_prompts",
+            "gap_prompts",
+            "bench_n",
+        ),
+        (1, MOST_PROMPTS),
+    ),
+    **dict.fromkeys(("draws", "causal_draws"), (1, MOST_DRAWS)),
+    **dict.fromkeys(("bench_runs",), (1, 1_000)),
+    **dict.fromkeys(("seed",), (0, 2**32 - 1)),
+    **dict.fromkeys(("exclude_keys",), (0, MOST_TOKENS)),  # key positions  # numpy's generators take no negative seed
+    **dict.fromkeys(("causal_heads", "causal_planes", "gap_heads", "needle_words"), (1, 4_096)),
+    **dict.fromkeys(("repeats",), (2, MOST_TOKENS)),
+    **dict.fromkeys(
+        (
+            "needle_lengths",
+            "stream_length",
+            "causal_length",
+            "repeat_period",
+            "lengths",
+            "bench_size",
+            "bench_sizes",
+            "size",
+            "sink",
+            "windows",
+            "ablation_ks",
+        ),
+        (1, MOST_TOKENS),
+    ),
+}
+"""Every count and length a user can give `posym atlas`, `llm-study` and `llm-scores` (a field of
+AtlasConfig or StudyConfig, or the option of the same name): (least, most). The most bounds the work a
+number asks for (a draw or prompt is at least a forward pass or a resample of every head); what the
+model and the machine allow on top is checked before anything is built (`check_positions`, `check_count`)."""
+
+PROMPT_TOKENS = {"n": 64, "n_binding": 64, "frequency_prompts": 64, "n_bench": 64}
+"""Tokens a built-in prompt of these counts holds at least (a binding prompt or a 12-slot puzzle), for
+the memory estimate of `check_bounds` (the needle, stream and repeat prompts are bounded by their lengths)."""
+
+
+def check_bounds(values: dict, *, device: str = "cpu") -> None:
+    """Refuse (one line, before anything is built) a count or length outside `BOUNDS`, or a prompt count
+    whose prompts do not fit memory (`check_count`). `values`: name -> int or list of ints; a name is a
+    field (`n_binding`) or an option (`--n`, looked up as `n`) and the message says it as given; names
+    outside BOUNDS are ignored.
+
+    >>> check_bounds({"n_binding": 20, "needle_lengths": [256, 512]})
+    >>> check_bounds({"draws": 10**9})
+    Traceback (most recent call last):
+    ...
+    posym.errors.PosymError: draws 1,000,000,000 is more than the 100,000 posym allows; use at most 100,000
+    """
+    for name, value in values.items():
+        key = name.lstrip("-").replace("-", "_")
+        if key not in BOUNDS or value is None:
+            continue
+        least, most = BOUNDS[key]
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise PosymError(f"{name} must be an integer, got {item!r}")
+            if item < least:
+                raise PosymError(f"{name} must be at least {least}, got {item}")
+            if item > most:
+                raise PosymError(f"{name} {item:,} is more than the {most:,} posym allows; use at most {most:,}")
+        if key in PROMPT_TOKENS:
+            check_count(name, value, SAMPLE_BYTES_PER_TOKEN * PROMPT_TOKENS[key], what="prompt", device=device)
+
+
+def check_positions(lengths: dict, positions: int) -> None:
+    """Refuse (one line, before any prompt is built) a prompt length past the model's position table:
+    `lengths` name -> tokens (an int or a list).
+
+    >>> check_positions({"stream_length": 1024}, 8192)
+    >>> check_positions({"needle_lengths": [256, 10**9]}, 8192)
+    Traceback (most recent call last):
+    ...
+    posym.errors.PosymError: needle_lengths asks for 1,000,000,000 tokens, more than the model's 8,192 positions
+    """
+    for name, value in lengths.items():
+        longest = max(value) if isinstance(value, (list, tuple)) else value
+        if longest > positions:
+            raise PosymError(f"{name} asks for {longest:,} tokens, more than the model's {positions:,} positions")

@@ -10,6 +10,7 @@ importing them registers them on `app`, in that order (the order of `posym --hel
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 
 import typer
@@ -146,7 +147,9 @@ def main() -> None:
 
 def _one_line(message: str) -> str:
     """An error message as one line: a newline inside it (a path holding one, a library's multi-line
-    text) is shown escaped, as \\n, so the line stays one and still says what the input held."""
+    text) is shown escaped, as \\n, so the line stays one and still says what the input held; a path a
+    library wrote as `PosixPath('x')` is shown as `'x'`."""
+    message = re.sub(r"\b(?:Posix|Windows|Pure)?Path\(('[^']*'|\"[^\"]*\")\)", r"\1", message)  # no Python reprs
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 

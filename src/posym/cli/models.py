@@ -110,7 +110,12 @@ def llm_scores_cmd(
             f"examples and the puzzle), more than the {loaded.max_positions:,} positions of {loaded.name}"
         )
     chosen = prompt_sets.llm_prompts(prompts, text=text, n=n, size=size, seed=seed)
-    out = io.check_output(out or Path("runs") / "llm-scores" / loaded.name, is_dir=True, owns=OUTPUTS["llm-scores"])
+    out = io.check_output(
+        out or Path("runs") / "llm-scores" / loaded.name,
+        inputs=[path, prompts],
+        is_dir=True,
+        owns=OUTPUTS["llm-scores"],
+    )
     heads = ",".join(values(heads, option="--heads")) or None
     print(announce(path, None, query))
     settings = {
@@ -149,6 +154,7 @@ def llm_scores_cmd(
             budget=budget and budget << 20,
             settings=settings,
             progress=advance,
+            owns=OUTPUTS["llm-scores"],
         )
     print(f"pearson r(s_pos, s_sym) over heads = {result['pearson_r']:.3f}; wrote {out}")
     if "excluded_keys" in result:
@@ -281,7 +287,9 @@ def llm_bench_cmd(
         dtype=dtype,
         allow_pickle=allow_pickle,
     )
-    out = io.check_output(out or Path("runs") / "llm-bench" / label, is_dir=True, owns=OUTPUTS["llm-bench"])
+    out = io.check_output(
+        out or Path("runs") / "llm-bench" / label, inputs=[path], is_dir=True, owns=OUTPUTS["llm-bench"]
+    )
     settings = {
         "model": label,
         "tasks": task_list,
@@ -331,15 +339,23 @@ def llm_study_cmd(
     from posym.commands import llm_study
 
     io.check_output(out, inputs=[path, config], is_dir=True, marker=io.STUDY_MARKER)
-    settings = configs.from_dict(
-        llm_study.StudyConfig, io.read_yaml(config) if config else {}, where=str(config or "study config")
+    settings = configs.from_file_and_flags(
+        llm_study.StudyConfig,
+        io.read_yaml(config) if config else {},
+        {},
+        where=str(config or "study config"),
+        options={},
     )
     chosen = values(stages, option="--stages", choices=StudyStage)
+    if stages is not None and not chosen:  # --stages '' used to run every stage
+        raise PosymError(f"--stages names no stage; give one or more of {', '.join(llm_study.STAGES)}")
     only = [stage for stage in llm_study.STAGES if stage in chosen] or None
     spec = path or "smollm2-135m"
     device = device_of(device)
     loaded = models.load(spec, device=device)
-    out = io.check_output(out or Path("runs") / "llm-study" / loaded.name, is_dir=True, marker=io.STUDY_MARKER)
+    out = io.check_output(
+        out or Path("runs") / "llm-study" / loaded.name, inputs=[path, config], is_dir=True, marker=io.STUDY_MARKER
+    )
     steps = llm_study.stage_steps(settings)
     bar, advance = progress_bar(sum(steps[s] for s in only or llm_study.STAGES), "llm-study")
     with bar:
@@ -349,6 +365,19 @@ def llm_study_cmd(
     for stage, seconds in timings.items():
         print(f"{stage:12s} {seconds if seconds == 'done' else f'{seconds:.1f} s'}")
     print(f"wrote {out / 'report.html'}")
+
+
+ATLAS_OPTIONS = {
+    "n_binding": "--n",
+    "needle_lengths": "--lengths",
+    "needle_depths": "--depths",
+    "windows": "--windows",
+    "sink": "--sink",
+    "quantile": "--quantile",
+    "seed": "--seed",
+    "causal": "--causal",
+}
+"""The AtlasConfig field each `posym atlas` option sets (errors name the option, not the YAML file)."""
 
 
 @app.command("atlas")
@@ -414,15 +443,15 @@ def atlas_cmd(
         "seed": seed,
         "causal": causal,
     }
-    settings = configs.from_dict(
-        atlas.AtlasConfig,
-        {**given, **{k: v for k, v in flags.items() if v is not None}},
-        where=str(config or "atlas config"),
+    settings = configs.from_file_and_flags(
+        atlas.AtlasConfig, given, flags, where=str(config or "atlas config"), options=ATLAS_OPTIONS
     )
     spec = path or "smollm2-135m"
     device = device_of(device)
     loaded = models.load(spec, device=device)
-    out = io.check_output(out or Path("runs") / "atlas" / loaded.name, is_dir=True, owns=OUTPUTS["atlas"])
+    out = io.check_output(
+        out or Path("runs") / "atlas" / loaded.name, inputs=[path, config, kv_table], is_dir=True, owns=OUTPUTS["atlas"]
+    )
     bar, advance = progress_bar(5 if settings.causal else 4, "atlas")
     with bar:
         summary = atlas.write_atlas(
@@ -433,6 +462,7 @@ def atlas_cmd(
             compare=kv_table,
             figures=figures,
             progress=advance,
+            owns=OUTPUTS["atlas"],
         )
     recall = summary["needle_recall"]
     print(

@@ -180,7 +180,7 @@ def explore_command(
     from posym import io
     from posym.commands import explore
 
-    io.check_output(out, inputs=paths)
+    io.check_output(out, inputs=[*paths, model])
     result = explore.explore(
         paths,
         out,

@@ -22,12 +22,12 @@ import os
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 
-from posym import configs, io
+from posym import configs, io, resources
 from posym.core import atlas
 from posym.core.geometry import channel_means, frequency_use, plane_scores
 from posym.core.interventions import ablated_planes
@@ -151,24 +151,7 @@ class AtlasConfig:
     """Draws of each random control (random planes of the same heads; layer-matched random heads)."""
 
     def __post_init__(self) -> None:
-        counts = {
-            "n_binding": self.n_binding,
-            "frequency_prompts": self.frequency_prompts,
-            "needle_prompts": self.needle_prompts,
-            "recall_prompts": self.recall_prompts,
-            "causal_prompts": self.causal_prompts,
-            "causal_heads": self.causal_heads,
-            "causal_planes": self.causal_planes,
-            "causal_draws": self.causal_draws,
-            "needle_words": self.needle_words,
-            "stream_prompts": self.stream_prompts,
-            "repeat_prompts": self.repeat_prompts,
-            "repeats": self.repeats,
-            "draws": self.draws,
-        }
-        for name, value in counts.items():
-            if value < 1:
-                raise PosymError(f"{name} must be at least 1, got {value}")
+        resources.check_bounds({f.name: getattr(self, f.name) for f in fields(self)})
         if self.repeats < 2:
             raise PosymError(
                 f"repeats must be at least 2 (echo and induction need an earlier copy), got {self.repeats}"
@@ -282,6 +265,34 @@ def needle_prompts(
     return out
 
 
+def check_sizes(loaded: LoadedModel, config: AtlasConfig) -> None:
+    """Refuse, before any prompt is built, what the model or the machine cannot hold: a prompt longer
+    than the model's positions, more needle words than the tokenizer has single-token key words, or
+    more prompt tokens at once than memory holds (`posym.resources`: `--lengths 10**9` used to build a
+    24 GB haystack first)."""
+    lengths = {"needle_lengths": config.needle_lengths, "stream_length": config.stream_length}
+    lengths["repeat_period x repeats"] = len(loaded.tokenizer("").input_ids) + config.repeat_period * config.repeats
+    if config.causal:
+        lengths["causal_length"] = config.causal_length
+    resources.check_positions(lengths, loaded.max_positions)
+    keys = len(Builder(loaded.tokenizer).keys)
+    if config.needle_words > keys:
+        raise PosymError(
+            f"needle_words {config.needle_words} is more than the {keys} single-token key words of the tokenizer"
+        )
+    cells = len(config.needle_depths)
+    token = resources.SAMPLE_BYTES_PER_TOKEN
+    held = {  # each set of prompts is held whole while it is scored
+        "recall_prompts": (config.recall_prompts, token * cells * sum(config.needle_lengths), "needle prompt set"),
+        "stream_prompts": (config.stream_prompts, token * config.stream_length, "natural-text prompt"),
+        "repeat_prompts": (config.repeat_prompts, token * config.repeat_period * config.repeats, "repeat prompt"),
+    }
+    if config.causal:
+        held["causal_prompts"] = (config.causal_prompts, token * cells * config.causal_length, "causal prompt set")
+    for name, (count, each, what) in held.items():
+        resources.check_count(name, count, each, what=what, device="cuda" if "cuda" in str(loaded.device) else "cpu")
+
+
 def natural_text(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]:
     """`stream_prompts` consecutive stretches of `stream_length` tokens of the Python reference
     documentation (English prose with code, in every CPython), each after the tokenizer's BOS."""
@@ -292,7 +303,13 @@ def natural_text(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]:
     text, ids = "", []
     names = iter(sorted(topics))
     while len(ids) < body * config.stream_prompts:
-        chunk = "\n\n".join(topics[next(names)] for _ in range(20))
+        chosen = [topics[name] for name, _ in zip(names, range(20))]
+        if not chosen:  # the whole documentation is used up
+            raise PosymError(
+                f"stream_prompts x stream_length asks for {body * config.stream_prompts:,} tokens of natural "
+                f"text, more than the {len(ids):,} of the Python documentation posym draws them from"
+            )
+        chunk = "\n\n".join(chosen)
         text += chunk + "\n\n"
         ids = builder.encode(text)
     return [builder.bos + ids[k * body : (k + 1) * body] for k in range(config.stream_prompts)]
@@ -886,10 +903,19 @@ def report(
 
 
 def write_atlas(
-    loaded: LoadedModel, out, config: AtlasConfig, *, settings: dict, compare=None, figures: bool = True, progress=None
+    loaded: LoadedModel,
+    out,
+    config: AtlasConfig,
+    *,
+    settings: dict,
+    compare=None,
+    figures: bool = True,
+    progress=None,
+    owns: tuple[str, ...] = (),
 ) -> dict:
     """Build the atlas and write every file of OUT (module docstring; maps and scatter PNG/SVG unless
-    figures=False); returns summary.json's dict."""
+    figures=False) as one set (`posym.io.output_set`; `owns`: the names an earlier set in OUT may hold):
+    a kill or a failed write leaves OUT as it was. Returns summary.json's dict."""
     start = time.perf_counter()
     out = Path(out)
     grid_in = None
@@ -901,6 +927,7 @@ def write_atlas(
             config_.num_hidden_layers,
             getattr(config_, "num_key_value_heads", None) or config_.num_attention_heads,
         )
+    check_sizes(loaded, config)
     result = build_atlas(loaded, config, progress)
     causal = None
     if config.causal:
@@ -945,17 +972,18 @@ def write_atlas(
     if grid_in is not None:
         compared, confusion = compare_table(result["atlas"], grid_in, config.quantile)
         tables |= {"compare": compared, "compare_confusion": confusion}
-    for name, frame in tables.items():
-        io.write_parquet(out / f"{name}.parquet", frame)
-    io.write_text(out / "full_attention_heads.tsv", format_grid(grid))
-    io.write_text(out / "full_attention_mask.tsv", format_grid(mask, as_bool=True))
-    if figures:
-        save_figure(plot_maps(result["atlas"], score_columns(config)), out / "maps")
-        save_figure(plot_scatter(result["atlas"], list(SCATTER)), out / "scatter")
-    summary["timings"]["total"] = round(time.perf_counter() - start, 2)
-    io.write_yaml(out / "atlas.yaml", configs.to_dict(config))
-    io.write_json(
-        out / "summary.json", {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary}
-    )
-    io.write_text(out / "report.md", report(result, agree, summary, config, figures, causal))
+    with io.output_set(out, owns=owns) as final:
+        for name, frame in tables.items():
+            io.write_parquet(final / f"{name}.parquet", frame)
+        io.write_text(final / "full_attention_heads.tsv", format_grid(grid))
+        io.write_text(final / "full_attention_mask.tsv", format_grid(mask, as_bool=True))
+        if figures:
+            save_figure(plot_maps(result["atlas"], score_columns(config)), final / "maps")
+            save_figure(plot_scatter(result["atlas"], list(SCATTER)), final / "scatter")
+        summary["timings"]["total"] = round(time.perf_counter() - start, 2)
+        io.write_yaml(final / "atlas.yaml", configs.to_dict(config))
+        io.write_json(
+            final / "summary.json", {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary}
+        )
+        io.write_text(final / "report.md", report(result, agree, summary, config, figures, causal))
     return summary

@@ -26,8 +26,10 @@ it shows them. The file stays within `max_mb` (MAX_MB): the rows of the prompts 
 from __future__ import annotations
 
 import base64
+import html
 import json
 import math
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,10 +50,20 @@ from posym.core.scores import (
 from posym.core.tasks import TaskConfig, token_names
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
+from posym.io import quote
 from posym.models import RunDir
 from posym.prompts import jsonl_records
 
-STEPS = {"s_pos": 1e-4, "s_sym": 1e-4, "s_pos_sf": 1e-4, "s_sym_sf": 1e-4, "entropy": 1e-3, "sink": 1e-4, "freq": 1e-3}
+STEPS = {
+    "s_pos": 1e-4,
+    "s_sym": 1e-4,
+    "s_pos_sf": 1e-4,
+    "s_sym_sf": 1e-4,
+    "entropy": 1e-3,
+    "sink": 1e-4,
+    "freq": 1e-3,
+    "low_mass": 1e-4,
+}
 """Quantisation step of each map metric (the page shows 3 decimals: nothing visible is lost)."""
 FINE = 1e-4
 """Quantisation step of attention rows, swap weights, attention pairs and cosines (all in [-1, 1])."""
@@ -68,6 +80,8 @@ PAGE = 25
 MAX_MB = 25.0
 """The default limit on the file's size (MB, 1e6 bytes): attention rows and swaps of the prompts past it are left out."""
 MAX_BYTES = int(MAX_MB * 1e6)
+MOST_MB = 10_000.0
+"""The largest --max-mb: a 10 GB page is more than a browser opens."""
 
 
 @dataclass
@@ -306,18 +320,38 @@ def _size(data: dict, blocks: list[str]) -> int:
 
 
 def render(data: dict, blocks: list[str] = ()) -> str:
-    """The HTML page: the template with the data as one inline JSON script (`</` escaped) and each
-    block in a script element of its own (id block-N, base64 text, never run)."""
-    blob = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """The HTML page: the template with the data as one inline JSON script (every `<`, `>` and `&`
+    written as a JSON escape, so no name can close the script or open a comment) and each block in a
+    script element of its own (id block-N, base64 text, never run).
+
+    The placeholders are filled in one pass over the template, never in the values put in: a title or
+    file name holding `__DATA__` stays text (here twice in the heading, once in the data).
+
+    >>> page = render({"title": "__DATA__</script><script>alert(1)</script>"})
+    >>> "<script>alert(1)" in page, page.count("__DATA__")
+    (False, 3)
+    """
+    blob = html_json(data)
     chunks = "".join(
         f'<script type="application/octet-stream" id="block-{k}">{b}</script>\n' for k, b in enumerate(blocks)
     )
-    page = TEMPLATE.read_text(encoding="utf-8")
-    return page.replace("__TITLE__", _escape(data["title"])).replace("__BLOCKS__", chunks).replace("__DATA__", blob)
+    values = {"__TITLE__": html.escape(data["title"], quote=True), "__BLOCKS__": chunks, "__DATA__": blob}
+    return _PLACEHOLDER.sub(lambda m: values[m.group(0)], TEMPLATE.read_text(encoding="utf-8"))
 
 
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+_PLACEHOLDER = re.compile("|".join(("__TITLE__", "__BLOCKS__", "__DATA__")))
+"""The explorer template's placeholders, filled by `render` in one `re.sub` pass."""
+
+
+def html_json(value) -> str:
+    """JSON safe inside an HTML `<script>` element: `<`, `>` and `&` as `\\u003c`, `\\u003e`, `\\u0026`
+    (JSON decodes them back; the HTML parser never sees a tag, a comment or an entity).
+
+    >>> html_json({"name": "</script><!--&"})
+    '{"name":"\\\\u003c/script\\\\u003e\\\\u003c!--\\\\u0026"}'
+    """
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 # ---- reading the tables -------------------------------------------------------------------------
@@ -343,11 +377,16 @@ def _shape(frame) -> tuple[int, int]:
     return int(frame.layer.max()) + 1, int(frame["head"].max()) + 1
 
 
+HEAD_COLUMNS = ("layer", "head", "s_pos", "s_sym", "entropy", "label")
+"""The columns of a heads table (llm-scores' heads.parquet, llm-study's scores/heads.parquet) explore reads."""
+
+
 def llm_scores_sets(path: Path) -> list[HeadSet]:
     """One set from an `llm-scores` output directory."""
     summary = io.read_json_object(path / "summary.json")
-    heads, scores = io.read_parquet(path / "heads.parquet"), io.read_parquet(path / "scores.parquet")
-    prompts = io.read_parquet(path / "prompts.parquet")
+    heads = io.read_parquet(path / "heads.parquet", required=HEAD_COLUMNS)
+    scores = io.read_parquet(path / "scores.parquet", required=("prompt", "layer", "head", "s_pos", "s_sym"))
+    prompts = io.read_parquet(path / "prompts.parquet", required=("prompt", "text", "input_ids", "query"))
     layers, n_heads = _shape(heads)
     maps = {
         "s_pos": _values(heads, "s_pos"),
@@ -357,6 +396,8 @@ def llm_scores_sets(path: Path) -> list[HeadSet]:
     }
     if "attn_first" in heads:
         maps["sink"] = _values(heads, "attn_first")
+    if "low_mass" in heads:
+        maps["low_mass"] = _values(heads, "low_mass")
     if (path / "scores_excluded.parquet").is_file():
         free = head_scores(io.read_parquet(path / "scores_excluded.parquet"))
         maps["s_pos_sf"], maps["s_sym_sf"] = _values(free, "s_pos"), _values(free, "s_sym")
@@ -407,6 +448,8 @@ def score_sets(path: Path) -> list[HeadSet]:
     }
     if "attn_first" in frame:
         maps["sink"] = _values(heads, "attn_first")
+    if "low_mass" in heads:
+        maps["low_mass"] = _values(heads, "low_mass")
     per_prompt = _prompt_scores(frame)
     ids, names = _score_ids(settings)
     rows = []
@@ -557,7 +600,7 @@ def study_sets(path: Path) -> list[HeadSet]:
     study = io.read_yaml(path / "study.yaml") if (path / "study.yaml").is_file() else {}
     manifest = path / "manifest.json"
     spec = io.read_json_object(manifest).get("model") if manifest.is_file() else None
-    heads = io.read_parquet(path / "scores" / "heads.parquet")
+    heads = io.read_parquet(path / "scores" / "heads.parquet", required=(*HEAD_COLUMNS, "set", "attn_first"))
     prompts = io.read_parquet(path / "scores" / "prompts.parquet")
     layers, n_heads = _shape(heads)
     behaviour = path / "frequency" / "behaviour.parquet"
@@ -575,6 +618,8 @@ def study_sets(path: Path) -> list[HeadSet]:
             "sink": _values(plain, "attn_first"),
             "label": {(int(r.layer), int(r.head)): r.label for r in plain.itertuples()},
         }
+        if "low_mass" in plain:
+            maps["low_mass"] = _values(plain, "low_mass")
         free = [v for k, v in variants.items() if k != "plain"]
         if free:
             maps["s_pos_sf"], maps["s_sym_sf"] = _values(free[0], "s_pos"), _values(free[0], "s_sym")
@@ -627,25 +672,36 @@ def collect(paths) -> list[HeadSet]:
     """Every head set of the inputs, in order."""
     sets: list[HeadSet] = []
     for path in map(Path, paths):
-        kind = kind_of(path)
-        if kind == "llm-scores":
-            sets += llm_scores_sets(path)
-        elif kind == "score":
-            sets += score_sets(path)
-        elif kind == "study":
-            sets += study_sets(path)
-        elif kind == "run":
-            sets += run_sets(path)
-        else:
-            runs = sorted(
-                p for p in path.iterdir() if RunDir(p).config.is_file() and RunDir(p).output("analysis").is_dir()
-            )
-            if not runs:
-                raise PosymError(f"{path} is a posym run output without analysed tasks (no <task>/analysis/)")
-            for run in runs:
-                sets += run_sets(run)
+        try:
+            sets += _sets_of(path)
+        except KeyError as exc:  # a table without a column posym writes (edited, or of another tool)
+            raise PosymError(
+                f"{path}: a table lacks the column {quote(exc.args[0] if exc.args else '?')} that posym explore "
+                "reads; give the tables as posym wrote them"
+            ) from None
     if not sets:
         raise PosymError("no head sets found in the inputs")
+    return sets
+
+
+def _sets_of(path: Path) -> list[HeadSet]:
+    """The head sets of one input (`collect`)."""
+    sets: list[HeadSet] = []
+    kind = kind_of(path)
+    if kind == "llm-scores":
+        sets += llm_scores_sets(path)
+    elif kind == "score":
+        sets += score_sets(path)
+    elif kind == "study":
+        sets += study_sets(path)
+    elif kind == "run":
+        sets += run_sets(path)
+    else:
+        runs = sorted(p for p in path.iterdir() if RunDir(p).config.is_file() and RunDir(p).output("analysis").is_dir())
+        if not runs:
+            raise PosymError(f"{path} is a posym run output without analysed tasks (no <task>/analysis/)")
+        for run in runs:
+            sets += run_sets(run)
     return sets
 
 
@@ -678,7 +734,8 @@ def add_details(
     """Fill `details` of each set that has none from its model (loaded once per spec and step; `model`
     replaces the spec the tables name) for its first `detail_prompts` prompts at every one of their
     queries (the sets of one run share one pass at every hop query); a set whose model cannot be
-    loaded, or whose prompts' ids the tables do not give back, gets `note`."""
+    loaded, or whose prompts' ids the tables do not give back, gets `note` (a `model` given by name
+    that cannot be loaded is a PosymError: `--model /nope` used to write a page without rows, exit 0)."""
     loaded: dict = {}
     computed: dict = {}
     for s in sets:
@@ -699,6 +756,8 @@ def add_details(
             try:
                 loaded[key] = models.load(spec, step=s.model.get("step"), device=device, dtype="float32")
             except PosymError as exc:
+                if model is not None:  # asked for by name: a model that cannot load is the user's error
+                    raise PosymError(f"--model {model}: {exc}") from None
                 loaded[key] = exc
         found = loaded[key]
         if isinstance(found, PosymError):
@@ -753,8 +812,8 @@ def explore(
         raise PosymError("posym explore needs at least one directory of score tables")
     if detail_prompts < 0 or top < 1:
         raise PosymError(f"--detail-prompts must be >= 0 and --top >= 1, got {detail_prompts} and {top}")
-    if not max_mb > 0:
-        raise PosymError(f"--max-mb must be positive, got {max_mb}")
+    if not 0 < max_mb <= MOST_MB:  # also refuses nan and inf (int(inf) raised OverflowError)
+        raise PosymError(f"--max-mb must be a number of MB in (0, {MOST_MB:,.0f}], got {max_mb}")
     sets = collect(paths)
     recompute = bool(details and detail_prompts)
     use_stored(sets, detail_prompts=detail_prompts, top=top, model=model, recompute=recompute)

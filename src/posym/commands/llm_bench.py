@@ -108,9 +108,16 @@ def _api_key(endpoint: Endpoint) -> str | None:
     is refused by position, never shown: http.client would put `Bearer <key>` in its traceback."""
     if endpoint.api_key_env is None:
         return None
-    key = os.environ.get(endpoint.api_key_env, "").strip()
+    name = endpoint.api_key_env
+    key = os.environ.get(name, "").strip() if "=" not in name and "\0" not in name else ""
     if not key:
-        raise PosymError(f"environment variable {endpoint.api_key_env} (named by --api-key-env) is not set")
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]{0,63}", name):  # lower case, dashes, 64+ characters: maybe a key
+            raise PosymError(
+                f"--api-key-env takes the name of an environment variable (upper-case letters, digits, _), and "
+                f"no variable of the {len(name)}-character name given is set (the name is not shown: it may be "
+                "the key itself); export the key as e.g. OPENAI_API_KEY and pass --api-key-env OPENAI_API_KEY"
+            )
+        raise PosymError(f"environment variable {name} (named by --api-key-env) is not set")
     bad = next((k for k, c in enumerate(key) if not "!" <= c <= "~"), None)
     if bad is not None:
         raise PosymError(
@@ -141,12 +148,48 @@ def check_url(base_url: str) -> str:
 
 
 def shown_url(url: str) -> str:
-    """`url` without the user:password of its authority (as an error line may show it), cut to 200 characters."""
+    """`url` as an error line or a manifest may show it: without the user:password of its authority, the
+    value of every query parameter (`?api_key=...`, a common way to pass a token) as `***`, no fragment,
+    cut to 200 characters.
+
+    >>> shown_url("https://me:pw@host/v1?key=sk-123&x=1#frag")
+    'https://host/v1?key=***&x=***'
+    """
     scheme, sep, rest = url.partition("://")
     if sep:
         authority, slash, path = rest.partition("/")
         url = f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+    url, _, _ = url.partition("#")
+    url, mark, query = url.partition("?")
+    if mark:
+        url += "?" + "&".join(f"{item.partition('=')[0]}=***" for item in query.split("&"))
     return url[:200]
+
+
+def url_secrets(url: str) -> list[str]:
+    """What `url` may carry as a secret (its password and query values of 4 characters or more), for
+    `_masked`: an endpoint's error may quote the request URL.
+
+    >>> url_secrets("https://me:pw-long@host/v1?api_key=sk-123&x=1")
+    ['pw-long', 'sk-123']
+    """
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    values = [parts.password or "", *(v for _, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True))]
+    return [v for v in values if len(v) >= 4]
+
+
+def completions_url(base_url: str) -> str:
+    """The chat completions URL of `--base-url`: /chat/completions appended to its path, before any query.
+
+    >>> completions_url("https://host/v1/?key=abc")
+    'https://host/v1/chat/completions?key=abc'
+    """
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(base_url)
+    return urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/chat/completions", fragment=""))
 
 
 MAX_REPLY_BYTES = 64 * 2**20
@@ -177,11 +220,39 @@ def key_spellings(key: str) -> list[str]:
     return sorted(spellings, key=lambda s: (-len(s), s))
 
 
-def _masked(text: str, key: str | None, limit: int | None = 200) -> str:
-    """`text` with every spelling of the API key (`key_spellings`) replaced, then cut to `limit`
-    characters (in that order: a key that straddles the cut would otherwise survive it half)."""
+KEY_RUN = 8
+"""The shortest stretch of the API key that `_masked` masks wherever a reply holds it (a third of a
+longer key): an endpoint echoing the key with a character changed, cut, or starred in the middle
+(`sk-abc...xyz`) must not print the rest."""
+
+
+def _masked(text: str, key: str | tuple[str, ...] | None, limit: int | None = 200) -> str:
+    """`text` with every spelling of the API key (`key_spellings`) replaced, then every stretch of
+    `KEY_RUN` or more characters of the key (a near-complete echo), then cut to `limit` characters (in
+    that order: a key that straddles the cut would otherwise survive it half).
+
+    >>> _masked("bad key sk-abcdefghijklmnopqrstuvwx! (sk-abcd...wxyz)", "sk-abcdefghijklmnopqrstuvwxyz")
+    'bad key ***! (sk-abcd...wxyz)'
+    """
+    if isinstance(key, tuple):  # several secrets (the key, the URL's query values): each in turn
+        for one in key:
+            text = _masked(text, one, None)
+        return text if limit is None else text[:limit]
     for spelling in key_spellings(key) if key else ():
         text = re.sub(re.escape(spelling), "***", text, flags=re.IGNORECASE)  # %2f as %2F, \\u002F as \\u002f
+    if key:
+        run = max(min(KEY_RUN, len(key)), len(key) // 3)
+        lower, hidden = text.lower(), [False] * len(text)
+        for start in range(len(key) - run + 1):
+            piece = key[start : start + run].lower()
+            at = lower.find(piece)
+            while at >= 0:
+                hidden[at : at + run] = [True] * run
+                at = lower.find(piece, at + 1)
+        text = "".join(
+            "***" if hide and (k == 0 or not hidden[k - 1]) else "" if hide else c
+            for k, (c, hide) in enumerate(zip(text, hidden))
+        )
     return text if limit is None else text[:limit]
 
 
@@ -273,8 +344,9 @@ def reply_content(payload) -> str:
 
 def chat(endpoint: Endpoint, content: str) -> str:
     """One greedy chat completion; retries transient failures, then raises a PosymError without the key."""
-    url = endpoint.base_url.rstrip("/") + "/chat/completions"
+    url = completions_url(endpoint.base_url)
     key = _api_key(endpoint)
+    secrets = (*([key] if key else []), *url_secrets(endpoint.base_url))
     body = json.dumps(
         {
             "model": endpoint.model_name,
@@ -291,10 +363,10 @@ def chat(endpoint: Endpoint, content: str) -> str:
         try:
             status, reason, data = _post(url, body, headers, endpoint.timeout_s)
         except (OSError, TimeoutError) as exc:
-            last = f"no reply ({_masked(str(exc), key)})"
+            last = f"no reply ({_masked(str(exc), secrets)})"
             continue
         if status != 200:  # the reason phrase is the server's text too: masked like the body
-            last = _masked(f"HTTP {status} {reason}: {data.decode('utf-8', 'replace')}", key, 240)
+            last = _masked(f"HTTP {status} {reason}: {data.decode('utf-8', 'replace')}", secrets, 240)
             if status not in (408, 429) and status < 500:
                 break  # a client error (bad key, bad model name) will not go away by retrying
             continue
@@ -303,7 +375,7 @@ def chat(endpoint: Endpoint, content: str) -> str:
         except (PosymError, KeyError, IndexError, TypeError, AttributeError, ValueError):
             last = "the reply is not an OpenAI-style chat completion"
             break
-        return _masked(content, key, None)  # an endpoint echoing the key gets it masked
+        return _masked(content, secrets, None)  # an endpoint echoing the key gets it masked
     raise PosymError(f"endpoint {shown_url(url)} failed after {attempt + 1} attempt(s): {last}")
 
 

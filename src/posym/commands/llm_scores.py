@@ -10,7 +10,6 @@ itself is `posym.commands.llm_bench`.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from posym.core.geometry import layer_bases, plane_scores
 from posym.core.paper import TAU
@@ -19,7 +18,7 @@ from posym.core.stats import pearson
 from posym.core.study import find_sinks, layer_profile, sink_changes
 from posym.errors import PosymError
 from posym.figures import plot_heads, save_figure, subplots
-from posym.io import manifest, write_json, write_parquet
+from posym.io import manifest, output_set, write_json, write_parquet
 from posym.models import LoadedModel, tokenize
 from posym.prompts import Prompt, query_position
 
@@ -74,6 +73,7 @@ def write_scores(
     budget: int | None = None,
     settings: dict,
     progress=None,
+    owns: tuple[str, ...] = (),
 ) -> dict:
     """Score every head on `prompts` and write scores/heads/layers(/planes).parquet, figures, summary.json.
 
@@ -88,6 +88,9 @@ def write_scores(
     prompts at their query, the `top` heaviest swaps: what `posym explore` shows, written here while
     the model is loaded so that explore need not load it again), summary.json (manifest, Pearson r,
     per-layer medians, "details": {"prompts", "top"}). Returns the summary dict.
+
+    The files are written as one set (`posym.io.output_set`: `owns`, the names an earlier set of
+    out_dir may hold): a kill or a failed write leaves out_dir as it was.
     """
     import pandas as pd
 
@@ -113,72 +116,72 @@ def write_scores(
     )
     head_means = summarize_heads(frame)
     layers, r = layer_profile(head_means), pearson(head_means.s_pos, head_means.s_sym)
-    out_dir = Path(out_dir)
-    extra = {}
-    if exclude_keys is not None:
-        keys = find_sinks(frame) if exclude_keys == "auto" else list(exclude_keys)
-        excluded = score_model(
-            loaded.model,
-            ids,
-            queries,
-            tau=tau,
-            epsilon=epsilon,
-            exact=exact,
-            exclude_keys=keys,
-            budget=budget,
-            progress=progress,
+    with output_set(out_dir, owns=owns) as out_dir:
+        extra = {}
+        if exclude_keys is not None:
+            keys = find_sinks(frame) if exclude_keys == "auto" else list(exclude_keys)
+            excluded = score_model(
+                loaded.model,
+                ids,
+                queries,
+                tau=tau,
+                epsilon=epsilon,
+                exact=exact,
+                exclude_keys=keys,
+                budget=budget,
+                progress=progress,
+            )
+            changes = sink_changes(head_means, summarize_heads(excluded))
+            write_parquet(out_dir / "scores_excluded.parquet", excluded)
+            write_parquet(out_dir / "sinks.parquet", changes)
+            extra = {"excluded_keys": keys, "label_changes": int(changes.changed.sum())}
+        write_parquet(out_dir / "scores.parquet", frame)
+        write_parquet(out_dir / "heads.parquet", head_means)
+        write_parquet(
+            out_dir / "prompts.parquet",
+            pd.DataFrame(
+                [
+                    {
+                        "prompt": k,
+                        "text": p.text,
+                        "answer": p.answer,
+                        "input_ids": i.tolist(),
+                        "query": q[0],
+                        "query_token": loaded.tokenizer.decode([int(i[q[0]])]),
+                        "tokens": [loaded.tokenizer.decode([int(t)]) for t in i[: q[0] + 1]],
+                    }
+                    for k, (p, i, q) in enumerate(zip(prompts, ids, queries))
+                ]
+            ),
         )
-        changes = sink_changes(head_means, summarize_heads(excluded))
-        write_parquet(out_dir / "scores_excluded.parquet", excluded)
-        write_parquet(out_dir / "sinks.parquet", changes)
-        extra = {"excluded_keys": keys, "label_changes": int(changes.changed.sum())}
-    write_parquet(out_dir / "scores.parquet", frame)
-    write_parquet(out_dir / "heads.parquet", head_means)
-    write_parquet(
-        out_dir / "prompts.parquet",
-        pd.DataFrame(
-            [
-                {
-                    "prompt": k,
-                    "text": p.text,
-                    "answer": p.answer,
-                    "input_ids": i.tolist(),
-                    "query": q[0],
-                    "query_token": loaded.tokenizer.decode([int(i[q[0]])]),
-                    "tokens": [loaded.tokenizer.decode([int(t)]) for t in i[: q[0] + 1]],
-                }
-                for k, (p, i, q) in enumerate(zip(prompts, ids, queries))
-            ]
-        ),
-    )
-    write_parquet(out_dir / "layers.parquet", layers)
-    if details > 0:
-        chosen = min(details, len(ids))
-        rows = head_details(loaded.model, [i.tolist() for i in ids[:chosen]], queries[:chosen], tau=tau, top=top)
-        write_parquet(out_dir / "details.parquet", rows)
-        extra["details"] = {"prompts": chosen, "top": top}
-    save_figure(plot_heads(head_means, r), out_dir / "heads")
-    if heads:
-        # one pass per chosen layer scores all of its chosen heads (posym.core.geometry's channel engine)
-        per_prompt = pd.concat(
-            [
-                plane_scores(loaded.model, ids, queries, layers=[layer], heads=chosen, tau=tau)
-                for layer, chosen in _heads_by_layer(heads).items()
-            ]
-        )
-        planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id", "frequency"], as_index=False)[
-            ["s_pos", "s_sym", "max_logit"]
-        ].mean()
-        write_parquet(out_dir / "planes.parquet", planes)
-        save_figure(plot_planes(planes), out_dir / "planes")
-    summary = {
-        **manifest(settings, seed=settings.get("seed")),
-        "settings": settings,
-        "model_type": loaded.model_type,
-        "prompts": len(prompts),
-        "pearson_r": r,
-        "layers": layers.to_dict("records"),
-        **extra,
-    }
-    write_json(out_dir / "summary.json", summary)
-    return summary
+        write_parquet(out_dir / "layers.parquet", layers)
+        if details > 0:
+            chosen = min(details, len(ids))
+            rows = head_details(loaded.model, [i.tolist() for i in ids[:chosen]], queries[:chosen], tau=tau, top=top)
+            write_parquet(out_dir / "details.parquet", rows)
+            extra["details"] = {"prompts": chosen, "top": top}
+        save_figure(plot_heads(head_means, r), out_dir / "heads")
+        if heads:
+            # one pass per chosen layer scores all of its chosen heads (posym.core.geometry's channel engine)
+            per_prompt = pd.concat(
+                [
+                    plane_scores(loaded.model, ids, queries, layers=[layer], heads=chosen, tau=tau)
+                    for layer, chosen in _heads_by_layer(heads).items()
+                ]
+            )
+            planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id", "frequency"], as_index=False)[
+                ["s_pos", "s_sym", "max_logit"]
+            ].mean()
+            write_parquet(out_dir / "planes.parquet", planes)
+            save_figure(plot_planes(planes), out_dir / "planes")
+        summary = {
+            **manifest(settings, seed=settings.get("seed")),
+            "settings": settings,
+            "model_type": loaded.model_type,
+            "prompts": len(prompts),
+            "pearson_r": r,
+            "layers": layers.to_dict("records"),
+            **extra,
+        }
+        write_json(out_dir / "summary.json", summary)
+        return summary

@@ -24,7 +24,9 @@ def write_score_parquet(path, frames, sidecar: dict) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([(c, pa.float64() if c in FLOAT_COLUMNS else pa.int64()) for c in COLUMNS])
+    schema = pa.schema(
+        [(c, pa.float64() if c in FLOAT_COLUMNS else pa.bool_() if c == "low_mass" else pa.int64()) for c in COLUMNS]
+    )
     rows = 0
     with atomic_path(path) as tmp:
         with pq.ParquetWriter(tmp, schema) as writer:

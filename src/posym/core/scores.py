@@ -188,9 +188,32 @@ COLUMNS = (
     "attn_first",
     "top_key",
     "attn_top",
+    "low_mass",
 )
 """keys: how many keys the query sees (query + 1, or the layer's sliding window); top_key is a position;
-attn_first is NaN where the window excludes token 0 (no token-0 sink there)."""
+attn_first is NaN where the window excludes token 0 (no token-0 sink there); low_mass (`low_mass`): the
+row's s_pos and s_sym rest on attention below MASS_FLOOR."""
+
+MASS_FLOOR = 1e-3
+"""The least attention a query row must put on the keys that swaps move (every visible key but the
+query itself, which never moves) for its s_pos and s_sym to be read as a head's behaviour. Below it the
+scores are decided by the few swaps of whatever mass is left: on held-out real models a few heads per
+prompt keep >= 0.9996 of their attention on the query token, and their scores then turn on swaps of
+1e-8 to 1e-20 of attention."""
+
+
+def low_mass(frame):
+    """Per score row: whether the attention on the keys swaps move, 1 - attention on the query itself,
+    is below MASS_FLOOR. Only a row whose top key is the query can be (any other top key holds at least
+    1/keys of the movable mass), so top_key and attn_top decide it.
+
+    >>> import pandas as pd
+    >>> low_mass(pd.DataFrame({"query": [5, 5, 5], "top_key": [5, 5, 0], "attn_top": [0.9999, 0.99, 0.9999]})).tolist()
+    [True, False, False]
+    """
+    return (frame["top_key"] == frame["query"]) & (1.0 - frame["attn_top"] < MASS_FLOOR)
+
+
 FLOAT_COLUMNS = ("s_pos", "s_sym", "entropy", "bound", "attn_first", "attn_top")
 ROW_KEYS = ("s_pos", "s_sym", "entropy", "kept", "bound", "attn_first", "top_key", "attn_top")
 """Per-row results of `posym.core.pruning.score_rows` that become columns."""
@@ -400,6 +423,7 @@ def iter_scores(
             frame.insert(0, "prompt", [batch[row] for row in frame.pop("row")])
             parts.append(frame.assign(layer=layer))
         frame = pd.concat(parts, ignore_index=True)
+        frame["low_mass"] = low_mass(frame)
         yield frame[list(COLUMNS)].sort_values(["prompt", "query", "layer", "head"], ignore_index=True)
 
 
@@ -473,8 +497,10 @@ def head_details(
 # ---- the score of a head over a prompt set ------------------------------------------------------
 
 SCORE_COLUMNS = ("s_pos", "s_sym", "entropy")
-SINK_COLUMNS = ("attn_first", "attn_top")
-"""Attention of the query on token 0 and on its top key: averaged like the scores where present."""
+SINK_COLUMNS = ("attn_first", "attn_top", "low_mass")
+"""Attention of the query on token 0 and on its top key, and the low_mass flag: averaged like the scores
+where present (low_mass becomes the share of a prompt's, then a head's, rows that rest on too little
+attention: 0 for a head whose scores all mean something)."""
 
 
 def _averaged(frame) -> list[str]:

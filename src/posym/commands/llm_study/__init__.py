@@ -27,11 +27,11 @@ OUT skips the finished stages. `posym.commands.llm_study.report` turns OUT into 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
-from posym import configs, io
+from posym import configs, io, resources
 from posym import prompts as prompt_sets
 from posym.commands import llm_bench
 from posym.commands.llm_study import prediction
@@ -108,18 +108,7 @@ class StudyConfig:
     """What the screen, lengths and causal stages measure (`posym.commands.llm_study.prediction.PredictionConfig`)."""
 
     def __post_init__(self) -> None:
-        counts = {
-            "n_binding": self.n_binding,
-            "n_bench": self.n_bench,
-            "frequency_prompts": self.frequency_prompts,
-            "gap_prompts": self.gap_prompts,
-            "gap_heads": self.gap_heads,
-            "bench_runs": self.bench_runs,
-            "bench_n": self.bench_n,
-        }
-        for name, value in counts.items():
-            if value < 1:
-                raise PosymError(f"{name} must be at least 1, got {value}")
+        resources.check_bounds({f.name: getattr(self, f.name) for f in fields(self)})
         if self.frequency_prompts > self.n_binding:
             raise PosymError("frequency_prompts cannot exceed n_binding (stage 3 reuses the binding prompts)")
         if any(k < 1 for k in self.ablation_ks) or not self.ablation_ks:
@@ -671,9 +660,21 @@ def run_study(
 
 
 def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> None:
-    """Refuse, before any stage runs, a study whose prompts would not fit the model's positions: the
-    discrepancy lengths, the longest Appendix H prompt of the bench and the longest length family."""
+    """Refuse, before any stage runs, a study whose prompts would not fit the model's positions (the
+    discrepancy lengths, the longest Appendix H prompt of the bench and the longest length family),
+    ablation_ks past the model's heads, or exclude_keys that are not keys of every stage-1 prompt."""
     top = loaded.max_positions
+    heads = loaded.model.config.num_hidden_layers * loaded.model.config.num_attention_heads
+    if "ablation" in stages and max(config.ablation_ks) > heads:  # was skipped, then blamed on OUT
+        raise PosymError(f"ablation_ks reach {max(config.ablation_ks):,} heads, more than the model's {heads:,}")
+    if "scores" in stages and config.exclude_keys:
+        shortest = min(min(query_positions(loaded, name, p)) for name, p in study_prompts(config).items())
+        outside = [k for k in config.exclude_keys if not 0 <= k < shortest]
+        if outside:
+            raise PosymError(
+                f"exclude_keys {outside[0]} is not a key of every prompt: key positions lie in 0..{shortest - 1} "
+                "(before the earliest query of the study's prompts)"
+            )
     if "discrepancy" in stages and max(config.lengths) > top:
         raise PosymError(f"lengths reach {max(config.lengths)} tokens but the model has {top} positions")
     if "bench" in stages:
@@ -701,6 +702,11 @@ def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict
     another model, or a foreign directory, is refused."""
     model = identity(loaded)
     if not claim(out, io.STUDY_MARKER, configs.to_dict(config), what="a study"):
+        if not (out / "manifest.json").is_file() and any(is_done(out, JOB, stage) for stage in STAGES):
+            raise PosymError(  # a finished stage of an unknown model: continuing could mix two models' results
+                f"{out} holds finished stages but no manifest.json, so posym cannot tell which model they are "
+                "of; restore manifest.json, or choose another --out"
+            )
         before = io.read_json_object(out / "manifest.json") if (out / "manifest.json").is_file() else {}
         held = before.get("identity")
         if isinstance(held, dict) and "digest" in held:  # the weights decide, not the spec that named them
