@@ -24,6 +24,10 @@ Writes, into --out (default docs/results/paper/):
                                    and of L7-L11, the layers ranked lowest, whether L1-L4 all rank below
                                    L7-L11
 
+    head_retention_within.parquet  (into --within, default docs/results/seed-preset-s1/: the seed preset's 6 x 8
+                                   run) per task, length, layer and label of the layers holding heads of two
+                                   labels: the heads and their median retentions (the within-layer comparison)
+
 tests/test_head_retention_tables.py recomputes values of these tables from discrepancy.parquet and dynamics.parquet.
 
     python scripts/paper_head_retention.py [--out docs/results/paper]
@@ -185,10 +189,36 @@ def build(paper: Path = PAPER) -> dict[str, pd.DataFrame]:
     }
 
 
+SEED_PRESET = PAPER.parent / "seed-preset-s1"
+"""The seed preset's run of several heads per layer (6 x 8, seed 1, issue 56): the within-layer comparison."""
+
+
+def within_layer_table(heads: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, seed, length, layer, label) of the layers whose heads carry two labels or more: the heads and the
+    median of their retentions (both measures). With one head per layer (the paper preset) a label is its
+    layer; with several, heads of different labels in ONE layer compare at the same depth."""
+    mixed_layers = heads[heads.length == BASE].groupby(["task", "seed", "layer"]).label.nunique()
+    keep = mixed_layers[mixed_layers > 1].reset_index()[["task", "seed", "layer"]]
+    sub = heads.merge(keep, on=["task", "seed", "layer"])
+    return sub.groupby(["task", "seed", "length", "layer", "label"], as_index=False).agg(
+        heads=("head", "size"), retention_q50=("retention_q50", "median"), retention_mean=("retention_mean", "median")
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=PAPER)
+    parser.add_argument(
+        "--within", type=Path, default=SEED_PRESET, help="a collected seed-preset directory: head_retention_within"
+    )
     args = parser.parse_args()
+    if (args.within / "discrepancy.parquet").is_file():
+        heads = head_table(
+            pd.read_parquet(args.within / "discrepancy.parquet"), pd.read_parquet(args.within / "dynamics.parquet")
+        )
+        within = within_layer_table(heads)
+        write_parquet(args.within / "head_retention_within.parquet", within)
+        print(within[within.length.isin([68, 128])].to_string(index=False))
     tables = build()
     for name, table in tables.items():
         write_parquet(args.out / f"{name}.parquet", table)
