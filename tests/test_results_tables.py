@@ -384,7 +384,7 @@ def test_variants_text_quotes_the_authors_number_model():
 
     text = " ".join((RESULTS.parent / "results.md").read_text().split())
     start = text.index("Embedding dropout 0 alone, at batch 192")
-    sentence = text[start : text.index("three seeds against one)", start)]
+    sentence = text[start : text.index("five seeds against one)", start)]
     runs = pd.read_parquet(RESULTS / "paper-variants" / "lengthgen.parquet")
     runs = runs[(runs.protocol == "paper") & (runs.hop == 0)]
     ours = runs[(runs.preset == "authors") & (runs.task == "number") & (runs.seed == 0)]
