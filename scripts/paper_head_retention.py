@@ -36,7 +36,6 @@ tests/test_head_retention_tables.py recomputes values of these tables from discr
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -46,6 +45,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from posym.core.stats import seed_interval  # noqa: E402
 from posym.io import write_parquet  # noqa: E402
 
 PAPER = ROOT / "docs" / "results" / "paper"
@@ -56,8 +56,6 @@ MEASURES = {"gap_q50": "median gap", "gap_mean": "mean gap"}
 RANK_LENGTHS = (68, 128)
 BLOCKS = {"L1-L4": range(1, 5), "L7-L11": range(7, 12)}
 """The number model's layer blocks of the issue: positional L1-L4 and symbolic L7-L11 (12 layers)."""
-T975 = {1: 12.706204736174707, 2: 4.302652729749464, 3: 3.182446305284263, 4: 2.7764451051977934, 5: 2.570581835636314}
-"""97.5% quantiles of Student's t by degrees of freedom (seeds - 1)."""
 
 
 def labels(dynamics: pd.DataFrame) -> pd.DataFrame:
@@ -108,8 +106,7 @@ def seed_table(by_label: pd.DataFrame) -> pd.DataFrame:
     for key, sub in by_label.groupby(["preset", "task", "label", "length", "factor", "measure"]):
         values = sub["median_retention"].to_numpy(dtype=float)
         n = len(values)
-        mean, sd = float(values.mean()), float(values.std(ddof=1)) if n > 1 else math.nan
-        half = T975[n - 1] * sd / math.sqrt(n) if n > 1 else math.nan
+        mean, sd, lo, hi = seed_interval(values)
         rows.append(
             {
                 **dict(zip(["preset", "task", "label", "length", "factor", "measure"], key)),
@@ -119,8 +116,8 @@ def seed_table(by_label: pd.DataFrame) -> pd.DataFrame:
                 "sd": sd,
                 "min": float(values.min()),
                 "max": float(values.max()),
-                "lo": mean - half,
-                "hi": mean + half,
+                "lo": lo,
+                "hi": hi,
                 "heads_min": int(sub["heads"].min()),
                 "heads_max": int(sub["heads"].max()),
             }
