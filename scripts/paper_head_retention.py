@@ -24,6 +24,10 @@ Writes, into --out (default docs/results/paper/):
                                    and of L7-L11, the layers ranked lowest, whether L1-L4 all rank below
                                    L7-L11
 
+    head_retention_within.parquet  (into --within, default docs/results/seed-preset-s1/: the seed preset's 6 x 8
+                                   run) per task, length, layer and label of the layers holding heads of two
+                                   labels: the heads and their median retentions (the within-layer comparison)
+
 tests/test_head_retention_tables.py recomputes values of these tables from discrepancy.parquet and dynamics.parquet.
 
     python scripts/paper_head_retention.py [--out docs/results/paper]
@@ -32,7 +36,6 @@ tests/test_head_retention_tables.py recomputes values of these tables from discr
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -42,6 +45,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from posym.core.stats import seed_interval  # noqa: E402
 from posym.io import write_parquet  # noqa: E402
 
 PAPER = ROOT / "docs" / "results" / "paper"
@@ -52,8 +56,6 @@ MEASURES = {"gap_q50": "median gap", "gap_mean": "mean gap"}
 RANK_LENGTHS = (68, 128)
 BLOCKS = {"L1-L4": range(1, 5), "L7-L11": range(7, 12)}
 """The number model's layer blocks of the issue: positional L1-L4 and symbolic L7-L11 (12 layers)."""
-T975 = {1: 12.706204736174707, 2: 4.302652729749464, 3: 3.182446305284263, 4: 2.7764451051977934, 5: 2.570581835636314}
-"""97.5% quantiles of Student's t by degrees of freedom (seeds - 1)."""
 
 
 def labels(dynamics: pd.DataFrame) -> pd.DataFrame:
@@ -104,8 +106,7 @@ def seed_table(by_label: pd.DataFrame) -> pd.DataFrame:
     for key, sub in by_label.groupby(["preset", "task", "label", "length", "factor", "measure"]):
         values = sub["median_retention"].to_numpy(dtype=float)
         n = len(values)
-        mean, sd = float(values.mean()), float(values.std(ddof=1)) if n > 1 else math.nan
-        half = T975[n - 1] * sd / math.sqrt(n) if n > 1 else math.nan
+        mean, sd, lo, hi = seed_interval(values)
         rows.append(
             {
                 **dict(zip(["preset", "task", "label", "length", "factor", "measure"], key)),
@@ -115,8 +116,8 @@ def seed_table(by_label: pd.DataFrame) -> pd.DataFrame:
                 "sd": sd,
                 "min": float(values.min()),
                 "max": float(values.max()),
-                "lo": mean - half,
-                "hi": mean + half,
+                "lo": lo,
+                "hi": hi,
                 "heads_min": int(sub["heads"].min()),
                 "heads_max": int(sub["heads"].max()),
             }
@@ -185,10 +186,36 @@ def build(paper: Path = PAPER) -> dict[str, pd.DataFrame]:
     }
 
 
+SEED_PRESET = PAPER.parent / "seed-preset-s1"
+"""The seed preset's run of several heads per layer (6 x 8, seed 1, issue 56): the within-layer comparison."""
+
+
+def within_layer_table(heads: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, seed, length, layer, label) of the layers whose heads carry two labels or more: the heads and the
+    median of their retentions (both measures). With one head per layer (the paper preset) a label is its
+    layer; with several, heads of different labels in ONE layer compare at the same depth."""
+    mixed_layers = heads[heads.length == BASE].groupby(["task", "seed", "layer"]).label.nunique()
+    keep = mixed_layers[mixed_layers > 1].reset_index()[["task", "seed", "layer"]]
+    sub = heads.merge(keep, on=["task", "seed", "layer"])
+    return sub.groupby(["task", "seed", "length", "layer", "label"], as_index=False).agg(
+        heads=("head", "size"), retention_q50=("retention_q50", "median"), retention_mean=("retention_mean", "median")
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=PAPER)
+    parser.add_argument(
+        "--within", type=Path, default=SEED_PRESET, help="a collected seed-preset directory: head_retention_within"
+    )
     args = parser.parse_args()
+    if (args.within / "discrepancy.parquet").is_file():
+        heads = head_table(
+            pd.read_parquet(args.within / "discrepancy.parquet"), pd.read_parquet(args.within / "dynamics.parquet")
+        )
+        within = within_layer_table(heads)
+        write_parquet(args.within / "head_retention_within.parquet", within)
+        print(within[within.length.isin([68, 128])].to_string(index=False))
     tables = build()
     for name, table in tables.items():
         write_parquet(args.out / f"{name}.parquet", table)

@@ -4,7 +4,7 @@ Reads the committed tables docs/results/paper/*.parquet (scripts/collect_paper_r
 the Markdown block that docs/results.md holds between `<!-- scoreboard:begin -->` and
 `<!-- scoreboard:end -->`; `--write FILE` rewrites that block in place. tests/test_results_tables.py
 checks that the committed block is exactly this script's output on the committed tables, so the page
-cannot drift from them. "ours" is the mean ± population std over the runs present (a single value where
+cannot drift from them. "ours" is the mean ± std (ddof 1) over the runs present (a single value where
 one run is; "n" says how many); a verdict follows from the rule printed under the table, never from
 reading the numbers by eye. Why a claim differs is docs/results.md's text, not this script's.
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from paper_tables import lengths, spread, table  # noqa: E402
+from paper_tables import lengths, spread, spread_ci, table  # noqa: E402
 
 from posym.core import paper  # noqa: E402
 from posym.core.geometry import WEIGHTINGS, index_alignment  # noqa: E402
@@ -364,7 +364,7 @@ def length_rows(lengthgen: pd.DataFrame) -> list[list]:
             ]
             worst = max(curve, key=lambda length: abs(mean.get(length, np.nan) - curve[length]))
             ours = (
-                " / ".join(f"{length}: {spread(runs[runs.length == length].acc, 2)}" for length in (128, 850))
+                " / ".join(f"{length}: {spread_ci(runs[runs.length == length].acc, 2)}" for length in (128, 850))
                 + f"; largest gap {mean.get(worst, np.nan) - curve[worst]:+.2f} at {worst}"
             )
             theirs = " / ".join(f"{length}: {curve[length]:.2f}" for length in (128, 850))

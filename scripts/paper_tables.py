@@ -1,7 +1,7 @@
 """The Markdown tables of docs/results.md's paper-preset section, from the committed tables.
 
 Reads docs/results/paper/*.parquet (written by scripts/collect_paper_results.py) and prints, per task,
-each number as the mean ± population std over the seeds present (a single value where one seed is):
+each number as the mean ± std (ddof 1) over the seeds present (a single value where one seed is):
 accuracy over training (Fig. 2A), the best step by validation, head labels per layer at the
 max-accuracy and last step for both gammas and every query role (Fig. 7), the weighted frequency ID
 per layer under every weighting (Table 1), accuracy by length at the last and best checkpoints
@@ -24,6 +24,7 @@ import pandas as pd  # noqa: E402
 
 from posym.core.geometry import WEIGHTINGS  # noqa: E402
 from posym.core.purity import layer_ranges  # noqa: E402
+from posym.core.stats import seed_interval  # noqa: E402
 
 STEPS = (500, 1000, 1500, 2000, 3000, 4000, 5000, 6000)
 """Checkpoints of the accuracy table."""
@@ -32,13 +33,26 @@ KINDS = ("positional", "symbolic", "mixed", "uniform")
 
 
 def spread(values, digits: int = 3) -> str:
-    """'0.912' for one value, '0.912 ± 0.004' (population std) for several."""
+    """'0.912' for one value, '0.912 ± 0.004' (the std over seeds, ddof 1) for several."""
     values = pd.Series(values, dtype=float).dropna()
     if values.empty:
         return "-"
     if len(values) == 1:
         return f"{values.iloc[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=0):.{digits}f}"
+    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
+
+
+def spread_ci(values, digits: int = 2) -> str:
+    """`spread` and the 95% t interval of the mean over seeds (posym.core.stats.seed_interval) in brackets.
+
+    >>> spread_ci([0.6, 0.7, 0.8])
+    '0.70 ± 0.10 [0.45, 0.95]'
+    """
+    values = pd.Series(values, dtype=float).dropna()
+    if len(values) < 2:
+        return spread(values, digits)
+    _, _, lo, hi = seed_interval(values)
+    return f"{spread(values, digits)} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

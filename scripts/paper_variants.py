@@ -6,7 +6,8 @@ the variants named in PRESETS, `scripts/collect_paper_results.py RUNS --presets 
 docs/results/paper-variants` collects them, and this script prints the Fig. 5B table of docs/results.md
 (between `<!-- fig5b-variants:begin -->` and `<!-- fig5b-variants:end -->`; `--write FILE` rewrites it):
 per task, the paper's curve (posym.core.paper.FIG5B), the default preset's three seeds and each variant,
-mean ± std over the seeds present, at the last and the best-by-validation checkpoint.
+mean ± std (ddof 1) over the seeds present with the 95% t interval of the mean in brackets, at the last and the
+best-by-validation checkpoint, and Welch's test of every variant of two or more seeds against the default.
 
     python scripts/paper_variants.py table [--write docs/results.md]
     python scripts/paper_variants.py figure             # the same curves drawn: paper-variants/figures/fig5b_variants
@@ -75,15 +76,15 @@ MIN_GAP = 0.05
 
 
 def curve_rows(lengthgen, task: str, label: str) -> list[list[str]]:
-    """One row per checkpoint (last, best): accuracy mean ± std over seeds at each of LENGTHS."""
-    from paper_tables import spread  # pandas: imported only for tables (paper_seeds.sh asks the variants often)
+    """One row per checkpoint (last, best): accuracy mean ± std over seeds [95% t interval] at each of LENGTHS."""
+    from paper_tables import spread_ci  # pandas: imported only for tables (paper_seeds.sh asks the variants often)
 
     rows = []
     for checkpoint in ("last", "best"):
         chosen = paper_runs(lengthgen, task, checkpoint)
         if chosen.empty:
             continue
-        cells = [spread(chosen[chosen.length == length].acc, 2) for length in LENGTHS]
+        cells = [spread_ci(chosen[chosen.length == length].acc, 2) for length in LENGTHS]
         rows.append([label, checkpoint, str(chosen.seed.nunique()), *cells])
     return rows
 
@@ -132,6 +133,42 @@ def gap_rows(default, variants, task: str) -> list[list[str]]:
     return rows
 
 
+def welch_rows(default, variants, task: str) -> list[list[str]]:
+    """Per variant of two or more seeds and checkpoint: at each of LENGTHS the difference of the seeds' means
+    to the default's same checkpoint and Welch's two-sided p over seeds ('-' where either side has < 2 seeds).
+
+    >>> import pandas as pd
+    >>> rows = lambda name, accs: pd.DataFrame({"preset": name, "protocol": "paper", "hop": 0, "task": "letter",
+    ...     "checkpoint": "last", "length": 850, "seed": range(len(accs)), "acc": accs})
+    >>> welch_rows(rows("paper", [0.60, 0.62, 0.64]), rows("horizon", [0.70, 0.72, 0.74]), "letter")[0][:4]
+    ['horizon', 'last', '3', '-']
+    """
+    from posym.core.stats import welch_test
+
+    rows = []
+    for name in VARIANTS if variants is not None else ():
+        if name == "paper":
+            continue
+        for checkpoint in ("last", "best"):
+            runs = paper_runs(variants[variants.preset == name], task, checkpoint)
+            base = paper_runs(default, task, checkpoint)
+            if runs.seed.nunique() < 2 or base.seed.nunique() < 2:
+                continue
+            cells = []
+            for length in LENGTHS:
+                a, b = runs[runs.length == length].acc, base[base.length == length].acc
+                t, _, p = welch_test(a, b)
+                cells.append(
+                    "-"
+                    if math.isnan(p)
+                    else f"{a.mean() - b.mean():+.2f} (p {p:.3f})"
+                    if p >= 0.001
+                    else f"{a.mean() - b.mean():+.2f} (p < 0.001)"
+                )
+            rows.append([name, checkpoint, str(runs.seed.nunique()), *cells])
+    return rows
+
+
 def variants_table(default, variants) -> str:
     """The Markdown block (DataFrames of lengthgen rows in; `variants` may be None): per task the paper's
     curve, the default preset and every variant present."""
@@ -148,8 +185,16 @@ def variants_table(default, variants) -> str:
         header = ["model", "checkpoint", "seeds", *(f"{n:,}" for n in LENGTHS)]
         parts.append(
             f"Fig. 5B, {task} model (accuracy, all hops, 480 questions per length and seed; mean ± "
-            f"std over seeds):\n\n" + table(header, rows)
+            f"std (ddof 1) over seeds [95% t interval of the mean]):\n\n" + table(header, rows)
         )
+        welch = welch_rows(default[default.preset == "paper"], variants, task)
+        if welch:
+            parts.append(
+                f"Each {task} variant of two or more seeds against the default preset's seeds, same checkpoint: "
+                f"difference of the means and Welch's two-sided p over seeds (unequal variances; no correction "
+                f"for the {len(LENGTHS)} lengths):\n\n"
+                + table(["variant", "checkpoint", "seeds", *(f"{n:,}" for n in LENGTHS)], welch)
+            )
         gaps = gap_rows(default[default.preset == "paper"], variants, task)
         if gaps:
             parts.append(

@@ -19,6 +19,7 @@ from posym.core.interventions import (
     ablated,
     ablated_planes,
     far_planes_removed,
+    keys_hidden,
     fold_ablation,
     head_means,
     parse_heads,
@@ -498,6 +499,35 @@ def test_far_planes_removed_equals_the_written_out_attention():
         far = ((torch.arange(9)[:, None] - torch.arange(9)[None, :]) > 3).double()  # [T, T]
         logits[:, 1] = logits[:, 1] - 0.7 * far
         torch.testing.assert_close(shifted, logits.softmax(-1), atol=1e-9, rtol=0)
+
+
+def test_keys_hidden_is_the_prompt_without_those_keys():
+    """Exact (float64): hidden from every head, the first E keys leave the later positions computing what the
+    E-free prompt computes (RoPE sees distances only), the check scripts/letter_gap.py's hide_all rests on;
+    hidden from one head, that head's attention is the written-out one with those keys at -inf for the
+    queries from E on (earlier queries and the other heads as before); the hook is gone afterwards."""
+    model = build_model(_config(n_layer=2, n_head=2), 20, seed=5, attn_implementation="eager").double().eval()
+    ids = torch.randint(1, 20, (2, 9), generator=torch.Generator().manual_seed(1))
+    every = [(layer, h) for layer in range(2) for h in range(2)]
+    with torch.no_grad():
+        clean = model(ids, output_attentions=True)
+        with keys_hidden(model, every, 3):
+            hidden = model(ids).logits
+        torch.testing.assert_close(hidden[:, 3:], model(ids[:, 3:]).logits, atol=1e-9, rtol=0)
+        assert (hidden[:, 3:] - clean.logits[:, 3:]).abs().max() > 1e-3  # it changes something
+        torch.testing.assert_close(hidden[:, :3], clean.logits[:, :3], atol=1e-9, rtol=0)  # earlier queries as before
+        with keys_hidden(model, [(1, 1)], 3):
+            one = model(ids, output_attentions=True)
+        logits = _far_removed_reference(model, ids, 1, {}, 99)  # [B, H, T, T], no plane removed
+        logits[:, 1, 3:, :3] = -math.inf
+        torch.testing.assert_close(one.attentions[1], logits.softmax(-1), atol=1e-9, rtol=0)
+        torch.testing.assert_close(one.attentions[0], clean.attentions[0], atol=1e-9, rtol=0)
+        with keys_hidden(model, every, 0):  # nothing to hide
+            torch.testing.assert_close(model(ids).logits, clean.logits, atol=1e-9, rtol=0)
+        assert torch.equal(model(ids).logits, clean.logits)  # the hook is gone
+    with pytest.raises(PosymError, match="count must be 0 or more"):
+        with keys_hidden(model, every, -1):
+            pass
 
 
 def test_far_planes_removed_checks_its_input():

