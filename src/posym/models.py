@@ -770,7 +770,7 @@ def assemble_chunks(chunks: list[Path], target: Path, *, sha256: str, size: int 
     b'GGUF'
     >>> assemble_chunks(parts, d / "x.gguf", sha256="0" * 64)
     Traceback (most recent call last):
-    posym.errors.PosymError: the chunks assemble into sha256 7016c6e0e6d9..., not the recorded 000000000000...
+    posym.errors.PosymError: the chunks assemble into sha256 b83633aa7853..., not the recorded 000000000000...
     >>> (d / "x.gguf").exists()
     False
     """
