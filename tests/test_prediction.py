@@ -590,3 +590,11 @@ def test_the_chat_form_wraps_the_question_in_the_template(builder, monkeypatch):
     config = prediction.PredictionConfig(formats=["kv-code", "kv-code:chat"], n_screen=4, n_probe=4)
     assert set(prediction.screen(None, builder, config, seed=0, max_positions=4096).format) == {"kv-code"}
     assert set(prediction.screen(None, chat, config, seed=0, max_positions=4096).format) == {"kv-code", "kv-code:chat"}
+    # and so does the study's size check before any stage runs (Gemma 3 270M base has no template)
+    from posym import models
+    from posym.commands import llm_study
+
+    study = llm_study.StudyConfig(prediction=config)
+    for either in (builder.tokenizer, tok):  # without a template the chat form is skipped, not refused
+        loaded = models.LoadedModel(None, "tiny", "llama", 4096, "cpu", _tokenizer=either)
+        assert llm_study.check_sizes(loaded, study, ["screen"]) is None

@@ -668,6 +668,11 @@ class Builder:
                 f"the tokenizer keeps only {len(self.keys)} of the key words whole; the length families need 16"
             )
 
+    def asks(self, spec: str) -> bool:
+        """Whether this tokenizer can ask a format spec: not a chat form (`LengthFamily.chat`) without a
+        chat template."""
+        return self.chat is not None or not LengthFamily(spec).chat
+
     def encode(self, text: str) -> list[int]:
         if text not in self._cache:
             self._cache[text] = list(self.tokenizer(text, add_special_tokens=False).input_ids)

@@ -656,7 +656,7 @@ def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> 
                 )
     if {"screen", "lengths", "causal"} & set(stages):
         builder, p = Builder(loaded.tokenizer), config.prediction
-        for fmt in p.formats:
+        for fmt in filter(builder.asks, p.formats):  # the screen skips chat forms without a chat template
             for family in prediction.families(fmt, p).values():
                 base = base_length(family, builder, p.n_length, config.seed)
                 if max(p.factors) * base > top:

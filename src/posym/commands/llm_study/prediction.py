@@ -276,7 +276,7 @@ def screen(model, builder: Builder, config: PredictionConfig, *, seed: int, max_
     prompts = {
         fmt: build(LengthFamily(fmt, factors=[1]), builder, config.n_screen, seed=seed, max_positions=max_positions)[1]
         for fmt in config.formats
-        if builder.chat is not None or not LengthFamily(fmt).chat
+        if builder.asks(fmt)
     }
     correct = {}
     for fmt, ps in prompts.items():
