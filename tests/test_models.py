@@ -263,6 +263,27 @@ def test_every_gguf_is_cached_and_the_switch_turns_it_off(monkeypatch, tmp_path)
     assert seen == [True, True, False, False]  # a GGUF file named by its path is cached like an embedded one
 
 
+def test_the_identity_is_the_same_from_the_gguf_its_copy_or_with_the_cache_off(stand_in_gguf, monkeypatch):
+    """A GGUF config names no architectures and save_pretrained writes them into the copy: the read sets
+    them as saving would, so a study's recorded identity does not depend on where the weights came from."""
+    path, reads = stand_in_gguf
+    read = model_specs._read_gguf
+
+    def bare(*args):  # what transformers' GGUF reader returns: a config without architectures
+        model = read(*args)
+        model.config.architectures = None
+        return model
+
+    monkeypatch.setattr(model_specs, "_read_gguf", bare)
+    monkeypatch.setattr(model_specs, "check_gguf_weights", lambda *args: None)
+    found = []
+    for switch in ("0", "1", "1"):  # the GGUF file alone; the first cached load (writes the copy); the copy
+        monkeypatch.setenv(model_specs.DEQUANTIZED_ENV, switch)
+        _fresh_process(monkeypatch)
+        found.append(model_specs.identity(model_specs.load(path))["digest"])
+    assert len(reads) == 2 and len(set(found)) == 1, found
+
+
 def test_a_users_gguf_is_dequantized_once_and_again_when_the_file_changes(stand_in_gguf, monkeypatch, tmp_path):
     """`load(path)` of a user's GGUF file: the second process reads the dequantized copy (no GGUF read); the
     file rewritten with other bytes (same name) is read again into a copy of its own."""

@@ -1098,6 +1098,9 @@ def _gguf_model(path: Path, dtype, attn_implementation: str | None, *, cached: b
             import torch
 
             model = _read_gguf(path, torch.float32 if entry is not None else dtype, attn_implementation)
+            # what save_pretrained writes into the copy's config (a GGUF config has none): the model's
+            # `identity` is then the same read from the GGUF file, from its copy, or with the cache off
+            model.config.architectures = [type(model).__name__]
             if entry is not None:
                 _write_dequantized(entry, path, model, _gguf_tokenizer(path)())
         _GGUF_MODELS.clear()  # one model at a time: a second file replaces the first
