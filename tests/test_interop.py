@@ -1,5 +1,6 @@
-"""posym.core.interop: an nnsight LanguageModel and a TransformerLens HookedTransformer with rotary
-embeddings, scored from Python (tiny models built from configs; skipped without the optional extras)."""
+"""posym.core.interop: an nnsight LanguageModel, a TransformerLens TransformerBridge and a TransformerLens 3
+HookedTransformer with rotary embeddings, scored from Python (tiny models built from configs; skipped
+without the optional extras, and the HookedTransformer tests under TransformerLens 4, which removed it)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from posym.errors import PosymError
 from posym.core.geometry import plane_scores
 from posym.core.scores import score_model
 
-# nnsight 0.8 suggests TransformersModel, TransformerLens 3.x announces TransformerBridge: the classes tested here
+# nnsight 0.8 suggests TransformersModel, TransformerLens 3.x announces TransformerBridge (tested here too)
 pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:LanguageModel is deprecated"),
@@ -32,8 +33,51 @@ def test_nnsight_language_model_scores_as_its_transformers_model():
     pd.testing.assert_frame_equal(plane_scores(wrapped, prompts, layers=[1]), plane_scores(model, prompts, layers=[1]))
 
 
-def _lens(adjacent: bool, kv_heads: int | None = None, seed: int = 0, qk_scale: float = 4.0, window: int | None = None):
+def _hooked_lens():
+    """transformer_lens where it has HookedTransformer (3.x); the test is skipped under 4.x, which removed it."""
     lens = pytest.importorskip("transformer_lens")
+    try:
+        lens.HookedTransformer  # noqa: B018 (4.x raises ImportError here)
+    except (ImportError, AttributeError):
+        pytest.skip("TransformerLens 4 removed HookedTransformer (pip install 'transformer-lens>=3.9,<4' to test it)")
+    return lens
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3_text"])
+def test_transformer_bridge_scores_as_its_transformers_model(kind, tmp_path):
+    """A TransformerBridge booted on a tiny model (TransformerLens 4; 3.9 has the same bridge): every engine
+    gives the transformers path's tables bit for bit, and the bridge is left as it was (its components in
+    place, its forward the model's)."""
+    pytest.importorskip("transformer_lens")
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from posym.core.interop import BridgeModel, scorable
+
+    model, plain = tiny_model(kind), tiny_model(kind)  # the same weights (seeded): one is wrapped by the bridge
+    model.save_pretrained(tmp_path)
+    bridge = TransformerBridge.boot_transformers(
+        str(tmp_path), hf_model=model, dtype=torch.float64, tokenizer=tokenizer()
+    )
+    components = [type(m) for m in bridge.original_model.modules()]
+    assert isinstance(scorable(bridge), BridgeModel) and type(model.model.layers[0].self_attn).__module__.startswith(
+        "transformer_lens"
+    )
+    prompts = random_prompts([12, 12])  # past the tiny Gemma 3's local window
+    pd.testing.assert_frame_equal(
+        score_model(bridge, prompts, "all"), score_model(plain, prompts, "all"), check_exact=True
+    )
+    pd.testing.assert_frame_equal(head_gaps(bridge, prompts), head_gaps(plain, prompts), check_exact=True)
+    pd.testing.assert_frame_equal(
+        plane_scores(bridge, prompts, layers=[1]), plane_scores(plain, prompts, layers=[1]), check_exact=True
+    )
+    assert [type(m) for m in bridge.original_model.modules()] == components  # the bridge restored
+    ids = torch.tensor(prompts)
+    with torch.no_grad():
+        torch.testing.assert_close(bridge(ids), plain(ids).logits, rtol=0, atol=0)
+
+
+def _lens(adjacent: bool, kv_heads: int | None = None, seed: int = 0, qk_scale: float = 4.0, window: int | None = None):
+    lens = _hooked_lens()
     local = {"use_local_attn": True, "window_size": window, "attn_types": ["local", "global"]} if window else {}
     cfg = lens.HookedTransformerConfig(
         n_layers=2,
@@ -135,7 +179,7 @@ def test_hooked_transformer_local_layers_are_scored_over_their_window():
 
 
 def test_hooked_transformer_without_rope_is_refused():
-    lens = pytest.importorskip("transformer_lens")
+    lens = _hooked_lens()
     cfg = lens.HookedTransformerConfig(
         n_layers=1,
         d_model=16,

@@ -242,7 +242,7 @@ def test_the_copy_is_named_by_the_file_and_skipped_without_room_or_when_switched
     assert "not caching the dequantized weights of m.gguf" in capsys.readouterr().err
 
 
-def test_only_the_embedded_names_are_cached_and_the_switch_turns_it_off(monkeypatch, tmp_path):
+def test_every_gguf_is_cached_and_the_switch_turns_it_off(monkeypatch, tmp_path):
     seen = []
 
     def gguf_model(path, dtype, attn_implementation, *, cached=False):
@@ -253,14 +253,59 @@ def test_only_the_embedded_names_are_cached_and_the_switch_turns_it_off(monkeypa
     monkeypatch.setattr(model_specs, "_gguf_model", gguf_model)
     monkeypatch.setattr(model_specs, "check_gguf_weights", lambda *args: None)
     monkeypatch.setattr(model_specs, "embedded_path", lambda name: file)
-    for spec, switch in [("smollm2-135m", None), (file, None), ("smollm2-135m", "0")]:
+    for spec, switch in [("smollm2-135m", None), (file, None), ("smollm2-135m", "0"), (file, "0")]:
         if switch is None:
             monkeypatch.delenv(model_specs.DEQUANTIZED_ENV, raising=False)
         else:
             monkeypatch.setenv(model_specs.DEQUANTIZED_ENV, switch)
         with pytest.raises(PosymError, match="stop here"):
             model_specs.load(spec)
-    assert seen == [True, False, False]  # a GGUF file named by its path is read as it is
+    assert seen == [True, True, False, False]  # a GGUF file named by its path is cached like an embedded one
+
+
+def test_the_identity_is_the_same_from_the_gguf_its_copy_or_with_the_cache_off(stand_in_gguf, monkeypatch):
+    """A GGUF config names no architectures and save_pretrained writes them into the copy: the read sets
+    them as saving would, so a study's recorded identity does not depend on where the weights came from."""
+    path, reads = stand_in_gguf
+    read = model_specs._read_gguf
+
+    def bare(*args):  # what transformers' GGUF reader returns: a config without architectures
+        model = read(*args)
+        model.config.architectures = None
+        return model
+
+    monkeypatch.setattr(model_specs, "_read_gguf", bare)
+    monkeypatch.setattr(model_specs, "check_gguf_weights", lambda *args: None)
+    found = []
+    for switch in ("0", "1", "1"):  # the GGUF file alone; the first cached load (writes the copy); the copy
+        monkeypatch.setenv(model_specs.DEQUANTIZED_ENV, switch)
+        _fresh_process(monkeypatch)
+        found.append(model_specs.identity(model_specs.load(path))["digest"])
+    assert len(reads) == 2 and len(set(found)) == 1, found
+
+
+def test_a_users_gguf_is_dequantized_once_and_again_when_the_file_changes(stand_in_gguf, monkeypatch, tmp_path):
+    """`load(path)` of a user's GGUF file: the second process reads the dequantized copy (no GGUF read); the
+    file rewritten with other bytes (same name) is read again into a copy of its own."""
+    import torch
+
+    path, reads = stand_in_gguf
+    monkeypatch.setattr(model_specs, "check_gguf_weights", lambda *args: None)
+    monkeypatch.delenv(model_specs.DEQUANTIZED_ENV, raising=False)
+    first = model_specs.load(path)
+    _fresh_process(monkeypatch)
+    again = model_specs.load(path)
+    assert reads == [torch.float32] and model_specs.dequantized_entry(path).is_dir()
+    for (name, a), b in zip(first.model.named_parameters(), again.model.parameters()):
+        assert torch.equal(a, b), name
+    old = model_specs.dequantized_entry(path)
+    _gguf(path, "llama", tensor_bytes=8192)  # the same path, other bytes
+    _fresh_process(monkeypatch)
+    model_specs.load(path)
+    assert reads == [torch.float32] * 2 and model_specs.dequantized_entry(path) != old
+    _fresh_process(monkeypatch)
+    model_specs.load(path)
+    assert reads == [torch.float32] * 2
 
 
 @pytest.mark.parametrize("command", ["score", "geometry", "discrepancy", "llm-scores", "convert"])

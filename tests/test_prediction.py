@@ -321,7 +321,10 @@ def test_families_know_their_answer_bearing_keys(builder, fmt, variant, markers)
         for p, b in zip(group, prompts[1]):
             core = family.core(3, p.index, builder.keys)
             wanted = [builder.encode(v)[-1] for v in core.answer_values]
-            assert len(p.answer_keys) == (2 if fmt == "arithmetic" else 1) == len(wanted)
+            # both operands' facts for a sum; none named for a chain of assignments (each step bears it)
+            assert (
+                len(p.answer_keys) == {"arithmetic": 2, "arith-facts": 2, "arith-chain": 0}.get(fmt, 1) == len(wanted)
+            )
             assert [p.ids[k] for k in p.answer_keys] == wanted
             assert all(k < p.query - len(builder.encode(core.question[-1])) for k in p.answer_keys)  # in the facts
             assert list(p.answer_keys) == [p.position_map(k) for k in b.answer_keys]
@@ -570,7 +573,10 @@ def _committed(stage, table):
 def test_committed_screen_has_a_task_the_model_solves():
     summary = _committed("screen", "summary")
     rows = _committed("screen", "screen")
-    assert set(summary.format) == set(prompt_sets.FORMATS) and (summary.n >= 50).all()  # every format tried, reported
+    import yaml
+
+    screened = yaml.safe_load((RESULTS / "study.yaml").read_text())["prediction"]["formats"]  # the run's formats
+    assert set(summary.format) == set(screened) and (summary.n >= 50).all()  # every format tried, reported
     counts = rows.groupby("format").size()
     assert (counts.loc[summary.format].to_numpy() == summary.n.to_numpy()).all()
     chosen = json.loads((RESULTS / "screen" / "screen.json").read_text())
@@ -704,3 +710,115 @@ def test_committed_accuracy_tests_are_exact_mcnemar_with_holm(lengths_dir):
     assert (tests.separated == (tests.p_holm < 0.05)).all() and (tests.family == len(tests)).all()
     lengths = accuracy.groupby(["layout", "factor"]).length.first().unstack("layout")
     assert (lengths.nunique(axis=1) == 1).all()  # every layout at the same lengths: markers compared fairly
+
+
+# ---- issue 52: difficulty knobs, arithmetic reasoning judged on the whole answer, the chat form ---------
+
+
+def test_arith_formats_state_their_operands_and_answer_the_sum(builder):
+    """arith-facts: the answer is the sum of the two named owners' coins (read back from the facts' text);
+    arith-chain: the answer is the chain's value, evaluated from the facts in order (distractors included)."""
+    import re
+
+    for i in range(20):
+        core = prompt_sets.LengthFamily("arith-facts", n_facts=5).core(1, i)
+        coins = dict(re.findall(r"(\w+) has (\d+) coins", "".join(core.facts)))
+        a, b = re.search(r"do (\w+) and (\w+) have", core.question[0]).groups()
+        assert core.whole and len(core.facts) == 5 and core.answer == f" {int(coins[a]) + int(coins[b])}"
+        chain = prompt_sets.LengthFamily("arith-chain", n_facts=5).core(1, i)
+        values: dict[str, int] = {}
+        for fact in chain.facts:  # "x = 7." or "y = x + 5." or "z = y - 3."
+            name, expr = fact.strip(" .").split(" = ")
+            left, *rest = expr.split()
+            values[name] = (int(left) if left.isdigit() else values[left]) + (
+                0 if not rest else int(rest[1]) * (1 if rest[0] == "+" else -1)
+            )
+        asked = re.fullmatch(r"\nWhat is (\w)\?", chain.question[0]).group(1)
+        assert chain.answer == f" {values[asked]}" and values[asked] > 0 and len(chain.facts) == 5
+
+
+def test_competing_keys_add_stale_values_of_the_asked_key(builder):
+    plain = prompt_sets.LengthFamily("kv-code:facts=6").core(0, 3)
+    hard = prompt_sets.LengthFamily("kv-code:facts=6:competing=3").core(0, 3)
+    assert plain == prompt_sets.LengthFamily("kv-code", n_facts=6).core(0, 3)  # the spec is the fields
+    stale = [f for f in hard.facts if "old code" in f]
+    asked = hard.question[0].split("code of ")[1].rstrip("?")
+    assert len(hard.facts) == 9 and len(stale) == 3 and any(f" {asked} was" in f for f in stale)
+    assert len({c.strip() for c in hard.candidates}) == 9 and hard.answer not in {f" {f[-2]}" for f in stale}
+    assert prompt_sets.LengthFamily("kv-code").core(0, 3) == prompt_sets.LengthFamily("kv-code:facts=4").core(0, 3)
+    for bad in ("kv-list:competing=1", "kv-code:facts=8:competing=2", "copy:chat", "arith-chain:facts=2", "kv:x"):
+        with pytest.raises(PosymError):
+            prompt_sets.LengthFamily(bad)
+    with pytest.raises(PosymError, match="kv-code:size=3"):
+        prediction.PredictionConfig(formats=["kv-code", "kv-code:size=3"])
+
+
+class _Oracle(torch.nn.Module):
+    """A stand-in causal LM whose greedy next token is the next token of its input (so it 'writes' any
+    appended answer), except `wrong` positions from the end, and `after` once the input ends."""
+
+    def __init__(self, vocab, after, wrong=()):
+        super().__init__()
+        self.vocab, self.after, self.wrong, self.weight = vocab, after, wrong, torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, logits_to_keep=1):
+        b, t = input_ids.shape
+        best = torch.cat([input_ids[:, 1:], torch.full((b, 1), self.after)], 1)  # [b, T]
+        for k in self.wrong:
+            best[:, t - k] = (best[:, t - k] + 1) % self.vocab
+        logits = torch.nn.functional.one_hot(best[:, -logits_to_keep:], self.vocab).float()  # [b, keep, vocab]
+        return type("Out", (), {"logits": logits})()
+
+
+def test_whole_answers_are_judged_on_every_token_and_where_they_stop(builder):
+    prompts = prompt_sets.build(prompt_sets.LengthFamily("arith-facts", factors=[1]), builder, 4, seed=0)[1]
+    vocab = len(builder.tokenizer)
+    p = prompts[0]
+    assert p.answer_ids and p.answer_ids[0] == p.answer_id and p.stops == builder.digits
+    assert builder.tokenizer.decode(list(p.answer_ids)).strip() == p.answer.strip()
+    period = builder.encode(".")[0]
+    assert prediction.next_token_correct(_Oracle(vocab, after=period), prompts) == [True] * 4
+    # the toy tokenizer writes whole numbers as one word (no digit stops); a stop after the answer: wrong
+    digit = builder.encode("3")[0]
+    stopped = [dataclasses.replace(q, stops=(digit,)) for q in prompts]
+    assert prediction.next_token_correct(_Oracle(vocab, after=digit), stopped) == [False] * 4
+    assert prediction.next_token_correct(_Oracle(vocab, after=period), stopped) == [True] * 4
+    # a wrong token inside the answer (the first or the last answer token): wrong
+    for k in (1, len(p.answer_ids)):
+        assert prediction.next_token_correct(_Oracle(vocab, after=period, wrong=(k + 1,)), [p]) == [False]
+    one = prompt_sets.build(prompt_sets.LengthFamily("kv-code", factors=[1]), builder, 2, seed=0)[1]
+    assert one[0].answer_ids == () and prediction.next_token_correct(
+        _Oracle(vocab, after=one[0].answer_id), one[:1]
+    ) == [True]
+
+
+def test_the_chat_form_wraps_the_question_in_the_template(builder, monkeypatch):
+    from tiny_llms import tokenizer
+
+    tok = tokenizer()
+    tok.chat_template = "{% for m in messages %}[EOS] user {{ m['content'] }} [EOS]{% endfor %} assistant"
+    chat = prompt_sets.Builder(tok)
+    assert chat.chat == ("[EOS] user ", " [EOS] assistant")
+    family = prompt_sets.LengthFamily("arith-chain:chat", variant="before", factors=[1, 2])
+    core = family.core(0, 0)
+    assert core.chat and not core.answer.startswith(" ") and core.question[-1].endswith("Answer with the number only.")
+    head, tail, answer, lead = chat.core_parts(core)
+    assert lead == len(chat.bos) + 2 and head[:lead] == chat.bos + chat.encode("[EOS] user ")
+    assert tail[-2:] == chat.encode(" [EOS] assistant")
+    long = prompt_sets.build(family, chat, 2, seed=0)[2][0]
+    assert long.ids[:lead] == head[:lead] and long.insert_at >= lead  # the filler comes after the chat header
+    with pytest.raises(PosymError, match="no chat template"):
+        builder.core_parts(core)
+    # the screen skips the chat forms where the model has no template, and reports the rest
+    monkeypatch.setattr(prediction, "next_token_correct", lambda model, prompts: [True] * len(prompts))
+    config = prediction.PredictionConfig(formats=["kv-code", "kv-code:chat"], n_screen=4, n_probe=4)
+    assert set(prediction.screen(None, builder, config, seed=0, max_positions=4096).format) == {"kv-code"}
+    assert set(prediction.screen(None, chat, config, seed=0, max_positions=4096).format) == {"kv-code", "kv-code:chat"}
+    # and so does the study's size check before any stage runs (Gemma 3 270M base has no template)
+    from posym import models
+    from posym.commands import llm_study
+
+    study = llm_study.StudyConfig(prediction=config)
+    for either in (builder.tokenizer, tok):  # without a template the chat form is skipped, not refused
+        loaded = models.LoadedModel(None, "tiny", "llama", 4096, "cpu", _tokenizer=either)
+        assert llm_study.check_sizes(loaded, study, ["screen"]) is None

@@ -37,7 +37,9 @@ def tokenizer():
     ]
     for fmt in prompt_sets.FORMATS:  # the length families' own words (posym.prompts)
         core = prompt_sets.LengthFamily(fmt, markers=True).core(0, 0)
-        corpus.append(" ".join([core.prefix, *core.facts, *core.question, core.answer, *map(str, range(10))]))
+        corpus.append(" ".join([core.prefix, *core.facts, *core.question, core.answer, *map(str, range(100))]))
+    stale = prompt_sets.LengthFamily("kv-code:competing=2:chat").core(0, 0)  # "old", "was" and the chat reply
+    corpus.append(" ".join([*stale.facts, *stale.question, "Answer with one word."]))
     raw = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     raw.decoder = decoders.WordPiece()

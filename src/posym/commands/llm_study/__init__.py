@@ -664,8 +664,9 @@ def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> 
     discrepancy lengths, the longest Appendix H prompt of the bench and the longest length family),
     ablation_ks past the model's heads, or exclude_keys that are not keys of every stage-1 prompt."""
     top = loaded.max_positions
-    heads = loaded.model.config.num_hidden_layers * loaded.model.config.num_attention_heads
-    if "ablation" in stages and max(config.ablation_ks) > heads:  # was skipped, then blamed on OUT
+    if "ablation" in stages and max(config.ablation_ks) > (
+        heads := loaded.model.config.num_hidden_layers * loaded.model.config.num_attention_heads
+    ):  # was skipped, then blamed on OUT
         raise PosymError(f"ablation_ks reach {max(config.ablation_ks):,} heads, more than the model's {heads:,}")
     if "scores" in stages and config.exclude_keys:
         shortest = min(min(query_positions(loaded, name, p)) for name, p in study_prompts(config).items())
@@ -687,7 +688,7 @@ def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> 
                 )
     if {"screen", "lengths", "causal"} & set(stages):
         builder, p = Builder(loaded.tokenizer), config.prediction
-        for fmt in p.formats:
+        for fmt in filter(builder.asks, p.formats):  # the screen skips chat forms without a chat template
             for family in prediction.families(fmt, p).values():
                 base = base_length(family, builder, p.n_length, config.seed)
                 if max(p.factors) * base > top:

@@ -60,6 +60,14 @@ from posym.figures import subplots
 from posym.parallel import cpu_workers, forked_map
 from posym.prompts import FACTORS, FORMATS, Builder, LengthFamily, LengthPrompt, build
 
+SCREENED = (
+    *("kv-code", "copy", "kv-list", "kv-fewshot", "possession", "arithmetic"),
+    # issue 52: harder key-value questions (more facts, stale values), arithmetic reasoning judged on the
+    # whole answer, and the model's chat format where it has one
+    *("kv-code:facts=8", "kv-code:facts=6:competing=3", "kv-code:chat", "kv-code:facts=6:competing=3:chat"),
+    *("arith-facts", "arith-chain", "arith-facts:chat", "arith-chain:chat"),
+)
+"""The screen's formats by default, in order of preference (`PredictionConfig.formats`)."""
 LABEL_GROUPS = ("positional", "symbolic", "mixed")
 RANKINGS = ("sink-free", "plain")
 """Which scores rank the heads of the causal groups: with the attention sinks left out of the swaps
@@ -70,10 +78,9 @@ RANKINGS = ("sink-free", "plain")
 class PredictionConfig:
     """What the screen, lengths and causal stages of `posym llm-study` measure (part of study.yaml)."""
 
-    formats: list[str] = field(
-        default_factory=lambda: ["kv-code", "copy", "kv-list", "kv-fewshot", "possession", "arithmetic"]
-    )
-    """Formats screened, in order of preference (`posym.prompts.FORMATS`)."""
+    formats: list[str] = field(default_factory=lambda: list(SCREENED))
+    """Formats screened, in order of preference: `posym.prompts` format specs (`parse_format`); those in the
+    chat form are skipped for a model without a chat template."""
     n_screen: int = 200
     """Prompts a format needs at the base length to be the task (`screen`)."""
     n_probe: int = 50
@@ -115,9 +122,10 @@ class PredictionConfig:
     always 1 on a GPU; `posym.parallel`). Machine only: results are the same up to float rounding."""
 
     def __post_init__(self) -> None:
-        bad = [f for f in self.formats if f not in FORMATS]
-        if bad or not self.formats:
+        if not self.formats:
             raise PosymError(f"formats must be among {', '.join(FORMATS)}, got {self.formats}")
+        for spec in self.formats:
+            LengthFamily(spec)  # a PosymError for an unknown format or option
         if not 0 <= self.workers <= 1024:
             raise PosymError(f"workers must lie in 0..1024 (0: one per CPU), got {self.workers}")
         counts = {
@@ -160,21 +168,29 @@ class PredictionConfig:
 
 def next_token_correct(model, prompts: list[LengthPrompt], *, batch_tokens: int = 8192) -> list[bool]:
     """Whether the model's greedy next token is each prompt's answer token (equal-length batches,
-    no-grad, logits at the last position only)."""
+    no-grad, logits at the last positions only). A prompt judged on its whole answer (`answer_ids`) is
+    run with its answer appended: correct when every answer token is the greedy one after the tokens
+    before it (so greedy decoding writes the answer) and the greedy token after it is none of `stops`."""
     out: dict[int, bool] = {}
-    by_length: dict[int, list[int]] = {}
+    by_length: dict[tuple[int, int], list[int]] = {}
     for k, p in enumerate(prompts):
-        by_length.setdefault(len(p.ids), []).append(k)
+        by_length.setdefault((len(p.ids) + len(p.answer_ids), len(p.answer_ids)), []).append(k)
     device = next(model.parameters()).device
     with torch.no_grad():
-        for length, members in by_length.items():
+        for (length, extra), members in by_length.items():
             step = max(1, batch_tokens // length)
             for lo in range(0, len(members), step):
                 chunk = members[lo : lo + step]
-                ids = torch.tensor([prompts[k].ids for k in chunk], device=device)  # [b, T]
-                logits = model(input_ids=ids, logits_to_keep=1).logits[:, -1]  # [b, vocab]
-                for k, best in zip(chunk, logits.argmax(-1).tolist()):
-                    out[k] = best == prompts[k].answer_id
+                ids = torch.tensor(
+                    [prompts[k].ids + list(prompts[k].answer_ids) for k in chunk], device=device
+                )  # [b, T]
+                best = model(input_ids=ids, logits_to_keep=extra + 1).logits.argmax(-1).tolist()  # [b, extra + 1]
+                for k, greedy in zip(chunk, best):
+                    p = prompts[k]
+                    if p.answer_ids:
+                        out[k] = greedy[:-1] == list(p.answer_ids) and greedy[-1] not in p.stops
+                    else:
+                        out[k] = greedy[-1] == p.answer_id
     return [out[k] for k in range(len(prompts))]
 
 
@@ -280,13 +296,14 @@ def screen(model, builder: Builder, config: PredictionConfig, *, seed: int, max_
     prompts = {
         fmt: build(LengthFamily(fmt, factors=[1]), builder, config.n_screen, seed=seed, max_positions=max_positions)[1]
         for fmt in config.formats
+        if builder.asks(fmt)
     }
     correct = {}
     for fmt, ps in prompts.items():
         correct[fmt] = next_token_correct(model, ps[: config.n_probe])
         if progress:
             progress(1)
-    for fmt in config.formats:
+    for fmt in prompts:
         found = correct[fmt]
         if wilson_interval(sum(found), len(found))[1] >= config.min_accuracy:  # the probe leaves it possible
             found += next_token_correct(model, prompts[fmt][len(found) :])
@@ -313,7 +330,7 @@ def choose_format(summary, config: PredictionConfig) -> dict:
     else the most accurate."""
     acc, n = dict(zip(summary.format, summary.acc)), dict(zip(summary.format, summary.n))
     passing = [f for f in config.formats if acc.get(f, 0.0) >= config.min_accuracy and n.get(f, 0) >= config.n_screen]
-    chosen = passing[0] if passing else max(config.formats, key=lambda f: acc.get(f, 0.0))
+    chosen = passing[0] if passing else max((f for f in config.formats if f in acc), key=acc.__getitem__)
     return {
         "format": chosen,
         "accuracy": float(acc[chosen]),
