@@ -930,7 +930,7 @@ def test_llm_scores_size_and_n_are_bounded(tmp_path, capsys, monkeypatch):
         "--out",
         tmp_path / "o",
     )
-    one_line(code, err, "--n 1,000,000,000,000 asks for at least")
+    one_line(code, err, "--n 1,000,000,000,000 is more than the 100,000 posym allows")  # resources.BOUNDS (issue 55)
     assert not (tmp_path / "o").exists()
 
 

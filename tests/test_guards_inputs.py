@@ -212,7 +212,7 @@ def test_a_config_json_describing_more_than_its_weights_is_refused_before_the_bu
     _edit_config(llama, **change)
     _never_built(monkeypatch)
     code, err = cli(capsys, monkeypatch, "llm-scores", llama, "--text", "a b c d", "--out", tmp_path / "o")
-    one_line(code, err, f"{llama}: its config.json describes a model of about", "but the file holds 58,208")
+    one_line(code, err, f"{llama}: its config.json describes a model of about", "but the file holds 59,104")
     assert not (tmp_path / "o").exists()
 
 

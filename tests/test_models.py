@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import types
+
 import importlib.util
 import json
 
@@ -117,7 +119,9 @@ def test_gguf_load_prints_no_per_tensor_bar_and_restores_it(tmp_path, monkeypatc
     def fake_from_pretrained(*args, **kwargs):  # what transformers does while dequantizing, on a stand-in model
         for _ in gguf_loader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
             pass
-        return torch.nn.Linear(2, 2)
+        stand_in = torch.nn.Linear(2, 2)
+        stand_in.config = types.SimpleNamespace()  # posym writes `architectures` into a GGUF model's config
+        return stand_in
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
     monkeypatch.setattr(model_specs, "_GGUF_MODELS", {})

@@ -134,6 +134,8 @@ class LengthFormat(enum.StrEnum):
     copy = "copy"
     possession = "possession"
     arithmetic = "arithmetic"
+    arith_facts = "arith-facts"
+    arith_chain = "arith-chain"
 
 
 # ---- the options spelled the same way everywhere ----------------------------------------------------
