@@ -121,18 +121,18 @@ def test_variant_is_restored_by_load_model_and_ignored_by_plain_transformers(tmp
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "message"),
     [
-        dict(rope_bands=[[0, 2]]),
-        dict(rope_bands=[[3, 2]]),
-        dict(rope_bands=[[1, 5]]),
-        dict(rope_bands=[[1, 2], [1, 2], [1, 2]]),
-        dict(nope_from=3),
-        dict(rope_base=1.0),
+        (dict(rope_bands=[[0, 2]]), r"1 <= first <= last <= 4, got \[0, 2\]"),
+        (dict(rope_bands=[[3, 2]]), r"1 <= first <= last <= 4, got \[3, 2\]"),
+        (dict(rope_bands=[[1, 5]]), r"1 <= first <= last <= 4, got \[1, 5\]"),
+        (dict(rope_bands=[[1, 2], [1, 2], [1, 2]]), r"1 band \(every layer\) or 2 \(one per layer\), got 3"),
+        (dict(nope_from=3), r"nope_from must be a layer index in 0\.\.2, got 3"),
+        (dict(rope_base=1.0), r"rope_base must be a number > 1, got 1\.0"),
     ],
 )
-def test_bad_rope_variants_are_errors(bad):
-    with pytest.raises(PosymError):
+def test_bad_rope_variants_are_errors(bad, message):
+    with pytest.raises(PosymError, match=message):
         _config(**bad)
 
 
@@ -250,8 +250,14 @@ def test_folded_ablation_equals_hooked_ablation_and_loads_in_plain_transformers(
 
 def test_parse_heads():
     assert parse_heads("3.1, 0, 3.1", 4, 2) == [(0, 0), (0, 1), (3, 1)]
-    for bad in ("4", "1.2", "x", "1.", ""):
-        with pytest.raises(PosymError):
+    for bad, message in [
+        ("4", r"layer 4 does not exist \(layers 0\.\.3\)"),
+        ("1.2", r"head 2 does not exist \(heads 0\.\.1\)"),
+        ("x", "is not LAYER or LAYER.HEAD"),
+        ("1.", "is not LAYER or LAYER.HEAD"),
+        ("", "head '' is not LAYER or LAYER.HEAD"),
+    ]:
+        with pytest.raises(PosymError, match=message):
             parse_heads(bad, 4, 2)
 
 

@@ -317,3 +317,24 @@ def test_the_path_of_posym_discrepancy_takes_a_short_walk(tmp_path):
         "figures.py io.py cli/options.py"
     ).split()
     assert path_walk.summary(before)["files"] == 11
+
+
+# ---- io sits under everything -----------------------------------------------------------------------
+
+IO_MAY_IMPORT = {"posym.errors"}
+"""posym.io writes and reads files for every floor above it, so it imports nothing of posym but its errors
+(not even the package root for the version: `posym.io.package_version` reads the distribution's metadata)."""
+
+
+def io_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"posym.io imports {target}" for target in graph.get("posym.io", set()) - IO_MAY_IMPORT)
+
+
+def test_io_imports_only_the_errors():
+    assert io_violations(import_graph(PACKAGE)) == []
+
+
+def test_io_importing_the_package_root_fails(package_copy):
+    io_file = package_copy / "io.py"
+    io_file.write_text("import posym\n" + io_file.read_text())
+    assert io_violations(import_graph(package_copy)) == ["posym.io imports posym"]

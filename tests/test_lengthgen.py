@@ -45,14 +45,14 @@ def test_extension_and_plan_errors():
         core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(protocol="seed", factors=[1, 3]), n_positions=50)
     with pytest.raises(PosymError, match="shorter"):
         core_lengthgen.plan(base, core_lengthgen.LengthGenConfig(lengths=[10, 20]), n_positions=100)
-    for bad in [
-        dict(protocol="nope"),
-        dict(n=0),
-        dict(max_tokens=0),
-        dict(lengths=[]),
-        dict(protocol="seed", factors=[0, 2]),
+    for bad, message in [
+        (dict(protocol="nope"), "protocol must be one of paper, seed, both, got 'nope'"),
+        (dict(n=0), "n and max_tokens must be positive, got n=0"),
+        (dict(max_tokens=0), "n and max_tokens must be positive, got n=128, max_tokens=0"),
+        (dict(lengths=[]), "the paper protocol needs at least one length"),
+        (dict(protocol="seed", factors=[0, 2]), "the seed protocol needs at least one factor"),
     ]:
-        with pytest.raises(PosymError):
+        with pytest.raises(PosymError, match=message):
             core_lengthgen.LengthGenConfig(**bad)
 
 

@@ -251,3 +251,53 @@ def test_a_self_saving_plot_is_found(tmp_path):
         "def write(x, stem):\n    return save_figure(plot_b(x), stem)\n"
     )
     assert self_saving_plots(bad) == ["plot_a"]
+
+
+# ---- an expected error names its message ----------------------------------------------------------------
+
+
+def bare_raises(path: Path) -> list[int]:
+    """Lines of `with pytest.raises(PosymError)` that neither pass `match=` nor keep the error (`as caught`) to
+    read its message: such a test passes for any error of the type, the wrong one included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.With):
+            continue
+        for item in node.items:
+            call = item.context_expr
+            is_raises = (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "raises"
+                and getattr(call.func.value, "id", None) == "pytest"
+            )
+            if not is_raises or not call.args or getattr(call.args[0], "id", None) != "PosymError":
+                continue
+            if item.optional_vars is None and not any(k.arg == "match" for k in call.keywords):
+                found.append(call.lineno)
+    return found
+
+
+def test_every_expected_error_names_its_message():
+    found = [
+        f"{path.name}:{line}" for path in sorted(Path(__file__).parent.glob("test_*.py")) for line in bare_raises(path)
+    ]
+    assert found == []
+
+
+def test_a_bare_raises_is_found(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import pytest\n"
+        "with pytest.raises(PosymError):\n"  # 2
+        "    f()\n"
+        "with pytest.raises(PosymError, match='x'):\n"
+        "    f()\n"
+        "with pytest.raises(PosymError) as caught:\n"
+        "    f()\n"
+        "with open('a'), pytest.raises(PosymError):\n"  # 8
+        "    f()\n"
+        "with pytest.raises(KeyboardInterrupt):\n"
+        "    f()\n"
+    )
+    assert bare_raises(bad) == [2, 8]

@@ -18,7 +18,7 @@ from posym import configs
 from posym import models
 from posym.commands import llm_study
 from posym.commands.llm_study import prediction
-from posym.commands.llm_study.report import SECTIONS
+from posym.commands.llm_study.report import GEMMA_HALVES, SECTIONS
 from posym.core import study as core
 from posym.core.interventions import ablated, head_means
 from posym.errors import PosymError
@@ -256,7 +256,15 @@ def test_report_sections(finished):
         assert f"<h2>{name}</h2>" in page
     # 7 figures of the first six stages, accuracy by length and the causal effects (the tiny random model's
     # heads are all near-uniform, so it has no labelled head groups and no retention figure)
-    assert "Absent" not in page and page.count("<img") == 9 and "0.83" in page
+    assert "Absent" not in page and page.count("<img") == 9
+    # the layer profile's caption quotes our halves from profile.json beside the paper's reference halves
+    profile = json.loads((out / "profile" / "profile.json").read_text())
+    halves = "; ".join(
+        f"{name}: {row['early_s_pos']:.2f} vs {row['late_s_pos']:.2f}"
+        for name, row in profile.items()
+        if row.get("early_s_pos") is not None
+    )
+    assert halves and f"ours: {halves}; 2511.11579 (Gemma-2-2b-it): {GEMMA_HALVES[0]} vs {GEMMA_HALVES[1]}." in page
     assert "No head has a positional, symbolic or mixed label here" in page
     assert '<a href="explorer.html">' in page and (out / "explorer.html").is_file()  # posym explore, tables only
     sets = page_data(out / "explorer.html")["sets"]

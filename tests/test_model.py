@@ -36,23 +36,23 @@ def test_paper_shape_and_multi_head_rotary():
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "message"),
     [
-        dict(n_embd=30, n_head=4),
-        dict(rotary_dim=3),
-        dict(rotary_dim=64, n_embd=32),
-        dict(dropout=1.0),
-        dict(embd_dropout=-0.1),
-        dict(attn_dropout=1.0),
-        dict(activation="nope"),
-        dict(n_layer=0),
-        dict(rope_base=1.0),
-        dict(rope_bands=[[0, 4]]),
-        dict(nope_from=13),
+        (dict(n_embd=30, n_head=4), r"n_embd \(30\) must be divisible by model\.n_head \(4\)"),
+        (dict(rotary_dim=3), r"rotary_dim must be an even number between 2 and the head dimension 128, got 3"),
+        (dict(rotary_dim=64, n_embd=32), r"between 2 and the head dimension 32, got 64"),
+        (dict(dropout=1.0), r"model\.dropout must be in \[0, 1\), got 1\.0"),
+        (dict(embd_dropout=-0.1), r"embd_dropout must be in \[0, 1\), got -0\.1"),
+        (dict(attn_dropout=1.0), r"attn_dropout must be in \[0, 1\), got 1\.0"),
+        (dict(activation="nope"), "'nope' is not a transformers activation name"),
+        (dict(n_layer=0), "n_layer must be a positive integer, got 0"),
+        (dict(rope_base=1.0), r"rope_base must be a number > 1, got 1\.0"),
+        (dict(rope_bands=[[0, 4]]), r"1 <= first <= last <= 64, got \[0, 4\]"),
+        (dict(nope_from=13), r"nope_from must be a layer index in 0\.\.12, got 13"),
     ],
 )
-def test_bad_model_config(kwargs):
-    with pytest.raises(PosymError):
+def test_bad_model_config(kwargs, message):
+    with pytest.raises(PosymError, match=message):
         ModelConfig(**kwargs)
 
 

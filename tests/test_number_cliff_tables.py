@@ -197,8 +197,15 @@ def test_docs_quote_the_noid1_tables():
 def test_plane_sets_parse_and_name_themselves():
     assert number_cliff.parse_planes(" 9-11 ,2", 64) == [2, 9, 10, 11]
     assert number_cliff.parse_planes(number_cliff.DEFAULT_PLANES, 64) == [1]
-    for bad in ("0", "65", "3-2", "x", "1-", ""):
-        with pytest.raises(PosymError):
+    for bad, message in [
+        ("0", "frequency IDs run 1-64 in this model, got '0'"),
+        ("65", "frequency IDs run 1-64 in this model, got '65'"),
+        ("3-2", "frequency IDs run 1-64 in this model, got '3-2'"),
+        ("x", "takes frequency IDs such as 1, 2,3 or 9-64, got 'x'"),
+        ("1-", "takes frequency IDs such as 1, 2,3 or 9-64, got '1-'"),
+        ("", "takes frequency IDs such as 1, 2,3 or 9-64, got ''"),
+    ]:
+        with pytest.raises(PosymError, match=message):
             number_cliff.parse_planes(bad, 64)
     assert [number_cliff.plane_tag(ids) for ids in ([1], [2], [9, 10], [2, 4])] == ["id1", "id2", "ids9_10", "ids2_4"]
 

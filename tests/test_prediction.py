@@ -746,8 +746,14 @@ def test_competing_keys_add_stale_values_of_the_asked_key(builder):
     assert len(hard.facts) == 9 and len(stale) == 3 and any(f" {asked} was" in f for f in stale)
     assert len({c.strip() for c in hard.candidates}) == 9 and hard.answer not in {f" {f[-2]}" for f in stale}
     assert prompt_sets.LengthFamily("kv-code").core(0, 3) == prompt_sets.LengthFamily("kv-code:facts=4").core(0, 3)
-    for bad in ("kv-list:competing=1", "kv-code:facts=8:competing=2", "copy:chat", "arith-chain:facts=2", "kv:x"):
-        with pytest.raises(PosymError):
+    for bad, message in [
+        ("kv-list:competing=1", "competing keys are a kv-code option .* got kv-list with 4 \\+ 1"),
+        ("kv-code:facts=8:competing=2", "n_facts \\+ competing <= 9 .* got kv-code with 8 \\+ 2"),
+        ("copy:chat", "copy has no chat form"),
+        ("arith-chain:facts=2", "arith-chain needs n_facts >= 3 .* got 2"),
+        ("kv:x", "format spec 'kv:x': each option is one of facts=N, competing=K, chat"),
+    ]:
+        with pytest.raises(PosymError, match=message):
             prompt_sets.LengthFamily(bad)
     with pytest.raises(PosymError, match="kv-code:size=3"):
         prediction.PredictionConfig(formats=["kv-code", "kv-code:size=3"])

@@ -14,7 +14,7 @@ def test_a_stage_is_marked_done_only_after_it_succeeds(tmp_path):
         calls.append("fail")
         raise PosymError("boom")
 
-    with pytest.raises(PosymError):
+    with pytest.raises(PosymError, match="^boom$"):
         stages.run_stage(tmp_path, "number", "train", fail)
     assert not stages.is_done(tmp_path, "number", "train")
     assert stages.run_stage(tmp_path, "number", "train", lambda: calls.append("ok")) >= 0

@@ -152,7 +152,7 @@ def test_presets_and_overrides(tmp_path):
     path.write_text("lr: 0.003\nlearning_rate: 1\n")
     with pytest.raises(PosymError, match="learning_rate"):
         resolve_config("quick", "number", path)
-    with pytest.raises(PosymError):
+    with pytest.raises(PosymError, match="max_hops=12 needs 11 distinct intermediate positions"):
         resolve_config("quick", "number", overrides={"task": {"max_hops": 12}})  # impossible task
     with pytest.raises(PosymError, match="unknown preset"):
         resolve_config("huge", "number")

@@ -24,7 +24,6 @@ import os
 # 5-20x slower on a 2-core machine; passive waiting must be chosen before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__version__ = "0.1.0"
 __all__ = [
     "load",
     "LoadedModel",
@@ -47,6 +46,11 @@ def __getattr__(name: str):
         from posym import figures as module
     elif name == "save_figure":
         from posym import figures as module
+    elif name == "__version__":  # pyproject.toml is its one source, read from the installed distribution's metadata
+        from posym.io import package_version
+
+        globals()[name] = package_version()
+        return globals()[name]
     else:
         raise AttributeError(f"module 'posym' has no attribute {name!r}")
     value = globals()[name] = getattr(module, name)  # later lookups skip __getattr__

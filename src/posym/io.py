@@ -14,6 +14,7 @@ import fcntl
 import fnmatch
 import glob
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -30,7 +31,6 @@ from typing import Any, Iterator
 
 import yaml
 
-import posym
 from posym.errors import STOP_SIGNALS, Interrupted, PosymError
 
 
@@ -812,6 +812,15 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def package_version() -> str:
+    """posym's version, from the installed distribution's metadata (pyproject.toml is its one source): io.py sits
+    below the package's __init__ and imports nothing of posym but its errors."""
+    try:
+        return importlib.metadata.version("posym-rope")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path without `pip install -e .`
+        return "0+unknown"
+
+
 def versions() -> dict[str, str]:
     """Versions of Python, posym and the libraries whose behaviour changes numbers."""
     import numpy
@@ -821,7 +830,7 @@ def versions() -> dict[str, str]:
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "posym": posym.__version__,
+        "posym": package_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "numpy": numpy.__version__,
