@@ -104,12 +104,14 @@ def block() -> str:
     return "\n".join([*lines, "", END])
 
 
-def write(path: Path) -> None:
+def write(path: Path, begin: str = BEGIN, end: str = END, make=block) -> None:
+    """Rewrite the block of `path` between `begin` and `end` (both kept) with `make()`, which starts with `begin`
+    and ends with `end`."""
     text = path.read_text()
-    if BEGIN not in text or END not in text:
-        sys.exit(f"{path} has no {BEGIN} ... {END} block")
-    head, rest = text.split(BEGIN, 1)
-    path.write_text(head + block() + rest.split(END, 1)[1])
+    if begin not in text or end not in text:
+        sys.exit(f"{path} has no {begin} ... {end} block")
+    head, rest = text.split(begin, 1)
+    path.write_text(head + make() + rest.split(end, 1)[1])
 
 
 def main() -> None:

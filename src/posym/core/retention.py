@@ -482,3 +482,47 @@ def _pool_name(name: str) -> str:
     """'random:symbolic:3' -> 'random:symbolic'; any other group name is its own pool."""
     parts = name.split(":")
     return ":".join(parts[:-1]) if parts[0] == RANDOM and len(parts) > 2 else name
+
+
+KEEPS = 0.5
+"""A head KEEPS its answer key at length L when its attention there is at least this share of its attention at
+the base length (`label_prediction`'s outcome; stated beside every AUROC it gives)."""
+
+
+def label_prediction(head_table, *, base_length: int, length: int, keeps: float = KEEPS, draws: int = 1000, seed=0):
+    """Does a head's label predict that it keeps its answer key at `length`? An AUROC over heads.
+
+    head_table: `head_retention` rows of one (layout, ranking) with the heads' `s_pos` and `s_sym` (the labels'
+    scores). Only heads that LOOK at the answer key at the base length take part (attention on it at least
+    uniform, 1 / base_length: a head that never looked cannot keep or lose it); the outcome is
+    attn_answer_retention at `length` >= `keeps`; the score is s_sym - s_pos (more symbolic, higher). Returns
+    the head counts, the AUROC with its 95% head-bootstrap interval (`posym.core.atlas.auroc_interval`), and the
+    layer-matched AUROC (pairs inside one layer only: depth alone scores 0.5).
+
+    >>> import pandas as pd
+    >>> rows = pd.DataFrame({"layer": [0, 0, 1, 1] * 2, "head": [0, 1, 0, 1] * 2, "length": [8] * 4 + [16] * 4,
+    ...     "attn_answer": [0.5, 0.5, 0.5, 0.01] * 2, "attn_answer_retention": [1, 1, 1, 1, 0.9, 0.1, 0.8, 0.0],
+    ...     "s_pos": [0.1, 0.9, 0.2, 0.0] * 2, "s_sym": [0.9, 0.1, 0.8, 1.0] * 2})
+    >>> out = label_prediction(rows, base_length=8, length=16, draws=50)
+    >>> (out["heads"], out["looking"], out["kept"], out["auroc"])
+    (4, 3, 2, 1.0)
+    """
+    from posym.core.atlas import auroc, auroc_interval
+
+    base = head_table[head_table.length == base_length].set_index(["layer", "head"]).sort_index()
+    grown = head_table[head_table.length == length].set_index(["layer", "head"]).reindex(base.index)
+    looking = (base.attn_answer >= 1.0 / base_length).to_numpy()
+    kept = (grown.attn_answer_retention.to_numpy(dtype=np.float64) >= keeps)[looking]
+    score = (base.s_sym - base.s_pos).to_numpy(dtype=np.float64)[looking]
+    layers = base.index.get_level_values("layer").to_numpy()[looking]
+    lo, hi = auroc_interval(score, kept, draws=draws, seed=seed)
+    return {
+        "heads": len(base),
+        "looking": int(looking.sum()),
+        "kept": int(kept.sum()),
+        "keeps": keeps,
+        "auroc": auroc(score, kept),
+        "auroc_lo": lo,
+        "auroc_hi": hi,
+        "auroc_layer": auroc(score, kept, strata=layers),
+    }
