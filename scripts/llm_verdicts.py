@@ -11,8 +11,8 @@ For each real model (docs/results/llm-study*/lengths/), the block of docs/result
   p, the verdict and the minimal detectable difference (80% power at the Holm family's level);
 - the paired accuracy tests (exact McNemar on the same questions, Holm over the table).
 
-Nothing is computed here that the tables do not hold: tests/test_prediction.py checks the block
-against this script's output and the verdicts against their numbers.
+Nothing is computed here that the tables do not hold: tests/test_llm_verdicts.py checks the block
+against this script's output, tests/test_prediction.py the verdicts against their numbers.
 
     python scripts/llm_verdicts.py [--write docs/results.md]
 """

@@ -497,7 +497,7 @@ def label_prediction(head_table, *, base_length: int, length: int, keeps: float 
     uniform, 1 / base_length: a head that never looked cannot keep or lose it); the outcome is
     attn_answer_retention at `length` >= `keeps`; the score is s_sym - s_pos (more symbolic, higher). Returns
     the head counts, the AUROC with its 95% head-bootstrap interval (`posym.core.atlas.auroc_interval`), and the
-    layer-matched AUROC (pairs inside one layer only: depth alone scores 0.5).
+    layer-matched AUROC with its interval (pairs inside one layer only: depth alone scores 0.5).
 
     >>> import pandas as pd
     >>> rows = pd.DataFrame({"layer": [0, 0, 1, 1] * 2, "head": [0, 1, 0, 1] * 2, "length": [8] * 4 + [16] * 4,
@@ -516,6 +516,7 @@ def label_prediction(head_table, *, base_length: int, length: int, keeps: float 
     score = (base.s_sym - base.s_pos).to_numpy(dtype=np.float64)[looking]
     layers = base.index.get_level_values("layer").to_numpy()[looking]
     lo, hi = auroc_interval(score, kept, draws=draws, seed=seed)
+    layer_lo, layer_hi = auroc_interval(score, kept, strata=layers, draws=draws, seed=seed)
     return {
         "heads": len(base),
         "looking": int(looking.sum()),
@@ -525,4 +526,6 @@ def label_prediction(head_table, *, base_length: int, length: int, keeps: float 
         "auroc_lo": lo,
         "auroc_hi": hi,
         "auroc_layer": auroc(score, kept, strata=layers),
+        "auroc_layer_lo": layer_lo,
+        "auroc_layer_hi": layer_hi,
     }
