@@ -193,6 +193,29 @@ def test_the_first_load_writes_a_dequantized_copy_that_later_processes_read_exac
         assert a.dtype == torch.bfloat16 and torch.equal(a, b), name
 
 
+def test_a_model_over_the_process_copy_limit_is_held_once(stand_in_gguf, monkeypatch):
+    """A large GGUF model (Qwen2.5-Coder-1.5B: 6 GB in float32) is not also kept in the process: one copy at
+    a time, the next load reading the dequantized copy on disk again; a small one is kept and copied."""
+    import torch
+
+    path, reads = stand_in_gguf
+    disk = []
+    read_copy = model_specs._read_dequantized
+    monkeypatch.setattr(model_specs, "_read_dequantized", lambda *a: disk.append(1) or read_copy(*a))
+    small, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    again, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    assert len(model_specs._GGUF_MODELS) == 1 and len(disk) == 1 and again is not small
+
+    _fresh_process(monkeypatch)
+    monkeypatch.setattr(model_specs, "PROCESS_COPY_MAX", model_specs._weight_bytes(small) - 1)
+    first, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    assert model_specs._GGUF_MODELS == {} and len(disk) == 2
+    second, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    assert len(disk) == 3 and reads == [torch.float32]  # from the copy on disk, never the GGUF file again
+    for (name, a), b, c in zip(small.named_parameters(), first.parameters(), second.parameters()):
+        assert torch.equal(a, b) and torch.equal(a, c), name
+
+
 @pytest.mark.parametrize("damage", ["truncated weights", "altered weights", "no meta"])
 def test_a_damaged_copy_is_read_again_from_the_gguf_and_rewritten(stand_in_gguf, monkeypatch, capsys, damage):
     import torch

@@ -1083,6 +1083,11 @@ def load_analysable(
 # A GGUF file is read and dequantized once per process (tens of seconds for SmolLM2-135M: transformers
 # parses every metadata field twice and dequantizes in numpy); later loads copy the model in memory.
 _GGUF_MODELS: dict = {}
+PROCESS_COPY_MAX = 2 << 30
+"""Bytes of weights up to which a GGUF model is also kept in the process for later loads (each load then
+holds two copies); a larger one (Qwen2.5-Coder-1.5B: about 6 GB in float32) is handed over alone, so
+peak memory is one copy, and a later load in the same process reads it again (from its dequantized copy
+on disk, seconds, when the cache is on)."""
 _GGUF_TOKENIZERS: dict = {}
 
 
@@ -1093,7 +1098,7 @@ def _gguf_key(path: Path) -> tuple:
 
 def _gguf_model(path: Path, dtype, attn_implementation: str | None, *, cached: bool = False):
     """(a fresh copy of the model in a GGUF file, a loader of its tokenizer): read once per process (see
-    _GGUF_MODELS), and with `cached` from its dequantized copy in the cache (`dequantized_entry`), which
+    _GGUF_MODELS; a model over PROCESS_COPY_MAX bytes is not kept), and with `cached` from its dequantized copy in the cache (`dequantized_entry`), which
     the first read writes."""
     import copy
 
@@ -1112,9 +1117,18 @@ def _gguf_model(path: Path, dtype, attn_implementation: str | None, *, cached: b
             if entry is not None:
                 _write_dequantized(entry, path, model, _gguf_tokenizer(path)())
         _GGUF_MODELS.clear()  # one model at a time: a second file replaces the first
-        _GGUF_MODELS[key] = model.to(dtype).eval()
+        model = model.to(dtype).eval()
+        if _weight_bytes(model) <= PROCESS_COPY_MAX:
+            _GGUF_MODELS[key] = model
+            model = copy.deepcopy(model)
+    else:
+        model = copy.deepcopy(_GGUF_MODELS[key])
     tokenizer = _gguf_tokenizer(path, entry if entry is not None and (entry / DEQUANTIZED_META).is_file() else None)
-    return copy.deepcopy(_GGUF_MODELS[key]), tokenizer
+    return model, tokenizer
+
+
+def _weight_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
 def _read_gguf(path: Path, dtype, attn_implementation: str | None):
@@ -1253,7 +1267,7 @@ def _write_dequantized(entry: Path, path: Path, model, tokenizer) -> None:
     lacks room for it (a line on stderr says so; the model is used all the same)."""
     import shutil
 
-    size = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + DEQUANTIZED_SLACK
+    size = _weight_bytes(model) + DEQUANTIZED_SLACK
     existing = next(p for p in (entry, *entry.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     if free < size:
