@@ -233,29 +233,6 @@ def test_kv_pool_max_and_mean_per_key_value_head():
         atlas.kv_grid(pooled.iloc[1:], "score_max", 2, 2)
 
 
-def test_auroc_against_counting_pairs():
-    gen = np.random.default_rng(0)
-    scores = gen.integers(0, 5, size=30).astype(float)  # ties on purpose
-    positive = gen.random(30) < 0.3
-    pairs = [(1.0 if a > b else 0.5 if a == b else 0.0) for a in scores[positive] for b in scores[~positive]]
-    assert atlas.auroc(scores, positive) == pytest.approx(np.mean(pairs), abs=1e-12)
-    assert atlas.auroc(np.arange(4.0), np.array([False, False, True, True])) == 1.0
-    assert math.isnan(atlas.auroc(np.arange(3.0), np.zeros(3, bool)))
-    lo, hi = atlas.auroc_interval(scores, positive, draws=200)
-    assert lo <= atlas.auroc(scores, positive) <= hi
-    # layer-matched: only pairs inside one layer; a score that is the layer itself gets exactly 0.5
-    layers = gen.integers(0, 3, size=30)
-    inside = [
-        (1.0 if a > b else 0.5 if a == b else 0.0)
-        for i in np.flatnonzero(positive)
-        for j in np.flatnonzero(~positive)
-        if layers[i] == layers[j]
-        for a, b in [(scores[i], scores[j])]
-    ]
-    assert atlas.auroc(scores, positive, layers) == pytest.approx(np.mean(inside), abs=1e-12)
-    assert atlas.auroc(layers.astype(float), positive, layers) == 0.5
-
-
 def test_spearman_pairs_and_top_heads():
     heads = pd.DataFrame({"a": [1.0, 2, 3, 4], "b": [10.0, 20, 30, 40], "c": [4.0, 3, 2, np.nan]})
     rho = atlas.spearman_pairs(heads, ["a", "b", "c"]).set_index(["a", "b"])

@@ -13,7 +13,7 @@ from tiny_llms import run_cli, save_model, tokenizer
 from posym import models
 from posym.commands import atlas as atlas_command
 from posym.commands import atlas as command
-from posym.core import atlas
+from posym.core import atlas, stats
 from posym.errors import PosymError
 
 SMALL = dict(
@@ -133,7 +133,7 @@ def test_agreement_tables_and_report(run):
     table = pd.read_parquet(run / "atlas.parquet")
     top = atlas.top_heads(table.retrieval, 0.25)
     row = auroc[(auroc.target == "retrieval") & (auroc.scorer == "s_sym_sinkfree")].iloc[0]
-    assert row.auroc == atlas.auroc(table.s_sym_sinkfree, top) and row.low <= row.auroc <= row.high
+    assert row.auroc == stats.auroc(table.s_sym_sinkfree, top) and row.low <= row.auroc <= row.high
     decides = pd.read_parquet(run / "agreement_sink_decides.parquet")
     assert (decides.sink_decides == (decides.plain * decides.sinkfree < 0))[
         decides.measure.str.startswith("spearman")

@@ -51,7 +51,7 @@ def check_auroc_rows(auroc: pd.DataFrame, heads: pd.DataFrame, positives: int) -
         positive = atlas.top_heads(heads[targets[row.target]], CONFIG.top_share)
         scorer = row.scorer.removesuffix(" within layers")
         layers = heads.layer if row.scorer.endswith("within layers") else None
-        assert row.auroc == pytest.approx(atlas.auroc(heads[scorer], positive, layers), abs=1e-12)
+        assert row.auroc == pytest.approx(stats.auroc(heads[scorer], positive, layers), abs=1e-12)
         assert row.low <= row.auroc <= row.high and row.positives == positives
 
 

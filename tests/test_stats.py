@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from posym.core.stats import pearson, seed_interval, spearman, t_cdf, t_quantile, welch_test
+from posym.core.stats import auroc, auroc_interval, pearson, seed_interval, spearman, t_cdf, t_quantile, welch_test
 
 
 def test_spearman_is_the_classic_formula_without_ties_and_averages_tied_ranks():
@@ -48,3 +48,26 @@ def test_t_distribution_agrees_with_mpmaths_incomplete_beta():
     assert df == pytest.approx((va + vb) ** 2 / (va**2 / 4 + vb**2 / 4))
     assert p == pytest.approx(2 * t_cdf(-abs(t), df)) and 0 < p < 1
     assert all(math.isnan(v) for v in welch_test([1.0], b))
+
+
+def test_auroc_against_counting_pairs():
+    gen = np.random.default_rng(0)
+    scores = gen.integers(0, 5, size=30).astype(float)  # ties on purpose
+    positive = gen.random(30) < 0.3
+    pairs = [(1.0 if a > b else 0.5 if a == b else 0.0) for a in scores[positive] for b in scores[~positive]]
+    assert auroc(scores, positive) == pytest.approx(np.mean(pairs), abs=1e-12)
+    assert auroc(np.arange(4.0), np.array([False, False, True, True])) == 1.0
+    assert math.isnan(auroc(np.arange(3.0), np.zeros(3, bool)))
+    lo, hi = auroc_interval(scores, positive, draws=200)
+    assert lo <= auroc(scores, positive) <= hi
+    # layer-matched: only pairs inside one layer; a score that is the layer itself gets exactly 0.5
+    layers = gen.integers(0, 3, size=30)
+    inside = [
+        (1.0 if a > b else 0.5 if a == b else 0.0)
+        for i in np.flatnonzero(positive)
+        for j in np.flatnonzero(~positive)
+        if layers[i] == layers[j]
+        for a, b in [(scores[i], scores[j])]
+    ]
+    assert auroc(scores, positive, layers) == pytest.approx(np.mean(inside), abs=1e-12)
+    assert auroc(layers.astype(float), positive, layers) == 0.5

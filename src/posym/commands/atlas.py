@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from posym import configs, io, resources
-from posym.core import atlas
+from posym.core import atlas, stats
 from posym.core.geometry import channel_means, frequency_use, plane_scores
 from posym.core.interventions import ablated_planes
 from posym.core.paper import GAMMA, TAU
@@ -665,13 +665,13 @@ def agreement(table, config: AtlasConfig) -> dict:
         for scorer, strata in SCORERS:
             layers = table.layer if strata else None
             name = f"{scorer} within layers" if strata else scorer
-            lo, hi = atlas.auroc_interval(table[scorer], positive, layers, draws=config.draws, seed=config.seed)
+            lo, hi = stats.auroc_interval(table[scorer], positive, layers, draws=config.draws, seed=config.seed)
             rows.append(
                 {
                     "target": target,
                     "column": column,
                     "scorer": name,
-                    "auroc": atlas.auroc(table[scorer], positive, layers),
+                    "auroc": stats.auroc(table[scorer], positive, layers),
                     "low": lo,
                     "high": hi,
                     "positives": int(positive.sum()),

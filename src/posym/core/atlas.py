@@ -220,43 +220,6 @@ def spearman_pairs(heads, columns):
     return pd.DataFrame(rows, columns=["a", "b", "rho", "heads"])
 
 
-def auroc(scores, positive, strata=None) -> float:
-    """Area under the ROC curve of `scores` for telling `positive` (bool) heads from the rest: the
-    probability that a random positive outscores a random negative, ties counting one half
-    (Mann-Whitney U / (n+ n-)); NaN without positives or negatives. strata (e.g. each head's layer):
-    only pairs inside one stratum count (a layer-matched AUROC: depth alone cannot score above 0.5)."""
-    import numpy as np
-    import pandas as pd
-
-    scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
-    strata = np.zeros(len(scores)) if strata is None else np.asarray(strata)
-    u, pairs = 0.0, 0
-    for stratum in np.unique(strata):
-        inside = strata == stratum
-        s, p = scores[inside], positive[inside]
-        n_pos, n_neg = int(p.sum()), int((~p).sum())
-        if n_pos and n_neg:
-            ranks = pd.Series(s).rank().to_numpy()  # 1..n, ties sharing their average (counting one half in U)
-            u += ranks[p].sum() - n_pos * (n_pos + 1) / 2
-            pairs += n_pos * n_neg
-    return float(u / pairs) if pairs else float("nan")
-
-
-def auroc_interval(scores, positive, strata=None, draws: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile interval of `auroc` under resampling the heads with replacement (seeded)."""
-    import numpy as np
-
-    scores, positive = np.asarray(scores, dtype=float), np.asarray(positive, dtype=bool)
-    strata = np.zeros(len(scores)) if strata is None else np.asarray(strata)
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(scores), size=(draws, len(scores)))  # [draws, heads]
-    values = np.array([auroc(scores[p], positive[p], strata[p]) for p in picks])
-    values = values[~np.isnan(values)]
-    if not len(values):
-        return float("nan"), float("nan")
-    return float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))
-
-
 def top_heads(values, share: float):
     """bool array: the heads whose value is among the top `share` (at least one head; ties at the
     cut included), NaNs never."""

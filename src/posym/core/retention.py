@@ -36,10 +36,14 @@ import random
 import numpy as np
 import torch
 
+from posym.core.interop import scorable
+from posym.core.qk import check_layers
 from posym.core.stats import (
     ALPHA,
     N_BOOT,
     POWER,
+    auroc,
+    auroc_interval,
     bootstrap_weights,
     detectable_effect,
     holm,
@@ -47,8 +51,6 @@ from posym.core.stats import (
     prompts_for_effect,
     randomization_p,
 )
-from posym.core.interop import scorable
-from posym.core.qk import check_layers
 from posym.core.swaps import clean_logits, scan
 from posym.errors import PosymError
 
@@ -496,7 +498,7 @@ def label_prediction(head_table, *, base_length: int, length: int, keeps: float 
     scores). Only heads that LOOK at the answer key at the base length take part (attention on it at least
     uniform, 1 / base_length: a head that never looked cannot keep or lose it); the outcome is
     attn_answer_retention at `length` >= `keeps`; the score is s_sym - s_pos (more symbolic, higher). Returns
-    the head counts, the AUROC with its 95% head-bootstrap interval (`posym.core.atlas.auroc_interval`), and the
+    the head counts, the AUROC with its 95% head-bootstrap interval (`posym.core.stats.auroc_interval`), and the
     layer-matched AUROC with its interval (pairs inside one layer only: depth alone scores 0.5).
 
     >>> import pandas as pd
@@ -507,8 +509,6 @@ def label_prediction(head_table, *, base_length: int, length: int, keeps: float 
     >>> (out["heads"], out["looking"], out["kept"], out["auroc"])
     (4, 3, 2, 1.0)
     """
-    from posym.core.atlas import auroc, auroc_interval
-
     base = head_table[head_table.length == base_length].set_index(["layer", "head"]).sort_index()
     grown = head_table[head_table.length == length].set_index(["layer", "head"]).reindex(base.index)
     looking = (base.attn_answer >= 1.0 / base_length).to_numpy()
