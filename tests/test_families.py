@@ -142,3 +142,28 @@ def test_unsupported_models_say_why():
         check_rope("no_such_model", "here")
     for kind in KINDS + FAMILIES:
         check_rope(kind, "here")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prompts_past_the_trained_context_only_when_asked(kind):
+    """A prompt past max_position_embeddings is refused, except inside `past_trained_positions` on a model
+    whose rotary embedding computes any position (every family but GPT-J, whose table is fixed)."""
+    from posym.core.qk import past_trained_positions
+
+    from posym.core.qk import fixed_position_table
+
+    model = tiny_model(kind)
+    ids = torch.randint(2, model.config.vocab_size, (1, model.config.max_position_embeddings + 8))  # [1, T]
+    with pytest.raises(PosymError, match="exceed the model's"):
+        head_qk(model, ids, [0])
+    if kind == "gptj":  # its sin/cos table has max_positions rows: nothing can run past them
+        assert fixed_position_table(model) == model.config.max_position_embeddings
+        with past_trained_positions(), pytest.raises(PosymError, match="exceed the model's"):
+            head_qk(model, ids, [0])
+        return
+    assert fixed_position_table(model) is None
+    with past_trained_positions():
+        qk = head_qk(model, ids, [0])[0]
+    assert qk.q.shape[-2] == ids.shape[1]
+    with pytest.raises(PosymError, match="exceed the model's"):  # the permission ended with the block
+        head_qk(model, ids, [0])

@@ -410,6 +410,46 @@ def test_resume_refuses_another_model(finished, tmp_path):
         )
 
 
+def test_lengths_past_the_trained_context(tiny, tmp_path, monkeypatch):
+    """past_context: the lengths stage's prompts go past the model's 512 positions (its rotary embedding computes
+    any position), the causal stage's must not; the eager kernel's memory is estimated before anything runs."""
+    loaded = models.load(tiny[0], device="cpu")  # 512 positions
+    kernel = loaded.model.config._attn_implementation
+    other = "eager" if kernel == "sdpa" else "sdpa"
+    past = {**TINY["prediction"], "factors": [1, 16], "causal_factors": [1], "past_context": True, "kernel": other}
+    study = configs.from_dict(llm_study.StudyConfig, {**TINY, "prediction": past})
+    llm_study.run_study(loaded, tmp_path / "past", study, settings={}, only=["screen", "lengths"])
+    info = json.loads((tmp_path / "past" / "lengths" / "lengths.json").read_text())
+    assert info["trained_context"] == 512 and info["past_context"] and info["kernel"] == other
+    accuracy = pd.read_parquet(tmp_path / "past" / "lengths" / "accuracy.parquet")
+    assert accuracy.length.max() == 16 * info["base_lengths"]["between"] > 512
+    kept = pd.read_parquet(tmp_path / "past" / "lengths" / "head_retention.parquet")
+    assert (kept.length > 512).any() and kept.attn_answer.between(0, 1).all()
+    assert loaded.model.config._attn_implementation == kernel  # the stage gave the model its own kernel back
+    refused = [
+        ({**past, "past_context": False}, "set past_context: true"),
+        ({**past, "causal_factors": [1, 16]}, "choose smaller causal_factors"),
+    ]
+    for settings, message in refused:
+        with pytest.raises(PosymError, match=message):
+            llm_study.run_study(
+                loaded,
+                tmp_path / "o",
+                configs.from_dict(llm_study.StudyConfig, {**TINY, "prediction": settings}),
+                settings={},
+            )
+    # GPT-J's sin/cos table holds its 512 positions: nothing can run past them
+    gptj = models.load(save_model(tmp_path / "gptj", "gptj", tokenizer()), device="cpu")
+    with pytest.raises(PosymError, match="table holds 512 positions"):
+        llm_study.run_study(gptj, tmp_path / "o", study, settings={}, only=["screen", "lengths"])
+    # the eager kernel's [heads, L, L] scores on a machine too small for them: refused, naming the way out
+    monkeypatch.setattr(llm_study.resources, "machine_memory", lambda device: 2**20)
+    with pytest.raises(PosymError, match="needs about .* GiB, more than this machine's .*set kernel: sdpa"):
+        eager = configs.from_dict(llm_study.StudyConfig, {**TINY, "prediction": {**past, "kernel": "eager"}})
+        llm_study.run_study(loaded, tmp_path / "o", eager, settings={}, only=["lengths"])
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())  # nothing written
+
+
 def test_sizes_past_the_model_are_refused_before_any_stage(tiny, tmp_path):
     loaded = models.load(tiny[0], device="cpu")  # 512 positions
     too_long = [

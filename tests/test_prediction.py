@@ -490,6 +490,38 @@ def test_correct_by_length_equals_one_forward_per_prompt():
     }
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_sdpa_kernel_gives_the_eager_answers_and_measures(kind):
+    """`PredictionConfig.kernel`: the lengths stage's answers and head measures under PyTorch's fused attention
+    equal the eager kernel's (float64 tiny models of every family, windowed ones with their window), and the
+    model gets its own kernel back. Within 1e-6: the fused kernel orders its float64 sums otherwise (~1e-8 seen)."""
+    model = tiny_model(kind, window=4) if kind in WINDOWED else tiny_model(kind)
+    family = {  # the answer-bearing keys sit in the head, before the filler: they never move
+        f: [dataclasses.replace(p, answer_keys=(1, 2)) for p in ps] for f, ps in _prefix_family(n=2, seed=2).items()
+    }
+    eager = prediction.measures_by_length(model, family, 2, sinks=[0])
+    with torch.no_grad():
+        logits = {(f, i): v for f, i, v in prediction.last_logits(model, family)}
+    with prediction.attention_kernel(model, "sdpa"):
+        assert model.config._attn_implementation == "sdpa"
+        fused = prediction.measures_by_length(model, family, 2, sinks=[0])
+        with torch.no_grad():
+            for f, i, v in prediction.last_logits(model, family):
+                torch.testing.assert_close(v, logits[(f, i)], atol=1e-6, rtol=0)
+    assert model.config._attn_implementation == "eager"
+    assert len(fused) == len(eager) and (fused.top_key == eager.top_key).all()
+    for column in ("margin", "attn_top", "attn_tracked", "attn_answer"):
+        np.testing.assert_allclose(fused[column], eager[column], atol=1e-6, rtol=0, equal_nan=True)
+
+
+def test_kernel_and_factors_are_checked():
+    with pytest.raises(PosymError, match="kernel must be one of eager, sdpa"):
+        prediction.PredictionConfig(kernel="flash")
+    with pytest.raises(PosymError, match=r"factors must lie in 1\.\.1024"):
+        prediction.PredictionConfig(factors=[1, 2048])
+    assert prediction.PredictionConfig(factors=[1, 128], causal_factors=[1], past_context=True).factors == [1, 128]
+
+
 # ---- the causal table ---------------------------------------------------------------------------
 
 

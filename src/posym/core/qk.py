@@ -29,6 +29,7 @@ before any pass.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import sys
 from contextlib import contextmanager
@@ -414,6 +415,32 @@ def head_qk(model, input_ids, layers: list[int] | None = None) -> dict[int, Head
 # ---- prompts -------------------------------------------------------------------------------------
 
 
+_PAST_POSITIONS = contextvars.ContextVar("posym_past_positions", default=False)
+
+
+@contextmanager
+def past_trained_positions():
+    """Inside this block a prompt may run past the model's max_position_embeddings where its rotary
+    embedding computes any position (`fixed_position_table` is None), so a model can be asked past the
+    context it was trained at (the extrapolation test of `posym llm-study`'s past_context). Outside it, or on
+    a model with a fixed table, such a prompt is refused (`check_prompt`)."""
+    token = _PAST_POSITIONS.set(True)
+    try:
+        yield
+    finally:
+        _PAST_POSITIONS.reset(token)
+
+
+def fixed_position_table(model) -> int | None:
+    """Rows of a rotary table the model precomputed for a fixed number of positions (GPT-J's
+    `embed_positions`), which no prompt can run past; None where the rotary embedding computes any position
+    from the position ids (Llama, Qwen2, Mistral, GPT-NeoX, Gemma 3), so that `past_trained_positions` may."""
+    for name, buffer in model.named_buffers():
+        if name.endswith("embed_positions"):
+            return int(buffer.shape[0])
+    return None
+
+
 def _max_positions(model) -> int | None:
     return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
 
@@ -427,7 +454,7 @@ def check_prompt(model, ids, where: str = "prompt") -> Tensor:
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise PosymError(f"{where}: token ids must lie in 0..{vocab - 1} (the model's vocabulary)")
     limit = _max_positions(model)
-    if limit is not None and len(ids) > limit:
+    if limit is not None and len(ids) > limit and not (_PAST_POSITIONS.get() and fixed_position_table(model) is None):
         raise PosymError(f"{where}: {len(ids)} tokens exceed the model's {limit} positions")
     return ids.long()
 

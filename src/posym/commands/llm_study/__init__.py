@@ -27,6 +27,7 @@ OUT skips the finished stages. `posym.commands.llm_study.report` turns OUT into 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
@@ -40,6 +41,7 @@ from posym.core.discrepancy import head_gaps
 from posym.core.geometry import channel_means, frequency_use, plane_scores
 from posym.core.interventions import ABLATION_MODES, ablated, head_means
 from posym.core.paper import GAMMAS, TAU
+from posym.core.qk import fixed_position_table, past_trained_positions
 from posym.core.retention import group_retention, head_retention, holm_verdicts
 from posym.core.scores import score_model, summarize_heads
 from posym.core.stats import pearson
@@ -468,12 +470,25 @@ def _length_prompts(loaded: LoadedModel, config: StudyConfig, fmt: str) -> dict:
     layouts = prediction.families(fmt, config.prediction)
     base = max(base_length(family, builder, n, config.seed) for family in layouts.values())
     return {
-        name: build(family, builder, n, seed=config.seed, base=base, max_positions=loaded.max_positions)
+        name: build(
+            family,
+            builder,
+            n,
+            seed=config.seed,
+            base=base,
+            max_positions=None if config.prediction.past_context else loaded.max_positions,
+        )
         for name, family in layouts.items()
     }
 
 
 def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+    past = past_trained_positions() if config.prediction.past_context else nullcontext()
+    with prediction.attention_kernel(loaded.model, config.prediction.kernel), past:
+        _measure_lengths(loaded, config, out, progress)
+
+
+def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
     import pandas as pd
 
     settings = config.prediction
@@ -562,6 +577,10 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
             "sink_heads": {k: [list(h) for h in v] for k, v in sink_sets.items()},
             "layer_kinds": kinds,
             "base_lengths": {k: v[1][0].length for k, v in layouts.items()},
+            # the positions the model was trained at (its max_position_embeddings); past_context: lengths beyond
+            "trained_context": loaded.max_positions,
+            "past_context": settings.past_context,
+            "kernel": loaded.model.config._attn_implementation,  # inside `attention_kernel`: the one that ran
             "prompts": {"accuracy": settings.n_length, "heads": settings.n_heads, "scores": settings.n_scores},
             "draws": settings.draws,
             "holm_family": "per (layout, ranking, measure): every group with a random pool at every length",
@@ -688,14 +707,33 @@ def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> 
                 )
     if {"screen", "lengths", "causal"} & set(stages):
         builder, p = Builder(loaded.tokenizer), config.prediction
+        # past the trained context (past_context) only the lengths stage goes; the causal stage's lengths stay inside
+        inside = p.causal_factors if p.past_context else p.factors
+        longest = 0
         for fmt in filter(builder.asks, p.formats):  # the screen skips chat forms without a chat template
             for family in prediction.families(fmt, p).values():
                 base = base_length(family, builder, p.n_length, config.seed)
-                if max(p.factors) * base > top:
+                longest = max(longest, max(p.factors) * base)
+                if max(inside) * base > top:
+                    what = "causal_factors" if p.past_context else "factors"
+                    hint = "" if p.past_context else ", or set past_context: true to test past the trained context"
                     raise PosymError(
-                        f"the {family.name} family reaches {max(p.factors) * base} tokens at "
-                        f"{max(p.factors)}x but the model has {top} positions; choose smaller factors"
+                        f"the {family.name} family reaches {max(inside) * base} tokens at "
+                        f"{max(inside)}x but the model has {top} positions; choose smaller {what}{hint}"
                     )
+        if "lengths" in stages and longest > top and (rows := fixed_position_table(loaded.model)) is not None:
+            raise PosymError(
+                f"past_context needs a rotary embedding that computes any position, but {loaded.name}'s table "
+                f"holds {rows} positions and the lengths reach {longest}"
+            )
+        if "lengths" in stages and (p.kernel or loaded.model.config._attn_implementation) == "eager":
+            # the eager kernel holds [heads, L, L] scores per forward, in each worker at once
+            need = prediction.eager_attention_bytes(loaded.model, longest, cpu_workers(p.workers, loaded.model))
+            if need > (have := resources.machine_memory(loaded.device)):
+                raise PosymError(
+                    f"the lengths stage's eager attention at {longest:,} tokens needs about {need / 2**30:.1f} GiB, "
+                    f"more than this machine's {have / 2**30:.1f} GiB; set kernel: sdpa (or fewer workers)"
+                )
 
 
 def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict) -> None:

@@ -31,7 +31,7 @@ workers add 1.08x on 2 cores).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +72,41 @@ LABEL_GROUPS = ("positional", "symbolic", "mixed")
 RANKINGS = ("sink-free", "plain")
 """Which scores rank the heads of the causal groups: with the attention sinks left out of the swaps
 (the default: most plain 'symbolic' labels of a real model are the sink), or plainly."""
+
+
+KERNELS = ("eager", "sdpa")
+"""Attention kernels the lengths stage can run (`PredictionConfig.kernel`; transformers' names)."""
+MOST_FACTOR = 1024
+"""Largest length factor: the model's positions (or, past them, `check_sizes`' memory estimate) bound it."""
+
+
+@contextmanager
+def attention_kernel(model, name: str | None):
+    """Run the block with the model's attention kernel set to `name` (transformers' attn_implementation;
+    None: leave it), then restore the one it had. posym's captures read queries and keys at the kernel's
+    call, so every measure works with either kernel."""
+    before = model.config._attn_implementation
+    if name is None or name == before:  # None: the model's own
+        yield model
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(before)
+
+
+def eager_attention_bytes(model, length: int, workers: int = 1) -> int:
+    """Peak bytes of the eager kernel's attention in one forward of `length` tokens, `workers` at once: per
+    layer the float32 scores, their masked copy and their softmax ([heads, L, L] each, alive together) and the
+    [L, L] mask. Weights and the key-value cache are small beside it from a few thousand tokens on.
+
+    >>> smollm2 = type("M", (), {"config": type("C", (), {"num_attention_heads": 9})})  # 9 heads a layer
+    >>> round(eager_attention_bytes(smollm2, 9216) / 2**30, 1)  # GiB at 9,216 tokens
+    8.9
+    """
+    heads = model.config.num_attention_heads
+    return workers * (3 * heads + 1) * length * length * 4
 
 
 @dataclass
@@ -120,12 +155,23 @@ class PredictionConfig:
     workers: int = 0
     """CPU processes the length and causal answers are split over (0: one per CPU this process may use;
     always 1 on a GPU; `posym.parallel`). Machine only: results are the same up to float rounding."""
+    past_context: bool = False
+    """Let the lengths stage's prompts run past the model's trained context (its max_position_embeddings):
+    RoPE extrapolation, the seed's subject. The screen's and the causal stage's prompts must still fit it."""
+    kernel: str | None = None
+    """Attention kernel of the lengths stage's passes: None, the one the model was loaded with (sdpa for GGUF
+    files and Hugging Face directories, eager for posym runs); "eager" (matmul-softmax, materialising [heads,
+    L, L] scores per layer: memory checked before the stage) or "sdpa" (PyTorch's fused attention: O(L)
+    memory and about 8x faster than eager at 9,216 tokens on 2 CPU cores). Both give the same answers and
+    measures up to float rounding (tested); `KERNELS`."""
 
     def __post_init__(self) -> None:
         if not self.formats:
             raise PosymError(f"formats must be among {', '.join(FORMATS)}, got {self.formats}")
         for spec in self.formats:
             LengthFamily(spec)  # a PosymError for an unknown format or option
+        if self.kernel is not None and self.kernel not in KERNELS:
+            raise PosymError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
         if not 0 <= self.workers <= 1024:
             raise PosymError(f"workers must lie in 0..1024 (0: one per CPU), got {self.workers}")
         counts = {
@@ -147,8 +193,8 @@ class PredictionConfig:
         if self.n_heads > self.n_length or self.n_causal > self.n_length:
             raise PosymError("n_heads and n_causal cannot exceed n_length (they reuse its prompts)")
         for name, factors in (("factors", self.factors), ("causal_factors", self.causal_factors)):
-            if 1 not in factors or min(factors) < 1 or max(factors) > 64:
-                raise PosymError(f"{name} must lie in 1..64 and include 1 (the base length), got {factors}")
+            if 1 not in factors or min(factors) < 1 or max(factors) > MOST_FACTOR:
+                raise PosymError(f"{name} must lie in 1..{MOST_FACTOR} and include 1 (the base length), got {factors}")
         if not set(self.causal_factors) <= set(self.factors):
             raise PosymError(f"causal_factors {self.causal_factors} must be among factors {self.factors}")
         if not self.causal_ks or min(self.causal_ks) < 1:
