@@ -176,9 +176,11 @@ CLI_MAY_IMPORT = (
     "posym.configs",
     "posym.models",
     "posym.prompts",
+    "posym.score_options",
 )
 """What the CLI layer may import: itself, the commands it calls, and what it needs to name their inputs
-(loading a model or a prompt set, reading a config, checking an output path)."""
+(loading a model or a prompt set, reading a config, checking an output path, the options of `posym score`
+that it turns into flags)."""
 CLI_CORE_NAMES = {
     "LengthGenConfig",
     "ALL_HOPS",
