@@ -39,7 +39,7 @@ def page_data(path) -> dict:
 
 def page_blocks(path) -> list[str]:
     """The blocks a `posym explore` page embeds (<script id="block-N">, in order of N): base64 text
-    that `posym.commands.explore.unblock` decodes."""
+    that `posym.explorer.unblock` decodes."""
     html = Path(path).read_text(encoding="utf-8")
     found = re.findall(r'<script type="application/octet-stream" id="block-(\d+)">(.*?)</script>', html, re.S)
     assert [int(k) for k, _ in found] == list(range(len(found)))

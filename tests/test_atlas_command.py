@@ -10,7 +10,7 @@ import torch
 from cli_runner import run_posym
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import models
+from posym import prompts
 from posym.commands import atlas as atlas_command
 from posym.commands import atlas as command
 from posym.core import atlas, stats
@@ -144,25 +144,6 @@ def test_agreement_tables_and_report(run):
     assert '"config_hash"' in summary and '"needle_recall"' in summary
 
 
-def test_prompts_are_exact(model_dir):
-    loaded = models.load(model_dir, device="cpu")
-    config = command.AtlasConfig(**SMALL)
-    needles = command.needle_prompts(loaded, config)
-    assert [n.length for n in needles] == [64, 64, 96, 96] and all(len(n.ids) == n.length for n in needles)
-    for n in needles:
-        words = [n.ids[p] for p in n.needle]
-        assert [n.ids[q + 1] for q in n.queries] == words  # every answer step generates the next needle word
-        assert n.queries[-1] == n.length - 2
-    shallow, deep = needles[0], needles[1]
-    assert shallow.needle[0] < deep.needle[0]  # depth 0.2 before depth 0.8
-    assert command.needle_prompts(loaded, config)[0].ids == shallow.ids  # seeded
-    repeats = command.repeated_tokens(loaded, config)
-    body = repeats[0][-30:]
-    assert body[:10] == body[10:20] == body[20:] and len(set(body[:10])) == 10
-    text = command.natural_text(loaded, config)
-    assert [len(t) for t in text] == [96]
-
-
 def test_figures_are_figures():
     from matplotlib.figure import Figure
 
@@ -267,7 +248,7 @@ def retrieval_needles():
     out = []
     for i in range(4):
         ids = [0, 1, 2, KEYS[0], 3, KEYS[1], 4, KEYS[2], 5, KEYS[3], 1, 2, QUESTIONS[i], VALUES[i]]
-        out.append(command.Needle(ids, [ids.index(KEYS[i])], [len(ids) - 2], len(ids), 0.5, [f"b{i}"], i))
+        out.append(prompts.Needle(ids, [ids.index(KEYS[i])], [len(ids) - 2], len(ids), 0.5, [f"b{i}"], i))
     return out
 
 

@@ -308,3 +308,20 @@ def test_help_imports_no_heavy_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_score_flags_are_its_options():
+    """`posym score`'s flags are the fields of posym.score_options.ScoreOptions (posym.cli.options.flags_from),
+    in field order, with the field's default and help: the options are defined once."""
+    import dataclasses
+
+    from posym.score_options import ScoreOptions
+
+    flags = options("score")
+    names = [p.name for p in flags]
+    fields = dataclasses.fields(ScoreOptions)
+    start = names.index(fields[0].name)
+    assert names[start : start + len(fields)] == [f.name for f in fields]
+    for f, param in zip(fields, flags[start:]):
+        default = param.default.value if hasattr(param.default, "value") else param.default
+        assert (default, param.help) == (f.default, f.metadata["help"]), f.name

@@ -1,12 +1,12 @@
-"""posym.commands.explore (`posym explore`): the embedded data against the tables, the details that
-llm-scores stores against a fresh recomputation, the degraded page without a model, the size limit on
-a large synthetic set, and the page itself in a headless Chromium (tests/browser.py): a click on a
-head shows the tables' numbers, a later page of prompts and a chosen query of a `posym score --queries
-all` table show theirs, keyboard navigation and permalinks work, and no request leaves the page."""
+"""posym.commands.explore (`posym explore`) and the readers of posym.explorer behind it: the embedded data
+against the tables, the details that llm-scores stores against a fresh recomputation, the degraded page
+without a model, and the page itself in a headless Chromium (tests/browser.py): a click on a head shows
+the tables' numbers, a chosen query of a `posym score --queries all` table shows its own, keyboard
+navigation and permalinks work, and no request leaves the page (the encoding, the pages of prompts and
+the size limit: tests/test_explorer.py)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import shutil
@@ -14,28 +14,16 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from browser import CHROMIUM, SKIP_REASON, Chromium, page_blocks, page_data
+from browser import CHROMIUM, SKIP_REASON, Chromium, page_data
 from cli_runner import run_posym
+from explorer_pages import READY, embedded, unpack
 from tiny_llms import run_cli, save_model, tokenizer
 
+from posym import explorer
 from posym.commands import explore
 from posym.core.scores import head_details, head_scores, prompt_scores
 from posym.errors import PosymError
 from posym.models import load
-
-
-def unpack(text: str, step: float) -> np.ndarray:
-    codes = np.frombuffer(base64.b64decode(text), dtype="<i2")
-    return np.where(codes == explore.MISSING, np.nan, codes * step)
-
-
-def embedded(path, index: int = 0) -> tuple[dict, list[dict], dict]:
-    """(set `index` of a page, its prompts from their pages, prompt -> its detail block)."""
-    data, blocks = page_data(path), page_blocks(path)
-    s = data["sets"][index]
-    prompts = [p for page in s["pages"] for p in explore.unblock(blocks[page])["prompts"]]
-    assert [p["index"] for p in prompts] == list(range(s["n_prompts"]))
-    return s, prompts, {int(k): explore.unblock(blocks[b]) for k, b in s["details"].items()}
 
 
 @pytest.fixture(scope="module")
@@ -75,74 +63,6 @@ def page(scores_dir, tmp_path_factory):
     return path, result
 
 
-def test_pack_round_trips_and_refuses_what_does_not_fit():
-    values = [0.12346, -1.0, float("nan"), 3.2767]
-    back = unpack(explore.pack(values, 1e-4), 1e-4)
-    assert np.allclose(back[[0, 1, 3]], [0.1235, -1.0, 3.2767], atol=1e-12) and np.isnan(back[2])
-    with pytest.raises(PosymError, match="int16"):
-        explore.pack([3.3], 1e-4)
-
-
-def _details(heads: int, keys: int, swaps, *, query: int, prompt: int = 0, rng=None) -> pd.DataFrame:
-    """head_details-shaped rows of one prompt and query (layer 0, `heads` heads; swaps[h] swaps of head h)."""
-    rng = rng or np.random.default_rng(0)
-    rows = []
-    for h in range(heads):
-        n = swaps[h]
-        attention = rng.dirichlet(np.ones(keys))
-        rows.append(
-            {
-                "prompt": prompt,
-                "query": query,
-                "layer": h // 9 if heads > 9 else 0,
-                "head": h % 9 if heads > 9 else h,
-                "first": 0,
-                "attention": attention.tolist(),
-                "s_pos": float(rng.random()),
-                "s_sym": float(rng.random()),
-                "a": [0] * n,
-                "b": [1] * n,
-                **{
-                    c: rng.random(n).round(4).tolist()
-                    for c in ("weight", "before_a", "before_b", "after_a", "after_b", "cos_pos", "cos_sym")
-                },
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def test_rows_with_fewer_swaps_are_padded_and_nan_is_null():
-    details = _details(2, 3, [2, 1], query=2)
-    s = explore.HeadSet(
-        "toy",
-        1,
-        2,
-        {"s_pos": {(0, 0): 1.0, (0, 1): float("nan")}, "label": {(0, 0): "positional"}},
-        prompts=[{"text": "a b c", "ids": [1, 2, 3], "queries": [2]}],
-        details={0: details},
-        planes={(0, 1): [[1, explore._num(float("nan")), 0.5, 1.0]]},
-    )
-    data, blocks = explore.encode([s], title="t", sources=[])
-    assert data == json.loads(
-        explore.render(data, blocks).split('id="data" type="application/json">')[1].split("</script>")[0]
-    )
-    entry = explore.unblock(blocks[data["sets"][0]["details"]["0"]])["queries"][0]
-    assert entry["query"] == 2 and entry["top"] == 2 and entry["keys"] == [0, 1, 0, 1, 0, 1, -1, -1]
-    swaps = unpack(entry["swaps"], explore.FINE).reshape(2, 2, 7)
-    assert np.isnan(swaps[1, 1]).all() and not np.isnan(swaps[:, 0]).any()
-    assert np.abs(swaps[0, :, 0] - details.weight[0]).max() <= 5e-5 + 1e-12
-    assert data["sets"][0]["planes"]["0.1"] == [[1, None, 0.5, 1.0]] and data["sets"][0]["labels"] == ["positional", ""]
-    assert np.isnan(unpack(data["sets"][0]["maps"]["s_pos"], 1e-4)[1])
-
-
-def test_blocks_round_trip_and_keep_the_payload():
-    payload = {
-        "prompts": [{"index": 0, "s_pos": explore.pack([0.25, float("nan")], explore.FINE), "text": "</script>"}]
-    }
-    assert explore.unblock(explore.block(payload)) == payload
-    assert "</" not in explore.block(payload)  # base64: the block cannot end its script element
-
-
 def test_the_page_embeds_the_tables_and_the_stored_details(scores_dir, page):
     path, result = page
     assert result["bytes"] == path.stat().st_size and result["heads"] == 8 and result["sets"] == 1
@@ -158,8 +78,8 @@ def test_the_page_embeds_the_tables_and_the_stored_details(scores_dir, page):
         ("s_pos_sf", free, "s_pos"),
         ("s_sym_sf", free, "s_sym"),
     ]:
-        got = unpack(s["maps"][metric], explore.STEPS[metric])
-        assert np.abs(got - frame[column].to_numpy()).max() <= explore.STEPS[metric] / 2 + 1e-12, metric
+        got = unpack(s["maps"][metric], explorer.STEPS[metric])
+        assert np.abs(got - frame[column].to_numpy()).max() <= explorer.STEPS[metric] / 2 + 1e-12, metric
     assert s["labels"] == heads.label.tolist()
     assert set(s["planes"]) == {"0.1", "1.0"} and len(s["planes"]["0.1"]) == 4  # head_dim 8: four planes
     per_prompt = prompt_scores(pd.read_parquet(scores_dir / "scores.parquet")).sort_values(["prompt", "layer", "head"])
@@ -172,7 +92,7 @@ def test_the_page_embeds_the_tables_and_the_stored_details(scores_dir, page):
     assert set(details) == {0, 1}
     for k, entry in enumerate(prompts):
         rows = per_prompt[per_prompt.prompt == k]
-        assert np.abs(unpack(entry["s_pos"], explore.FINE) - rows.s_pos.to_numpy()).max() <= 5e-5 + 1e-12
+        assert np.abs(unpack(entry["s_pos"], explorer.FINE) - rows.s_pos.to_numpy()).max() <= 5e-5 + 1e-12
         assert entry["queries"] == [int(table["query"][k])]
         assert entry["tokens"] == [
             loaded.tokenizer.decode([int(i)]) for i in table.input_ids[k][: entry["queries"][0] + 1]
@@ -180,11 +100,11 @@ def test_the_page_embeds_the_tables_and_the_stored_details(scores_dir, page):
         if k >= 2:  # --details 2: the third prompt has scores but no attention rows
             continue
         mine, (at,) = fresh[fresh.prompt == k], details[k]["queries"]
-        attention = unpack(at["attention"], explore.FINE)
+        attention = unpack(at["attention"], explorer.FINE)
         assert at["query"] == entry["queries"][0] and len(attention) == 8 * (at["query"] + 1)
         assert np.abs(attention - np.concatenate(mine.attention.to_list())).max() <= 5e-5 + 1e-12
         assert at["keys"] == [x for a, b in zip(mine.a, mine.b) for pair in zip(a, b) for x in pair]
-        weights = unpack(at["swaps"], explore.FINE).reshape(8, 3, 7)[:, :, 0]  # the 8 stored swaps cut to --top 3
+        weights = unpack(at["swaps"], explorer.FINE).reshape(8, 3, 7)[:, :, 0]  # the 8 stored swaps cut to --top 3
         assert np.abs(weights - np.array(mine.weight.to_list())).max() <= 5e-5 + 1e-12
     assert s["note"] == ""
 
@@ -211,7 +131,7 @@ def test_stored_details_match_a_recomputation_and_no_details_keeps_them(scores_d
 def test_without_the_model_the_page_says_so(scores_dir, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(scores_dir, moved)
-    (moved / explore.DETAILS).unlink()
+    (moved / explorer.DETAILS).unlink()
     explore.explore([moved], tmp_path / "tables.html", details=False)
     s, prompts, details = embedded(tmp_path / "tables.html")
     assert "--no-details" in s["note"] and details == {} and len(prompts) == 3
@@ -239,13 +159,13 @@ def test_cli_reports_the_file_size(scores_dir, tmp_path, capsys, monkeypatch):
     code, stdout, err = run_cli(["explore", scores_dir, "--no-details", "--out", out], capsys, monkeypatch)
     assert code == 0, err
     assert (
-        f"({out.stat().st_size / 1e6:.2f} MB of at most {explore.MAX_MB:g} MB; 1 head sets, 8 heads, 3 prompts, "
+        f"({out.stat().st_size / 1e6:.2f} MB of at most {explorer.MAX_MB:g} MB; 1 head sets, 8 heads, 3 prompts, "
         "attention rows of 2)" in stdout
     )
     code, _, err = run_cli(["explore", scores_dir, "--max-mb", "0.001", "--out", out], capsys, monkeypatch)
     assert code == 2 and "over the explorer's limit of 0.001 MB (--max-mb)" in err
     code, stdout, err = run_cli(["explore", "--help"], capsys, monkeypatch)
-    assert f"default {explore.MAX_MB:g}" in " ".join(stdout.split())  # the help names the constant's value
+    assert f"default {explorer.MAX_MB:g}" in " ".join(stdout.split())  # the help names the constant's value
 
 
 # ---- the page in a browser ----------------------------------------------------------------------
@@ -254,10 +174,6 @@ def test_cli_reports_the_file_size(scores_dir, tmp_path, capsys, monkeypatch):
 def _luminance(rgb: str) -> float:
     r, g, b = (int(x) / 255 for x in re.findall(r"\d+", rgb)[:3])
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-READY = "explorerReady"
-"""Awaited after each action: the promise of the head page's last draw (it decodes its blocks first)."""
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
@@ -294,7 +210,7 @@ def test_the_page_in_chromium(scores_dir, page, tmp_path):
             "[...document.querySelectorAll('#attention .tok')].map(t => "
             "[+t.dataset.pos, +t.dataset.attn, t.querySelector('.t').textContent])"
         )
-        row = unpack(details[0]["queries"][0]["attention"], explore.FINE)[
+        row = unpack(details[0]["queries"][0]["attention"], explorer.FINE)[
             4 * (query + 1) : 5 * (query + 1)
         ]  # head 1.0 is the fifth of 2 x 4
         assert [t[0] for t in tokens] == list(range(query + 1))
@@ -351,94 +267,6 @@ def test_the_page_in_chromium(scores_dir, page, tmp_path):
         assert browser.requests == [path.resolve().as_uri()] * 3  # the file itself, once per open; nothing else
 
 
-# ---- a large set: pages of prompts and the size limit -------------------------------------------
-
-LAYERS, HEADS, KEYS = 30, 9, 40
-"""The synthetic set's shape: SmolLM2's 30 x 9 heads, prompts of 40 tokens."""
-
-
-def _scored(scores, k: int) -> dict:
-    """Synthetic prompt k with per-prompt scores [heads, 2] over the LAYERS x HEADS grid."""
-    grid = [(l, h) for l in range(LAYERS) for h in range(HEADS)]
-    return {
-        "text": f"synthetic prompt {k}",
-        "ids": list(range(KEYS)),
-        "queries": [KEYS - 1],
-        "tokens": [f"t{i}" for i in range(KEYS)],
-        "scores": {g: tuple(scores[j]) for j, g in enumerate(grid)},
-    }
-
-
-@pytest.fixture(scope="module")
-def large(tmp_path_factory):
-    """400 prompts of random per-prompt scores over 270 heads, 60 of them with random attention rows
-    and 8 swaps per head, explored under a 2 MB limit (which the rows of all 60 would break)."""
-    rng = np.random.default_rng(1)
-    grid = [(l, h) for l in range(LAYERS) for h in range(HEADS)]
-    scores = rng.random((400, len(grid), 2)).round(4)
-    prompts = [_scored(scores[k], k) for k in range(400)]
-    details = {k: _details(len(grid), KEYS, [8] * len(grid), query=KEYS - 1, prompt=k, rng=rng) for k in range(60)}
-    maps = {"s_pos": {g: float(scores[:, j, 0].mean()) for j, g in enumerate(grid)}, "label": {}}
-    s = explore.HeadSet("synthetic", LAYERS, HEADS, maps, prompts=prompts, details=details)
-    data, blocks = explore.encode([s], title="large", sources=[], max_bytes=2_000_000)
-    path = tmp_path_factory.mktemp("large") / "large.html"
-    path.write_text(explore.render(data, blocks), encoding="utf-8")
-    return path, scores, details
-
-
-def test_a_large_set_pages_its_prompts_and_stays_within_the_limit(large):
-    path, scores, details = large
-    assert path.stat().st_size <= 2_000_000
-    s, prompts, kept = embedded(path)
-    assert len(s["pages"]) == 400 // explore.PAGE and s["n_prompts"] == 400
-    assert 0 < len(kept) < 60 and s["dropped"] == 60 - len(kept)
-    assert sorted(kept) == list(range(len(kept)))  # the first prompts keep their rows, in order
-    last = max(kept)
-    got = unpack(kept[last]["queries"][0]["attention"], explore.FINE).reshape(LAYERS * HEADS, KEYS)
-    assert np.abs(got - np.array(details[last].attention.to_list())).max() <= 5e-5 + 1e-12
-    assert np.abs(unpack(prompts[337]["s_sym"], explore.FINE) - scores[337, :, 1]).max() <= 5e-5 + 1e-12
-    with pytest.raises(PosymError, match="over the explorer's limit"):
-        explore.encode(
-            [explore.HeadSet("x", LAYERS, HEADS, {}, prompts=[_scored(scores[k], k) for k in range(50)])],
-            title="t",
-            sources=[],
-            max_bytes=50_000,
-        )
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason=SKIP_REASON)
-def test_a_later_page_in_chromium(large):
-    path, scores, details = large
-    s, _, kept = embedded(path)
-    last, head = max(kept), 17 * HEADS + 4
-    with Chromium() as browser:
-        browser.open(path, width=1400, fragment="#head=17.4&prompt=337")
-        browser.evaluate(READY)
-        assert browser.evaluate("document.getElementById('pageinfo').textContent") == (
-            "prompts 325..349 of 400 (page 14 of 16)"
-        )
-        row = browser.evaluate(
-            "[...document.querySelectorAll('#promptscores tr[data-prompt=\"337\"] [data-field]')].map(e => +e.textContent)"
-        )
-        assert np.abs(np.array(row) - scores[337, head]).max() <= 5.5e-4
-        assert "size limit" in browser.evaluate("document.querySelector('#headpage .note').textContent")
-        assert browser.evaluate("blocks.size") == 1  # only this page of prompts was decoded
-        browser.click("#nextpage")
-        browser.evaluate(READY)
-        assert browser.evaluate("location.hash").endswith("&prompt=350&query=0")
-        assert browser.evaluate("document.getElementById('prompt').value") == "350"
-        # a prompt with rows: its attention row of head 17.4, from its own block
-        browser.evaluate(
-            f"(() => {{ const e = document.getElementById('gotoprompt'); e.value = '{last}'; "
-            "e.dispatchEvent(new Event('change')); })()"
-        )
-        browser.evaluate(READY)
-        shown = browser.evaluate("[...document.querySelectorAll('#attention .tok')].map(t => +t.dataset.attn)")
-        assert np.abs(np.array(shown) - np.array(details[last].attention[head])).max() <= 5.5e-5
-        assert browser.evaluate("blocks.size") == 4  # pages 14, 15 and the page of `last`, and its rows
-        assert browser.console_errors == [] and browser.requests == [path.resolve().as_uri()]
-
-
 # ---- several queries per prompt: a `posym score --queries all` table -----------------------------
 
 
@@ -480,7 +308,7 @@ def test_every_query_of_a_score_table_is_embedded(all_queries):
         queries = sorted(table[table.prompt == k]["query"].unique().tolist())
         assert p["queries"] == queries and len(queries) > 5
         rows = table[table.prompt == k].sort_values(["query", "layer", "head"])
-        assert np.abs(unpack(p["q_s_pos"], explore.FINE) - rows.s_pos.to_numpy()).max() <= 5e-5 + 1e-12
+        assert np.abs(unpack(p["q_s_pos"], explorer.FINE) - rows.s_pos.to_numpy()).max() <= 5e-5 + 1e-12
         if k in details:
             assert [d["query"] for d in details[k]["queries"]] == queries
 

@@ -205,7 +205,7 @@ def test_explore_reads_the_run_output(finished, tmp_path, monkeypatch, capsys):
     import pandas as pd
     from browser import page_blocks, page_data
 
-    from posym.commands.explore import unblock
+    from posym.explorer import unblock
 
     _, _, out = finished
     assert '<a href="explorer.html">' in (out / "report" / "report.html").read_text()

@@ -9,6 +9,8 @@
   the 1-hop number/letter puzzles of Appendix H of 2605.31558 (`bench_prompts`), `llm_prompts` (any
   of these, a JSONL file or one text) and `query_position` (which token is the query).
 - Length-controlled families (`LengthFamily`, `Builder`, `build`), below.
+- The atlas's prompt sets (`posym atlas`): needle-in-a-haystack prompts (`needle_prompts`), natural
+  text (`natural_text`) and repeated random tokens (`repeated_tokens`), at the end.
 
 Length-controlled prompt families for real models: the answer is fixed, only the length grows.
 
@@ -854,3 +856,96 @@ def build(
                 )
             )
     return out
+
+
+# ---- the atlas's prompt sets: needle in a haystack, natural text, repeated tokens ----------------
+
+NEEDLE_PREFIX, QUESTION = " The secret words are", " What are the secret words? The secret words are"
+"""The needle sentence (its words follow the prefix) and the question that asks for them."""
+
+
+@dataclass
+class Needle:
+    """One needle-in-a-haystack prompt with its teacher-forced answer (the needle's words)."""
+
+    ids: list[int]
+    needle: list[int]
+    """Positions of the needle's words in the haystack."""
+    queries: list[int]
+    """Answer steps: query p generates ids[p + 1], one of the needle's words."""
+    length: int
+    depth: float
+    words: list[str]
+    index: int = 0
+    """Its number within its (length, depth) cell: the prompt is a function of (seed, length, depth, index)."""
+
+
+def needle_prompts(
+    loaded: LoadedModel, *, lengths: list[int], depths: list[float], per_cell: int, n_words: int, seed: int
+) -> list[Needle]:
+    """Haystack (`FILLER` sentences) with the needle sentence (`n_words` single-token key words) at each
+    depth, then the question and the needle words as the answer, exactly `length` tokens each: `per_cell`
+    per (length, depth); a larger per_cell adds prompts and keeps the first ones."""
+    builder = Builder(loaded.tokenizer)
+    out = []
+    for length in lengths:
+        for depth in depths:
+            for k in range(per_cell):
+                rng = random.Random(f"needle:{seed}:{length}:{depth}:{k}")
+                words = rng.sample(builder.keys, n_words)
+                word_ids = [builder.encode(f" {w}")[0] for w in words]  # Builder.keys are single tokens
+                prefix, dot, question = builder.encode(NEEDLE_PREFIX), builder.encode("."), builder.encode(QUESTION)
+                fixed = len(builder.bos) + len(prefix) + len(word_ids) + len(dot) + len(question) + len(word_ids)
+                if length - fixed < 1:
+                    raise PosymError(f"a needle prompt of {length} tokens cannot hold the needle and the question")
+                hay = builder.filler(f"needle:{seed}:{length}:{depth}:{k}", length - fixed)
+                cut = round(depth * len(hay))
+                head = builder.bos + hay[:cut] + prefix
+                ids = head + word_ids + dot + hay[cut:] + question + word_ids
+                answer = len(ids) - len(word_ids)
+                out.append(
+                    Needle(
+                        ids,
+                        list(range(len(head), len(head) + len(word_ids))),
+                        list(range(answer - 1, len(ids) - 1)),
+                        length,
+                        depth,
+                        words,
+                        k,
+                    )
+                )
+    return out
+
+
+def natural_text(loaded: LoadedModel, *, length: int, n: int) -> list[list[int]]:
+    """`n` consecutive stretches of `length` tokens of the Python reference documentation (English prose
+    with code, in every CPython: `pydoc_data.topics`), each after the tokenizer's BOS."""
+    from pydoc_data.topics import topics
+
+    builder = Builder(loaded.tokenizer)
+    body = length - len(builder.bos)
+    text, ids = "", []
+    names = iter(sorted(topics))
+    while len(ids) < body * n:
+        chosen = [topics[name] for name, _ in zip(names, range(20))]
+        if not chosen:  # the whole documentation is used up
+            raise PosymError(  # named by the atlas settings that ask for it
+                f"stream_prompts x stream_length asks for {body * n:,} tokens of natural "
+                f"text, more than the {len(ids):,} of the Python documentation posym draws them from"
+            )
+        chunk = "\n\n".join(chosen)
+        text += chunk + "\n\n"
+        ids = builder.encode(text)
+    return [builder.bos + ids[k * body : (k + 1) * body] for k in range(n)]
+
+
+def repeated_tokens(loaded: LoadedModel, *, period: int, repeats: int, n: int, seed: int) -> list[list[int]]:
+    """`n` prompts of `period` random tokens (distinct within a repeat, no special tokens) repeated
+    `repeats` times, after the BOS."""
+    builder = Builder(loaded.tokenizer)
+    special = set(loaded.tokenizer.all_special_ids)
+    pool = [t for t in range(min(len(loaded.tokenizer), loaded.model.config.vocab_size)) if t not in special]
+    if len(pool) < period:
+        raise PosymError(f"the vocabulary has {len(pool)} ordinary tokens, fewer than repeat_period {period}")
+    rng = random.Random(f"repeats:{seed}")
+    return [builder.bos + rng.sample(pool, period) * repeats for _ in range(n)]

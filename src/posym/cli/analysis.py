@@ -21,6 +21,7 @@ from posym.cli.options import (
     budget_option,
     device_of,
     device_option,
+    flags_from,
     list_option,
     n_option,
     path_argument,
@@ -28,6 +29,7 @@ from posym.cli.options import (
     values,
 )
 from posym.core.paper import GAMMA, TAU
+from posym.score_options import ScoreOptions
 
 
 # ---- commands: score (scores) -------------------------------------------------------------------
@@ -40,50 +42,11 @@ MODEL_HELP = (
 
 
 @app.command("score")
+@flags_from(ScoreOptions, choices={"task": Task, "queries": Queries, "compare": Compare, "exact": Exactness})
 def score_command(
     path: Path = path_argument(MODEL_HELP),
     step: Optional[str] = step_option(),
-    task: Optional[Task] = typer.Option(
-        None, help="Draw test-split prompts of this task (default: the checkpoint's own task config)."
-    ),
-    n: int = n_option(100, "How many task prompts to score (the paper uses 100)."),
-    seed: int = typer.Option(0, help="Seed of the task prompts."),
-    prompts: Optional[Path] = typer.Option(
-        None,
-        help="JSONL prompt file instead of a task: one "
-        '{"input_ids": [...], "queries": [...]} per line (posym data JSONL works), '
-        'or {"text": "..."} for the model\'s own tokenizer.',
-    ),
-    queries: Optional[Queries] = typer.Option(
-        None,
-        help="Which query positions: last (the final token), hops "
-        "(every pointer token on the chain) or all (default: the file's "
-        "queries, else last).",
-    ),
-    tau: float = typer.Option(TAU, help="Temperature of the swap weights softmax(|D_i - D_j| / tau)."),
-    blocks: Optional[int] = typer.Option(
-        None,
-        help="Swap M contiguous key blocks and compare block means "
-        "(the block variant of arXiv 2511.11579) instead of single tokens.",
-    ),
-    compare: Compare = typer.Option(
-        Compare.probs, help="Compare attention probabilities (probs, the paper) or raw logits."
-    ),
-    epsilon: float = typer.Option(
-        1e-12,
-        help="Weigh only the swaps carrying all but EPSILON of the swap "
-        "weights: each score lies within 2 * EPSILON of weighing every swap.",
-    ),
-    exact: Exactness = typer.Option(
-        Exactness.pruned,
-        help="pruned (the EPSILON bound) or dense (weigh every swap: the reference, O(n^2) per head and query).",
-    ),
-    gamma: float = typer.Option(
-        GAMMA,
-        help="Purity threshold of the printed labels (positional: s_pos >= 1-gamma "
-        "and s_sym <= gamma; symbolic: the reverse; uniform: both >= 1-gamma).",
-    ),
-    batch_size: int = typer.Option(64, min=1, help="Prompts of equal length per forward pass."),
+    options: ScoreOptions = ScoreOptions(),  # one flag per field (posym.score_options)
     budget: Optional[int] = budget_option(),
     device: Device = device_option(),
     out: Path = typer.Option(
@@ -100,7 +63,7 @@ def score_command(
     from posym import io
     from posym.commands import score
 
-    io.check_output(out, inputs=[path, prompts])
+    io.check_output(out, inputs=[path, options.prompts])
     device = device_of(device)
     with Progress(transient=True) as bar:
         job = bar.add_task("scoring prompts", total=None)
@@ -112,26 +75,15 @@ def score_command(
         result = score.run_score(
             path,
             out,
+            options,
             step=checkpoint_step(path, step, device),
-            task=task and str(task),
-            n=n,
-            seed=seed,
-            prompts=prompts,
-            queries=queries and str(queries),
-            tau=tau,
-            blocks=blocks,
-            compare=str(compare),
-            epsilon=epsilon,
-            exact=str(exact),
-            gamma=gamma,
-            batch_size=batch_size,
             budget=budget and budget << 20,
             device=device,
             progress=lambda k=1: bar.advance(job, k),
             started=started,
         )
     summary, n_prompts = result["summary"], result["settings"]["n"]
-    table = Table(title=f"mean scores over {n_prompts} prompts (gamma = {gamma})")
+    table = Table(title=f"mean scores over {n_prompts} prompts (gamma = {options.gamma})")
     for column in ("layer", "head", "s_pos", "s_sym", "entropy", "label"):
         table.add_column(column, justify="left" if column == "label" else "right")
     for r in summary.itertuples():

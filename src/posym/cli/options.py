@@ -16,7 +16,11 @@ Conventions (checked by tests/test_cli_conventions.py):
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
+import inspect
+import typing
 from typing import Callable, Optional
 
 import typer
@@ -190,6 +194,49 @@ def device_of(device: Device) -> str:
     from posym.core.model import resolve_device
 
     return resolve_device(str(device))
+
+
+# ---- options defined once, as a dataclass's fields -------------------------------------------------
+
+
+def flags_from(options: type, *, choices: dict[str, type[enum.Enum]]):
+    """Decorator: the command's parameter `options` (annotated with the dataclass `options`) becomes one
+    flag per field, in field order, at its place in the command's signature: the field's default, its
+    metadata's help and click settings (`posym.score_options.option`), and the choice enum `choices`
+    names for it (the field holds the plain string the code takes). The command receives the flags back
+    as one `options` instance."""
+    names = [f.name for f in dataclasses.fields(options)]
+    types = typing.get_type_hints(options)
+
+    def flag(f: dataclasses.Field) -> inspect.Parameter:
+        kind, default = types[f.name], f.default
+        if f.name in choices:
+            kind = choices[f.name] if default is not None else Optional[choices[f.name]]
+            default = default if default is None else choices[f.name](default)
+        settings = dict(f.metadata)
+        declared = typer.Option(default, help=settings.pop("help"), **settings)
+        return inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=declared, annotation=kind)
+
+    def decorate(command):
+        hints = typing.get_type_hints(command)
+        parameters = []
+        for parameter in inspect.signature(command).parameters.values():
+            if parameter.name == "options":
+                parameters += [flag(f) for f in dataclasses.fields(options)]
+            else:
+                parameters.append(parameter.replace(annotation=hints[parameter.name]))
+
+        @functools.wraps(command)
+        def with_options(**given):
+            chosen = {n: given.pop(n) for n in names}
+            chosen = {n: v.value if isinstance(v, enum.Enum) else v for n, v in chosen.items()}
+            return command(**given, options=options(**chosen))
+
+        with_options.__signature__ = inspect.Signature(parameters, return_annotation=hints.get("return"))
+        with_options.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_options
+
+    return decorate
 
 
 # ---- list options ---------------------------------------------------------------------------------

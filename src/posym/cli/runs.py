@@ -170,7 +170,7 @@ def explore_command(
     max_mb: Optional[float] = typer.Option(
         None,
         "--max-mb",
-        help="Limit on the file's size in MB (default 25: posym.commands.explore.MAX_MB): attention rows "
+        help="Limit on the file's size in MB (default 25: posym.explorer.MAX_MB): attention rows "
         "and swaps of the prompts past it are left out (the page says so); maps and per-prompt scores "
         "over it are an error.",
     ),

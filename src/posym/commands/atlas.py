@@ -10,6 +10,7 @@ scores of `posym.core.atlas` (docs/atlas.md defines each with its paper):
   mass and previous-token score over long natural English text (the Python reference documentation
   that every CPython installs, `pydoc_data.topics`);
 - echo and induction (RazorAttention) on random tokens repeated several times.
+The three prompt sets are `posym.prompts`' (`needle_prompts`, `natural_text`, `repeated_tokens`).
 Then the per-KV-head tables (max and mean over the query heads sharing a KV head), the export in the
 shape KV-cache tools read (full_attention_heads.tsv, layer x KV head, and a boolean mask at a
 quantile), the agreement of every pair of scores, figures and report.md. `--kv-table FILE` reads such
@@ -19,7 +20,6 @@ a layer x KV-head table from elsewhere and cross-tabulates it with posym's label
 from __future__ import annotations
 
 import os
-import random
 import re
 import time
 from dataclasses import dataclass, field, fields
@@ -40,12 +40,18 @@ from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.io import quote
 from posym.models import LoadedModel, tokenize
-from posym.prompts import Builder, binding_prompts, query_position
+from posym.prompts import (
+    Builder,
+    Needle,
+    binding_prompts,
+    natural_text,
+    needle_prompts,
+    query_position,
+    repeated_tokens,
+)
 
 BUDGET = 1 << 23
 """Float64 elements of one chunk of attention rows [prompts, heads, queries, keys] (~64 MB)."""
-NEEDLE_PREFIX, QUESTION = " The secret words are", " What are the secret words? The secret words are"
-"""The needle sentence (its words follow the prefix) and the question that asks for them."""
 
 
 # ---- inputs: layer x KV-head tables -----------------------------------------------------------
@@ -208,61 +214,21 @@ def score_columns(config: AtlasConfig) -> list[str]:
     ]
 
 
-# ---- prompts ------------------------------------------------------------------------------------
+# ---- prompts (built by posym.prompts) -----------------------------------------------------------
 
 
-@dataclass
-class Needle:
-    """One needle-in-a-haystack prompt with its teacher-forced answer (the needle's words)."""
-
-    ids: list[int]
-    needle: list[int]
-    """Positions of the needle's words in the haystack."""
-    queries: list[int]
-    """Answer steps: query p generates ids[p + 1], one of the needle's words."""
-    length: int
-    depth: float
-    words: list[str]
-    index: int = 0
-    """Its number within its (length, depth) cell: the prompt is a function of (seed, length, depth, index)."""
-
-
-def needle_prompts(
-    loaded: LoadedModel, config: AtlasConfig, per_cell: int | None = None, lengths: list[int] | None = None
-) -> list[Needle]:
-    """Haystack (`posym.prompts.FILLER` sentences) with the needle sentence at each depth, then the
-    question and the needle words as the answer, exactly `length` tokens each: `per_cell` (default
-    `needle_prompts`) per (length, depth) for the `lengths` (default `needle_lengths`); a larger
-    per_cell adds prompts and keeps the first ones."""
-    builder = Builder(loaded.tokenizer)
-    out = []
-    for length in config.needle_lengths if lengths is None else lengths:
-        for depth in config.needle_depths:
-            for k in range(config.needle_prompts if per_cell is None else per_cell):
-                rng = random.Random(f"needle:{config.seed}:{length}:{depth}:{k}")
-                words = rng.sample(builder.keys, config.needle_words)
-                word_ids = [builder.encode(f" {w}")[0] for w in words]  # Builder.keys are single tokens
-                prefix, dot, question = builder.encode(NEEDLE_PREFIX), builder.encode("."), builder.encode(QUESTION)
-                fixed = len(builder.bos) + len(prefix) + len(word_ids) + len(dot) + len(question) + len(word_ids)
-                if length - fixed < 1:
-                    raise PosymError(f"a needle prompt of {length} tokens cannot hold the needle and the question")
-                hay = builder.filler(f"needle:{config.seed}:{length}:{depth}:{k}", length - fixed)
-                cut = round(depth * len(hay))
-                head = builder.bos + hay[:cut] + prefix
-                ids = head + word_ids + dot + hay[cut:] + question + word_ids
-                answer = len(ids) - len(word_ids)
-                out.append(
-                    Needle(
-                        ids,
-                        list(range(len(head), len(head) + len(word_ids))),
-                        list(range(answer - 1, len(ids) - 1)),
-                        length,
-                        depth,
-                        words,
-                        k,
-                    )
-                )
-    return out
+def needles_of(loaded: LoadedModel, config: AtlasConfig, per_cell: int, lengths: list[int]) -> list[Needle]:
+    """`posym.prompts.needle_prompts` at the config's depths, needle words and seed: `per_cell` prompts per
+    (length, depth) for the `lengths` (the recall set: `recall_prompts` x `needle_lengths`; the causal
+    check's: `causal_prompts` x [`causal_length`])."""
+    return needle_prompts(
+        loaded,
+        lengths=lengths,
+        depths=config.needle_depths,
+        per_cell=per_cell,
+        n_words=config.needle_words,
+        seed=config.seed,
+    )
 
 
 def check_sizes(loaded: LoadedModel, config: AtlasConfig) -> None:
@@ -291,41 +257,6 @@ def check_sizes(loaded: LoadedModel, config: AtlasConfig) -> None:
         held["causal_prompts"] = (config.causal_prompts, token * cells * config.causal_length, "causal prompt set")
     for name, (count, each, what) in held.items():
         resources.check_count(name, count, each, what=what, device="cuda" if "cuda" in str(loaded.device) else "cpu")
-
-
-def natural_text(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]:
-    """`stream_prompts` consecutive stretches of `stream_length` tokens of the Python reference
-    documentation (English prose with code, in every CPython), each after the tokenizer's BOS."""
-    from pydoc_data.topics import topics
-
-    builder = Builder(loaded.tokenizer)
-    body = config.stream_length - len(builder.bos)
-    text, ids = "", []
-    names = iter(sorted(topics))
-    while len(ids) < body * config.stream_prompts:
-        chosen = [topics[name] for name, _ in zip(names, range(20))]
-        if not chosen:  # the whole documentation is used up
-            raise PosymError(
-                f"stream_prompts x stream_length asks for {body * config.stream_prompts:,} tokens of natural "
-                f"text, more than the {len(ids):,} of the Python documentation posym draws them from"
-            )
-        chunk = "\n\n".join(chosen)
-        text += chunk + "\n\n"
-        ids = builder.encode(text)
-    return [builder.bos + ids[k * body : (k + 1) * body] for k in range(config.stream_prompts)]
-
-
-def repeated_tokens(loaded: LoadedModel, config: AtlasConfig) -> list[list[int]]:
-    """Random tokens (distinct within a repeat, no special tokens) repeated `repeats` times, after the BOS."""
-    builder = Builder(loaded.tokenizer)
-    special = set(loaded.tokenizer.all_special_ids)
-    pool = [t for t in range(min(len(loaded.tokenizer), loaded.model.config.vocab_size)) if t not in special]
-    if len(pool) < config.repeat_period:
-        raise PosymError(
-            f"the vocabulary has {len(pool)} ordinary tokens, fewer than repeat_period {config.repeat_period}"
-        )
-    rng = random.Random(f"repeats:{config.seed}")
-    return [builder.bos + rng.sample(pool, config.repeat_period) * config.repeats for _ in range(config.repeat_prompts)]
 
 
 # ---- attention scores over prompts --------------------------------------------------------------
@@ -430,7 +361,7 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
     progress(1)
 
     start = time.perf_counter()
-    recall_set = needle_prompts(loaded, config, config.recall_prompts)
+    recall_set = needles_of(loaded, config, config.recall_prompts, config.needle_lengths)
     if max(n.length for n in recall_set) > loaded.max_positions:
         raise PosymError(
             f"needle_lengths reach {max(config.needle_lengths)} tokens but {loaded.name} has "
@@ -469,7 +400,7 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
     progress(1)
 
     start = time.perf_counter()
-    text = natural_text(loaded, config)
+    text = natural_text(loaded, length=config.stream_length, n=config.stream_prompts)
     first = config.sink + max(config.windows)  # every streaming column is defined from here on
     windows = config.windows
 
@@ -488,7 +419,9 @@ def build_atlas(loaded: LoadedModel, config: AtlasConfig, progress=None) -> dict
     progress(1)
 
     start = time.perf_counter()
-    repeats = repeated_tokens(loaded, config)
+    repeats = repeated_tokens(
+        loaded, period=config.repeat_period, repeats=config.repeats, n=config.repeat_prompts, seed=config.seed
+    )
     offset = len(repeats[0]) - config.repeat_period * config.repeats  # the BOS
     later = list(range(offset + config.repeat_period, len(repeats[0])))  # repeats 2..R
     echo = attention_scores(
@@ -554,7 +487,7 @@ def causal_check(loaded: LoadedModel, config: AtlasConfig, table, progress=None,
         raise PosymError(
             f"causal_length {config.causal_length} exceeds the {loaded.max_positions} positions of {loaded.name}"
         )
-    needles = needle_prompts(loaded, config, config.causal_prompts, [config.causal_length])
+    needles = needles_of(loaded, config, config.causal_prompts, [config.causal_length])
     n_planes = rope_planes(model)
     groups, ablations = causal_plan(table, config, n_planes)
     rows = []

@@ -17,6 +17,7 @@ from posym.core.scores import head_details, score_model, summarize_heads
 from posym.core.stats import pearson
 from posym.core.study import find_sinks, layer_profile, sink_changes
 from posym.errors import PosymError
+from posym.explorer import DETAILS
 from posym.figures import plot_heads, save_figure, subplots
 from posym.io import manifest, output_set, write_json, write_parquet
 from posym.models import LoadedModel, tokenize
@@ -158,7 +159,7 @@ def write_scores(
         if details > 0:
             chosen = min(details, len(ids))
             rows = head_details(loaded.model, [i.tolist() for i in ids[:chosen]], queries[:chosen], tau=tau, top=top)
-            write_parquet(out_dir / "details.parquet", rows)
+            write_parquet(out_dir / DETAILS, rows)
             extra["details"] = {"prompts": chosen, "top": top}
         save_figure(plot_heads(head_means, r), out_dir / "heads")
         if heads:

@@ -22,8 +22,7 @@ import shutil
 from pathlib import Path
 
 import posym
-from posym import io
-from posym.commands import explore
+from posym import explorer, io
 from posym.core.paper import FIG5B, FIG7_LABELS, GAMMA, RETENTION, SEED_SUMMARY_SHARES, TABLE1 as PAPER_TABLE1
 from posym.errors import PosymError
 from posym.models import RunDir
@@ -265,13 +264,14 @@ def _explorer_section(runs: list[Path], out_dir: Path) -> dict:
     """out_dir/explorer.html from the runs' score tables (`posym explore --no-details`: the report recomputes
     nothing) and the section that links it."""
     names = ", ".join(r.name for r in runs)
-    result = explore.explore(runs, out_dir / explore.EXPLORER, details=False, title=f"posym explore: {names}")
-    size = f"{explore.EXPLORER} ({result['bytes'] / 1e6:.2f} MB)"
+    text, counts = explorer.page(runs, details=False, title=f"posym explore: {names}")
+    path = io.write_text(out_dir / explorer.EXPLORER, text)
+    size = f"{explorer.EXPLORER} ({path.stat().st_size / 1e6:.2f} MB)"
     return _section(
         "explorer",
         "Head explorer",
-        link={"href": explore.EXPLORER, "text": size},
-        text=f"Every head of {names} ({result['heads']} heads in {result['sets']} sets: task and query "
+        link={"href": explorer.EXPLORER, "text": size},
+        text=f"Every head of {names} ({counts['heads']} heads in {counts['sets']} sets: task and query "
         "mode, last step) on one offline page: layer x head maps of s_pos, s_sym, label, entropy and "
         "frequency ID, filters, and per head its per-prompt scores, per-plane scores and margin vs "
         "length. Attention rows and swaps need the model: posym explore RUN --out explorer.html.",

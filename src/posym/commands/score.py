@@ -9,13 +9,13 @@ Parquet file (one row per prompt, query, layer and head) with a JSON sidecar (mo
 from __future__ import annotations
 
 from posym.configs import to_dict
-from posym.core.paper import GAMMA, TAU
 from posym.core.scores import COLUMNS, FLOAT_COLUMNS, iter_scores, summarize_heads
 from posym.core.tasks import task_config as paper_task
 from posym.errors import PosymError
 from posym.io import atomic_path, manifest, read_parquet, write_json
 from posym.models import load
 from posym.prompts import score_prompts
+from posym.score_options import ScoreOptions
 
 
 def write_score_parquet(path, frames, sidecar: dict) -> int:
@@ -40,20 +40,9 @@ def write_score_parquet(path, frames, sidecar: dict) -> int:
 def run_score(
     path,
     out,
+    options: ScoreOptions = ScoreOptions(),
     *,
     step: int | None = None,
-    task: str | None = None,
-    n: int = 100,
-    seed: int = 0,
-    prompts=None,
-    queries: str | None = None,
-    tau: float = TAU,
-    blocks: int | None = None,
-    compare: str = "probs",
-    epsilon: float = 1e-12,
-    exact: str = "pruned",
-    gamma: float = GAMMA,
-    batch_size: int = 64,
     budget: int | None = None,
     device: str = "cpu",
     progress=None,
@@ -61,43 +50,44 @@ def run_score(
 ) -> dict:
     """Score every head of the model at `path` and write `out` (Parquet) and `out`.json.
 
-    `task` draws the paper task's test prompts instead of the checkpoint's own; `prompts` reads a JSONL
-    file instead (not both). `progress(k)` follows the scored prompts; `started(settings, total)` is
-    called once the prompts are known, before scoring (the CLI prints what it scores and opens its bar).
-    `budget`: bytes of working memory of one block of queries (`iter_scores`; None: its default); it changes
-    no number, so it is not among the settings. Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
+    `options` (`posym.score_options.ScoreOptions`, the flags of `posym score`): `task` draws the paper
+    task's test prompts instead of the checkpoint's own; `prompts` reads a JSONL file instead (not both).
+    `progress(k)` follows the scored prompts; `started(settings, total)` is called once the prompts are
+    known, before scoring (the CLI prints what it scores and opens its bar). `budget`: bytes of working
+    memory of one block of queries (`iter_scores`; None: its default); it changes no number, so it is
+    not among the settings. Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
     """
-    if task is not None and prompts is not None:
+    if options.task is not None and options.prompts is not None:
         raise PosymError("--task draws the task's test prompts and --prompts reads a file: give one of them")
     loaded = load(path, step=step, device=device)
     hf_model, task_config = loaded.model, loaded.info.get("task_config")
-    if task is not None and (task_config is None or task_config.task != task):
-        task_config = paper_task(task)
+    if options.task is not None and (task_config is None or task_config.task != options.task):
+        task_config = paper_task(options.task)
     ids, wanted = score_prompts(
         hf_model,
-        task_config=None if prompts else task_config,
-        n_prompts=n,
-        seed=seed,
-        prompts_file=prompts,
-        queries=queries,
+        task_config=None if options.prompts else task_config,
+        n_prompts=options.n,
+        seed=options.seed,
+        prompts_file=options.prompts,
+        queries=options.queries,
         encode=loaded.text_ids,
     )
-    used = queries or ("the file's (else last)" if prompts else "last")
+    used = options.queries or ("the file's (else last)" if options.prompts else "last")
     model_path = loaded.info.get("path", loaded.source.path)
     settings = {
         "model": str(model_path),
         "checkpoint": str(model_path),
         "step": loaded.info.get("step"),
-        "prompts": str(prompts) if prompts else None,
-        "task": to_dict(task_config) if task_config is not None and not prompts else None,
+        "prompts": str(options.prompts) if options.prompts else None,
+        "task": to_dict(task_config) if task_config is not None and not options.prompts else None,
         "n": len(ids),
         "queries": used,
-        "tau": tau,
-        "blocks": blocks,
-        "variant": f"blocks={blocks}" if blocks else "single-token",
-        "compare": compare,
-        "epsilon": epsilon,
-        "exact": exact,
+        "tau": options.tau,
+        "blocks": options.blocks,
+        "variant": f"blocks={options.blocks}" if options.blocks else "single-token",
+        "compare": options.compare,
+        "epsilon": options.epsilon,
+        "exact": options.exact,
     }
     if started is not None:
         started(settings, len(ids))
@@ -105,19 +95,19 @@ def run_score(
         hf_model,
         ids,
         wanted,
-        tau=tau,
-        blocks=blocks,
-        compare=compare,
-        epsilon=epsilon,
-        exact=exact,
-        batch_size=batch_size,
+        tau=options.tau,
+        blocks=options.blocks,
+        compare=options.compare,
+        epsilon=options.epsilon,
+        exact=options.exact,
+        batch_size=options.batch_size,
         budget=budget,
         progress=progress,
     )
     rows = write_score_parquet(
-        out, frames, manifest(settings, seed=seed, settings=settings, hf_config=hf_model.config.to_dict())
+        out, frames, manifest(settings, seed=options.seed, settings=settings, hf_config=hf_model.config.to_dict())
     )
     summary = summarize_heads(
-        read_parquet(out, columns=["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]), gamma
+        read_parquet(out, columns=["prompt", "layer", "head", "s_pos", "s_sym", "entropy"]), options.gamma
     )
     return {"settings": settings, "rows": rows, "summary": summary}

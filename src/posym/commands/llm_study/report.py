@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posym import io
-from posym.commands.explore import EXPLORER, explore
+from posym.commands.explore import explore
 from posym.commands.llm_study.prediction import (
     plot_accuracy,
     plot_causal,
@@ -22,6 +22,7 @@ from posym.commands.llm_study.prediction import (
 from posym.core.stats import wilson_interval
 from posym.core.stats import pearson
 from posym.errors import PosymError
+from posym.explorer import EXPLORER
 from posym.figures import plot_heads, save_figure, subplots
 from posym.stages import is_done
 
