@@ -416,13 +416,18 @@ def test_lengths_past_the_trained_context(tiny, tmp_path, monkeypatch):
     loaded = models.load(tiny[0], device="cpu")  # 512 positions
     kernel = loaded.model.config._attn_implementation
     other = "eager" if kernel == "sdpa" else "sdpa"
-    past = {**TINY["prediction"], "factors": [1, 16], "causal_factors": [1], "past_context": True, "kernel": other}
+    past = {**TINY["prediction"], "factors": [1, 4, 16], "causal_factors": [1], "past_context": True, "kernel": other}
     study = configs.from_dict(llm_study.StudyConfig, {**TINY, "prediction": past})
     llm_study.run_study(loaded, tmp_path / "past", study, settings={}, only=["screen", "lengths"])
     info = json.loads((tmp_path / "past" / "lengths" / "lengths.json").read_text())
     assert info["trained_context"] == 512 and info["past_context"] and info["kernel"] == other
     accuracy = pd.read_parquet(tmp_path / "past" / "lengths" / "accuracy.parquet")
     assert accuracy.length.max() == 16 * info["base_lengths"]["between"] > 512
+    assert 4 * info["base_lengths"]["between"] <= 512 and info["inside_factor"] == 4
+    tests = pd.read_parquet(tmp_path / "past" / "lengths" / "accuracy_tests.parquet")
+    beyond = tests[tests.comparison.str.endswith("vs 4x")]  # extrapolation against the longest trained length
+    assert sorted(beyond.comparison) == ["before at 16x vs 4x", "between at 16x vs 4x", "marked at 16x vs 4x"]
+    assert (tests.family == len(tests)).all()  # one Holm family with the rest
     kept = pd.read_parquet(tmp_path / "past" / "lengths" / "head_retention.parquet")
     assert (kept.length > 512).any() and kept.attn_answer.between(0, 1).all()
     assert loaded.model.config._attn_implementation == kernel  # the stage gave the model its own kernel back

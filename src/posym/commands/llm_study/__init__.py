@@ -513,7 +513,10 @@ def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progre
         progress(1)
     accuracy = pd.concat(accuracy, ignore_index=True)
     summary = prediction.accuracy_rows(accuracy, ["layout", "factor", "length"])
-    tests = prediction.accuracy_tests(accuracy, effect=settings.accuracy_effect)
+    one = layouts["between"][1][0].length  # the base length, shared by every layout
+    trained = [f for f in layouts["between"] if f * one <= loaded.max_positions]  # factors inside the context
+    inside = max(trained) if settings.past_context and len(trained) < len(layouts["between"]) else None
+    tests = prediction.accuracy_tests(accuracy, effect=settings.accuracy_effect, inside=inside)
     scored = {layout: layouts[layout][1][: settings.n_scores] for layout in ("between", "marked")}
     plain = {layout: prediction.plain_scores(loaded.model, ps, tau=config.tau) for layout, ps in scored.items()}
     sinks = {layout: find_sinks(frame) for layout, frame in plain.items()}
@@ -580,6 +583,7 @@ def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progre
             # the positions the model was trained at (its max_position_embeddings); past_context: lengths beyond
             "trained_context": loaded.max_positions,
             "past_context": settings.past_context,
+            "inside_factor": inside,  # past_context: the longest factor inside the trained context (tests against it)
             "kernel": loaded.model.config._attn_implementation,  # inside `attention_kernel`: the one that ran
             "prompts": {"accuracy": settings.n_length, "heads": settings.n_heads, "scores": settings.n_scores},
             "draws": settings.draws,

@@ -530,11 +530,13 @@ def measures_by_length(model, prompts: dict[int, list[LengthPrompt]], n: int, *,
     return pd.concat(frames, ignore_index=True)
 
 
-def accuracy_tests(accuracy, *, effect: float, alpha: float = ALPHA, power: float = POWER):
+def accuracy_tests(accuracy, *, effect: float, alpha: float = ALPHA, power: float = POWER, inside: int | None = None):
     """Paired accuracy comparisons on the same questions (`accuracy` rows: layout, factor, length, prompt,
     correct), one Holm family: each layout at every factor against its base length; 'marked' against
     'between' and 'before' against 'between' at every factor (a marked question is the unmarked one with
-    tags, at the same length). Per comparison: n, both accuracies, diff = a - b, the discordant counts,
+    tags, at the same length); with `inside` (the longest factor inside the model's trained context, in a
+    past_context study) also each layout at every factor past it against `inside` (extrapolation against the
+    nearest trained length, not against the short base). Per comparison: n, both accuracies, diff = a - b, the discordant counts,
     the exact McNemar p, p_holm, separated (p_holm < alpha), the minimal detectable difference at n (80%
     power at alpha / family) and the prompts `effect` would need."""
     import pandas as pd
@@ -544,6 +546,8 @@ def accuracy_tests(accuracy, *, effect: float, alpha: float = ALPHA, power: floa
     layouts, factors = list(dict.fromkeys(accuracy.layout)), sorted(accuracy.factor.unique())
     for layout in layouts:
         pairs += [(f"{layout} at {f}x vs 1x", (layout, f), (layout, 1)) for f in factors if f != 1]
+        if inside is not None and inside != 1:
+            pairs += [(f"{layout} at {f}x vs {inside}x", (layout, f), (layout, inside)) for f in factors if f > inside]
     for other in (x for x in ("marked", "before") if x in layouts and "between" in layouts):
         pairs += [(f"{other} vs between at {f}x", (other, f), ("between", f)) for f in factors]
     rows = []
