@@ -104,6 +104,75 @@ def block() -> str:
     return "\n".join([*lines, "", END])
 
 
+PAST_BEGIN, PAST_END = "<!-- past-context:begin -->", "<!-- past-context:end -->"
+PAST = {"SmolLM2-135M-Instruct": ROOT / "docs" / "results" / "llm-study-past-context"}
+"""Studies run with past_context: true (prompts past the model's max_position_embeddings)."""
+
+
+def past_context_block() -> str:
+    """The past-context block: per model, accuracy at every length (inside or past the trained context), the
+    paired tests of the lengths past it against the longest one inside (and against 1x), and the groups'
+    retention at the lengths around the trained context."""
+    lines = [PAST_BEGIN]
+    for model, study in PAST.items():
+        lengths = study / "lengths"
+        info = pd.read_json(lengths / "lengths.json", typ="series")
+        trained, inside = int(info["trained_context"]), int(info["inside_factor"])
+        summary = pd.read_parquet(lengths / "accuracy_summary.parquet")
+        tests = pd.read_parquet(lengths / "accuracy_tests.parquet")
+        groups = pd.read_parquet(lengths / "group_retention.parquet")
+        base = int(info["base_lengths"]["between"])
+        around = sorted(x for x in groups.length.unique() if x >= inside * base)
+        prompts, draws = int(info["prompts"]["heads"]), int(info["draws"])
+        lines += [
+            "",
+            f"**{model}** past its trained context ({trained:,} positions): prompts of {base} to "
+            f"{int(summary.length.max()):,} tokens, `{info['format']}` task, attention kernel {info['kernel']} "
+            f"(docs/results/{study.name}/lengths/):",
+            "",
+            "| layout | factor | tokens | where | accuracy [Wilson 95%] | n |",
+            "|---|---|---|---|---|---|",
+            *(
+                f"| {r.layout} | {r.factor}x | {r.length:,} | {'past' if r.length > trained else 'inside'} | "
+                f"{r.acc:.2f} [{r.lo:.2f}, {r.hi:.2f}] | {r.n} |"
+                for r in summary.itertuples()
+            ),
+            "",
+            f"Paired accuracy tests past the trained context (exact McNemar; Holm over all {len(tests)} tests of the "
+            "run; MDE at 80% power):",
+            "",
+            "| comparison | n | accuracy | right only in a / only in b | p | Holm p | separated | MDE |",
+            "|---|---|---|---|---|---|---|---|",
+            *(
+                f"| {r.comparison} | {r.n} | {r.acc_a:.2f} vs {r.acc_b:.2f} | {r.only_a} / {r.only_b} | {_p(r.p)} | "
+                f"{_p(r.p_holm)} | {'yes' if r.separated else 'no'} | {r.mde:.2f} |"
+                for r in tests.itertuples()
+                if r.factor_a * base > trained and r.layout_a == r.layout_b
+            ),
+            "",
+            f"Head retention (distractors between, sink-free labels, {prompts} prompts, {draws:,} matched random "
+            "draws per group, Holm over each measure's groups at every length):",
+            "",
+            "| measure | group | heads | tokens | attention | kept (pooled) [95%] | random median | Holm p | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        at = groups[
+            (groups.layout == "between")
+            & (groups.ranking == "sink-free")
+            & groups.length.isin(around)
+            & groups.group.isin(["positional", "symbolic", "mixed", "sink"])
+            & groups.measure.isin(["attn_answer", "attn_tracked"])
+        ]
+        for r in at.itertuples():
+            tested = not pd.isna(r.p_holm)
+            lines.append(
+                f"| {MEASURE_NAMES[r.measure]} | {r.group} | {r.heads} | {r.length:,} | {r.level:.3f} | "
+                f"{r.value:.2f} [{r.lo:.2f}, {r.hi:.2f}] | {f'{r.null_median:.2f}' if tested else '-'} | "
+                f"{_p(r.p_holm)} | {r.verdict if tested else 'untested (no disjoint random set)'} |"
+            )
+    return "\n".join([*lines, "", PAST_END])
+
+
 def write(path: Path, begin: str = BEGIN, end: str = END, make=block) -> None:
     """Rewrite the block of `path` between `begin` and `end` (both kept) with `make()`, which starts with `begin`
     and ends with `end`."""
@@ -120,8 +189,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.write:
         write(args.write)
+        write(args.write, PAST_BEGIN, PAST_END, past_context_block)
     else:
         print(block())
+        print(past_context_block())
 
 
 if __name__ == "__main__":
