@@ -286,6 +286,14 @@ def test_report_sections(finished):
     )
     assert halves and f"ours: {halves}; 2511.11579 (Gemma-2-2b-it): {GEMMA_HALVES[0]} vs {GEMMA_HALVES[1]}." in page
     assert "No head has a positional, symbolic or mixed label here" in page
+    # the causal section marks the estimated tests as estimates and shows their calibration per length
+    assert "ESTIMATES, not ablations" in page and "How far the estimate can be trusted, per length" in page
+    calibration = pd.read_parquet(out / "causal" / "calibration.parquet")
+    assert (
+        page.count("<td>estimate</td>")
+        == (pd.read_parquet(out / "causal" / "estimates.parquet").source == "estimate").sum()
+    )
+    assert len(calibration) and "<th>trusted</th>" in page
     assert '<a href="explorer.html">' in page and (out / "explorer.html").is_file()  # posym explore, tables only
     sets = page_data(out / "explorer.html")["sets"]
     assert [s["name"].split(": ")[-1] for s in sets] == ["binding-last", "binding-name", "number", "letter"]

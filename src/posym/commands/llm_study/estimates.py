@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from posym.commands.llm_study.prediction import causal_groups
 from posym.core import attribution
 from posym.core.retention import RANDOM
 from posym.core.stats import ALPHA, detectable_effect, holm, pearson, randomization_p, spearman
@@ -350,8 +351,6 @@ def causal_estimates(model, chosen: dict, config, heads, *, seed: int, kinds: di
     `attribute` (AtP, margin) on that length's prompts, then `ablation_effects` of the calibrated sets; progress(1)
     after each (2 x modes x lengths steps)."""
     import pandas as pd
-
-    from posym.commands.llm_study.prediction import causal_groups
 
     progress = progress or (lambda n=1: None)
     factors = sorted(chosen)
