@@ -161,6 +161,7 @@ def test_randomization_p_and_null_equal_a_brute_force_count():
     rows, _ = estimates.measure_rows(effects, real, every_group, 4, {1: 10, 4: 40})
     table = estimates.estimate_table([{**r, "mode": "mean"} for r in rows])
     groups = every_group[2]
+    assert estimates.pools(groups)[("sink-free", "symbolic")][0] == planted_heads
     for (ranking, group), (named, draws) in estimates.pools(groups).items():
         assert len(draws) == 999
         for f in (1, 4):
@@ -202,6 +203,9 @@ def test_randomization_p_and_null_equal_a_brute_force_count():
     assert row.family == int(family.p.notna().sum()) == 4 * (2 + 2 + 1)  # 4 groups x (2 drops, 2 margins, 1 effect)
     assert row.p_holm == pytest.approx(holm_by_hand(family.p.tolist())[family.index.get_loc(row.name)])
     assert row.verdict == "below random"  # its margin falls far below every random set's
+    drop = table[(table.source == "estimate") & (table.ranking == "sink-free") & (table.group == "symbolic")]
+    drop = drop[(drop.measure == "acc_drop") & (drop.factor == 4)].iloc[0]
+    assert drop.value > 0.5 and drop.verdict == "above random"  # and it loses answers no random set loses
     # the real rows: the null is the calibrated draws' real ablations, their own family
     real_rows = table[table.source == "real"]
     assert (real_rows.draws == 4).all() and np.allclose(real_rows.p_floor, 0.2)

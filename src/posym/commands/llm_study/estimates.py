@@ -28,7 +28,9 @@ real         the named groups and the first `calibration_draws` sets of each poo
              'real', whose p cannot go below 1 / (calibration_draws + 1)), and beside each estimate row
              the named group's real value (real_value), its p among the ESTIMATED draws (real_p), the
              verdict that p gives in the same Holm family (real_verdict) and whether it is the
-             estimate's verdict (agrees).
+             estimate's verdict (agrees). The causal stage's own ablations (causal_summary.parquet) take
+             their means over every position of the base-length prompts (`head_means`), so their drops
+             differ from these real ones by that reference.
 calibration  per (k, mode, length), over prompt x calibrated set (each distinct set once): Pearson and
              Spearman of the estimated against the real margin change, the real / estimate slope
              through 0, both means, how often the estimated and the real answer agree, how many named
@@ -62,6 +64,10 @@ TRUST_PEARSON = 0.8
 """Least Pearson r of estimated against real margin change for a length's estimate to be `trusted`."""
 TRUST_SLOPE = (0.8, 1.25)
 """Range of the real / estimate slope through 0 for a length's estimate to be `trusted`."""
+ATP_TOKENS = 2048
+"""Tokens per attribution batch (prompts x length, at least one prompt, at most `attribution.attribute`'s
+default 4): its backward pass keeps every layer's activations (with the eager kernel, [heads, L, L]
+attention per layer and prompt), so long prompts go one at a time."""
 
 Head = tuple[int, int]
 
@@ -362,7 +368,10 @@ def causal_estimates(model, chosen: dict, config, heads, *, seed: int, kinds: di
         effects, real = {}, {}
         for f in factors:
             ids, answers = [p.ids for p in chosen[f]], [p.answer_id for p in chosen[f]]
-            effects[f] = attribution.attribute(model, ids, answers, mode=mode, method="atp", metric="margin")
+            batch = max(1, min(4, ATP_TOKENS // lengths[f]))
+            effects[f] = attribution.attribute(
+                model, ids, answers, mode=mode, method="atp", metric="margin", batch_size=batch
+            )
             progress(1)
             real[f] = attribution.ablation_effects(model, ids, answers, sets, mode=mode, metric="margin")
             progress(1)
