@@ -244,3 +244,6 @@ def test_config_bounds_the_draws():
         prediction.PredictionConfig(estimate_draws=0)
     with pytest.raises(PosymError, match="calibration_draws .* cannot exceed"):
         prediction.PredictionConfig(estimate_draws=10, calibration_draws=11)
+    with pytest.raises(PosymError, match="n_causal >= 2"):
+        prediction.PredictionConfig(n_causal=1)
+    assert prediction.PredictionConfig(n_causal=1, causal_modes=["zero"]).n_causal == 1

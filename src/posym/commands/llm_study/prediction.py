@@ -217,6 +217,11 @@ class PredictionConfig:
             raise PosymError(f"causal_ks must be positive head counts, got {self.causal_ks}")
         if any(m not in ABLATION_MODES for m in self.causal_modes) or not self.causal_modes:
             raise PosymError(f"causal_modes must be zero and/or mean, got {self.causal_modes}")
+        if "mean" in self.causal_modes and self.n_causal < 2:
+            # the estimates' mean-ablation reference is the prompts of each length (`attribution.attribute`)
+            raise PosymError(
+                f"mean-ablation needs n_causal >= 2 (the reference: each length's prompts), got {self.n_causal}"
+            )
         if not (0 < self.effect <= 10 and 0 < self.accuracy_effect <= 1):
             raise PosymError(
                 f"effect must lie in (0, 10] and accuracy_effect in (0, 1], got {self.effect}, {self.accuracy_effect}"
