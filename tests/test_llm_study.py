@@ -12,12 +12,13 @@ import pytest
 import torch
 import yaml
 from browser import page_data
+from test_estimates import check_verdicts
 from tiny_llms import run_cli, save_model, tokenizer
 
 from posym import configs
 from posym import models
 from posym.commands import llm_study
-from posym.commands.llm_study import prediction
+from posym.commands.llm_study import estimates, prediction
 from posym.commands.llm_study.report import GEMMA_HALVES, SECTIONS
 from posym.core import study as core
 from posym.core.interventions import ablated, head_means
@@ -45,6 +46,8 @@ TINY = {
         "n_scores": 4,
         "draws": 2,
         "causal_draws": 2,
+        "estimate_draws": 300,
+        "calibration_draws": 3,
         "causal_factors": [1, 4],
         "n_causal": 4,
         "causal_ks": [1],
@@ -247,6 +250,23 @@ def test_stage_tables(finished):
     table = pd.read_parquet(out / "causal" / "causal_summary.parquet")
     assert set(table.group) == {"symbolic", "positional", "random:symbolic", "random:positional"}
     assert (table.drop_lo <= table["drop"] + 1e-12).all() and table.effect[table.factor == 1].eq(0).all()
+    # the estimated null (issue 51) beside the real ablations: every head's AtP effect per length, summed
+    estimated = pd.read_parquet(out / "causal" / "estimates.parquet")
+    factors = len(p["causal_factors"])
+    per_group = 2 * factors + factors - 1  # acc_drop and margin_change at every length, length_effect past the base
+    assert len(estimated) == 2 * len(p["causal_ks"]) * 2 * 2 * 2 * per_group  # sources x k x modes x rankings x groups
+    assert list(estimated.columns) == list(estimates.ESTIMATE_COLUMNS)
+    assert set(estimated.source) == set(estimates.SOURCES) and set(estimated.group) == {"symbolic", "positional"}
+    est, real = estimated[estimated.source == "estimate"], estimated[estimated.source == "real"]
+    assert (est.draws == p["estimate_draws"]).all() and (real.draws == p["calibration_draws"]).all()
+    assert (estimated.prompts == p["n_causal"]).all() and est.real_value.notna().all() and real.real_p.isna().all()
+    key = ["k", "mode", "ranking", "group", "factor", "measure"]
+    assert np.allclose(est.set_index(key).real_value, real.set_index(key).loc[est.set_index(key).index].value)
+    check_verdicts(estimated, pd.read_parquet(out / "causal" / "calibration.parquet"))
+    calibration = pd.read_parquet(out / "causal" / "calibration.parquet")
+    assert len(calibration) == len(p["causal_ks"]) * 2 * factors and calibration.slope.notna().all()
+    points = pd.read_parquet(out / "causal" / "calibration_points.parquet")
+    assert len(points) == (calibration.points).sum() and (calibration.points == calibration.sets * p["n_causal"]).all()
 
 
 def test_report_sections(finished):
@@ -266,6 +286,14 @@ def test_report_sections(finished):
     )
     assert halves and f"ours: {halves}; 2511.11579 (Gemma-2-2b-it): {GEMMA_HALVES[0]} vs {GEMMA_HALVES[1]}." in page
     assert "No head has a positional, symbolic or mixed label here" in page
+    # the causal section marks the estimated tests as estimates and shows their calibration per length
+    assert "ESTIMATES, not ablations" in page and "How far the estimate can be trusted, per length" in page
+    calibration = pd.read_parquet(out / "causal" / "calibration.parquet")
+    assert (
+        page.count("<td>estimate</td>")
+        == (pd.read_parquet(out / "causal" / "estimates.parquet").source == "estimate").sum()
+    )
+    assert len(calibration) and "<th>trusted</th>" in page
     assert '<a href="explorer.html">' in page and (out / "explorer.html").is_file()  # posym explore, tables only
     sets = page_data(out / "explorer.html")["sets"]
     assert [s["name"].split(": ")[-1] for s in sets] == ["binding-last", "binding-name", "number", "letter"]

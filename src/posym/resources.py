@@ -203,7 +203,7 @@ BOUNDS: dict[str, tuple[int, int]] = {
         ),
         (1, MOST_PROMPTS),
     ),
-    **dict.fromkeys(("draws", "causal_draws"), (1, MOST_DRAWS)),
+    **dict.fromkeys(("draws", "causal_draws", "estimate_draws", "calibration_draws"), (1, MOST_DRAWS)),
     **dict.fromkeys(("bench_runs",), (1, 1_000)),
     **dict.fromkeys(("seed",), (0, 2**32 - 1)),
     **dict.fromkeys(("exclude_keys",), (0, MOST_TOKENS)),  # key positions  # numpy's generators take no negative seed

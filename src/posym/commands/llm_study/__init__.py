@@ -21,7 +21,9 @@ OUT skips the finished stages. `posym.commands.llm_study.report` turns OUT into 
               everything, and with markers): accuracy, head scores, per-head retention of the margin and of
               the attention on the base-length key, per label and for layer-matched random heads.
 9. causal     mean-ablation of the top-k symbolic / positional heads and of layer-matched random heads at
-              several lengths: drop(L) - drop(base) with intervals, separated or not.
+              several lengths: drop(L) - drop(base) with intervals, separated or not; and every head's
+              attribution-patching effect per length, each group's ESTIMATED effect against thousands of
+              estimated matched random sets, calibrated against real ablations (`llm_study.estimates`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Callable
 from posym import configs, io, resources
 from posym import prompts as prompt_sets
 from posym.commands import llm_bench
-from posym.commands.llm_study import prediction
+from posym.commands.llm_study import estimates, prediction
 from posym.commands.llm_study.report import JOB, build_study_report
 from posym.core.discrepancy import head_gaps
 from posym.core.geometry import channel_means, frequency_use, plane_scores
@@ -631,6 +633,21 @@ def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
         out / "causal_summary.parquet",
         prediction.causal_table(rows, n_boot=settings.n_boot, seed=config.seed, effect=settings.accuracy_effect),
     )
+    # the estimated null (issue 51): every head's AtP effect per length, estimate_draws matched sets summed,
+    # the named groups and calibration_draws sets per pool ablated for real beside them
+    chosen = {f: prompts[f][: settings.n_causal] for f in sorted(settings.causal_factors)}
+    table, calibration, points = estimates.causal_estimates(
+        loaded.model,
+        chosen,
+        settings,
+        heads,
+        seed=config.seed,
+        kinds=prediction.layer_kinds(loaded.model),
+        progress=progress,
+    )
+    io.write_parquet(out / "estimates.parquet", table)
+    io.write_parquet(out / "calibration.parquet", calibration)
+    io.write_parquet(out / "calibration_points.parquet", points)
 
 
 STAGE_WORK: dict[str, Callable] = {
@@ -658,7 +675,10 @@ def stage_steps(config: StudyConfig) -> dict[str, int]:
         "ablation": len(config.ablation_ks) * len(GROUPS),
         "screen": len(p.formats),
         "lengths": 3 + 2 + 2,
-        "causal": 1 + len(p.causal_ks) * len(p.causal_modes) * (4 + 2 * p.draws),
+        # the real ablations, then per mode and length an attribution and a calibration step (`estimates`)
+        "causal": 1
+        + len(p.causal_ks) * len(p.causal_modes) * (4 + 2 * p.draws)
+        + 2 * len(p.causal_modes) * len(p.causal_factors),
     }
 
 

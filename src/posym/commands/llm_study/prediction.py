@@ -136,6 +136,15 @@ class PredictionConfig:
     causal_draws: int = 10
     """Layer-matched random head sets per group of the causal stage (each one ablation pass per prompt and
     length); its randomization p cannot go below 1 / (causal_draws + 1)."""
+    estimate_draws: int = 1000
+    """Layer(+kind)-matched random head sets per causal group whose ablation is ESTIMATED (the sum of their
+    heads' attribution-patching effects, `posym.commands.llm_study.estimates`): the null of the estimated
+    causal tests. Cheap (every head's effect is known once per prompt; a draw only sums heads); the first
+    causal_draws of them are the sets the causal stage ablates for real."""
+    calibration_draws: int = 20
+    """Of each pool's estimated random sets, how many (the first ones) are also ablated for real, beside the
+    named groups, to validate the estimate at every causal length (causal/calibration.parquet): one
+    ablation pass per set, prompt and length."""
     effect: float = 0.2
     """Retention difference (group against its random heads) whose needed prompt count the tables state
     (80% power at the Holm-family level)."""
@@ -182,12 +191,19 @@ class PredictionConfig:
             "n_scores": self.n_scores,
             "draws": self.draws,
             "causal_draws": self.causal_draws,
+            "estimate_draws": self.estimate_draws,
+            "calibration_draws": self.calibration_draws,
             "n_causal": self.n_causal,
             "n_boot": self.n_boot,
         }
         for name, value in counts.items():
             if not 1 <= value <= 100_000:
                 raise PosymError(f"{name} must lie in 1..100000, got {value}")
+        if self.calibration_draws > self.estimate_draws:
+            raise PosymError(
+                f"calibration_draws ({self.calibration_draws}) cannot exceed estimate_draws ({self.estimate_draws}): "
+                "the calibrated sets are the first of the estimated ones"
+            )
         if self.n_probe > self.n_screen:
             raise PosymError(f"n_probe ({self.n_probe}) cannot exceed n_screen ({self.n_screen})")
         if self.n_heads > self.n_length or self.n_causal > self.n_length:
@@ -201,6 +217,11 @@ class PredictionConfig:
             raise PosymError(f"causal_ks must be positive head counts, got {self.causal_ks}")
         if any(m not in ABLATION_MODES for m in self.causal_modes) or not self.causal_modes:
             raise PosymError(f"causal_modes must be zero and/or mean, got {self.causal_modes}")
+        if "mean" in self.causal_modes and self.n_causal < 2:
+            # the estimates' mean-ablation reference is the prompts of each length (`attribution.attribute`)
+            raise PosymError(
+                f"mean-ablation needs n_causal >= 2 (the reference: each length's prompts), got {self.n_causal}"
+            )
         if not (0 < self.effect <= 10 and 0 < self.accuracy_effect <= 1):
             raise PosymError(
                 f"effect must lie in (0, 10] and accuracy_effect in (0, 1], got {self.effect}, {self.accuracy_effect}"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from posym import io
 from posym.commands.explore import explore
+from posym.commands.llm_study import estimates
 from posym.commands.llm_study.prediction import (
     plot_accuracy,
     plot_causal,
@@ -558,7 +559,54 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                 ],
             )
         )
+        _estimate_tables(out, causal)
     return [task, kept, causal]
+
+
+def _estimate_tables(out: Path, causal: dict) -> None:
+    """The causal section's ESTIMATED tests (`posym.commands.llm_study.estimates`) and their calibration."""
+    path = out / "causal" / "estimates.parquet"
+    if not path.is_file():
+        return
+    table = io.read_parquet(path)
+    calibration = io.read_parquet(out / "causal" / "calibration.parquet")
+    est = table[table.source == "estimate"]
+    causal["texts"].append(
+        f"ESTIMATES, not ablations: each group's effect estimated as the sum of its heads' attribution-patching "
+        f"(AtP) effects on the answer's logit margin, against {int(est.draws.max())} ESTIMATED random sets of its "
+        "own pool (matched on layer and layer kind; like for like: estimate against estimates). value: the "
+        "estimated accuracy drop (the answer counted right while clean margin + estimated change > 0; next "
+        "token only), margin change or length effect drop(L) - drop(base); p: its randomization p among the "
+        "estimated draws; Holm over every estimated p of one (k, mode). real_value: the same measure of the "
+        "group ablated for real (same mode, same-length mean reference: the estimate's exact counterpart); "
+        "real_verdict: the verdict the real value gets against the same estimated null; agrees: whether it "
+        "is the estimate's. The real ablations' own tests against the calibrated real draws are the rows "
+        "with source 'real' in causal/estimates.parquet."
+    )
+    columns = ["source", "k", "mode", "ranking", "group", "length", "measure", "value", "null_median", "null_lo"]
+    columns += ["null_hi", "p", "p_holm", "family", "verdict", "mde", "real_value", "real_verdict", "agrees"]
+    causal["tables"].append(
+        _table(
+            est.assign(agrees=est.agrees.astype(str), real_verdict=est.real_verdict.astype(str)),
+            columns + ["draws", "prompts"],
+        )
+    )
+    causal["texts"].append(
+        "How far the estimate can be trusted, per length: the named groups and the first calibration sets of "
+        "each random pool ablated for real beside their estimates, over prompt x set: Pearson and Spearman of "
+        "the estimated against the real margin change, the real / estimate slope through 0, both means, the "
+        "share of answers the estimate calls as the ablation does (acc_agreement), and how many named groups' "
+        f"accuracy-drop verdicts agree. trusted: Pearson >= {estimates.TRUST_PEARSON} and the slope within "
+        f"{estimates.TRUST_SLOPE[0]}-{estimates.TRUST_SLOPE[1]}; where it is False, read the estimated verdicts "
+        "at that length as unvalidated."
+    )
+    causal["tables"].append(
+        _table(
+            calibration.assign(trusted=calibration.trusted.astype(str)),
+            ["k", "mode", "length", "sets", "points", "pearson", "spearman", "slope", "mean_real", "mean_estimate"]
+            + ["acc_agreement", "verdicts_agree", "verdicts", "trusted"],
+        )
+    )
 
 
 def build_study_report(out) -> Path:
