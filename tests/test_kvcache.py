@@ -12,7 +12,7 @@ import torch
 from tiny_models import FAMILIES, KINDS, WINDOWED, random_prompts, tiny_model
 
 from posym.core import kvcache
-from posym.core.kvcache import HeadKVCache, cache_bytes, full_cache_bytes, generate, policy_attention
+from posym.core.kvcache import HeadKVCache, cache_bytes, full_cache_bytes, generate, policy_attention, policy_bytes
 from posym.core.kvpolicy import KVPolicy, head_counts, kept_keys, layer_windows
 from posym.errors import PosymError
 
@@ -151,7 +151,13 @@ def test_head_cache_equals_the_masked_model(kind, window):
         for full in policy.full[layer]:
             sink, recent = (None, None) if full else (SINK, RECENT)
             kept += kept_keys(21, sink=sink, recent=recent, window=w) - 1
-    assert cache_bytes(cache) == 2 * 2 * kept * head_dim * 8
+    assert cache_bytes(cache) == 2 * 2 * kept * head_dim * 8  # batch 2, K and V, float64
+    assert cache_bytes(cache) == policy_bytes(model, policy, 20, batch=2, dtype=torch.float64)
+    kept = policy.kept(20)  # [layers, kv_heads]
+    for layer, held in enumerate(cache.layers):
+        for kv_heads, keys, values, positions, _ in held.stored:
+            assert keys.shape[-2] == values.shape[-2] == len(positions)
+            assert all(kept[layer, kv] == len(positions) for kv in kv_heads.tolist())
     assert cache.get_seq_length() == 20
 
 

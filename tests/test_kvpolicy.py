@@ -52,12 +52,13 @@ def test_choose_streams_the_lowest_and_breaks_ties_in_order():
 
 
 def test_kept_fraction_counts_gqa_and_windowed_layers():
-    # layer 0 windowed (w = 16): its KV heads keep 16 keys full and 8 streaming (the recent ones: the
-    # window has long left the sinks behind); layer 1 global: 100 full, sink + recent = 4 + 8 = 12 streaming
+    # what the next query (position 100) sees before its own: layer 0 windowed (w = 16), 15 keys full and
+    # 7 streaming (recent - 1: the window has long left the sinks behind); layer 1 global: 100 full,
+    # sink + recent - 1 = 4 + 7 streaming
     full = np.array([[True, False], [True, False]])
     policy = KVPolicy(full, 4, 8, (16, None), n_heads=8)
-    assert policy.kept(100).tolist() == [[16, 8], [100, 12]]
-    assert policy.kept_fraction(100) == pytest.approx((16 + 8 + 100 + 12) / (2 * 16 + 2 * 100))
+    assert policy.kept(100).tolist() == [[15, 7], [100, 11]]
+    assert policy.kept_fraction(100) == pytest.approx((15 + 7 + 100 + 11) / (2 * 15 + 2 * 100))
     # a window smaller than sink + recent: streaming saves nothing there
     small = KVPolicy(np.array([[False]]), 4, 8, (6,), n_heads=1)
     assert small.kept_fraction(100) == 1.0

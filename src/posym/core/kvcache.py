@@ -18,7 +18,8 @@ to the kernel (every family posym supports), positions that disagree are refused
 w - 1 on a layer with window w), the sinks and the last recent - 1 of a streaming one. It works only
 inside `policy_attention(model, policy, cache=cache)`, whose kernel reads each group with its positions
 (the model's own kernels would read the tensors `update` returns as the whole past); outside, `update`
-refuses. `cache_bytes` measures what it holds, `full_cache_bytes` what the model's full cache would.
+refuses. `cache_bytes` measures what it holds, `policy_bytes` what it should hold (`KVPolicy.kept`),
+`full_cache_bytes` what the model's full cache would.
 `generate(model, ids, policy, new_tokens)` decodes greedily with it.
 
 >>> import torch, transformers
@@ -45,11 +46,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from posym.core.kvpolicy import KVPolicy, head_counts, kept_keys, layer_windows, visible
+from posym.core.kvpolicy import KVPolicy, head_counts, layer_windows, visible
 from posym.core.qk import attention_modules
 from posym.errors import PosymError
 
@@ -342,12 +344,16 @@ def full_cache_bytes(model, policy: KVPolicy, length: int, *, batch: int, dtype)
     what its layer lets the next query see (all `length` keys; the last w - 1 of a layer with window w),
     as a HeadKVCache under the 'full' policy does."""
     check_policy(model, policy)
+    full = KVPolicy(np.ones_like(policy.full), policy.sink, policy.recent, policy.windows, policy.n_heads)
+    return policy_bytes(model, full, length, batch=batch, dtype=dtype)
+
+
+def policy_bytes(model, policy: KVPolicy, length: int, *, batch: int, dtype) -> int:
+    """Bytes of keys and values a HeadKVCache under `policy` holds after `length` tokens (`policy.kept`)."""
     config = getattr(model.config, "text_config", None) or model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    # the keys the next query (position `length`) sees before its own: kept_keys(length + 1) - 1
-    keys = sum(kept_keys(length + 1, sink=None, recent=None, window=w) - 1 for w in policy.windows)
-    return 2 * batch * policy.n_kv_heads * keys * head_dim * itemsize
+    return 2 * batch * int(policy.kept(length).sum()) * head_dim * itemsize
 
 
 @torch.no_grad()

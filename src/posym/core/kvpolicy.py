@@ -24,10 +24,11 @@ streams all of them. A KV head's keep score is the MAX over its query heads (`at
 symbolic query head keeps its whole group full.
 
 The budget is the fraction of KV heads streaming; the kept-KV fraction it implies at prompt length L
-(`kept_fraction`) counts what a cache actually stores for the last query: L keys for a full KV head of a
-global layer, min(L, w) for a KV head of a layer with window w (already windowed: streaming it saves
-only what the window did not), the sink + recent keys (at most L) for a streaming one, and divides by the
-same count under the 'full' policy (the model's own cache, its windows included).
+(`kept_fraction`) counts what a cache stores after L tokens, the keys the next query can still see: L
+for a full KV head of a global layer, min(L, w - 1) for one of a layer with window w (already windowed:
+streaming it saves only what the window did not; transformers' DynamicCache keeps as much), sink +
+recent - 1 (at most L) for a streaming one; it divides by the same count under the 'full' policy (the
+model's own cache, its windows included). `posym.core.kvcache.HeadKVCache` holds exactly `kept`.
 
 >>> import numpy as np
 >>> grid = np.array([[0.9, 0.1], [0.5, 0.3]])            # keep scores, 2 layers x 2 KV heads
@@ -36,8 +37,8 @@ same count under the 'full' policy (the model's own cache, its windows included)
 [[True, False], [True, False]]
 >>> policy.streaming_fraction
 0.5
->>> policy.kept_fraction(1000)                           # (1000 + 12 + 1000 + 12) / 4000
-0.506
+>>> policy.kept_fraction(1000)                           # (1000 + 11 + 1000 + 11) / 4000
+0.5055
 >>> policy.query_full().tolist()                         # 2 query heads per KV head
 [[True, True, False, False], [True, True, False, False]]
 """
@@ -131,11 +132,12 @@ class KVPolicy:
         return np.repeat(self.full, self.n_heads // self.n_kv_heads, axis=1)
 
     def kept(self, length: int) -> np.ndarray:
-        """int [layers, kv_heads]: the keys each KV head holds after a prompt of `length` tokens."""
+        """int [layers, kv_heads]: the keys each KV head holds after `length` tokens, those the next
+        query (position `length`) sees before its own."""
         out = np.zeros(self.full.shape, dtype=np.int64)
         for layer, window in enumerate(self.windows):
-            full = kept_keys(length, sink=None, recent=None, window=window)
-            stream = kept_keys(length, sink=self.sink, recent=self.recent, window=window)
+            full = kept_keys(length + 1, sink=None, recent=None, window=window) - 1
+            stream = kept_keys(length + 1, sink=self.sink, recent=self.recent, window=window) - 1
             out[layer] = np.where(self.full[layer], full, stream)
         return out
 
@@ -144,8 +146,8 @@ class KVPolicy:
         windows included): sum of `kept` over the same sum with every KV head full."""
         if length < 1:
             raise PosymError(f"the prompt length must be at least 1, got {length}")
-        total = sum(kept_keys(length, sink=None, recent=None, window=w) for w in self.windows) * self.n_kv_heads
-        return float(self.kept(length).sum() / total)
+        full = KVPolicy(np.ones_like(self.full), self.sink, self.recent, self.windows, self.n_heads)
+        return float(self.kept(length).sum() / full.kept(length).sum())
 
 
 def layer_windows(config) -> tuple:
