@@ -173,3 +173,80 @@ def test_layer_windows_of_every_windowed_family():
     assert kvpolicy.layer_windows(tiny_model("qwen2_moe").config) == (None, None)  # sliding_window 0: none
     assert kvpolicy.head_counts(tiny_model("llama").config) == (2, 4, 2)
     assert kvpolicy.head_counts(tiny_model("gptj").config) == (2, 2, 2)
+
+
+# ---- posym kv-policy ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_hf(tmp_path):
+    """A tiny Mistral directory with a sliding window on every layer, and a head table for it."""
+    from tiny_models import tiny_model
+
+    model = tiny_model("mistral", window=5)
+    model.save_pretrained(tmp_path / "model")
+    table = heads_table()
+    table.to_parquet(tmp_path / "heads.parquet", index=False)
+    table.to_csv(tmp_path / "heads.csv", index=False)
+    return tmp_path
+
+
+def read_outputs(out):
+    import json
+
+    from posym.io import read_kv_table
+
+    return read_kv_table(out / "full_attention_heads.tsv"), json.loads((out / "config.json").read_text())
+
+
+def test_kv_policy_command_writes_duoattention_files(tiny_hf, capsys, monkeypatch):
+    from cli_runner import run_posym
+
+    out = tiny_hf / "kv"
+    args = ["kv-policy", tiny_hf / "model", "--table", tiny_hf / "heads.parquet", "--sink", 2, "--recent", 3]
+    assert run_posym(monkeypatch, *args, "--out", out) == 0
+    printed = capsys.readouterr().out
+    assert "posym: 2 of 4 KV heads streaming (sink 2, recent 3)" in printed
+    grid, config = read_outputs(out)
+    config_ = transformers.AutoConfig.from_pretrained(tiny_hf / "model")
+    expected = policy_from_table("posym", config_, 0.5, table=heads_table(), sink=2, recent=3)
+    np.testing.assert_array_equal(grid, expected.full.astype(float))
+    assert (config["sink_size"], config["recent_size"]) == (2, 3)
+    record = config["posym"]
+    assert record["policy"] == "posym" and record["streaming_fraction"] == 0.5 and record["layer_windows"] == [5, 5]
+    # every layer already keeps a window of 5: streaming (sink 2 + recent 3, inside it) keeps 2 of 4 keys
+    assert record["kept_fraction"]["16384"] == pytest.approx(expected.kept_fraction(16384)) == (4 + 2) / 8
+    assert "versions" in record and record["model"] == str(tiny_hf / "model")
+    # a CSV table gives the same policy; the TSV it wrote is a grid the duo policy reads back
+    assert run_posym(monkeypatch, *args[:3], tiny_hf / "heads.csv", *args[4:], "--out", tiny_hf / "csv") == 0
+    np.testing.assert_array_equal(read_outputs(tiny_hf / "csv")[0], grid)
+    duo = ["kv-policy", tiny_hf / "model", "--kv-table", out / "full_attention_heads.tsv", "--policy", "duo"]
+    assert run_posym(monkeypatch, *duo, "--out", tiny_hf / "duo") == 0
+    np.testing.assert_array_equal(read_outputs(tiny_hf / "duo")[0], grid)
+    # random: layer-matched to the duo grid, seeded
+    rand = ["kv-policy", tiny_hf / "model", "--kv-table", out / "full_attention_heads.tsv", "--policy", "random"]
+    assert run_posym(monkeypatch, *rand, "--seed", 1, "--out", tiny_hf / "random") == 0
+    np.testing.assert_array_equal(read_outputs(tiny_hf / "random")[0].sum(1), grid.sum(1))
+
+
+def test_kv_policy_command_refusals(tiny_hf, capsys, monkeypatch):
+    from cli_runner import cli, one_line
+
+    model = tiny_hf / "model"
+    one_line(*cli(capsys, monkeypatch, "kv-policy", model, "--out", tiny_hf / "a"), "needs a head table")
+    retrieval = ["--table", tiny_hf / "heads.parquet", "--kv-table", tiny_hf / "heads.csv", "--policy", "retrieval"]
+    one_line(*cli(capsys, monkeypatch, "kv-policy", model, *retrieval, "--out", tiny_hf / "b"), "duo policy")
+    (tiny_hf / "bad.csv").write_text("a,b\n1,2\n")
+    bad = ["--table", tiny_hf / "bad.csv"]
+    one_line(*cli(capsys, monkeypatch, "kv-policy", model, *bad, "--out", tiny_hf / "c"), "not a head table")
+    assert cli(capsys, monkeypatch, "kv-policy", model, "--streaming", 1.5, "--out", tiny_hf / "d")[0] == 2
+
+
+def test_kv_policy_defaults_are_the_cores():
+    # the CLI spells its defaults (posym --help imports no numpy); they are kvpolicy's
+    import typer.main
+
+    from posym.cli import app
+
+    params = {p.name: p.default for p in typer.main.get_command(app).commands["kv-policy"].params}
+    assert (params["sink"], params["recent"]) == (kvpolicy.SINK, kvpolicy.RECENT)

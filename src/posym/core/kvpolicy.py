@@ -265,7 +265,7 @@ def policy_from_table(
 ) -> KVPolicy:
     """The `policy` (one of POLICIES) for a model's transformers `config` at `fraction` of its KV heads
     streaming. table: a head table (pandas, one row per (layer, head)); grid: a layer x KV-head keep
-    grid (DuoAttention's full_attention_heads.tsv read by posym.commands.atlas.read_kv_table), which
+    grid (DuoAttention's full_attention_heads.tsv read by posym.io.read_kv_table), which
     'duo' reads before the table. 'random' matches the layers of the `reference` policy built from the
     same inputs; 'full' and 'streaming' ignore fraction, table and grid."""
     if policy not in POLICIES:
