@@ -227,3 +227,27 @@ def test_refusals():
         model(ids[:, :6], attention_mask=mask, position_ids=positions, use_cache=False)
     # the patch is gone after the block: the model's own kernels run again
     torch.testing.assert_close(run_logits(model, ids), run_logits(model, ids))
+
+
+@pytest.mark.parametrize("kind,window", [("llama", None), ("qwen2", WINDOW), ("gemma3_text", WINDOW), ("gptj", None)])
+def test_sdpa_models_get_the_same_semantics(kind, window):
+    # sdpa hands the kernel a bool mask (or none) where eager hands a float one: the same policy either way
+    eager, sdpa = tiny_model(kind, window=window), tiny_model(kind, window=window)
+    sdpa.set_attn_implementation("sdpa")
+    policy = mixed_policy(eager)
+    ids = torch.tensor(random_prompts([13, 13], seed=9))
+    torch.testing.assert_close(run_logits(sdpa, ids, policy), run_logits(eager, ids, policy), atol=1e-12, rtol=0)
+    chunks = [ids[:, :7], *ids[:, 7:].split(1, dim=1)]
+    logits, _ = head_cache_logits(sdpa, policy, chunks)
+    torch.testing.assert_close(torch.cat(logits, 1), run_logits(eager, ids, policy), atol=1e-9, rtol=0)
+
+
+def test_a_pass_that_skips_the_cache_is_refused():
+    model = tiny_model("llama")
+    policy = mixed_policy(model)
+    ids = torch.tensor(random_prompts([6], seed=10))
+    cache = HeadKVCache(model, policy)
+    with torch.no_grad(), policy_attention(model, policy, cache=cache):
+        model(ids, cache=cache, use_cache=True)
+        with pytest.raises(PosymError, match="without updating the HeadKVCache"):
+            model(ids[:, -1:], use_cache=False)  # the layers would read the last pass's keys

@@ -223,6 +223,14 @@ def test_kv_policy_command_writes_duoattention_files(tiny_hf, capsys, monkeypatc
     duo = ["kv-policy", tiny_hf / "model", "--kv-table", out / "full_attention_heads.tsv", "--policy", "duo"]
     assert run_posym(monkeypatch, *duo, "--out", tiny_hf / "duo") == 0
     np.testing.assert_array_equal(read_outputs(tiny_hf / "duo")[0], grid)
+    # --where keeps one variant of a table holding two (the other one's scores reversed)
+    two = pd.concat([heads_table().assign(variant="sink-free"), heads_table().assign(variant="plain")])
+    two.loc[two.variant == "plain", ["s_pos_sinkfree", "s_sym_sinkfree"]] *= -1
+    two.to_parquet(tiny_hf / "two.parquet", index=False)
+    where = ["--where", "variant=sink-free"]
+    assert run_posym(monkeypatch, *args[:3], tiny_hf / "two.parquet", *args[4:], *where, "--out", tiny_hf / "w") == 0
+    np.testing.assert_array_equal(read_outputs(tiny_hf / "w")[0], grid)
+    assert read_outputs(tiny_hf / "w")[1]["posym"]["where"] == ["variant=sink-free"]
     # random: layer-matched to the duo grid, seeded
     rand = ["kv-policy", tiny_hf / "model", "--kv-table", out / "full_attention_heads.tsv", "--policy", "random"]
     assert run_posym(monkeypatch, *rand, "--seed", 1, "--out", tiny_hf / "random") == 0
@@ -240,6 +248,14 @@ def test_kv_policy_command_refusals(tiny_hf, capsys, monkeypatch):
     bad = ["--table", tiny_hf / "bad.csv"]
     one_line(*cli(capsys, monkeypatch, "kv-policy", model, *bad, "--out", tiny_hf / "c"), "not a head table")
     assert cli(capsys, monkeypatch, "kv-policy", model, "--streaming", 1.5, "--out", tiny_hf / "d")[0] == 2
+    table = ["--table", tiny_hf / "heads.parquet"]
+    for where, needle in (("variant", "COLUMN=VALUE"), ("variant=x", "no 'variant' column"), ("layer=9", "no row")):
+        code_err = cli(capsys, monkeypatch, "kv-policy", model, *table, "--where", where, "--out", tiny_hf / "e")
+        one_line(*code_err, needle)
+    one_line(*cli(capsys, monkeypatch, "kv-policy", model, "--where", "a=b", "--out", tiny_hf / "f"), "--table")
+    # the head table must hold every head: a filter that leaves some out is refused
+    half = ["--where", "layer=0"]
+    one_line(*cli(capsys, monkeypatch, "kv-policy", model, *table, *half, "--out", tiny_hf / "g"), "every head")
 
 
 def test_kv_policy_defaults_are_the_cores():

@@ -488,6 +488,12 @@ def kv_policy_cmd(
         help="Head table, one row per (layer, head), Parquet or CSV: posym score's, llm-scores' heads.parquet, "
         "atlas's atlas.parquet (s_pos/s_sym, sink-free where present; retrieval; non_streaming_w*).",
     ),
+    where: Optional[list[str]] = list_option(
+        None,
+        "Keep the head table's rows where COLUMN=VALUE (e.g. variant=sink-free for a table holding several "
+        "variants or prompt sets).",
+        item="COLUMN=VALUE",
+    ),
     kv_table: Optional[Path] = typer.Option(
         None, help="A layer x KV-head grid (DuoAttention's full_attention_heads.tsv) the duo policy ranks by."
     ),
@@ -520,6 +526,7 @@ def kv_policy_cmd(
         sink=sink,
         recent=recent,
         seed=seed,
+        where=values(where, option="--where"),
         settings={"model": str(path)},
     )
     kept = ", ".join(f"{float(v):.1%} at {int(n):,}" for n, v in record["kept_fraction"].items())

@@ -10,8 +10,8 @@ The output directory holds
                              at a few prompt lengths, the table or grid it ranked, the seed, versions.
 
 The head table is any Parquet or CSV table with one row per (layer, head): `posym score`'s, `posym
-llm-scores`' heads.parquet, `posym atlas`'s atlas.parquet (filter a table holding several prompt sets or
-variants to one first). The KV table is a layer x KV-head grid such as DuoAttention's own
+llm-scores`' heads.parquet, `posym atlas`'s atlas.parquet; one holding several prompt sets or variants is
+filtered to one with COLUMN=VALUE conditions (`filter_table`; `--where variant=sink-free`). The KV table is a layer x KV-head grid such as DuoAttention's own
 full_attention_heads.tsv ('duo' ranks by it).
 """
 
@@ -50,6 +50,21 @@ def read_head_table(path: str | os.PathLike):
     return table
 
 
+def filter_table(table, where: list[str], *, option: str = "--where"):
+    """The rows of `table` where every COLUMN=VALUE of `where` holds (values compared as text), e.g.
+    variant=sink-free for an llm-study heads table that holds the plain and the sink-free scores."""
+    for condition in where:
+        column, sep, value = condition.partition("=")
+        if not sep or not column:
+            raise PosymError(f"{option} takes COLUMN=VALUE, got {condition!r}")
+        if column not in table.columns:
+            raise PosymError(f"{option} {condition}: the head table has no {column!r} column")
+        table = table[table[column].astype(str) == value]
+        if table.empty:
+            raise PosymError(f"{option} {condition}: no row of the head table is left")
+    return table
+
+
 def model_config(spec: str | os.PathLike):
     """The transformers config of a model spec: read alone from a Hugging Face directory, else from the
     loaded model (a GGUF file, an embedded model, a posym run)."""
@@ -73,13 +88,16 @@ def write_kv_policy(
     sink: int = kvpolicy.SINK,
     recent: int = kvpolicy.RECENT,
     seed: int = 0,
+    where: list[str] = (),
     settings: dict | None = None,
 ) -> dict:
     """Build the policy for a model's transformers `config` and write OUTPUTS into `out` (created);
-    returns config.json's "posym" record."""
+    returns config.json's "posym" record. where: COLUMN=VALUE filters of the head table (`filter_table`)."""
     if kv_table is not None and policy not in ("duo", "random"):
         raise PosymError(f"--kv-table is DuoAttention's grid, read by the duo policy (and random), not {policy!r}")
-    table = read_head_table(table_path) if table_path is not None else None
+    table = filter_table(read_head_table(table_path), list(where)) if table_path is not None else None
+    if where and table_path is None:
+        raise PosymError("--where filters the head table: give one with --table")
     grid = io.read_kv_table(kv_table) if kv_table is not None else None
     built = kvpolicy.policy_from_table(
         policy,
@@ -103,6 +121,7 @@ def write_kv_policy(
         "layer_windows": list(built.windows),
         "kept_fraction": {str(n): built.kept_fraction(n) for n in LENGTHS},
         "table": str(table_path) if table_path is not None else None,
+        "where": list(where),
         "kv_table": str(kv_table) if kv_table is not None else None,
         "seed": seed,
         **(settings or {}),

@@ -174,7 +174,10 @@ def policy_attention(model, policy: KVPolicy, cache: HeadKVCache | None = None) 
             groups = [(i, key[:, i], value[:, i], k_pos, s) for i, s in _layer_groups(policy, layer, key.device)]
             q_pos = torch.arange(S - T, S, device=query.device)
         else:
-            groups, q_pos = cache.layers[layer].current
+            held = cache.layers[layer]
+            if held.current is None:
+                raise PosymError(f"layer {layer} ran without updating the HeadKVCache (pass it as the model's cache)")
+            (groups, q_pos), held.current = held.current, None  # read once: a later pass must update again
         given_pos = kwargs.get("position_ids")
         if isinstance(given_pos, Tensor) and not bool((given_pos.reshape(-1, T) == q_pos.to(given_pos.device)).all()):
             raise PosymError(
