@@ -251,3 +251,26 @@ def test_a_pass_that_skips_the_cache_is_refused():
         model(ids, cache=cache, use_cache=True)
         with pytest.raises(PosymError, match="without updating the HeadKVCache"):
             model(ids[:, -1:], use_cache=False)  # the layers would read the last pass's keys
+
+
+def test_the_benchmark_measures_what_it_says():
+    # benchmarks/kv_cache.py on a tiny model: bytes held as counted, the full head cache as big as DynamicCache
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "kv_cache.py"
+    spec = importlib.util.spec_from_file_location("kv_cache_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = tiny_model("llama")
+    args = bench.parser().parse_args(["--streaming", "0.75", "--sink", "2", "--recent", "4", "--seed", "1"])
+    policy = bench.build_policy(model.config, args)
+    assert policy.name == "uniform" and policy.streaming_fraction == 0.75 and (policy.sink, policy.recent) == (2, 4)
+    ids = torch.tensor(random_prompts([40], seed=11))
+    entry = bench.run_length(model, ids, policy, 4, torch.float64)
+    assert entry["model"]["cache_bytes"] == entry["full"]["cache_bytes"] == entry["full"]["policy_bytes"]
+    assert entry["policy"]["cache_bytes"] == entry["policy"]["policy_bytes"] < entry["full"]["cache_bytes"]
+    assert entry["memory_ratio"] == pytest.approx(policy.kept_fraction(43)) == entry["policy"]["kept_fraction"]
+    assert entry["model"]["tokens"] == entry["full"]["tokens"] and len(entry["policy"]["tokens"]) == 4
+    for run in ("model", "full", "policy"):
+        assert entry[run]["decode_s_per_token"] > 0 and entry[run]["prefill_s"] > 0
