@@ -274,3 +274,16 @@ def test_the_benchmark_measures_what_it_says():
     assert entry["model"]["tokens"] == entry["full"]["tokens"] and len(entry["policy"]["tokens"]) == 4
     for run in ("model", "full", "policy"):
         assert entry[run]["decode_s_per_token"] > 0 and entry[run]["prefill_s"] > 0
+
+
+@pytest.mark.parametrize("kind,window", [("llama", None), ("gemma2", WINDOW)])
+def test_query_blocks_change_nothing(kind, window, monkeypatch):
+    # one query a block (the budget of a long prefill, scaled down) computes what one block does
+    model = tiny_model(kind, window=window)
+    policy = mixed_policy(model)
+    ids = torch.tensor(random_prompts([11, 11], seed=12))
+    whole = run_logits(model, ids, policy)
+    monkeypatch.setattr(kvcache, "ATTEND_BYTES", 1)
+    torch.testing.assert_close(run_logits(model, ids, policy), whole, atol=1e-13, rtol=0)
+    logits, _ = head_cache_logits(model, policy, [ids[:, :6], ids[:, 6:]])
+    torch.testing.assert_close(torch.cat(logits, 1), whole, atol=1e-9, rtol=0)

@@ -55,6 +55,8 @@ from posym.core.kvpolicy import KVPolicy, head_counts, layer_windows, visible
 from posym.core.qk import attention_modules
 from posym.errors import PosymError
 
+ATTEND_BYTES = 1 << 28
+"""The most the logits of one block of queries take in `attend` (256 MiB)."""
 UNSUPPORTED_KWARGS = ("s_aux", "sinks")
 """Kernel arguments this kernel cannot honour (learned attention sinks, as in GPT-OSS): refused."""
 
@@ -99,38 +101,44 @@ def attend(query: Tensor, groups, mask, q_pos: Tensor, *, scaling: float, softca
     keys [B, g, n, d], values [B, g, n, dv], k_pos [n], streaming) that together hold every KV head once.
     Query head h reads KV head h // n_rep; the query of row i sits at position q_pos[i] and sees key j of
     its group iff the model's mask allows it and `kvpolicy.visible` (sink + recent if streaming, the
-    layer's window) does."""
+    layer's window) does. Queries run in blocks whose logits take at most ATTEND_BYTES (a long prefill
+    never holds a [H, T, T] matrix)."""
     B, H, T, _ = query.shape
     n_kv = sum(len(g[0]) for g in groups)
     n_rep = H // n_kv
     work = torch.promote_types(query.dtype, torch.float32)
+    itemsize = torch.empty(0, dtype=work).element_size()
     dv = groups[0][2].shape[-1]
     out = torch.zeros(B, H, T, dv, dtype=groups[0][2].dtype, device=query.device)  # [B, H, T, dv]
     for kv_heads, keys, values, k_pos, streaming in groups:
         if not len(kv_heads):
             continue
         heads = query_heads(kv_heads, n_rep)  # [g * n_rep]
-        q = query[:, heads].to(work)  # [B, g * n_rep, T, d]
         k = keys.repeat_interleave(n_rep, dim=1).to(work)  # [B, g * n_rep, n, d]
         v = values.repeat_interleave(n_rep, dim=1)  # [B, g * n_rep, n, dv]
-        logits = q @ k.transpose(-1, -2) * scaling  # [B, g * n_rep, T, n]
-        if softcap is not None:
-            logits = torch.tanh(logits / softcap) * softcap
-        rule = visible(
-            q_pos[:, None],
-            k_pos[None, :],
-            sink=sink if streaming else None,
-            recent=recent if streaming else None,
-            window=window,
-        )  # [T, n]
-        seen = base_visible(mask, q_pos, k_pos) & rule.to(query.device)  # [B|1, 1|H, T, n]
-        if seen.shape[1] not in (1, H):
-            raise PosymError(f"the model's mask has {seen.shape[1]} heads for {H} query heads")
-        if seen.shape[1] == H:
-            seen = seen[:, heads.to(seen.device)]
-        # finfo.min as transformers' eager masks: a row with no visible key (a padded query) stays finite
-        logits = logits.masked_fill(~seen, torch.finfo(work).min)
-        out[:, heads] = torch.softmax(logits, dim=-1).to(v.dtype) @ v
+        rows = max(1, ATTEND_BYTES // (B * len(heads) * len(k_pos) * itemsize))
+        for r0 in range(0, T, rows):
+            r1 = min(T, r0 + rows)
+            q = query[:, heads, r0:r1].to(work)  # [B, g * n_rep, r, d]
+            logits = q @ k.transpose(-1, -2) * scaling  # [B, g * n_rep, r, n]
+            if softcap is not None:
+                logits = torch.tanh(logits / softcap) * softcap
+            rule = visible(
+                q_pos[r0:r1, None],
+                k_pos[None, :],
+                sink=sink if streaming else None,
+                recent=recent if streaming else None,
+                window=window,
+            )  # [r, n]
+            rows_mask = mask[..., r0:r1, :] if isinstance(mask, Tensor) and mask.dim() == 4 else mask
+            seen = base_visible(rows_mask, q_pos[r0:r1], k_pos) & rule.to(query.device)  # [B|1, 1|H, r, n]
+            if seen.shape[1] not in (1, H):
+                raise PosymError(f"the model's mask has {seen.shape[1]} heads for {H} query heads")
+            if seen.shape[1] == H:
+                seen = seen[:, heads.to(seen.device)]
+            # finfo.min as transformers' eager masks: a row with no visible key (a padded query) stays finite
+            logits = logits.masked_fill(~seen, torch.finfo(work).min)
+            out[:, heads, r0:r1] = torch.softmax(logits, dim=-1).to(v.dtype) @ v
     return out
 
 
