@@ -287,3 +287,19 @@ def test_query_blocks_change_nothing(kind, window, monkeypatch):
     torch.testing.assert_close(run_logits(model, ids, policy), whole, atol=1e-13, rtol=0)
     logits, _ = head_cache_logits(model, policy, [ids[:, :6], ids[:, 6:]])
     torch.testing.assert_close(torch.cat(logits, 1), whole, atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("kind,window", [("llama", None), ("gemma3_text", WINDOW)])
+def test_transformers_generate_takes_the_head_cache(kind, window):
+    # model.generate with a HeadKVCache inside policy_attention decodes what kvcache.generate does
+    model = tiny_model(kind, window=window)
+    policy = mixed_policy(model)
+    ids = torch.tensor(random_prompts([10], seed=13))
+    tokens, _ = generate(model, ids, policy, 6)
+    cache = HeadKVCache(model, policy)
+    with policy_attention(model, policy, cache=cache):
+        out = model.generate(
+            ids, past_key_values=cache, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    assert out[:, 10:].tolist() == tokens.tolist()
+    assert cache_bytes(cache) == policy_bytes(model, policy, 15, batch=1, dtype=torch.float64)

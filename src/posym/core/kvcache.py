@@ -20,7 +20,8 @@ inside `policy_attention(model, policy, cache=cache)`, whose kernel reads each g
 (the model's own kernels would read the tensors `update` returns as the whole past); outside, `update`
 refuses. `cache_bytes` measures what it holds, `policy_bytes` what it should hold (`KVPolicy.kept`),
 `full_cache_bytes` what the model's full cache would.
-`generate(model, ids, policy, new_tokens)` decodes greedily with it.
+`generate(model, ids, policy, new_tokens)` decodes greedily with it; transformers' own `model.generate(ids,
+past_key_values=cache, ...)` takes it as well, inside `policy_attention(model, policy, cache=cache)`.
 
 >>> import torch, transformers
 >>> from posym.core.kvpolicy import KVPolicy
