@@ -27,6 +27,7 @@ READS_A_MODEL = {
     "llm-bench",
     "convert",
     "atlas",
+    "kv-policy",
 }
 """Commands whose input is a model or run: it is the positional PATH."""
 CHOICE_OPTIONS = {
@@ -43,6 +44,7 @@ CHOICE_OPTIONS = {
     "--markers",
     "--mode",
     "--exact",
+    "--policy",
 }
 """Options with a fixed set of values: help and completion must list them."""
 INTERNAL_WORDS = ("SPEC", "seed summary", "2511 variant")
@@ -210,6 +212,7 @@ def test_every_help_that_names_an_embedded_model_names_both():
         "llm-study",
         "atlas",
         "attribute",
+        "kv-policy",
         "convert",
         "explore",
     }
@@ -223,7 +226,7 @@ def code_lists() -> dict:
     from posym.cli import options as o
     from posym.commands import data as datasets
     from posym.commands import llm_study
-    from posym.core import attribution, interventions, lengthgen, model, scores, tasks, train
+    from posym.core import attribution, interventions, kvpolicy, lengthgen, model, scores, tasks, train
 
     return {
         o.Device: model.DEVICES,
@@ -242,6 +245,7 @@ def code_lists() -> dict:
         o.AttributionMethod: attribution.METHODS,
         o.AttributionMetric: attribution.METRICS,
         o.LengthFormat: prompts.FORMATS,
+        o.KVPolicyName: kvpolicy.POLICIES,
     }
 
 

@@ -840,3 +840,51 @@ def versions() -> dict[str, str]:
 def manifest(config: dict, *, seed: int | None = None, **extra: Any) -> dict:
     """What to store next to every result: config hash, seed and versions."""
     return {"config_hash": config_hash(config), "seed": seed, "versions": versions(), **extra}
+
+
+# ---- layer x KV-head tables (DuoAttention's full_attention_heads.tsv) ----------------------------
+
+
+KV_TABLE_BYTES = 1 << 24
+"""The largest layer x KV-head table `read_kv_table` reads (16 MB: far past any model's heads)."""
+
+
+def read_kv_table(path: str | os.PathLike):
+    """A layer x KV-head table of numbers (one line per layer, values separated by tabs, commas or
+    spaces; DuoAttention's full_attention_heads.tsv and `posym atlas`'s own export) as a float64 numpy
+    array [layers, kv_heads]; 0/1 masks and true/false are read as numbers too."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.is_file():
+        raise PosymError(f"{quote(path)} is not a file")
+    if path.stat().st_size > KV_TABLE_BYTES:
+        raise PosymError(f"{quote(path)} is larger than {KV_TABLE_BYTES:,} bytes: not a layer x KV-head table")
+    words = {"true": 1.0, "false": 0.0}
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        cells = [c for c in re.split(r"[\t, ]+", line.strip()) if c]
+        if not cells:
+            continue
+        try:
+            rows.append([words[c.lower()] if c.lower() in words else float(c) for c in cells])
+        except ValueError:
+            raise PosymError(
+                f"{quote(path)} line {number} holds a value that is not a number: {line.strip()[:60]!r}"
+            ) from None
+    if not rows:
+        raise PosymError(f"{quote(path)} holds no table")
+    if len({len(r) for r in rows}) != 1:
+        raise PosymError(
+            f"{quote(path)} has lines of different lengths; a layer x KV-head table has one value per KV head"
+        )
+    grid = np.array(rows, dtype=np.float64)  # [layers, kv_heads]
+    if not np.isfinite(grid).all():
+        raise PosymError(f"{quote(path)} holds NaN or infinite values")
+    return grid
+
+
+def format_grid(grid, *, as_bool: bool = False) -> str:
+    """A layer x KV-head grid as tab-separated lines (DuoAttention's full_attention_heads.tsv: no header)."""
+    lines = ["\t".join(str(int(v)) if as_bool else repr(float(v)) for v in row) for row in grid]
+    return "\n".join(lines) + "\n"

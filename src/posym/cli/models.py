@@ -1,4 +1,4 @@
-"""`posym llm-scores`, `posym llm-bench`, `posym convert`: real models (any format) and chat endpoints."""
+"""`posym llm-scores`, `posym llm-bench`, `posym kv-policy`, `posym convert`: real models (any format) and chat endpoints."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from posym.cli.options import (
     Dtype,
     Exactness,
     Focus,
+    KVPolicyName,
     OnOffBoth,
     StudyStage,
     Task,
@@ -468,6 +469,70 @@ def atlas_cmd(
     print(
         f"needle recall {recall['recalled']}/{recall['n']}; {summary['full_attention_kv_heads']} of "
         f"{summary['kv_heads']} KV heads marked full attention; {summary['timings']['total']:.1f} s; wrote {out}"
+    )
+
+
+# ---- commands: kv-policy ------------------------------------------------------------------------
+
+
+@app.command("kv-policy")
+def kv_policy_cmd(
+    path: Path = path_argument(
+        "The model whose KV heads the policy covers (its config: layers, heads, KV heads, sliding windows): "
+        + EMBEDDED_HELP
+        + ", a .gguf file or a Hugging Face directory."
+    ),
+    out: Path = typer.Option(..., help="Output directory: full_attention_heads.tsv and config.json."),
+    table: Optional[Path] = typer.Option(
+        None,
+        help="Head table, one row per (layer, head), Parquet or CSV: posym score's, llm-scores' heads.parquet, "
+        "atlas's atlas.parquet (s_pos/s_sym, sink-free where present; retrieval; non_streaming_w*).",
+    ),
+    where: Optional[list[str]] = list_option(
+        None,
+        "Keep the head table's rows where COLUMN=VALUE (e.g. variant=sink-free for a table holding several "
+        "variants or prompt sets).",
+        item="COLUMN=VALUE",
+    ),
+    kv_table: Optional[Path] = typer.Option(
+        None, help="A layer x KV-head grid (DuoAttention's full_attention_heads.tsv) the duo policy ranks by."
+    ),
+    policy: KVPolicyName = typer.Option(
+        KVPolicyName.posym,
+        help="posym (positional heads streamed first), retrieval (atlas score), duo (the grid or the "
+        "non-streaming proxy), random (layer-matched to posym, or to duo given only --kv-table), "
+        "streaming (every head), full (none).",
+    ),
+    streaming: float = typer.Option(
+        0.5, min=0.0, max=1.0, help="Fraction of KV heads that keep only sink + recent keys (the budget)."
+    ),
+    sink: int = typer.Option(4, min=0, help="Keys at the start a streaming KV head keeps (sink_size)."),
+    recent: int = typer.Option(256, min=1, help="Recent keys a streaming KV head keeps (recent_size)."),
+    seed: int = typer.Option(0, help="Seed of the random policy's draw."),
+) -> None:
+    """A head-aware KV-cache policy from any head table, written as DuoAttention's full_attention_heads.tsv
+    (1 = full cache, 0 = sink + recent window) and config.json (sink_size, recent_size, what made it)."""
+    from posym import io
+    from posym.commands import kv_policy
+
+    io.check_output(out, inputs=[path, table, kv_table], is_dir=True, owns=OUTPUTS["kv-policy"])
+    record = kv_policy.write_kv_policy(
+        kv_policy.model_config(path),
+        out,
+        policy=policy.value,
+        streaming=streaming,
+        table_path=table,
+        kv_table=kv_table,
+        sink=sink,
+        recent=recent,
+        seed=seed,
+        where=values(where, option="--where"),
+        settings={"model": str(path)},
+    )
+    kept = ", ".join(f"{float(v):.1%} at {int(n):,}" for n, v in record["kept_fraction"].items())
+    print(
+        f"{policy.value}: {record['kv_heads'] - record['full_kv_heads']} of {record['kv_heads']} KV heads "
+        f"streaming (sink {sink}, recent {recent}); KV kept {kept} tokens; wrote {out}"
     )
 
 

@@ -69,6 +69,15 @@ class Compare(enum.StrEnum):
     logits = "logits"
 
 
+class KVPolicyName(enum.StrEnum):
+    posym = "posym"
+    retrieval = "retrieval"
+    duo = "duo"
+    random = "random"
+    streaming = "streaming"
+    full = "full"
+
+
 class StudyStage(enum.StrEnum):
     scores = "scores"
     profile = "profile"
@@ -357,6 +366,7 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
         "summary.json",
         "report.md",
     ),
+    "kv-policy": ("full_attention_heads.tsv", "config.json"),
     "llm-bench": ("bench.parquet", "summary.parquet", "table.md", "bench.png", "bench.svg", "manifest.json"),
 }
 """Glob patterns of the entries each command writes in its output directory: `posym.io.check_output`

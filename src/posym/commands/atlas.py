@@ -19,8 +19,6 @@ a layer x KV-head table from elsewhere and cross-tabulates it with posym's label
 
 from __future__ import annotations
 
-import os
-import re
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -38,7 +36,7 @@ from posym.core.stats import wilson_interval
 from posym.core.study import find_sinks
 from posym.errors import PosymError
 from posym.figures import save_figure, subplots
-from posym.io import quote
+from posym.io import format_grid, read_kv_table
 from posym.models import LoadedModel, tokenize
 from posym.prompts import (
     Builder,
@@ -55,45 +53,6 @@ BUDGET = 1 << 23
 
 
 # ---- inputs: layer x KV-head tables -----------------------------------------------------------
-
-
-KV_TABLE_BYTES = 1 << 24
-"""The largest layer x KV-head table `read_kv_table` reads (16 MB: far past any model's heads)."""
-
-
-def read_kv_table(path: str | os.PathLike):
-    """A layer x KV-head table of numbers (one line per layer, values separated by tabs, commas or
-    spaces; DuoAttention's full_attention_heads.tsv and `posym atlas`'s own export) as a float64 numpy
-    array [layers, kv_heads]; 0/1 masks and true/false are read as numbers too."""
-    import numpy as np
-
-    path = Path(path)
-    if not path.is_file():
-        raise PosymError(f"{quote(path)} is not a file")
-    if path.stat().st_size > KV_TABLE_BYTES:
-        raise PosymError(f"{quote(path)} is larger than {KV_TABLE_BYTES:,} bytes: not a layer x KV-head table")
-    words = {"true": 1.0, "false": 0.0}
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
-        cells = [c for c in re.split(r"[\t, ]+", line.strip()) if c]
-        if not cells:
-            continue
-        try:
-            rows.append([words[c.lower()] if c.lower() in words else float(c) for c in cells])
-        except ValueError:
-            raise PosymError(
-                f"{quote(path)} line {number} holds a value that is not a number: {line.strip()[:60]!r}"
-            ) from None
-    if not rows:
-        raise PosymError(f"{quote(path)} holds no table")
-    if len({len(r) for r in rows}) != 1:
-        raise PosymError(
-            f"{quote(path)} has lines of different lengths; a layer x KV-head table has one value per KV head"
-        )
-    grid = np.array(rows, dtype=np.float64)  # [layers, kv_heads]
-    if not np.isfinite(grid).all():
-        raise PosymError(f"{quote(path)} holds NaN or infinite values")
-    return grid
 
 
 @dataclass
@@ -655,12 +614,6 @@ def agreement(table, config: AtlasConfig) -> dict:
 
 
 # ---- export and import ---------------------------------------------------------------------------
-
-
-def format_grid(grid, *, as_bool: bool = False) -> str:
-    """A layer x KV-head grid as tab-separated lines (DuoAttention's full_attention_heads.tsv: no header)."""
-    lines = ["\t".join(str(int(v)) if as_bool else repr(float(v)) for v in row) for row in grid]
-    return "\n".join(lines) + "\n"
 
 
 def check_grid(grid, n_layers: int, n_kv: int) -> None:
