@@ -323,9 +323,9 @@ def test_a_cli_module_computing_fails(package_copy):
 
 
 def test_the_path_of_posym_discrepancy_takes_a_short_walk(tmp_path):
-    """scripts/path_walk.py: the run's path, from the command to the written tables, enters at most 10
-    files and, the shared readers and writers of posym.io aside, returns to a file already left at most
-    4 times (issue 32's acceptance; the layout before it: 11 files)."""
+    """scripts/path_walk.py: the run's path, from the command to the written tables, enters each file once,
+    the shared readers and writers of posym.io aside (issue 54's acceptance: the models package's parts in
+    the order of a load; issue 32's layout before it entered 11 files, issue 54's models.py 3 times)."""
     import importlib.util
     import sys
 
@@ -342,7 +342,18 @@ def test_the_path_of_posym_discrepancy_takes_a_short_walk(tmp_path):
         sys.argv = argv
     full, without_io = path_walk.summary(files), path_walk.summary(files, ("io.py",))
     assert full["walk"][0] == "cli/analysis.py" and "commands/discrepancy.py" in full["walk"]
-    assert full["files"] <= 10 and without_io["returns"] <= 4, full
+    assert without_io["returns"] == 0, without_io
+    parts = [f for f in without_io["walk"] if f.startswith("models/")]
+    assert parts == ["models/selection.py", "models/loader.py", "models/spec.py", "models/checkpoints.py"] + [
+        "models/files.py",
+        "models/weights.py",
+    ], parts
+    # the walk of the layout before issue 54 (e225f48) fails the same check: models.py entered 3 times
+    before_54 = (
+        "cli/analysis.py cli/__init__.py models.py commands/discrepancy.py models.py resources.py models.py "
+        "configs.py figures.py cli/options.py"
+    ).split()
+    assert path_walk.summary(before_54)["returns"] == 2
     # the walk of the layout before the restructure (5990c2e) fails the same check
     before = (
         "cli/analysis.py io.py cli/__init__.py commands/validate.py commands/discrepancy.py sources.py loading.py "

@@ -812,6 +812,15 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks (assembled models, dequantized copies' names)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def package_version() -> str:
     """posym's version, from the installed distribution's metadata (pyproject.toml is its one source): io.py sits
     below the package's __init__ and imports nothing of posym but its errors."""
