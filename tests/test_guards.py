@@ -611,7 +611,7 @@ def test_ablate_save_never_deletes_a_non_empty_directory(runs, tmp_path, capsys,
 
 
 def test_directory_outputs_refuse_foreign_files_and_accept_their_own(runs, tmp_path, capsys, monkeypatch):
-    from posym.cli.options import OUTPUTS
+    from posym.runs import OUTPUTS
 
     out = tmp_path / "analysis"
     out.mkdir()

@@ -439,20 +439,19 @@ def test_ablate_says_it_needs_a_posym_run(models, tmp_path, capsys, monkeypatch)
 def test_run_dir_names_the_files_posym_train_writes(tmp_path):
     from tiny_runs import train_tiny
 
-    from posym import io
-    from posym.models import ANALYSES, RunDir, list_checkpoints
+    from posym.runs import ANALYSES, RUN_FILES, RunDir, list_checkpoints
 
     run = RunDir(train_tiny(tmp_path, steps=2, every=2, eval_size=8))
     for path in (run.config, run.manifest, run.metrics, run.log):
         assert path.is_file(), path
     assert [step for step, _ in list_checkpoints(run.path)] == [0, 1, 2]
     assert run.checkpoint(2) == list_checkpoints(run.path)[-1][1] and run.checkpoint(2).is_dir()
-    # io refuses to write over a run's files: its list and RunDir's names are the same files
+    # io refuses to write over a run's files (RUN_FILES): that list and RunDir's names are the same files
     names = {
         p.name
         for p in (run.config, run.manifest, run.metrics, run.log, run.validation, run.validation_json, run.checkpoints)
     }
-    assert names <= set(io.RUN_FILES)
+    assert names <= set(RUN_FILES)
     assert [run.output(name).name for name in ANALYSES] == list(ANALYSES)
     with pytest.raises(ValueError, match="unknown analysis directory"):
         run.output("figures")

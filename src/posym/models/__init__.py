@@ -24,8 +24,8 @@ returns a `LoadedModel`, and `posym convert` writes a plain Hugging Face directo
 
 from __future__ import annotations
 
-from posym.models import cache, checkpoints, files, loader, selection, spec, weights
 from posym.core.qk import check_rope
+from posym.models import cache, checkpoints, files, loader, selection, spec, weights
 from posym.models.cache import (
     DEQUANTIZED_ENV,
     DEQUANTIZED_FORMAT,
@@ -50,8 +50,8 @@ from posym.models.files import (
     gguf_model_type,
     model_type,
 )
-from posym.models.selection import BEST, best_step, parse_step, resolve_step, validation_table
 from posym.models.loader import DTYPES, LoadedModel, identity, load, load_analysable, tokenize
+from posym.models.selection import BEST, best_step, parse_step, resolve_step, validation_table
 from posym.models.spec import (
     ASSEMBLED,
     CHUNK_WHEELS,

@@ -19,7 +19,7 @@ from posym.errors import PosymError
 from posym.io import atomic_path, read_json_object, write_json
 from posym.models.files import check_checkpoint
 from posym.models.weights import check_finite, from_pretrained
-from posym.runs import CHECKPOINT_META, CHECKPOINTS, checkpoint_step, list_checkpoints
+from posym.runs import CHECKPOINT_META, CHECKPOINTS, RunDir, checkpoint_step, list_checkpoints
 
 
 def read_checkpoint_meta(checkpoint_dir: str | Path) -> dict | None:
@@ -43,7 +43,7 @@ def resolve_checkpoint(path: str | Path, step: int | None = None) -> tuple[Path,
             if meta.get("step") != step:
                 raise PosymError(f"{path} is a single checkpoint (step {meta.get('step')}), not step {step}")
         parent = path.parent.parent
-        return path, parent if (parent / "config.yaml").is_file() and path.parent.name == CHECKPOINTS else None
+        return path, parent if RunDir(parent).config.is_file() and path.parent.name == CHECKPOINTS else None
     checkpoints = list_checkpoints(path)
     if not checkpoints:
         raise PosymError(f"{path} holds neither a model (config.json) nor any checkpoints/step-* directory")
