@@ -175,10 +175,11 @@ CLI_MAY_IMPORT = (
     "posym.models",
     "posym.prompts",
     "posym.score_options",
+    "posym.runs",
 )
 """What the CLI layer may import: itself, the commands it calls, and what it needs to name their inputs
-(loading a model or a prompt set, reading a config, checking an output path, the options of `posym score`
-that it turns into flags)."""
+(loading a model or a prompt set, reading a config, checking an output path and what each command writes
+there, `posym.runs`, the options of `posym score` that it turns into flags)."""
 CLI_CORE_NAMES = {
     "LengthGenConfig",
     "ALL_HOPS",
@@ -323,9 +324,10 @@ def test_a_cli_module_computing_fails(package_copy):
 
 
 def test_the_path_of_posym_discrepancy_takes_a_short_walk(tmp_path):
-    """scripts/path_walk.py: the run's path, from the command to the written tables, enters at most 10
-    files and, the shared readers and writers of posym.io aside, returns to a file already left at most
-    4 times (issue 32's acceptance; the layout before it: 11 files)."""
+    """scripts/path_walk.py: the run's path, from the command to the written tables, enters each file once,
+    the shared readers and writers of posym.io and the names of posym.runs aside, which every floor asks
+    (issue 54's acceptance: the models package's parts in the order of a load; the layout before issue 32
+    entered 11 files, the one before issue 54 entered models.py 3 times)."""
     import importlib.util
     import sys
 
@@ -340,9 +342,20 @@ def test_the_path_of_posym_discrepancy_takes_a_short_walk(tmp_path):
         files = path_walk.walk(run, run / "discrepancy")
     finally:
         sys.argv = argv
-    full, without_io = path_walk.summary(files), path_walk.summary(files, ("io.py",))
+    full, without_io = path_walk.summary(files), path_walk.summary(files, ("io.py", "runs.py"))
     assert full["walk"][0] == "cli/analysis.py" and "commands/discrepancy.py" in full["walk"]
-    assert full["files"] <= 10 and without_io["returns"] <= 4, full
+    assert without_io["returns"] == 0, without_io
+    parts = [f for f in without_io["walk"] if f.startswith("models/")]
+    assert parts == ["models/selection.py", "models/loader.py", "models/spec.py", "models/checkpoints.py"] + [
+        "models/files.py",
+        "models/weights.py",
+    ], parts
+    # the walk of the layout before issue 54 (e225f48) fails the same check: models.py entered 3 times
+    before_54 = (
+        "cli/analysis.py cli/__init__.py models.py commands/discrepancy.py models.py resources.py models.py "
+        "configs.py figures.py cli/options.py"
+    ).split()
+    assert path_walk.summary(before_54)["returns"] == 2
     # the walk of the layout before the restructure (5990c2e) fails the same check
     before = (
         "cli/analysis.py io.py cli/__init__.py commands/validate.py commands/discrepancy.py sources.py loading.py "
@@ -354,9 +367,10 @@ def test_the_path_of_posym_discrepancy_takes_a_short_walk(tmp_path):
 
 # ---- io sits under everything -----------------------------------------------------------------------
 
-IO_MAY_IMPORT = {"posym.errors"}
+IO_MAY_IMPORT = {"posym.errors", "posym.runs"}
 """posym.io writes and reads files for every floor above it, so it imports nothing of posym but its errors
-(not even the package root for the version: `posym.io.package_version` reads the distribution's metadata)."""
+and the names of what posym keeps on disk (`posym.runs`, which imports nothing of posym; not even the
+package root for the version: `posym.io.package_version` reads the distribution's metadata)."""
 
 
 def io_violations(graph: dict[str, set[str]]) -> list[str]:
@@ -371,3 +385,38 @@ def test_io_importing_the_package_root_fails(package_copy):
     io_file = package_copy / "io.py"
     io_file.write_text("import posym\n" + io_file.read_text())
     assert io_violations(import_graph(package_copy)) == ["posym.io imports posym"]
+
+
+def test_the_layout_on_disk_imports_nothing_of_posym():
+    """posym.runs names what posym keeps on disk for every floor, posym.io's guards included: it imports
+    nothing of posym, so that io (and the CLI's --help) can ask it."""
+    assert import_graph(PACKAGE)["posym.runs"] == set()
+
+
+def test_a_load_walks_down_through_each_step_once(tmp_path):
+    """scripts/model_walk.py: `posym.models.load` of a Hugging Face directory, a GGUF file (its first load,
+    and a later process's load from the dequantized copy) and a posym run visits each step of a load once,
+    in the order of a load, and re-enters no module but the shared ones (io, weights, configs, runs, the
+    core), which lead into no step (issue 54's acceptance)."""
+    import importlib.util
+
+    pytest.importorskip("gguf")
+    spec = importlib.util.spec_from_file_location("model_walk", PACKAGE.parents[1] / "scripts" / "model_walk.py")
+    model_walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model_walk)
+    found = model_walk.walks(tmp_path)
+    steps = {
+        "hf": ["loader", "spec", "files", "resources"],
+        "gguf first load": ["loader", "spec", "files", "resources", "cache"],
+        "gguf from its copy": ["loader", "spec", "files", "resources", "cache"],
+        "posym run": ["loader", "spec", "checkpoints", "files", "resources"],
+    }
+    for name, result in found.items():
+        assert result["reentered"] == [] and result["below_shared"] == [], (name, result)
+        walked = [step.split(":")[1].rpartition(".")[2] for step in result["walk"]]
+        assert [m for m in walked if m in steps[name]] == steps[name], (name, walked)  # each once, in this order
+    # the walk of an HF directory before issue 54 (e225f48: models.py, gguf_files.py, resources.py) fails it
+    before = ["0:posym.models", "1:posym.core.model", "1:posym.io", "1:posym.core.qk", "1:posym.io"]
+    before += ["1:posym.resources", "1:posym.resources", "1:posym.io", "1:posym.io"]
+    visits = [(step.split(":")[1], int(step.split(":")[0])) for step in before]
+    assert model_walk.summary(visits)["reentered"] == ["posym.resources"]

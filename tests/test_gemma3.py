@@ -66,7 +66,7 @@ def test_assembled_once_into_the_cache_and_rebuilt_when_damaged(stand_in, capsys
     target, package = stand_in
     calls = []
     assemble = models.assemble_chunks
-    monkeypatch.setattr(models, "assemble_chunks", lambda *a, **k: calls.append(1) or assemble(*a, **k))
+    monkeypatch.setattr(models.spec, "assemble_chunks", lambda *a, **k: calls.append(1) or assemble(*a, **k))
     assert models.embedded_path("gemma3-270m") == target and target.read_bytes() == CONTENT
     assert "assembling gemma3-270m" in capsys.readouterr().err and len(calls) == 1
     assert sorted(p.name for p in target.parent.iterdir()) == ["stand-in.gguf", "stand-in.gguf.sha256.json"]

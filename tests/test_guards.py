@@ -611,7 +611,7 @@ def test_ablate_save_never_deletes_a_non_empty_directory(runs, tmp_path, capsys,
 
 
 def test_directory_outputs_refuse_foreign_files_and_accept_their_own(runs, tmp_path, capsys, monkeypatch):
-    from posym.cli.options import OUTPUTS
+    from posym.runs import OUTPUTS
 
     out = tmp_path / "analysis"
     out.mkdir()
@@ -735,12 +735,12 @@ def test_tokenizer_auto_map_never_runs_the_directorys_code(tmp_path, monkeypatch
     )
     monkeypatch.setattr(builtins, "input", lambda *a: "y")  # a user answering transformers' [y/N] prompt
     with pytest.raises(PosymError, match="cannot load the tokenizer"):
-        models._tokenizer_loader(model)()
+        models.tokenizer_loader(model)()
     assert not ran.exists()
 
 
 def test_every_from_pretrained_goes_through_the_one_loader():
-    """`posym.models.pretrained` (trust_remote_code=False) is the only caller of transformers' from_pretrained."""
+    """`posym.models.weights.pretrained` (trust_remote_code=False) is the only caller of transformers' from_pretrained."""
     import ast
 
     src = Path(__file__).resolve().parents[1] / "src" / "posym"
@@ -755,7 +755,7 @@ def test_every_from_pretrained_goes_through_the_one_loader():
                     function = parents[function]
                 remote = {k.arg: k.value for k in node.keywords}.get("trust_remote_code")
                 calls.append((str(path.relative_to(src)), function.name, getattr(remote, "value", None)))
-    assert calls == [("models.py", "pretrained", False)]
+    assert calls == [("models/weights.py", "pretrained", False)]
 
 
 def _raw_gguf(path: Path, fields: list, tensors: list = ()) -> Path:
@@ -820,7 +820,7 @@ def test_a_gguf_file_without_its_weights_is_refused_before_anything_is_built(tmp
     def build(*args, **kwargs):
         raise AssertionError("transformers was asked to build the model")
 
-    monkeypatch.setattr(models, "_gguf_model", build)
+    monkeypatch.setattr(models.cache, "gguf_model", build)
     fields, tensors, words = GGUFS[name]
     path = _raw_gguf(tmp_path / "m.gguf", fields, tensors)
     code, err = cli(capsys, monkeypatch, "llm-scores", path, "--text", "a b c d", "--out", tmp_path / "out")

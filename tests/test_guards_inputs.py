@@ -197,7 +197,7 @@ def _never_built(monkeypatch):
     def build(*args, **kwargs):
         raise AssertionError("transformers was asked to build the model")
 
-    monkeypatch.setattr(models, "pretrained", build)
+    monkeypatch.setattr(models.weights, "pretrained", build)
 
 
 @pytest.mark.parametrize(

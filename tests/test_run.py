@@ -9,7 +9,7 @@ import yaml
 from cli_runner import run_posym
 from tiny_runs import PIPELINE as TINY
 
-from posym import stages
+from posym import runs, stages
 from posym.commands import run as pipeline
 
 
@@ -47,7 +47,7 @@ def test_run_end_to_end(finished):
     assert code == 0
     for job in ("number", "letter"):
         for stage in pipeline.TASK_STAGES:
-            done = json.loads(stages.done_path(out, job, stage).read_text())
+            done = json.loads(runs.done_path(out, job, stage).read_text())
             assert done["job"] == job and done["stage"] == stage and done["seconds"] > 0 and done["cpu_seconds"] > 0
         assert (out / job / "analysis" / "dynamics.parquet").is_file()
         assert (out / job / "analysis" / "frequency.parquet").is_file()
@@ -84,9 +84,9 @@ def test_rerun_recomputes_only_missing_stages(finished, tiny_config, monkeypatch
     _, _, out = finished
     before = _stamps(out)
     # drop one stage's done-file (as if killed during it): only that stage runs again
-    stages.done_path(out, "letter", "lengthgen").unlink()
+    runs.done_path(out, "letter", "lengthgen").unlink()
     # and the train stage of number (killed after its last checkpoint): train resumes, nothing to redo
-    stages.done_path(out, "number", "train").unlink()
+    runs.done_path(out, "number", "train").unlink()
     assert run_posym(monkeypatch, "run", "--config", tiny_config, "--out", out, "--workers", 2) == 0
     after = _stamps(out)
     changed = {k for k in before if before[k] != after[k]}

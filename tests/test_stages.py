@@ -3,7 +3,7 @@ config a resumable directory holds, the lock and the Ctrl-C line)."""
 
 import pytest
 
-from posym import io, stages
+from posym import io, runs, stages
 from posym.errors import Interrupted, PosymError
 
 
@@ -21,7 +21,7 @@ def test_a_stage_is_marked_done_only_after_it_succeeds(tmp_path):
     assert stages.is_done(tmp_path, "number", "train")
     assert stages.run_stage(tmp_path, "number", "train", lambda: calls.append("again")) is None  # done: skipped
     assert calls == ["fail", "ok"]
-    done = io.read_json_object(stages.done_path(tmp_path, "number", "train"))
+    done = io.read_json_object(runs.done_path(tmp_path, "number", "train"))
     assert {"seconds", "cpu_seconds", "finished"} <= set(done) and done["stage"] == "train"
     assert not list((tmp_path / "stages").glob(".*"))  # atomic: no temporary leftovers
 

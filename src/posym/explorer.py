@@ -53,8 +53,8 @@ from posym.core.tasks import TaskConfig, token_names
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
 from posym.io import quote
-from posym.models import RunDir
 from posym.prompts import jsonl_records
+from posym.runs import STUDY_MARKER, RunDir, kind_of
 
 STEPS = {
     "s_pos": 1e-4,
@@ -599,7 +599,7 @@ def _task_prompts(config: dict, settings: dict, n: int) -> list[dict]:
 
 def study_sets(path: Path) -> list[HeadSet]:
     """One set per prompt set of an `llm-study` output (plain and sink-free scores side by side)."""
-    study = io.read_yaml(path / "study.yaml") if (path / "study.yaml").is_file() else {}
+    study = io.read_yaml(path / STUDY_MARKER) if (path / STUDY_MARKER).is_file() else {}
     manifest = path / "manifest.json"
     spec = io.read_json_object(manifest).get("model") if manifest.is_file() else None
     heads = io.read_parquet(path / "scores" / "heads.parquet", required=(*HEAD_COLUMNS, "set", "attn_first"))
@@ -647,23 +647,20 @@ def study_sets(path: Path) -> list[HeadSet]:
     return out
 
 
-def kind_of(path: Path) -> str:
+EXPLORED = ("score", "llm-scores", "pipeline", "run", "study")
+"""The kinds of output (`posym.runs.kind_of`) whose score tables the explorer reads."""
+
+
+def input_kind(path: Path) -> str:
     """'llm-scores', 'pipeline', 'run' or 'study' by the files a directory holds; 'score' for a
-    `posym score` Parquet file beside its JSON sidecar."""
-    if path.is_file() and Path(f"{path}.json").is_file():
-        return "score"
+    `posym score` Parquet file beside its JSON sidecar (`posym.runs.kind_of`); else a PosymError."""
+    kind = kind_of(path, EXPLORED)
+    if kind is not None:
+        return kind
     if path.is_file():
         raise PosymError(f"{path} is a file without its posym score sidecar {path}.json, not score tables")
     if not path.is_dir():
         raise PosymError(f"{path} is not a directory of score tables")
-    if (path / "summary.json").is_file() and (path / "heads.parquet").is_file() and (path / "scores.parquet").is_file():
-        return "llm-scores"
-    if (path / "pipeline.yaml").is_file():
-        return "pipeline"
-    if RunDir(path).config.is_file():
-        return "run"
-    if (path / "scores" / "heads.parquet").is_file():
-        return "study"
     raise PosymError(
         f"{path} holds no score tables posym explore reads (an llm-scores, llm-study, posym run or "
         "training run directory, or a posym score Parquet file)"
@@ -689,7 +686,7 @@ def collect(paths) -> list[HeadSet]:
 def _sets_of(path: Path) -> list[HeadSet]:
     """The head sets of one input (`collect`)."""
     sets: list[HeadSet] = []
-    kind = kind_of(path)
+    kind = input_kind(path)
     if kind == "llm-scores":
         sets += llm_scores_sets(path)
     elif kind == "score":

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import yaml
 
 from posym.errors import STOP_SIGNALS, Interrupted, PosymError
-
+from posym.runs import CHECKPOINTS, DONE, RUN_FILES, STAGES, is_model_dir, is_run_dir, is_study_dir
 
 _HOST = platform.node().replace("-", "_") or "host"
 _UMASK = os.umask(0)
@@ -249,12 +249,6 @@ _TEMPORARY = re.compile(r"^\..+\.(tmp|old)-")
 """The names `atomic_path` gives its temporaries (`.NAME.tmp-HOST-PID-*`) and the old directory it moves aside."""
 
 
-STAGES = "stages"
-"""The folder of done-files in the directory of a resumable command (`posym.stages`)."""
-DONE = ".done.json"
-"""How a done-file's name ends (`posym.stages.done_path`: stages/JOB-STAGE.done.json)."""
-
-
 def _control(path: Path, *, done_files: bool = True) -> str | None:
     """Which of posym's own control files `path` names, in words, or None (a done-file only with
     `done_files`: `posym.stages.mark_done` writes them through `atomic_path`)."""
@@ -277,37 +271,6 @@ def _refuse_control(path: Path, *, done_files: bool = True) -> None:
 
 # ---- outputs never replace inputs ------------------------------------------------------------------
 
-PIPELINE_MARKER = "pipeline.yaml"
-"""The file `posym run` keeps in its output directory (the config a re-run must match)."""
-RUN_FILES = (
-    "checkpoints",
-    "config.yaml",
-    "manifest.json",
-    "metrics.parquet",
-    "train.log",
-    PIPELINE_MARKER,
-    STAGES,
-    "validation.parquet",
-    "validation.json",
-)
-"""What `posym train` / `posym run` keep in their directories: outputs may go beside these, never over or into them."""
-
-
-def _is_model_dir(path: Path) -> bool:
-    return (path / "config.json").is_file()
-
-
-def _is_run_dir(path: Path) -> bool:
-    return (path / "config.yaml").is_file() or (path / "checkpoints").is_dir() or (path / PIPELINE_MARKER).is_file()
-
-
-STUDY_MARKER = "study.yaml"
-"""The file `posym llm-study` keeps in its output directory (the config a re-run must match)."""
-
-
-def _is_study_dir(path: Path) -> bool:
-    return (path / STUDY_MARKER).is_file()
-
 
 def _overlap(output: Path, is_dir: bool, source: Path) -> Path | None:
     """The part of input `source` that `output` (resolved) would be or lie inside, or None.
@@ -320,11 +283,11 @@ def _overlap(output: Path, is_dir: bool, source: Path) -> Path | None:
     inside = lambda guarded: output == guarded or guarded in output.parents  # noqa: E731
     if not source.is_dir():
         return source if inside(source) else None
-    if _is_run_dir(source) and not _is_model_dir(source):
-        checkpoints = source / "checkpoints"
+    if is_run_dir(source) and not is_model_dir(source):
+        checkpoints = source / CHECKPOINTS
         if checkpoints in output.parents:  # inside one checkpoint: that checkpoint's (model directory) rule
             checkpoint = checkpoints / output.relative_to(checkpoints).parts[0]
-            if checkpoint != output and _is_model_dir(checkpoint):
+            if checkpoint != output and is_model_dir(checkpoint):
                 return _overlap(output, is_dir, checkpoint)
         return next((source / name for name in RUN_FILES if inside(source / name)), None)
     # a model directory, or any other input directory (a theory or llm-bench output): read as its files
@@ -365,7 +328,7 @@ def check_output(
     _refuse_special(path, is_dir)
     _refuse_control(path)
     output = Path(os.path.realpath(path))
-    around = [a for a in output.parents if a.is_dir() and (_is_model_dir(a) or _is_run_dir(a) or _is_study_dir(a))]
+    around = [a for a in output.parents if a.is_dir() and (is_model_dir(a) or is_run_dir(a) or is_study_dir(a))]
     given = [Path(os.path.realpath(p)) for p in inputs if p is not None and os.path.lexists(p)]
     for source in [*given, *around]:
         hit = _overlap(output, is_dir, source)
@@ -810,6 +773,15 @@ def config_hash(obj: Any) -> str:
     """Stable short hash of a JSON-able object (key order does not matter)."""
     blob = json.dumps(obj, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks (assembled models, dequantized copies' names)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def package_version() -> str:

@@ -76,38 +76,6 @@ def check_resources(config) -> str:
     return device
 
 
-def decoder_weights(blocks: int, width: int, ffn: int, vocab: int) -> int:
-    """Weights a decoder of these sizes has, about: per block the four attention projections and a gated
-    MLP, plus the token embedding and the output head (models with fewer key/value heads or tied
-    embeddings have a little less).
-
-    >>> decoder_weights(30, 576, 1536, 49152)  # SmolLM2-135M's sizes (it has 134.5 M: tied, 3 of 9 kv heads)
-    176062464
-    """
-    return blocks * (4 * width * width + 3 * width * ffn) + 2 * width * vocab
-
-
-def check_declared_weights(
-    path, what: str, declared: int, held: int | None, *, device: str = "cpu", bytes_per_weight: int = 4
-) -> None:
-    """Refuse, before transformers builds anything, a model whose metadata (`what`: config.json, a GGUF
-    header) describes about `declared` weights when its files hold only `held` (transformers would
-    allocate the described model and fill the rest with random weights: a 96-byte GGUF file built a 7B
-    model), or more weights than this machine's memory holds (the build would allocate until the kernel
-    steps in). `held` None: unknown (pickle weights are never opened to count them)."""
-    if held is not None and declared > 4 * held + 2**20:
-        raise PosymError(
-            f"{path}: {what} describes a model of about {declared:,} weights, but the file holds "
-            f"{held:,}: {what} does not match its weights"
-        )
-    need, have = declared * bytes_per_weight, machine_memory(device)
-    if need > have:
-        raise PosymError(
-            f"{path}: {what} describes a model of about {declared:,} weights ({need / 2**30:,.1f} GiB), "
-            f"more than the {have / 2**30:,.1f} GiB of {device} memory here"
-        )
-
-
 # ---- count options (--n, --size, --extra-target, eval_size) ------------------------------------------
 
 SAMPLE_BYTES_PER_TOKEN = 64

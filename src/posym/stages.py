@@ -24,11 +24,7 @@ from typing import Any, Callable, Iterator
 from posym import io
 from posym.errors import PosymError
 from posym.parallel import cpu_seconds
-
-
-def done_path(out: Path, job: str, stage: str) -> Path:
-    """Where the done-file of `stage` of `job` (a task name or "theory") lives."""
-    return Path(out) / io.STAGES / f"{job}-{stage}{io.DONE}"
+from posym.runs import done_path
 
 
 def is_done(out: Path, job: str, stage: str) -> bool:

@@ -10,7 +10,6 @@ import typer
 from posym.cli import app, checkpoint_step, progress_bar
 from posym.cli.options import (
     EMBEDDED_HELP,
-    OUTPUTS,
     Compare,
     Device,
     Exactness,
@@ -29,6 +28,7 @@ from posym.cli.options import (
     values,
 )
 from posym.core.paper import GAMMA, TAU
+from posym.runs import OUTPUTS
 from posym.score_options import ScoreOptions
 
 

@@ -10,7 +10,6 @@ import typer
 from posym.cli import app, parse_head_pairs, parse_list, progress_bar
 from posym.cli.options import (
     EMBEDDED_HELP,
-    OUTPUTS,
     AblationMode,
     AttributionMethod,
     AttributionMetric,
@@ -34,6 +33,7 @@ from posym.cli.options import (
 )
 from posym.core.paper import TAU
 from posym.errors import PosymError
+from posym.runs import OUTPUTS, STUDY_MARKER
 
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
 
@@ -339,7 +339,7 @@ def llm_study_cmd(
     from posym import configs, io, models
     from posym.commands import llm_study
 
-    io.check_output(out, inputs=[path, config], is_dir=True, marker=io.STUDY_MARKER)
+    io.check_output(out, inputs=[path, config], is_dir=True, marker=STUDY_MARKER)
     settings = configs.from_file_and_flags(
         llm_study.StudyConfig,
         io.read_yaml(config) if config else {},
@@ -355,7 +355,7 @@ def llm_study_cmd(
     device = device_of(device)
     loaded = models.load(spec, device=device)
     out = io.check_output(
-        out or Path("runs") / "llm-study" / loaded.name, inputs=[path, config], is_dir=True, marker=io.STUDY_MARKER
+        out or Path("runs") / "llm-study" / loaded.name, inputs=[path, config], is_dir=True, marker=STUDY_MARKER
     )
     steps = llm_study.stage_steps(settings)
     bar, advance = progress_bar(sum(steps[s] for s in only or llm_study.STAGES), "llm-study")

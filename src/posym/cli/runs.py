@@ -10,7 +10,6 @@ import typer
 from posym.cli import app, checkpoint_step
 from posym.cli.options import (
     EMBEDDED_HELP,
-    OUTPUTS,
     AblationMode,
     Device,
     Preset,
@@ -26,6 +25,7 @@ from posym.cli.options import (
 )
 from posym.core.paper import GAMMA
 from posym.errors import PosymError
+from posym.runs import OUTPUTS, PIPELINE_MARKER
 
 # ---- commands: run / report / sweep -------------------------------------------------------------
 
@@ -75,7 +75,7 @@ def run_command(
     from posym.commands import report
     from posym.commands import run as pipeline
 
-    io.check_output(out, inputs=[config, bench], is_dir=True, marker="pipeline.yaml")
+    io.check_output(out, inputs=[config, bench], is_dir=True, marker=PIPELINE_MARKER)
     flags = {
         "preset": preset and str(preset),
         "tasks": values(task, option="--task", choices=Task) or None,

@@ -26,6 +26,7 @@ from posym.cli.options import (
     values,
 )
 from posym.errors import PosymError
+from posym.runs import RUN_FILES
 
 # ---- commands: data (tasks) -------------------------------------------------------------------
 
@@ -132,7 +133,7 @@ def train_command(
     from posym import io
     from posym.commands import train
 
-    io.check_output(out, inputs=[config], is_dir=True, owns=io.RUN_FILES)
+    io.check_output(out, inputs=[config], is_dir=True, owns=RUN_FILES)
     if resume is not None:
         given = [
             name

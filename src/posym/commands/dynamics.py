@@ -52,8 +52,9 @@ from posym.core.purity import (
 from posym.core.scores import head_scores, prompt_scores, score_model, task_prompts
 from posym.errors import PosymError
 from posym.io import manifest, read_parquet, write_json, write_parquet
-from posym.models import RunDir, list_checkpoints, load_checkpoint, validation_table
+from posym.models import load_checkpoint, validation_table
 from posym.resources import check_count, sequence_bytes
+from posym.runs import RunDir, list_checkpoints
 
 QUERY_MODES = ("hops", "last", "target", "inner")
 

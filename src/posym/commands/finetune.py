@@ -35,7 +35,8 @@ from posym.core.train import (
 )
 from posym.core.paper import GAMMA
 from posym.errors import PosymError
-from posym.models import RunDir, save_model
+from posym.models import save_model
+from posym.runs import RunDir
 
 
 def finetune(model, task, config, heads, *, start: int, steps: int) -> dict:

@@ -25,7 +25,7 @@ import posym
 from posym import explorer, io
 from posym.core.paper import FIG5B, FIG7_LABELS, GAMMA, RETENTION, SEED_SUMMARY_SHARES, TABLE1 as PAPER_TABLE1
 from posym.errors import PosymError
-from posym.models import RunDir
+from posym.runs import RunDir, kind_of
 
 
 def _layer_span(layers: range) -> str:
@@ -114,17 +114,19 @@ OPTIONAL = {"head_retention"}
 """Figures of those subdirectories that are optional extras too (runs analysed before them, or without them)."""
 
 
-def kind_of(path: Path) -> str:
-    """'run', 'theory' or 'bench' by the files a directory holds; anything else is a PosymError."""
-    if RunDir(path).config.is_file():
-        return "run"
-    if (path / "theory.json").is_file():
-        return "theory"
-    if (path / "table.md").is_file() and (path / "summary.parquet").is_file():
-        return "bench"
-    raise PosymError(
-        f"{path} is not a posym run, theory or llm-bench directory (no config.yaml, theory.json or table.md)"
-    )
+REPORTED = ("run", "theory", "bench")
+"""The kinds of output (`posym.runs.kind_of`) a report has sections for."""
+
+
+def input_kind(path: Path) -> str:
+    """'run', 'theory' or 'bench' by the files a directory holds (`posym.runs.kind_of`); anything else is a
+    PosymError."""
+    kind = kind_of(path, REPORTED)
+    if kind is None:
+        raise PosymError(
+            f"{path} is not a posym run, theory or llm-bench directory (no config.yaml, theory.json or table.md)"
+        )
+    return kind
 
 
 def _read_json(path: Path) -> dict | None:
@@ -564,7 +566,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
     for path in dirs:
         if not path.is_dir():
             raise PosymError(f"{path} is not a directory")
-    kinds = [(kind_of(p), p) for p in dirs]
+    kinds = [(input_kind(p), p) for p in dirs]
     sections, summaries = [], []
     for kind, path in kinds:
         if kind == "run":

@@ -38,9 +38,9 @@ from posym.core.model import DEVICES, resolve_device
 from posym.core.theory import TheoryConfig
 from posym.core.train import PRESETS
 from posym.errors import PosymError
-from posym.models import RunDir, list_checkpoints
 from posym.parallel import worker_signals
 from posym.resources import check_resources
+from posym.runs import PIPELINE_MARKER, RunDir, list_checkpoints
 from posym.stages import claim, die_with_parent, is_done, resumable, run_stage
 
 TASK_STAGES = ("train", "dynamics", "geometry", "lengthgen", "discrepancy")
@@ -207,11 +207,11 @@ def run_pipeline(
     """
     start = time.perf_counter()
     out = Path(out)
-    if bench is not None and (not Path(bench).is_dir() or report.kind_of(Path(bench)) != "bench"):
+    if bench is not None and (not Path(bench).is_dir() or report.input_kind(Path(bench)) != "bench"):
         raise PosymError(f"--bench {bench} is not a posym llm-bench output directory (table.md, summary.parquet)")
     jobs = [*config.tasks, THEORY]
     with resumable(out, lambda: _kept(out, jobs)):
-        claim(out, io.PIPELINE_MARKER, to_dict(config), what="a run")
+        claim(out, PIPELINE_MARKER, to_dict(config), what="a run")
         return _run_jobs(config, out, jobs, bench, status, start)
 
 

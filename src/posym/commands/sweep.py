@@ -38,8 +38,8 @@ from posym.core.rope import layer_bands
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
 from posym.figures import save_figure, subplots
-from posym.models import RunDir
-from posym.stages import die_with_parent, done_path, is_done, mark_done, resumable
+from posym.runs import RunDir, done_path
+from posym.stages import die_with_parent, is_done, mark_done, resumable
 
 SWEEP_JOB = "trial"
 """Stage name of the done-file of a trial."""

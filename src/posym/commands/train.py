@@ -30,15 +30,9 @@ from posym.core.train import (
     train_step,
 )
 from posym.errors import PosymError
-from posym.models import (
-    CHECKPOINT_META,
-    CHECKPOINTS,
-    RunDir,
-    checkpoint_name,
-    list_checkpoints,
-    read_checkpoint_meta,
-)
+from posym.models import read_checkpoint_meta
 from posym.resources import check_resources
+from posym.runs import CHECKPOINT_META, CHECKPOINTS, RunDir, list_checkpoints
 
 TRAINER_TENSORS = "trainer_state.safetensors"
 TRAINER_JSON = "trainer_state.json"
@@ -321,7 +315,7 @@ def _train(
             metrics.update({f"val_{k}": v for k, v in val.items()})
         metrics = {"step": step, **metrics, "train_loss": train_loss, "time": time.time()}
         previous = list_checkpoints(run_dir)
-        with io.atomic_path(run_dir / "checkpoints" / checkpoint_name(step), is_dir=True, replace=True) as tmp:
+        with io.atomic_path(RunDir(run_dir).checkpoint(step), is_dir=True, replace=True) as tmp:
             model.save_pretrained(tmp)
             io.write_json(
                 tmp / CHECKPOINT_META,

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from posym import io
-from posym.models import RunDir, validation_table
+from posym.models import validation_table
+from posym.runs import RunDir
 
 
 def run_validation(run_dir, *, n: int | None = None, device: str = "cpu", progress=None) -> dict:

@@ -63,6 +63,7 @@ from posym.errors import PosymError
 from posym.models import LoadedModel, identity, tokenize
 from posym.parallel import cpu_workers
 from posym.prompts import Builder, Prompt, base_length, build
+from posym.runs import STUDY_MARKER
 from posym.stages import claim, is_done, resumable, run_stage
 
 STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation", "screen", "lengths", "causal")
@@ -764,7 +765,7 @@ def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict
     """OUT/study.yaml and manifest.json (with the model's `identity`); a study with another config or of
     another model, or a foreign directory, is refused."""
     model = identity(loaded)
-    if not claim(out, io.STUDY_MARKER, configs.to_dict(config), what="a study"):
+    if not claim(out, STUDY_MARKER, configs.to_dict(config), what="a study"):
         if not (out / "manifest.json").is_file() and any(is_done(out, JOB, stage) for stage in STAGES):
             raise PosymError(  # a finished stage of an unknown model: continuing could mix two models' results
                 f"{out} holds finished stages but no manifest.json, so posym cannot tell which model they are "

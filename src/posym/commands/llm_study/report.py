@@ -25,6 +25,7 @@ from posym.core.stats import pearson
 from posym.errors import PosymError
 from posym.explorer import EXPLORER
 from posym.figures import plot_heads, save_figure, subplots
+from posym.runs import DONE, STAGES, STUDY_MARKER
 from posym.stages import is_done
 
 if TYPE_CHECKING:
@@ -186,9 +187,7 @@ def _sections(out: Path) -> list[dict]:
             **parts,
         }
 
-    settings = section(
-        "Settings", pres=[io.read_text(out / io.STUDY_MARKER)] if (out / io.STUDY_MARKER).is_file() else []
-    )
+    settings = section("Settings", pres=[io.read_text(out / STUDY_MARKER)] if (out / STUDY_MARKER).is_file() else [])
     accuracy, scores, profile = (
         section("Accuracy", "profile"),
         section("Scores and sinks", "scores"),
@@ -353,9 +352,7 @@ def _sections(out: Path) -> list[dict]:
             )
         )
         ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "sem", "prompts"]))
-        size = (
-            int(io.read_yaml(out / io.STUDY_MARKER).get("bench_size", 12)) if (out / io.STUDY_MARKER).is_file() else 12
-        )
+        size = int(io.read_yaml(out / STUDY_MARKER).get("bench_size", 12)) if (out / STUDY_MARKER).is_file() else 12
         for row in summary[summary.k == 0].itertuples():
             chance = 0.25 if row.set.startswith("binding") else 1 / size  # 4 facts; one of `size` target tokens
             lo, hi = wilson_interval(round(row.acc * row.prompts), int(row.prompts))
@@ -621,7 +618,7 @@ def build_study_report(out) -> Path:
         raise PosymError(
             f"{out} holds a stage output that is not what posym llm-study writes there "
             f"({type(exc).__name__}: {io.quote(str(exc))}); delete that stage's folder and its "
-            f"{io.STAGES}/{JOB}-STAGE{io.DONE} to run it again"
+            f"{STAGES}/{JOB}-STAGE{DONE} to run it again"
         ) from None
     page = template.render(title=f"posym llm-study: {out.name}", sections=sections)
     return io.write_text(out / "report.html", page)
