@@ -73,7 +73,7 @@ def model_config(spec: str | os.PathLike):
         from transformers import AutoConfig
 
         models.check_model_dir(source.path)
-        return AutoConfig.from_pretrained(source.path)
+        return models.pretrained(AutoConfig, source.path)  # posym's one from_pretrained: no remote code, no network
     return models.load(spec).model.config
 
 
