@@ -30,3 +30,8 @@ def test_write_replaces_only_the_block(tmp_path):
     page.write_text("no block here\n")
     with pytest.raises(SystemExit, match="has no <!-- a --> ... <!-- b --> block"):
         llm_verdicts.write(page, "<!-- a -->", "<!-- b -->", lambda: "")
+
+
+def test_past_context_block_is_the_scripts_output():
+    doc = (ROOT / "docs" / "results.md").read_text()
+    assert _block(doc, llm_verdicts.PAST_BEGIN, llm_verdicts.PAST_END) == llm_verdicts.past_context_block()

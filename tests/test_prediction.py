@@ -667,6 +667,7 @@ def test_powered_preset_is_a_study_config_whose_causal_draws_can_pass_holm():
 STUDIES = {
     "smollm2": RESULTS,
     "gemma3": RESULTS.parent / "llm-study-gemma3",
+    "smollm2-past": RESULTS.parent / "llm-study-past-context",
 }
 
 
@@ -860,3 +861,24 @@ def test_the_chat_form_wraps_the_question_in_the_template(builder, monkeypatch):
     for either in (builder.tokenizer, tok):  # without a template the chat form is skipped, not refused
         loaded = models.LoadedModel(None, "tiny", "llama", 4096, "cpu", _tokenizer=either)
         assert llm_study.check_sizes(loaded, study, ["screen"]) is None
+
+
+def test_committed_past_context_study():
+    """SmolLM2 past its trained context (issue 50 item 4): lengths past max_position_embeddings (8,192), the paired
+    tests of every layout past it against the longest trained length are prediction.accuracy_tests' own output
+    (recomputed from accuracy.parquet with inside=, which postdates the run), and the study ran the sdpa kernel."""
+    from posym.commands.llm_study import prediction
+
+    lengths = STUDIES["smollm2-past"] / "lengths"
+    info = json.loads((lengths / "lengths.json").read_text())
+    accuracy = pd.read_parquet(lengths / "accuracy.parquet")
+    assert info["past_context"] and info["kernel"] == "sdpa" and info["trained_context"] == 8192
+    base = info["base_lengths"]["between"]
+    inside = max(f for f in accuracy.factor.unique() if f * base <= 8192)
+    assert info["inside_factor"] == inside and accuracy.length.max() > 8192
+    assert (accuracy.groupby(["layout", "factor"]).size() == info["prompts"]["accuracy"]).all()
+    tests = pd.read_parquet(lengths / "accuracy_tests.parquet")
+    again = prediction.accuracy_tests(accuracy, effect=0.1, inside=inside)
+    pd.testing.assert_frame_equal(tests.reset_index(drop=True), again, check_exact=False, rtol=1e-12)
+    past = tests[tests.comparison.str.endswith(f"vs {inside}x")]
+    assert len(past) == 3 * sum(f > inside for f in accuracy.factor.unique())
