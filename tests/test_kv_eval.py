@@ -322,3 +322,53 @@ def test_kv_eval_bad_inputs_exit_2(tiny, capsys, monkeypatch):
     assert run_posym(monkeypatch, *base, "--config", small, "--out", root / "b5") == 0
     other = write_config(root / "other.yaml", n=2)
     one_line(*cli(capsys, monkeypatch, *base, "--config", other, "--out", root / "b5"), "different config")
+
+
+ATLAS = dict(
+    n_binding=2,
+    frequency_prompts=1,
+    needle_lengths=[64],
+    needle_depths=[0.5],
+    recall_prompts=1,
+    stream_length=96,
+    stream_prompts=1,
+    windows=[16],
+    repeat_period=8,
+    repeats=2,
+    repeat_prompts=1,
+    draws=10,
+)
+
+
+def test_kv_eval_without_a_table_ranks_by_the_atlas_labels(tiny, capsys, monkeypatch):
+    loaded, root, _ = tiny
+    config = write_config(root / "atlas.yaml", tasks=["length"], factors=[1], budgets=[0.5], atlas=ATLAS)
+    assert run_posym(monkeypatch, "kv-eval", loaded.source.path, "--config", config, "--out", root / "labels") == 0
+    heads = pd.read_parquet(root / "labels" / "heads.parquet")
+    assert {"s_pos_sinkfree", "s_sym_sinkfree", "retrieval", "non_streaming_w16"} <= set(heads.columns)
+    assert len(heads) == 8  # every (layer, head) of the tiny Llama
+    summary = pd.read_parquet(root / "labels" / "summary.parquet")
+    assert set(summary.policy) == set(kvpolicy.POLICIES)
+    bad = write_config(root / "atlas_bad.yaml", atlas={"needle_lengths": "x"})
+    one_line(*cli(capsys, monkeypatch, "kv-eval", loaded.source.path, "--config", bad, "--out", root / "l2"), "atlas")
+
+
+def test_the_sized_smollm2_config_is_a_config_and_documented():
+    from pathlib import Path
+
+    from posym import configs, io
+
+    root = Path(__file__).resolve().parents[1]
+    config = configs.from_dict(kv_eval.KVEvalConfig, io.read_yaml(root / "scripts" / "kv_eval_smollm2.yaml"))
+    assert config.draws >= 10 and "full" in config.policies and set(config.tasks) == set(kv_eval.TASKS)
+    page = (root / "docs" / "commands" / "models.md").read_text()
+    assert "--config scripts/kv_eval_smollm2.yaml" in page and "`tests.parquet`" in page
+
+
+def test_a_forward_past_memory_is_refused(tiny, capsys, monkeypatch):
+    loaded, root, _ = tiny
+    from posym import resources
+
+    monkeypatch.setattr(resources, "machine_memory", lambda device: 1 << 20)
+    args = ["kv-eval", loaded.source.path, "--table", root / "heads.parquet", "--config", write_config(root / "m.yaml")]
+    one_line(*cli(capsys, monkeypatch, *args, "--out", root / "m"), "GiB")
