@@ -210,8 +210,8 @@ def estimate_bytes(model, length: int, batch: int) -> int:
 
     >>> smollm2 = type("M", (), {"config": type("C", (), {"hidden_size": 576, "intermediate_size": 1536,
     ...     "num_attention_heads": 9, "head_dim": 64}), "parameters": lambda self: []})()
-    >>> round(estimate_bytes(smollm2, 4096, 2) / 2**30, 2)  # GiB
-    1.06
+    >>> round(estimate_bytes(smollm2, 4096, 2) / 2**30, 2)  # GiB: 0.75 of query blocks, 0.35 of activations
+    1.1
     """
     config = getattr(model.config, "text_config", None) or model.config
     hidden = config.hidden_size
