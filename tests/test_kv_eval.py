@@ -322,6 +322,10 @@ def test_kv_eval_bad_inputs_exit_2(tiny, capsys, monkeypatch):
     assert run_posym(monkeypatch, *base, "--config", small, "--out", root / "b5") == 0
     other = write_config(root / "other.yaml", n=2)
     one_line(*cli(capsys, monkeypatch, *base, "--config", other, "--out", root / "b5"), "different config")
+    # and so is another head table (the finished stages ranked the first one)
+    table.assign(retrieval=-table.retrieval).to_parquet(root / "reversed.parquet", index=False)
+    again = ["kv-eval", model, "--table", root / "reversed.parquet", "--config", small, "--out", root / "b5"]
+    one_line(*cli(capsys, monkeypatch, *again), "another head table")
 
 
 ATLAS = dict(

@@ -740,11 +740,17 @@ class Builder:
 
     def filler(self, stream: str, n: int) -> list[int]:
         """The first n tokens of a prompt's own filler stream (seeded by `stream`)."""
+        return self.filler_sentences(stream, n)[0]
+
+    def filler_sentences(self, stream: str, n: int) -> tuple[list[int], list[int]]:
+        """(`filler`'s n tokens, the offsets in them where a sentence starts)."""
         rng = random.Random(f"filler:{stream}")
         out: list[int] = []
+        starts: list[int] = []
         while len(out) < n:
+            starts.append(len(out))
             out += self.encode(" " + rng.choice(FILLER))
-        return out[:n]
+        return out[:n], [k for k in starts if k < n]
 
     def core_ids(self, core: Core) -> tuple[list[int], list[int], int]:
         """(ids before the insert point, ids after it, answer token) for the 'between' layout."""
@@ -1139,7 +1145,8 @@ def ruler_prompts(
     """{factor: n prompts} of the task at every factor x the base length (default `ruler_base_length`):
     the same questions, the filler (`FILLER`, each prompt's own seeded stream, so a prompt's filler at
     length 2L starts with its filler at L) growing around the inserts, which keep their depths (RULER's
-    placement: at 16x the needles lie spread over the whole context). A prompt of length L holds exactly
+    placement: at 16x the needles lie spread over the whole context), each put between two filler
+    sentences (the sentence boundary nearest its depth). A prompt of length L holds exactly
     L tokens with its answer."""
     if not factors or min(factors) < 1:
         raise PosymError(f"factors must be positive, got {factors}")
@@ -1157,8 +1164,10 @@ def ruler_prompts(
             length = factor * base
             if length - fixed < 0:
                 raise PosymError(f"length {length} is shorter than question {i} of {task.task} ({fixed} tokens)")
-            hay = builder.filler(f"{seed}:{task.task}:{i}", length - fixed)
-            cuts = [round(d * len(hay)) for d in core.depths]
+            hay, sentences = builder.filler_sentences(f"{seed}:{task.task}:{i}", length - fixed)
+            # each insert goes between two filler sentences: the sentence start nearest its depth
+            bounds = [*sentences, len(hay)]
+            cuts = [min(bounds, key=lambda b: (abs(b - d * len(hay)), b)) for d in core.depths]
             ids, starts, previous = list(head), [], 0
             for cut, insert in zip(cuts, inserts):
                 ids += hay[previous:cut]

@@ -562,8 +562,9 @@ def run_kv_eval(
     out = Path(out)
     progress = progress or (lambda k=1: None)
     model = loaded.model.eval()
-    if table is not None:
-        check_table(read_table(table), config)
+    given = read_table(table) if table is not None else None
+    if given is not None:
+        check_table(given, config)
     else:
         atlas_config(config)  # a bad atlas field fails before any work
     prompts = {task: task_prompts(loaded, config, task) for task in config.tasks}
@@ -575,6 +576,11 @@ def run_kv_eval(
         seconds = run_stage(out, JOB, "labels", lambda: io.write_parquet(heads, labels(loaded, config, table)))
         timings["labels"] = "done" if seconds is None else round(seconds, 2)
         head_table = io.read_parquet(heads)
+        if given is not None and not given.reset_index(drop=True).equals(head_table):
+            raise PosymError(
+                f"{out} was ranked by another head table ({heads}); give that table to continue it, or choose "
+                "another --out"
+            )
         check_table(head_table, config)
         runs = policy_grid(model.config, head_table, config)
         for task in config.tasks:
