@@ -495,25 +495,31 @@ COLOURS = {"posym": "C0", "retrieval": "C1", "duo": "C2", "random": "C7", "strea
 
 
 def plot_accuracy(summary):
-    """Accuracy (Wilson 95% interval; random: the draws' range as a band) against the kept-KV fraction, per
-    policy, one panel per task (rows) and length (columns)."""
+    """Accuracy (Wilson 95% interval; random: the draws' range as a grey bar behind) against the kept-KV
+    fraction, per policy (each shifted a little sideways, as equal budgets keep equal memory), one panel
+    per task (rows) and length (columns)."""
     tasks = list(dict.fromkeys(summary.task))
     factors = sorted(summary.factor.unique())
+    order = [p for p in COLOURS if p in set(summary.policy)]
     fig, axes = subplots(
-        len(tasks), len(factors), figsize=(2.6 * len(factors) + 1, 2.3 * len(tasks) + 0.6), squeeze=False, sharey=True
+        len(tasks), len(factors), figsize=(2.8 * len(factors) + 1, 2.3 * len(tasks) + 0.6), squeeze=False, sharey=True
     )
     for i, task in enumerate(tasks):
         for j, factor in enumerate(factors):
             ax = axes[i][j]
             cell = summary[(summary.task == task) & (summary.factor == factor)]
-            for policy, g in cell.groupby("policy", sort=False):
-                g = g.sort_values("kept_fraction")
-                x, y = g.kept_fraction.to_numpy(), g.accuracy.to_numpy()
+            span = max(1e-3, 1 - float(cell.kept_fraction.min())) if not cell.empty else 1.0
+            for k, policy in enumerate(order):
+                g = cell[cell.policy == policy].sort_values("kept_fraction")
+                if g.empty:
+                    continue
+                x = g.kept_fraction.to_numpy() + (k - (len(order) - 1) / 2) * 0.012 * span
+                y = g.accuracy.to_numpy()
                 err = np.vstack([y - g.lo.to_numpy(), g.hi.to_numpy() - y])
-                style = {"color": COLOURS.get(policy, "C4"), "label": policy}
+                colour = COLOURS[policy]
                 if policy == "random":
-                    ax.fill_between(x, g.draw_min, g.draw_max, color=style["color"], alpha=0.25, lw=0)
-                ax.errorbar(x, y, yerr=err, marker="o", ms=3, lw=1, capsize=2, **style)
+                    ax.vlines(x, g.draw_min, g.draw_max, color=colour, alpha=0.35, lw=6)
+                ax.errorbar(x, y, yerr=err, marker="o", ms=3, lw=1, capsize=2, color=colour, label=policy)
             if not cell.empty:
                 ax.set_title(f"{task}, {factor}x ({int(cell.length.iloc[0]):,} tokens)", fontsize=8)
             ax.set_ylim(-0.05, 1.05)
