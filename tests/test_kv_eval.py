@@ -294,6 +294,7 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
     assert answer == pytest.approx(kv.kept_fraction(int(length) - n_answer))
     tests = pd.read_parquet(out / "tests.parquet")
     assert {"p_full_holm", "p_median_holm", "p_random_holm", "mde_full"} <= set(tests.columns)
+    assert set(tests.budget) == {0.5, 1.0} and len(tests) == 3 * 2 * 4  # budget 0 ran as full: no test
     # resumable: a second run finds every stage done; the same config elsewhere gives the same numbers
     assert run_posym(monkeypatch, *args, "--out", out) == 0
     assert run_posym(monkeypatch, *args, "--out", root / "again") == 0

@@ -24,7 +24,8 @@ through the same kernel (`attend`), the full cache's too, so "relative to full" 
 OUT holds (resumable: a stage that finished is not run again; the same config is required to continue):
 - kv_eval.yaml          the config (KVEvalConfig), written once; manifest.json: hash, versions, the model;
 - heads.parquet         the head table the policies ranked (the one given, or the atlas's);
-- prompts_TASK.parquet  per prompt, length, budget, policy and draw: correct, logprob, kept_fraction;
+- prompts_TASK.parquet  per prompt, length, budget, policy and draw: correct, logprob, kept_fraction,
+                        is_full (the run was the full cache's: budget 0, or length <= recent);
 - summary.parquet       per task, length, budget and policy: n, accuracy, Wilson 95% interval, the
                         kept-KV fraction at that length (`KVPolicy.kept_fraction`), accuracy relative to
                         the full cache; random: the mean over draws with their min, median, max and sd;
@@ -341,7 +342,9 @@ def evaluate_task(model, task: str, prompts: dict[int, list], runs: list[dict], 
             done[key] = policy_outcomes(model, policy, group, batch_tokens=config.batch_tokens)
             progress(1)
         for run in runs:
-            right, logp = done[run_key(run["kv"], length, config.recent)]
+            key = run_key(run["kv"], length, config.recent)
+            right, logp = done[key]
+            same = key == (b"full" if length <= config.recent else np.ones_like(run["kv"].full).tobytes())
             kept = run["kv"].kept_fraction(len(group[0].ids))
             for p, c, lp in zip(group, right, logp):
                 rows.append(
@@ -355,6 +358,7 @@ def evaluate_task(model, task: str, prompts: dict[int, list], runs: list[dict], 
                         "draw": run["draw"],
                         "streaming_fraction": run["kv"].streaming_fraction,
                         "kept_fraction": kept,
+                        "is_full": same,
                         "correct": c,
                         "logprob": lp,
                     }
@@ -432,7 +436,8 @@ def median_draw(accuracy: dict[int, float]) -> int:
 def accuracy_tests(frame, effect: float):
     """Each ranked policy (and streaming) at each task, length and budget against the full cache (exact
     McNemar) and against the random draws of that budget (McNemar against the median draw, randomization
-    p of the accuracy over the draws); each p Holm-adjusted over the table's rows (a NaN p is no test)."""
+    p of the accuracy over the draws); each p Holm-adjusted over the table's rows (a NaN p is no test).
+    A policy that ran as the full cache (`is_full`: budget 0, a length streaming keeps whole) is no test."""
     import pandas as pd
 
     rows = []
@@ -442,6 +447,8 @@ def accuracy_tests(frame, effect: float):
             continue
         right_full = full.correct.to_numpy()
         for (budget, policy), h in g[g.policy.isin([*RANKED, "streaming"])].groupby(["budget", "policy"], sort=True):
+            if "is_full" in h and h.is_full.all():
+                continue  # the full cache's own run (budget 0, or a length streaming keeps whole): no test
             mine = h.sort_values("index").correct.to_numpy()
             against = paired(mine, right_full)
             row = {
