@@ -413,10 +413,11 @@ def summarize(frame):
 
 def paired(a: np.ndarray, b: np.ndarray) -> dict:
     """Paired binary outcomes a against b (same prompts): discordant counts, exact McNemar p, the
-    difference of accuracies and the detectable effect at the spread of the per-prompt differences."""
+    difference of accuracies and the detectable effect at the spread of the per-prompt differences (at
+    least the spread one discordant prompt gives, 1 / sqrt(n): where no prompt differs, 0 is no bound)."""
     a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
     d = a.astype(float) - b.astype(float)
-    sd = float(d.std(ddof=1)) if d.size > 1 else math.nan
+    sd = max(float(d.std(ddof=1)), d.size**-0.5) if d.size > 1 else math.nan
     return {
         "b": int((a & ~b).sum()),
         "c": int((~a & b).sum()),
