@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = {
     "training": ("data", "train", "eval", "validate"),
     "analysis": ("score", "dynamics", "geometry", "theory", "lengthgen", "discrepancy"),
-    "models": ("llm-scores", "llm-bench", "llm-study", "atlas", "attribute", "kv-policy", "convert"),
+    "models": ("llm-scores", "llm-bench", "llm-study", "atlas", "attribute", "kv-policy", "kv-eval", "convert"),
     "runs": ("run", "report", "explore", "sweep", "ablate", "finetune"),
 }
 """docs/commands/<page>.md -> the commands it documents, in the order of `posym --help`."""

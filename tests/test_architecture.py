@@ -163,8 +163,9 @@ def test_a_cycle_hidden_by_a_late_import_is_found(package_copy):
 # ---- commands as leaves, one module per CLI command, a CLI that calls ---------------------------------
 
 COMMANDS = "posym.commands"
-ORCHESTRATORS = ("run", "llm_study", "sweep")
-"""The commands that run other commands as their stages (`posym run`, `posym llm-study`, `posym sweep`):
+ORCHESTRATORS = ("run", "llm_study", "sweep", "kv_eval")
+"""The commands that run other commands as their stages (`posym run`, `posym llm-study`, `posym sweep`;
+`posym kv-eval`, whose labels stage is `posym atlas`):
 the only command modules that may import other command modules (a package's own submodules count as it)."""
 CLI_MAY_IMPORT = (
     "posym.cli",

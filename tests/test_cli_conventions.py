@@ -28,6 +28,7 @@ READS_A_MODEL = {
     "convert",
     "atlas",
     "kv-policy",
+    "kv-eval",
 }
 """Commands whose input is a model or run: it is the positional PATH."""
 CHOICE_OPTIONS = {
@@ -213,6 +214,7 @@ def test_every_help_that_names_an_embedded_model_names_both():
         "atlas",
         "attribute",
         "kv-policy",
+        "kv-eval",
         "convert",
         "explore",
     }

@@ -10,7 +10,9 @@
   of these, a JSONL file or one text) and `query_position` (which token is the query).
 - Length-controlled families (`LengthFamily`, `Builder`, `build`), below.
 - The atlas's prompt sets (`posym atlas`): needle-in-a-haystack prompts (`needle_prompts`), natural
-  text (`natural_text`) and repeated random tokens (`repeated_tokens`), at the end.
+  text (`natural_text`) and repeated random tokens (`repeated_tokens`).
+- RULER-shaped long-context tasks (`posym kv-eval`): multi-key needles and variable tracking
+  (`RulerTask`, `ruler_prompts`), lengthened as the families are, at the end.
 
 Length-controlled prompt families for real models: the answer is fixed, only the length grows.
 
@@ -738,11 +740,17 @@ class Builder:
 
     def filler(self, stream: str, n: int) -> list[int]:
         """The first n tokens of a prompt's own filler stream (seeded by `stream`)."""
+        return self.filler_sentences(stream, n)[0]
+
+    def filler_sentences(self, stream: str, n: int) -> tuple[list[int], list[int]]:
+        """(`filler`'s n tokens, the offsets in them where a sentence starts)."""
         rng = random.Random(f"filler:{stream}")
         out: list[int] = []
+        starts: list[int] = []
         while len(out) < n:
+            starts.append(len(out))
             out += self.encode(" " + rng.choice(FILLER))
-        return out[:n]
+        return out[:n], [k for k in starts if k < n]
 
     def core_ids(self, core: Core) -> tuple[list[int], list[int], int]:
         """(ids before the insert point, ids after it, answer token) for the 'between' layout."""
@@ -949,3 +957,240 @@ def repeated_tokens(loaded: LoadedModel, *, period: int, repeats: int, n: int, s
         raise PosymError(f"the vocabulary has {len(pool)} ordinary tokens, fewer than repeat_period {period}")
     rng = random.Random(f"repeats:{seed}")
     return [builder.bos + rng.sample(pool, period) * repeats for _ in range(n)]
+
+
+# ---- RULER-shaped long-context tasks: multi-key needles and variable tracking (issue 53) ----------
+
+RULER_TASKS = ("multikey", "vartrack")
+"""The RULER-shaped tasks (`RulerTask`): several key -> value needles, one key asked ('multikey', RULER's
+niah_multikey); chains of variable assignments among distractor chains, one chain's value asked through
+its last variable ('vartrack', RULER's variable tracking in a single-answer form)."""
+RULER_DIGITS = {"multikey": 7, "vartrack": 5}
+"""Digits of the values RULER uses (7-digit magic numbers; 5-digit variable values)."""
+MULTIKEY_INTRO = (
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the numbers afterwards.\n"
+)
+VARTRACK_INTRO = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n"
+
+
+@dataclass(frozen=True)
+class RulerCore:
+    """One RULER-shaped question before lengthening: text pieces, placed in the filler at their depths."""
+
+    intro: str
+    inserts: list[list[str]]
+    """The needles / assignment statements in order, each as pieces encoded one at a time (so the answer
+    value's tokens are the same tokens in the needle and in the answer)."""
+    depths: list[float]
+    """Per insert (ascending), the share of the filler before it."""
+    question: str
+    answer: str
+    """The answer as it continues the prompt (leading space included; judged on all its tokens)."""
+    answer_piece: tuple[int, int]
+    """(insert, piece) whose tokens bear the answer: the asked needle's value, the chain's first value."""
+
+
+@dataclass(frozen=True)
+class RulerPrompt:
+    """One RULER-shaped prompt at one length, as token ids (the fields `LengthPrompt` shares mean the same:
+    a scorer reads ids, answer_id, answer_ids, stops and answer_keys of either)."""
+
+    task: str
+    index: int
+    factor: int
+    length: int
+    """Tokens of the prompt with its answer (len(ids) + len(answer_ids)): every prompt of a length has
+    exactly this many, so they batch without padding when teacher-forced."""
+    ids: list[int]
+    answer: str
+    answer_id: int
+    answer_ids: tuple[int, ...]
+    """The answer's tokens (whitespace-only leading tokens end the prompt instead): judged all greedy."""
+    stops: tuple[int, ...]
+    """Tokens that would carry the number on (single digits, where the tokenizer writes one per token)."""
+    answer_keys: tuple[int, ...]
+    """Positions in ids of the tokens that bear the answer (`RulerCore.answer_piece`)."""
+    inserts: tuple[int, ...]
+    """Position in ids where each insert starts."""
+
+
+def _magic(rng: random.Random, digits: int, taken: set) -> int:
+    while True:  # a fresh number of exactly `digits` digits
+        value = rng.randrange(10 ** (digits - 1), 10**digits)
+        if value not in taken:
+            taken.add(value)
+            return value
+
+
+def _variable(rng: random.Random, taken: set) -> str:
+    while True:  # RULER's names: five random capital letters
+        name = "".join(rng.choices("ABCDEFGHIJKLMNOPQRSTUVWXYZ", k=5))
+        if name not in taken:
+            taken.add(name)
+            return name
+
+
+@dataclass
+class RulerTask:
+    """A RULER-shaped task (one of RULER_TASKS) and its difficulty knobs.
+
+    >>> core = RulerTask("vartrack", chains=1, hops=2).core(0, 0, KEYS)
+    >>> [" ".join(piece.strip() for piece in insert) for insert in core.inserts]
+    ['VAR TJFWL = 76314 .', 'VAR TTYNU = VAR TJFWL .', 'VAR PMDHJ = VAR TTYNU .']
+    >>> core.answer
+    ' 76314'
+    """
+
+    task: str = "multikey"
+    """One of RULER_TASKS."""
+    needles: int = 4
+    """multikey: key -> value needles per prompt (one asked, the others distractors)."""
+    chains: int = 2
+    """vartrack: assignment chains per prompt (one asked, the others distractors)."""
+    hops: int = 4
+    """vartrack: assignments after a chain's first (VAR B = VAR A, ...): its last variable is asked."""
+    digits: int = 0
+    """Digits of every value (0: RULER's, `RULER_DIGITS`)."""
+
+    def __post_init__(self) -> None:
+        if self.task not in RULER_TASKS:
+            raise PosymError(f"a RULER-shaped task is one of {', '.join(RULER_TASKS)}, got {self.task!r}")
+        if not 1 <= self.needles <= 16 or not 1 <= self.chains <= 8 or not 1 <= self.hops <= 16:
+            raise PosymError(
+                f"needles must lie in 1..16, chains in 1..8 and hops in 1..16, got {self.needles}, {self.chains}, "
+                f"{self.hops}"
+            )
+        if not 0 <= self.digits <= 12:
+            raise PosymError(f"digits must lie in 0..12 (0: RULER's), got {self.digits}")
+
+    @property
+    def value_digits(self) -> int:
+        return self.digits or RULER_DIGITS[self.task]
+
+    def core(self, seed: int, index: int, keys=KEYS) -> RulerCore:
+        """The index-th question (a pure function of seed, index, the knobs and `keys`, the key words the
+        tokenizer keeps whole: `Builder.keys`)."""
+        rng = random.Random(f"{seed}:{self.task}:{index}")
+        taken: set = set()
+        if self.task == "multikey":
+            names = rng.sample(list(keys), self.needles)
+            values = [_magic(rng, self.value_digits, taken) for _ in names]
+            asked = rng.randrange(self.needles)
+            inserts = [[f" One of the special magic numbers for {k} is:", f" {v}", "."] for k, v in zip(names, values)]
+            depths = sorted(rng.random() for _ in inserts)
+            question = (
+                f"\nWhat is the special magic number for {names[asked]} mentioned in the provided text? "
+                f"The special magic number for {names[asked]} mentioned in the provided text is:"
+            )
+            return RulerCore(MULTIKEY_INTRO, inserts, depths, question, f" {values[asked]}", (asked, 1))
+        used: set = set()
+        chains = []
+        for _ in range(self.chains):
+            names = [_variable(rng, used) for _ in range(self.hops + 1)]
+            chains.append((names, _magic(rng, self.value_digits, taken)))
+        order = [c for c in range(self.chains) for _ in range(self.hops + 1)]
+        rng.shuffle(order)  # the chains interleaved, each in its own order
+        inserts, step, first = [], [0] * self.chains, 0
+        for c in order:
+            names, value = chains[c]
+            h = step[c]
+            if h == 0:
+                first = len(inserts) if c == 0 else first
+                inserts.append([f" VAR {names[0]} =", f" {value}", "."])
+            else:
+                inserts.append([f" VAR {names[h]} = VAR {names[h - 1]}", "."])
+            step[c] += 1
+        depths = sorted(rng.random() for _ in inserts)
+        last = chains[0][0][-1]
+        question = (
+            f"\nQuestion: What value is VAR {last} assigned in the text above? Answer: According to the chain(s) "
+            f"of variable assignment in the text above, VAR {last} is assigned the value"
+        )
+        return RulerCore(VARTRACK_INTRO, inserts, depths, question, f" {chains[0][1]}", (first, 1))
+
+
+def ruler_parts(core: RulerCore, builder: Builder) -> tuple[list[int], list[list[int]], list[int], list[int]]:
+    """(ids before the filler: BOS + intro, each insert's ids, ids after the filler: the question and the
+    answer's leading whitespace-only tokens, the answer's ids)."""
+    answer = builder.encode(core.answer)
+    lead = 0
+    while lead < len(answer) - 1 and not builder.tokenizer.decode(answer[: lead + 1]).strip():
+        lead += 1
+    head = builder.bos + builder.encode(core.intro)
+    inserts = [[t for piece in insert for t in builder.encode(piece)] for insert in core.inserts]
+    return head, inserts, builder.encode(core.question) + answer[:lead], answer[lead:]
+
+
+def ruler_base_length(task: RulerTask, builder: Builder, n: int, seed: int) -> int:
+    """The task's base length: its longest prompt with no filler (over n questions, answer included) plus
+    2 tokens, rounded up to 8 (as `base_length`)."""
+    longest = 0
+    for i in range(n):
+        head, inserts, tail, answer = ruler_parts(task.core(seed, i, builder.keys), builder)
+        longest = max(longest, len(head) + sum(map(len, inserts)) + len(tail) + len(answer))
+    return -(-(longest + 2) // 8) * 8
+
+
+def ruler_prompts(
+    task: RulerTask,
+    builder: Builder,
+    n: int,
+    factors: list[int],
+    *,
+    seed: int = 0,
+    base: int | None = None,
+    max_positions: int | None = None,
+) -> dict[int, list[RulerPrompt]]:
+    """{factor: n prompts} of the task at every factor x the base length (default `ruler_base_length`):
+    the same questions, the filler (`FILLER`, each prompt's own seeded stream, so a prompt's filler at
+    length 2L starts with its filler at L) growing around the inserts, which keep their depths (RULER's
+    placement: at 16x the needles lie spread over the whole context), each put between two filler
+    sentences (the sentence boundary nearest its depth). A prompt of length L holds exactly
+    L tokens with its answer."""
+    if not factors or min(factors) < 1:
+        raise PosymError(f"factors must be positive, got {factors}")
+    base = base or ruler_base_length(task, builder, n, seed)
+    top = max(factors) * base
+    if max_positions is not None and top > max_positions:
+        raise PosymError(f"the {task.task} task reaches {top} tokens but the model has {max_positions} positions")
+    stops = builder.digits
+    out: dict[int, list[RulerPrompt]] = {f: [] for f in sorted(factors)}
+    for i in range(n):
+        core = task.core(seed, i, builder.keys)
+        head, inserts, tail, answer = ruler_parts(core, builder)
+        fixed = len(head) + sum(map(len, inserts)) + len(tail) + len(answer)
+        for factor in out:
+            length = factor * base
+            if length - fixed < 0:
+                raise PosymError(f"length {length} is shorter than question {i} of {task.task} ({fixed} tokens)")
+            hay, sentences = builder.filler_sentences(f"{seed}:{task.task}:{i}", length - fixed)
+            # each insert goes between two filler sentences: the sentence start nearest its depth
+            bounds = [*sentences, len(hay)]
+            cuts = [min(bounds, key=lambda b: (abs(b - d * len(hay)), b)) for d in core.depths]
+            ids, starts, previous = list(head), [], 0
+            for cut, insert in zip(cuts, inserts):
+                ids += hay[previous:cut]
+                starts.append(len(ids))
+                ids += insert
+                previous = cut
+            ids += hay[previous:] + tail
+            k, piece = core.answer_piece
+            offset = starts[k] + sum(len(builder.encode(p)) for p in core.inserts[k][:piece])
+            keys = tuple(range(offset, offset + len(builder.encode(core.inserts[k][piece]))))
+            out[factor].append(
+                RulerPrompt(
+                    task.task,
+                    i,
+                    factor,
+                    length,
+                    ids,
+                    core.answer,
+                    answer[0],
+                    tuple(answer),
+                    stops,
+                    keys,
+                    tuple(starts),
+                )
+            )
+    return out

@@ -1,4 +1,4 @@
-"""`posym llm-scores`, `posym llm-bench`, `posym kv-policy`, `posym convert`: real models (any format) and chat endpoints."""
+"""`posym llm-scores`, `posym llm-bench`, `posym kv-policy`, `posym kv-eval`, `posym convert`: real models (any format) and chat endpoints."""
 
 from __future__ import annotations
 
@@ -533,6 +533,58 @@ def kv_policy_cmd(
     print(
         f"{policy.value}: {record['kv_heads'] - record['full_kv_heads']} of {record['kv_heads']} KV heads "
         f"streaming (sink {sink}, recent {recent}); KV kept {kept} tokens; wrote {out}"
+    )
+
+
+# ---- commands: kv-eval --------------------------------------------------------------------------
+
+
+@app.command("kv-eval")
+def kv_eval_cmd(
+    path: Path = path_argument(
+        "The model whose KV policies are evaluated: " + EMBEDDED_HELP + ", a .gguf file or a Hugging Face directory."
+    ),
+    out: Path = typer.Option(
+        ..., help="Output directory; re-running with the same directory and config skips the finished stages."
+    ),
+    config: Optional[Path] = typer.Option(None, help="YAML file of KVEvalConfig fields (see OUT/kv_eval.yaml)."),
+    table: Optional[Path] = typer.Option(
+        None,
+        help="Head table (Parquet, one row per (layer, head)) the policies rank: atlas.parquet, or any table "
+        "with s_pos/s_sym (retrieval, non_streaming_w* for those policies); default: posym atlas's labels "
+        "computed for the model.",
+    ),
+    device: Device = device_option(),
+) -> None:
+    """Accuracy against kept-KV fraction of head-aware KV-cache policies at equal budget (posym labels,
+    retrieval, DuoAttention proxy, layer-matched random, streaming, full) on the length task, multi-key
+    needles and variable tracking at 1x-16x: per-prompt and summary tables, paired tests, a figure."""
+    from posym import configs, io, models
+    from posym.commands import kv_eval
+
+    io.check_output(out, inputs=[path, config, table], is_dir=True, marker=kv_eval.MARKER)
+    settings = configs.from_file_and_flags(
+        kv_eval.KVEvalConfig,
+        io.read_yaml(config) if config else {},
+        {},
+        where=str(config or "kv-eval config"),
+        options={},
+    )
+    device = device_of(device)
+    loaded = models.load(path, device=device)
+    bar, advance = progress_bar(kv_eval.plan(loaded, settings, table), "kv-eval")
+    with bar:
+        record = kv_eval.run_kv_eval(
+            loaded,
+            out,
+            settings,
+            table=table,
+            settings={"model": str(path), "device": device, "table": str(table) if table else None},
+            progress=advance,
+        )
+    print(
+        f"{record['forwards']} policy runs over {', '.join(settings.tasks)} at {len(settings.factors)} lengths; "
+        f"{record['prompts']:,} prompt rows; wrote {out}"
     )
 
 

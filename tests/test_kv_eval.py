@@ -1,0 +1,379 @@
+"""posym.commands.kv_eval and the RULER-shaped tasks of posym.prompts: the tasks' answers sit where they say
+and follow from the text (a variable chain walked by hand), the same seed gives the same prompts; on a tiny
+Llama with a byte-level BPE tokenizer, budget 0 is the full cache exactly, the batched teacher-forced
+outcomes equal a per-prompt forward under policy_attention, the random draws are layer-matched; the
+McNemar / randomization / Holm numbers equal a brute-force reference; `posym kv-eval` end to end
+(resumable, deterministic) and its bad inputs (exit 2, one line)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from cli_runner import cli, one_line, run_posym
+from tiny_llms import save_model
+
+from posym import models
+from posym import prompts as P
+from posym.commands import kv_eval
+from posym.core import kvpolicy
+from posym.core.kvcache import policy_attention
+
+CONFIG = dict(factors=[1, 2], n=3, budgets=[0.0, 0.5], draws=10, sink=2, recent=24, batch_tokens=1024)
+
+
+def bpe_tokenizer():
+    """A byte-level BPE tokenizer (digits and capitals split as a real one splits them) trained in-process
+    on the tasks' own words, with the 30 key words whole."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers import models as token_models
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = list(P.FILLER) * 3 + [" ".join(P.KEYS)] * 50 + [P.MULTIKEY_INTRO, P.VARTRACK_INTRO]
+    for task in P.RULER_TASKS:
+        for i in range(5):
+            core = P.RulerTask(task).core(0, i)
+            corpus += [core.question, core.answer, *("".join(x) for x in core.inserts)]
+    for fmt in ("kv-code", "kv-list"):
+        core = P.LengthFamily(fmt).core(0, 0)
+        corpus += [core.prefix, *core.facts, *core.question, core.answer] * 5
+    raw = Tokenizer(token_models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    raw.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=700, special_tokens=["<eos>"], initial_alphabet=alphabet)
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(a tiny Llama with the BPE tokenizer, saved and loaded; its directory; a made-up head table)."""
+    root = tmp_path_factory.mktemp("kv_eval")
+    path = save_model(root / "llama", "llama", bpe_tokenizer(), positions=1024)
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame([(layer, h) for layer in range(2) for h in range(4)], columns=["layer", "head"])
+    for column in ("s_pos_sinkfree", "s_sym_sinkfree", "retrieval", "non_streaming_w64"):
+        table[column] = rng.random(len(table))
+    table.to_parquet(root / "heads.parquet", index=False)
+    return models.load(path, device="cpu"), root, table
+
+
+# ---- the tasks ------------------------------------------------------------------------------------
+
+
+def test_ruler_prompts_are_exact_seeded_and_answerable(tiny):
+    loaded = tiny[0]
+    builder = P.Builder(loaded.tokenizer)
+    decode = loaded.tokenizer.decode
+    for task in P.RULER_TASKS:
+        spec = P.RulerTask(task)
+        built = P.ruler_prompts(spec, builder, 4, [1, 2, 4], seed=3)
+        assert P.ruler_prompts(spec, builder, 4, [1, 2, 4], seed=3) == built  # the same seed, the same prompts
+        assert P.ruler_prompts(spec, builder, 4, [1], seed=4)[1][0].ids != built[1][0].ids
+        base = built[1][0].length
+        for factor, group in built.items():
+            for p in group:
+                assert p.length == factor * base == len(p.ids) + len(p.answer_ids)
+                # the answer's tokens are the tokens at its keys, the value written in the asked insert
+                assert tuple(p.ids[k] for k in p.answer_keys) == p.answer_ids == tuple(builder.encode(p.answer))
+                assert decode(list(p.answer_ids)).strip().isdigit()
+                assert len(decode(list(p.answer_ids)).strip()) == P.RULER_DIGITS[task]
+                assert list(p.inserts) == sorted(p.inserts) and p.inserts[0] < p.answer_keys[0]
+                text = decode(p.ids)
+                if task == "multikey":
+                    asked = re.findall(r"number for (\w+) mentioned", text)[-1]
+                    found = dict(re.findall(r"magic numbers for (\w+) is: (\d+)\.", text))
+                    assert len(found) == spec.needles and found[asked] == p.answer.strip()
+                else:  # walk the chain from the asked variable back to its number
+                    value = dict(re.findall(r"VAR ([A-Z]{5}) = (\d+|VAR [A-Z]{5})\.", text))
+                    assert len(value) == spec.chains * (spec.hops + 1)
+                    name = re.findall(r"What value is VAR ([A-Z]{5}) assigned", text)[-1]
+                    while value[name].startswith("VAR"):
+                        name = value[name][4:]
+                    assert value[name] == p.answer.strip()
+        # a longer prompt keeps the inserts in order, spread further apart (RULER's depths)
+        short, long = built[1][0], built[4][0]
+        assert long.inserts[-1] - long.inserts[0] > short.inserts[-1] - short.inserts[0]
+
+
+def test_the_length_task_is_llm_studys(tiny):
+    loaded = tiny[0]
+    config = kv_eval.KVEvalConfig(tasks=["length"], **CONFIG)
+    ours = kv_eval.task_prompts(loaded, config, "length")
+    family = P.LengthFamily("kv-code", factors=[1, 2])
+    theirs = P.build(family, P.Builder(loaded.tokenizer), 3, seed=0)
+    assert {f: [p.ids for p in g] for f, g in ours.items()} == {f: [p.ids for p in g] for f, g in theirs.items()}
+    assert all(kv_eval.answer_tokens(p) == (p.answer_id,) for g in ours.values() for p in g)
+
+
+# ---- the outcomes and the policies -----------------------------------------------------------------------
+
+
+def test_batched_outcomes_equal_a_forward_per_prompt_under_the_policy(tiny):
+    loaded, _, table = tiny
+    model = loaded.model.eval()
+    config = kv_eval.KVEvalConfig(tasks=["multikey"], **CONFIG)
+    group = kv_eval.task_prompts(loaded, config, "multikey")[2]
+    policy = kvpolicy.policy_from_table("posym", model.config, 0.5, table=table, sink=2, recent=24)
+    right, logp = kv_eval.policy_outcomes(model, policy, group, batch_tokens=1024)
+    for p, r, lp in zip(group, right, logp):
+        ids = torch.tensor([p.ids + list(p.answer_ids)])
+        with torch.no_grad(), policy_attention(model, policy):
+            logits = model(ids, use_cache=False).logits[0].double()  # [T, V], every position
+        steps = range(len(p.ids) - 1, len(p.ids) + len(p.answer_ids) - 1)
+        greedy = [int(logits[s].argmax()) for s in steps]
+        after = int(logits[len(p.ids) + len(p.answer_ids) - 1].argmax())
+        assert r == (greedy == list(p.answer_ids) and after not in p.stops)
+        expected = sum(float(torch.log_softmax(logits[s], -1)[t]) for s, t in zip(steps, p.answer_ids))
+        assert lp == pytest.approx(expected, abs=1e-4)
+    # the mask matters at this length: the streaming policy's answers differ from the full cache's
+    full = kv_eval.policy_outcomes(model, kvpolicy.uniform(True, model.config), group, batch_tokens=1024)[1]
+    stream = kvpolicy.uniform(False, model.config, sink=2, recent=24)
+    assert kv_eval.policy_outcomes(model, stream, group, batch_tokens=1024)[1] != full
+
+
+def test_random_draws_are_layer_matched_and_counted(tiny):
+    loaded, _, table = tiny
+    config = kv_eval.KVEvalConfig(**{**CONFIG, "budgets": [0.0, 0.25, 0.5, 0.75]})
+    runs = kv_eval.policy_grid(loaded.model.config, table, config)
+    for budget in config.budgets:
+        reference = next(r["kv"] for r in runs if r["policy"] == "posym" and r["budget"] == budget)
+        draws = [r for r in runs if r["policy"] == "random" and r["budget"] == budget]
+        assert [r["draw"] for r in draws] == list(range(10))
+        for r in draws:
+            np.testing.assert_array_equal((~r["kv"].full).sum(1), (~reference.full).sum(1))
+            assert r["kv"].kept_fraction(500) == reference.kept_fraction(500)  # equal budget, equal memory
+        ranked = [r for r in runs if r["policy"] in kv_eval.RANKED and r["budget"] == budget]
+        assert {r["kv"].streaming_fraction for r in ranked} == {budget}
+    # at a length streaming keeps every key all runs are one (the full cache); budget 0 is the full cache
+    assert len(kv_eval.distinct_runs(runs, config.recent, config.recent)) == 1
+    zero = [r for r in runs if r["budget"] == 0.0 and r["policy"] != "streaming"]
+    assert {kv_eval.run_key(r["kv"], 500, config.recent) for r in zero} == {np.ones((2, 2), bool).tobytes()}
+
+
+# ---- the tests' numbers against brute force -------------------------------------------------------------
+
+
+def brute_mcnemar(b: int, c: int) -> float:
+    """Two-sided exact binomial test of b successes in b + c trials at 1/2: the outcomes no more likely."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    prob = [math.comb(n, k) / 2**n for k in range(n + 1)]
+    return min(1.0, sum(q for q in prob if q <= prob[b] * (1 + 1e-9)))
+
+
+def brute_holm(p: list[float]) -> list[float]:
+    """Holm's step-down by its definition: max over the tests ranked no later of (m - rank) p, capped at 1."""
+    m, ranked = len(p), sorted(range(len(p)), key=lambda i: p[i])
+    out = [0.0] * m
+    for r, i in enumerate(ranked):
+        out[i] = min(1.0, max((m - s) * p[ranked[s]] for s in range(r + 1)))
+    return out
+
+
+def synthetic_frame(seed=0, n=30):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for task, factor in itertools.product(["a", "b"], [1, 4]):
+        base = rng.random(n) < 0.7
+        runs = [("full", -1, 0.0), ("streaming", -1, 1.0)]
+        runs += [(p, -1, 0.5) for p in kv_eval.RANKED] + [("random", d, 0.5) for d in range(10)]
+        for policy, draw, budget in runs:
+            flips = rng.random(n) < (0 if policy == "full" else rng.uniform(0.05, 0.4))
+            for i, right in enumerate(base ^ flips):
+                rows.append(
+                    dict(
+                        task=task,
+                        factor=factor,
+                        length=64 * factor,
+                        index=i,
+                        budget=budget,
+                        policy=policy,
+                        draw=draw,
+                        streaming_fraction=budget,
+                        kept_fraction=1 - budget / 2,
+                        correct=bool(right),
+                        logprob=-1.0,
+                    )
+                )
+    return pd.DataFrame(rows)
+
+
+def test_mcnemar_randomization_and_holm_equal_brute_force():
+    frame = synthetic_frame()
+    tests = kv_eval.accuracy_tests(frame, 0.1)
+    assert len(tests) == 2 * 2 * 4 and set(tests.policy) == {*kv_eval.RANKED, "streaming"}
+    for row in tests.itertuples():
+        cell = frame[(frame.task == row.task) & (frame.factor == row.factor)]
+        get = lambda policy, draw=-1: (
+            cell[(cell.policy == policy) & (cell.draw == draw)].sort_values("index").correct.to_numpy()
+        )  # noqa: E731
+        mine, full = get(row.policy), get("full")
+        b, c = int((mine & ~full).sum()), int((~mine & full).sum())
+        assert (row.b_full, row.c_full) == (b, c) and row.p_full == pytest.approx(brute_mcnemar(b, c), rel=1e-12)
+        assert row.diff_full == pytest.approx(mine.mean() - full.mean())
+        if row.policy == "streaming":
+            assert math.isnan(row.p_random)
+            continue
+        accuracy = {d: get("random", d).mean() for d in range(10)}
+        middle = sorted(accuracy, key=lambda d: (accuracy[d], d))[4]  # the lower median of 10 draws
+        assert row.median_draw == middle
+        other = get("random", middle)
+        b, c = int((mine & ~other).sum()), int((~mine & other).sum())
+        assert row.p_median == pytest.approx(brute_mcnemar(b, c), rel=1e-12)
+        centre = np.median(list(accuracy.values()))
+        extreme = sum(abs(a - centre) >= abs(mine.mean() - centre) - 1e-12 for a in accuracy.values())
+        assert row.p_random == pytest.approx((1 + extreme) / 11)
+    for column in ("p_full", "p_median"):
+        real = tests[column].notna()
+        np.testing.assert_allclose(tests.loc[real, f"{column}_holm"], brute_holm(tests.loc[real, column].tolist()))
+    summary = kv_eval.summarize(frame)
+    draws = summary[summary.policy == "random"].iloc[0]
+    cell = frame[(frame.task == draws.task) & (frame.factor == draws.factor) & (frame.policy == "random")]
+    per_draw = cell.groupby("draw").correct.mean()
+    assert draws.accuracy == pytest.approx(per_draw.mean()) and draws.draws == 10
+    assert (draws.draw_min, draws.draw_max) == (per_draw.min(), per_draw.max())
+    full = summary[summary.policy == "full"]
+    assert (full.relative == 1).all() and (full.lo <= full.accuracy).all() and (full.accuracy <= full.hi).all()
+
+
+# ---- the command --------------------------------------------------------------------------------------
+
+
+def write_config(path, **fields):
+    import yaml
+
+    path.write_text(yaml.safe_dump({**CONFIG, **fields}))
+    return path
+
+
+def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
+    loaded, root, table = tiny
+    config = write_config(root / "eval.yaml")
+    args = ["kv-eval", loaded.source.path, "--config", config, "--table", root / "heads.parquet"]
+    assert run_posym(monkeypatch, *args, "--out", root / "e2e") == 0
+    assert "wrote" in capsys.readouterr().out
+    out = root / "e2e"
+    names = {p.name for p in out.iterdir()}
+    for name in (
+        "kv_eval.yaml",
+        "manifest.json",
+        "heads.parquet",
+        "summary.parquet",
+        "tests.parquet",
+        "accuracy.png",
+        "accuracy.svg",
+        "summary.json",
+        *(f"prompts_{t}.parquet" for t in kv_eval.TASKS),
+    ):
+        assert name in names, name
+    summary = pd.read_parquet(out / "summary.parquet")
+    prompts = pd.concat([pd.read_parquet(out / f"prompts_{t}.parquet") for t in kv_eval.TASKS])
+    # budget 0: every ranked policy and random draw answers as the full cache, prompt by prompt
+    key = ["task", "factor", "index"]
+    full = prompts[prompts.policy == "full"].set_index(key)
+    for (policy, draw), g in prompts[prompts.budget == 0].groupby(["policy", "draw"]):
+        g = g.set_index(key).loc[full.index]
+        assert (g.correct == full.correct).all() and (g.logprob == full.logprob).all(), policy
+    zero = summary[summary.budget == 0]
+    assert (zero.accuracy == zero.full_accuracy).all() and (zero.kept_fraction == 1).all()
+    assert set(summary.policy) == set(kvpolicy.POLICIES) and (summary.n == 3).all()
+    half = summary[(summary.budget == 0.5) & (summary.policy == "posym")]
+    kv = kvpolicy.policy_from_table("posym", loaded.model.config, 0.5, table=table, sink=2, recent=24)
+    length = prompts[(prompts.task == "multikey") & (prompts.factor == 2)].length.iloc[0]
+    answer = half[(half.task == "multikey") & (half.factor == 2)].kept_fraction.iloc[0]
+    n_answer = len(kv_eval.task_prompts(loaded, kv_eval.KVEvalConfig(**CONFIG), "multikey")[2][0].answer_ids)
+    assert answer == pytest.approx(kv.kept_fraction(int(length) - n_answer))
+    tests = pd.read_parquet(out / "tests.parquet")
+    assert {"p_full_holm", "p_median_holm", "p_random_holm", "mde_full"} <= set(tests.columns)
+    assert set(tests.budget) == {0.5, 1.0} and len(tests) == 3 * 2 * 4  # budget 0 ran as full: no test
+    # resumable: a second run finds every stage done; the same config elsewhere gives the same numbers
+    assert run_posym(monkeypatch, *args, "--out", out) == 0
+    assert run_posym(monkeypatch, *args, "--out", root / "again") == 0
+    for task in kv_eval.TASKS:
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(out / f"prompts_{task}.parquet"),
+            pd.read_parquet(root / "again" / f"prompts_{task}.parquet"),
+        )
+
+
+def test_kv_eval_bad_inputs_exit_2(tiny, capsys, monkeypatch):
+    loaded, root, table = tiny
+    model = loaded.source.path
+    base = ["kv-eval", model, "--table", root / "heads.parquet"]
+    bad = write_config(root / "bad.yaml", budgets=[1.5])
+    one_line(*cli(capsys, monkeypatch, *base, "--config", bad, "--out", root / "b1"), "budgets")
+    (root / "unknown.yaml").write_text("lengths: [1]\n")
+    one_line(*cli(capsys, monkeypatch, *base, "--config", root / "unknown.yaml", "--out", root / "b2"), "lengths")
+    long = write_config(root / "long.yaml", factors=[1, 64])
+    one_line(*cli(capsys, monkeypatch, *base, "--config", long, "--out", root / "b3"), "positions")
+    table.drop(columns="retrieval").to_parquet(root / "no_retrieval.parquet", index=False)
+    small = write_config(root / "small.yaml")
+    no_ret = ["kv-eval", model, "--table", root / "no_retrieval.parquet", "--config", small]
+    one_line(*cli(capsys, monkeypatch, *no_ret, "--out", root / "b4"), "retrieval")
+    # another config into a directory holding a kv-eval is refused
+    assert run_posym(monkeypatch, *base, "--config", small, "--out", root / "b5") == 0
+    other = write_config(root / "other.yaml", n=2)
+    one_line(*cli(capsys, monkeypatch, *base, "--config", other, "--out", root / "b5"), "different config")
+    # and so is another head table (the finished stages ranked the first one)
+    table.assign(retrieval=-table.retrieval).to_parquet(root / "reversed.parquet", index=False)
+    again = ["kv-eval", model, "--table", root / "reversed.parquet", "--config", small, "--out", root / "b5"]
+    one_line(*cli(capsys, monkeypatch, *again), "another head table")
+
+
+ATLAS = dict(
+    n_binding=2,
+    frequency_prompts=1,
+    needle_lengths=[64],
+    needle_depths=[0.5],
+    recall_prompts=1,
+    stream_length=96,
+    stream_prompts=1,
+    windows=[16],
+    repeat_period=8,
+    repeats=2,
+    repeat_prompts=1,
+    draws=10,
+)
+
+
+def test_kv_eval_without_a_table_ranks_by_the_atlas_labels(tiny, capsys, monkeypatch):
+    loaded, root, _ = tiny
+    config = write_config(root / "atlas.yaml", tasks=["length"], factors=[1], budgets=[0.5], atlas=ATLAS)
+    assert run_posym(monkeypatch, "kv-eval", loaded.source.path, "--config", config, "--out", root / "labels") == 0
+    heads = pd.read_parquet(root / "labels" / "heads.parquet")
+    assert {"s_pos_sinkfree", "s_sym_sinkfree", "retrieval", "non_streaming_w16"} <= set(heads.columns)
+    assert len(heads) == 8  # every (layer, head) of the tiny Llama
+    summary = pd.read_parquet(root / "labels" / "summary.parquet")
+    assert set(summary.policy) == set(kvpolicy.POLICIES)
+    bad = write_config(root / "atlas_bad.yaml", atlas={"needle_lengths": "x"})
+    one_line(*cli(capsys, monkeypatch, "kv-eval", loaded.source.path, "--config", bad, "--out", root / "l2"), "atlas")
+
+
+def test_the_sized_smollm2_config_is_a_config_and_documented():
+    from pathlib import Path
+
+    from posym import configs, io
+
+    root = Path(__file__).resolve().parents[1]
+    config = configs.from_dict(kv_eval.KVEvalConfig, io.read_yaml(root / "scripts" / "kv_eval_smollm2.yaml"))
+    assert config.draws >= 10 and "full" in config.policies and set(config.tasks) == set(kv_eval.TASKS)
+    page = (root / "docs" / "commands" / "models.md").read_text()
+    assert "--config scripts/kv_eval_smollm2.yaml" in page and "`tests.parquet`" in page
+
+
+def test_a_forward_past_memory_is_refused(tiny, capsys, monkeypatch):
+    loaded, root, _ = tiny
+    from posym import resources
+
+    monkeypatch.setattr(resources, "machine_memory", lambda device: 1 << 20)
+    args = ["kv-eval", loaded.source.path, "--table", root / "heads.parquet", "--config", write_config(root / "m.yaml")]
+    one_line(*cli(capsys, monkeypatch, *args, "--out", root / "m"), "GiB")
