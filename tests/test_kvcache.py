@@ -303,3 +303,31 @@ def test_transformers_generate_takes_the_head_cache(kind, window):
         )
     assert out[:, 10:].tolist() == tokens.tolist()
     assert cache_bytes(cache) == policy_bytes(model, policy, 15, batch=1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kind,window", [("llama", None), ("gemma3_text", WINDOW)])
+def test_a_pass_builds_each_mask_once(kind, window, monkeypatch):
+    # every layer of a pass with the same window reads the masks its first layer built: one build per
+    # (streaming flag, window) a pass, not one per layer; a second pass builds its own
+    model = tiny_model(kind, window=window)
+    policy = mixed_policy(model)
+    builds = []
+    real = kvcache._block_seen
+
+    def spy(*args):
+        builds.append(args[5:7])  # (streaming, window)
+        return real(*args)
+
+    monkeypatch.setattr(kvcache, "_block_seen", spy)
+    ids = torch.tensor(random_prompts([12], seed=3))
+    whole = run_logits(model, ids, policy)
+    distinct = set()
+    for layer in range(policy.n_layers):
+        for streaming in (False, True):
+            if (~policy.full[layer] if streaming else policy.full[layer]).any():  # the layer has that group
+                distinct.add((streaming, policy.windows[layer]))
+    assert policy.n_layers > 1 and sorted(builds, key=str) == sorted(distinct, key=str)
+    run_logits(model, ids, policy)
+    assert len(builds) == 2 * len(distinct)
+    monkeypatch.setattr(kvcache, "ATTEND_BYTES", 1)  # nothing held: built per layer, the same logits
+    torch.testing.assert_close(run_logits(model, ids, policy), whole, atol=1e-13, rtol=0)

@@ -97,13 +97,32 @@ def base_visible(mask, q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return seen[..., k_pos.to(mask.device)]
 
 
-def attend(query: Tensor, groups, mask, q_pos: Tensor, *, scaling: float, softcap, window, sink: int, recent: int):
+def attend(
+    query: Tensor,
+    groups,
+    mask,
+    q_pos: Tensor,
+    *,
+    scaling: float,
+    softcap,
+    window,
+    sink: int,
+    recent: int,
+    biases: dict | None = None,
+):
     """Attention output [B, H, T, dv] of query [B, H, T, d] (rotated) over `groups`: tuples (kv_heads [g],
     keys [B, g, n, d], values [B, g, n, dv], k_pos [n], streaming) that together hold every KV head once.
     Query head h reads KV head h // n_rep; the query of row i sits at position q_pos[i] and sees key j of
     its group iff the model's mask allows it and `kvpolicy.visible` (sink + recent if streaming, the
     layer's window) does. Queries run in blocks whose logits take at most ATTEND_BYTES (a long prefill
-    never holds a [H, T, T] matrix)."""
+    never holds a [H, T, T] matrix).
+
+    Without soft-capping a block runs PyTorch's fused `scaled_dot_product_attention` with the policy as an
+    additive mask (0 where visible, finfo.min elsewhere: a row with no visible key averages the values, as
+    the masked softmax below does); with it (Gemma 2) the logits are written out. `biases`, a dict the
+    caller keeps for one forward pass, holds the masks already built: every layer of a pass with the same
+    positions, window, mask and streaming flag has the same mask, so it is built once a pass, not once a
+    layer (while the held masks take at most ATTEND_BYTES)."""
     B, H, T, _ = query.shape
     n_kv = sum(len(g[0]) for g in groups)
     n_rep = H // n_kv
@@ -121,26 +140,55 @@ def attend(query: Tensor, groups, mask, q_pos: Tensor, *, scaling: float, softca
         for r0 in range(0, T, rows):
             r1 = min(T, r0 + rows)
             q = query[:, heads, r0:r1].to(work)  # [B, g * n_rep, r, d]
+            if softcap is None:
+                bias = _block_bias(biases, mask, q_pos, k_pos, r0, r1, streaming, window, sink, recent, H, work)
+                if bias.shape[1] == H:
+                    bias = bias[:, heads.to(bias.device)]
+                # [B, g * n_rep, r, dv]: the fused kernel never writes the logits out
+                att = torch.nn.functional.scaled_dot_product_attention(q, k, v.to(work), attn_mask=bias, scale=scaling)
+                out[:, heads, r0:r1] = att.to(out.dtype)
+                continue
             logits = q @ k.transpose(-1, -2) * scaling  # [B, g * n_rep, r, n]
-            if softcap is not None:
-                logits = torch.tanh(logits / softcap) * softcap
-            rule = visible(
-                q_pos[r0:r1, None],
-                k_pos[None, :],
-                sink=sink if streaming else None,
-                recent=recent if streaming else None,
-                window=window,
-            )  # [r, n]
-            rows_mask = mask[..., r0:r1, :] if isinstance(mask, Tensor) and mask.dim() == 4 else mask
-            seen = base_visible(rows_mask, q_pos[r0:r1], k_pos) & rule.to(query.device)  # [B|1, 1|H, r, n]
-            if seen.shape[1] not in (1, H):
-                raise PosymError(f"the model's mask has {seen.shape[1]} heads for {H} query heads")
+            logits = torch.tanh(logits / softcap) * softcap
+            seen = _block_seen(mask, q_pos, k_pos, r0, r1, streaming, window, sink, recent, H)  # [B|1, 1|H, r, n]
             if seen.shape[1] == H:
                 seen = seen[:, heads.to(seen.device)]
             # finfo.min as transformers' eager masks: a row with no visible key (a padded query) stays finite
             logits = logits.masked_fill(~seen, torch.finfo(work).min)
             out[:, heads, r0:r1] = torch.softmax(logits, dim=-1).to(v.dtype) @ v
     return out
+
+
+def _block_seen(mask, q_pos: Tensor, k_pos: Tensor, r0: int, r1: int, streaming: bool, window, sink, recent, H: int):
+    """bool [B|1, 1|H, r1 - r0, n]: which keys the queries of rows r0..r1 see (the model's mask and the rule)."""
+    rule = visible(
+        q_pos[r0:r1, None],
+        k_pos[None, :],
+        sink=sink if streaming else None,
+        recent=recent if streaming else None,
+        window=window,
+    )  # [r, n]
+    rows_mask = mask[..., r0:r1, :] if isinstance(mask, Tensor) and mask.dim() == 4 else mask
+    seen = base_visible(rows_mask, q_pos[r0:r1], k_pos) & rule.to(q_pos.device)  # [B|1, 1|H, r, n]
+    if seen.shape[1] not in (1, H):
+        raise PosymError(f"the model's mask has {seen.shape[1]} heads for {H} query heads")
+    return seen
+
+
+def _block_bias(biases, mask, q_pos, k_pos, r0, r1, streaming, window, sink, recent, H, work) -> Tensor:
+    """The additive mask [B|1, 1|H, r, n] of `_block_seen`, from `biases` when a layer before built it."""
+    key = (id(mask), r0, r1, streaming, window, len(q_pos), len(k_pos), q_pos.device)
+    if biases is not None and key in biases:
+        held_q, held_k, bias = biases[key]
+        if torch.equal(held_q, q_pos) and torch.equal(held_k, k_pos):  # positions are a cheap exact check
+            return bias
+    seen = _block_seen(mask, q_pos, k_pos, r0, r1, streaming, window, sink, recent, H)
+    bias = torch.zeros(seen.shape, dtype=work, device=seen.device).masked_fill_(~seen, torch.finfo(work).min)
+    if biases is not None:
+        held = sum(b.numel() * b.element_size() for _, _, b in biases.values())
+        if held + bias.numel() * bias.element_size() <= ATTEND_BYTES:
+            biases[key] = (q_pos.clone(), k_pos.clone(), bias)
+    return bias
 
 
 def _layer_groups(policy: KVPolicy, layer: int, device) -> list[tuple[Tensor, bool]]:
@@ -160,7 +208,7 @@ def policy_attention(model, policy: KVPolicy, cache: HeadKVCache | None = None) 
     if cache is not None and cache.policy is not policy:
         raise PosymError("the cache was built for another policy")
     modules = attention_modules(model)
-    state: dict = {"layer": None}
+    state: dict = {"layer": None, "biases": {}}
     interface = ALL_ATTENTION_FUNCTIONS.get_interface
 
     def kernel(attn, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
@@ -205,6 +253,7 @@ def policy_attention(model, policy: KVPolicy, cache: HeadKVCache | None = None) 
             window=window,
             sink=policy.sink,
             recent=policy.recent,
+            biases=state["biases"],
         )
         return out.transpose(1, 2).contiguous(), None  # [B, T, H, dv] as the model's kernels return
 
@@ -218,6 +267,8 @@ def policy_attention(model, policy: KVPolicy, cache: HeadKVCache | None = None) 
     def pre(layer: int):
         def hook(module_, args, kwargs):
             state["layer"] = layer
+            if layer == 0:  # a new pass: its masks are its own (id(mask) may be reused by a later pass)
+                state["biases"] = {}
 
         return hook
 
