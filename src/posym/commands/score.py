@@ -27,9 +27,14 @@ def write_score_parquet(path, frames, sidecar: dict) -> int:
     schema = pa.schema(
         [(c, pa.float64() if c in FLOAT_COLUMNS else pa.bool_() if c == "low_mass" else pa.int64()) for c in COLUMNS]
     )
+    # Dictionary-encode only the integer and flag columns, which repeat (prompt, layer, head, keys, ...):
+    # the scores are nearly all distinct, so a dictionary for them is built, overflows and is dropped page
+    # after page. Every query of SmolLM2 at 1,024 tokens (275,940 rows): 0.135 s of CPU to write with
+    # dictionaries everywhere, 0.041 s like this, and a 10% smaller file; the values read back are the same.
+    repeating = [c for c in COLUMNS if c not in FLOAT_COLUMNS]
     rows = 0
     with atomic_path(path) as tmp:
-        with pq.ParquetWriter(tmp, schema) as writer:
+        with pq.ParquetWriter(tmp, schema, use_dictionary=repeating) as writer:
             for frame in frames:
                 writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False))
                 rows += len(frame)

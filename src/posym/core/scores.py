@@ -383,6 +383,7 @@ def iter_scores(
     the query sees: on a sliding-window layer only its window's, and every swap moves two of those),
     n_swaps, kept (the swaps weighed) and bound.
     """
+    import numpy as np
     import pandas as pd
 
     swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau, compare=compare)  # validates tau/compare early
@@ -418,9 +419,10 @@ def iter_scores(
         progress=progress,
     ):
         parts = []
+        prompts = np.asarray(batch, dtype=np.int64)  # [rows of the batch]: each row's prompt index
         for layer, columns in results:
             frame = pd.DataFrame(columns)
-            frame.insert(0, "prompt", [batch[row] for row in frame.pop("row")])
+            frame.insert(0, "prompt", prompts[frame.pop("row").to_numpy()])
             parts.append(frame.assign(layer=layer))
         frame = pd.concat(parts, ignore_index=True)
         frame["low_mass"] = low_mass(frame)
