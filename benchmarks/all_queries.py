@@ -259,7 +259,7 @@ def main(argv=None) -> None:
                 print(json.dumps(entry), flush=True)
                 save()
         torch.set_num_threads(default_threads)
-        del loaded, model
+        loaded = model = None  # the next model loads without this one alive
     print(markdown_table({"runs": runs}))
     print(f"wrote {args.json}")
 
