@@ -49,6 +49,7 @@ def run_score(
     *,
     step: int | None = None,
     budget: int | None = None,
+    workers: int = 1,
     device: str = "cpu",
     progress=None,
     started=None,
@@ -59,8 +60,8 @@ def run_score(
     task's test prompts instead of the checkpoint's own; `prompts` reads a JSONL file instead (not both).
     `progress(k)` follows the scored prompts; `started(settings, total)` is called once the prompts are
     known, before scoring (the CLI prints what it scores and opens its bar). `budget`: bytes of working
-    memory of one block of queries (`iter_scores`; None: its default); it changes no number, so it is
-    not among the settings. Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
+    memory of one block of queries (`iter_scores`; None: its default); `workers`: the processes that
+    score (`iter_scores`; 1: this one). Neither changes a number, so neither is among the settings. Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
     """
     if options.task is not None and options.prompts is not None:
         raise PosymError("--task draws the task's test prompts and --prompts reads a file: give one of them")
@@ -107,6 +108,7 @@ def run_score(
         exact=options.exact,
         batch_size=options.batch_size,
         budget=budget,
+        workers=workers,
         progress=progress,
     )
     rows = write_score_parquet(
