@@ -39,6 +39,8 @@ queries are scored in blocks of every head at once (`posym.core.batched`; engine
 query position at a time, the reference the tests hold it to); every row
 records the bound its s_pos and s_sym satisfy against weighing every swap (exact="dense", the
 reference). Numbers are computed in float64 from the model's tensors; the model is not changed.
+Each layer is scored inside the forward pass with torch's threads, or (workers=, `posym score --workers`)
+after it, one (layer, head) a unit over forked one-thread processes (`posym.parallel`): the same rows.
 """
 
 from __future__ import annotations
