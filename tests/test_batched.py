@@ -225,3 +225,54 @@ def test_the_dense_grid_equals_the_dense_reference(options, monkeypatch):
             for key in ("s_pos", "s_sym", "entropy", "attn_top"):
                 assert torch.allclose(got[key], want[key], rtol=0, atol=1e-12), (kind, p, key)
             assert got["n_swaps"] == want["n_swaps"] and (got["kept"] == want["kept"]).all()
+
+
+@pytest.mark.parametrize("kind", KINDS + FAMILIES)
+@pytest.mark.parametrize("options", [{}, {"exact": "dense"}, {"engine": "loop"}], ids=["pruned", "dense", "loop"])
+def test_forked_workers_give_the_rows_of_one_process(kind, options, monkeypatch):
+    """workers=2 (forked 1-thread processes, one (layer, head) each) and workers=1 (this process, each
+    layer inside the forward) give the same table, bit for bit, on every family: pruned, dense and the
+    per-query loop; windowed families with a 4-key window."""
+    import pandas as pd
+    import torch
+
+    from posym.core import scores
+
+    forked = []
+    original = scores._forked_layers
+    monkeypatch.setattr(scores, "_forked_layers", lambda *a, **k: forked.append(1) or original(*a, **k))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' one thread: the same floating-point order here
+    try:
+        model = tiny_model(kind, qk_scale=30.0, window=4 if kind in WINDOWED else None)
+        prompts = random_prompts([12, 16], seed=5)
+        here = score_model(model, prompts, "all", workers=1, **options)
+        assert not forked
+        there = score_model(model, prompts, "all", workers=2, **options)
+        assert forked  # the workers scored it
+    finally:
+        torch.set_num_threads(threads)
+    pd.testing.assert_frame_equal(here, there, check_exact=True)
+
+
+def test_workers_zero_forks_only_past_the_threshold(monkeypatch):
+    """workers=0 scores in this process below FORK_ELEMENTS (a tiny model's prompts) and in forked
+    workers at or past it; a bad workers value is a PosymError."""
+    from posym.core import scores
+
+    forked = []
+    original = scores._forked_layers
+    monkeypatch.setattr(
+        scores, "_forked_layers", lambda held, workers, *a: forked.append(workers) or original(held, workers, *a)
+    )
+    model = tiny_model("llama", qk_scale=30.0)
+    prompts = random_prompts([12, 16], seed=5)
+    here = score_model(model, prompts, "all", workers=0)
+    assert not forked
+    monkeypatch.setattr(scores, "FORK_ELEMENTS", 1)
+    there = score_model(model, prompts, "all", workers=0)
+    assert len(forked) == 2 and min(forked) >= 1  # one forked scoring per batch (two prompt lengths)
+    assert_same_rows(there, here)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(PosymError, match="workers"):
+            score_model(model, prompts, "all", workers=bad)

@@ -43,6 +43,11 @@ def cpu_workers(requested: int = 0, model=None) -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def nested() -> bool:
+    """Whether this is a `forked_map` worker (or a `forked_map` runs here): another one would not nest."""
+    return _JOB is not None
+
+
 def cpu_seconds() -> float:
     """CPU time of this process and of its finished children (the `forked_map` workers), in seconds."""
     times = os.times()

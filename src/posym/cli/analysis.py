@@ -24,6 +24,7 @@ from posym.cli.options import (
     list_option,
     n_option,
     path_argument,
+    score_workers_option,
     step_option,
     values,
 )
@@ -48,6 +49,7 @@ def score_command(
     step: Optional[str] = step_option(),
     options: ScoreOptions = ScoreOptions(),  # one flag per field (posym.score_options)
     budget: Optional[int] = budget_option(),
+    workers: int = score_workers_option(),
     device: Device = device_option(),
     out: Path = typer.Option(
         ...,
@@ -78,6 +80,7 @@ def score_command(
             options,
             step=checkpoint_step(path, step, device),
             budget=budget and budget << 20,
+            workers=workers,
             device=device,
             progress=lambda k=1: bar.advance(job, k),
             started=started,

@@ -27,9 +27,14 @@ def write_score_parquet(path, frames, sidecar: dict) -> int:
     schema = pa.schema(
         [(c, pa.float64() if c in FLOAT_COLUMNS else pa.bool_() if c == "low_mass" else pa.int64()) for c in COLUMNS]
     )
+    # Dictionary-encode only the integer and flag columns, which repeat (prompt, layer, head, keys, ...):
+    # the scores are nearly all distinct, so a dictionary for them is built, overflows and is dropped page
+    # after page. Every query of SmolLM2 at 1,024 tokens (275,940 rows): 0.135 s of CPU to write with
+    # dictionaries everywhere, 0.041 s like this, and a 10% smaller file; the values read back are the same.
+    repeating = [c for c in COLUMNS if c not in FLOAT_COLUMNS]
     rows = 0
     with atomic_path(path) as tmp:
-        with pq.ParquetWriter(tmp, schema) as writer:
+        with pq.ParquetWriter(tmp, schema, use_dictionary=repeating) as writer:
             for frame in frames:
                 writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False))
                 rows += len(frame)
@@ -44,6 +49,7 @@ def run_score(
     *,
     step: int | None = None,
     budget: int | None = None,
+    workers: int = 1,
     device: str = "cpu",
     progress=None,
     started=None,
@@ -54,8 +60,8 @@ def run_score(
     task's test prompts instead of the checkpoint's own; `prompts` reads a JSONL file instead (not both).
     `progress(k)` follows the scored prompts; `started(settings, total)` is called once the prompts are
     known, before scoring (the CLI prints what it scores and opens its bar). `budget`: bytes of working
-    memory of one block of queries (`iter_scores`; None: its default); it changes no number, so it is
-    not among the settings. Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
+    memory of one block of queries (`iter_scores`; None: its default); `workers`: the processes that
+    score (`iter_scores`; 1: this one). Neither changes a number, so neither is among the settings. Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
     """
     if options.task is not None and options.prompts is not None:
         raise PosymError("--task draws the task's test prompts and --prompts reads a file: give one of them")
@@ -102,6 +108,7 @@ def run_score(
         exact=options.exact,
         batch_size=options.batch_size,
         budget=budget,
+        workers=workers,
         progress=progress,
     )
     rows = write_score_parquet(

@@ -39,6 +39,8 @@ queries are scored in blocks of every head at once (`posym.core.batched`; engine
 query position at a time, the reference the tests hold it to); every row
 records the bound its s_pos and s_sym satisfy against weighing every swap (exact="dense", the
 reference). Numbers are computed in float64 from the model's tensors; the model is not changed.
+Each layer is scored inside the forward pass with torch's threads, or (workers=, `posym score --workers`)
+after it, one (layer, head) a unit over forked one-thread processes (`posym.parallel`): the same rows.
 """
 
 from __future__ import annotations
@@ -46,16 +48,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posym import parallel
 from posym.errors import PosymError
 from posym.core import batched, swaps
+from posym.core.interop import scorable
 from posym.core.paper import GAMMA, TAU
 from posym.core.pruning import item_values, movable_items, pair_cosines, score_rows, sink_view
-from posym.core.qk import HeadQK
+from posym.core.qk import HeadQK, check_layers
 from posym.core.tasks import Samples, TaskConfig, generate
 
 
 COMPARES = ("probs", "logits")
 """What `compare` compares: attention probabilities (the paper) or raw logits."""
+_HELD = object()
+"""Marks a layer captured for the forked workers rather than scored inside the forward (`iter_scores`)."""
 EXACTNESS = ("pruned", "dense")
 """How `exact` weighs the swaps: the kept swaps within the epsilon bound, or every swap (the reference)."""
 
@@ -266,16 +272,28 @@ position at a time through `pruning.score_rows`: the reference)."""
 
 
 def _score_layer(
-    qk: HeadQK, jobs: dict[int, list[int]], dtype, engine: str = "batched", budget: int = batched.FLOOR_BYTES, **options
+    qk: HeadQK,
+    jobs: dict[int, list[int]],
+    dtype,
+    engine: str = "batched",
+    budget: int = batched.FLOOR_BYTES,
+    heads: list[int] | None = None,
+    prepared: dict | None = None,
+    scratch: batched.Scratch | None = None,
+    **options,
 ) -> dict:
-    """Columns of one layer's scores for jobs {query position: [batch rows]}, every head.
+    """Columns of one layer's scores for jobs {query position: [batch rows]}, of `heads` (None: every
+    head; a head's rows are the same whichever heads are scored with it). prepared: {batch rows:
+    `batched.prepare`'s tables of this layer}, filled here and read by later calls on the same layer
+    (the forked workers score one head a call); scratch: the blocks' work buffers (`batched.Scratch`),
+    reused across layers and heads.
 
     engine "batched" scores blocks of query positions sharing their batch rows (`batched.query_blocks`
     under `budget` bytes) with `batched.score_block` and weighs every swap of the rows it leaves
     (near-uniform: dense) with `batched.score_dense`, which also weighs every row of the dense reference
     (epsilon None); block swaps take the per-query path."""
     out = _columns()
-    heads = list(range(qk.q.shape[1]))
+    heads = list(range(qk.q.shape[1])) if heads is None else heads
     for p in jobs:
         if p - qk.first_key(p) + 1 < 3:
             raise PosymError(f"a sliding window of {qk.window} keys leaves query {p} fewer than 2 earlier keys to swap")
@@ -289,7 +307,10 @@ def _score_layer(
     keep = {key: options[key] for key in ("tau", "compare", "epsilon", "exclude_keys")}
     keep_dense = {key: options[key] for key in ("tau", "compare", "exclude_keys")}
     for rows, positions in shared.items():
-        tables = batched.prepare(qk, torch.tensor(rows), dtype, options["exclude_keys"])  # once per layer and rows
+        prepared = {} if prepared is None else prepared
+        if rows not in prepared:  # once per layer and rows
+            prepared[rows] = batched.prepare(qk, torch.tensor(rows), dtype, options["exclude_keys"], scratch)
+        tables = prepared[rows]
         if options["epsilon"] is None:  # the dense reference: every swap of every row, on the grid
             for p in positions:
                 for g, row in enumerate(rows):
@@ -313,6 +334,61 @@ def _score_layer(
                     dense = batched.score_dense(qk, rows[g], [head], p, dtype, **keep_dense, tables=tables, g=g)
                     _append(out, [rows[g]], [head], p, p - qk.first_key(p) + 1, dense)
     return _joined(out)
+
+
+FORK_ELEMENTS = 1 << 22
+"""Score-grid elements of a batch (keys seen x query rows x heads, summed over its layers) from which
+`iter_scores`' workers=0 scores in forked workers, one per CPU: about a second of one core's
+work (every query of SmolLM2 at 1,024 tokens is 141.6M elements, 22.9 s on one thread: 162 ns each),
+against the tenth of a second that forking and collecting cost. SmolLM2's last query at 4,096 tokens
+is 1.1M: scored in this process, inside the forward, as before; every query at 256 tokens 8.9M: forked."""
+
+
+def _grid_elements(qk: HeadQK, jobs: dict[int, list[int]]) -> int:
+    """Elements of one layer's score grids: keys each query sees x its batch rows x heads."""
+    return qk.q.shape[1] * sum(len(rows) * (p - qk.first_key(p) + 1) for p, rows in jobs.items())
+
+
+def _scoring_workers(workers: int, qk: HeadQK, jobs: dict[int, list[int]], layers: int) -> int:
+    """Processes that score a batch whose first layer is `qk` (`layers` layers): `workers` when > 0,
+    else one per CPU when its grids reach FORK_ELEMENTS; 1 (this process, inside the forward) on a GPU,
+    without fork, or inside a `forked_map` worker (they do not nest)."""
+    if qk.q.device.type != "cpu" or parallel.nested():
+        return 1
+    if workers == 0 and _grid_elements(qk, jobs) * layers < FORK_ELEMENTS:
+        return 1
+    return parallel.cpu_workers(workers)
+
+
+def _forked_layers(held: list[tuple], workers: int, dtype, engine: str, options: dict) -> list[tuple[int, dict]]:
+    """[(layer, columns)] of the layers `held` [(layer, qk, jobs, budget)] captured by one forward, scored
+    one (layer, head) at a time over `workers` forked 1-thread processes (`posym.parallel.forked_map`:
+    they inherit the captured queries and keys; a head's columns come back through a pipe). Heads, not
+    layers, are the units, so that a few heavy heads (SmolLM2's layer 0 has three with dozens of pivots
+    per row) are shared out rather than keep one worker busy after the others finish."""
+    import numpy as np
+
+    units = [(k, head) for k, (_, qk, _, _) in enumerate(held) for head in range(qk.q.shape[1])]
+    # what a worker keeps between its units: the tables of its latest layer and one set of work buffers
+    # (fresh ones per head are page-faulted anew: SmolLM2 at 256 tokens, every query, 2 workers on the
+    # loaded 2-core machine: 5.3 CPU s with fresh ones, 4.5-4.8 kept; 3.3-3.7 in one process, 2 threads)
+    kept: dict = {"layer": None, "prepared": {}, "scratch": batched.Scratch()}
+
+    def score(unit):
+        k, head = unit
+        _, qk, jobs, budget = held[k]
+        if kept["layer"] != k:
+            kept.update(layer=k, prepared={})
+        return _score_layer(
+            qk, jobs, dtype, engine, budget, heads=[head], prepared=kept["prepared"], scratch=kept["scratch"], **options
+        )
+
+    parts = parallel.forked_map(score, units, workers=workers)
+    out = []
+    for k, (layer, _, _, _) in enumerate(held):
+        mine = [columns for (j, _), columns in zip(units, parts) if j == k]
+        out.append((layer, {key: np.concatenate([c[key] for c in mine]) for key in mine[0]}))
+    return out
 
 
 def prompt_inputs(prompts, queries=None, *, chains=None, tokenizer=None) -> tuple[list, object]:
@@ -360,6 +436,7 @@ def iter_scores(
     dtype: torch.dtype = torch.float64,
     engine: str = "batched",
     budget: int | None = None,
+    workers: int = 1,
     progress=None,
 ):
     """Yield DataFrames of scores (columns COLUMNS), one per batch of equal-length prompts.
@@ -378,11 +455,19 @@ def iter_scores(
     budget: bytes of working memory one block of queries may hold (batched engine; smaller only
         means more blocks, the same numbers). None: `batched.default_budget`, the size of the
         forward pass's own logits for the batch, so the peak stays near the forward's.
+    workers: processes that score a batch on the CPU. 1 (default): this one, each layer inside the
+        forward pass with torch's threads; >= 2: that many forked 1-thread processes
+        (`posym.parallel.forked_map`), one (layer, head) at a time, after the forward has captured every
+        layer's queries and keys (which it then holds at once); 0: one per CPU where a batch's score
+        grids reach FORK_ELEMENTS (every query of a long prompt), else 1. The same rows either way (bit
+        for bit on SmolLM2 at 256 tokens, every query: 2 threads here against 2 forked 1-thread workers).
+        benchmarks/all_queries.py measures which is faster on a machine (docs/commands/analysis.md).
     progress: optional callable(number of prompts just finished).
     One forward pass per batch; the attention maps are never materialised. Rows record keys (the keys
     the query sees: on a sliding-window layer only its window's, and every swap moves two of those),
     n_swaps, kept (the swaps weighed) and bound.
     """
+    import numpy as np
     import pandas as pd
 
     swap_scores(torch.zeros(3), torch.zeros(3, 3), tau=tau, compare=compare)  # validates tau/compare early
@@ -396,6 +481,8 @@ def iter_scores(
         raise PosymError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise PosymError(f"budget must be a positive number of bytes, got {budget!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise PosymError(f"workers must be 0 (automatic) or a number of processes, got {workers!r}")
     options = {
         "tau": tau,
         "blocks": blocks,
@@ -403,24 +490,30 @@ def iter_scores(
         "epsilon": epsilon if exact == "pruned" else None,
         "exclude_keys": exclude_keys,
     }
-    for batch, results in swaps.scan(
-        model,
-        input_ids,
-        queries,
-        lambda layer, qk, jobs: (
-            layer,
-            _score_layer(
-                qk, jobs, dtype, engine, budget or batched.default_budget(*qk.q.shape[:3:2], vocab), **options
-            ),
-        ),
-        layers=layers,
-        batch_size=batch_size,
-        progress=progress,
-    ):
+    layer_count = len(check_layers(scorable(model), layers))
+    forking: dict[int, int] = {}  # id(jobs) of the batch -> its workers (decided at its first layer)
+    scratch = batched.Scratch()  # the blocks' work buffers, allocated once for every layer of the scan
+
+    def work(layer: int, qk: HeadQK, jobs: dict[int, list[int]]):
+        size = budget or batched.default_budget(*qk.q.shape[:3:2], vocab)
+        if id(jobs) not in forking:
+            forking.clear()
+            forking[id(jobs)] = _scoring_workers(workers, qk, jobs, layer_count)
+        if forking[id(jobs)] > 1:
+            return _HELD, layer, qk, jobs, size  # scored after the forward, by the workers
+        return layer, _score_layer(qk, jobs, dtype, engine, size, scratch=scratch, **options)
+
+    for batch, results in swaps.scan(model, input_ids, queries, work, layers=layers, batch_size=batch_size):
+        held = [r[1:] for r in results if r[0] is _HELD]
+        if held:
+            results = _forked_layers(held, forking.popitem()[1], dtype, engine, options)
+        if progress is not None:
+            progress(len(batch))
         parts = []
+        prompts = np.asarray(batch, dtype=np.int64)  # [rows of the batch]: each row's prompt index
         for layer, columns in results:
             frame = pd.DataFrame(columns)
-            frame.insert(0, "prompt", [batch[row] for row in frame.pop("row")])
+            frame.insert(0, "prompt", prompts[frame.pop("row").to_numpy()])
             parts.append(frame.assign(layer=layer))
         frame = pd.concat(parts, ignore_index=True)
         frame["low_mass"] = low_mass(frame)
