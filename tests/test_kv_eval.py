@@ -10,11 +10,13 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 from cli_runner import cli, one_line, run_posym
 from tiny_llms import save_model
 
@@ -377,3 +379,27 @@ def test_a_forward_past_memory_is_refused(tiny, capsys, monkeypatch):
     monkeypatch.setattr(resources, "machine_memory", lambda device: 1 << 20)
     args = ["kv-eval", loaded.source.path, "--table", root / "heads.parquet", "--config", write_config(root / "m.yaml")]
     one_line(*cli(capsys, monkeypatch, *args, "--out", root / "m"), "GiB")
+
+
+def test_committed_smollm2_evaluation_follows_from_its_prompts():
+    """docs/results/kv-eval-smollm2: the summary and tests are kv_eval's own output on the per-prompt rows,
+    and docs/results.md's block is scripts/kv_eval_block.py's output on them."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run = root / "docs" / "results" / "kv-eval-smollm2"
+    config = yaml.safe_load((run / "kv_eval.yaml").read_text())
+    frame = pd.concat([pd.read_parquet(run / f"prompts_{t}.parquet") for t in config["tasks"]], ignore_index=True)
+    assert frame.groupby(["task", "factor", "budget", "policy", "draw"]).size().eq(config["n"]).all()
+    pd.testing.assert_frame_equal(kv_eval.summarize(frame), pd.read_parquet(run / "summary.parquet"))
+    pd.testing.assert_frame_equal(
+        kv_eval.accuracy_tests(frame, config["effect"]), pd.read_parquet(run / "tests.parquet")
+    )
+    sys.path.insert(0, str(root / "scripts"))
+    import kv_eval_block
+
+    doc = (root / "docs" / "results.md").read_text()
+    shown = (
+        kv_eval_block.BEGIN + doc.split(kv_eval_block.BEGIN, 1)[1].split(kv_eval_block.END, 1)[0] + kv_eval_block.END
+    )
+    assert shown == kv_eval_block.block()
