@@ -550,7 +550,7 @@ def atlas_config(config: KVEvalConfig):
     return configs.from_dict(atlas_command.AtlasConfig, {"seed": config.seed, **config.atlas}, where="atlas")
 
 
-def read_table(path):
+def read_head_table(path):
     """A head table (Parquet) with layer and head columns."""
     table = io.read_parquet(path)
     missing = {"layer", "head"} - set(table.columns)
@@ -563,7 +563,7 @@ def labels(loaded: LoadedModel, config: KVEvalConfig, table_path, progress=None)
     """The head table the policies rank: the one given, or `posym atlas`'s table of the model (s_pos/s_sym
     sink-free, retrieval, non-streaming)."""
     if table_path is not None:
-        return read_table(table_path)
+        return read_head_table(table_path)
     return atlas_command.build_atlas(loaded, atlas_config(config), progress)["atlas"]
 
 
@@ -576,7 +576,7 @@ def run_kv_eval(
     out = Path(out)
     progress = progress or (lambda k=1: None)
     model = loaded.model.eval()
-    given = read_table(table) if table is not None else None
+    given = read_head_table(table) if table is not None else None
     if given is not None:
         check_table(given, config)
     else:
@@ -640,7 +640,7 @@ def plan(loaded: LoadedModel, config: KVEvalConfig, table=None) -> int:
                 short = forward_length(group[0]) <= config.recent
                 total += 1 if short else 1 + ("streaming" in config.policies) + per_budget * len(config.budgets)
         return total
-    runs = policy_grid(loaded.model.config, read_table(table), config)
+    runs = policy_grid(loaded.model.config, read_head_table(table), config)
     return forward_count(runs, prompts, config.recent)
 
 
