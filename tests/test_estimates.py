@@ -86,15 +86,24 @@ def holm_by_hand(ps: list[float]) -> list[float]:
 
 # ---- exact on a linear model ---------------------------------------------------------------------------
 
+DRAWS = 400
+"""Estimated draws of the tests here: the least round count whose p floor lets Holm separate over two
+lengths' family (28 tests: 28 / 401 < 0.05)."""
+
 
 def test_estimates_equal_real_ablation_where_atp_is_exact():
     model = linear_model()
     _, _, n_head, _ = attribution.layout(model)
     chosen = length_prompts()
     config = prediction.PredictionConfig(
-        causal_ks=[1, 2], causal_modes=["mean", "zero"], estimate_draws=40, calibration_draws=3
+        causal_ks=[1, 2],
+        causal_modes=["mean", "zero"],
+        causal_factors=[1, 2],
+        estimate_draws=DRAWS,
+        calibration_draws=3,
     )
     table, calibration, points = estimates.causal_estimates(model, chosen, config, head_frame(1, n_head), seed=0)
+    assert (table.family == prediction.estimate_family(sorted(chosen))).all()  # what the config's check counts
     assert np.abs(points.real).max() > 1e-5  # the heads matter: the check is not 0 == 0
     np.testing.assert_allclose(points.estimate, points.real, atol=1e-9)
     assert len(calibration) == 2 * 2 * 2  # k x mode x factor
@@ -108,9 +117,9 @@ def test_estimates_equal_real_ablation_where_atp_is_exact():
     real = margin[margin.source == "real"].set_index(["k", "mode", "ranking", "group", "factor"])
     np.testing.assert_allclose(est.value, real.loc[est.index].value, atol=1e-9)
     np.testing.assert_allclose(est.value, est.real_value, atol=1e-9)
-    assert (est.draws == 40).all() and (real.draws == 3).all()
+    assert (est.draws == DRAWS).all() and (real.draws == 3).all()
     # and against the engine's own reference, group by group
-    groups = prediction.causal_groups(head_frame(1, n_head), 2, 40, 0)
+    groups = prediction.causal_groups(head_frame(1, n_head), 2, DRAWS, 0)
     ids, answers = [p.ids for p in chosen[2]], [p.answer_id for p in chosen[2]]
     named = [groups[("sink-free", "symbolic")], groups[("plain", "positional")]]
     exact = attribution.ablation_effects(model, ids, answers, named, mode="mean", metric="margin")["effect"].mean(0)
@@ -239,11 +248,54 @@ def test_calibrated_sets_are_the_first_draws_and_the_named_groups_once():
     assert all(few[key] == groups[key] for key in few)
 
 
+def test_real_ablations_are_reused_where_they_are_the_same(monkeypatch):
+    """A second run handed the first's calibration points ablates nothing and gives the same tables (its
+    points say `reused`); a set the points lack is ablated, alone; points of other prompts (another clean
+    margin) are not taken."""
+    model = linear_model()
+    _, _, n_head, _ = attribution.layout(model)
+    chosen, heads = length_prompts(), head_frame(1, n_head)
+    config = prediction.PredictionConfig(
+        causal_ks=[1], causal_factors=[1, 2], estimate_draws=DRAWS, calibration_draws=3
+    )
+    first = estimates.causal_estimates(model, chosen, config, heads, seed=0)
+    assert not first[2].reused.any()
+    calls = []
+    real = attribution.ablation_effects
+
+    def counted(model, ids, answers, sets, **kw):
+        calls.append([list(s) for s in sets])
+        return real(model, ids, answers, sets, **kw)
+
+    monkeypatch.setattr(attribution, "ablation_effects", counted)
+    again = estimates.causal_estimates(model, chosen, config, heads, seed=0, measured=first[2])
+    assert calls == [] and again[2].reused.all()
+    pd.testing.assert_frame_equal(again[0], first[0])
+    pd.testing.assert_frame_equal(again[1], first[1])
+    pd.testing.assert_frame_equal(again[2].drop(columns="reused"), first[2].drop(columns="reused"))
+    lacking = first[2][first[2].set != 0]  # one set's real ablations lost
+    partly = estimates.causal_estimates(model, chosen, config, heads, seed=0, measured=lacking)
+    wanted = [[tuple(map(int, h.split("."))) for h in first[2].heads[first[2].set == 0].iloc[0].split(",")]]
+    assert calls == [wanted, wanted]  # that set alone, at each of the two lengths
+    assert set(partly[2][~partly[2].reused].set) == {0}
+    np.testing.assert_allclose(partly[2].real, first[2].real, atol=1e-12)
+    calls.clear()
+    moved = first[2].assign(clean=first[2].clean + 0.5)  # another prompt set's margins: nothing applies
+    estimates.causal_estimates(model, chosen, config, heads, seed=0, measured=moved)
+    assert len(calls) == 2 and all(len(c) == first[2].set.nunique() for c in calls)
+
+
 def test_config_bounds_the_draws():
     with pytest.raises(PosymError, match="estimate_draws"):
         prediction.PredictionConfig(estimate_draws=0)
+    # no Holm p of a 56-test family can go below 56 / (draws + 1): 1,000 draws could never separate
+    with pytest.raises(PosymError, match=r"estimate_draws 1,000 cannot separate anything.*at least 1,120"):
+        prediction.PredictionConfig(estimate_draws=1000)
+    assert prediction.PredictionConfig(estimate_draws=1120).estimate_draws == 1120  # 56 / 1,121 < 0.05
+    assert prediction.PredictionConfig().estimate_draws == 10_000
+    assert prediction.PredictionConfig(causal_factors=[1], estimate_draws=160, calibration_draws=20)  # 8 tests
     with pytest.raises(PosymError, match="calibration_draws .* cannot exceed"):
-        prediction.PredictionConfig(estimate_draws=10, calibration_draws=11)
+        prediction.PredictionConfig(estimate_draws=2000, calibration_draws=2001)
     with pytest.raises(PosymError, match="n_causal >= 2"):
         prediction.PredictionConfig(n_causal=1)
     assert prediction.PredictionConfig(n_causal=1, causal_modes=["zero"]).n_causal == 1

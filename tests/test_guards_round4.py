@@ -420,3 +420,22 @@ def test_low_mass_is_a_column_of_the_tables_and_a_map_of_the_explorer(scores, tm
     explore.explore([scores], tmp_path / "e.html", details=False)
     s = page_data(tmp_path / "e.html")["sets"][0]
     assert "low_mass" in s["maps"] and s["steps"]["low_mass"] == 1e-4
+
+
+def test_reuse_ablations_must_be_calibration_points(llama, tmp_path, capsys, monkeypatch):
+    """--reuse-ablations: a missing file, or a Parquet table that is not a causal stage's calibration
+    points, is one line and exit 2, before the study's directory is made."""
+    import pandas as pd
+
+    from posym import io
+
+    io.write_yaml(tmp_path / "cfg.yaml", STUDY)  # not study.yaml: that would make tmp_path a study
+    out = tmp_path / "out"
+    code, err = cli(capsys, monkeypatch, "llm-study", llama, "--reuse-ablations", tmp_path / "no.parquet", "--out", out)
+    one_line(code, err, "--reuse-ablations")
+    assert "is not a file" in err and not out.exists()
+    pd.DataFrame({"layer": [0], "head": [1]}).to_parquet(tmp_path / "heads.parquet")
+    argv = ["--config", tmp_path / "cfg.yaml", "--stages", "scores", "--reuse-ablations", tmp_path / "heads.parquet"]
+    code, err = cli(capsys, monkeypatch, "llm-study", llama, *argv, "--out", out)
+    one_line(code, err, "not a causal stage's calibration_points.parquet")
+    assert not out.exists()

@@ -46,7 +46,7 @@ TINY = {
         "n_scores": 4,
         "draws": 2,
         "causal_draws": 2,
-        "estimate_draws": 300,
+        "estimate_draws": 400,  # 20 tests a Holm family: 20 / 401 < 0.05
         "calibration_draws": 3,
         "causal_factors": [1, 4],
         "n_causal": 4,

@@ -332,6 +332,12 @@ def llm_study_cmd(
     ),
     config: Optional[Path] = typer.Option(None, help="YAML file of StudyConfig fields (see OUT/study.yaml)."),
     stages: Optional[list[str]] = list_option(None, "Stages to run (default all, in study order).", choices=StudyStage),
+    reuse_ablations: Optional[Path] = typer.Option(
+        None,
+        help="An earlier study's causal/calibration_points.parquet: the causal stage takes its real ablations "
+        "again where they are of the same head sets, prompts and weights (a null with more draws then costs "
+        "the attribution passes only).",
+    ),
     device: Device = device_option(),
 ) -> None:
     """The lens of 2511.11579 and 2605.31558 on one real model, then what a head type predicts on a
@@ -339,7 +345,9 @@ def llm_study_cmd(
     from posym import configs, io, models
     from posym.commands import llm_study
 
-    io.check_output(out, inputs=[path, config], is_dir=True, marker=STUDY_MARKER)
+    io.check_output(out, inputs=[path, config, reuse_ablations], is_dir=True, marker=STUDY_MARKER)
+    if reuse_ablations is not None and not reuse_ablations.is_file():
+        raise PosymError(f"--reuse-ablations {io.quote(reuse_ablations)} is not a file")
     settings = configs.from_file_and_flags(
         llm_study.StudyConfig,
         io.read_yaml(config) if config else {},
@@ -361,7 +369,17 @@ def llm_study_cmd(
     bar, advance = progress_bar(sum(steps[s] for s in only or llm_study.STAGES), "llm-study")
     with bar:
         timings = llm_study.run_study(
-            loaded, out, settings, settings={"model": str(spec), "device": device}, progress=advance, only=only
+            loaded,
+            out,
+            settings,
+            settings={
+                "model": str(spec),
+                "device": device,
+                "reuse_ablations": reuse_ablations and str(reuse_ablations),
+            },
+            progress=advance,
+            only=only,
+            reuse_ablations=reuse_ablations,
         )
     for stage, seconds in timings.items():
         print(f"{stage:12s} {seconds if seconds == 'done' else f'{seconds:.1f} s'}")

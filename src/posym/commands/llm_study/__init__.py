@@ -28,6 +28,7 @@ OUT skips the finished stages. `posym.commands.llm_study.report` turns OUT into 
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
@@ -612,7 +613,7 @@ def label_moves(heads, config: StudyConfig):
     )
 
 
-def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
+def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress, measured=None) -> None:
     settings = config.prediction
     chosen = io.read_json_object(out.parent / "screen" / "screen.json")
     prompts = _length_prompts(loaded, config, chosen["format"])["between"]
@@ -645,6 +646,7 @@ def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
         seed=config.seed,
         kinds=prediction.layer_kinds(loaded.model),
         progress=progress,
+        measured=measured,
     )
     io.write_parquet(out / "estimates.parquet", table)
     io.write_parquet(out / "calibration.parquet", calibration)
@@ -684,18 +686,39 @@ def stage_steps(config: StudyConfig) -> dict[str, int]:
 
 
 def run_study(
-    loaded: LoadedModel, out, config: StudyConfig, *, settings: dict, progress=None, only: list[str] | None = None
+    loaded: LoadedModel,
+    out,
+    config: StudyConfig,
+    *,
+    settings: dict,
+    progress=None,
+    only: list[str] | None = None,
+    reuse_ablations=None,
 ) -> dict:
     """Run the stages not yet done (all, or `only`), then the report; returns {stage: seconds or "done"}.
-    One process per OUT (`posym.io.locked`); Ctrl-C keeps the finished stages."""
+    One process per OUT (`posym.io.locked`); Ctrl-C keeps the finished stages. reuse_ablations: an earlier
+    study's causal/calibration_points.parquet whose real ablations the causal stage takes again where they
+    are of the same sets, prompts and weights (`estimates.reused_ablations`)."""
     out = Path(out)
     check_sizes(loaded, config, only or list(STAGES))
+    measured = None
+    if reuse_ablations is not None:
+        measured = io.read_parquet(reuse_ablations)
+        missing = {"mode", "factor", "length", "heads", "prompt", "real", "correct_real", "clean"} - set(
+            measured.columns
+        )
+        if missing:
+            raise PosymError(
+                f"{io.quote(reuse_ablations)} has no {', '.join(sorted(missing))} column: not a causal stage's "
+                "calibration_points.parquet"
+            )
+    work = {**STAGE_WORK, "causal": functools.partial(stage_causal, measured=measured)}
     with resumable(out, lambda: _kept(out)):
         _prepare(out, config, loaded, settings)
         progress = progress or (lambda k=1: None)
         timings: dict[str, float | str] = {}
         for stage in only or STAGES:
-            seconds = run_stage(out, JOB, stage, lambda: STAGE_WORK[stage](loaded, config, out / stage, progress))
+            seconds = run_stage(out, JOB, stage, lambda: work[stage](loaded, config, out / stage, progress))
             if seconds is None:
                 progress(stage_steps(config)[stage])
             timings[stage] = "done" if seconds is None else round(seconds, 2)

@@ -38,6 +38,12 @@ calibration  per (k, mode, length), over prompt x calibrated set (each distinct 
              TRUST_SLOPE (on the real models AtP tracks group ablation at 1x with slopes ~0.8-0.94, but
              not at 16x on Gemma 3: docs/attribution.md).
 
+reuse        real ablations are the stage's cost (one pass per set, prompt and length); those of an earlier
+             run's causal/calibration_points.parquet (`posym llm-study --reuse-ablations`) are taken again
+             for every (mode, length, set) it holds on all prompts, provided its clean margins equal this
+             run's (the same prompts on the same weights: `reused_ablations`); the rest is ablated. A
+             point's `reused` says which. So a null with more draws costs the attribution passes only.
+
 Tables: causal/estimates.parquet (`estimate_table`), causal/calibration.parquet (`calibration_table`),
 causal/calibration_points.parquet (`calibration_points`, per prompt and calibrated set).
 """
@@ -46,7 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posym.commands.llm_study.prediction import causal_groups
+from posym.commands.llm_study.prediction import CAUSAL_MEASURES, causal_groups
 from posym.core import attribution
 from posym.core.retention import RANDOM
 from posym.core.stats import ALPHA, detectable_effect, holm, pearson, randomization_p, spearman
@@ -54,9 +60,6 @@ from posym.errors import PosymError
 
 SOURCES = ("estimate", "real")
 """Where a row's numbers come from: the sum of the heads' AtP effects, or real ablation."""
-MEASURES = ("acc_drop", "margin_change", "length_effect")
-"""What is tested: acc clean - acc ablated; mean metric(ablated) - metric(clean) of the margin; acc_drop at
-the length minus at the base length (from the second length on)."""
 VERDICTS = ("above random", "below random", "not separated")
 NULL_INTERVAL = (2.5, 97.5)
 """Percentiles of the null's central 95% interval."""
@@ -68,6 +71,10 @@ ATP_TOKENS = 2048
 """Tokens per attribution batch (prompts x length, at least one prompt, at most `attribution.attribute`'s
 default 4): its backward pass keeps every layer's activations (with the eager kernel, [heads, L, L]
 attention per layer and prompt), so long prompts go one at a time."""
+
+CLEAN_TOLERANCE = 1e-4
+"""Largest difference of a clean margin between an earlier run's calibration points and this run's for its
+real ablations to be reused (float rounding across thread counts is ~1e-6; another prompt or model is ~1)."""
 
 Head = tuple[int, int]
 
@@ -126,7 +133,7 @@ def _stat_rows(clean_correct, correct, change, null_correct, null_change, real: 
         "length_effect": (drop - drop[:1], null_drop - null_drop[:1]),
     }
     rows = []
-    for measure in MEASURES:
+    for measure in CAUSAL_MEASURES:
         mine, theirs = per_prompt[measure]
         values, nulls = mine.mean(1), theirs.mean(1)  # [F], [F, D]
         for j in range(len(values)):
@@ -348,14 +355,61 @@ def calibration_table(points, estimates):
 # ---- the stage's work --------------------------------------------------------------------------------
 
 
-def causal_estimates(model, chosen: dict, config, heads, *, seed: int, kinds: dict | None = None, progress=None):
+def reused_ablations(measured, mode: str, factor: int, length: int, sets: list[list[Head]], clean) -> dict:
+    """The real ablations of `sets` that an earlier run's calibration points (`measured`, a DataFrame, or
+    None) already hold for this mode, factor and length on every prompt, when its clean margins are this
+    run's `clean` [P] (within CLEAN_TOLERANCE; else none is reused): {"effect": [P, S], "correct": [P, S]
+    (NaN / False where not held), "clean_correct": [P] (clean > 0: the margin's contrast is the best other
+    token), "have": [S] bool}.
+
+    >>> import pandas as pd
+    >>> old = pd.DataFrame({"mode": "mean", "factor": 1, "length": 4, "heads": "0.1", "prompt": [0, 1],
+    ...                     "real": [-0.5, 0.25], "correct_real": [False, True], "clean": [0.3, 0.7]})
+    >>> got = reused_ablations(old, "mean", 1, 4, [[(0, 1)], [(0, 2)]], np.array([0.3, 0.7]))
+    >>> got["have"].tolist(), got["effect"][:, 0].tolist()
+    ([True, False], [-0.5, 0.25])
+    >>> reused_ablations(old, "mean", 1, 4, [[(0, 1)]], np.array([0.3, 0.9]))["have"].tolist()  # other prompts
+    [False]
+    """
+    clean = np.asarray(clean, dtype=float)
+    n_prompt = len(clean)
+    out = {
+        "effect": np.full((n_prompt, len(sets)), np.nan),
+        "correct": np.zeros((n_prompt, len(sets)), dtype=bool),
+        "clean_correct": clean > 0,
+        "have": np.zeros(len(sets), dtype=bool),
+    }
+    if measured is None or not len(measured):
+        return out
+    part = measured[(measured["mode"] == mode) & (measured.factor == factor) & (measured.length == length)]
+    part = part[(part.prompt >= 0) & (part.prompt < n_prompt)]
+    if part.empty:
+        return out
+    held = part.groupby("prompt").clean.first()
+    if len(held) != n_prompt or not np.allclose(held.sort_index().to_numpy(float), clean, atol=CLEAN_TOLERANCE):
+        return out  # other prompts, or another model: nothing of it applies
+    by_set = {text: rows.sort_values("prompt") for text, rows in part.groupby("heads")}
+    for s, heads in enumerate(sets):
+        rows = by_set.get(",".join(f"{a}.{b}" for a, b in sorted(heads)))
+        if rows is None or rows.prompt.nunique() != n_prompt or len(rows) != n_prompt:
+            continue
+        out["effect"][:, s] = rows.real.to_numpy(float)
+        out["correct"][:, s] = rows.correct_real.to_numpy(bool)
+        out["have"][s] = True
+    return out
+
+
+def causal_estimates(
+    model, chosen: dict, config, heads, *, seed: int, kinds: dict | None = None, progress=None, measured=None
+):
     """(estimates, calibration, points): the causal stage's estimated tests and their calibration.
 
     chosen: {factor: the stage's 'between' `LengthPrompt`s at that length} (its n_causal per length); config:
     a `PredictionConfig` (causal_ks, causal_modes, estimate_draws, calibration_draws); heads: the lengths
     stage's heads of the 'between' layout (both rankings), as `causal_groups` takes them. Per mode and length:
-    `attribute` (AtP, margin) on that length's prompts, then `ablation_effects` of the calibrated sets; progress(1)
-    after each (2 x modes x lengths steps)."""
+    `attribute` (AtP, margin) on that length's prompts, then `ablation_effects` of the calibrated sets (those
+    `measured`, an earlier run's calibration points, holds for these prompts are taken from it:
+    `reused_ablations`); progress(1) after each (2 x modes x lengths steps)."""
     import pandas as pd
 
     progress = progress or (lambda n=1: None)
@@ -373,11 +427,19 @@ def causal_estimates(model, chosen: dict, config, heads, *, seed: int, kinds: di
                 model, ids, answers, mode=mode, method="atp", metric="margin", batch_size=batch
             )
             progress(1)
-            real[f] = attribution.ablation_effects(model, ids, answers, sets, mode=mode, metric="margin")
+            old = reused_ablations(measured, mode, f, lengths[f], sets, effects[f]["clean"])
+            missing = [s for s in range(len(sets)) if not old["have"][s]]
+            real[f] = old
+            if missing:
+                new = attribution.ablation_effects(
+                    model, ids, answers, [sets[s] for s in missing], mode=mode, metric="margin"
+                )
+                real[f]["effect"][:, missing], real[f]["correct"][:, missing] = new["effect"], new["correct"]
+                real[f]["clean_correct"] = new["clean_correct"]
             progress(1)
         found, spots = measure_rows(effects, real, every_group, config.calibration_draws, lengths)
         rows += [{**r, "mode": mode} for r in found]
-        points += [{**p, "mode": mode} for p in spots]
+        points += [{**p, "mode": mode, "reused": bool(real[p["factor"]]["have"][p["set"]])} for p in spots]
     estimates = estimate_table(rows)
     points = pd.DataFrame(points)
     return estimates, calibration_table(points, estimates), points

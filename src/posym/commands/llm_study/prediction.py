@@ -31,6 +31,7 @@ workers add 1.08x on 2 cores).
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -72,6 +73,21 @@ LABEL_GROUPS = ("positional", "symbolic", "mixed")
 RANKINGS = ("sink-free", "plain")
 """Which scores rank the heads of the causal groups: with the attention sinks left out of the swaps
 (the default: most plain 'symbolic' labels of a real model are the sink), or plainly."""
+CAUSAL_MEASURES = ("acc_drop", "margin_change", "length_effect")
+"""What the estimated causal tests test (`posym.commands.llm_study.estimates`): acc clean - acc ablated;
+mean metric(ablated) - metric(clean) of the margin; acc_drop at the length minus at the base length (from
+the second length on)."""
+
+
+def estimate_family(factors) -> int:
+    """Tests in one Holm family of the estimated causal tests (one source, k and mode): per ranking and
+    named group (2 x 2), an accuracy drop and a margin change at every causal length and a length effect at
+    every length but the base. With D draws no p goes below 1 / (D + 1), so no Holm p below family / (D + 1).
+
+    >>> estimate_family([1, 2, 4, 8, 16])
+    56
+    """
+    return len(RANKINGS) * 2 * (len(CAUSAL_MEASURES) * len(factors) - 1)
 
 
 KERNELS = ("eager", "sdpa")
@@ -136,11 +152,13 @@ class PredictionConfig:
     causal_draws: int = 10
     """Layer-matched random head sets per group of the causal stage (each one ablation pass per prompt and
     length); its randomization p cannot go below 1 / (causal_draws + 1)."""
-    estimate_draws: int = 1000
+    estimate_draws: int = 10_000
     """Layer(+kind)-matched random head sets per causal group whose ablation is ESTIMATED (the sum of their
     heads' attribution-patching effects, `posym.commands.llm_study.estimates`): the null of the estimated
     causal tests. Cheap (every head's effect is known once per prompt; a draw only sums heads); the first
-    causal_draws of them are the sets the causal stage ablates for real."""
+    calibration_draws of them are also ablated for real. Its smallest p, 1 / (draws + 1), times the tests of
+    a Holm family (`estimate_family`: 56 at five causal lengths) must stay below 0.05, or no verdict
+    could be reached: 1,000 draws could not (56 / 1,001 = 0.056)."""
     calibration_draws: int = 20
     """Of each pool's estimated random sets, how many (the first ones) are also ablated for real, beside the
     named groups, to validate the estimate at every causal length (causal/calibration.parquet): one
@@ -199,6 +217,13 @@ class PredictionConfig:
         for name, value in counts.items():
             if not 1 <= value <= 100_000:
                 raise PosymError(f"{name} must lie in 1..100000, got {value}")
+        family = estimate_family(self.causal_factors)
+        if family / (self.estimate_draws + 1) >= ALPHA:
+            raise PosymError(
+                f"estimate_draws {self.estimate_draws:,} cannot separate anything: its smallest p, "
+                f"1 / {self.estimate_draws + 1:,}, times the {family} tests of a Holm family is not below {ALPHA}; "
+                f"use at least {math.ceil(family / ALPHA):,}"
+            )
         if self.calibration_draws > self.estimate_draws:
             raise PosymError(
                 f"calibration_draws ({self.calibration_draws}) cannot exceed estimate_draws ({self.estimate_draws}): "
