@@ -309,12 +309,13 @@ def test_families_keep_every_base_token_and_the_answer(builder, fmt, variant):
         assert long.insert_at == len(builder.bos) + base - len(head) - len(tail) - len(builder.encode("\n"))
 
 
-@pytest.mark.parametrize("fmt", prompt_sets.FORMATS)
+@pytest.mark.parametrize("fmt", [*prompt_sets.FORMATS, "kv-code:facts=6:competing=3"])
 @pytest.mark.parametrize("variant", prompt_sets.VARIANTS)
 @pytest.mark.parametrize("markers", [False, True])
 def test_families_know_their_answer_bearing_keys(builder, fmt, variant, markers):
     """Every prompt's answer_keys hold the token of each answer fact's value, at every length, and they
-    are the same base tokens moved as `position_map` moves them (what attn_answer reads)."""
+    are the same base tokens moved as `position_map` moves them (what attn_answer reads). With competing
+    keys it is the fresh value's fact, never a stale one (the lengths stage failed on none before)."""
     family = prompt_sets.LengthFamily(fmt, variant=variant, markers=markers, factors=[1, 4])
     prompts = prompt_sets.build(family, builder, 6, seed=3)
     for factor, group in prompts.items():
@@ -328,8 +329,12 @@ def test_families_know_their_answer_bearing_keys(builder, fmt, variant, markers)
             assert [p.ids[k] for k in p.answer_keys] == wanted
             assert all(k < p.query - len(builder.encode(core.question[-1])) for k in p.answer_keys)  # in the facts
             assert list(p.answer_keys) == [p.position_map(k) for k in b.answer_keys]
-    if fmt in ("kv-code", "kv-list", "possession"):  # the value token is the answer token itself
+    if fmt.split(":")[0] in ("kv-code", "kv-list", "possession"):  # the value token is the answer token itself
         assert all(p.ids[p.answer_keys[0]] == p.answer_id for p in prompts[4])
+    if "competing" in fmt:  # the key's fact is the fresh one: "The code of", not "The old code of"
+        for p in prompts[1]:
+            core = family.core(3, p.index, builder.keys)
+            assert "old" not in core.facts[core.answer_facts[0]] and core.answer in core.facts[core.answer_facts[0]]
 
 
 def test_families_answer_token_is_the_one_distinct_candidate_token(builder):

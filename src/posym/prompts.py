@@ -544,10 +544,19 @@ class LengthFamily:
                 if self.competing:  # stale codes of the asked key and competing - 1 others, shuffled in
                     stale = rng.sample(sorted(set(range(1, 10)) - {int(v) for v in values}), self.competing)
                     which = [asked, *rng.sample([k for k in range(n) if k != asked], self.competing - 1)]
+                    fresh = facts[asked]  # the answer's fact, found again after the shuffle
                     facts += [f" {tag[k]}The old code of {words[k]} was {v}." for k, v in zip(which, stale)]
                     rng.shuffle(facts)
                     values_offered = values + [str(v) for v in stale]
-                    return Core(prefix, facts, question, f" {values[asked]}", [f" {v}" for v in values_offered])
+                    return Core(
+                        prefix,
+                        facts,
+                        question,
+                        f" {values[asked]}",
+                        [f" {v}" for v in values_offered],
+                        (facts.index(fresh),),
+                        (f" {values[asked]}",),
+                    )
             elif self.format == "kv-list":
                 facts = [f"\n{tag[i]}{w} = {v}" for i, (w, v) in enumerate(zip(words, values))]
                 question = [f"\n{tag[asked]}{words[asked]}", " ="]
