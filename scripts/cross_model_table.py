@@ -5,7 +5,10 @@ layout, Wilson 95%); whether a head's sink-free label predicts that it keeps its
 heads that look at the answer key at the base length, the AUROC of s_sym - s_pos for "keeps at least half of its
 base attention on it" (`posym.core.retention.label_prediction`, 95% head-bootstrap interval, and the
 layer-matched AUROC); and the symbolic and positional groups' retention on the answer key against their matched
-random heads (Holm p and verdict, from lengths/group_retention.parquet). Nothing is averaged over models.
+random heads (Holm p and verdict, from lengths/group_retention.parquet); and, where the causal stage is committed,
+each group's estimated accuracy drop under mean-ablation at the longest causal length against its matched random
+sets (causal/estimates.parquet, the real ablation beside it, whether the calibration trusts the estimate there).
+Nothing is averaged over models.
 
 The block of docs/results.md between `<!-- cross-model:begin -->` and `<!-- cross-model:end -->` is this
 script's output (`--write FILE` rewrites it); tests/test_cross_model_table.py checks it against the tables.
@@ -57,6 +60,31 @@ def _group(groups, name: str) -> str:
     return f"{kept} vs random {r.null_median:.2f}; Holm p {_p(r.p_holm)}: {r.verdict}"
 
 
+def causal(study: Path) -> str:
+    """The causal cell: each sink-free group's ESTIMATED accuracy drop at the longest causal length against its
+    matched pool's estimated draws (Holm p, verdict), the real ablation's drop beside it, and whether the
+    estimate was trusted at that length (causal/calibration.parquet); '-' without a causal stage."""
+    path = study / "causal" / "estimates.parquet"
+    if not path.is_file():
+        return "- (no causal stage committed)"
+    table = pd.read_parquet(path)
+    est = table[(table.source == "estimate") & (table.ranking == RANKING) & (table.measure == "acc_drop")]
+    est = est[est.factor == est.factor.max()]
+    calibration = pd.read_parquet(study / "causal" / "calibration.parquet")
+    trusted = calibration[calibration.factor == est.factor.max()].trusted.all()
+    parts = [
+        f"{r.group} {r.value:+.2f} (real {r.real_value:+.2f}) vs random {r.null_median:+.2f} "
+        f"[{r.null_lo:+.2f}, {r.null_hi:+.2f}]; Holm p {_p(r.p_holm)}: {r.verdict}"
+        for r in est.sort_values("group", ascending=False).itertuples()
+    ]
+    first = est.iloc[0]
+    return (
+        f"at {int(first.factor)}x, k = {int(first.k)}, n = {int(first.prompts)}, {int(first.draws):,} draws: "
+        + "; ".join(parts)
+        + f" (estimate {'trusted' if trusted else 'NOT trusted'} there)"
+    )
+
+
 def row(study: Path) -> str:
     lengths = study / "lengths"
     info = json.loads((lengths / "lengths.json").read_text())
@@ -81,7 +109,7 @@ def row(study: Path) -> str:
         f"| {NAMES[study.name]} | `{info['format']}`: {first.acc:.2f} [{first.lo:.2f}, {first.hi:.2f}] at "
         f"{first.length} -> {last.acc:.2f} [{last.lo:.2f}, {last.hi:.2f}] at {last.length:,} (n = {last.n}) | "
         f"{p['looking']} of {p['heads']} / {p['kept']} | {auroc} | {_group(groups, 'symbolic')} | "
-        f"{_group(groups, 'positional')} |"
+        f"{_group(groups, 'positional')} | {causal(study)} |"
     )
 
 
@@ -93,9 +121,10 @@ def block() -> str:
             (
                 "| model | task: accuracy 1x -> 16x [Wilson 95%] | heads looking at the answer key at 1x / keeping "
                 ">= half of it at 16x | AUROC of s_sym - s_pos for keeping it [95%] | symbolic heads: answer key "
-                "kept at 16x [95%] | positional heads: answer key kept at 16x [95%] |"
+                "kept at 16x [95%] | positional heads: answer key kept at 16x [95%] | causal: estimated accuracy "
+                "drop when the group is mean-ablated, against matched random sets |"
             ),
-            "|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|",
             *[row(study) for study in studied()],
             "",
             END,

@@ -173,6 +173,69 @@ def past_context_block() -> str:
     return "\n".join([*lines, "", PAST_END])
 
 
+CAUSAL_BEGIN, CAUSAL_END = "<!-- causal-estimates:begin -->", "<!-- causal-estimates:end -->"
+CAUSAL_SHOWN = ("acc_drop", "length_effect")
+"""The measures the block shows (causal/estimates.parquet holds the margin change too)."""
+
+
+def causal_block() -> str:
+    """The causal block: per model with a causal/estimates.parquet, the calibration of the AtP estimates
+    against real ablation at every causal length, then each named group's estimated accuracy drop at the
+    base and the longest length and its length effect at the longest, against its pool's estimated draws
+    (Holm over the (source, k, mode) family), with the real ablation's value and the verdict it gets
+    against the same null beside it."""
+    lines = [CAUSAL_BEGIN]
+    for model, study in MODELS.items():
+        causal = study / "causal"
+        if not (causal / "estimates.parquet").is_file():
+            continue
+        table = pd.read_parquet(causal / "estimates.parquet")
+        calibration = pd.read_parquet(causal / "calibration.parquet")
+        est = table[table.source == "estimate"]
+        real = table[table.source == "real"]
+        low, top = int(est.factor.min()), int(est.factor.max())
+        lines += [
+            "",
+            f"**{model}** (docs/results/{study.name}/causal/): {int(est.prompts.max())} prompts a length, "
+            f"k = {', '.join(str(k) for k in sorted(est.k.unique()))}, {', '.join(sorted(est['mode'].unique()))}"
+            f"-ablation, {int(est.draws.max()):,} estimated random sets per pool (matched on layer and layer kind); "
+            f"{int(real.draws.max())} of them and every named group also ablated for real.",
+            "",
+            "Calibration, estimated (sum of the heads' AtP effects) against real margin change over prompt x set:",
+            "",
+            "| factor | tokens | sets | points | Pearson | Spearman | slope real / estimate | answers agree | "
+            "verdicts agree | trusted |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            *(
+                f"| {r.factor}x | {r.length:,} | {r.sets} | {r.points} | {r.pearson:.2f} | {r.spearman:.2f} | "
+                f"{r.slope:.2f} | {r.acc_agreement:.2f} | {r.verdicts_agree} of {r.verdicts} | "
+                f"{'yes' if r.trusted else 'no'} |"
+                for r in calibration.sort_values(["k", "mode", "factor"]).itertuples()
+            ),
+            "",
+            f"Named groups against their pools' estimated draws (Holm over the {int(est.family.max())} tests of the "
+            "family; MDE at its level):",
+            "",
+            "| ranking | group | measure | factor | estimate | null median [95%] | Holm p | verdict | MDE | "
+            "real | real's verdict | agree |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        shown = est[
+            est.measure.isin(CAUSAL_SHOWN)
+            & (
+                (est.factor.isin([low, top]) & (est.measure == "acc_drop"))
+                | ((est.factor == top) & (est.measure == "length_effect"))
+            )
+        ].sort_values(["ranking", "group", "measure", "factor"])
+        for r in shown.itertuples():
+            lines.append(
+                f"| {r.ranking} | {r.group} | {r.measure} | {r.factor}x | {r.value:+.2f} | {r.null_median:+.2f} "
+                f"[{r.null_lo:+.2f}, {r.null_hi:+.2f}] | {_p(r.p_holm)} | {r.verdict} | {r.mde:.2f} | "
+                f"{r.real_value:+.2f} | {r.real_verdict} | {'yes' if r.agrees else 'no'} |"
+            )
+    return "\n".join([*lines, "", CAUSAL_END])
+
+
 def write(path: Path, begin: str = BEGIN, end: str = END, make=block) -> None:
     """Rewrite the block of `path` between `begin` and `end` (both kept) with `make()`, which starts with `begin`
     and ends with `end`."""
@@ -190,9 +253,11 @@ def main() -> None:
     if args.write:
         write(args.write)
         write(args.write, PAST_BEGIN, PAST_END, past_context_block)
+        write(args.write, CAUSAL_BEGIN, CAUSAL_END, causal_block)
     else:
         print(block())
         print(past_context_block())
+        print(causal_block())
 
 
 if __name__ == "__main__":

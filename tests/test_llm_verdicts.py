@@ -35,3 +35,9 @@ def test_write_replaces_only_the_block(tmp_path):
 def test_past_context_block_is_the_scripts_output():
     doc = (ROOT / "docs" / "results.md").read_text()
     assert _block(doc, llm_verdicts.PAST_BEGIN, llm_verdicts.PAST_END) == llm_verdicts.past_context_block()
+
+
+def test_causal_block_is_the_scripts_output():
+    doc = (ROOT / "docs" / "results.md").read_text()
+    assert _block(doc, llm_verdicts.CAUSAL_BEGIN, llm_verdicts.CAUSAL_END) == llm_verdicts.causal_block()
+    assert (llm_verdicts.MODELS["SmolLM2-135M-Instruct"] / "causal" / "estimates.parquet").is_file()
