@@ -536,6 +536,7 @@ class LengthFamily:
             words = rng.sample(list(keys), n)
             values = [str(v) for v in rng.sample(range(1, 10), n)]
             asked, shown = rng.sample(range(n), 2)
+            answer_fact, offered = asked, values  # the competing form moves the one and adds to the other
             if self.format == "kv-code":
                 facts = [f" {tag[i]}The code of {w} is {v}." for i, (w, v) in enumerate(zip(words, values))]
                 q = words[asked]
@@ -547,16 +548,7 @@ class LengthFamily:
                     fresh = facts[asked]  # the answer's fact, found again after the shuffle
                     facts += [f" {tag[k]}The old code of {words[k]} was {v}." for k, v in zip(which, stale)]
                     rng.shuffle(facts)
-                    values_offered = values + [str(v) for v in stale]
-                    return Core(
-                        prefix,
-                        facts,
-                        question,
-                        f" {values[asked]}",
-                        [f" {v}" for v in values_offered],
-                        (facts.index(fresh),),
-                        (f" {values[asked]}",),
-                    )
+                    answer_fact, offered = facts.index(fresh), values + [str(v) for v in stale]
             elif self.format == "kv-list":
                 facts = [f"\n{tag[i]}{w} = {v}" for i, (w, v) in enumerate(zip(words, values))]
                 question = [f"\n{tag[asked]}{words[asked]}", " ="]
@@ -574,8 +566,8 @@ class LengthFamily:
                 facts,
                 question,
                 f" {values[asked]}",
-                [f" {v}" for v in values],
-                (asked,),
+                [f" {v}" for v in offered],
+                (answer_fact,),
                 (f" {values[asked]}",),
             )
         if self.format == "copy":

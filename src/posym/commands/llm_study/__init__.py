@@ -704,9 +704,7 @@ def run_study(
     measured = None
     if reuse_ablations is not None:
         measured = io.read_parquet(reuse_ablations)
-        missing = {"mode", "factor", "length", "heads", "prompt", "real", "correct_real", "clean"} - set(
-            measured.columns
-        )
+        missing = set(estimates.REUSED_COLUMNS) - set(measured.columns)
         if missing:
             raise PosymError(
                 f"{io.quote(reuse_ablations)} has no {', '.join(sorted(missing))} column: not a causal stage's "

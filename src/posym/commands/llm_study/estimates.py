@@ -77,6 +77,17 @@ CLEAN_TOLERANCE = 1e-4
 real ablations to be reused (float rounding across thread counts is ~1e-6; another prompt or model is ~1)."""
 
 Head = tuple[int, int]
+REUSED_COLUMNS = ("mode", "factor", "length", "heads", "prompt", "real", "correct_real", "clean")
+"""The columns of calibration points that `reused_ablations` reads (a table without them is not one)."""
+
+
+def set_text(heads) -> str:
+    """A head set as calibration_points' `heads` column writes it, and as `reused_ablations` finds it again.
+
+    >>> set_text([(0, 1), (12, 3)])
+    '0.1,12.3'
+    """
+    return ",".join(f"{a}.{b}" for a, b in heads)
 
 
 # ---- the estimates ---------------------------------------------------------------------------------
@@ -243,7 +254,7 @@ def measure_rows(effects: dict, real: dict, every_group: dict, calibration_draws
                     rows.append({"real_value": np.nan, "real_p": np.nan, **row})
     points = []
     for s, heads in enumerate(sets):
-        text = ",".join(f"{a}.{b}" for a, b in heads)
+        text = set_text(heads)
         for j, f in enumerate(factors):
             estimated = set_sums(effects[f]["effect"], [heads])[:, 0]  # [P]
             for prompt, value in enumerate(estimated):
@@ -390,7 +401,7 @@ def reused_ablations(measured, mode: str, factor: int, length: int, sets: list[l
         return out  # other prompts, or another model: nothing of it applies
     by_set = {text: rows.sort_values("prompt") for text, rows in part.groupby("heads")}
     for s, heads in enumerate(sets):
-        rows = by_set.get(",".join(f"{a}.{b}" for a, b in sorted(heads)))
+        rows = by_set.get(set_text(sorted(heads)))
         if rows is None or rows.prompt.nunique() != n_prompt or len(rows) != n_prompt:
             continue
         out["effect"][:, s] = rows.real.to_numpy(float)
