@@ -30,6 +30,7 @@ BEGIN, END = "<!-- llm-verdicts:begin -->", "<!-- llm-verdicts:end -->"
 MODELS = {
     "SmolLM2-135M-Instruct": ROOT / "docs" / "results" / "llm-study",
     "Gemma 3 270M": ROOT / "docs" / "results" / "llm-study-gemma3",
+    "Qwen2.5-Coder-0.5B-Instruct": ROOT / "docs" / "results" / "llm-study-qwen2.5-coder-0.5b",
 }
 MEASURE_NAMES = {"attn_answer": "answer key", "attn_tracked": "own top key, sinks left out", "margin": "margin"}
 

@@ -104,8 +104,8 @@ def check(markdown_path: Path, root: Path = ROOT) -> list[str]:
     for line, raw in paragraphs(markdown_path.read_text()):
         cited = CITATION.findall(raw)
         text = re.sub(
-            r"`[^`]*`|arXiv \d+\.\d+", "", re.sub(r"\]\([^)]*\)", "]", raw)
-        )  # code, links, paper ids: no results
+            r"`[^`]*`|arXiv \d+\.\d+|docs/(?:benchmarks|results)/[\w./-]+", "", re.sub(r"\]\([^)]*\)", "]", raw)
+        )  # code, links, paper ids, paths of results (docs/results/llm-study-qwen2.5-coder-0.5b/): no results
         if not cited and text.lstrip().startswith("|") and inherited:
             cited = inherited
         inherited = cited or None

@@ -39,7 +39,7 @@ def test_docs_block_is_the_scripts_output():
     assert {"SmolLM2-135M-Instruct", "Gemma 3 270M"} <= {r.split(" | ")[0][2:] for r in rows}
 
 
-@pytest.mark.parametrize("study", ["llm-study", "llm-study-gemma3"])
+@pytest.mark.parametrize("study", ["llm-study", "llm-study-gemma3", "llm-study-qwen2.5-coder-0.5b"])
 def test_label_prediction_against_the_definition(study):
     """The AUROC and its counts recomputed head by head from head_retention.parquet, by brute force."""
     lengths = ROOT / "docs" / "results" / study / "lengths"
@@ -77,3 +77,23 @@ def test_committed_predictions():
     assert smol["auroc_layer_lo"] < 0.5 < smol["auroc_layer_hi"]
     gemma = cross_model_table.prediction(ROOT / "docs" / "results" / "llm-study-gemma3" / "lengths")
     assert (gemma["looking"], gemma["kept"]) == (17, 0) and np.isnan(gemma["auroc"])
+
+
+def test_committed_qwen_row():
+    """What docs/results.md says of Qwen2.5-Coder-0.5B: the label ranks keepers neither overall nor inside
+    layers (both intervals span 0.5); its positional and mixed heads lose the answer key more than random
+    (Holm p 0.008); two thirds of its heads are symbolic, a group without a disjoint random set (untested);
+    no sink heads, so its plain and sink-free groups are the same."""
+    lengths = ROOT / "docs" / "results" / "llm-study-qwen2.5-coder-0.5b" / "lengths"
+    qwen = cross_model_table.prediction(lengths)
+    assert (qwen["heads"], qwen["looking"], qwen["kept"]) == (336, 107, 50)
+    assert qwen["auroc_lo"] < 0.5 < qwen["auroc_hi"] and qwen["auroc_layer_lo"] < 0.5 < qwen["auroc_layer_hi"]
+    groups = pd.read_parquet(lengths / "group_retention.parquet")
+    answer = groups[(groups.layout == "between") & (groups.measure == "attn_answer") & (groups.length == 2176)]
+    by = {(r.ranking, r.group): r for r in answer.itertuples()}
+    for ranking in ("sink-free", "plain"):
+        assert by[(ranking, "symbolic")].heads == 224 and pd.isna(by[(ranking, "symbolic")].p_holm)
+        for group, value, null in (("positional", 0.06, 0.34), ("mixed", 0.14, 0.42)):
+            r = by[(ranking, group)]
+            assert (round(r.value, 2), round(r.null_median, 2)) == (value, null)
+            assert r.verdict == "loses more than random" and round(r.p_holm, 3) == 0.008

@@ -45,6 +45,16 @@ def test_a_wrong_or_uncited_number_is_listed(tmp_path):
     ]
 
 
+def test_numbers_inside_a_cited_path_are_not_results(tmp_path):
+    (tmp_path / "docs" / "results" / "study-0.5b").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "study-0.5b" / "t.json").write_text(json.dumps({"seconds": 2252.98}))
+    page = tmp_path / "page.md"
+    page.write_text(
+        "It took 2,253 s (docs/results/study-0.5b/t.json).\n\nIt took 2,254 s (docs/results/study-0.5b/t.json).\n"
+    )
+    assert check(page, tmp_path) == ["page.md:3: 2,254 is not in docs/results/study-0.5b/t.json"]
+
+
 def test_generated_option_tables_are_not_read(tmp_path):
     """A default in an options table is an argument, not a result: only the numbers outside are checked."""
     (tmp_path / "docs" / "benchmarks").mkdir(parents=True)
