@@ -129,7 +129,7 @@ def pools(groups: dict[tuple[str, str], list[Head]]) -> dict[tuple[str, str], tu
     return out
 
 
-def _stat_rows(clean_correct, correct, change, null_correct, null_change, real: dict | None = None) -> list[dict]:
+def stat_rows(clean_correct, correct, change, null_correct, null_change, real: dict | None = None) -> list[dict]:
     """Per factor and measure: the group's value, its null's median and 95% interval, the randomization p
     and the per-prompt spread of the group minus its pool's mean (the MDE's sd).
 
@@ -236,9 +236,9 @@ def measure_rows(effects: dict, real: dict, every_group: dict, calibration_draws
             index = [where[(k, ranking, group, i)] for i in range(-1, min(calibration_draws, len(draws)))]
             r_effect = np.stack([real[f]["effect"][:, index] for f in factors])  # [F, P, 1 + C]
             r_correct = np.stack([real[f]["correct"][:, index] for f in factors])  # [F, P, 1 + C]
-            actual = _stat_rows(r_clean, r_correct[..., 0], r_effect[..., 0], r_correct[..., 1:], r_effect[..., 1:])
+            actual = stat_rows(r_clean, r_correct[..., 0], r_effect[..., 0], r_correct[..., 1:], r_effect[..., 1:])
             real_of = {(r["measure"], r["j"]): r["value"] for r in actual}
-            estimate = _stat_rows(
+            estimate = stat_rows(
                 clean_correct, clean + est_named > 0, est_named, clean[..., None] + est_draws > 0, est_draws, real_of
             )
             common = {"k": k, "ranking": ranking, "group": group, "prompts": clean.shape[1]}
