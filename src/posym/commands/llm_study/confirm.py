@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from posym.commands.llm_study.estimates import stat_rows, verdict
-from posym.commands.llm_study.prediction import CAUSAL_MEASURES, RANKINGS
+from posym.commands.llm_study.prediction import CAUSAL_MEASURES, RANKINGS, every_head, ranked_group
 from posym.core import attribution
 from posym.core.interventions import ABLATION_MODES
 from posym.core.retention import matched_random
@@ -96,19 +96,12 @@ class ConfirmPlan:
 
 
 def plan_sets(heads, plan: ConfirmPlan, *, kinds: dict | None = None) -> tuple[list[Head], list[list[Head]]]:
-    """(the named group, its plan.draws random sets): the group ranked as `prediction.causal_groups` ranks it
-    (sorted by s_pos - s_sym, then layer, head, within plan.ranking's heads), the sets `matched_random` over
-    the sink-free heads (every head of the model) with the plan's seed, layer and layer kind matched."""
-    rows = heads[heads.variant == plan.ranking]
-    order = rows.assign(b=rows.s_pos - rows.s_sym).sort_values(["b", "layer", "head"])
-    pairs = [(int(a), int(b)) for a, b in zip(order.layer, order["head"])]
-    if plan.k > len(pairs) // 2:
-        raise PosymError(f"k = {plan.k} is more than half of the {len(pairs)} heads: no disjoint random set")
-    named = sorted(pairs[: plan.k] if plan.group == "symbolic" else pairs[::-1][: plan.k])
-    every = [
-        (int(a), int(b))
-        for a, b in zip(heads.layer[heads.variant == "sink-free"], heads["head"][heads.variant == "sink-free"])
-    ]
+    """(the named group, its plan.draws random sets): the group the causal stage ablates (`ranked_group`), the
+    sets `matched_random` over every head of the model with the plan's seed, layer and layer kind matched."""
+    every = every_head(heads)
+    if plan.k > len(every) // 2:
+        raise PosymError(f"k = {plan.k} is more than half of the {len(every)} heads: no disjoint random set")
+    named = ranked_group(heads, plan.ranking, plan.group, plan.k)
     return named, matched_random(every, named, plan.draws, seed=plan.seed, kinds=kinds)
 
 

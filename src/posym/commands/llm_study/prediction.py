@@ -630,6 +630,28 @@ def accuracy_tests(accuracy, *, effect: float, alpha: float = ALPHA, power: floa
     return out
 
 
+def ranked_group(heads, ranking: str, group: str, k: int) -> list[tuple[int, int]]:
+    """The k most symbolic (lowest s_pos - s_sym) or most positional heads of one ranking's rows of a heads
+    table, ties broken by layer then head, returned sorted.
+
+    >>> import pandas as pd
+    >>> h = pd.DataFrame({"variant": "plain", "layer": [0, 0, 1], "head": [0, 1, 0], "s_pos": [0.9, 0.1, 0.5],
+    ...                   "s_sym": [0.1, 0.8, 0.5]})
+    >>> ranked_group(h, "plain", "symbolic", 1), ranked_group(h, "plain", "positional", 2)
+    ([(0, 1)], [(0, 0), (1, 0)])
+    """
+    rows = heads[heads.variant == ranking]
+    order = rows.assign(b=rows.s_pos - rows.s_sym).sort_values(["b", "layer", "head"])
+    pairs = [(int(a), int(b)) for a, b in zip(order.layer, order["head"])]
+    return sorted(pairs[:k] if group == "symbolic" else pairs[::-1][:k])
+
+
+def every_head(heads) -> list[tuple[int, int]]:
+    """Every (layer, head) of a heads table (its sink-free rows: one per head of the model)."""
+    rows = heads[heads.variant == "sink-free"]
+    return [(int(a), int(b)) for a, b in zip(rows.layer, rows["head"])]
+
+
 def causal_groups(
     heads, k: int, draws: int, seed: int, *, kinds: dict | None = None
 ) -> dict[tuple[str, str], list[tuple[int, int]]]:
@@ -638,15 +660,9 @@ def causal_groups(
     ('random:<group>:<i>' under that ranking)."""
     out: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for ranking in RANKINGS:
-        rows = heads[heads.variant == ranking]
-        order = rows.assign(b=rows.s_pos - rows.s_sym).sort_values(["b", "layer", "head"])
-        pairs = [(int(a), int(b)) for a, b in zip(order.layer, order["head"])]
-        out[(ranking, "symbolic")] = sorted(pairs[:k])
-        out[(ranking, "positional")] = sorted(pairs[::-1][:k])
-    every = [
-        (int(a), int(b))
-        for a, b in zip(heads.layer[heads.variant == "sink-free"], heads["head"][heads.variant == "sink-free"])
-    ]
+        for group in ("symbolic", "positional"):
+            out[(ranking, group)] = ranked_group(heads, ranking, group, k)
+    every = every_head(heads)
     for r, ranking in enumerate(RANKINGS):
         for g, group in enumerate(("symbolic", "positional")):
             # the sink-free pools keep the seeds they always had (same draws as before for the same heads)
