@@ -276,6 +276,39 @@ def test_the_benchmark_measures_what_it_says():
         assert entry[run]["decode_s_per_token"] > 0 and entry[run]["prefill_s"] > 0
 
 
+def test_committed_benchmark_reads_back():
+    """docs/benchmarks/kv_cache.json (SmolLM2, 1,024-8,192 tokens) holds what docs/results.md says of it: the
+    policy's cache holds exactly the bytes its policy implies, a kept fraction of 0.52-0.62; the full head cache
+    is the model's size and generates the model's tokens; its table rows are the JSON's numbers."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    record = json.loads((root / "docs" / "benchmarks" / "kv_cache.json").read_text())
+    assert record["model"] == "smollm2-135m" and record["streaming_fraction"] == 0.5
+    runs = {r["tokens"]: r for r in record["runs"]}
+    assert sorted(runs) == [1024, 4096, 8192]
+    page = (root / "docs" / "results.md").read_text()
+    for tokens, r in runs.items():
+        model, full, policy = r["model"], r["full"], r["policy"]
+        assert model["cache_bytes"] == full["cache_bytes"] == full["policy_bytes"] > policy["cache_bytes"]
+        assert policy["cache_bytes"] == policy["policy_bytes"]
+        assert (
+            r["memory_ratio"] == pytest.approx(policy["cache_bytes"] / full["cache_bytes"]) == policy["kept_fraction"]
+        )
+        assert model["tokens"] == full["tokens"] and len(policy["tokens"]) == r["new_tokens"] == 32
+        mib = [run["cache_bytes"] / 2**20 for run in (model, policy)]
+        row = (
+            f"| {tokens:,} | {mib[0]:.1f} / {mib[1]:.1f} | {r['memory_ratio']:.2f} | "
+            + " / ".join(f"{run['decode_s_per_token']:.3f}" for run in (model, full, policy))
+            + " | "
+            + " / ".join(f"{run['decode_peak_bytes'] / 2**20:.1f}" for run in (model, full, policy))
+            + " |"
+        )
+        assert row in page, row
+    assert 0.5 < runs[8192]["memory_ratio"] < runs[1024]["memory_ratio"] < 0.63
+
+
 @pytest.mark.parametrize("kind,window", [("llama", None), ("gemma2", WINDOW)])
 def test_query_blocks_change_nothing(kind, window, monkeypatch):
     # one query a block (the budget of a long prefill, scaled down) computes what one block does
