@@ -12,6 +12,7 @@ versions, the plan's hash, seconds); refuses an unfinished run.
 
     OMP_WAIT_POLICY=PASSIVE nice python scripts/causal_confirm.py run docs/results/llm-study-gemma3 gemma3-270m
     python scripts/causal_confirm.py collect docs/results/llm-study-gemma3
+    python scripts/causal_confirm.py block --write docs/results.md   # the block between its markers
 """
 
 from __future__ import annotations
@@ -130,6 +131,54 @@ def collect(study: Path, where: Path) -> None:
     print(table.to_string())
 
 
+BEGIN, END = "<!-- causal-confirm:begin -->", "<!-- causal-confirm:end -->"
+STUDIES = {"Gemma 3 270M": Path(__file__).resolve().parents[1] / "docs" / "results" / "llm-study-gemma3"}
+"""Model name -> study directory whose confirm/ tables the docs block shows (in this order, where present)."""
+
+
+def block() -> str:
+    """The docs/results.md block: per committed confirmatory test, its plan in one line and one row per measure
+    and length (the planned family's with Holm p and verdict, the rest described, not tested)."""
+    import pandas as pd
+
+    from posym import io
+
+    lines = [BEGIN, ""]
+    for name, study in STUDIES.items():
+        path = study / "confirm" / "confirm.parquet"
+        if not path.is_file():
+            continue
+        plan = io.read_yaml(study / "confirm" / "plan.yaml")
+        table = pd.read_parquet(path)
+        lines += [
+            f"**{name}** ({study.relative_to(study.parents[2])}/confirm/): the {plan['k']} most {plan['group']} heads "
+            f"({plan['ranking']} labels), {plan['mode']}-ablation, prompts {plan['first_prompt']}-"
+            f"{plan['first_prompt'] + plan['prompts'] - 1} of the study's, {plan['draws']} real random sets matched on "
+            f"layer and layer kind (seed {plan['seed']}); tested: {plan['measure']} at every length, Holm over "
+            f"{int(table.family.max())}.",
+            "",
+            "| measure | tokens | prompts | clean accuracy | ablated | group | random median [95%] | p | Holm p | verdict | MDE |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in table.itertuples():
+            holm = f"{r.p_holm:.3f}" if r.tested else "-"
+            lines.append(
+                f"| {r.measure} | {r.length:,} | {r.prompts} | {r.acc_clean:.2f} | {r.acc:.2f} | {r.value:+.2f} | "
+                f"{r.null_median:+.2f} [{r.null_lo:+.2f}, {r.null_hi:+.2f}] | {r.p:.3f} | {holm} | {r.verdict} | "
+                f"{r.mde:.2f} |"
+            )
+        lines.append("")
+    return "\n".join([*lines, END])
+
+
+def write_block(path: Path) -> None:
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} block")
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(head + block() + rest.split(END, 1)[1])
+
+
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from posym.errors import PosymError
@@ -148,12 +197,18 @@ def main() -> None:
     two = sub.add_parser("collect")
     two.add_argument("study", type=Path)
     two.add_argument("--work", type=Path, default=None)
+    three = sub.add_parser("block", help="print the docs block of the committed tests (--write FILE rewrites it)")
+    three.add_argument("--write", type=Path, default=None)
     args = parser.parse_args()
     try:
         if args.command == "run":
             run(args.study, args.model, args.plan, args.work or work_dir(args.study), args.chunk, args.threads)
-        else:
+        elif args.command == "collect":
             collect(args.study, args.work or work_dir(args.study))
+        elif args.write:
+            write_block(args.write)
+        else:
+            print(block())
     except PosymError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

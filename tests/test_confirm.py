@@ -165,3 +165,38 @@ def test_script_refuses_an_empty_work_directory(tmp_path):
     )
     assert done.returncode == 2 and done.stderr.strip().endswith("holds no chunks: run first"), done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "confirm").exists()
+
+
+def test_script_collects_a_finished_run_and_prints_its_block(tmp_path, monkeypatch):
+    from posym import configs, io
+
+    plan = confirm.ConfirmPlan(factors=[1, 16], draws=40)
+    points = planted_points(plan).assign(heads="0.1,2.3")
+    work, study = tmp_path / "work", tmp_path / "docs" / "results" / "study"
+    work.mkdir()
+    study.mkdir(parents=True)
+    io.write_yaml(work / "plan.yaml", configs.to_dict(plan))
+    for factor, part in points.groupby("factor"):  # two chunks a factor, as `run` saves them
+        for lo, chunk in ((0, part[part.set < 20]), (21, part[part.set >= 20])):
+            io.write_parquet(work / f"f{factor:02d}-s{lo:04d}.parquet", chunk.assign(chunk=lo, seconds=1.5 + factor))
+    script = [sys.executable, str(ROOT / "scripts" / "causal_confirm.py")]
+    done = subprocess.run([*script, "collect", str(study), "--work", str(work)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    table = pd.read_parquet(study / "confirm" / "confirm.parquet")
+    pd.testing.assert_frame_equal(table, confirm.confirm_table(points, plan), check_dtype=False)
+    record = io.read_json_object(study / "confirm" / "confirm.json")
+    assert record["seconds_by_factor"] == {"1": 5.0, "16": 35.0} and record["sets"] == 41
+    assert io.read_yaml(study / "confirm" / "plan.yaml") == configs.to_dict(plan)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import causal_confirm
+
+    monkeypatch.setattr(causal_confirm, "STUDIES", {"Tiny": study})
+    text = causal_confirm.block()
+    assert text.startswith(causal_confirm.BEGIN) and text.endswith(causal_confirm.END)
+    first = table.iloc[0]
+    assert f"| acc_drop | 8 | 12 | {first.acc_clean:.2f} | {first.acc:.2f} | {first.value:+.2f} |" in text
+    assert text.count("above random") == 2 and text.count("not tested") == 3
+    page = tmp_path / "page.md"
+    page.write_text(f"a\n{causal_confirm.BEGIN}\nold\n{causal_confirm.END}\nb\n")
+    causal_confirm.write_block(page)
+    assert page.read_text() == f"a\n{text}\nb\n"
