@@ -200,3 +200,38 @@ def test_script_collects_a_finished_run_and_prints_its_block(tmp_path, monkeypat
     page.write_text(f"a\n{causal_confirm.BEGIN}\nold\n{causal_confirm.END}\nb\n")
     causal_confirm.write_block(page)
     assert page.read_text() == f"a\n{text}\nb\n"
+
+
+GEMMA = ROOT / "docs" / "results" / "llm-study-gemma3" / "confirm"
+
+
+@pytest.mark.skipif(not (GEMMA / "confirm.parquet").is_file(), reason="Gemma 3's confirmatory test not committed")
+def test_committed_gemma3_confirmation_follows_from_its_points():
+    """docs/results/llm-study-gemma3/confirm: the table is the one its points give under the plan committed
+    before the run (git: plan.yaml unchanged since), the docs block is the script's output, the prompts are
+    the 20 the causal stage did not use and the random sets are the plan's."""
+    from posym import configs, io
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import causal_confirm
+
+    plan = configs.from_dict(confirm.ConfirmPlan, io.read_yaml(GEMMA / "plan.yaml"))
+    assert configs.to_dict(plan) == configs.to_dict(confirm.ConfirmPlan())  # the defaults are the plan
+    points = pd.read_parquet(GEMMA / "points.parquet")
+    table = pd.read_parquet(GEMMA / "confirm.parquet")
+    pd.testing.assert_frame_equal(table, confirm.confirm_table(points, plan), check_dtype=False)
+    assert sorted(points.prompt.unique()) == list(range(12, 32)) and set(points.factor) == {1, 16}
+    heads = pd.read_parquet(GEMMA.parent / "lengths" / "heads.parquet")
+    heads = heads[heads.layout == "between"]
+    kinds = {l: "local" if (l + 1) % 6 else "global" for l in range(18)}  # Gemma 3 270M: every sixth is global
+    named, draws = confirm.plan_sets(heads, plan, kinds=kinds)
+    sets = dict(zip(range(confirm.NAMED, plan.draws), [named, *draws]))
+    for s, text in points.groupby("set").heads.first().items():
+        assert text == estimates.set_text(sets[s])
+    doc = (ROOT / "docs" / "results.md").read_text()
+    assert (
+        causal_confirm.BEGIN
+        + doc.split(causal_confirm.BEGIN, 1)[1].split(causal_confirm.END, 1)[0]
+        + causal_confirm.END
+        == causal_confirm.block()
+    )
