@@ -93,11 +93,9 @@ def run(study: Path, model: str, plan_file: Path | None, where: Path, chunk: int
             rows = confirm_points(loaded.model, prompts, part, mode=plan.mode, factor=factor, first_set=NAMED + lo)
             frame = pd.DataFrame(rows)
             frame["heads"] = [set_text(sets[s - NAMED]) for s in frame.set]
-            io.write_parquet(path, frame.assign(chunk=lo, seconds=time.time() - t0))
-            print(
-                f"{factor}x sets {lo}-{lo + len(sets[lo : lo + chunk]) - 1} of {len(sets)}: {time.time() - t0:.0f} s",
-                flush=True,
-            )
+            seconds = time.time() - t0
+            io.write_parquet(path, frame.assign(chunk=lo, seconds=seconds))
+            print(f"{factor}x sets {lo}-{lo + len(part) - 1} of {len(sets)}: {seconds:.0f} s", flush=True)
 
 
 def collect(study: Path, where: Path) -> None:
@@ -172,15 +170,12 @@ def block() -> str:
 
 
 def write_block(path: Path) -> None:
-    text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{path} has no {BEGIN} ... {END} block")
-    head, rest = text.split(BEGIN, 1)
-    path.write_text(head + block() + rest.split(END, 1)[1])
+    from llm_verdicts import write
+
+    write(path, BEGIN, END, block)
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from posym.errors import PosymError
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -607,7 +607,7 @@ def label_moves(heads, config: StudyConfig):
     return pd.concat(
         [
             prediction.label_moves(plain, marked, groups[("sink-free", g)]).assign(group=g, k=k)
-            for g in ("symbolic", "positional")
+            for g in prediction.CAUSAL_GROUPS
         ],
         ignore_index=True,
     )

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from posym.commands.llm_study.estimates import stat_rows, verdict
-from posym.commands.llm_study.prediction import CAUSAL_MEASURES, RANKINGS, every_head, ranked_group
+from posym.commands.llm_study.prediction import CAUSAL_GROUPS, CAUSAL_MEASURES, RANKINGS, every_head, ranked_group
 from posym.core import attribution
 from posym.core.interventions import ABLATION_MODES
 from posym.core.retention import matched_random
@@ -73,8 +73,8 @@ class ConfirmPlan:
     def __post_init__(self):
         if self.ranking not in RANKINGS:
             raise PosymError(f"ranking {self.ranking!r} is not one of {', '.join(RANKINGS)}")
-        if self.group not in ("symbolic", "positional"):
-            raise PosymError(f"group {self.group!r} is not 'symbolic' or 'positional'")
+        if self.group not in CAUSAL_GROUPS:
+            raise PosymError(f"group {self.group!r} is not one of {', '.join(CAUSAL_GROUPS)}")
         if self.measure not in CAUSAL_MEASURES:
             raise PosymError(f"measure {self.measure!r} is not one of {', '.join(CAUSAL_MEASURES)}")
         if self.mode not in ABLATION_MODES:

@@ -73,6 +73,9 @@ LABEL_GROUPS = ("positional", "symbolic", "mixed")
 RANKINGS = ("sink-free", "plain")
 """Which scores rank the heads of the causal groups: with the attention sinks left out of the swaps
 (the default: most plain 'symbolic' labels of a real model are the sink), or plainly."""
+CAUSAL_GROUPS = ("symbolic", "positional")
+"""The named groups of each ranking (the k most symbolic and the k most positional heads), in the order
+whose index seeds each pool's random draws (`causal_groups`)."""
 CAUSAL_MEASURES = ("acc_drop", "margin_change", "length_effect")
 """What the estimated causal tests test (`posym.commands.llm_study.estimates`): acc clean - acc ablated;
 mean metric(ablated) - metric(clean) of the margin; acc_drop at the length minus at the base length (from
@@ -660,11 +663,11 @@ def causal_groups(
     ('random:<group>:<i>' under that ranking)."""
     out: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for ranking in RANKINGS:
-        for group in ("symbolic", "positional"):
+        for group in CAUSAL_GROUPS:
             out[(ranking, group)] = ranked_group(heads, ranking, group, k)
     every = every_head(heads)
     for r, ranking in enumerate(RANKINGS):
-        for g, group in enumerate(("symbolic", "positional")):
+        for g, group in enumerate(CAUSAL_GROUPS):
             # the sink-free pools keep the seeds they always had (same draws as before for the same heads)
             drawn = matched_random(every, out[(ranking, group)], draws, seed=seed + 31 * g + k + 1009 * r, kinds=kinds)
             for i, draw in enumerate(drawn):
