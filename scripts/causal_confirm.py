@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from posym.runs import StudyDir
+
 RUNS = Path(os.environ.get("POSYM_RUNS", Path.home() / "posym-runs")) / "confirm"
 
 
@@ -66,7 +68,7 @@ def run(study: Path, model: str, plan_file: Path | None, where: Path, chunk: int
 
     torch.set_num_threads(threads)
     plan = load_plan(plan_file)
-    config = configs.from_dict(llm_study.StudyConfig, io.read_yaml(study / "study.yaml"), where=str(study))
+    config = configs.from_dict(llm_study.StudyConfig, io.read_yaml(StudyDir(study).marker), where=str(study))
     if plan.first_prompt + plan.prompts > config.prediction.n_length:
         raise PosymError(
             f"prompts {plan.first_prompt}..{plan.first_prompt + plan.prompts - 1} are past the study's "
@@ -76,9 +78,9 @@ def run(study: Path, model: str, plan_file: Path | None, where: Path, chunk: int
         print(f"note: prompts from {plan.first_prompt} overlap the causal stage's first {config.prediction.n_causal}")
     claim_plan(where, plan)
     loaded = models.load(model)
-    fmt = io.read_json_object(study / "screen" / "screen.json")["format"]
+    fmt = io.read_json_object(StudyDir(study).file("screen", "choice"))["format"]
     every = llm_study._length_prompts(loaded, config, fmt)["between"]
-    heads = io.read_parquet(study / "lengths" / "heads.parquet")
+    heads = io.read_parquet(StudyDir(study).file("lengths", "heads"))
     heads = heads[heads.layout == "between"]
     named, draws = plan_sets(heads, plan, kinds=prediction.layer_kinds(loaded.model))
     sets = [named, *draws]
@@ -111,13 +113,13 @@ def collect(study: Path, where: Path) -> None:
         raise PosymError(f"{io.quote(where)} holds no chunks: run first")
     points = pd.concat([io.read_parquet(c) for c in chunks], ignore_index=True).sort_values(["factor", "set", "prompt"])
     table = confirm_table(points, plan)  # refuses an unfinished run
-    out = study / "confirm"
-    io.write_yaml(out / "plan.yaml", configs.to_dict(plan))
-    io.write_parquet(out / "points.parquet", points.reset_index(drop=True))
-    io.write_parquet(out / "confirm.parquet", table)
+    out = StudyDir(study)
+    io.write_yaml(out.file("confirm", "plan"), configs.to_dict(plan))
+    io.write_parquet(out.file("confirm", "points"), points.reset_index(drop=True))
+    io.write_parquet(out.file("confirm", "confirm"), table)
     per_factor = points.groupby(["factor", "chunk"]).seconds.first().groupby("factor").sum()  # a chunk's, once
     io.write_json(
-        out / "confirm.json",
+        out.file("confirm", "record"),
         {
             "plan_hash": io.config_hash(configs.to_dict(plan)),
             "seed": plan.seed,
@@ -143,10 +145,10 @@ def block() -> str:
 
     lines = [BEGIN, ""]
     for name, study in STUDIES.items():
-        path = study / "confirm" / "confirm.parquet"
+        path = StudyDir(study).file("confirm", "confirm")
         if not path.is_file():
             continue
-        plan = io.read_yaml(study / "confirm" / "plan.yaml")
+        plan = io.read_yaml(StudyDir(study).file("confirm", "plan"))
         table = pd.read_parquet(path)
         lines += [
             f"**{name}** ({study.relative_to(study.parents[2])}/confirm/): the {plan['k']} most {plan['group']} heads "

@@ -23,6 +23,7 @@ from posym import explorer
 from posym.commands import explore
 from posym.core.scores import head_details, head_scores, prompt_scores
 from posym.errors import PosymError
+from posym.runs import output_file
 from posym.models import load
 
 
@@ -131,7 +132,7 @@ def test_stored_details_match_a_recomputation_and_no_details_keeps_them(scores_d
 def test_without_the_model_the_page_says_so(scores_dir, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(scores_dir, moved)
-    (moved / explorer.DETAILS).unlink()
+    output_file(moved, "llm-scores", "details").unlink()
     explore.explore([moved], tmp_path / "tables.html", details=False)
     s, prompts, details = embedded(tmp_path / "tables.html")
     assert "--no-details" in s["note"] and details == {} and len(prompts) == 3

@@ -19,10 +19,11 @@ from posym import configs
 from posym import models
 from posym.commands import llm_study
 from posym.commands.llm_study import estimates, prediction
-from posym.commands.llm_study.report import GEMMA_HALVES, SECTIONS
+from posym.commands.llm_study.report import GEMMA_HALVES, JOB, SECTIONS
 from posym.core import study as core
 from posym.core.interventions import ablated, head_means
 from posym.errors import PosymError
+from posym.runs import STAGES, STUDY_FILES, STUDY_STAGES, StudyDir, done_path
 
 TINY = {
     "n_binding": 4,
@@ -267,6 +268,25 @@ def test_stage_tables(finished):
     assert len(calibration) == len(p["causal_ks"]) * 2 * factors and calibration.slope.notna().all()
     points = pd.read_parquet(out / "causal" / "calibration_points.parquet")
     assert len(points) == (calibration.points).sum() and (calibration.points == calibration.sets * p["n_causal"]).all()
+
+
+def test_a_study_writes_exactly_its_layout(finished):
+    """Every file a study writes is one posym.runs names (StudyDir), and every name of a stage it ran is written:
+    a file renamed on one side only fails here."""
+    out, _ = finished
+    study = StudyDir(out)
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    figures = {p for p in written if p.startswith("figures/")}
+    done = {p for p in written if p.startswith(f"{STAGES}/")}
+    assert done == {done_path(out, JOB, stage).relative_to(out).as_posix() for stage in STUDY_STAGES}
+    assert {p.rsplit(".", 1)[-1] for p in figures} <= {"png", "svg"}
+    expected = {
+        study.file(stage, name).relative_to(out).as_posix() for stage in STUDY_STAGES for name in STUDY_FILES[stage]
+    }
+    bench_figure = {f"bench/bench.{ext}" for ext in ("png", "svg")} & written
+    roots = {p.relative_to(out).as_posix() for p in (study.marker, study.manifest, study.report, study.explorer)}
+    assert written - figures - done - bench_figure - roots == expected
+    assert roots <= written
 
 
 def test_report_sections(finished):

@@ -54,7 +54,7 @@ from posym.core.train import TrainConfig
 from posym.errors import PosymError
 from posym.io import quote
 from posym.prompts import jsonl_records
-from posym.runs import STUDY_MARKER, RunDir, kind_of
+from posym.runs import RunDir, StudyDir, kind_of, output_file
 
 STEPS = {
     "s_pos": 1e-4,
@@ -71,11 +71,6 @@ FINE = 1e-4
 """Quantisation step of attention rows, swap weights, attention pairs and cosines (all in [-1, 1])."""
 MISSING = -32768
 """The int16 code of a missing value (NaN)."""
-DETAILS = "details.parquet"
-"""The file of attention rows and heaviest swaps that `posym llm-scores --details N` writes beside its
-scores (posym.commands.llm_scores.write_scores reads the name from here)."""
-EXPLORER = "explorer.html"
-"""The file name of the explorer that `posym report` and `posym llm-study` write beside report.html."""
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "explore.html"
 PAGE = 25
 """Prompts per page: the page's prompt list shows one page at a time and decodes one block per page."""
@@ -385,10 +380,14 @@ HEAD_COLUMNS = ("layer", "head", "s_pos", "s_sym", "entropy", "label")
 
 def llm_scores_sets(path: Path) -> list[HeadSet]:
     """One set from an `llm-scores` output directory."""
-    summary = io.read_json_object(path / "summary.json")
-    heads = io.read_parquet(path / "heads.parquet", required=HEAD_COLUMNS)
-    scores = io.read_parquet(path / "scores.parquet", required=("prompt", "layer", "head", "s_pos", "s_sym"))
-    prompts = io.read_parquet(path / "prompts.parquet", required=("prompt", "text", "input_ids", "query"))
+    summary = io.read_json_object(output_file(path, "llm-scores", "summary"))
+    heads = io.read_parquet(output_file(path, "llm-scores", "heads"), required=HEAD_COLUMNS)
+    scores = io.read_parquet(
+        output_file(path, "llm-scores", "scores"), required=("prompt", "layer", "head", "s_pos", "s_sym")
+    )
+    prompts = io.read_parquet(
+        output_file(path, "llm-scores", "prompts"), required=("prompt", "text", "input_ids", "query")
+    )
     layers, n_heads = _shape(heads)
     maps = {
         "s_pos": _values(heads, "s_pos"),
@@ -400,8 +399,8 @@ def llm_scores_sets(path: Path) -> list[HeadSet]:
         maps["sink"] = _values(heads, "attn_first")
     if "low_mass" in heads:
         maps["low_mass"] = _values(heads, "low_mass")
-    if (path / "scores_excluded.parquet").is_file():
-        free = head_scores(io.read_parquet(path / "scores_excluded.parquet"))
+    if (output_file(path, "llm-scores", "excluded")).is_file():
+        free = head_scores(io.read_parquet(output_file(path, "llm-scores", "excluded")))
         maps["s_pos_sf"], maps["s_sym_sf"] = _values(free, "s_pos"), _values(free, "s_sym")
     per_prompt = _prompt_scores(scores)
     settings = summary.get("settings", {})
@@ -424,12 +423,12 @@ def llm_scores_sets(path: Path) -> list[HeadSet]:
         prompts=rows,
         model={"spec": settings.get("model_dir"), "step": None, "tau": settings.get("tau", TAU)},
     )
-    if (path / DETAILS).is_file():  # written by llm-scores while it had the model loaded
-        stored = io.read_parquet(path / DETAILS)
+    if (output_file(path, "llm-scores", "details")).is_file():  # written by llm-scores while it had the model loaded
+        stored = io.read_parquet(output_file(path, "llm-scores", "details"))
         out.details = {int(k): frame for k, frame in stored.groupby("prompt")}
         out.stored = summary.get("details", {})
-    if (path / "planes.parquet").is_file():
-        out.planes = _planes(io.read_parquet(path / "planes.parquet"), "max_logit")
+    if (output_file(path, "llm-scores", "planes")).is_file():
+        out.planes = _planes(io.read_parquet(output_file(path, "llm-scores", "planes")), "max_logit")
     return [out]
 
 
@@ -528,23 +527,27 @@ def _margins(frame, series) -> dict:
 def run_sets(run_dir: Path) -> list[HeadSet]:
     """One set per query mode of a training run's `posym dynamics` tables, at its last step."""
     analysis = RunDir(run_dir).output("analysis")
-    if not (analysis / "dynamics.parquet").is_file():
+    if not (output_file(analysis, "dynamics", "dynamics")).is_file():
         raise PosymError(f"{run_dir} has no analysis/dynamics.parquet: run posym dynamics {run_dir} first")
     config = io.read_yaml(RunDir(run_dir).config)
-    table = io.read_parquet(analysis / "dynamics.parquet")
+    table = io.read_parquet(output_file(analysis, "dynamics", "dynamics"))
     step = int(table.step.max())
     table = table[table.step == step]
-    per_prompt = io.read_parquet(analysis / "dynamics_prompts.parquet")
+    per_prompt = io.read_parquet(output_file(analysis, "dynamics", "dynamics_prompts"))
     per_prompt = per_prompt[per_prompt.step == step]
-    settings = io.read_json_object(analysis / "dynamics.json").get("settings", {})
+    settings = io.read_json_object(output_file(analysis, "dynamics", "record")).get("settings", {})
     layers, n_heads = _shape(table)
-    freq = io.read_parquet(analysis / "frequency.parquet") if (analysis / "frequency.parquet").is_file() else None
+    freq = (
+        io.read_parquet(output_file(analysis, "geometry", "frequency"))
+        if (output_file(analysis, "geometry", "frequency")).is_file()
+        else None
+    )
     planes = (
-        _planes(io.read_parquet(analysis / "channels.parquet"), "use")
-        if (analysis / "channels.parquet").is_file()
+        _planes(io.read_parquet(output_file(analysis, "geometry", "channels")), "use")
+        if (output_file(analysis, "geometry", "channels")).is_file()
         else {}
     )
-    retention = RunDir(run_dir).output("lengthgen") / "head_retention.parquet"
+    retention = RunDir(run_dir).analysis_file("lengthgen", "head_retention")
     margins = _margins(io.read_parquet(retention), []) if retention.is_file() else {}
     prompts = _task_prompts(config, settings, int(settings.get("n_prompts", 0)))
     task = config.get("task", {}).get("task", run_dir.name)
@@ -599,15 +602,15 @@ def _task_prompts(config: dict, settings: dict, n: int) -> list[dict]:
 
 def study_sets(path: Path) -> list[HeadSet]:
     """One set per prompt set of an `llm-study` output (plain and sink-free scores side by side)."""
-    study = io.read_yaml(path / STUDY_MARKER) if (path / STUDY_MARKER).is_file() else {}
-    manifest = path / "manifest.json"
-    spec = io.read_json_object(manifest).get("model") if manifest.is_file() else None
-    heads = io.read_parquet(path / "scores" / "heads.parquet", required=(*HEAD_COLUMNS, "set", "attn_first"))
-    prompts = io.read_parquet(path / "scores" / "prompts.parquet")
+    layout = StudyDir(path)
+    study = io.read_yaml(layout.marker) if layout.marker.is_file() else {}
+    spec = io.read_json_object(layout.manifest).get("model") if layout.manifest.is_file() else None
+    heads = io.read_parquet(layout.file("scores", "heads"), required=(*HEAD_COLUMNS, "set", "attn_first"))
+    prompts = io.read_parquet(layout.file("scores", "prompts"))
     layers, n_heads = _shape(heads)
-    behaviour = path / "frequency" / "behaviour.parquet"
+    behaviour = layout.file("frequency", "behaviour")
     freq = io.read_parquet(behaviour) if behaviour.is_file() else None
-    retention = path / "lengths" / "head_retention.parquet"
+    retention = layout.file("lengths", "head_retention")
     margins = _margins(io.read_parquet(retention), ["layout", "ranking"]) if retention.is_file() else {}
     out = []
     for name, rows in heads.groupby("set", sort=False):

@@ -4,6 +4,8 @@
   checkpoints `<run>/checkpoints/step-%08d/` (a `save_pretrained` directory plus `posym.json`):
   `CHECKPOINTS`, `CHECKPOINT_META`, `checkpoint_name`, `checkpoint_step`, `list_checkpoints`; the analyses'
   default output directories inside a run (`ANALYSES`); `VALIDATION`;
+- the files of the commands whose outputs other parts of posym read (`FILES`, `output_file`);
+- an llm-study's directory (`StudyDir`: `STUDY_FILES`, its folders and their files; `STUDY_STAGES`);
 - the directories of the resumable commands: their markers (`PIPELINE_MARKER` of `posym run`,
   `STUDY_MARKER` of `posym llm-study`), their done-files (`STAGES`/JOB-STAGE`DONE`: `done_path`), and
   what `posym train` / `posym run` keep (`RUN_FILES`);
@@ -58,9 +60,10 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 VALIDATION = "validation.parquet"
 """The val metrics `posym.models.validation_table` computed for checkpoints that recorded none."""
-ANALYSES = ("analysis", "lengthgen", "discrepancy")
-"""The analyses' default output directories inside a run: dynamics and geometry write RUN_DIR/analysis,
-lengthgen RUN_DIR/lengthgen, discrepancy RUN_DIR/discrepancy."""
+ANALYSIS_DIRS = {"dynamics": "analysis", "geometry": "analysis", "lengthgen": "lengthgen", "discrepancy": "discrepancy"}
+"""Each analysis command's default output directory inside a run (RUN_DIR/<directory>)."""
+ANALYSES = tuple(dict.fromkeys(ANALYSIS_DIRS.values()))
+"""The analyses' default output directories inside a run: analysis, lengthgen, discrepancy."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,16 @@ class RunDir:
             raise ValueError(f"unknown analysis directory {name!r}")
         return self.path / name
 
+    def analysis_file(self, command: str, name: str) -> Path:
+        """The file `name` (`FILES[command]`) that analysis `command` writes into its default directory.
+
+        >>> RunDir(Path("runs/number")).analysis_file("dynamics", "record").as_posix()
+        'runs/number/analysis/dynamics.json'
+        """
+        if command not in ANALYSIS_DIRS:
+            raise ValueError(f"{command!r} is not an analysis of a run ({', '.join(ANALYSIS_DIRS)})")
+        return output_file(self.output(ANALYSIS_DIRS[command]), command, name)
+
 
 # ---- the directories of the resumable commands ----------------------------------------------------
 
@@ -139,6 +152,189 @@ DONE = ".done.json"
 def done_path(out: Path, job: str, stage: str) -> Path:
     """Where the done-file of `stage` of `job` (a task name or "theory") lives."""
     return Path(out) / STAGES / f"{job}-{stage}{DONE}"
+
+
+# ---- the single-folder outputs other commands read ------------------------------------------------
+
+REPORT = "report.html"
+"""The page `posym report` and `posym llm-study` write."""
+EXPLORER = "explorer.html"
+"""The tables-only head explorer `posym report` and `posym llm-study` write beside their report."""
+
+FILES: dict[str, dict[str, str]] = {
+    "dynamics": {
+        "dynamics": "dynamics.parquet",
+        "dynamics_prompts": "dynamics_prompts.parquet",
+        "purity": "purity.parquet",
+        "purity_counts": "purity_counts.parquet",
+        "composition": "composition.parquet",
+        "composition_summary": "composition_summary.parquet",
+        "record": "dynamics.json",
+    },
+    "geometry": {
+        "planes": "planes.parquet",
+        "channels": "channels.parquet",
+        "frequency": "frequency.parquet",
+        "qk_plane": "qk_plane.parquet",
+        "record": "geometry.json",
+    },
+    "lengthgen": {
+        "lengthgen": "lengthgen.parquet",
+        "head_retention": "head_retention.parquet",
+        "head_groups": "head_groups.parquet",
+        "record": "lengthgen.json",
+    },
+    "discrepancy": {"gaps": "gaps.parquet", "discrepancy": "discrepancy.parquet", "record": "discrepancy.json"},
+    "theory": {"theory": "theory.parquet", "discrepancy": "discrepancy.parquet", "record": "theory.json"},
+    "llm-scores": {
+        "scores": "scores.parquet",
+        "excluded": "scores_excluded.parquet",
+        "sinks": "sinks.parquet",
+        "heads": "heads.parquet",
+        "prompts": "prompts.parquet",
+        "layers": "layers.parquet",
+        "planes": "planes.parquet",
+        "details": "details.parquet",
+        "summary": "summary.json",
+    },
+    "llm-bench": {
+        "bench": "bench.parquet",
+        "summary": "summary.parquet",
+        "table": "table.md",
+        "manifest": "manifest.json",
+    },
+}
+"""The tables (and JSON records) of the commands whose outputs other parts of posym read, by name: the
+run analyses (`posym report`, `posym explore`, `posym sweep`), llm-scores (`posym explore`) and llm-bench
+(`posym report`; an llm-study's bench stage writes the same folder). Their figures are in `OUTPUTS` only.
+Writers and readers ask `output_file` (or, inside a run, `RunDir.analysis_file`)."""
+
+
+def output_file(out: str | Path, command: str, name: str) -> Path:
+    """The file `name` (a key of `FILES[command]`) in `out`, the output directory of `command`.
+
+    >>> output_file("runs/number/lengthgen", "lengthgen", "record").as_posix()
+    'runs/number/lengthgen/lengthgen.json'
+    """
+    names = FILES.get(command)
+    if names is None:
+        raise ValueError(f"posym names no files of {command!r} ({', '.join(FILES)})")
+    if name not in names:
+        raise ValueError(f"{command} writes no {name!r} ({', '.join(names)})")
+    return Path(out) / names[name]
+
+
+# ---- an llm-study's directory ----------------------------------------------------------------------
+
+STUDY_FILES: dict[str, dict[str, str]] = {
+    "scores": {
+        "scores": "scores.parquet",
+        "heads": "heads.parquet",
+        "prompts": "prompts.parquet",
+        "sinks": "sinks.json",
+    },
+    "profile": {
+        "layers": "layers.parquet",
+        "labels": "labels.parquet",
+        "agreement": "agreement.parquet",
+        "sink_changes": "sink_changes.parquet",
+        "profile": "profile.json",
+    },
+    "frequency": {"planes": "planes.parquet", "behaviour": "behaviour.parquet", "frequency": "frequency.json"},
+    "discrepancy": {"gaps": "gaps.parquet", "discrepancy": "discrepancy.json"},
+    "bench": FILES["llm-bench"],
+    "ablation": {"ablation": "ablation.parquet", "ablation_summary": "ablation_summary.parquet"},
+    "screen": {"screen": "screen.parquet", "summary": "summary.parquet", "choice": "screen.json"},
+    "lengths": {
+        "accuracy": "accuracy.parquet",
+        "accuracy_summary": "accuracy_summary.parquet",
+        "accuracy_tests": "accuracy_tests.parquet",
+        "heads": "heads.parquet",
+        "measures": "measures.parquet",
+        "head_retention": "head_retention.parquet",
+        "group_retention": "group_retention.parquet",
+        "label_moves": "label_moves.parquet",
+        "lengths": "lengths.json",
+    },
+    "causal": {
+        "causal": "causal.parquet",
+        "causal_summary": "causal_summary.parquet",
+        "estimates": "estimates.parquet",
+        "calibration": "calibration.parquet",
+        "calibration_points": "calibration_points.parquet",
+    },
+    "confirm": {
+        "plan": "plan.yaml",
+        "points": "points.parquet",
+        "confirm": "confirm.parquet",
+        "record": "confirm.json",
+    },
+}
+"""An llm-study's folders and, in each, its files by name: one folder per stage (`STUDY_STAGES`; the bench
+folder also holds llm-bench's figure) and `confirm/`, the confirmatory causal test of
+scripts/causal_confirm.py. Writers and readers ask `StudyDir.file(folder, name)`."""
+STUDY_STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation", "screen", "lengths", "causal")
+"""`posym llm-study`'s stages in the order they run; each writes the folder of its name."""
+
+
+@dataclass(frozen=True)
+class StudyDir:
+    """A `posym llm-study` output directory, its layout written and read through here:
+    `study.yaml` (the config a re-run must match), `manifest.json`, `stages/` (done-files), one folder per
+    stage holding `STUDY_FILES[stage]`, `figures/`, `report.html`, `explorer.html`.
+
+    >>> study = StudyDir(Path("docs/results/llm-study"))
+    >>> study.file("lengths", "heads").as_posix(), study.file("screen", "choice").name
+    ('docs/results/llm-study/lengths/heads.parquet', 'screen.json')
+    >>> study.file("lengths", "head")
+    Traceback (most recent call last):
+    ...
+    ValueError: an llm-study's lengths/ holds no 'head' (accuracy, accuracy_summary, accuracy_tests, heads, measures, head_retention, group_retention, label_moves, lengths)
+    """
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def marker(self) -> Path:
+        """study.yaml: the resolved StudyConfig."""
+        return self.path / STUDY_MARKER
+
+    @property
+    def manifest(self) -> Path:
+        """manifest.json: versions, seed, config hash and the model's identity."""
+        return self.path / "manifest.json"
+
+    @property
+    def figures(self) -> Path:
+        """figures/: the report's figures (PNG, and SVG where drawn)."""
+        return self.path / "figures"
+
+    @property
+    def report(self) -> Path:
+        """report.html."""
+        return self.path / REPORT
+
+    @property
+    def explorer(self) -> Path:
+        """explorer.html: the report's tables-only head explorer."""
+        return self.path / EXPLORER
+
+    def folder(self, name: str) -> Path:
+        """The folder of a stage (or `confirm`)."""
+        if name not in STUDY_FILES:
+            raise ValueError(f"an llm-study has no folder {name!r} ({', '.join(STUDY_FILES)})")
+        return self.path / name
+
+    def file(self, folder: str, name: str) -> Path:
+        """The file `name` (a key of `STUDY_FILES[folder]`) in `folder`."""
+        names = STUDY_FILES[folder] if folder in STUDY_FILES else {}
+        if name not in names:
+            self.folder(folder)
+            raise ValueError(f"an llm-study's {folder}/ holds no {name!r} ({', '.join(names)})")
+        return self.path / folder / names[name]
 
 
 RUN_FILES = (
@@ -170,7 +366,7 @@ def is_run_dir(path: Path) -> bool:
 
 def is_study_dir(path: Path) -> bool:
     """A `posym llm-study` output (study.yaml)."""
-    return (path / STUDY_MARKER).is_file()
+    return StudyDir(path).marker.is_file()
 
 
 KINDS = ("score", "llm-scores", "pipeline", "run", "study", "theory", "bench")
@@ -186,14 +382,12 @@ def kind_of(path: Path, among: tuple[str, ...] = KINDS) -> str | None:
     path = Path(path)
     holds = {
         "score": lambda: path.is_file() and Path(f"{path}.json").is_file(),
-        "llm-scores": lambda: all(
-            (path / name).is_file() for name in ("summary.json", "heads.parquet", "scores.parquet")
-        ),
+        "llm-scores": lambda: all(output_file(path, "llm-scores", n).is_file() for n in ("summary", "heads", "scores")),
         "pipeline": lambda: (path / PIPELINE_MARKER).is_file(),
         "run": lambda: RunDir(path).config.is_file(),
-        "study": lambda: (path / "scores" / "heads.parquet").is_file(),
+        "study": lambda: StudyDir(path).file("scores", "heads").is_file(),
         "theory": lambda: (path / "theory.json").is_file(),
-        "bench": lambda: (path / "table.md").is_file() and (path / "summary.parquet").is_file(),
+        "bench": lambda: all(output_file(path, "llm-bench", n).is_file() for n in ("table", "summary")),
     }
     return next((kind for kind in KINDS if kind in among and holds[kind]()), None)
 
@@ -201,60 +395,24 @@ def kind_of(path: Path, among: tuple[str, ...] = KINDS) -> str | None:
 # ---- what each command writes into its output directory ---------------------------------------------
 
 _ANALYSIS = (
-    "dynamics.parquet",
-    "dynamics_prompts.parquet",
-    "purity.parquet",
-    "purity_counts.parquet",
-    "composition.parquet",
-    "composition_summary.parquet",
-    "dynamics.json",
-    "fig2a_accuracy.*",
-    "fig2b_scores.*",
-    "fig6_entropy.*",
-    "fig7_purity.*",
-    "fig7_roles.*",  # posym dynamics
-    "planes.parquet",
-    "channels.parquet",
-    "frequency.parquet",
-    "qk_plane.parquet",
-    "fig8_frequency.*",
-    "fig4b_qk_plane.*",
-    "geometry.json",
-)  # posym geometry (both default to RUN/analysis)
+    *FILES["dynamics"].values(),
+    *("fig2a_accuracy.*", "fig2b_scores.*", "fig6_entropy.*", "fig7_purity.*", "fig7_roles.*"),
+    *FILES["geometry"].values(),
+    *("fig8_frequency.*", "fig4b_qk_plane.*"),
+)  # posym dynamics and posym geometry (both default to RUN/analysis)
 
 OUTPUTS: dict[str, tuple[str, ...]] = {
     "dynamics": _ANALYSIS,
     "geometry": _ANALYSIS,
-    "theory": ("theory.parquet", "discrepancy.parquet", "fig5a.*", "theory.json"),
-    "lengthgen": (
-        "lengthgen.parquet",
-        "fig5b.*",
-        "lengthgen.json",
-        "head_retention.parquet",
-        "head_groups.parquet",
-        "head_retention.*",
-    ),
-    "discrepancy": ("gaps.parquet", "discrepancy.parquet", "fig_discrepancy.*", "discrepancy.json"),
-    "report": ("report.html", "figures", "explorer.html"),
+    "theory": (*FILES["theory"].values(), "fig5a.*"),
+    "lengthgen": (*FILES["lengthgen"].values(), "fig5b.*", "head_retention.*"),
+    "discrepancy": (*FILES["discrepancy"].values(), "fig_discrepancy.*"),
+    "report": (REPORT, "figures", EXPLORER),
     "sweep": ("trials", "trials.parquet", "aggregate.parquet", "aggregate.*", "sweep.json", "stages"),
     "ablate": ("ablation.parquet", "ablation.json", "ablation.png", "ablation.svg"),
     "finetune": ("finetune.parquet", "finetune.json", "finetune.png", "finetune.svg", "models"),
     "attribute": ("effects.parquet", "heads.parquet", "summary.json"),
-    "llm-scores": (
-        "scores.parquet",
-        "scores_excluded.parquet",
-        "sinks.parquet",
-        "heads.parquet",
-        "prompts.parquet",
-        "layers.parquet",
-        "heads.png",
-        "heads.svg",
-        "planes.parquet",
-        "planes.png",
-        "planes.svg",
-        "details.parquet",
-        "summary.json",
-    ),
+    "llm-scores": (*FILES["llm-scores"].values(), "heads.png", "heads.svg", "planes.png", "planes.svg"),
     "atlas": (
         "atlas.parquet",
         "atlas_kv.parquet",
@@ -274,7 +432,7 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
         "summary.json",
         "report.md",
     ),
-    "llm-bench": ("bench.parquet", "summary.parquet", "table.md", "bench.png", "bench.svg", "manifest.json"),
+    "llm-bench": (*FILES["llm-bench"].values(), "bench.png", "bench.svg"),
     "kv-policy": ("full_attention_heads.tsv", "config.json"),
 }
 """Glob patterns of the entries each command writes in its output directory: `posym.io.check_output`

@@ -17,6 +17,7 @@ from posym.io import manifest, write_json, write_parquet
 from posym.models import load_analysable
 from posym.prompts import score_prompts
 from posym.resources import check_lengths
+from posym.runs import output_file
 
 
 def plot_gaps(summary, *, title: str = ""):
@@ -113,8 +114,8 @@ def run_discrepancy(
             parts.append(head_gaps(model, ids, wanted, batch_size=batch, progress=progress).assign(length=length))
         frame = pd.concat(parts, ignore_index=True)
     summary = summarize_gaps(frame)
-    write_parquet(out_dir / "gaps.parquet", frame)
-    write_parquet(out_dir / "discrepancy.parquet", summary)
+    write_parquet(output_file(out_dir, "discrepancy", "gaps"), frame)
+    write_parquet(output_file(out_dir, "discrepancy", "discrepancy"), summary)
     paths = save_figure(plot_gaps(summary), out_dir / "fig_discrepancy")
     settings = {
         "model": str(path),
@@ -134,5 +135,5 @@ def run_discrepancy(
         },
         "figures": [str(p) for p in paths],
     }
-    write_json(out_dir / "discrepancy.json", result)
+    write_json(output_file(out_dir, "discrepancy", "record"), result)
     return {**result, "summary": summary, "out_dir": out_dir}

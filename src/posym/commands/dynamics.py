@@ -54,7 +54,7 @@ from posym.errors import PosymError
 from posym.io import manifest, read_parquet, write_json, write_parquet
 from posym.models import load_checkpoint, validation_table
 from posym.resources import check_count, sequence_bytes
-from posym.runs import RunDir, list_checkpoints
+from posym.runs import RunDir, list_checkpoints, output_file
 
 QUERY_MODES = ("hops", "last", "target", "inner")
 
@@ -148,7 +148,7 @@ def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, 
         ("composition", heads),
         ("composition_summary", summary),
     ]:
-        write_parquet(out_dir / f"{name}.parquet", frame)
+        write_parquet(output_file(out_dir, "dynamics", name), frame)
     paths = figures.save_figure(figures.plot_accuracy(table, best), out_dir / "fig2a_accuracy")
     paths += figures.save_figure(
         figures.plot_layer_scores(table[table.query_mode == "hops"], best, title="scores at hop queries"),
@@ -186,5 +186,5 @@ def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, 
         "seconds_total": round(time.perf_counter() - start, 2),
         "figures": [str(p) for p in paths],
     }
-    write_json(out_dir / "dynamics.json", result)
+    write_json(output_file(out_dir, "dynamics", "record"), result)
     return result

@@ -27,6 +27,7 @@ from posym.errors import PosymError
 from posym.io import manifest, write_json, write_parquet
 from posym.models import load_analysable
 from posym.prompts import score_prompts
+from posym.runs import output_file
 
 
 def prepare(
@@ -123,10 +124,10 @@ def run_geometry(
         raise PosymError(f"--plane-head {plane_head} does not exist in layer {plane_layer}")
     dominant = int(chosen.dominant_id.iloc[0])
     projection = qk_projection(model, input_ids[example], plane_layer, plane_head, dominant)
-    write_parquet(out_dir / "planes.parquet", planes)
-    write_parquet(out_dir / "channels.parquet", means)
-    write_parquet(out_dir / "frequency.parquet", heads)
-    write_parquet(out_dir / "qk_plane.parquet", projection)
+    write_parquet(output_file(out_dir, "geometry", "planes"), planes)
+    write_parquet(output_file(out_dir, "geometry", "channels"), means)
+    write_parquet(output_file(out_dir, "geometry", "frequency"), heads)
+    write_parquet(output_file(out_dir, "geometry", "qk_plane"), projection)
     paper = PAPER_TABLE1.get(paper_task) if paper_task else None
     paths = figures.save_figure(figures.plot_frequency_use(means, heads, paper=paper), out_dir / "fig8_frequency")
     paths += figures.save_figure(figures.plot_qk_plane(projection, token_names=token_names), out_dir / "fig4b_qk_plane")
@@ -150,5 +151,5 @@ def run_geometry(
         },
         "figures": [str(p) for p in paths],
     }
-    write_json(out_dir / "geometry.json", summary)
+    write_json(output_file(out_dir, "geometry", "record"), summary)
     return summary

@@ -35,6 +35,7 @@ from posym.figures import colormap, save_figure, spaced_tick_labels, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.models import load_checkpoint
 from posym.resources import check_lengths
+from posym.runs import output_file
 
 # ---- evaluation and outputs -------------------------------------------------------------------------
 
@@ -204,7 +205,7 @@ def run_lengthgen(
     table = protocol_table(measured, task, points, counts, config)
     table.insert(0, "step", info["step"])
     out_dir = Path(out_dir)
-    write_parquet(out_dir / "lengthgen.parquet", table)
+    write_parquet(output_file(out_dir, "lengthgen", "lengthgen"), table)
     figure = plot(table, task, title=f"{task.task} task, step {info['step']}")
     figures = [str(path) for path in save_figure(figure, out_dir / "fig5b", dpi=150)]
     extra = {}
@@ -213,8 +214,8 @@ def run_lengthgen(
         measures = measure_heads(model, task, heads_at, config, advance)
         per_head, groups, notes = head_tables(measures, labels, task, seed=config.seed)
         per_head.insert(0, "step", info["step"])
-        write_parquet(out_dir / "head_retention.parquet", per_head)
-        write_parquet(out_dir / "head_groups.parquet", groups)
+        write_parquet(output_file(out_dir, "lengthgen", "head_retention"), per_head)
+        write_parquet(output_file(out_dir, "lengthgen", "head_groups"), groups)
         figures += [
             str(path)
             for path in save_figure(
@@ -241,5 +242,5 @@ def run_lengthgen(
     }
     if config.heads:
         result["head_retention"] = summarize_head_retention(per_head, groups, notes, task, config)
-    write_json(out_dir / "lengthgen.json", result)
+    write_json(output_file(out_dir, "lengthgen", "record"), result)
     return {**result, "table": table, **extra}

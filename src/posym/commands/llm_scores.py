@@ -17,11 +17,11 @@ from posym.core.scores import head_details, score_model, summarize_heads
 from posym.core.stats import pearson
 from posym.core.study import find_sinks, layer_profile, sink_changes
 from posym.errors import PosymError
-from posym.explorer import DETAILS
 from posym.figures import plot_heads, save_figure, subplots
 from posym.io import manifest, output_set, write_json, write_parquet
 from posym.models import LoadedModel, tokenize
 from posym.prompts import Prompt, query_position
+from posym.runs import output_file
 
 # ---- figures ------------------------------------------------------------------------------------
 
@@ -133,13 +133,13 @@ def write_scores(
                 progress=progress,
             )
             changes = sink_changes(head_means, summarize_heads(excluded))
-            write_parquet(out_dir / "scores_excluded.parquet", excluded)
-            write_parquet(out_dir / "sinks.parquet", changes)
+            write_parquet(output_file(out_dir, "llm-scores", "excluded"), excluded)
+            write_parquet(output_file(out_dir, "llm-scores", "sinks"), changes)
             extra = {"excluded_keys": keys, "label_changes": int(changes.changed.sum())}
-        write_parquet(out_dir / "scores.parquet", frame)
-        write_parquet(out_dir / "heads.parquet", head_means)
+        write_parquet(output_file(out_dir, "llm-scores", "scores"), frame)
+        write_parquet(output_file(out_dir, "llm-scores", "heads"), head_means)
         write_parquet(
-            out_dir / "prompts.parquet",
+            output_file(out_dir, "llm-scores", "prompts"),
             pd.DataFrame(
                 [
                     {
@@ -155,11 +155,11 @@ def write_scores(
                 ]
             ),
         )
-        write_parquet(out_dir / "layers.parquet", layers)
+        write_parquet(output_file(out_dir, "llm-scores", "layers"), layers)
         if details > 0:
             chosen = min(details, len(ids))
             rows = head_details(loaded.model, [i.tolist() for i in ids[:chosen]], queries[:chosen], tau=tau, top=top)
-            write_parquet(out_dir / DETAILS, rows)
+            write_parquet(output_file(out_dir, "llm-scores", "details"), rows)
             extra["details"] = {"prompts": chosen, "top": top}
         save_figure(plot_heads(head_means, r), out_dir / "heads")
         if heads:
@@ -173,7 +173,7 @@ def write_scores(
             planes = per_prompt.groupby(["layer", "head", "channel", "frequency_id", "frequency"], as_index=False)[
                 ["s_pos", "s_sym", "max_logit"]
             ].mean()
-            write_parquet(out_dir / "planes.parquet", planes)
+            write_parquet(output_file(out_dir, "llm-scores", "planes"), planes)
             save_figure(plot_planes(planes), out_dir / "planes")
         summary = {
             **manifest(settings, seed=settings.get("seed")),
@@ -184,5 +184,5 @@ def write_scores(
             "layers": layers.to_dict("records"),
             **extra,
         }
-        write_json(out_dir / "summary.json", summary)
+        write_json(output_file(out_dir, "llm-scores", "summary"), summary)
         return summary

@@ -25,7 +25,7 @@ import posym
 from posym import explorer, io
 from posym.core.paper import FIG5B, FIG7_LABELS, GAMMA, RETENTION, SEED_SUMMARY_SHARES, TABLE1 as PAPER_TABLE1
 from posym.errors import PosymError
-from posym.runs import RunDir, kind_of
+from posym.runs import EXPLORER, REPORT, RunDir, kind_of, output_file
 
 
 def _layer_span(layers: range) -> str:
@@ -180,25 +180,25 @@ def run_summary(run_dir: str | Path) -> dict:
         "weighted_id": None,
         "lengthgen": None,
     }
-    comp = RunDir(run_dir).output("analysis") / "composition_summary.parquet"
+    comp = RunDir(run_dir).analysis_file("dynamics", "composition_summary")
     if comp.is_file():
         c = io.read_parquet(comp)
         row = c[(c.gamma == GAMMA) & (c.stage == "end") & (c.query_mode == "hops")].iloc[0]
         out["positional"] = row.layers_positional or "none"
         out["symbolic"] = row.layers_symbolic or "none"
         out["frac_positional"], out["frac_symbolic"] = float(row.frac_positional), float(row.frac_symbolic)
-    freq = RunDir(run_dir).output("analysis") / "frequency.parquet"
+    freq = RunDir(run_dir).analysis_file("geometry", "frequency")
     if freq.is_file():
         per_layer = io.read_parquet(freq).groupby("layer").mean(numeric_only=True)
         out["weighted_id"] = per_layer.weighted_id.round(1).tolist()
         out["weightings"] = {
             c[len("weighted_id_") :]: per_layer[c].round(1).tolist() for c in per_layer if c.startswith("weighted_id_")
         }  # runs analysed before: none
-    geometry = _read_json(RunDir(run_dir).output("analysis") / "geometry.json") or {}
+    geometry = _read_json(RunDir(run_dir).analysis_file("geometry", "record")) or {}
     out["index_alignment"] = geometry.get("plane_figure", {}).get("index_alignment")  # number runs only
     out["planes"] = _rope_planes(config["model"])
     out["manifest"] = _read_json(RunDir(run_dir).manifest)
-    lengthgen = _read_json(RunDir(run_dir).output("lengthgen") / "lengthgen.json")
+    lengthgen = _read_json(RunDir(run_dir).analysis_file("lengthgen", "record"))
     if lengthgen is not None:
         out["lengthgen"] = lengthgen["summary"]
     return out
@@ -267,12 +267,12 @@ def _explorer_section(runs: list[Path], out_dir: Path) -> dict:
     nothing) and the section that links it."""
     names = ", ".join(r.name for r in runs)
     text, counts = explorer.page(runs, details=False, title=f"posym explore: {names}")
-    path = io.write_text(out_dir / explorer.EXPLORER, text)
-    size = f"{explorer.EXPLORER} ({path.stat().st_size / 1e6:.2f} MB)"
+    path = io.write_text(out_dir / EXPLORER, text)
+    size = f"{EXPLORER} ({path.stat().st_size / 1e6:.2f} MB)"
     return _section(
         "explorer",
         "Head explorer",
-        link={"href": explorer.EXPLORER, "text": size},
+        link={"href": EXPLORER, "text": size},
         text=f"Every head of {names} ({counts['heads']} heads in {counts['sets']} sets: task and query "
         "mode, last step) on one offline page: layer x head maps of s_pos, s_sym, label, entropy and "
         "frequency ID, filters, and per head its per-prompt scores, per-plane scores and margin vs "
@@ -286,7 +286,7 @@ def _fmt(value, digits: int = 3) -> str:
 
 def _discrepancy_numbers(run_dir: Path) -> str:
     """'median gap at N1 -> N2 tokens: x-y times smaller (1 / n^2: z)' from discrepancy.json ('' if absent)."""
-    result = _read_json(RunDir(run_dir).output("discrepancy") / "discrepancy.json")
+    result = _read_json(RunDir(run_dir).analysis_file("discrepancy", "record"))
     if not result or not result.get("median_gap"):
         return ""
     gaps: dict[str, dict[int, float]] = {}
@@ -374,7 +374,7 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
 def _head_retention_table(run_dir: Path) -> dict | None:
     """The head-level retention per group (lengthgen/head_groups.parquet) as a table: one row per group and
     measure, one column per length, each cell 'value [lo, hi]'; None without the file."""
-    path = RunDir(run_dir).output("lengthgen") / "head_groups.parquet"
+    path = RunDir(run_dir).analysis_file("lengthgen", "head_groups")
     if not path.is_file():
         return None
     groups = io.read_parquet(path)
@@ -463,7 +463,7 @@ def _table1(summaries: list[dict]) -> dict | None:
 
 
 def _theory_section(theory_dir: Path, out_dir: Path) -> dict:
-    result = _read_json(theory_dir / "theory.json")
+    result = _read_json(output_file(theory_dir, "theory", "record"))
     rows = [
         [
             r["head"],
@@ -527,7 +527,7 @@ def _bench_section(bench_dir: Path, out_dir: Path, k: int) -> dict:
         f"table3-{k}",
         "Table 3: real models on 1-hop prompts",
         source=bench_dir,
-        pre=io.read_text(bench_dir / "table.md"),
+        pre=io.read_text(output_file(bench_dir, "llm-bench", "table")),
         items=[figure] if figure else [],
     )
 
@@ -573,7 +573,7 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
             section, summary = _guarded(_run_section, path, out_dir)
             sections.append(section)
             summaries.append(summary)
-    explorable = [p for k, p in kinds if k == "run" and (RunDir(p).output("analysis") / "dynamics.parquet").is_file()]
+    explorable = [p for k, p in kinds if k == "run" and RunDir(p).analysis_file("dynamics", "dynamics").is_file()]
     if explorable:
         sections.append(_guarded(_explorer_section, explorable, out_dir))
     theory = [p for k, p in kinds if k == "theory"]
@@ -625,4 +625,4 @@ def build_report(paths: list[str | Path], out_dir: str | Path, *, title: str = "
         table1=table1,
         sections=sections,
     )
-    return io.write_text(out_dir / "report.html", page)
+    return io.write_text(out_dir / REPORT, page)

@@ -29,6 +29,7 @@ from posym.core.theory import (
 from posym.figures import save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.resources import check_count, sequence_bytes
+from posym.runs import output_file
 
 
 def plot_discrepancy(curves: list[dict]):
@@ -108,8 +109,8 @@ def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
         if r["head"] == "retrieval"
     ]
     step("writing tables and figure")
-    write_parquet(out_dir / "theory.parquet", pd.DataFrame(rows))
-    write_parquet(out_dir / "discrepancy.parquet", pd.DataFrame(curves))
+    write_parquet(output_file(out_dir, "theory", "theory"), pd.DataFrame(rows))
+    write_parquet(output_file(out_dir, "theory", "discrepancy"), pd.DataFrame(curves))
     figures = save_figure(plot_discrepancy(curves), out_dir / "fig5a", dpi=150)
     result = {
         "summary": summary,
@@ -117,5 +118,5 @@ def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
         "figures": [str(p) for p in figures],
         "manifest": manifest(to_dict(config), seed=config.seed),
     }
-    write_json(out_dir / "theory.json", result)
+    write_json(output_file(out_dir, "theory", "record"), result)
     return result

@@ -64,10 +64,10 @@ from posym.errors import PosymError
 from posym.models import LoadedModel, identity, tokenize
 from posym.parallel import cpu_workers
 from posym.prompts import Builder, Prompt, base_length, build
-from posym.runs import STUDY_MARKER
+from posym.runs import STUDY_MARKER, STUDY_STAGES, StudyDir
 from posym.stages import claim, is_done, resumable, run_stage
 
-STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation", "screen", "lengths", "causal")
+STAGES = STUDY_STAGES
 SETS = ("binding-last", "binding-name", "number", "letter")
 """Prompt sets of stage 1: binding prompts queried at the last token and at the name token, and the
 Appendix H puzzles queried at the puzzle's final token."""
@@ -167,7 +167,12 @@ def accuracy_rows(loaded: LoadedModel, prompts: list[Prompt], **labels) -> list[
 
 def _read(out: Path, stage: str, table: str):
     """Table `table` written by an earlier `stage` (out is the current stage's folder)."""
-    return io.read_parquet(out.parent / stage / f"{table}.parquet")
+    return io.read_parquet(StudyDir(out.parent).file(stage, table))
+
+
+def _path(out: Path, name: str) -> Path:
+    """Where the current stage (its folder `out`) writes its file `name` (posym.runs.STUDY_FILES)."""
+    return StudyDir(out.parent).file(out.name, name)
 
 
 def stage_scores(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
@@ -210,10 +215,10 @@ def stage_scores(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
         ],
         ignore_index=True,
     )
-    io.write_parquet(out / "scores.parquet", scores)
-    io.write_parquet(out / "heads.parquet", heads)
-    io.write_parquet(out / "prompts.parquet", pd.DataFrame(prompt_rows))
-    io.write_json(out / "sinks.json", sinks)
+    io.write_parquet(_path(out, "scores"), scores)
+    io.write_parquet(_path(out, "heads"), heads)
+    io.write_parquet(_path(out, "prompts"), pd.DataFrame(prompt_rows))
+    io.write_json(_path(out, "sinks"), sinks)
 
 
 def stage_profile(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
@@ -249,18 +254,18 @@ def stage_profile(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     }
     for name, row in accuracy.iterrows():
         summary[name] |= {"accuracy": float(row["mean"]), "prompts": int(row["size"])}
-    io.write_parquet(out / "layers.parquet", layers)
-    io.write_parquet(out / "labels.parquet", labels)
+    io.write_parquet(_path(out, "layers"), layers)
+    io.write_parquet(_path(out, "labels"), labels)
     io.write_parquet(
-        out / "agreement.parquet", label_agreement({s: plain[s] for s in ("binding-last", "number", "letter")})
+        _path(out, "agreement"), label_agreement({s: plain[s] for s in ("binding-last", "number", "letter")})
     )
     io.write_parquet(
-        out / "sink_changes.parquet",
+        _path(out, "sink_changes"),
         pd.concat(sinks, ignore_index=True)
         if sinks
         else sink_changes(plain["binding-last"], plain["binding-last"]).assign(set="binding-last").iloc[:0],
     )
-    io.write_json(out / "profile.json", summary)
+    io.write_json(_path(out, "profile"), summary)
     progress(1)
 
 
@@ -277,10 +282,10 @@ def stage_frequency(loaded: LoadedModel, config: StudyConfig, out: Path, progres
     plain = heads[(heads.set == "binding-last") & (heads.variant == "plain")]
     both, correlation = behaviour_frequency(plain, use)
     rotary = planes[planes.frequency_id > 0].frequency_id.max()
-    io.write_parquet(out / "planes.parquet", planes)
-    io.write_parquet(out / "behaviour.parquet", both)
+    io.write_parquet(_path(out, "planes"), planes)
+    io.write_parquet(_path(out, "behaviour"), both)
     io.write_json(
-        out / "frequency.json",
+        _path(out, "frequency"),
         {
             **correlation,
             "uniform_weighted_id": (1 + float(rotary)) / 2,
@@ -374,9 +379,9 @@ def stage_discrepancy(loaded: LoadedModel, config: StudyConfig, out: Path, progr
                 for g in mine.itertuples()
             ]
         progress(1)
-    io.write_parquet(out / "gaps.parquet", pd.DataFrame(rows))
+    io.write_parquet(_path(out, "gaps"), pd.DataFrame(rows))
     io.write_json(
-        out / "discrepancy.json",
+        _path(out, "discrepancy"),
         {
             **bases,
             "head_dim": head_dim,
@@ -445,8 +450,8 @@ def stage_ablation(loaded: LoadedModel, config: StudyConfig, out: Path, progress
         acc="mean", std=lambda c: float(c.std(ddof=0)), prompts="size"
     )
     summary["sem"] = summary["std"] / summary["prompts"].map(math.sqrt)
-    io.write_parquet(out / "ablation.parquet", frame)
-    io.write_parquet(out / "ablation_summary.parquet", summary)
+    io.write_parquet(_path(out, "ablation"), frame)
+    io.write_parquet(_path(out, "ablation_summary"), summary)
 
 
 def stage_screen(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
@@ -462,9 +467,9 @@ def stage_screen(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
     summary = prediction.accuracy_rows(rows, ["format"]).merge(
         rows.drop_duplicates("format")[["format", "base_length"]]
     )
-    io.write_parquet(out / "screen.parquet", rows)
-    io.write_parquet(out / "summary.parquet", summary)
-    io.write_json(out / "screen.json", prediction.choose_format(summary, settings))
+    io.write_parquet(_path(out, "screen"), rows)
+    io.write_parquet(_path(out, "summary"), summary)
+    io.write_json(_path(out, "choice"), prediction.choose_format(summary, settings))
 
 
 def _length_prompts(loaded: LoadedModel, config: StudyConfig, fmt: str) -> dict:
@@ -496,7 +501,7 @@ def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progre
     import pandas as pd
 
     settings = config.prediction
-    chosen = io.read_json_object(out.parent / "screen" / "screen.json")
+    chosen = io.read_json_object(StudyDir(out.parent).file("screen", "choice"))
     layouts = _length_prompts(loaded, config, chosen["format"])
     accuracy = []
     workers = cpu_workers(settings.workers, loaded.model)
@@ -567,16 +572,16 @@ def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progre
             ] or [holm_verdicts(table, effect=settings.effect)]  # no group at all: an empty table with its columns
         progress(1)
     heads = pd.concat([frame.assign(layout=layout) for layout, frame in scores.items()], ignore_index=True)
-    io.write_parquet(out / "accuracy.parquet", accuracy)
-    io.write_parquet(out / "accuracy_summary.parquet", summary)
-    io.write_parquet(out / "accuracy_tests.parquet", tests)
-    io.write_parquet(out / "heads.parquet", heads)
-    io.write_parquet(out / "measures.parquet", pd.concat(measured, ignore_index=True))
-    io.write_parquet(out / "head_retention.parquet", pd.concat(retention, ignore_index=True))
-    io.write_parquet(out / "group_retention.parquet", pd.concat(groups, ignore_index=True))
-    io.write_parquet(out / "label_moves.parquet", label_moves(heads, config))
+    io.write_parquet(_path(out, "accuracy"), accuracy)
+    io.write_parquet(_path(out, "accuracy_summary"), summary)
+    io.write_parquet(_path(out, "accuracy_tests"), tests)
+    io.write_parquet(_path(out, "heads"), heads)
+    io.write_parquet(_path(out, "measures"), pd.concat(measured, ignore_index=True))
+    io.write_parquet(_path(out, "head_retention"), pd.concat(retention, ignore_index=True))
+    io.write_parquet(_path(out, "group_retention"), pd.concat(groups, ignore_index=True))
+    io.write_parquet(_path(out, "label_moves"), label_moves(heads, config))
     io.write_json(
-        out / "lengths.json",
+        _path(out, "lengths"),
         {
             "format": chosen["format"],
             "sinks": sinks,
@@ -615,7 +620,7 @@ def label_moves(heads, config: StudyConfig):
 
 def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress, measured=None) -> None:
     settings = config.prediction
-    chosen = io.read_json_object(out.parent / "screen" / "screen.json")
+    chosen = io.read_json_object(StudyDir(out.parent).file("screen", "choice"))
     prompts = _length_prompts(loaded, config, chosen["format"])["between"]
     heads = _read(out, "lengths", "heads")
     heads = heads[heads.layout == "between"]
@@ -630,9 +635,9 @@ def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress, 
         progress=progress,
         kinds=prediction.layer_kinds(loaded.model),
     )
-    io.write_parquet(out / "causal.parquet", rows)
+    io.write_parquet(_path(out, "causal"), rows)
     io.write_parquet(
-        out / "causal_summary.parquet",
+        _path(out, "causal_summary"),
         prediction.causal_table(rows, n_boot=settings.n_boot, seed=config.seed, effect=settings.accuracy_effect),
     )
     # the estimated null (issue 51): every head's AtP effect per length, estimate_draws matched sets summed,
@@ -648,9 +653,9 @@ def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress, 
         progress=progress,
         measured=measured,
     )
-    io.write_parquet(out / "estimates.parquet", table)
-    io.write_parquet(out / "calibration.parquet", calibration)
-    io.write_parquet(out / "calibration_points.parquet", points)
+    io.write_parquet(_path(out, "estimates"), table)
+    io.write_parquet(_path(out, "calibration"), calibration)
+    io.write_parquet(_path(out, "calibration_points"), points)
 
 
 STAGE_WORK: dict[str, Callable] = {
@@ -787,12 +792,13 @@ def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict
     another model, or a foreign directory, is refused."""
     model = identity(loaded)
     if not claim(out, STUDY_MARKER, configs.to_dict(config), what="a study"):
-        if not (out / "manifest.json").is_file() and any(is_done(out, JOB, stage) for stage in STAGES):
+        manifest = StudyDir(out).manifest
+        if not manifest.is_file() and any(is_done(out, JOB, stage) for stage in STAGES):
             raise PosymError(  # a finished stage of an unknown model: continuing could mix two models' results
                 f"{out} holds finished stages but no manifest.json, so posym cannot tell which model they are "
                 "of; restore manifest.json, or choose another --out"
             )
-        before = io.read_json_object(out / "manifest.json") if (out / "manifest.json").is_file() else {}
+        before = io.read_json_object(manifest) if manifest.is_file() else {}
         held = before.get("identity")
         if isinstance(held, dict) and "digest" in held:  # the weights decide, not the spec that named them
             was, now = (f"{m.get('name')} (weights {m.get('digest')})" for m in (held, model))
@@ -806,7 +812,7 @@ def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict
                 "or choose another --out"
             )
     io.write_json(
-        out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, identity=model, **settings)
+        StudyDir(out).manifest, io.manifest(configs.to_dict(config), seed=config.seed, identity=model, **settings)
     )
 
 

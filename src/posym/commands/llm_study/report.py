@@ -23,9 +23,8 @@ from posym.commands.llm_study.prediction import (
 from posym.core.stats import wilson_interval
 from posym.core.stats import pearson
 from posym.errors import PosymError
-from posym.explorer import EXPLORER
 from posym.figures import plot_heads, save_figure, subplots
-from posym.runs import DONE, STAGES, STUDY_MARKER
+from posym.runs import DONE, EXPLORER, STAGES, StudyDir
 from posym.stages import is_done
 
 if TYPE_CHECKING:
@@ -174,6 +173,8 @@ def _has(out: Path, stage: str) -> bool:
 def _sections(out: Path) -> list[dict]:
     import pandas as pd
 
+    study = StudyDir(out)
+
     def section(name, stage=None, **parts):
         absent = stage if stage and not _has(out, stage) else None
         return {
@@ -187,21 +188,21 @@ def _sections(out: Path) -> list[dict]:
             **parts,
         }
 
-    settings = section("Settings", pres=[io.read_text(out / STUDY_MARKER)] if (out / STUDY_MARKER).is_file() else [])
+    settings = section("Settings", pres=[io.read_text(study.marker)] if study.marker.is_file() else [])
     accuracy, scores, profile = (
         section("Accuracy", "profile"),
         section("Scores and sinks", "scores"),
         section("Layer profile", "profile"),
     )
     if _has(out, "scores"):
-        heads = io.read_parquet(out / "scores" / "heads.parquet")
-        sinks = io.read_json_object(out / "scores" / "sinks.json")
+        heads = io.read_parquet(study.file("scores", "heads"))
+        sinks = io.read_json_object(study.file("scores", "sinks"))
         scores["texts"].append(
             "Sink key positions left out of the swaps, per prompt set: "
             + "; ".join(f"{k}: {v or 'none'}" for k, v in sinks.items())
         )
         for variant, rows in heads[heads.set == "binding-last"].groupby("variant", sort=False):
-            stem = out / "figures" / f"heads-{variant.replace(' ', '-')}"
+            stem = study.figures / f"heads-{variant.replace(' ', '-')}"
             save_figure(plot_heads(rows, pearson(rows.s_pos, rows.s_sym)), stem)
             scores["figures"].append(
                 _figure(
@@ -214,7 +215,7 @@ def _sections(out: Path) -> list[dict]:
         counts = heads.groupby(["set", "variant", "label"]).size().unstack(fill_value=0).reset_index()
         scores["tables"].append(_table(counts, counts.columns))
     if _has(out, "profile"):
-        summary = io.read_json_object(out / "profile" / "profile.json")
+        summary = io.read_json_object(study.file("profile", "profile"))
         rows = pd.DataFrame([{"set": k, **v} for k, v in summary.items()])
         accuracy["tables"].append(
             _table(
@@ -241,7 +242,7 @@ def _sections(out: Path) -> list[dict]:
             f"2511.11579 (Gemma-2-2b-it): median s_pos {GEMMA_HALVES[0]} in the early half of the "
             f"layers vs {GEMMA_HALVES[1]} in the late half."
         )
-        save_figure(plot_profile(io.read_parquet(out / "profile" / "layers.parquet")), out / "figures" / "profile")
+        save_figure(plot_profile(io.read_parquet(study.file("profile", "layers"))), study.figures / "profile")
         halves = "; ".join(
             f"{k}: {v['early_s_pos']:.2f} vs {v['late_s_pos']:.2f}"
             for k, v in summary.items()
@@ -249,7 +250,7 @@ def _sections(out: Path) -> list[dict]:
         )
         profile["figures"].append(
             _figure(
-                out / "figures" / "profile",
+                study.figures / "profile",
                 out,
                 "Layer profile",
                 "Median s_pos (solid) and s_sym (dashed) per layer and prompt set. Median "
@@ -257,7 +258,7 @@ def _sections(out: Path) -> list[dict]:
                 f"(Gemma-2-2b-it): {GEMMA_HALVES[0]} vs {GEMMA_HALVES[1]}.",
             )
         )
-        labels = io.read_parquet(out / "profile" / "labels.parquet")
+        labels = io.read_parquet(study.file("profile", "labels"))
         profile["tables"].append(
             _table(
                 labels.pivot_table(index=["set", "variant", "gamma"], columns="label", values="heads").reset_index(),
@@ -265,9 +266,9 @@ def _sections(out: Path) -> list[dict]:
             )
         )
         profile["tables"].append(
-            _table(io.read_parquet(out / "profile" / "agreement.parquet"), ["a", "b", "heads", "agreement"])
+            _table(io.read_parquet(study.file("profile", "agreement")), ["a", "b", "heads", "agreement"])
         )
-        changes = io.read_parquet(out / "profile" / "sink_changes.parquet")
+        changes = io.read_parquet(study.file("profile", "sink_changes"))
         changed = changes[changes.changed]
         scores["texts"].append(
             f"{len(changed)} of {len(changes)} (set, head) labels change when the sinks are "
@@ -292,10 +293,10 @@ def _sections(out: Path) -> list[dict]:
         )
     frequency = section("Frequency", "frequency")
     if _has(out, "frequency"):
-        info = io.read_json_object(out / "frequency" / "frequency.json")
+        info = io.read_json_object(study.file("frequency", "frequency"))
         save_figure(
-            plot_behaviour(io.read_parquet(out / "frequency" / "behaviour.parquet"), info),
-            out / "figures" / "behaviour",
+            plot_behaviour(io.read_parquet(study.file("frequency", "behaviour")), info),
+            study.figures / "behaviour",
         )
         frequency["texts"].append(
             f"Weighting: {info['weighting']}. Mean weighted frequency ID {info['mean_weighted_id']:.2f} "
@@ -304,7 +305,7 @@ def _sections(out: Path) -> list[dict]:
         )
         frequency["figures"].append(
             _figure(
-                out / "figures" / "behaviour",
+                study.figures / "behaviour",
                 out,
                 "Behaviour against frequency",
                 "One dot per head (binding prompts, last token). Ours: Pearson r = "
@@ -315,11 +316,11 @@ def _sections(out: Path) -> list[dict]:
         )
     discrepancy = section("Discrepancy", "discrepancy")
     if _has(out, "discrepancy"):
-        save_figure(plot_gaps(io.read_parquet(out / "discrepancy" / "gaps.parquet")), out / "figures" / "gaps")
-        info = io.read_json_object(out / "discrepancy" / "discrepancy.json")
+        save_figure(plot_gaps(io.read_parquet(study.file("discrepancy", "gaps"))), study.figures / "gaps")
+        info = io.read_json_object(study.file("discrepancy", "discrepancy"))
         discrepancy["figures"].append(
             _figure(
-                out / "figures" / "gaps",
+                study.figures / "gaps",
                 out,
                 "Discrepancy by length",
                 f"Median gap over prompts; dotted: {info['bound']}.",
@@ -327,13 +328,13 @@ def _sections(out: Path) -> list[dict]:
         )
     table3 = section("Table 3", "bench")
     if _has(out, "bench"):
-        table3["pres"].append(io.read_text(out / "bench" / "table.md"))
-        note = _chance_note(io.read_parquet(out / "bench" / "summary.parquet"))
+        table3["pres"].append(io.read_text(study.file("bench", "table")))
+        note = _chance_note(io.read_parquet(study.file("bench", "summary")))
         if note:
             table3["texts"].append(note)
         table3["figures"].append(
             _figure(
-                out / "bench" / "bench",
+                study.folder("bench") / "bench",
                 out,
                 "Table 3 analogue",
                 "Whole-answer accuracy per target-window size, std over runs; the paper's models dashed.",
@@ -341,18 +342,18 @@ def _sections(out: Path) -> list[dict]:
         )
     ablation = section("Ablation", "ablation")
     if _has(out, "ablation"):
-        summary = io.read_parquet(out / "ablation" / "ablation_summary.parquet")
-        save_figure(plot_ablation(summary), out / "figures" / "ablation")
+        summary = io.read_parquet(study.file("ablation", "ablation_summary"))
+        save_figure(plot_ablation(summary), study.figures / "ablation")
         ablation["figures"].append(
             _figure(
-                out / "figures" / "ablation",
+                study.figures / "ablation",
                 out,
                 "Ablation effects",
                 "Top-k positional, top-k symbolic and k random heads (binding, last token).",
             )
         )
         ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "sem", "prompts"]))
-        size = int(io.read_yaml(out / STUDY_MARKER).get("bench_size", 12)) if (out / STUDY_MARKER).is_file() else 12
+        size = int(io.read_yaml(study.marker).get("bench_size", 12)) if study.marker.is_file() else 12
         for row in summary[summary.k == 0].itertuples():
             chance = 0.25 if row.set.startswith("binding") else 1 / size  # 4 facts; one of `size` target tokens
             lo, hi = wilson_interval(round(row.acc * row.prompts), int(row.prompts))
@@ -365,7 +366,7 @@ def _sections(out: Path) -> list[dict]:
     explorer = section("Head explorer", "scores")
     if _has(out, "scores"):
         # the tables alone (the report recomputes nothing); `posym explore OUT` adds attention rows and swaps
-        result = explore([out], out / EXPLORER, details=False, title=f"posym explore: {out.name}")
+        result = explore([out], study.explorer, details=False, title=f"posym explore: {out.name}")
         explorer["texts"].append(
             f"Every head on one offline page ({result['heads']} heads in {result['sets']} prompt sets): "
             "layer x head maps of s_pos, s_sym (plain and sink-free), label, entropy, sink mass and "
@@ -404,14 +405,15 @@ def _chance_note(summary) -> str | None:
 
 def _prediction_sections(out: Path, section) -> list[dict]:
     """Length task (screen), Head retention and Causal tests (`posym.commands.llm_study.prediction`)."""
+    study = StudyDir(out)
     task, kept, causal = (
         section("Length task", "screen"),
         section("Head retention", "lengths"),
         section("Causal tests", "causal"),
     )
     if _has(out, "screen"):
-        summary = io.read_parquet(out / "screen" / "summary.parquet")
-        chosen = io.read_json_object(out / "screen" / "screen.json")
+        summary = io.read_parquet(study.file("screen", "summary"))
+        chosen = io.read_json_object(study.file("screen", "choice"))
         task["texts"].append(
             f"Every format tried at its base length ('between' layout), with its n and 95% Wilson "
             f"interval: each is probed first, and a format that can still reach the threshold is then "
@@ -426,12 +428,12 @@ def _prediction_sections(out: Path, section) -> list[dict]:
         )
         task["tables"].append(_table(summary, ["format", "base_length", "acc", "lo", "hi", "n"]))
     if _has(out, "lengths"):
-        acc = io.read_parquet(out / "lengths" / "accuracy_summary.parquet")
-        info = io.read_json_object(out / "lengths" / "lengths.json")
-        save_figure(plot_accuracy(acc, info["format"]), out / "figures" / "length-accuracy")
+        acc = io.read_parquet(study.file("lengths", "accuracy_summary"))
+        info = io.read_json_object(study.file("lengths", "lengths"))
+        save_figure(plot_accuracy(acc, info["format"]), study.figures / "length-accuracy")
         task["figures"].append(
             _figure(
-                out / "figures" / "length-accuracy",
+                study.figures / "length-accuracy",
                 out,
                 "Accuracy by length",
                 "between: distractors between the facts and the question; before: distractors "
@@ -440,9 +442,9 @@ def _prediction_sections(out: Path, section) -> list[dict]:
             )
         )
         task["tables"].append(_table(acc, ["layout", "factor", "length", "acc", "lo", "hi", "n"]))
-        groups = io.read_parquet(out / "lengths" / "group_retention.parquet")
+        groups = io.read_parquet(study.file("lengths", "group_retention"))
         for (layout, ranking), rows in groups.groupby(["layout", "ranking"], sort=False):
-            stem = out / "figures" / f"retention-{layout}-{ranking}"
+            stem = study.figures / f"retention-{layout}-{ranking}"
             save_figure(plot_retention(rows, f"{info['format']} / {layout}: heads labelled by {ranking} scores"), stem)
             kept["figures"].append(
                 _figure(
@@ -457,7 +459,7 @@ def _prediction_sections(out: Path, section) -> list[dict]:
                     f"over {int(rows.prompts.iloc[0])} prompts.",
                 )
             )
-        moves = out / "lengths" / "label_moves.parquet"
+        moves = study.file("lengths", "label_moves")
         if moves.is_file():
             moves = io.read_parquet(moves)
             kept["texts"].append(
@@ -501,11 +503,11 @@ def _prediction_sections(out: Path, section) -> list[dict]:
         else:
             kept["texts"].append("No head has a positional, symbolic or mixed label here, so there are no groups.")
     if _has(out, "causal"):
-        table = io.read_parquet(out / "causal" / "causal_summary.parquet")
-        save_figure(plot_causal(table), out / "figures" / "causal")
+        table = io.read_parquet(study.file("causal", "causal_summary"))
+        save_figure(plot_causal(table), study.figures / "causal")
         causal["figures"].append(
             _figure(
-                out / "figures" / "causal",
+                study.figures / "causal",
                 out,
                 "Length effect of ablations",
                 "drop(L) - drop(base) of each ablated group (sink-free ranking) and of its "
@@ -562,11 +564,12 @@ def _prediction_sections(out: Path, section) -> list[dict]:
 
 def _estimate_tables(out: Path, causal: dict) -> None:
     """The causal section's ESTIMATED tests (`posym.commands.llm_study.estimates`) and their calibration."""
-    path = out / "causal" / "estimates.parquet"
+    study = StudyDir(out)
+    path = study.file("causal", "estimates")
     if not path.is_file():
         return
     table = io.read_parquet(path)
-    calibration = io.read_parquet(out / "causal" / "calibration.parquet")
+    calibration = io.read_parquet(study.file("causal", "calibration"))
     est = table[table.source == "estimate"]
     causal["texts"].append(
         f"ESTIMATES, not ablations: each group's effect estimated as the sum of its heads' attribution-patching "
@@ -621,4 +624,4 @@ def build_study_report(out) -> Path:
             f"{STAGES}/{JOB}-STAGE{DONE} to run it again"
         ) from None
     page = template.render(title=f"posym llm-study: {out.name}", sections=sections)
-    return io.write_text(out / "report.html", page)
+    return io.write_text(StudyDir(out).report, page)
