@@ -26,6 +26,7 @@ import pandas as pd
 from llm_verdicts import ROOT, _p, write
 
 from posym.core.retention import label_prediction
+from posym.runs import StudyDir
 
 BEGIN, END = "<!-- cross-model:begin -->", "<!-- cross-model:end -->"
 STUDIES = ROOT / "docs" / "results"
@@ -40,11 +41,11 @@ LAYOUT, RANKING = "between", "sink-free"
 
 
 def studied() -> list[Path]:
-    return [STUDIES / name for name in NAMES if (STUDIES / name / "lengths" / "group_retention.parquet").is_file()]
+    return [STUDIES / name for name in NAMES if (StudyDir(STUDIES / name).file("lengths", "group_retention")).is_file()]
 
 
-def prediction(lengths: Path) -> dict:
-    heads = pd.read_parquet(lengths / "head_retention.parquet")
+def prediction(study: Path) -> dict:
+    heads = pd.read_parquet(StudyDir(study).file("lengths", "head_retention"))
     heads = heads[(heads.layout == LAYOUT) & (heads.ranking == RANKING)]
     return label_prediction(heads, base_length=int(heads.length.min()), length=int(heads.length.max()))
 
@@ -64,13 +65,13 @@ def causal(study: Path) -> str:
     """The causal cell: each sink-free group's ESTIMATED accuracy drop at the longest causal length against its
     matched pool's estimated draws (Holm p, verdict), the real ablation's drop beside it, and whether the
     estimate was trusted at that length (causal/calibration.parquet); '-' without a causal stage."""
-    path = study / "causal" / "estimates.parquet"
+    path = StudyDir(study).file("causal", "estimates")
     if not path.is_file():
         return "- (no causal stage committed)"
     table = pd.read_parquet(path)
     est = table[(table.source == "estimate") & (table.ranking == RANKING) & (table.measure == "acc_drop")]
     est = est[est.factor == est.factor.max()]
-    calibration = pd.read_parquet(study / "causal" / "calibration.parquet")
+    calibration = pd.read_parquet(StudyDir(study).file("causal", "calibration"))
     trusted = calibration[calibration.factor == est.factor.max()].trusted.all()
     parts = [
         f"{r.group} {r.value:+.2f} (real {r.real_value:+.2f}) vs random {r.null_median:+.2f} "
@@ -86,19 +87,18 @@ def causal(study: Path) -> str:
 
 
 def row(study: Path) -> str:
-    lengths = study / "lengths"
-    info = json.loads((lengths / "lengths.json").read_text())
-    accuracy = pd.read_parquet(lengths / "accuracy_summary.parquet")
+    info = json.loads((StudyDir(study).file("lengths", "lengths")).read_text())
+    accuracy = pd.read_parquet(StudyDir(study).file("lengths", "accuracy_summary"))
     accuracy = accuracy[accuracy.layout == LAYOUT].sort_values("factor")
     first, last = accuracy.iloc[0], accuracy.iloc[-1]
-    groups = pd.read_parquet(lengths / "group_retention.parquet")
+    groups = pd.read_parquet(StudyDir(study).file("lengths", "group_retention"))
     groups = groups[
         (groups.layout == LAYOUT)
         & (groups.ranking == RANKING)
         & (groups.measure == "attn_answer")
         & (groups.length == groups.length.max())
     ]
-    p = prediction(lengths)
+    p = prediction(study)
     auroc = (
         "- (no head keeps it)"
         if pd.isna(p["auroc"])

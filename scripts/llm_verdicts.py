@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from posym.runs import StudyDir
+
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- llm-verdicts:begin -->", "<!-- llm-verdicts:end -->"
 MODELS = {
@@ -39,9 +41,9 @@ def _p(value: float) -> str:
     return "-" if pd.isna(value) else (f"{value:.3f}" if value >= 0.001 else f"{value:.1e}")
 
 
-def retention_rows(lengths: Path, *, layout: str = "between", ranking: str = "sink-free") -> list[str]:
+def retention_rows(study: Path, *, layout: str = "between", ranking: str = "sink-free") -> list[str]:
     """Markdown rows: one per (measure, group) at the longest length."""
-    groups = pd.read_parquet(lengths / "group_retention.parquet")
+    groups = pd.read_parquet(StudyDir(study).file("lengths", "group_retention"))
     longest = groups.length.max()
     at = groups[
         (groups.layout == layout)
@@ -67,8 +69,8 @@ def retention_rows(lengths: Path, *, layout: str = "between", ranking: str = "si
     return rows
 
 
-def accuracy_rows(lengths: Path) -> list[str]:
-    tests = pd.read_parquet(lengths / "accuracy_tests.parquet")
+def accuracy_rows(study: Path) -> list[str]:
+    tests = pd.read_parquet(StudyDir(study).file("lengths", "accuracy_tests"))
     return [
         f"| {r.comparison} | {r.n} | {r.acc_a:.2f} vs {r.acc_b:.2f} | {r.only_a} / {r.only_b} | {_p(r.p)} | "
         f"{_p(r.p_holm)} | {'yes' if r.separated else 'no'} | {r.mde:.2f} |"
@@ -79,8 +81,7 @@ def accuracy_rows(lengths: Path) -> list[str]:
 def block() -> str:
     lines = [BEGIN]
     for model, study in MODELS.items():
-        lengths = study / "lengths"
-        groups = pd.read_parquet(lengths / "group_retention.parquet")
+        groups = pd.read_parquet(StudyDir(study).file("lengths", "group_retention"))
         longest, base = groups.length.max(), groups.length.min()
         prompts = int(groups.prompts.iloc[0])
         draws = int(groups[groups.group.str.startswith("random:")].draws.max())
@@ -93,14 +94,14 @@ def block() -> str:
             "| measure | group | heads | attention at 16x | kept (pooled) [95%] | random median | Holm p "
             "(family) | verdict | MDE |",
             "|---|---|---|---|---|---|---|---|---|",
-            *retention_rows(lengths),
+            *retention_rows(study),
             "",
             f"{model}, paired accuracy tests (exact McNemar on the same questions, Holm over the table; MDE: "
             "the accuracy difference detectable with 80% power at the family's level):",
             "",
             "| comparison | n | accuracy | right only in a / only in b | p | Holm p | separated | MDE |",
             "|---|---|---|---|---|---|---|---|",
-            *accuracy_rows(lengths),
+            *accuracy_rows(study),
         ]
     return "\n".join([*lines, "", END])
 
@@ -116,12 +117,11 @@ def past_context_block() -> str:
     retention at the lengths around the trained context."""
     lines = [PAST_BEGIN]
     for model, study in PAST.items():
-        lengths = study / "lengths"
-        info = pd.read_json(lengths / "lengths.json", typ="series")
+        info = pd.read_json(StudyDir(study).file("lengths", "lengths"), typ="series")
         trained, inside = int(info["trained_context"]), int(info["inside_factor"])
-        summary = pd.read_parquet(lengths / "accuracy_summary.parquet")
-        tests = pd.read_parquet(lengths / "accuracy_tests.parquet")
-        groups = pd.read_parquet(lengths / "group_retention.parquet")
+        summary = pd.read_parquet(StudyDir(study).file("lengths", "accuracy_summary"))
+        tests = pd.read_parquet(StudyDir(study).file("lengths", "accuracy_tests"))
+        groups = pd.read_parquet(StudyDir(study).file("lengths", "group_retention"))
         base = int(info["base_lengths"]["between"])
         around = sorted(x for x in groups.length.unique() if x >= inside * base)
         prompts, draws = int(info["prompts"]["heads"]), int(info["draws"])
@@ -187,11 +187,10 @@ def causal_block() -> str:
     against the same null beside it."""
     lines = [CAUSAL_BEGIN]
     for model, study in MODELS.items():
-        causal = study / "causal"
-        if not (causal / "estimates.parquet").is_file():
+        if not (StudyDir(study).file("causal", "estimates")).is_file():
             continue
-        table = pd.read_parquet(causal / "estimates.parquet")
-        calibration = pd.read_parquet(causal / "calibration.parquet")
+        table = pd.read_parquet(StudyDir(study).file("causal", "estimates"))
+        calibration = pd.read_parquet(StudyDir(study).file("causal", "calibration"))
         est = table[table.source == "estimate"]
         real = table[table.source == "real"]
         low, top = int(est.factor.min()), int(est.factor.max())

@@ -71,11 +71,11 @@ def test_label_prediction_against_the_definition(study):
 def test_committed_predictions():
     """The numbers the docs' prose states: SmolLM2's label ranks keepers above losers (0.70) but not inside
     layers (interval spans 0.5); on Gemma 3 no head keeps half of its answer-key attention at 16x."""
-    smol = cross_model_table.prediction(ROOT / "docs" / "results" / "llm-study" / "lengths")
+    smol = cross_model_table.prediction(ROOT / "docs" / "results" / "llm-study")
     assert (smol["looking"], smol["kept"]) == (47, 20)
     assert round(smol["auroc"], 2) == 0.70 and smol["auroc_lo"] > 0.5
     assert smol["auroc_layer_lo"] < 0.5 < smol["auroc_layer_hi"]
-    gemma = cross_model_table.prediction(ROOT / "docs" / "results" / "llm-study-gemma3" / "lengths")
+    gemma = cross_model_table.prediction(ROOT / "docs" / "results" / "llm-study-gemma3")
     assert (gemma["looking"], gemma["kept"]) == (17, 0) and np.isnan(gemma["auroc"])
 
 
@@ -84,8 +84,9 @@ def test_committed_qwen_row():
     layers (both intervals span 0.5); its positional and mixed heads lose the answer key more than random
     (Holm p 0.008); two thirds of its heads are symbolic, a group without a disjoint random set (untested);
     no sink heads, so its plain and sink-free groups are the same."""
-    lengths = ROOT / "docs" / "results" / "llm-study-qwen2.5-coder-0.5b" / "lengths"
-    qwen = cross_model_table.prediction(lengths)
+    study = ROOT / "docs" / "results" / "llm-study-qwen2.5-coder-0.5b"
+    lengths = study / "lengths"
+    qwen = cross_model_table.prediction(study)
     assert (qwen["heads"], qwen["looking"], qwen["kept"]) == (336, 107, 50)
     assert qwen["auroc_lo"] < 0.5 < qwen["auroc_hi"] and qwen["auroc_layer_lo"] < 0.5 < qwen["auroc_layer_hi"]
     groups = pd.read_parquet(lengths / "group_retention.parquet")
