@@ -7,7 +7,7 @@
 - the files of the commands whose outputs other parts of posym read (`FILES`, `output_file`);
 - an llm-study's directory (`StudyDir`: `STUDY_FILES`, its folders and their files; `STUDY_STAGES`);
 - the directories of the resumable commands: their markers (`PIPELINE_MARKER` of `posym run`,
-  `STUDY_MARKER` of `posym llm-study`), their done-files (`STAGES`/JOB-STAGE`DONE`: `done_path`), and
+  `STUDY_MARKER` of `posym llm-study`, `KV_EVAL_MARKER` of `posym kv-eval`), their done-files (`STAGES`/JOB-STAGE`DONE`: `done_path`), and
   what `posym train` / `posym run` keep (`RUN_FILES`);
 - what each command writes into its output directory (`OUTPUTS`), which `posym.io.check_output` guards;
 - what a directory is (`is_model_dir`, `is_run_dir`, `is_study_dir`, and `kind_of`: the kind of output a
@@ -143,6 +143,8 @@ PIPELINE_MARKER = "pipeline.yaml"
 """The file `posym run` keeps in its output directory (the config a re-run must match)."""
 STUDY_MARKER = "study.yaml"
 """The file `posym llm-study` keeps in its output directory (the config a re-run must match)."""
+KV_EVAL_MARKER = "kv_eval.yaml"
+"""The file `posym kv-eval` keeps in its output directory (the config a re-run must match)."""
 STAGES = "stages"
 """The folder of done-files in the directory of a resumable command (`posym.stages`)."""
 DONE = ".done.json"

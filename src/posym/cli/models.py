@@ -33,7 +33,7 @@ from posym.cli.options import (
 )
 from posym.core.paper import TAU
 from posym.errors import PosymError
-from posym.runs import OUTPUTS, STUDY_MARKER
+from posym.runs import KV_EVAL_MARKER, OUTPUTS, STUDY_MARKER
 
 # ---- commands: llm-scores / llm-bench -----------------------------------------------------------
 
@@ -580,7 +580,7 @@ def kv_eval_cmd(
     from posym import configs, io, models
     from posym.commands import kv_eval
 
-    io.check_output(out, inputs=[path, config, table], is_dir=True, marker=kv_eval.MARKER)
+    io.check_output(out, inputs=[path, config, table], is_dir=True, marker=KV_EVAL_MARKER)
     settings = configs.from_file_and_flags(
         kv_eval.KVEvalConfig,
         io.read_yaml(config) if config else {},

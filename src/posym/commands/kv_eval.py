@@ -61,14 +61,14 @@ from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.models import LoadedModel, identity
 from posym.prompts import FACTORS, RULER_TASKS, Builder, LengthFamily, RulerTask, build, ruler_prompts
-from posym.runs import done_path
+from posym.runs import KV_EVAL_MARKER, done_path
 from posym.stages import claim, resumable, run_stage
 
 TASKS = ("length", *RULER_TASKS)
 """The tasks kv-eval asks (see the module docstring)."""
 RANKED = ("posym", "retrieval", "duo")
 """The policies that rank KV heads by a head-table score (tested against full and random)."""
-MARKER, JOB = "kv_eval.yaml", "kv-eval"
+JOB = "kv-eval"
 """The config file a resumable kv-eval directory keeps, and the job name of its done-files."""
 FIGURE = "accuracy"
 """Stem of the figure (PNG + SVG)."""
@@ -648,7 +648,7 @@ def prepare(out: Path, config: KVEvalConfig, loaded: LoadedModel, settings: dict
     """OUT/kv_eval.yaml and manifest.json (the model's `identity`); a directory of another config or of
     another model's weights is refused."""
     model = identity(loaded)
-    if not claim(out, MARKER, configs.to_dict(config), what="a kv-eval"):
+    if not claim(out, KV_EVAL_MARKER, configs.to_dict(config), what="a kv-eval"):
         before = io.read_json_object(out / "manifest.json") if (out / "manifest.json").is_file() else {}
         held = before.get("identity")
         if isinstance(held, dict) and held.get("digest") != model["digest"]:
