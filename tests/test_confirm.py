@@ -223,7 +223,9 @@ def test_committed_gemma3_confirmation_follows_from_its_points():
     assert sorted(points.prompt.unique()) == list(range(12, 32)) and set(points.factor) == {1, 16}
     heads = pd.read_parquet(GEMMA.parent / "lengths" / "heads.parquet")
     heads = heads[heads.layout == "between"]
-    kinds = {l: "local" if (l + 1) % 6 else "global" for l in range(18)}  # Gemma 3 270M: every sixth is global
+    info = io.read_json_object(GEMMA.parent / "lengths" / "lengths.json")  # the kinds the study recorded
+    kinds = {int(layer): kind for layer, kind in info["layer_kinds"].items()}
+    assert sorted(layer for layer, kind in kinds.items() if kind == "global") == [5, 11, 17]
     named, draws = confirm.plan_sets(heads, plan, kinds=kinds)
     sets = dict(zip(range(confirm.NAMED, plan.draws), [named, *draws]))
     for s, text in points.groupby("set").heads.first().items():
