@@ -38,15 +38,11 @@ def test_wilson_interval_known_values_and_edges():
     assert hi - lo == pytest.approx(2 * 1.96 * 0.005, rel=1e-3)
 
 
-def test_bootstrap_weights_and_needed_prompts():
+def test_bootstrap_weights():
     w = stats.bootstrap_weights(7, 500, seed=3)
     assert w.shape == (500, 7) and (w.sum(1) == 7).all()
     assert np.array_equal(w, stats.bootstrap_weights(7, 500, seed=3))  # seeded
     assert abs(w.mean() - 1.0) < 0.05
-    assert stats.needed_prompts(20, 0.0, 0.1) is None
-    # effect 0.1 with standard error 0.1 at n = 20: (1.96)^2 x 20 = 77 prompts
-    assert stats.needed_prompts(20, 0.1, 0.1) == 77
-    assert stats.needed_prompts(20, 0.5, 0.01) == 20  # never fewer than measured
 
 
 # ---- retention: the maths -----------------------------------------------------------------------------

@@ -73,15 +73,6 @@ def percentile_interval(samples, axis: int = 0) -> tuple:
         return np.nanpercentile(samples, 2.5, axis=axis), np.nanpercentile(samples, 97.5, axis=axis)
 
 
-def needed_prompts(n: int, effect: float, spread: float) -> int | None:
-    """Prompts a paired comparison would need for its 95% interval to exclude zero, if its effect and
-    its per-prompt spread stayed as measured: n * (z * se / |effect|)^2 with se = spread (the bootstrap
-    standard error at n prompts). None when the measured effect is zero (no count would do)."""
-    if not effect or not math.isfinite(effect) or not math.isfinite(spread):
-        return None
-    return max(n, math.ceil(n * (Z95 * spread / abs(effect)) ** 2))
-
-
 # ---- tests: randomization p, Holm, McNemar, power ---------------------------------------------------
 
 ALPHA = 0.05
