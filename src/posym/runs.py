@@ -207,7 +207,7 @@ FILES: dict[str, dict[str, str]] = {
     },
 }
 """The tables (and JSON records) of the commands whose outputs other parts of posym read, by name: the
-run analyses (`posym report`, `posym explore`, `posym sweep`), llm-scores (`posym explore`) and llm-bench
+run analyses (`posym report`, `posym explore`), llm-scores (`posym explore`) and llm-bench
 (`posym report`; an llm-study's bench stage writes the same folder). Their figures are in `OUTPUTS` only.
 Writers and readers ask `output_file` (or, inside a run, `RunDir.analysis_file`)."""
 
