@@ -220,6 +220,12 @@ def test_committed_gemma3_confirmation_follows_from_its_points():
     points = pd.read_parquet(GEMMA / "points.parquet")
     table = pd.read_parquet(GEMMA / "confirm.parquet")
     pd.testing.assert_frame_equal(table, confirm.confirm_table(points, plan), check_dtype=False)
+    # what docs/results.md and the README say: above random at both lengths, Holm p 2/61, no length claim
+    tested = table[table.tested].set_index("length")
+    assert list(tested.index) == [72, 1152] and (tested.verdict == "above random").all()
+    assert tested.p_holm.to_numpy() == pytest.approx([2 / 61, 2 / 61])
+    assert tested.value.round(2).tolist() == [0.55, 0.45] and (tested.null_median == 0).all()
+    assert not table[table.measure == "length_effect"].tested.any()
     assert sorted(points.prompt.unique()) == list(range(12, 32)) and set(points.factor) == {1, 16}
     heads = pd.read_parquet(GEMMA.parent / "lengths" / "heads.parquet")
     heads = heads[heads.layout == "between"]
