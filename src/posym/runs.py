@@ -332,11 +332,11 @@ class StudyDir:
 
     def file(self, folder: str, name: str) -> Path:
         """The file `name` (a key of `STUDY_FILES[folder]`) in `folder`."""
-        names = STUDY_FILES[folder] if folder in STUDY_FILES else {}
+        where = self.folder(folder)  # an unknown folder fails here
+        names = STUDY_FILES[folder]
         if name not in names:
-            self.folder(folder)
             raise ValueError(f"an llm-study's {folder}/ holds no {name!r} ({', '.join(names)})")
-        return self.path / folder / names[name]
+        return where / names[name]
 
 
 RUN_FILES = (
