@@ -1148,6 +1148,48 @@ def test_a_signal_freed_after_posym_answered_it_is_not_delivered_again():
     assert done.stdout.split() == ["ran", "on"], done
 
 
+_REPLACED_BY_AN_IMPORT = """
+import signal, sys
+from posym import io
+from posym.cli import app, main
+
+@app.command("cut-import")
+def cut_import(kept: bool = False):
+    # what a C extension's import does when the signal's handler runs inside it (pandas' pd_parser.c,
+    # once in a clean-clone .ci/run): the Signalled is lost and the import answers with its own error
+    def body():
+        try:
+            signal.raise_signal(signal.SIGHUP)
+        except BaseException:
+            raise ImportError("pd_parser.c could not import module pandas") from None
+    if kept:
+        with io.interruptible(lambda: "the command's own line"):
+            body()
+    body()
+
+sys.argv = ["posym", "cut-import"] + sys.argv[1:]
+main()
+"""
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_an_error_a_signal_caused_is_answered_as_the_signal(kept):
+    """An exception that comes after a stop signal (the signal cut an import short) is the signal's effect:
+    one line and exit 128 + the signal, the command's own line where it has one, never a traceback."""
+    done = subprocess.run(
+        [sys.executable, "-c", _REPLACED_BY_AN_IMPORT] + (["--kept"] if kept else []),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ENV,
+        check=False,
+        preexec_fn=_default_signals,
+    )
+    assert done.returncode == 128 + signal.SIGHUP, done.stderr
+    line = "posym: hung up: " + ("the command's own line" if kept else "every file written so far is whole")
+    assert done.stderr.startswith(line) and done.stderr.count("\n") == 1, done.stderr
+
+
 def test_minor_cases_are_one_line_or_work(runs, tmp_path, capsys, monkeypatch):
     # a newline in a path: the error stays one line
     code, err = cli(capsys, monkeypatch, "score", tmp_path / "no\nsuch", "--out", tmp_path / "s.parquet")

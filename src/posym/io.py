@@ -482,6 +482,7 @@ def handle_signals() -> None:
             os._exit(128 + first)
 
     _ANSWERED.clear()
+    _RECEIVED.clear()  # a process that runs posym's main again (tests) starts with no signal received
     for signum in STOP_SIGNALS:
         if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
             signal.signal(signum, handler)
@@ -557,6 +558,13 @@ _RECEIVED: list[int] = []
 """The signals `handle_signals` received, in order (the first was raised as `Signalled`)."""
 
 
+def signal_received() -> int | None:
+    """The first stop signal `handle_signals` received, or None: an exception other than `Signalled` that
+    comes after one is its effect (a C extension's import that the signal cut short answers with its own
+    ImportError, the Signalled lost inside it), and is answered as the signal."""
+    return _RECEIVED[0] if _RECEIVED else None
+
+
 def signal_number(exc: BaseException | None = None) -> int:
     """The signal behind a KeyboardInterrupt (or one it caused, as Click's Abort; without one, the first
     signal received), SIGINT by default."""
@@ -576,6 +584,10 @@ def interruptible(kept: Any) -> Iterator[None]:
         yield
     except KeyboardInterrupt as exc:
         raise Interrupted(kept(), signum=signal_number(exc)) from None
+    except Exception:
+        if signal_received() is None:
+            raise
+        raise Interrupted(kept(), signum=signal_received()) from None  # the signal's effect, not a fault
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

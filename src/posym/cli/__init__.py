@@ -129,6 +129,8 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt) as exc:
         _interrupted(NOTHING_KEPT, io.signal_number(exc))
     except Exception as exc:
+        if io.signal_received() is not None:  # the signal cut a C call short, which raised its own error
+            _interrupted(NOTHING_KEPT, io.signal_received())
         # Click usage errors (bad option values, missing arguments) are user errors too. Typer
         # bundles its own copy of click, so recognise them by shape rather than by class.
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `posym`: the help as help, then one error line
