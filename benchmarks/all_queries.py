@@ -3,17 +3,20 @@
 One process per model (--models: smollm2-135m, SmolLM2-135M-Instruct, 270 heads; gemma3-270m, Gemma 3 270M,
 72 heads, 15 of 18 layers with a 512-token window; both the float32 dequantised GGUF of their packages, as
 `posym.models.load` gives them), the first N tokens of CPython's reference documentation (`pydoc_data.topics`)
-at each of --lengths. For each length and each thread setting (--threads: `default`, torch's own count in this
-process, and 1), in this order on the same prompt:
+at each of --lengths (every query at --every-query-lengths, 256 and 1,024 by default; the last query at every
+length). For each length and each thread setting (--threads: `default`, torch's own count in this process, and
+1), in this order on the same prompt:
 
 - the forward pass `model(ids, use_cache=False)` under inference_mode (LM head included), after a warm-up;
-- every query in the library: `score_model(model, [ids], "all")` (workers=1: this process, torch's threads);
-- every query over forked workers: the same with workers = one per CPU (`posym.parallel.cpu_workers`; each
-  worker one thread, so measured at the default setting only), and whether its rows equal the first's;
+- every query in this process: `score_model(model, [ids], "all", workers=1)` (the forward at torch's threads,
+  the scores at one: `posym.core.scores.SCORE_THREADS`);
+- every query over forked workers, what `score_model` does by default (workers=0) on a long prompt: the same
+  with workers = one per CPU (`posym.parallel.cpu_workers`; each worker one thread, so measured at the default
+  setting only), and whether its rows equal the first's;
 - the last query: `score_model(model, [ids], "last")`;
 - the forward pass again: ratios are against the mean of the two forwards;
 - the command a user types, as a child process: `python -m posym score MODEL --prompts P --queries all --out X`
-  (P: a JSONL file of the same token ids), and once per model and thread setting the same command on the first
+  (P: a JSONL file of the same token ids; its default --workers 0), and once per model and thread setting the same command on the first
   64 tokens: its fixed start-up (imports, model load). `command_beyond_s` = the length's run minus the 64-token
   run; its ratio is against the forward. The child gets the thread setting through OMP_NUM_THREADS (unset for
   the default).
@@ -117,10 +120,14 @@ def markdown_table(result: dict) -> str:
             if "command_s" in r
             else "-"
         )
+        every = "all_s" in r
+        library = f"{r['all_s']:.1f} s" if every else "-"
+        ratios = f"{r['all_ratio']:.2f}x / {r['all_cpu_ratio']:.2f}x" if every else "-"
+        scores_peak = f"{r['all_peak_bytes'] / 2**20:.0f}" if every else "-"
         lines.append(
-            f"| {r['model']} | {r['tokens']:,} | {r['threads']} | {r['forward_s']:.2f} s | {r['all_s']:.1f} s "
-            f"| {r['all_ratio']:.2f}x / {r['all_cpu_ratio']:.2f}x | {forked} | {command} "
-            f"| {r['last_ratio']:.2f}x | {r['forward_peak_bytes'] / 2**20:.0f} / {r['all_peak_bytes'] / 2**20:.0f} MiB |"
+            f"| {r['model']} | {r['tokens']:,} | {r['threads']} | {r['forward_s']:.2f} s | {library} "
+            f"| {ratios} | {forked} | {command} "
+            f"| {r['last_ratio']:.2f}x | {r['forward_peak_bytes'] / 2**20:.0f} / {scores_peak} MiB |"
         )
     return "\n".join(lines)
 
@@ -129,6 +136,11 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2-135m,gemma3-270m", help="embedded models, comma-separated")
     parser.add_argument("--lengths", default="256,1024,4096", help="prompt lengths (tokens), comma-separated")
+    parser.add_argument(
+        "--every-query-lengths",
+        default="256,1024",
+        help="the lengths of --lengths at which every query is measured (the others: the last query only)",
+    )
     parser.add_argument("--threads", default="default,1", help="torch thread settings: default and/or numbers")
     parser.add_argument("--no-command", action="store_true", help="skip the command (child processes)")
     parser.add_argument("--no-forked", action="store_true", help="skip the forked workers")
@@ -144,6 +156,7 @@ def main(argv=None) -> None:
         return
     default_threads = torch.get_num_threads()
     settings = args.threads.split(",")
+    every_query = {int(v) for v in args.every_query_lengths.split(",") if v}
     load_at_start = os.getloadavg()
     runs: list[dict] = []
     skipped: list[dict] = []
@@ -187,19 +200,18 @@ def main(argv=None) -> None:
 
                 forward()  # warm-up
                 before_s, before_cpu, forward_peak, _ = forward()
-                all_s, all_cpu, all_peak, frame = measure(lambda: score_model(model, [ids], "all", workers=1))
-                entry = {
-                    "model": name,
-                    "tokens": length,
-                    "threads": setting,
-                    "torch_threads": threads,
-                    "rows": len(frame),
-                    "all_s": all_s,
-                    "all_cpu_s": all_cpu,
-                    "all_peak_bytes": all_peak,
-                    "max_bound": float(frame["bound"].max()),
-                }
-                if setting == "default" and not args.no_forked:
+                entry = {"model": name, "tokens": length, "threads": setting, "torch_threads": threads}
+                every = length in every_query
+                if every:
+                    all_s, all_cpu, all_peak, frame = measure(lambda: score_model(model, [ids], "all", workers=1))
+                    entry.update(
+                        rows=len(frame),
+                        all_s=all_s,
+                        all_cpu_s=all_cpu,
+                        all_peak_bytes=all_peak,
+                        max_bound=float(frame["bound"].max()),
+                    )
+                if every and setting == "default" and not args.no_forked:
                     workers = cpu_workers(0, model)
                     forked_s, forked_cpu, forked_peak, forked = measure(
                         lambda: score_model(model, [ids], "all", workers=workers)
@@ -213,7 +225,7 @@ def main(argv=None) -> None:
                         forked_rows_identical=bool(forked.equals(frame)),
                         forked_max_abs_diff=diff,
                     )
-                del frame
+                frame = None
                 last_s, last_cpu, last_peak, _ = measure(lambda: score_model(model, [ids], "last"))
                 after_s, after_cpu, _, _ = forward()
                 forward_s, forward_cpu = (before_s + after_s) / 2, (before_cpu + after_cpu) / 2
@@ -223,19 +235,19 @@ def main(argv=None) -> None:
                     forward_s_after=after_s,
                     forward_cpu_s=forward_cpu,
                     forward_peak_bytes=forward_peak,
-                    all_ratio=all_s / forward_s,
-                    all_cpu_ratio=all_cpu / forward_cpu,
                     last_s=last_s,
                     last_cpu_s=last_cpu,
                     last_peak_bytes=last_peak,
                     last_ratio=last_s / forward_s,
                     last_cpu_ratio=last_cpu / forward_cpu,
                 )
+                if every:
+                    entry.update(all_ratio=entry["all_s"] / forward_s, all_cpu_ratio=entry["all_cpu_s"] / forward_cpu)
                 if "forked_s" in entry:
                     entry.update(
                         forked_ratio=entry["forked_s"] / forward_s, forked_cpu_ratio=entry["forked_cpu_s"] / forward_cpu
                     )
-                if not args.no_command:
+                if every and not args.no_command:
                     if setting not in startup:
                         short = scratch / f"{name}-{STARTUP_TOKENS}.jsonl"
                         short.write_text(json.dumps({"input_ids": real_text_ids(tokenizer, STARTUP_TOKENS)}) + "\n")

@@ -232,22 +232,28 @@ def test_the_dense_grid_equals_the_dense_reference(options, monkeypatch):
 def test_forked_workers_give_the_rows_of_one_process(kind, options, monkeypatch):
     """workers=2 (forked 1-thread processes, one (layer, head) each) and workers=1 (this process, each
     layer inside the forward) give the same table, bit for bit, on every family: pruned, dense and the
-    per-query loop; windowed families with a 4-key window."""
+    per-query loop; windowed families with a 4-key window. torch has two threads here, as on a user's
+    2-core machine: this process scores with one (SCORE_THREADS), the workers' floating-point order, and
+    gives its threads back to the forward."""
     import pandas as pd
     import torch
 
     from posym.core import scores
 
-    forked = []
-    original = scores._forked_layers
+    forked, threads_scoring = [], []
+    original, layer = scores._forked_layers, scores._score_layer
     monkeypatch.setattr(scores, "_forked_layers", lambda *a, **k: forked.append(1) or original(*a, **k))
+    monkeypatch.setattr(
+        scores, "_score_layer", lambda *a, **k: threads_scoring.append(torch.get_num_threads()) or layer(*a, **k)
+    )
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the workers' one thread: the same floating-point order here
+    torch.set_num_threads(2)
     try:
         model = tiny_model(kind, qk_scale=30.0, window=4 if kind in WINDOWED else None)
         prompts = random_prompts([12, 16], seed=5)
         here = score_model(model, prompts, "all", workers=1, **options)
-        assert not forked
+        assert not forked and set(threads_scoring) == {scores.SCORE_THREADS} == {1}
+        assert torch.get_num_threads() == 2  # given back
         there = score_model(model, prompts, "all", workers=2, **options)
         assert forked  # the workers scored it
     finally:
@@ -255,9 +261,13 @@ def test_forked_workers_give_the_rows_of_one_process(kind, options, monkeypatch)
     pd.testing.assert_frame_equal(here, there, check_exact=True)
 
 
-def test_workers_zero_forks_only_past_the_threshold(monkeypatch):
-    """workers=0 scores in this process below FORK_ELEMENTS (a tiny model's prompts) and in forked
-    workers at or past it; a bad workers value is a PosymError."""
+def test_workers_zero_forks_past_the_threshold_as_many_as_torch_threads(monkeypatch):
+    """workers=0 (the default) scores in this process below FORK_ELEMENTS (a tiny model's prompts), with
+    one torch thread, when the captured layers would outgrow the forward's logits, and in forked workers
+    at or past it, as many as torch's threads (capped at the CPUs); a bad workers value is a PosymError."""
+    import torch
+
+    from posym import parallel
     from posym.core import scores
 
     forked = []
@@ -265,14 +275,29 @@ def test_workers_zero_forks_only_past_the_threshold(monkeypatch):
     monkeypatch.setattr(
         scores, "_forked_layers", lambda held, workers, *a: forked.append(workers) or original(held, workers, *a)
     )
+    if parallel.cpu_workers(0) < 2:
+        pytest.skip("one CPU: workers=0 never forks")
     model = tiny_model("llama", qk_scale=30.0)
     prompts = random_prompts([12, 16], seed=5)
-    here = score_model(model, prompts, "all", workers=0)
-    assert not forked
-    monkeypatch.setattr(scores, "FORK_ELEMENTS", 1)
-    there = score_model(model, prompts, "all", workers=0)
-    assert len(forked) == 2 and min(forked) >= 1  # one forked scoring per batch (two prompt lengths)
-    assert_same_rows(there, here)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        here = score_model(model, prompts, "all")
+        assert not forked
+        monkeypatch.setattr(scores, "FORK_ELEMENTS", 1)
+        there = score_model(model, prompts, "all")
+        assert forked == [2, 2]  # one forked scoring per batch (two prompt lengths)
+        assert_same_rows(there, here)
+        forked.clear()
+        torch.set_num_threads(1)  # the user's one thread (OMP_NUM_THREADS=1): no second process either
+        assert_same_rows(score_model(model, prompts, "all"), here)
+        assert not forked
+        torch.set_num_threads(2)
+        monkeypatch.setattr(scores, "_held_bytes", lambda qk: 1 << 40)  # captured layers past the logits' size
+        assert_same_rows(score_model(model, prompts, "all"), here)
+        assert not forked
+    finally:
+        torch.set_num_threads(threads)
     for bad in (-1, 1.5, True):
         with pytest.raises(PosymError, match="workers"):
             score_model(model, prompts, "all", workers=bad)

@@ -20,6 +20,7 @@ near tie).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -46,6 +47,21 @@ def cpu_workers(requested: int = 0, model=None) -> int:
 def nested() -> bool:
     """Whether this is a `forked_map` worker (or a `forked_map` runs here): another one would not nest."""
     return _JOB is not None
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch's intra-op threads set to `count` for the body, then back to what they were."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before != count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def cpu_seconds() -> float:

@@ -201,11 +201,12 @@ def budget_option():
 def score_workers_option():
     """--workers N: the processes that score every query of a long prompt (`posym.core.scores.iter_scores`)."""
     return typer.Option(
-        1,
+        0,
         min=0,
-        help="Processes that score on the CPU: 1 scores in this process with torch's threads; N >= 2 splits the "
-        "scores over N forked one-thread processes; 0 uses one per CPU where a batch's scores are large "
-        "(every query of a long prompt). The same numbers either way.",
+        help="Processes that score on the CPU: 0 forks one one-thread process per torch thread (the cores the "
+        "forward pass uses) where a batch's scores are large (every query of a long prompt), else scores here; "
+        "1 scores in this process; N >= 2 splits the scores over N forked one-thread processes. The same "
+        "numbers either way.",
     )
 
 

@@ -49,7 +49,7 @@ def run_score(
     *,
     step: int | None = None,
     budget: int | None = None,
-    workers: int = 1,
+    workers: int = 0,
     device: str = "cpu",
     progress=None,
     started=None,
@@ -61,7 +61,7 @@ def run_score(
     `progress(k)` follows the scored prompts; `started(settings, total)` is called once the prompts are
     known, before scoring (the CLI prints what it scores and opens its bar). `budget`: bytes of working
     memory of one block of queries (`iter_scores`; None: its default); `workers`: the processes that
-    score (`iter_scores`; 1: this one). Neither changes a number, so neither is among the settings. Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
+    score (`iter_scores`; 0: automatic, 1: this one). Neither changes a number, so neither is among the settings. Returns {"settings", "rows", "summary" (`summarize_heads` at `gamma`)}.
     """
     if options.task is not None and options.prompts is not None:
         raise PosymError("--task draws the task's test prompts and --prompts reads a file: give one of them")

@@ -39,8 +39,9 @@ queries are scored in blocks of every head at once (`posym.core.batched`; engine
 query position at a time, the reference the tests hold it to); every row
 records the bound its s_pos and s_sym satisfy against weighing every swap (exact="dense", the
 reference). Numbers are computed in float64 from the model's tensors; the model is not changed.
-Each layer is scored inside the forward pass with torch's threads, or (workers=, `posym score --workers`)
-after it, one (layer, head) a unit over forked one-thread processes (`posym.parallel`): the same rows.
+Each layer is scored inside the forward pass with one torch thread (SCORE_THREADS), or after it, one
+(layer, head) a unit over forked one-thread processes (`posym.parallel`; workers=, `posym score
+--workers`: by default one per torch thread where a batch's scores are large): the same rows, bit for bit.
 """
 
 from __future__ import annotations
@@ -336,12 +337,18 @@ def _score_layer(
     return _joined(out)
 
 
+SCORE_THREADS = 1
+"""torch threads that score a layer in this process (workers=1; the forked workers have one each): the
+scores' ops are small (one head's block of queries), and more threads cost more than they give on them
+(benchmarks/all_queries.py, docs/commands/analysis.md)."""
+
+
 FORK_ELEMENTS = 1 << 22
 """Score-grid elements of a batch (keys seen x query rows x heads, summed over its layers) from which
-`iter_scores`' workers=0 scores in forked workers, one per CPU: about a second of one core's
-work (every query of SmolLM2 at 1,024 tokens is 141.6M elements, 22.9 s on one thread: 162 ns each),
-against the tenth of a second that forking and collecting cost. SmolLM2's last query at 4,096 tokens
-is 1.1M: scored in this process, inside the forward, as before; every query at 256 tokens 8.9M: forked."""
+`iter_scores`' workers=0 scores in forked workers: about a second of one core's work (every query of
+SmolLM2 at 1,024 tokens is 141.6M elements, 22.9 s on one thread: 162 ns each), against the tenth of a
+second that forking and collecting cost. SmolLM2's last query at 4,096 tokens is 1.1M: scored in this
+process, inside the forward, as before; every query at 256 tokens 8.9M: forked."""
 
 
 def _grid_elements(qk: HeadQK, jobs: dict[int, list[int]]) -> int:
@@ -349,15 +356,26 @@ def _grid_elements(qk: HeadQK, jobs: dict[int, list[int]]) -> int:
     return qk.q.shape[1] * sum(len(rows) * (p - qk.first_key(p) + 1) for p, rows in jobs.items())
 
 
-def _scoring_workers(workers: int, qk: HeadQK, jobs: dict[int, list[int]], layers: int) -> int:
-    """Processes that score a batch whose first layer is `qk` (`layers` layers): `workers` when > 0,
-    else one per CPU when its grids reach FORK_ELEMENTS; 1 (this process, inside the forward) on a GPU,
-    without fork, or inside a `forked_map` worker (they do not nest)."""
+def _held_bytes(qk: HeadQK) -> int:
+    """Bytes one captured layer holds until the forked workers score it (its queries and keys)."""
+    return qk.q.numel() * qk.q.element_size() + qk.k.numel() * qk.k.element_size()
+
+
+def _scoring_workers(workers: int, qk: HeadQK, jobs: dict[int, list[int]], layers: int, logits: int) -> int:
+    """Processes that score a batch whose first layer is `qk` (`layers` layers): `workers` when > 0.
+    workers=0 (automatic) forks as many as the threads torch gives the forward pass (`torch.get_num_threads`,
+    at most one per CPU: the cores the forward uses, none a user held back with OMP_NUM_THREADS) where the
+    batch's grids reach FORK_ELEMENTS and its captured layers fit in `logits` bytes (the size of the
+    forward's own logits: every layer's queries and keys are held at once before the workers start); else 1. Always 1
+    (this process, inside the forward) on a GPU, without fork, or inside a `forked_map` worker (they do
+    not nest)."""
     if qk.q.device.type != "cpu" or parallel.nested():
         return 1
-    if workers == 0 and _grid_elements(qk, jobs) * layers < FORK_ELEMENTS:
+    if workers > 0:
+        return parallel.cpu_workers(workers)
+    if _grid_elements(qk, jobs) * layers < FORK_ELEMENTS or _held_bytes(qk) * layers > logits:
         return 1
-    return parallel.cpu_workers(workers)
+    return min(parallel.cpu_workers(0), torch.get_num_threads())
 
 
 def _forked_layers(held: list[tuple], workers: int, dtype, engine: str, options: dict) -> list[tuple[int, dict]]:
@@ -436,7 +454,7 @@ def iter_scores(
     dtype: torch.dtype = torch.float64,
     engine: str = "batched",
     budget: int | None = None,
-    workers: int = 1,
+    workers: int = 0,
     progress=None,
 ):
     """Yield DataFrames of scores (columns COLUMNS), one per batch of equal-length prompts.
@@ -455,13 +473,14 @@ def iter_scores(
     budget: bytes of working memory one block of queries may hold (batched engine; smaller only
         means more blocks, the same numbers). None: `batched.default_budget`, the size of the
         forward pass's own logits for the batch, so the peak stays near the forward's.
-    workers: processes that score a batch on the CPU. 1 (default): this one, each layer inside the
-        forward pass with torch's threads; >= 2: that many forked 1-thread processes
+    workers: processes that score a batch on the CPU. 0 (default, automatic): as many forked 1-thread
+        processes as torch's threads (the cores the forward pass uses) where a batch's score grids reach
+        FORK_ELEMENTS (every query of a long prompt) and its captured layers fit in the size of the
+        forward's logits, else this one; 1: this one, each layer inside the forward pass; >= 2: that many forked 1-thread processes
         (`posym.parallel.forked_map`), one (layer, head) at a time, after the forward has captured every
-        layer's queries and keys (which it then holds at once); 0: one per CPU where a batch's score
-        grids reach FORK_ELEMENTS (every query of a long prompt), else 1. The same rows either way (bit
-        for bit on SmolLM2 at 256 tokens, every query: 2 threads here against 2 forked 1-thread workers).
-        benchmarks/all_queries.py measures which is faster on a machine (docs/commands/analysis.md).
+        layer's queries and keys (which it then holds at once). The same rows either way, bit for bit:
+        this process scores with one torch thread too (SCORE_THREADS). benchmarks/all_queries.py measures
+        both (docs/commands/analysis.md).
     progress: optional callable(number of prompts just finished).
     One forward pass per batch; the attention maps are never materialised. Rows record keys (the keys
     the query sees: on a sliding-window layer only its window's, and every swap moves two of those),
@@ -495,13 +514,15 @@ def iter_scores(
     scratch = batched.Scratch()  # the blocks' work buffers, allocated once for every layer of the scan
 
     def work(layer: int, qk: HeadQK, jobs: dict[int, list[int]]):
-        size = budget or batched.default_budget(*qk.q.shape[:3:2], vocab)
+        logits = batched.default_budget(*qk.q.shape[:3:2], vocab)  # bytes of the forward's own logits
+        size = budget or logits
         if id(jobs) not in forking:
             forking.clear()
-            forking[id(jobs)] = _scoring_workers(workers, qk, jobs, layer_count)
+            forking[id(jobs)] = _scoring_workers(workers, qk, jobs, layer_count, logits)
         if forking[id(jobs)] > 1:
             return _HELD, layer, qk, jobs, size  # scored after the forward, by the workers
-        return layer, _score_layer(qk, jobs, dtype, engine, size, scratch=scratch, **options)
+        with parallel.torch_threads(SCORE_THREADS if qk.q.device.type == "cpu" else torch.get_num_threads()):
+            return layer, _score_layer(qk, jobs, dtype, engine, size, scratch=scratch, **options)
 
     for batch, results in swaps.scan(model, input_ids, queries, work, layers=layers, batch_size=batch_size):
         held = [r[1:] for r in results if r[0] is _HELD]
