@@ -16,8 +16,8 @@ length). For each length and each thread setting (--threads: `default`, torch's 
 - the last query: `score_model(model, [ids], "last")`;
 - the forward pass again: ratios are against the mean of the two forwards;
 - the command a user types, as a child process: `python -m posym score MODEL --prompts P --queries all --out X`
-  (P: a JSONL file of the same token ids; its default --workers 0), and once per model and thread setting the same command on the first
-  64 tokens: its fixed start-up (imports, model load). `command_beyond_s` = the length's run minus the 64-token
+  (P: a JSONL file of the same token ids; its default --workers 0), and once per model and thread setting the
+  same command on the first 64 tokens: its fixed start-up (imports, model load). `command_beyond_s` = the length's run minus the 64-token
   run; its ratio is against the forward. The child gets the thread setting through OMP_NUM_THREADS (unset for
   the default).
 

@@ -1071,11 +1071,11 @@ def test_sigterm_or_sighup_during_score_is_one_line_and_leaves_nothing(runs, tmp
     assert not list(out.parent.iterdir())
 
 
-def _run_code(code: str) -> subprocess.CompletedProcess:
-    """`python -c code` with the stop signals at their defaults (not SIGHUP ignored, as under `nohup`: posym
-    would rightly leave it so), its output captured."""
+def _run_code(code: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -c code ARGS` with the stop signals at their defaults (not SIGHUP ignored, as under `nohup`:
+    posym would rightly leave it so), its output captured."""
     return subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -1176,15 +1176,7 @@ main()
 def test_an_error_a_signal_caused_is_answered_as_the_signal(kept):
     """An exception that comes after a stop signal (the signal cut an import short) is the signal's effect:
     one line and exit 128 + the signal, the command's own line where it has one, never a traceback."""
-    done = subprocess.run(
-        [sys.executable, "-c", _REPLACED_BY_AN_IMPORT] + (["--kept"] if kept else []),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=ENV,
-        check=False,
-        preexec_fn=_default_signals,
-    )
+    done = _run_code(_REPLACED_BY_AN_IMPORT, *(["--kept"] if kept else []))
     assert done.returncode == 128 + signal.SIGHUP, done.stderr
     line = "posym: hung up: " + ("the command's own line" if kept else "every file written so far is whole")
     assert done.stderr.startswith(line) and done.stderr.count("\n") == 1, done.stderr

@@ -476,11 +476,11 @@ def iter_scores(
     workers: processes that score a batch on the CPU. 0 (default, automatic): as many forked 1-thread
         processes as torch's threads (the cores the forward pass uses) where a batch's score grids reach
         FORK_ELEMENTS (every query of a long prompt) and its captured layers fit in the size of the
-        forward's logits, else this one; 1: this one, each layer inside the forward pass; >= 2: that many forked 1-thread processes
-        (`posym.parallel.forked_map`), one (layer, head) at a time, after the forward has captured every
-        layer's queries and keys (which it then holds at once). The same rows either way, bit for bit:
-        this process scores with one torch thread too (SCORE_THREADS). benchmarks/all_queries.py measures
-        both (docs/commands/analysis.md).
+        forward's logits, else this one; 1: this one, each layer inside the forward pass; >= 2: that
+        many forked 1-thread processes (`posym.parallel.forked_map`), one (layer, head) at a time,
+        after the forward has captured every layer's queries and keys (which it then holds at once).
+        The same rows either way, bit for bit: this process scores with one torch thread too
+        (SCORE_THREADS). benchmarks/all_queries.py measures both (docs/commands/analysis.md).
     progress: optional callable(number of prompts just finished).
     One forward pass per batch; the attention maps are never materialised. Rows record keys (the keys
     the query sees: on a sliding-window layer only its window's, and every swap moves two of those),
