@@ -19,7 +19,7 @@ decode seconds per token, and its new tokens; `policy` also the kept-KV fraction
 (`KVPolicy.kept_fraction`) and `policy_bytes`, which its cache must hold exactly. Results go to --json
 after each length (a run cut short keeps what it measured); every entry records the load average.
 
-    OMP_WAIT_POLICY=PASSIVE nice python benchmarks/kv_cache.py --lengths 1024,4096,16384 \
+    OMP_WAIT_POLICY=PASSIVE nice python benchmarks/kv_cache.py --lengths 1024,4096,8192,16384 \
         --table runs/atlas/smollm2/atlas.parquet --json docs/benchmarks/kv_cache.json
 """
 

@@ -277,9 +277,11 @@ def test_the_benchmark_measures_what_it_says():
 
 
 def test_committed_benchmark_reads_back():
-    """docs/benchmarks/kv_cache.json (SmolLM2, 1,024-8,192 tokens) holds what docs/results.md says of it: the
-    policy's cache holds exactly the bytes its policy implies, a kept fraction of 0.52-0.62; the full head cache
-    is the model's size and generates the model's tokens; its table rows are the JSON's numbers."""
+    """docs/benchmarks/kv_cache.json (SmolLM2, 1,024-16,384 tokens) holds what docs/results.md says of it: the
+    policy's cache holds exactly the bytes its policy implies, a kept fraction of 0.51-0.62; the full head cache
+    is the model's size and generates the model's tokens; posym's kernel decodes slower than the model's at
+    every length; the policy's tokens leave the model's within the first ten, sooner on longer prompts; its
+    table rows are the JSON's numbers."""
     import json
     from pathlib import Path
 
@@ -287,7 +289,7 @@ def test_committed_benchmark_reads_back():
     record = json.loads((root / "docs" / "benchmarks" / "kv_cache.json").read_text())
     assert record["model"] == "smollm2-135m" and record["streaming_fraction"] == 0.5
     runs = {r["tokens"]: r for r in record["runs"]}
-    assert sorted(runs) == [1024, 4096, 8192]
+    assert sorted(runs) == [1024, 4096, 8192, 16384]
     page = (root / "docs" / "results.md").read_text()
     for tokens, r in runs.items():
         model, full, policy = r["model"], r["full"], r["policy"]
@@ -306,7 +308,14 @@ def test_committed_benchmark_reads_back():
             + " |"
         )
         assert row in page, row
-    assert 0.5 < runs[8192]["memory_ratio"] < runs[1024]["memory_ratio"] < 0.63
+        assert model["decode_s_per_token"] < min(full["decode_s_per_token"], policy["decode_s_per_token"])
+    ratios = [runs[t]["memory_ratio"] for t in sorted(runs)]
+    assert 0.5 < ratios[-1] and ratios == sorted(ratios, reverse=True) and ratios[0] < 0.63
+    diverged = [
+        next(i for i, (a, b) in enumerate(zip(runs[t]["model"]["tokens"], runs[t]["policy"]["tokens"])) if a != b)
+        for t in sorted(runs)
+    ]
+    assert max(diverged) < 10 and diverged == sorted(diverged, reverse=True), diverged
 
 
 @pytest.mark.parametrize("kind,window", [("llama", None), ("gemma2", WINDOW)])
