@@ -669,6 +669,7 @@ STUDIES = {
     "smollm2": RESULTS,
     "gemma3": RESULTS.parent / "llm-study-gemma3",
     "smollm2-past": RESULTS.parent / "llm-study-past-context",
+    "qwen0.5b": RESULTS.parent / "llm-study-qwen2.5-coder-0.5b",
 }
 
 
@@ -729,6 +730,28 @@ def test_committed_groups_keep_sinks_apart_and_count_their_heads(lengths_dir):
         assert {g.split("@")[1] for g in named if "@" in g} == set(kinds.values())
     else:
         assert not any("@" in g for g in named)
+
+
+def test_gemma3_symbolic_retention_is_its_global_heads():
+    """What docs/results.md and the README say of Gemma 3's symbolic heads at 16x (answer key, sink-free,
+    distractors between): the group keeps more than random only through its global-layer heads; those on
+    local layers keep nothing, like their random heads (the fact is outside their window)."""
+    groups = pd.read_parquet(STUDIES["gemma3"] / "lengths" / "group_retention.parquet")
+    at = groups[
+        (groups.length == groups.length.max())
+        & (groups.measure == "attn_answer")
+        & (groups.layout == "between")
+        & (groups.ranking == "sink-free")
+    ].set_index("group")
+    whole, glob, local = at.loc["symbolic"], at.loc["symbolic@global"], at.loc["symbolic@local"]
+    assert (glob.heads, local.heads, whole.heads) == (2, 5, 7)
+    assert glob.verdict == whole.verdict == "keeps more than random" and local.verdict == "not separated"
+    assert local.value == local.null_median == 0
+    page = (RESULTS.parents[2] / "docs" / "results.md").read_text()
+    readme = (RESULTS.parents[2] / "README.md").read_text()
+    quoted = f"{glob.value:.2f} [{glob.lo:.2f}, {glob.hi:.2f}] against {glob.null_median:.2f}, Holm p {glob.p_holm:.3f}"
+    assert quoted in page
+    assert f"its 2 on global layers ({glob.value:.2f} against {glob.null_median:.2f})" in " ".join(readme.split())
 
 
 def test_committed_accuracy_tests_are_exact_mcnemar_with_holm(lengths_dir):
