@@ -115,14 +115,16 @@ def test_bench_summary_table_and_screening():
     )
     summary = llm_bench.bench_summary(frame).set_index(["task", "size", "variant"])
     assert summary.loc[("letter", 16, "plain"), "acc_mean"] == pytest.approx((1 + 1 / 3) / 2)
-    assert summary.loc[("letter", 16, "plain"), "acc_std"] == pytest.approx(np.std([1, 1 / 3]))
+    assert summary.loc[("letter", 16, "plain"), "acc_std"] == pytest.approx(np.std([1, 1 / 3], ddof=1))
+    assert np.isnan(summary.loc[("number", 12, "plain"), "acc_std"])  # one run: no sample std
     assert summary.loc[("letter", 16, "plain"), "per_run"] == 3 and summary.loc[("number", 12, "plain"), "runs"] == 1
     assert summary.loc[("letter", 16, "marked"), "acc_mean"] == 1.0
     screen = llm_bench.screening(summary.reset_index())  # the marked 1.0 does not count
     assert screen["passes"] is False and screen["accuracy"] == pytest.approx(2 / 3)
     table = llm_bench.bench_table(summary.reset_index(), "tiny")
-    assert "| 12 | plain | 0.50 ± 0.00 |  | 0.98 / 0.96 | 0.55 / 0.87 | 0.40 / 0.92 |" in table
-    assert "| 16 | marked |  | 1.00 ± 0.00 |  |  |  |" in table
+    assert "| 12 | plain | 0.50 |  | 0.98 / 0.96 | 0.55 / 0.87 | 0.40 / 0.92 |" in table  # one run: the mean alone
+    assert "| 16 | plain |  | 0.67 ± 0.47 |" in table
+    assert "| 16 | marked |  | 1.00 |  |  |  |" in table
     assert "fails (reported, not applied)" in table
 
 

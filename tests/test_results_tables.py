@@ -643,6 +643,21 @@ def test_llm_study_tables_back_the_results_text():
     assert (positional.top_key == positional.length - 2).all()  # the previous token of the last-token query
     summary = pd.read_parquet(STUDY / "ablation" / "ablation_summary.parquet")
     assert summary.acc.between(0, 1).all() and (summary[summary.set == "binding-last"].prompts == 20).all()
+    assert ((summary.lo <= summary.acc) & (summary.acc <= summary.hi)).all()
+    page = (STUDY.parents[2] / "docs" / "results.md").read_text()
+    cell = {
+        (r.k, r.mode, r.group): f"{r.acc:.2f} [{r.lo:.2f}, {r.hi:.2f}]"
+        for r in summary[summary.set == "binding-last"].itertuples()
+    }
+    for k in (1, 4, 16):
+        for mode in ("zero", "mean"):
+            row = (
+                f"| {k} | {mode} | "
+                + " | ".join(cell[(k, mode, g)] for g in ("positional", "symbolic", "random"))
+                + " |"
+            )
+            assert row in page, row
+    assert f"Intact model {cell[(0, 'none', 'none')]}." in page
     bench = pd.read_parquet(STUDY / "bench" / "bench.parquet")
     assert len(bench) == 2 * 4 * 5 * 4 and bench.correct.sum() == 2  # 2 tasks x 4 sizes x 5 runs x 4 questions
 

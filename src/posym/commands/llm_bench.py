@@ -18,6 +18,7 @@ stays the untagged token, so both variants are scored on the same answers, side 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -434,12 +435,13 @@ MARKER_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
 def bench_summary(frame):
-    """Accuracy per (task, size, variant): mean and population std over runs, runs and questions per run."""
+    """Accuracy per (task, size, variant): mean and sample std (ddof 1: NaN for one run) over runs, runs and
+    questions per run."""
     keys = ["task", "size", "variant"]
     per_run = frame.groupby([*keys, "run"])["correct"].agg(acc="mean", questions="size").reset_index()
     out = per_run.groupby(keys).agg(
         acc_mean=("acc", "mean"),
-        acc_std=("acc", lambda a: float(a.std(ddof=0))),
+        acc_std=("acc", lambda a: float(a.std(ddof=1))),
         runs=("run", "count"),
         per_run=("questions", "first"),
     )
@@ -458,9 +460,12 @@ def screening(summary) -> dict:
 
 
 def bench_table(summary, label: str) -> str:
-    """Markdown Table 3: our accuracy (mean +- std) per prompt variant beside the paper's models
-    (plain prompts only), number / letter."""
-    cell = {(r.task, r.size, r.variant): f"{r.acc_mean:.2f} ± {r.acc_std:.2f}" for r in summary.itertuples()}
+    """Markdown Table 3: our accuracy (mean +- sample std over runs; the mean alone for one run) per prompt
+    variant beside the paper's models (plain prompts only), number / letter."""
+    cell = {
+        (r.task, r.size, r.variant): f"{r.acc_mean:.2f}" + ("" if math.isnan(r.acc_std) else f" ± {r.acc_std:.2f}")
+        for r in summary.itertuples()
+    }
     models = list(PAPER_TABLE3)
     head = f"| size | variant | {label} number | {label} letter | " + " | ".join(f"{m} (paper) n / l" for m in models)
     lines = [head + " |", "|" + " --- |" * (4 + len(models))]

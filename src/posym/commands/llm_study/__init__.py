@@ -47,7 +47,7 @@ from posym.core.paper import GAMMAS, TAU
 from posym.core.qk import fixed_position_table, past_trained_positions
 from posym.core.retention import group_retention, head_retention, holm_verdicts
 from posym.core.scores import score_model, summarize_heads
-from posym.core.stats import pearson
+from posym.core.stats import pearson, wilson_interval
 from posym.core.study import (
     GROUPS,
     ablation_groups,
@@ -446,12 +446,27 @@ def stage_ablation(loaded: LoadedModel, config: StudyConfig, out: Path, progress
                 ]
         progress(1)
     frame = pd.DataFrame(rows)
+    io.write_parquet(_path(out, "ablation"), frame)
+    io.write_parquet(_path(out, "ablation_summary"), ablation_summary(frame))
+
+
+def ablation_summary(frame):
+    """Accuracy per (k, group, mode, set) of the ablation stage's per-prompt rows: the mean, its Wilson 95%
+    interval (lo, hi), the sample std over prompts (ddof 1) and the standard error std / sqrt(prompts).
+
+    >>> import pandas as pd
+    >>> rows = pd.DataFrame({"k": 1, "group": "random", "mode": "zero", "set": "binding", "correct": [1, 0, 1, 1]})
+    >>> r = ablation_summary(rows).iloc[0]
+    >>> float(r.acc), int(r.prompts), round(float(r["std"]), 3), round(float(r.lo), 2), round(float(r.hi), 2)
+    (0.75, 4, 0.5, 0.3, 0.95)
+    """
     summary = frame.groupby(["k", "group", "mode", "set"], as_index=False)["correct"].agg(
-        acc="mean", std=lambda c: float(c.std(ddof=0)), prompts="size"
+        acc="mean", std=lambda c: float(c.std(ddof=1)), prompts="size", right="sum"
     )
     summary["sem"] = summary["std"] / summary["prompts"].map(math.sqrt)
-    io.write_parquet(_path(out, "ablation"), frame)
-    io.write_parquet(_path(out, "ablation_summary"), summary)
+    bounds = [wilson_interval(int(r), int(n)) for r, n in zip(summary.right, summary.prompts)]
+    summary["lo"], summary["hi"] = [b[0] for b in bounds], [b[1] for b in bounds]
+    return summary.drop(columns="right")
 
 
 def stage_screen(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:

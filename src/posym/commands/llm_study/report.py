@@ -140,18 +140,20 @@ def plot_gaps(gaps) -> Figure:
 
 
 def plot_ablation(summary) -> Figure:
-    """Accuracy against k per ablated group, one panel per (prompt set, mode), bars = standard error
+    """Accuracy against k per ablated group, one panel per (prompt set, mode), bars = Wilson 95% interval
     over prompts; k = 0 is the intact model."""
+    import pandas as pd
+
     panels = list(summary[summary.k > 0].groupby(["set", "mode"]))
     fig, axes = subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False, sharey=True)
     for ax, ((name, mode), rows) in zip(axes[0], panels):
         base = summary[(summary.k == 0) & (summary.set == name)]
         for k, (group, g) in enumerate(rows.groupby("group")):
-            g = g.sort_values("k")
+            g = pd.concat([base, g.sort_values("k")])
             ax.errorbar(
-                [0, *g.k],
-                [base.acc.iloc[0], *g.acc],
-                yerr=[base["sem"].iloc[0], *g["sem"]],
+                [0, *g.k.iloc[1:]],
+                g.acc,
+                yerr=[g.acc - g.lo, g.hi - g.acc],
                 marker="o",
                 capsize=3,
                 color=f"C{k}",
@@ -352,7 +354,7 @@ def _sections(out: Path) -> list[dict]:
                 "Top-k positional, top-k symbolic and k random heads (binding, last token).",
             )
         )
-        ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "sem", "prompts"]))
+        ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "lo", "hi", "prompts"]))
         size = int(io.read_yaml(study.marker).get("bench_size", 12)) if study.marker.is_file() else 12
         for row in summary[summary.k == 0].itertuples():
             chance = 0.25 if row.set.startswith("binding") else 1 / size  # 4 facts; one of `size` target tokens
