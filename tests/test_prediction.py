@@ -906,3 +906,25 @@ def test_committed_past_context_study():
     pd.testing.assert_frame_equal(tests.reset_index(drop=True), again, check_exact=False, rtol=1e-12)
     past = tests[tests.comparison.str.endswith(f"vs {inside}x")]
     assert len(past) == 3 * sum(f > inside for f in accuracy.factor.unique())
+
+
+@pytest.mark.parametrize("study", ["smollm2", "gemma3"])
+def test_committed_causal_summary_is_its_rows_table(study):
+    """docs/results/<study>/causal/causal_summary.parquet is `causal_table` of the committed causal.parquet
+    under the study's own settings: every drop, interval, p, Holm p, MDE and verdict follows from the
+    per-prompt rows, so a changed row or a verdict written by hand fails here."""
+    from posym import configs, io
+    from posym.commands.llm_study import StudyConfig
+
+    root = STUDIES[study]
+    config = configs.from_dict(StudyConfig, io.read_yaml(root / "study.yaml"), where="study.yaml")
+    rows = pd.read_parquet(root / "causal" / "causal.parquet")
+    table = prediction.causal_table(
+        rows, n_boot=config.prediction.n_boot, seed=config.seed, effect=config.prediction.accuracy_effect
+    )
+    import io as bytes_io
+
+    buffer = bytes_io.BytesIO()
+    table.to_parquet(buffer)  # as the stage wrote it: Parquet types the columns of None
+    committed = pd.read_parquet(root / "causal" / "causal_summary.parquet")
+    pd.testing.assert_frame_equal(pd.read_parquet(buffer), committed)
