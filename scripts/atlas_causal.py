@@ -22,6 +22,7 @@ from pathlib import Path
 from posym import configs, io, models
 from posym.commands import atlas
 from posym.core.atlas import CLEAN
+from posym.runs import CAUSAL_PARTIAL, output_file
 
 
 def main() -> None:
@@ -38,13 +39,13 @@ def main() -> None:
         "and every group whose conditions all finished), PLANES being the model's RoPE planes per head",
     )
     args = parser.parse_args()
-    summary = io.read_json_object(args.dir / "summary.json")
-    given = io.read_yaml(args.dir / "atlas.yaml") | {"causal": True}
+    summary = io.read_json_object(output_file(args.dir, "atlas", "summary"))
+    given = io.read_yaml(output_file(args.dir, "atlas", "config")) | {"causal": True}
     if args.prompts is not None:
         given["causal_prompts"] = args.prompts
-    config = configs.from_dict(atlas.AtlasConfig, given, where=str(args.dir / "atlas.yaml"))
-    table = io.read_parquet(args.dir / "atlas.parquet")
-    partial = args.dir / "causal_partial.parquet"  # the rows so far, removed once the check is complete
+    config = configs.from_dict(atlas.AtlasConfig, given, where=str(output_file(args.dir, "atlas", "config")))
+    table = io.read_parquet(output_file(args.dir, "atlas", "atlas"))
+    partial = args.dir / CAUSAL_PARTIAL  # the rows so far, removed once the check is complete
     if args.finish is not None:
         return finish(args.dir, config, table, partial, args.finish)
     loaded = models.load(summary["model"], device=args.device)
@@ -62,7 +63,7 @@ def main() -> None:
 def write(out: Path, causal: dict, config, model: str, extra: dict) -> None:
     """The tables, causal.md and causal.json of one causal check."""
     for name in ("rows", "summary", "heads"):
-        io.write_parquet(out / ("causal.parquet" if name == "rows" else f"causal_{name}.parquet"), causal[name])
+        io.write_parquet(output_file(out, "atlas", "causal" if name == "rows" else f"causal_{name}"), causal[name])
     io.write_text(out / "causal.md", atlas.causal_section(causal, config) + "\n")
     entry = atlas.causal_entry(causal, config)
     io.write_json(
@@ -90,7 +91,7 @@ def finish(out: Path, config, table, partial: Path, n_planes: int) -> None:
         out,
         causal,
         config,
-        io.read_json_object(out / "summary.json")["model"],
+        io.read_json_object(output_file(out, "atlas", "summary"))["model"],
         {"partial": {"groups_run": complete, "groups_not_run": missing}},
     )
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from posym.runs import output_file
+
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- kv-eval:begin -->", "<!-- kv-eval:end -->"
 RUNS = {"SmolLM2-135M-Instruct": ROOT / "docs" / "results" / "kv-eval-smollm2"}
@@ -32,8 +34,8 @@ def _p(value: float) -> str:
 def block() -> str:
     lines = [BEGIN]
     for model, run in RUNS.items():
-        summary = pd.read_parquet(run / "summary.parquet")
-        tests = pd.read_parquet(run / "tests.parquet").set_index(["task", "factor", "budget", "policy"])
+        summary = pd.read_parquet(output_file(run, "kv-eval", "summary"))
+        tests = pd.read_parquet(output_file(run, "kv-eval", "tests")).set_index(["task", "factor", "budget", "policy"])
         draws = int(summary.draws.max())
         lines += [
             "",

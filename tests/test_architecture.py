@@ -129,15 +129,20 @@ def test_the_core_holds_the_computation():
     assert {"posym.core.scores", "posym.core.qk", "posym.core.model", "posym.core.train"} <= core
 
 
-@pytest.fixture
-def package_copy(tmp_path):
-    """A copy of the package's sources in tmp_path, to add throwaway modules to."""
+def copy_package(tmp_path: Path) -> Path:
+    """A copy of the package's sources in tmp_path/posym (tests/test_runs.py plants its violations in one too)."""
     copy = tmp_path / "posym"
     for path in PACKAGE.rglob("*.py"):
         target = copy / path.relative_to(PACKAGE)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
     return copy
+
+
+@pytest.fixture
+def package_copy(tmp_path):
+    """A copy of the package's sources in tmp_path, to add throwaway modules to."""
+    return copy_package(tmp_path)
 
 
 def test_a_core_module_importing_a_command_fails(package_copy):

@@ -18,6 +18,7 @@ from posym.figures import save_figure, subplots
 from posym.io import write_json, write_parquet
 from posym.models import load_checkpoint, resolve
 from posym.resources import check_count, check_lengths, sequence_bytes
+from posym.runs import figure_file, output_file
 
 EACH_LAYER = "each"
 """Condition keyword: one condition per layer (every head of that layer)."""
@@ -76,10 +77,13 @@ def load_run(path, step, device):
     return model, info
 
 
-def write_conditions(out_dir: Path, name: str, table, result: dict, title: str) -> dict:
-    write_parquet(out_dir / f"{name}.parquet", table)
-    result["figures"] = [str(p) for p in save_figure(plot_conditions(table, title), out_dir / name)]
-    write_json(out_dir / f"{name}.json", result)
+def write_conditions(out_dir: Path, command: str, table, result: dict, title: str) -> dict:
+    """Write `command`'s ("ablate" or "finetune") table, figure and JSON record (`posym.runs`: FILES and
+    FIGURES) into out_dir; returns the record with the table."""
+    write_parquet(output_file(out_dir, command, "conditions"), table)
+    figure = figure_file(out_dir, command, "conditions")
+    result["figures"] = [str(p) for p in save_figure(plot_conditions(table, title), figure)]
+    write_json(output_file(out_dir, command, "record"), result)
     return {**result, "table": table}
 
 

@@ -4,7 +4,8 @@
   checkpoints `<run>/checkpoints/step-%08d/` (a `save_pretrained` directory plus `posym.json`):
   `CHECKPOINTS`, `CHECKPOINT_META`, `checkpoint_name`, `checkpoint_step`, `list_checkpoints`; the analyses'
   default output directories inside a run (`ANALYSES`); `VALIDATION`;
-- the files of the commands whose outputs other parts of posym read (`FILES`, `output_file`);
+- the files and figures each command writes into its output directory (`FILES`, `output_file`,
+  `kv_eval_prompts`; `FIGURES`, `figure_file`), which the commands write and other parts of posym read;
 - an llm-study's directory (`StudyDir`: `STUDY_FILES`, its folders and their files; `STUDY_STAGES`);
 - the directories of the resumable commands: their markers (`PIPELINE_MARKER` of `posym run`,
   `STUDY_MARKER` of `posym llm-study`, `KV_EVAL_MARKER` of `posym kv-eval`), their done-files (`STAGES`/JOB-STAGE`DONE`: `done_path`), and
@@ -136,6 +137,17 @@ class RunDir:
             raise ValueError(f"{command!r} is not an analysis of a run ({', '.join(ANALYSIS_DIRS)})")
         return output_file(self.output(ANALYSIS_DIRS[command]), command, name)
 
+    def analysis_figure(self, command: str, name: str) -> Path:
+        """The stem of figure `name` (`FIGURES[command]`) that analysis `command` draws into its default
+        directory.
+
+        >>> RunDir(Path("runs/number")).analysis_figure("dynamics", "accuracy").as_posix()
+        'runs/number/analysis/fig2a_accuracy'
+        """
+        if command not in ANALYSIS_DIRS:
+            raise ValueError(f"{command!r} is not an analysis of a run ({', '.join(ANALYSIS_DIRS)})")
+        return figure_file(self.output(ANALYSIS_DIRS[command]), command, name)
+
 
 # ---- the directories of the resumable commands ----------------------------------------------------
 
@@ -156,12 +168,14 @@ def done_path(out: Path, job: str, stage: str) -> Path:
     return Path(out) / STAGES / f"{job}-{stage}{DONE}"
 
 
-# ---- the single-folder outputs other commands read ------------------------------------------------
+# ---- the files and figures of each command's output directory -------------------------------------
 
 REPORT = "report.html"
 """The page `posym report` and `posym llm-study` write."""
 EXPLORER = "explorer.html"
 """The tables-only head explorer `posym report` and `posym llm-study` write beside their report."""
+REPORT_FIGURES = "figures"
+"""The folder of the figures (PNG and SVG) `posym report` and `posym llm-study` copy or draw beside their report."""
 
 FILES: dict[str, dict[str, str]] = {
     "dynamics": {
@@ -205,11 +219,45 @@ FILES: dict[str, dict[str, str]] = {
         "table": "table.md",
         "manifest": "manifest.json",
     },
+    "atlas": {
+        "atlas": "atlas.parquet",
+        "atlas_kv": "atlas_kv.parquet",
+        "retrieval": "retrieval.parquet",
+        "needles": "needles.parquet",
+        "agreement_spearman": "agreement_spearman.parquet",
+        "agreement_auroc": "agreement_auroc.parquet",
+        "agreement_confusion": "agreement_confusion.parquet",
+        "agreement_sink_decides": "agreement_sink_decides.parquet",
+        "causal": "causal.parquet",
+        "causal_summary": "causal_summary.parquet",
+        "causal_heads": "causal_heads.parquet",
+        "compare": "compare.parquet",
+        "compare_confusion": "compare_confusion.parquet",
+        "full_attention_heads": "full_attention_heads.tsv",
+        "full_attention_mask": "full_attention_mask.tsv",
+        "config": "atlas.yaml",
+        "summary": "summary.json",
+        "report": "report.md",
+    },
+    "attribute": {"effects": "effects.parquet", "heads": "heads.parquet", "summary": "summary.json"},
+    "sweep": {"trials": "trials.parquet", "aggregate": "aggregate.parquet", "record": "sweep.json"},
+    "kv-eval": {
+        "config": KV_EVAL_MARKER,
+        "manifest": "manifest.json",
+        "heads": "heads.parquet",
+        "summary": "summary.parquet",
+        "tests": "tests.parquet",
+        "record": "summary.json",
+    },
+    "kv-policy": {"full_attention_heads": "full_attention_heads.tsv", "config": "config.json"},
+    "ablate": {"conditions": "ablation.parquet", "record": "ablation.json"},
+    "finetune": {"conditions": "finetune.parquet", "record": "finetune.json"},
 }
-"""The tables (and JSON records) of the commands whose outputs other parts of posym read, by name: the
-run analyses (`posym report`, `posym explore`), llm-scores (`posym explore`) and llm-bench
-(`posym report`; an llm-study's bench stage writes the same folder). Their figures are in `OUTPUTS` only.
-Writers and readers ask `output_file` (or, inside a run, `RunDir.analysis_file`)."""
+"""The tables, JSON records and other files each command writes into its output directory, by name: the
+run analyses (read by `posym report`, `posym explore`), llm-scores (`posym explore`), llm-bench (`posym
+report`; an llm-study's bench stage writes the same folder), atlas (scripts/atlas_causal.py), attribute,
+sweep, kv-eval (and its per-task tables: `kv_eval_prompts`), kv-policy, ablate and finetune. Their
+figures are in `FIGURES`. Writers and readers ask `output_file` (or, inside a run, `RunDir.analysis_file`)."""
 
 
 def output_file(out: str | Path, command: str, name: str) -> Path:
@@ -224,6 +272,71 @@ def output_file(out: str | Path, command: str, name: str) -> Path:
     if name not in names:
         raise ValueError(f"{command} writes no {name!r} ({', '.join(names)})")
     return Path(out) / names[name]
+
+
+KV_EVAL_PROMPTS = "prompts_{task}.parquet"
+"""The per-prompt table of one task in a `posym kv-eval` output directory (`kv_eval_prompts`)."""
+
+
+def kv_eval_prompts(out: str | Path, task: str) -> Path:
+    """The per-prompt table of `task` (a task name) in `out`, a `posym kv-eval` output directory.
+
+    >>> kv_eval_prompts("runs/kv-eval", "number").as_posix()
+    'runs/kv-eval/prompts_number.parquet'
+    """
+    return Path(out) / KV_EVAL_PROMPTS.format(task=task)
+
+
+FIGURES: dict[str, dict[str, str]] = {
+    "dynamics": {
+        "accuracy": "fig2a_accuracy",
+        "scores": "fig2b_scores",
+        "entropy": "fig6_entropy",
+        "purity": "fig7_purity",
+        "roles": "fig7_roles",
+    },
+    "geometry": {"frequency": "fig8_frequency", "qk_plane": "fig4b_qk_plane"},
+    "theory": {"discrepancy": "fig5a"},
+    "lengthgen": {"lengthgen": "fig5b", "head_retention": "head_retention"},
+    "discrepancy": {"gaps": "fig_discrepancy"},
+    "llm-scores": {"heads": "heads", "planes": "planes"},
+    "llm-bench": {"bench": "bench"},
+    "atlas": {"maps": "maps", "scatter": "scatter"},
+    "sweep": {"aggregate": "aggregate"},
+    "kv-eval": {"accuracy": "accuracy"},
+    "ablate": {"conditions": "ablation"},
+    "finetune": {"conditions": "finetune"},
+}
+"""The figures each command draws into its output directory, by name: file stems, each written as
+stem.png and stem.svg (`posym.figures.save_figure`). Writers and readers (`posym report`) ask
+`figure_file` (or, inside a run, `RunDir.analysis_figure`). An llm-study's figures live in its
+`StudyDir.figures`."""
+
+
+def figure_file(out: str | Path, command: str, name: str) -> Path:
+    """The stem of figure `name` (a key of `FIGURES[command]`) in `out`, the output directory of `command`.
+
+    >>> figure_file("runs/number/lengthgen", "lengthgen", "lengthgen").as_posix()
+    'runs/number/lengthgen/fig5b'
+    >>> figure_file("out", "atlas", "map")
+    Traceback (most recent call last):
+    ...
+    ValueError: atlas draws no 'map' (maps, scatter)
+    """
+    names = FIGURES.get(command)
+    if names is None:
+        raise ValueError(f"posym names no figures of {command!r} ({', '.join(FIGURES)})")
+    if name not in names:
+        raise ValueError(f"{command} draws no {name!r} ({', '.join(names)})")
+    return Path(out) / names[name]
+
+
+TRIALS = "trials"
+"""The folder of `posym sweep`'s trials (one run directory per trial)."""
+MODELS = "models"
+"""The folder of the models `posym finetune --save-models` keeps (one per condition)."""
+CAUSAL_PARTIAL = "causal_partial.parquet"
+"""The rows so far of scripts/atlas_causal.py's causal check in an atlas directory (removed once complete)."""
 
 
 # ---- an llm-study's directory ----------------------------------------------------------------------
@@ -312,7 +425,7 @@ class StudyDir:
     @property
     def figures(self) -> Path:
         """figures/: the report's figures (PNG, and SVG where drawn)."""
-        return self.path / "figures"
+        return self.path / REPORT_FIGURES
 
     @property
     def report(self) -> Path:
@@ -396,50 +509,40 @@ def kind_of(path: Path, among: tuple[str, ...] = KINDS) -> str | None:
 
 # ---- what each command writes into its output directory ---------------------------------------------
 
-_ANALYSIS = (
-    *FILES["dynamics"].values(),
-    *("fig2a_accuracy.*", "fig2b_scores.*", "fig6_entropy.*", "fig7_purity.*", "fig7_roles.*"),
-    *FILES["geometry"].values(),
-    *("fig8_frequency.*", "fig4b_qk_plane.*"),
-)  # posym dynamics and posym geometry (both default to RUN/analysis)
+ANY_SUFFIX = ("dynamics", "geometry", "theory", "lengthgen", "discrepancy", "sweep")
+"""Commands whose figures `OUTPUTS` owns as stem.* (any suffix); the others' as stem.png and stem.svg."""
+
+
+def _owns(command: str, *extras: str) -> tuple[str, ...]:
+    """`command`'s files (`FILES`), its figures (`FIGURES`, as `ANY_SUFFIX` says) and `extras`."""
+    suffixes = (".*",) if command in ANY_SUFFIX else (".png", ".svg")
+    figures = [f"{stem}{suffix}" for stem in FIGURES.get(command, {}).values() for suffix in suffixes]
+    return (*FILES.get(command, {}).values(), *figures, *extras)
+
+
+_ANALYSIS = (*_owns("dynamics"), *_owns("geometry"))  # posym dynamics and posym geometry (both default to RUN/analysis)
 
 OUTPUTS: dict[str, tuple[str, ...]] = {
     "dynamics": _ANALYSIS,
     "geometry": _ANALYSIS,
-    "theory": (*FILES["theory"].values(), "fig5a.*"),
-    "lengthgen": (*FILES["lengthgen"].values(), "fig5b.*", "head_retention.*"),
-    "discrepancy": (*FILES["discrepancy"].values(), "fig_discrepancy.*"),
-    "report": (REPORT, "figures", EXPLORER),
-    "sweep": ("trials", "trials.parquet", "aggregate.parquet", "aggregate.*", "sweep.json", "stages"),
-    "ablate": ("ablation.parquet", "ablation.json", "ablation.png", "ablation.svg"),
-    "finetune": ("finetune.parquet", "finetune.json", "finetune.png", "finetune.svg", "models"),
-    "attribute": ("effects.parquet", "heads.parquet", "summary.json"),
-    "llm-scores": (*FILES["llm-scores"].values(), "heads.png", "heads.svg", "planes.png", "planes.svg"),
-    "atlas": (
-        "atlas.parquet",
-        "atlas_kv.parquet",
-        "retrieval.parquet",
-        "needles.parquet",
-        "causal*.parquet",
-        "agreement_*.parquet",
-        "compare.parquet",
-        "compare_confusion.parquet",
-        "full_attention_heads.tsv",
-        "full_attention_mask.tsv",
-        "maps.png",
-        "maps.svg",
-        "scatter.png",
-        "scatter.svg",
-        "atlas.yaml",
-        "summary.json",
-        "report.md",
-    ),
-    "llm-bench": (*FILES["llm-bench"].values(), "bench.png", "bench.svg"),
-    "kv-policy": ("full_attention_heads.tsv", "config.json"),
+    "theory": _owns("theory"),
+    "lengthgen": _owns("lengthgen"),
+    "discrepancy": _owns("discrepancy"),
+    "report": (REPORT, REPORT_FIGURES, EXPLORER),
+    "sweep": _owns("sweep", TRIALS, STAGES),
+    "ablate": _owns("ablate"),
+    "finetune": _owns("finetune", MODELS),
+    "attribute": _owns("attribute"),
+    "llm-scores": _owns("llm-scores"),
+    "atlas": _owns("atlas", CAUSAL_PARTIAL),
+    "llm-bench": _owns("llm-bench"),
+    "kv-policy": _owns("kv-policy"),
+    "kv-eval": _owns("kv-eval", KV_EVAL_PROMPTS.format(task="*"), STAGES),
 }
-"""Glob patterns of the entries each command writes in its output directory: `posym.io.check_output`
-refuses an existing directory holding anything else (a re-run into the command's own output is fine;
-a directory of other files is never written into, nor replaced)."""
+"""Glob patterns of the entries each command writes in its output directory, built from `FILES` and
+`FIGURES`: `posym.io.check_output` refuses an existing directory holding anything else (a re-run into the
+command's own output is fine; a directory of other files is never written into, nor replaced). kv-eval's
+entry lists its layout; its guard is its marker (`KV_EVAL_MARKER`)."""
 
 
 # ---- posym's cache ---------------------------------------------------------------------------------

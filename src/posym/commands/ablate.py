@@ -99,4 +99,4 @@ def run_ablation(
         (spec, heads), mode = next(iter(chosen.items())), modes[0]
         fold_ablation(model, heads, mode, means)
         result["saved"] = str(save_model(model, info, save, {"ablation": {"heads": head_text(heads), "mode": mode}}))
-    return write_conditions(out_dir, "ablation", table, result, f"{task.task} task, step {info['step']}: head ablation")
+    return write_conditions(out_dir, "ablate", table, result, f"{task.task} task, step {info['step']}: head ablation")

@@ -47,6 +47,7 @@ from posym.prompts import (
     query_position,
     repeated_tokens,
 )
+from posym.runs import figure_file, output_file
 
 BUDGET = 1 << 23
 """Float64 elements of one chunk of attention rows [prompts, heads, queries, keys] (~64 MB)."""
@@ -780,7 +781,9 @@ def report(
                     agree["confusion"][agree["confusion"].table.str.contains("top")][["table", "a", "b", "heads"]]
                 ),
                 *([causal_section(causal, config)] if causal is not None else []),
-                "![maps](maps.png)\n\n![scatter](scatter.png)" if figures else "(figures not drawn: --no-figures)",
+                "\n\n".join(f"![{k}]({figure_file('', 'atlas', k)}.png)" for k in ("maps", "scatter"))
+                if figures
+                else "(figures not drawn: --no-figures)",
                 f"Timings (s): {summary['timings']}",
             ]
         )
@@ -860,16 +863,17 @@ def write_atlas(
         tables |= {"compare": compared, "compare_confusion": confusion}
     with io.output_set(out, owns=owns) as final:
         for name, frame in tables.items():
-            io.write_parquet(final / f"{name}.parquet", frame)
-        io.write_text(final / "full_attention_heads.tsv", format_grid(grid))
-        io.write_text(final / "full_attention_mask.tsv", format_grid(mask, as_bool=True))
+            io.write_parquet(output_file(final, "atlas", name), frame)
+        io.write_text(output_file(final, "atlas", "full_attention_heads"), format_grid(grid))
+        io.write_text(output_file(final, "atlas", "full_attention_mask"), format_grid(mask, as_bool=True))
         if figures:
-            save_figure(plot_maps(result["atlas"], score_columns(config)), final / "maps")
-            save_figure(plot_scatter(result["atlas"], list(SCATTER)), final / "scatter")
+            save_figure(plot_maps(result["atlas"], score_columns(config)), figure_file(final, "atlas", "maps"))
+            save_figure(plot_scatter(result["atlas"], list(SCATTER)), figure_file(final, "atlas", "scatter"))
         summary["timings"]["total"] = round(time.perf_counter() - start, 2)
-        io.write_yaml(final / "atlas.yaml", configs.to_dict(config))
+        io.write_yaml(output_file(final, "atlas", "config"), configs.to_dict(config))
         io.write_json(
-            final / "summary.json", {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary}
+            output_file(final, "atlas", "summary"),
+            {**io.manifest(configs.to_dict(config), seed=config.seed, **settings), **summary},
         )
-        io.write_text(final / "report.md", report(result, agree, summary, config, figures, causal))
+        io.write_text(output_file(final, "atlas", "report"), report(result, agree, summary, config, figures, causal))
     return summary

@@ -24,6 +24,7 @@ from posym.errors import PosymError
 from posym.io import manifest, write_json, write_parquet
 from posym.models import LoadedModel
 from posym.prompts import Builder, LengthFamily, LengthPrompt, build
+from posym.runs import output_file
 
 TOP_SHARE = 0.1
 """The share of heads whose recall is checked: the true top 10% by mean |real effect|."""
@@ -69,8 +70,8 @@ def write_attribution(
         frames.append(frame.assign(factor=factor))
     effects = pd.concat(frames, ignore_index=True)
     heads = head_table(effects)
-    write_parquet(out / "effects.parquet", effects)
-    write_parquet(out / "heads.parquet", heads)
+    write_parquet(output_file(out, "attribute", "effects"), effects)
+    write_parquet(output_file(out, "attribute", "heads"), heads)
     summary = {
         **manifest(settings, seed=settings.get("seed")),
         "model": loaded.name,
@@ -80,7 +81,7 @@ def write_attribution(
             for f, g in heads.groupby("factor")
         },
     }
-    write_json(out / "summary.json", summary)
+    write_json(output_file(out, "attribute", "summary"), summary)
     return summary
 
 

@@ -17,7 +17,7 @@ from posym.io import manifest, write_json, write_parquet
 from posym.models import load_analysable
 from posym.prompts import score_prompts
 from posym.resources import check_lengths
-from posym.runs import output_file
+from posym.runs import figure_file, output_file
 
 
 def plot_gaps(summary, *, title: str = ""):
@@ -116,7 +116,7 @@ def run_discrepancy(
     summary = summarize_gaps(frame)
     write_parquet(output_file(out_dir, "discrepancy", "gaps"), frame)
     write_parquet(output_file(out_dir, "discrepancy", "discrepancy"), summary)
-    paths = save_figure(plot_gaps(summary), out_dir / "fig_discrepancy")
+    paths = save_figure(plot_gaps(summary), figure_file(out_dir, "discrepancy", "gaps"))
     settings = {
         "model": str(path),
         "step": step,

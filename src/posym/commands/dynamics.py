@@ -54,7 +54,7 @@ from posym.errors import PosymError
 from posym.io import manifest, read_parquet, write_json, write_parquet
 from posym.models import load_checkpoint, validation_table
 from posym.resources import check_count, sequence_bytes
-from posym.runs import RunDir, list_checkpoints, output_file
+from posym.runs import RunDir, figure_file, list_checkpoints, output_file
 
 QUERY_MODES = ("hops", "last", "target", "inner")
 
@@ -149,21 +149,21 @@ def run_dynamics(run_dir, out_dir=None, *, n_prompts: int = 100, seed: int = 0, 
         ("composition_summary", summary),
     ]:
         write_parquet(output_file(out_dir, "dynamics", name), frame)
-    paths = figures.save_figure(figures.plot_accuracy(table, best), out_dir / "fig2a_accuracy")
+    paths = figures.save_figure(figures.plot_accuracy(table, best), figure_file(out_dir, "dynamics", "accuracy"))
     paths += figures.save_figure(
         figures.plot_layer_scores(table[table.query_mode == "hops"], best, title="scores at hop queries"),
-        out_dir / "fig2b_scores",
+        figure_file(out_dir, "dynamics", "scores"),
     )
     paths += figures.save_figure(
         figures.plot_layer_scores(
             table[table.query_mode == "last"], best, title="scores and normalised entropy at the last token"
         ),
-        out_dir / "fig6_entropy",
+        figure_file(out_dir, "dynamics", "entropy"),
     )
-    paths += figures.save_figure(figures.plot_purity(counts, best), out_dir / "fig7_purity")
+    paths += figures.save_figure(figures.plot_purity(counts, best), figure_file(out_dir, "dynamics", "purity"))
     paths += figures.save_figure(
         figures.plot_roles(heads[(heads.stage == "max_acc") & (heads.gamma == GAMMAS[0])], GAMMAS[0]),
-        out_dir / "fig7_roles",
+        figure_file(out_dir, "dynamics", "roles"),
     )
     settings = {
         "run_dir": str(run_dir),

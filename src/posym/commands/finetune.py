@@ -36,7 +36,7 @@ from posym.core.train import (
 from posym.core.paper import GAMMA
 from posym.errors import PosymError
 from posym.models import save_model
-from posym.runs import RunDir
+from posym.runs import MODELS, RunDir
 
 
 def finetune(model, task, config, heads, *, start: int, steps: int) -> dict:
@@ -127,7 +127,7 @@ def run_finetune(
             save_model(
                 fresh,
                 info,
-                Path(out_dir) / "models" / spec.replace(",", "_"),
+                Path(out_dir) / MODELS / spec.replace(",", "_"),
                 {"finetune": {"frozen": head_text(heads), "steps": steps, "lr": config.lr}},
                 replace=True,
             )

@@ -27,7 +27,7 @@ from posym.errors import PosymError
 from posym.io import manifest, write_json, write_parquet
 from posym.models import load_analysable
 from posym.prompts import score_prompts
-from posym.runs import output_file
+from posym.runs import figure_file, output_file
 
 
 def prepare(
@@ -129,8 +129,12 @@ def run_geometry(
     write_parquet(output_file(out_dir, "geometry", "frequency"), heads)
     write_parquet(output_file(out_dir, "geometry", "qk_plane"), projection)
     paper = PAPER_TABLE1.get(paper_task) if paper_task else None
-    paths = figures.save_figure(figures.plot_frequency_use(means, heads, paper=paper), out_dir / "fig8_frequency")
-    paths += figures.save_figure(figures.plot_qk_plane(projection, token_names=token_names), out_dir / "fig4b_qk_plane")
+    paths = figures.save_figure(
+        figures.plot_frequency_use(means, heads, paper=paper), figure_file(out_dir, "geometry", "frequency")
+    )
+    paths += figures.save_figure(
+        figures.plot_qk_plane(projection, token_names=token_names), figure_file(out_dir, "geometry", "qk_plane")
+    )
     per_layer = heads.groupby("layer").mean(numeric_only=True)
     alignment = index_alignment(projection, offsets) if offsets else None  # number-task runs only
     summary = {

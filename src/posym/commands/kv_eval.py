@@ -61,7 +61,7 @@ from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.models import LoadedModel, identity
 from posym.prompts import FACTORS, RULER_TASKS, Builder, LengthFamily, RulerTask, build, ruler_prompts
-from posym.runs import KV_EVAL_MARKER, done_path
+from posym.runs import KV_EVAL_MARKER, done_path, figure_file, kv_eval_prompts, output_file
 from posym.stages import claim, resumable, run_stage
 
 TASKS = ("length", *RULER_TASKS)
@@ -70,8 +70,6 @@ RANKED = ("posym", "retrieval", "duo")
 """The policies that rank KV heads by a head-table score (tested against full and random)."""
 JOB = "kv-eval"
 """The config file a resumable kv-eval directory keeps, and the job name of its done-files."""
-FIGURE = "accuracy"
-"""Stem of the figure (PNG + SVG)."""
 
 
 @dataclass
@@ -586,7 +584,7 @@ def run_kv_eval(
     timings: dict[str, float | str] = {}
     with resumable(out, lambda: f"kept the finished stages of {out}; run the same command again to continue"):
         prepare(out, config, loaded, settings or {})
-        heads = out / "heads.parquet"
+        heads = output_file(out, "kv-eval", "heads")
         seconds = run_stage(out, JOB, "labels", lambda: io.write_parquet(heads, labels(loaded, config, table)))
         timings["labels"] = "done" if seconds is None else round(seconds, 2)
         head_table = io.read_parquet(heads)
@@ -598,7 +596,7 @@ def run_kv_eval(
         check_table(head_table, config)
         runs = policy_grid(model.config, head_table, config)
         for task in config.tasks:
-            path = out / f"prompts_{task}.parquet"
+            path = kv_eval_prompts(out, task)
 
             def work(task=task, path=path):
                 io.write_parquet(path, evaluate_task(model, task, prompts[task], runs, config, progress))
@@ -609,7 +607,7 @@ def run_kv_eval(
             timings[task] = "done" if seconds is None else round(seconds, 2)
         import pandas as pd
 
-        frame = pd.concat([io.read_parquet(out / f"prompts_{t}.parquet") for t in config.tasks], ignore_index=True)
+        frame = pd.concat([io.read_parquet(kv_eval_prompts(out, t)) for t in config.tasks], ignore_index=True)
         summary, tests = summarize(frame), accuracy_tests(frame, config.effect)
         record = {
             **io.manifest(configs.to_dict(config), seed=config.seed, **(settings or {})),
@@ -621,10 +619,10 @@ def run_kv_eval(
             "prompts": len(frame),
             "timings": timings,
         }
-        io.write_parquet(out / "summary.parquet", summary)
-        io.write_parquet(out / "tests.parquet", tests)
-        save_figure(plot_accuracy(summary), out / FIGURE)
-        io.write_json(out / "summary.json", record)
+        io.write_parquet(output_file(out, "kv-eval", "summary"), summary)
+        io.write_parquet(output_file(out, "kv-eval", "tests"), tests)
+        save_figure(plot_accuracy(summary), figure_file(out, "kv-eval", "accuracy"))
+        io.write_json(output_file(out, "kv-eval", "record"), record)
     return record
 
 
@@ -648,8 +646,9 @@ def prepare(out: Path, config: KVEvalConfig, loaded: LoadedModel, settings: dict
     """OUT/kv_eval.yaml and manifest.json (the model's `identity`); a directory of another config or of
     another model's weights is refused."""
     model = identity(loaded)
+    manifest = output_file(out, "kv-eval", "manifest")
     if not claim(out, KV_EVAL_MARKER, configs.to_dict(config), what="a kv-eval"):
-        before = io.read_json_object(out / "manifest.json") if (out / "manifest.json").is_file() else {}
+        before = io.read_json_object(manifest) if manifest.is_file() else {}
         held = before.get("identity")
         if isinstance(held, dict) and held.get("digest") != model["digest"]:
             raise PosymError(
@@ -658,6 +657,4 @@ def prepare(out: Path, config: KVEvalConfig, loaded: LoadedModel, settings: dict
             )
         if not before and done_path(out, JOB, "labels").is_file():
             raise PosymError(f"{out} holds finished stages but no manifest.json; choose another --out")
-    io.write_json(
-        out / "manifest.json", io.manifest(configs.to_dict(config), seed=config.seed, identity=model, **settings)
-    )
+    io.write_json(manifest, io.manifest(configs.to_dict(config), seed=config.seed, identity=model, **settings))

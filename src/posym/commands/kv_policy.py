@@ -23,10 +23,10 @@ from pathlib import Path
 from posym import io, models
 from posym.core import kvpolicy
 from posym.errors import PosymError
+from posym.runs import output_file
 
 LENGTHS = (1024, 4096, 16384)
 """Prompt lengths at which config.json records the kept-KV fraction (issue 53's 1k-16k tokens)."""
-TSV, CONFIG = "full_attention_heads.tsv", "config.json"
 """The entries `posym kv-policy` writes in its output directory (posym.cli.options.OUTPUTS["kv-policy"])."""
 
 
@@ -128,8 +128,9 @@ def write_kv_policy(
     }
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    io.write_text(out / TSV, io.format_grid(built.full, as_bool=True))
+    io.write_text(output_file(out, "kv-policy", "full_attention_heads"), io.format_grid(built.full, as_bool=True))
     io.write_json(
-        out / CONFIG, {"sink_size": sink, "recent_size": recent, "posym": {**record, **io.manifest(record, seed=seed)}}
+        output_file(out, "kv-policy", "config"),
+        {"sink_size": sink, "recent_size": recent, "posym": {**record, **io.manifest(record, seed=seed)}},
     )
     return record

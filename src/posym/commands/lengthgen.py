@@ -35,7 +35,7 @@ from posym.figures import colormap, save_figure, spaced_tick_labels, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.models import load_checkpoint
 from posym.resources import check_lengths
-from posym.runs import output_file
+from posym.runs import figure_file, output_file
 
 # ---- evaluation and outputs -------------------------------------------------------------------------
 
@@ -207,7 +207,7 @@ def run_lengthgen(
     out_dir = Path(out_dir)
     write_parquet(output_file(out_dir, "lengthgen", "lengthgen"), table)
     figure = plot(table, task, title=f"{task.task} task, step {info['step']}")
-    figures = [str(path) for path in save_figure(figure, out_dir / "fig5b", dpi=150)]
+    figures = [str(path) for path in save_figure(figure, figure_file(out_dir, "lengthgen", "lengthgen"), dpi=150)]
     extra = {}
     if config.heads:
         labels = label_heads(model, task, n_prompts=LABEL_PROMPTS, seed=config.seed, gamma=HEAD_GAMMA)
@@ -225,7 +225,7 @@ def run_lengthgen(
                     title=f"{task.task} task, step {info['step']}: head-level retention (median over heads, "
                     f"95% bootstrap over {config.head_prompts} prompts)",
                 ),
-                out_dir / "head_retention",
+                figure_file(out_dir, "lengthgen", "head_retention"),
                 dpi=150,
             )
         ]

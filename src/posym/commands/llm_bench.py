@@ -32,7 +32,7 @@ from posym.figures import save_figure, subplots
 from posym.io import manifest, parse_json, write_json, write_parquet, write_text
 from posym.models import LoadedModel, load, tokenize
 from posym.prompts import Prompt, bench_prompts
-from posym.runs import output_file
+from posym.runs import figure_file, output_file
 
 BENCH_SIZES = (12, 16, 24, 32, 48, 64, 80, 100, 150, 200, 300)
 # Table 3 of 2605 (accuracy number / letter) at target-window sizes 12, 32, 100, 300.
@@ -572,7 +572,7 @@ def write_bench(
     write_parquet(output_file(out_dir, "llm-bench", "bench"), frame)
     write_parquet(output_file(out_dir, "llm-bench", "summary"), summary)
     write_text(output_file(out_dir, "llm-bench", "table"), table)
-    save_figure(plot_bench(summary, label), out_dir / "bench")
+    save_figure(plot_bench(summary, label), figure_file(out_dir, "llm-bench", "bench"))
     write_json(
         output_file(out_dir, "llm-bench", "manifest"), manifest(settings, seed=None, screening=screening(summary))
     )

@@ -21,7 +21,7 @@ from posym.figures import plot_heads, save_figure, subplots
 from posym.io import manifest, output_set, write_json, write_parquet
 from posym.models import LoadedModel, tokenize
 from posym.prompts import Prompt, query_position
-from posym.runs import output_file
+from posym.runs import figure_file, output_file
 
 # ---- figures ------------------------------------------------------------------------------------
 
@@ -161,7 +161,7 @@ def write_scores(
             rows = head_details(loaded.model, [i.tolist() for i in ids[:chosen]], queries[:chosen], tau=tau, top=top)
             write_parquet(output_file(out_dir, "llm-scores", "details"), rows)
             extra["details"] = {"prompts": chosen, "top": top}
-        save_figure(plot_heads(head_means, r), out_dir / "heads")
+        save_figure(plot_heads(head_means, r), figure_file(out_dir, "llm-scores", "heads"))
         if heads:
             # one pass per chosen layer scores all of its chosen heads (posym.core.geometry's channel engine)
             per_prompt = pd.concat(
@@ -174,7 +174,7 @@ def write_scores(
                 ["s_pos", "s_sym", "max_logit"]
             ].mean()
             write_parquet(output_file(out_dir, "llm-scores", "planes"), planes)
-            save_figure(plot_planes(planes), out_dir / "planes")
+            save_figure(plot_planes(planes), figure_file(out_dir, "llm-scores", "planes"))
         summary = {
             **manifest(settings, seed=settings.get("seed")),
             "settings": settings,

@@ -25,7 +25,7 @@ import posym
 from posym import explorer, io
 from posym.core.paper import FIG5B, FIG7_LABELS, GAMMA, RETENTION, SEED_SUMMARY_SHARES, TABLE1 as PAPER_TABLE1
 from posym.errors import PosymError
-from posym.runs import EXPLORER, REPORT, RunDir, kind_of, output_file
+from posym.runs import EXPLORER, REPORT, REPORT_FIGURES, RunDir, figure_file, kind_of, output_file
 
 
 def _layer_span(layers: range) -> str:
@@ -57,41 +57,46 @@ EXPECTED_RETENTION = {
 PAPER_PLANES = 64
 """RoPE planes of the paper's models (head dimension 128): the scale of its Table 1."""
 
-# (subdirectory, file stem, figure name, what it shows); paper references are added per task.
+# (analysis, figure (`posym.runs.FIGURES`), figure name, what it shows); paper references are added per task.
 RUN_FIGURES = [
-    ("analysis", "fig2a_accuracy", "Fig. 2A", "Test accuracy overall and per hop count over training steps."),
+    ("dynamics", "accuracy", "Fig. 2A", "Test accuracy overall and per hop count over training steps."),
     (
-        "analysis",
-        "fig2b_scores",
+        "dynamics",
+        "scores",
         "Fig. 2B",
         "Positional (s_pos) and symbolic (s_sym) score per layer over training, "
         "at hop queries, with normalised attention entropy.",
     ),
-    ("analysis", "fig6_entropy", "Fig. 6", "The same scores and min-max normalised entropy at the last token."),
-    ("analysis", "fig7_purity", "Fig. 7", "Cumulative number of heads that became pure for good, per gamma."),
+    ("dynamics", "entropy", "Fig. 6", "The same scores and min-max normalised entropy at the last token."),
+    ("dynamics", "purity", "Fig. 7", "Cumulative number of heads that became pure for good, per gamma."),
     (
-        "analysis",
-        "fig7_roles",
+        "dynamics",
+        "roles",
         "Fig. 7 by query role",
         "Scores per layer at the max-accuracy step (chosen on validation) for the all-hops mean and each pointer "
         "role (last token, pointer into the target window, inner pointers), and the fraction of prompts on which "
         "the head is pure (gamma 0.1).",
     ),
     (
-        "analysis",
-        "fig4b_qk_plane",
+        "geometry",
+        "qk_plane",
         "Fig. 4B",
         "Queries and keys of one prompt on the dominant RoPE plane of one head, before rotation (what the q/k "
         "projections write) and after RoPE rotated each by its position.",
     ),
     (
-        "analysis",
-        "fig8_frequency",
+        "geometry",
+        "frequency",
         "Fig. 8 / Table 1",
         "Use of every RoPE plane per layer, and the weighted frequency ID per layer divided by the number of planes, "
         "with the uniform baseline.",
     ),
-    ("lengthgen", "fig5b", "Fig. 5B", "Accuracy against sequence length per hop count (extra target-window tokens)."),
+    (
+        "lengthgen",
+        "lengthgen",
+        "Fig. 5B",
+        "Accuracy against sequence length per hop count (extra target-window tokens).",
+    ),
     (
         "lengthgen",
         "head_retention",
@@ -102,16 +107,17 @@ RUN_FIGURES = [
     ),
     (
         "discrepancy",
-        "fig_discrepancy",
+        "gaps",
         "Theorem 3.2 on trained heads",
         "Top-1 minus top-2 attention logit at the last token against sequence length, per layer: median "
         "(solid) and minimum (dotted).",
     ),
 ]
-MISSING = {"analysis": "posym dynamics RUN_DIR and posym geometry RUN_DIR", "lengthgen": "posym lengthgen RUN_DIR"}
-"""What to run for a missing figure; figures of other subdirectories (discrepancy) are optional extras."""
-OPTIONAL = {"head_retention"}
-"""Figures of those subdirectories that are optional extras too (runs analysed before them, or without them)."""
+_ANALYSIS = "posym dynamics RUN_DIR and posym geometry RUN_DIR"
+MISSING = {"dynamics": _ANALYSIS, "geometry": _ANALYSIS, "lengthgen": "posym lengthgen RUN_DIR"}
+"""What to run for a missing figure; figures of other analyses (discrepancy) are optional extras."""
+OPTIONAL = {("lengthgen", "head_retention")}
+"""Figures of those analyses that are optional extras too (runs analysed before them, or without them)."""
 
 
 REPORTED = ("run", "theory", "bench")
@@ -235,7 +241,7 @@ def _figure(src_stem: Path, out_dir: Path, name: str, title: str, caption: str, 
         return None
     for source in (png, svg):
         if source.is_file():
-            with io.atomic_path(out_dir / "figures" / f"{name}{source.suffix}") as tmp:
+            with io.atomic_path(out_dir / REPORT_FIGURES / f"{name}{source.suffix}") as tmp:
                 shutil.copyfile(source, tmp)
     return {
         "id": name,
@@ -243,7 +249,7 @@ def _figure(src_stem: Path, out_dir: Path, name: str, title: str, caption: str, 
         "caption": caption,
         "reference": reference,
         "data": base64.b64encode(png.read_bytes()).decode("ascii"),
-        "files": f"figures/{name}.png, .svg",
+        "files": f"{REPORT_FIGURES}/{name}.png, .svg",
     }
 
 
@@ -352,19 +358,20 @@ def _run_section(run_dir: Path, out_dir: Path) -> tuple[dict, dict]:
     }
     head_table = _head_retention_table(run_dir)
     items = []
-    for sub, stem, title, caption in RUN_FIGURES:
+    for command, key, title, caption in RUN_FIGURES:
+        stem = RunDir(run_dir).analysis_figure(command, key)
         figure = _figure(
-            run_dir / sub / stem,
+            stem,
             out_dir,
-            f"{name}-{stem}",
+            f"{name}-{stem.name}",
             f"{title}, {task} task",
             f"{caption} {ours.get(title, '')}".strip(),
             references[title],
         )
-        if figure and stem == "head_retention" and head_table:
+        if figure and (command, key) == ("lengthgen", "head_retention") and head_table:
             figure["table"] = head_table
-        if figure or (sub in MISSING and stem not in OPTIONAL):
-            items.append(figure or {"absent": f"{title} ({task}): absent; run {MISSING[sub]} first."})
+        if figure or (command in MISSING and (command, key) not in OPTIONAL):
+            items.append(figure or {"absent": f"{title} ({task}): absent; run {MISSING[command]} first."})
     section = _section(
         f"run-{name}", f"{task.capitalize()} task: step {s['step']} of {s['max_steps']}", source=run_dir, items=items
     )
@@ -484,7 +491,7 @@ def _theory_section(theory_dir: Path, out_dir: Path) -> dict:
         for k, t in result["tasks"].items()
     )
     figure = _figure(
-        theory_dir / "fig5a",
+        figure_file(theory_dir, "theory", "discrepancy"),
         out_dir,
         "theory-fig5a",
         "Fig. 5A",
@@ -516,7 +523,7 @@ def _theory_section(theory_dir: Path, out_dir: Path) -> dict:
 
 def _bench_section(bench_dir: Path, out_dir: Path, k: int) -> dict:
     figure = _figure(
-        bench_dir / "bench",
+        figure_file(bench_dir, "llm-bench", "bench"),
         out_dir,
         "table3-bench",
         "Table 3 (figure)",

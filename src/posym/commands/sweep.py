@@ -38,7 +38,7 @@ from posym.core.rope import layer_bands
 from posym.core.train import TrainConfig
 from posym.errors import PosymError
 from posym.figures import save_figure, subplots
-from posym.runs import RunDir, done_path
+from posym.runs import TRIALS, RunDir, done_path, figure_file, output_file
 from posym.stages import die_with_parent, is_done, mark_done, resumable
 
 SWEEP_JOB = "trial"
@@ -352,7 +352,7 @@ def _run_sweep(
                 while queue and len(running) < limit:
                     t = queue.pop(0)
                     ref = remote.remote(
-                        t, str(out / "trials" / t["name"]), config.dynamics, config.n_prompts, config.cpus_per_trial
+                        t, str(out / TRIALS / t["name"]), config.dynamics, config.n_prompts, config.cpus_per_trial
                     )
                     running[ref] = t
                 ready, _ = ray.wait(list(running), num_returns=1)
@@ -374,9 +374,10 @@ def _run_sweep(
     # one column order whatever the rows' source (a done-file's JSON has sorted keys, a fresh row not)
     frame = frame[[*TRIAL_KEYS, *sorted(set(frame.columns) - set(TRIAL_KEYS))]]
     table = aggregate(frame)
-    io.write_parquet(out / "trials.parquet", frame)
-    io.write_parquet(out / "aggregate.parquet", table)
-    figures = [str(p) for p in save_figure(plot_aggregate(table), out / "aggregate")] if len(table) else []
+    io.write_parquet(output_file(out, "sweep", "trials"), frame)
+    io.write_parquet(output_file(out, "sweep", "aggregate"), table)
+    figure = figure_file(out, "sweep", "aggregate")
+    figures = [str(p) for p in save_figure(plot_aggregate(table), figure)] if len(table) else []
     failed = frame[frame.status != "ok"][["name", "error"]].to_dict("records")
     result = {
         **io.manifest(to_dict(config)),
@@ -385,5 +386,5 @@ def _run_sweep(
         "failed": failed,
         "figures": figures,
     }
-    io.write_json(out / "sweep.json", result)
+    io.write_json(output_file(out, "sweep", "record"), result)
     return {**result, "table": table, "rows": frame}

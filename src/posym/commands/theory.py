@@ -29,7 +29,7 @@ from posym.core.theory import (
 from posym.figures import save_figure, subplots
 from posym.io import manifest, write_json, write_parquet
 from posym.resources import check_count, sequence_bytes
-from posym.runs import output_file
+from posym.runs import figure_file, output_file
 
 
 def plot_discrepancy(curves: list[dict]):
@@ -111,7 +111,7 @@ def run_theory(config: TheoryConfig, out_dir, progress=None) -> dict:
     step("writing tables and figure")
     write_parquet(output_file(out_dir, "theory", "theory"), pd.DataFrame(rows))
     write_parquet(output_file(out_dir, "theory", "discrepancy"), pd.DataFrame(curves))
-    figures = save_figure(plot_discrepancy(curves), out_dir / "fig5a", dpi=150)
+    figures = save_figure(plot_discrepancy(curves), figure_file(out_dir, "theory", "discrepancy"), dpi=150)
     result = {
         "summary": summary,
         "tasks": tasks,

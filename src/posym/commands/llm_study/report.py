@@ -24,7 +24,7 @@ from posym.core.stats import wilson_interval
 from posym.core.stats import pearson
 from posym.errors import PosymError
 from posym.figures import plot_heads, save_figure, subplots
-from posym.runs import DONE, EXPLORER, STAGES, StudyDir
+from posym.runs import DONE, EXPLORER, STAGES, StudyDir, figure_file
 from posym.stages import is_done
 
 if TYPE_CHECKING:
@@ -336,7 +336,7 @@ def _sections(out: Path) -> list[dict]:
             table3["texts"].append(note)
         table3["figures"].append(
             _figure(
-                study.folder("bench") / "bench",
+                figure_file(study.folder("bench"), "llm-bench", "bench"),
                 out,
                 "Table 3 analogue",
                 "Whole-answer accuracy per target-window size, std over runs; the paper's models dashed.",
