@@ -4,8 +4,8 @@
   checkpoints `<run>/checkpoints/step-%08d/` (a `save_pretrained` directory plus `posym.json`):
   `CHECKPOINTS`, `CHECKPOINT_META`, `checkpoint_name`, `checkpoint_step`, `list_checkpoints`; the analyses'
   default output directories inside a run (`ANALYSES`); `VALIDATION`;
-- the files and figures each command writes into its output directory (`FILES`, `output_file`,
-  `kv_eval_prompts`; `FIGURES`, `figure_file`), which the commands write and other parts of posym read;
+- the files and figures each command writes into its output directory, which other parts of posym read
+  (`FILES`, `output_file`, `kv_eval_prompts`; `FIGURES`, `figure_file`);
 - an llm-study's directory (`StudyDir`: `STUDY_FILES`, its folders and their files; `STUDY_STAGES`);
 - the directories of the resumable commands: their markers (`PIPELINE_MARKER` of `posym run`,
   `STUDY_MARKER` of `posym llm-study`, `KV_EVAL_MARKER` of `posym kv-eval`), their done-files (`STAGES`/JOB-STAGE`DONE`: `done_path`), and
