@@ -8,11 +8,23 @@ plus the top-8 heads by mean AtP and by mean AtP* ablated together. Each chunk i
 $HOME/posym-runs/attribution/<model>/<factor>x/ as soon as it is done (resumable: done chunks are skipped).
 
 `collect`: the chunks -> docs/results/attribution/{heads,groups}_<model>_<factor>x.parquet (per prompt and
-head / group), summary.parquet and groups_summary.parquet (`posym.commands.attribute.validation_summary`),
-and the generated tables of docs/attribution.md (with the benchmark's, docs/benchmarks/attribution_speed.json).
+head / group), then `tables`.
+
+`named`: the llm-study's own named groups (the K most symbolic and most positional heads by its sink-free and
+plain rankings, `prediction.ranked_group` over the study's committed lengths/heads.parquet, 'between'
+layout: the groups its causal stage ablates) ablated for real on the committed job's prompts, with the same
+reference, and written into its groups_<model>_<factor>x.parquet as kind 'named <ranking> <group>' (rows of
+an earlier `named` replaced), then `tables`: so each named group's sum of AtP is validated against its real
+ablation on the job's prompts.
+
+`tables`: the committed per-prompt tables -> summary.parquet and groups_summary.parquet
+(`posym.commands.attribute.validation_summary`) and the generated tables of docs/attribution.md (with the
+benchmark's, docs/benchmarks/attribution_speed.json).
 
     OMP_WAIT_POLICY=PASSIVE nice -n 10 python scripts/attribution_validation.py run smollm2-135m:1:50 ...
     python scripts/attribution_validation.py collect
+    python scripts/attribution_validation.py named smollm2-135m:1:docs/results/llm-study \
+        gemma3-270m:1:docs/results/llm-study-gemma3 gemma3-270m:16:docs/results/llm-study-gemma3
 """
 
 from __future__ import annotations
@@ -112,11 +124,9 @@ def run_job(name: str, factor: int, n: int) -> None:
 def collect() -> None:
     import pandas as pd
 
-    from posym.commands.attribute import disagreements, speed_markdown, validation_markdown, validation_summary
     from posym.io import write_parquet
 
     OUT.mkdir(parents=True, exist_ok=True)
-    summaries, group_summaries, worst = [], [], []
     for model_dir in sorted(p for p in RUNS.iterdir() if p.is_dir()):
         for job in sorted(p for p in model_dir.iterdir() if p.is_dir()):
             chunks = [np.load(c) for c in sorted(job.glob("chunk*.npz"))]
@@ -154,16 +164,36 @@ def collect() -> None:
                             }
                         )
                     )
-            heads_frame = pd.concat(heads, ignore_index=True)
-            groups_frame = pd.concat(groups, ignore_index=True)
             tag = f"{model_dir.name}_{job.name}"
-            write_parquet(OUT / f"heads_{tag}.parquet", heads_frame)
-            write_parquet(OUT / f"groups_{tag}.parquet", groups_frame)
-            single, grouped = validation_summary(heads_frame, groups_frame)
-            where = {"model": model_dir.name, "factor": int(job.name[:-1])}
-            worst.append(disagreements(heads_frame).assign(**where))
-            summaries.append(single.assign(**where))
-            group_summaries.append(grouped.assign(**where))
+            write_parquet(OUT / f"heads_{tag}.parquet", pd.concat(heads, ignore_index=True))
+            write_parquet(OUT / f"groups_{tag}.parquet", pd.concat(groups, ignore_index=True))
+    tables()
+
+
+def committed_jobs() -> list[tuple[str, str]]:
+    """(model, 'Nx') of every committed heads_<model>_<Nx>.parquet."""
+    return sorted(
+        (m.group(1), m.group(2))
+        for p in OUT.glob("heads_*.parquet")
+        if (m := re.match(r"heads_(.+)_(\d+x)\.parquet", p.name))
+    )
+
+
+def tables() -> None:
+    import pandas as pd
+
+    from posym.commands.attribute import disagreements, speed_markdown, validation_markdown, validation_summary
+    from posym.io import write_parquet
+
+    summaries, group_summaries, worst = [], [], []
+    for model, job in committed_jobs():
+        heads_frame = pd.read_parquet(OUT / f"heads_{model}_{job}.parquet")
+        groups_frame = pd.read_parquet(OUT / f"groups_{model}_{job}.parquet")
+        single, grouped = validation_summary(heads_frame, groups_frame)
+        where = {"model": model, "factor": int(job[:-1])}
+        worst.append(disagreements(heads_frame).assign(**where))
+        summaries.append(single.assign(**where))
+        group_summaries.append(grouped.assign(**where))
     summary = pd.concat(summaries, ignore_index=True)
     group_summary = pd.concat(group_summaries, ignore_index=True)
     write_parquet(OUT / "summary.parquet", summary)
@@ -183,15 +213,84 @@ def collect() -> None:
     DOC.write_text(text, encoding="utf-8")
 
 
+def named(name: str, factor: int, study: Path) -> None:
+    """The study's named groups ablated for real on the committed job's prompts (see the module docstring)."""
+    import pandas as pd
+    import torch
+
+    from posym.commands.llm_study.prediction import CAUSAL_GROUPS, RANKINGS, ranked_group
+    from posym.core.attribution import ablation_effects
+    from posym.io import read_parquet, write_parquet
+    from posym.models import load
+    from posym.runs import StudyDir
+
+    torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+    path = OUT / f"groups_{name}_{factor}x.parquet"
+    committed = read_parquet(path)
+    wanted = sorted(read_parquet(OUT / f"heads_{name}_{factor}x.parquet").prompt.unique())
+    loaded = load(name)
+    reference = [p.ids for p in prompts_for(loaded, factor, REFERENCE)]
+    prompts = [p for p in prompts_for(loaded, factor, max(max(wanted) + 1, REFERENCE)) if p.index in set(wanted)]
+    if [p.index for p in prompts] != wanted:
+        raise SystemExit(f"{path}: its prompts {wanted[:5]}... are not the length task's (seed 0)")
+    heads = read_parquet(StudyDir(study).file("lengths", "heads"))
+    heads = heads[heads.layout == "between"]
+    kinds = {
+        f"named {ranking} {group}": ranked_group(heads, ranking, group, K)
+        for ranking in RANKINGS
+        for group in CAUSAL_GROUPS
+    }
+    t0 = time.time()
+    real = ablation_effects(
+        loaded.model,
+        [p.ids for p in prompts],
+        [p.answer_id for p in prompts],
+        list(kinds.values()),
+        mode="mean",
+        metric="margin",
+        reference=reference,
+    )
+    rows = pd.DataFrame(
+        [
+            {
+                "prompt": p.index,
+                "group": ",".join(f"{a}.{b}" for a, b in members),
+                "kind": kind,
+                "exact": float(real["effect"][i, g]),
+                "correct": bool(real["correct"][i, g]),
+            }
+            for g, (kind, members) in enumerate(kinds.items())
+            for i, p in enumerate(prompts)
+        ]
+    )
+    kept = committed[~committed.kind.str.startswith("named ")]
+    write_parquet(path, pd.concat([kept, rows.astype(kept.dtypes.to_dict())], ignore_index=True))
+    print(
+        f"{name} {factor}x: {len(kinds)} named groups on {len(prompts)} prompts in {time.time() - t0:.0f}s", flush=True
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     go = sub.add_parser("run")
     go.add_argument("jobs", nargs="+", help="MODEL:FACTOR:N, run in order")
     sub.add_parser("collect")
+    sub.add_parser("tables")
+    study = sub.add_parser("named")
+    study.add_argument("jobs", nargs="+", help="MODEL:FACTOR:STUDY_DIR (a committed job and the study labelling it)")
     args = parser.parse_args()
     if args.what == "collect":
         collect()
+        return
+    if args.what == "tables":
+        tables()
+        return
+    if args.what == "named":
+        for job in args.jobs:
+            name, factor, where = job.split(":", 2)
+            named(name, int(factor), Path(where))
+        tables()
         return
     for job in args.jobs:
         name, factor, n = job.split(":")
