@@ -32,7 +32,9 @@ NO_CHAT_TEMPLATE = {"llm-study-gemma3"}
 
 def test_the_issue_52_screens_are_committed():
     found = {p.parent.name for p in SCREENS if p.name == screen_table.SCREEN}
-    assert {"llm-study", "llm-study-gemma3", "llm-study-qwen2.5-coder-0.5b"} <= found, found
+    assert {"llm-study", "llm-study-gemma3", "llm-study-qwen2.5-coder-0.5b", "llm-study-qwen2.5-coder-1.5b"} <= found, (
+        found
+    )
 
 
 @pytest.mark.parametrize("screen", SCREENS, ids=lambda p: f"{p.parent.name}/{p.name}")
