@@ -8,17 +8,27 @@ Nothing is computed here that the tables do not hold: tests/test_kv_eval.py chec
 script's output and the tables against `kv_eval.summarize` / `kv_eval.accuracy_tests` of the per-prompt rows.
 
     python scripts/kv_eval_block.py [--write docs/results.md]
+
+A run still going (its tasks are stages, each written when done) can be committed in part: `--partial RUN
+DEST` copies the finished tasks' per-prompt tables, the head table, config and manifest of the kv-eval
+directory RUN into DEST and writes DEST's summary and tests over those tasks alone (`kv_eval.summarize`,
+`kv_eval.accuracy_tests`: Holm over that smaller table) and partial.json naming the finished tasks; the
+block then says which tasks a run holds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from posym.runs import output_file
+from posym.runs import done_path, kv_eval_prompts, output_file
+
+PARTIAL = "partial.json"
+"""What a run committed in part holds: {"finished": [tasks], "of": [the config's tasks]}."""
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- kv-eval:begin -->", "<!-- kv-eval:end -->"
@@ -37,10 +47,14 @@ def block() -> str:
         summary = pd.read_parquet(output_file(run, "kv-eval", "summary"))
         tests = pd.read_parquet(output_file(run, "kv-eval", "tests")).set_index(["task", "factor", "budget", "policy"])
         draws = int(summary.draws.max())
+        part = ""
+        if (run / PARTIAL).is_file():
+            held = json.loads((run / PARTIAL).read_text())
+            part = f"; the {', '.join(held['finished'])} task{'s' * (len(held['finished']) > 1)} of {len(held['of'])}, the run goes on"
         lines += [
             "",
             f"**{model}** (docs/results/{run.name}/; {int(summary.n.max())} prompts a cell, {draws} random draws "
-            f"matched on layer; Holm over the {len(tests)} rows of tests.parquet):",
+            f"matched on layer; Holm over the {len(tests)} rows of tests.parquet{part}):",
             "",
             "| task | tokens | budget | kept KV | full | posym | retrieval | duo | random median [min, max] | "
             "streaming |",
@@ -88,10 +102,40 @@ def write(path: Path) -> None:
     path.write_text(head + block() + rest.split(END, 1)[1])
 
 
+def partial(run: Path, dest: Path) -> list[str]:
+    """Commit the finished tasks of the kv-eval directory `run` into `dest` (see the module docstring);
+    returns the finished tasks."""
+    import shutil
+
+    import yaml
+
+    from posym.commands import kv_eval
+    from posym.io import write_json, write_parquet
+
+    config = yaml.safe_load(output_file(run, "kv-eval", "config").read_text())
+    finished = [t for t in config["tasks"] if done_path(run, kv_eval.JOB, t).is_file()]
+    if not finished:
+        sys.exit(f"{run} has no finished task")
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("config", "manifest", "heads"):
+        shutil.copyfile(output_file(run, "kv-eval", name), output_file(dest, "kv-eval", name))
+    for task in finished:
+        shutil.copyfile(kv_eval_prompts(run, task), kv_eval_prompts(dest, task))
+    frame = pd.concat([pd.read_parquet(kv_eval_prompts(dest, t)) for t in finished], ignore_index=True)
+    write_parquet(output_file(dest, "kv-eval", "summary"), kv_eval.summarize(frame))
+    write_parquet(output_file(dest, "kv-eval", "tests"), kv_eval.accuracy_tests(frame, config["effect"]))
+    write_json(dest / PARTIAL, {"finished": finished, "of": config["tasks"]})
+    return finished
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, help="rewrite the kv-eval block of this Markdown file")
+    parser.add_argument("--partial", nargs=2, type=Path, metavar=("RUN", "DEST"), help="commit a run's finished tasks")
     args = parser.parse_args()
+    if args.partial:
+        print("finished:", ", ".join(partial(*args.partial)))
+        return
     if args.write:
         write(args.write)
     else:

@@ -305,6 +305,31 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
             pd.read_parquet(out / f"prompts_{task}.parquet"),
             pd.read_parquet(root / "again" / f"prompts_{task}.parquet"),
         )
+    # a task's rows do not depend on the other tasks: a run of one task gives that task's rows of the whole
+    alone = write_config(root / "alone.yaml", tasks=["vartrack"])
+    args_alone = ["kv-eval", loaded.source.path, "--config", alone, "--table", root / "heads.parquet"]
+    assert run_posym(monkeypatch, *args_alone, "--out", root / "alone") == 0
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(out / "prompts_vartrack.parquet"), pd.read_parquet(root / "alone" / "prompts_vartrack.parquet")
+    )
+    # scripts/kv_eval_block.py --partial: the finished tasks' tables, summarized over them alone
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import kv_eval_block
+
+    from posym.runs import done_path
+
+    assert kv_eval_block.partial(out, root / "whole") == list(kv_eval.TASKS)
+    pd.testing.assert_frame_equal(pd.read_parquet(root / "whole" / "summary.parquet"), summary)
+    pd.testing.assert_frame_equal(pd.read_parquet(root / "whole" / "tests.parquet"), tests)
+    done_path(out, kv_eval.JOB, "multikey").unlink()
+    assert kv_eval_block.partial(out, root / "part") == ["length", "vartrack"]
+    held = json.loads((root / "part" / "partial.json").read_text())
+    assert held == {"finished": ["length", "vartrack"], "of": list(kv_eval.TASKS)}
+    assert set(pd.read_parquet(root / "part" / "summary.parquet").task) == {"length", "vartrack"}
+    assert not (root / "part" / "prompts_multikey.parquet").exists()
 
 
 def test_kv_eval_bad_inputs_exit_2(tiny, capsys, monkeypatch):
@@ -381,15 +406,35 @@ def test_a_forward_past_memory_is_refused(tiny, capsys, monkeypatch):
     one_line(*cli(capsys, monkeypatch, *args, "--out", root / "m"), "GiB")
 
 
-def test_committed_smollm2_evaluation_follows_from_its_prompts():
-    """docs/results/kv-eval-smollm2: the summary and tests are kv_eval's own output on the per-prompt rows,
-    and docs/results.md's block is scripts/kv_eval_block.py's output on them."""
+COMMITTED = sorted((Path(__file__).resolve().parents[1] / "docs" / "results").glob("kv-eval-*"))
+
+
+def test_the_committed_runs_are_the_blocks():
+    import sys
+
+    sys.path.insert(0, str(COMMITTED[0].parents[2] / "scripts"))
+    import kv_eval_block
+
+    assert sorted(kv_eval_block.RUNS.values()) == COMMITTED and len(COMMITTED) >= 1
+
+
+@pytest.mark.parametrize("run", COMMITTED, ids=lambda p: p.name)
+def test_committed_evaluation_follows_from_its_prompts(run):
+    """docs/results/kv-eval-*: the summary and tests are kv_eval's own output on the per-prompt rows (of the
+    finished tasks, for a run committed in part: partial.json), and docs/results.md's block is
+    scripts/kv_eval_block.py's output on them."""
+    import json
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    run = root / "docs" / "results" / "kv-eval-smollm2"
     config = yaml.safe_load((run / "kv_eval.yaml").read_text())
-    frame = pd.concat([pd.read_parquet(run / f"prompts_{t}.parquet") for t in config["tasks"]], ignore_index=True)
+    tasks = config["tasks"]
+    if (run / "partial.json").is_file():
+        held = json.loads((run / "partial.json").read_text())
+        assert held["of"] == tasks and set(held["finished"]) < set(tasks)
+        tasks = held["finished"]
+    assert sorted(p.name for p in run.glob("prompts_*.parquet")) == sorted(f"prompts_{t}.parquet" for t in tasks)
+    frame = pd.concat([pd.read_parquet(run / f"prompts_{t}.parquet") for t in tasks], ignore_index=True)
     assert frame.groupby(["task", "factor", "budget", "policy", "draw"]).size().eq(config["n"]).all()
     pd.testing.assert_frame_equal(kv_eval.summarize(frame), pd.read_parquet(run / "summary.parquet"))
     pd.testing.assert_frame_equal(
