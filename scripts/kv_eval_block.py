@@ -32,7 +32,10 @@ PARTIAL = "partial.json"
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- kv-eval:begin -->", "<!-- kv-eval:end -->"
-RUNS = {"SmolLM2-135M-Instruct": ROOT / "docs" / "results" / "kv-eval-smollm2"}
+RUNS = {
+    "SmolLM2-135M-Instruct, 1x / 2x / 4x": ROOT / "docs" / "results" / "kv-eval-smollm2",
+    "SmolLM2-135M-Instruct, 1x / 4x / 16x": ROOT / "docs" / "results" / "kv-eval-smollm2-16x",
+}
 RANKED = ("posym", "retrieval", "duo")
 """The policies that rank heads (random and streaming are their controls)."""
 

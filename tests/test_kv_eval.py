@@ -448,3 +448,19 @@ def test_committed_evaluation_follows_from_its_prompts(run):
         kv_eval_block.BEGIN + doc.split(kv_eval_block.BEGIN, 1)[1].split(kv_eval_block.END, 1)[0] + kv_eval_block.END
     )
     assert shown == kv_eval_block.block()
+
+
+def test_the_16x_paragraph_follows_from_its_run():
+    """docs/results.md on the length task to 16x: at half the KV heads streaming posym is the best ranked
+    policy at every length, at 16x above every random draw yet one prompt below the full cache, and the
+    retrieval score below half."""
+    run = Path(__file__).resolve().parents[1] / "docs" / "results" / "kv-eval-smollm2-16x"
+    summary = pd.read_parquet(run / "summary.parquet")
+    half = summary[(summary.budget == 0.5) & (summary.task == "length")].set_index(["factor", "policy"])
+    for factor in (1, 4, 16):
+        ranked = half.loc[factor].loc[["posym", "retrieval", "duo"]].accuracy
+        assert ranked.max() == ranked["posym"] > ranked.drop("posym").max(), factor
+    at16 = half.loc[16]
+    assert at16.loc["posym"].accuracy > at16.loc["random"].draw_max
+    assert round((at16.loc["posym"].full_accuracy - at16.loc["posym"].accuracy) * 16) == 1
+    assert at16.loc["retrieval"].accuracy < 0.5
