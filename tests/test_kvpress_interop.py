@@ -79,13 +79,14 @@ print(json.dumps({"hidden": sorted(hidden), "streaming": press.streaming_mask.in
 @pytest.mark.parametrize("streaming", [0.25, 0.5, 1.0])
 def test_kvpress_hides_what_posym_hides_at_the_prompts_last_query(tmp_path, streaming):
     import pandas as pd
+    import torch
     from tiny_models import tiny_model
 
     from posym.commands.kv_policy import write_kv_policy
     from posym.core import kvpolicy
 
     python = kvpress_python()
-    model = tiny_model("llama", dtype=__import__("torch").float32, positions=128)
+    model = tiny_model("llama", dtype=torch.float32, positions=128)
     model.save_pretrained(tmp_path / "model")
     config = model.config
     rng = np.random.default_rng(0)
