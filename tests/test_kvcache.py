@@ -340,9 +340,7 @@ def test_transformers_generate_takes_the_head_cache(kind, window):
     tokens, _ = generate(model, ids, policy, 6)
     cache = HeadKVCache(model, policy)
     with policy_attention(model, policy, cache=cache):
-        out = model.generate(
-            ids, past_key_values=cache, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None
-        )
+        out = model.generate(ids, cache=cache, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
     assert out[:, 10:].tolist() == tokens.tolist()
     assert cache_bytes(cache) == policy_bytes(model, policy, 15, batch=1, dtype=torch.float64)
 

@@ -21,7 +21,7 @@ inside `policy_attention(model, policy, cache=cache)`, whose kernel reads each g
 refuses. `cache_bytes` measures what it holds, `policy_bytes` what it should hold (`KVPolicy.kept`),
 `full_cache_bytes` what the model's full cache would.
 `generate(model, ids, policy, new_tokens)` decodes greedily with it; transformers' own `model.generate(ids,
-past_key_values=cache, ...)` takes it as well, inside `policy_attention(model, policy, cache=cache)`.
+cache=cache, ...)` takes it as well, inside `policy_attention(model, policy, cache=cache)`.
 
 >>> import torch, transformers
 >>> from posym.core.kvpolicy import KVPolicy
