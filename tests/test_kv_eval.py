@@ -464,3 +464,16 @@ def test_the_16x_paragraph_follows_from_its_run():
     assert at16.loc["posym"].accuracy > at16.loc["random"].draw_max
     assert round((at16.loc["posym"].full_accuracy - at16.loc["posym"].accuracy) * 16) == 1
     assert at16.loc["retrieval"].accuracy < 0.5
+
+
+def test_variable_tracking_at_16x_breaks_every_policy():
+    """docs/results.md: at 16x on variable tracking, half the KV heads streaming, posym keeps less than a
+    fifth of the full cache's accuracy and every other policy nothing."""
+    run = Path(__file__).resolve().parents[1] / "docs" / "results" / "kv-eval-smollm2-16x"
+    summary = pd.read_parquet(run / "summary.parquet")
+    at = summary[(summary.task == "vartrack") & (summary.factor == 16)].set_index(["budget", "policy"])
+    full = at.loc[(0.0, "full")].accuracy
+    assert at.loc[(0.5, "posym")].accuracy < full / 5
+    assert (
+        at.loc[(0.5, "retrieval")].accuracy == at.loc[(0.5, "duo")].accuracy == at.loc[(0.5, "random")].draw_median == 0
+    )
