@@ -127,15 +127,19 @@ class RunDir:
             raise ValueError(f"unknown analysis directory {name!r}")
         return self.path / name
 
+    def analysis_dir(self, command: str) -> Path:
+        """The default output directory of analysis `command` (`ANALYSIS_DIRS`)."""
+        if command not in ANALYSIS_DIRS:
+            raise ValueError(f"{command!r} is not an analysis of a run ({', '.join(ANALYSIS_DIRS)})")
+        return self.output(ANALYSIS_DIRS[command])
+
     def analysis_file(self, command: str, name: str) -> Path:
         """The file `name` (`FILES[command]`) that analysis `command` writes into its default directory.
 
         >>> RunDir(Path("runs/number")).analysis_file("dynamics", "record").as_posix()
         'runs/number/analysis/dynamics.json'
         """
-        if command not in ANALYSIS_DIRS:
-            raise ValueError(f"{command!r} is not an analysis of a run ({', '.join(ANALYSIS_DIRS)})")
-        return output_file(self.output(ANALYSIS_DIRS[command]), command, name)
+        return output_file(self.analysis_dir(command), command, name)
 
     def analysis_figure(self, command: str, name: str) -> Path:
         """The stem of figure `name` (`FIGURES[command]`) that analysis `command` draws into its default
@@ -144,9 +148,7 @@ class RunDir:
         >>> RunDir(Path("runs/number")).analysis_figure("dynamics", "accuracy").as_posix()
         'runs/number/analysis/fig2a_accuracy'
         """
-        if command not in ANALYSIS_DIRS:
-            raise ValueError(f"{command!r} is not an analysis of a run ({', '.join(ANALYSIS_DIRS)})")
-        return figure_file(self.output(ANALYSIS_DIRS[command]), command, name)
+        return figure_file(self.analysis_dir(command), command, name)
 
 
 # ---- the directories of the resumable commands ----------------------------------------------------
@@ -266,12 +268,17 @@ def output_file(out: str | Path, command: str, name: str) -> Path:
     >>> output_file("runs/number/lengthgen", "lengthgen", "record").as_posix()
     'runs/number/lengthgen/lengthgen.json'
     """
-    names = FILES.get(command)
+    return Path(out) / _named(FILES, "files", "writes", command, name)
+
+
+def _named(table: dict[str, dict[str, str]], what: str, verb: str, command: str, name: str) -> str:
+    """table[command][name] (FILES or FIGURES), or a ValueError naming the choices."""
+    names = table.get(command)
     if names is None:
-        raise ValueError(f"posym names no files of {command!r} ({', '.join(FILES)})")
+        raise ValueError(f"posym names no {what} of {command!r} ({', '.join(table)})")
     if name not in names:
-        raise ValueError(f"{command} writes no {name!r} ({', '.join(names)})")
-    return Path(out) / names[name]
+        raise ValueError(f"{command} {verb} no {name!r} ({', '.join(names)})")
+    return names[name]
 
 
 KV_EVAL_PROMPTS = "prompts_{task}.parquet"
@@ -323,12 +330,7 @@ def figure_file(out: str | Path, command: str, name: str) -> Path:
     ...
     ValueError: atlas draws no 'map' (maps, scatter)
     """
-    names = FIGURES.get(command)
-    if names is None:
-        raise ValueError(f"posym names no figures of {command!r} ({', '.join(FIGURES)})")
-    if name not in names:
-        raise ValueError(f"{command} draws no {name!r} ({', '.join(names)})")
-    return Path(out) / names[name]
+    return Path(out) / _named(FIGURES, "figures", "draws", command, name)
 
 
 TRIALS = "trials"
