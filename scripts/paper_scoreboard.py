@@ -4,8 +4,9 @@ Reads the committed tables docs/results/paper/*.parquet (scripts/collect_paper_r
 the Markdown block that docs/results.md holds between `<!-- scoreboard:begin -->` and
 `<!-- scoreboard:end -->`; `--write FILE` rewrites that block in place. tests/test_results_tables.py
 checks that the committed block is exactly this script's output on the committed tables, so the page
-cannot drift from them. "ours" is the mean ± std (ddof 1) over the runs present (a single value where
-one run is; "n" says how many); a verdict follows from the rule printed under the table, never from
+cannot drift from them. "ours" is the mean ± std (ddof 1) over the runs present and, in brackets, the 95% t
+interval of the mean (a single value where one run is; "n" says how many; the wide per-layer tables give
+mean ± std alone); a verdict follows from the rule printed under the table, never from
 reading the numbers by eye. Why a claim differs is docs/results.md's text, not this script's.
 
     python scripts/paper_scoreboard.py [--dir docs/results/paper] [--write docs/results.md]
@@ -82,7 +83,7 @@ def first_at(training: pd.DataFrame, column: str, threshold: float = 0.95) -> pd
 def hop_order(training: pd.DataFrame, task: str) -> list:
     runs = runs_of(training, "paper", task)
     firsts = pd.DataFrame({h: first_at(runs, f"acc_hop{h}") for h in range(1, 5)})  # [seed, hop]
-    ours = "first step >= 95%, hops 1 / 2 / 3 / 4: " + " / ".join(spread(firsts[h], 0) for h in range(1, 5))
+    ours = "first step >= 95%, hops 1 / 2 / 3 / 4: " + " / ".join(spread_ci(firsts[h], 0) for h in range(1, 5))
     if task == "number":
         paper = "learned hop by hop (1 hop first)"
         holds = all(row.is_monotonic_increasing and row[1] < row[4] for _, row in firsts.iterrows())
@@ -95,7 +96,7 @@ def hop_order(training: pd.DataFrame, task: str) -> list:
 def init_scores(dynamics: pd.DataFrame) -> list:
     start = dynamics[(dynamics.preset == "paper") & (dynamics.step == 0) & (dynamics.query_mode == "hops")]
     per_run = start.groupby(["seed", "task"])[["s_pos", "s_sym"]].mean()
-    ours = f"mean over heads at step 0: s_pos {spread(per_run.s_pos)}, s_sym {spread(per_run.s_sym)}"
+    ours = f"mean over heads at step 0: s_pos {spread_ci(per_run.s_pos, 3)}, s_sym {spread_ci(per_run.s_sym, 3)}"
     holds = bool((per_run >= 0.95).all().all())
     return [
         "Fig. 2B, both tasks",
@@ -119,7 +120,7 @@ def pure_first(composition: pd.DataFrame, task: str) -> list:
     kept = best.label.reindex(pure.index) == pure.label  # [seed, layer, head]: pure already at max accuracy
     fraction = kept.groupby(level="seed").mean()
     late = [f"s{s} L{layer}" for (s, layer, _), ok in kept.items() if not ok]
-    ours = f"pure at the max-accuracy step: {spread(fraction, 2)} of the heads pure at the end"
+    ours = f"pure at the max-accuracy step: {spread_ci(fraction, 2)} of the heads pure at the end"
     ours += f" (not yet: {', '.join(late)})" if late else ""
     return [
         f"Fig. 2B, {task}",
@@ -143,8 +144,8 @@ def entropy_with_purity(dynamics: pd.DataFrame, task: str) -> list:
     correlation = per_head.groupby(level=keys[:3]).apply(lambda g: g.gap.corr(g.entropy))  # [seed, layer, head]
     medians = correlation.groupby(level="seed").median()
     ours = (
-        f"median rank correlation of purity gap with entropy: {spread(medians, 2)} "
-        f"(weakest head {spread(correlation.groupby(level='seed').max(), 2)})"
+        f"median rank correlation of purity gap with entropy: {spread_ci(medians, 2)} "
+        f"(weakest head {spread_ci(correlation.groupby(level='seed').max(), 2)})"
     )
     return [
         f"Fig. 6, {task}",
@@ -194,7 +195,7 @@ def labels_rows(composition: pd.DataFrame) -> list[list]:
                 mode,
                 paper_text,
                 "; ".join(per_seed),
-                f"{spread(agree, 1)} of {len(expected)}",
+                f"{spread_ci(agree, 1)} of {len(expected)}",
                 verdict,
             ]
         )
@@ -223,7 +224,7 @@ def fractions(composition: pd.DataFrame) -> list[list]:
                 continue
             share = end.groupby(level="seed").label.value_counts(normalize=True).unstack(fill_value=0.0)
             share = share.reindex(columns=["positional", "symbolic", "mixed"], fill_value=0.0)
-            ours = " / ".join(f"{spread(share[k] * 100, 0)}% {k}" for k in share.columns)
+            ours = " / ".join(f"{spread_ci(share[k] * 100, 0)}% {k}" for k in share.columns)
             if preset == "seed":
                 theirs, lower = paper.SEED_SUMMARY_SHARES[task], task == "letter"
                 claim = "seed summary, "
@@ -255,8 +256,8 @@ def emergence_row(dynamics: pd.DataFrame, task: str = "number") -> list:
         medians.append((seed, *(np.median(settled[k]) if k in settled else np.nan for k in (first_kind, second_kind))))
     frame = pd.DataFrame(medians, columns=["seed", first_kind, second_kind]).set_index("seed")
     ours = (
-        f"median step from which a head stays pure: {first_kind} {spread(frame[first_kind], 0)}, "
-        f"{second_kind} {spread(frame[second_kind], 0)}"
+        f"median step from which a head stays pure: {first_kind} {spread_ci(frame[first_kind], 0)}, "
+        f"{second_kind} {spread_ci(frame[second_kind], 0)}"
     )
     holds = bool((frame[first_kind] < frame[second_kind]).all())
     return [
@@ -315,8 +316,8 @@ def qk_plane_row(qk_plane: pd.DataFrame) -> list:
     found = pd.DataFrame([index_alignment(g, offsets) for _, g in runs.groupby("seed")])
     ours = (
         f"layer 1, plane ID {layer_ranges(sorted(runs.frequency_id.unique()))}: key concentration "
-        f"{spread(found.key_concentration, 3)}, query concentration {spread(found.query_concentration, 2)}, "
-        f"phase error {spread(found.phase_error_deg, 1)} deg, target nearest {spread(found.target_nearest, 2)}"
+        f"{spread_ci(found.key_concentration, 3)}, query concentration {spread_ci(found.query_concentration, 2)}, "
+        f"phase error {spread_ci(found.phase_error_deg, 1)} deg, target nearest {spread_ci(found.target_nearest, 2)}"
     )
     holds = ((found.key_concentration >= 0.9) & (found.phase_error_deg <= 30) & (found.target_nearest >= 0.5)).all()
     return [
@@ -388,7 +389,7 @@ def length_rows(lengthgen: pd.DataFrame) -> list[list]:
             if runs.empty:
                 continue
             by_factor = runs.groupby("factor").retention
-            ours = "retention at " + " / ".join(f"{f:g}x {spread(v, 2)}" for f, v in by_factor)
+            ours = "retention at " + " / ".join(f"{f:g}x {spread_ci(v, 2)}" for f, v in by_factor)
             rows.append(
                 [
                     f"retention, {task} ({preset} preset)",

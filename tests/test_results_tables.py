@@ -200,7 +200,9 @@ def test_scoreboard_verdicts_follow_their_rules():
         return pd.DataFrame(rows)
 
     row = hop_order(training([(1000, 1250, 1500, 1500), (1250, 1250, 1500, 1750)]), "number")
-    assert row[2].endswith("1125 ± 177 / 1250 ± 0 / 1500 ± 0 / 1625 ± 177") and row[3:] == [2, "reproduced"]
+    assert row[2].endswith(
+        "1125 ± 177 [-463, 2713] / 1250 ± 0 [1250, 1250] / 1500 ± 0 [1500, 1500] / 1625 ± 177 [37, 3213]"
+    ) and row[3:] == [2, "reproduced"]
     assert hop_order(training([(1000, 1250, 1500, 1500), (1500, 1250, 1500, 1750)]), "number")[-1] == "differs"
     assert hop_order(training([(1500, 1500, 1500, 1750)] * 2, "letter"), "letter")[-1] == "reproduced"
     assert (
@@ -229,9 +231,9 @@ def test_scoreboard_verdicts_follow_their_rules():
     paper = ["positional"] * 4 + ["symbolic"] * 8
     (row,) = labels_rows(composition([paper, paper]))
     assert row[4] == "s0: pos L0-L3, sym L4-L11; s1: pos L0-L3, sym L4-L11"
-    assert row[5:] == ["12.0 ± 0.0 of 12", "reproduced"]
+    assert row[5:] == ["12.0 ± 0.0 [12.0, 12.0] of 12", "reproduced"]
     (row,) = labels_rows(composition([paper, ["mixed"] + paper[1:5] + ["mixed"] + paper[6:]]))
-    assert row[5:] == ["11.0 ± 1.4 of 12", "differs at L0, L5"]
+    assert row[5:] == ["11.0 ± 1.4 [-1.7, 23.7] of 12", "differs at L0, L5"]
     text = f"a\n{BEGIN}\nold\n{END}\nb\n"
     assert replace_block(text, "new") == f"a\n{BEGIN}\n\nnew\n\n{END}\nb\n"
 
