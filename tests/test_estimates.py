@@ -100,11 +100,14 @@ def test_estimates_equal_real_ablation_where_atp_is_exact():
         causal_ks=[1, 2],
         causal_modes=["mean", "zero"],
         causal_factors=[1, 2],
+        causal_rankings=["sink-free", "plain"],
         estimate_draws=DRAWS,
         calibration_draws=3,
     )
     table, calibration, points = estimates.causal_estimates(model, chosen, config, head_frame(1, n_head), seed=0)
-    assert (table.family == prediction.estimate_family(sorted(chosen))).all()  # what the config's check counts
+    # what the config's check counts (both rankings here; the default is sink-free alone)
+    assert (table.family == prediction.estimate_family(sorted(chosen), config.causal_rankings)).all()
+    assert set(table.ranking) == {"sink-free", "plain"}
     assert np.abs(points.real).max() > 1e-5  # the heads matter: the check is not 0 == 0
     np.testing.assert_allclose(points.estimate, points.real, atol=1e-9)
     assert len(calibration) == 2 * 2 * 2  # k x mode x factor
@@ -289,12 +292,15 @@ def test_real_ablations_are_reused_where_they_are_the_same(monkeypatch):
 def test_config_bounds_the_draws():
     with pytest.raises(PosymError, match="estimate_draws"):
         prediction.PredictionConfig(estimate_draws=0)
-    # no Holm p of a 56-test family can go below 56 / (draws + 1): 1,000 draws could never separate
+    # no Holm p of a 56-test family (both rankings, five lengths) can go below 56 / (draws + 1): 1,000 draws
+    # could never separate; the default family (sink-free, 1x and 16x) has 6 tests, where 1,000 can
+    wide = {"causal_factors": [1, 2, 4, 8, 16], "causal_rankings": ["sink-free", "plain"]}
     with pytest.raises(PosymError, match=r"estimate_draws 1,000 cannot separate anything.*at least 1,120"):
-        prediction.PredictionConfig(estimate_draws=1000)
-    assert prediction.PredictionConfig(estimate_draws=1120).estimate_draws == 1120  # 56 / 1,121 < 0.05
+        prediction.PredictionConfig(estimate_draws=1000, **wide)
+    assert prediction.PredictionConfig(estimate_draws=1120, **wide).estimate_draws == 1120  # 56 / 1,121 < 0.05
+    assert prediction.PredictionConfig(estimate_draws=1000).estimate_draws == 1000  # 6 / 1,001 < 0.05
     assert prediction.PredictionConfig().estimate_draws == 10_000
-    assert prediction.PredictionConfig(causal_factors=[1], estimate_draws=160, calibration_draws=20)  # 8 tests
+    assert prediction.PredictionConfig(causal_factors=[1], estimate_draws=80, calibration_draws=20)  # 4 tests
     with pytest.raises(PosymError, match="calibration_draws .* cannot exceed"):
         prediction.PredictionConfig(estimate_draws=2000, calibration_draws=2001)
     with pytest.raises(PosymError, match="n_causal >= 2"):

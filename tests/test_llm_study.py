@@ -50,6 +50,7 @@ TINY = {
         "estimate_draws": 400,  # 20 tests a Holm family: 20 / 401 < 0.05
         "calibration_draws": 3,
         "causal_factors": [1, 4],
+        "causal_rankings": ["sink-free", "plain"],  # both (the default is sink-free alone)
         "n_causal": 4,
         "causal_ks": [1],
         "causal_modes": ["mean", "zero"],
@@ -72,10 +73,15 @@ def finished(tiny, tmp_path_factory):
     model_dir, config = tiny
     out = tmp_path_factory.mktemp("study-out") / "out"
     loaded = models.load(model_dir, device="cpu")
+    steps = []
     timings = llm_study.run_study(
-        loaded, out, configs.from_dict(llm_study.StudyConfig, TINY), settings={"model": str(model_dir)}
+        loaded,
+        out,
+        configs.from_dict(llm_study.StudyConfig, TINY),
+        settings={"model": str(model_dir)},
+        progress=lambda n=1: steps.append(n),
     )
-    return out, timings
+    return out, timings, steps
 
 
 # ---- the core -----------------------------------------------------------------------------------
@@ -160,7 +166,7 @@ def test_ablation_on_llama_matches_zeroed_output_columns(tiny):
 
 
 def test_stage_tables(finished):
-    out, timings = finished
+    out, timings, _ = finished
     assert list(timings) == list(llm_study.STAGES) and all(isinstance(t, float) for t in timings.values())
     scores = pd.read_parquet(out / "scores" / "scores.parquet")
     per_set = LAYERS * HEADS
@@ -237,8 +243,9 @@ def test_stage_tables(finished):
     assert len(moves) == 2 * p["causal_ks"][0] and set(moves.group) == {"symbolic", "positional"}
     assert moves.label_marked.isin(["positional", "symbolic", "mixed", "uniform"]).all()
     causal = pd.read_parquet(out / "causal" / "causal.parquet")
-    # clean + modes x 2 rankings x 2 groups x (the group itself + its own draws)
-    conditions = 1 + len(p["causal_ks"]) * 2 * 4 * (1 + p["causal_draws"])
+    # clean + modes x rankings x 2 groups x (the group itself + its own draws)
+    rankings = len(p["causal_rankings"])
+    conditions = 1 + len(p["causal_ks"]) * 2 * rankings * 2 * (1 + p["causal_draws"])
     assert len(causal) == conditions * len(p["causal_factors"]) * p["n_causal"]
     assert set(causal["mode"]) == {"none", "mean", "zero"}
     accuracy_between = accuracy[
@@ -255,7 +262,8 @@ def test_stage_tables(finished):
     estimated = pd.read_parquet(out / "causal" / "estimates.parquet")
     factors = len(p["causal_factors"])
     per_group = 2 * factors + factors - 1  # acc_drop and margin_change at every length, length_effect past the base
-    assert len(estimated) == 2 * len(p["causal_ks"]) * 2 * 2 * 2 * per_group  # sources x k x modes x rankings x groups
+    # sources x k x modes x rankings x groups
+    assert len(estimated) == 2 * len(p["causal_ks"]) * 2 * rankings * 2 * per_group
     assert list(estimated.columns) == list(estimates.ESTIMATE_COLUMNS)
     assert set(estimated.source) == set(estimates.SOURCES) and set(estimated.group) == {"symbolic", "positional"}
     est, real = estimated[estimated.source == "estimate"], estimated[estimated.source == "real"]
@@ -270,10 +278,41 @@ def test_stage_tables(finished):
     assert len(points) == (calibration.points).sum() and (calibration.points == calibration.sets * p["n_causal"]).all()
 
 
+def test_progress_counts_every_stage_step(finished):
+    """The study's progress bar ends full: every stage advances it by exactly `stage_steps` (the causal
+    stage counted 4 + 2 x the retention draws before, not its conditions)."""
+    _, _, steps = finished
+    config = configs.from_dict(llm_study.StudyConfig, TINY)
+    assert sum(steps) == sum(llm_study.stage_steps(config).values())
+
+
+def test_the_default_causal_stage_ablates_the_sink_free_ranking_alone():
+    """By default only the sink-free groups (the ones every verdict reads) and their pools are ablated, with
+    the very draws a both-rankings run gives them; the family of the estimated tests shrinks to match."""
+    p = prediction.PredictionConfig()
+    assert p.causal_rankings == ["sink-free"] and p.causal_factors == [1, 16]
+    heads = pd.DataFrame(
+        [
+            {"variant": v, "layer": l, "head": h, "s_pos": (l * 7 + h * 3) % 10 / 10, "s_sym": (l + h) % 4 / 4}
+            for v in ("sink-free", "plain")
+            for l in range(6)
+            for h in range(5)
+        ]
+    )
+    both = prediction.causal_groups(heads, 3, 4, 0)
+    alone = prediction.causal_groups(heads, 3, 4, 0, rankings=p.causal_rankings)
+    assert alone == {key: heads_ for key, heads_ in both.items() if key[0] == "sink-free"} and len(alone) == 10
+    assert prediction.estimate_family(p.causal_factors, p.causal_rankings) == 2 * (3 * 2 - 1)
+    with pytest.raises(PosymError, match="causal_rankings"):
+        prediction.PredictionConfig(causal_rankings=["sink-free", "sink-free"])
+    with pytest.raises(PosymError, match="causal_rankings"):
+        prediction.PredictionConfig(causal_rankings=["raw"])
+
+
 def test_a_study_writes_exactly_its_layout(finished):
     """Every file a study writes is one posym.runs names (StudyDir), and every name of a stage it ran is written:
     a file renamed on one side only fails here."""
-    out, _ = finished
+    out, _, _ = finished
     study = StudyDir(out)
     written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     figures = {p for p in written if p.startswith("figures/")}
@@ -290,7 +329,7 @@ def test_a_study_writes_exactly_its_layout(finished):
 
 
 def test_report_sections(finished):
-    out, _ = finished
+    out, _, _ = finished
     page = (out / "report.html").read_text()
     for name in SECTIONS:
         assert f"<h2>{name}</h2>" in page
@@ -364,7 +403,7 @@ def test_bad_input_exits_2(tiny, tmp_path, capsys, monkeypatch):
 
 
 def test_resume_needs_the_same_config(finished, tiny, tmp_path):
-    out, _ = finished
+    out, _, _ = finished
     loaded = models.load(tiny[0], device="cpu")
     with pytest.raises(PosymError, match="different config"):
         llm_study.run_study(
@@ -450,7 +489,7 @@ def test_cli_stage_choices_are_the_study_stages():
 
 def test_resume_refuses_another_model(finished, tmp_path):
     """Another model (other weights) is refused whatever its spec; tests/test_guards.py has the other cases."""
-    out, _ = finished
+    out, _, _ = finished
     loaded = models.load(save_model(tmp_path / "llama", "llama", tokenizer(), seed=1), device="cpu")
     with pytest.raises(PosymError, match="holds a study of"):
         llm_study.run_study(

@@ -652,14 +652,14 @@ def test_committed_causal_table():
 
 def test_powered_preset_is_a_study_config_whose_causal_draws_can_pass_holm():
     """examples/llm-study-powered.yaml (the powered sizes, run in the background) is a valid StudyConfig
-    whose causal p_floor times its Holm family (2 rankings x 2 groups x (2 drops + 1 effect)) is < 0.05."""
+    whose causal p_floor times its Holm family (rankings x 2 groups x (2 drops + 1 effect)) is < 0.05."""
     from posym import configs, io
     from posym.commands.llm_study import StudyConfig
 
     path = Path(__file__).resolve().parents[1] / "examples" / "llm-study-powered.yaml"
     study = configs.from_dict(StudyConfig, io.read_yaml(path), where=str(path))
     p = study.prediction
-    family = 2 * 2 * (len(p.causal_factors) + len(p.causal_factors) - 1)
+    family = len(p.causal_rankings) * 2 * (len(p.causal_factors) + len(p.causal_factors) - 1)
     assert family / (p.causal_draws + 1) < 0.05 and p.draws >= 1000 and p.n_heads >= 32
 
 

@@ -698,9 +698,14 @@ def stage_steps(config: StudyConfig) -> dict[str, int]:
         "ablation": len(config.ablation_ks) * len(GROUPS),
         "screen": len(p.formats),
         "lengths": 3 + 2 + 2,
-        # the real ablations, then per mode and length an attribution and a calibration step (`estimates`)
+        # the real ablations (each ranking's named groups and their random draws), then per mode and length
+        # an attribution and a calibration step (`estimates`)
         "causal": 1
-        + len(p.causal_ks) * len(p.causal_modes) * (4 + 2 * p.draws)
+        + len(p.causal_ks)
+        * len(p.causal_modes)
+        * len(p.causal_rankings)
+        * len(prediction.CAUSAL_GROUPS)
+        * (1 + p.causal_draws)
         + 2 * len(p.causal_modes) * len(p.causal_factors),
     }
 

@@ -426,7 +426,10 @@ def causal_estimates(
     progress = progress or (lambda n=1: None)
     factors = sorted(chosen)
     lengths = {f: chosen[f][0].length for f in factors}
-    every_group = {k: causal_groups(heads, k, config.estimate_draws, seed, kinds=kinds) for k in config.causal_ks}
+    every_group = {
+        k: causal_groups(heads, k, config.estimate_draws, seed, kinds=kinds, rankings=config.causal_rankings)
+        for k in config.causal_ks
+    }
     sets, _ = calibrated_sets(every_group, config.calibration_draws)
     rows, points = [], []
     for mode in config.causal_modes:

@@ -82,15 +82,16 @@ mean metric(ablated) - metric(clean) of the margin; acc_drop at the length minus
 the second length on)."""
 
 
-def estimate_family(factors) -> int:
+def estimate_family(factors, rankings=RANKINGS) -> int:
     """Tests in one Holm family of the estimated causal tests (one source, k and mode): per ranking and
-    named group (2 x 2), an accuracy drop and a margin change at every causal length and a length effect at
-    every length but the base. With D draws no p goes below 1 / (D + 1), so no Holm p below family / (D + 1).
+    named group (rankings x 2), an accuracy drop and a margin change at every causal length and a length
+    effect at every length but the base. With D draws no p goes below 1 / (D + 1), so no Holm p below
+    family / (D + 1).
 
-    >>> estimate_family([1, 2, 4, 8, 16])
-    56
+    >>> estimate_family([1, 2, 4, 8, 16]), estimate_family([1, 16], ["sink-free"])
+    (56, 6)
     """
-    return len(RANKINGS) * 2 * (len(CAUSAL_MEASURES) * len(factors) - 1)
+    return len(rankings) * len(CAUSAL_GROUPS) * (len(CAUSAL_MEASURES) * len(factors) - 1)
 
 
 KERNELS = ("eager", "sdpa")
@@ -155,25 +156,31 @@ class PredictionConfig:
     causal_draws: int = 10
     """Layer-matched random head sets per group of the causal stage (each one ablation pass per prompt and
     length); its randomization p cannot go below 1 / (causal_draws + 1)."""
+    causal_rankings: list[str] = field(default_factory=lambda: ["sink-free"])
+    """Which rankings' groups the causal stage ablates (`RANKINGS`): the sink-free one by default, the one
+    every verdict reads; add "plain" to ablate the plainly ranked groups and their own random pools too
+    (twice the stage's ablation passes). The studies committed before this field ran both."""
     estimate_draws: int = 10_000
     """Layer(+kind)-matched random head sets per causal group whose ablation is ESTIMATED (the sum of their
     heads' attribution-patching effects, `posym.commands.llm_study.estimates`): the null of the estimated
     causal tests. Cheap (every head's effect is known once per prompt; a draw only sums heads); the first
     calibration_draws of them are also ablated for real. Its smallest p, 1 / (draws + 1), times the tests of
-    a Holm family (`estimate_family`: 56 at five causal lengths) must stay below 0.05, or no verdict
-    could be reached: 1,000 draws could not (56 / 1,001 = 0.056)."""
-    calibration_draws: int = 20
+    a Holm family (`estimate_family`: 56 for both rankings at five causal lengths) must stay below 0.05, or
+    no verdict could be reached: 1,000 draws could not (56 / 1,001 = 0.056)."""
+    calibration_draws: int = 5
     """Of each pool's estimated random sets, how many (the first ones) are also ablated for real, beside the
     named groups, to validate the estimate at every causal length (causal/calibration.parquet): one
-    ablation pass per set, prompt and length."""
+    ablation pass per set, prompt and length (the committed studies used 20)."""
     effect: float = 0.2
     """Retention difference (group against its random heads) whose needed prompt count the tables state
     (80% power at the Holm-family level)."""
     accuracy_effect: float = 0.1
     """Accuracy difference whose needed prompt count the paired accuracy tests state (80% power)."""
-    causal_factors: list[int] = field(default_factory=lambda: list(FACTORS))
-    """Lengths of the causal stage (multiples of the base length; must include 1): every length by default,
-    which costs little more than the longest alone (`last_logits` shares each question's prefix)."""
+    causal_factors: list[int] = field(default_factory=lambda: [1, 16])
+    """Lengths of the causal stage (multiples of the base length; must include 1): the base and the longest
+    by default, the length effect the verdicts test. The real ablations cost little more at every length
+    than at the longest alone (`last_logits` shares each question's prefix), but the estimates and their
+    calibration pay each length in full. The committed studies ran every length (1, 2, 4, 8, 16)."""
     n_causal: int = 12
     """Prompts per length in the causal stage."""
     causal_ks: list[int] = field(default_factory=lambda: [8])
@@ -220,7 +227,13 @@ class PredictionConfig:
         for name, value in counts.items():
             if not 1 <= value <= 100_000:
                 raise PosymError(f"{name} must lie in 1..100000, got {value}")
-        family = estimate_family(self.causal_factors)
+        if not self.causal_rankings or len(set(self.causal_rankings)) != len(self.causal_rankings):
+            raise PosymError(
+                f"causal_rankings must name distinct rankings of {', '.join(RANKINGS)}, got {self.causal_rankings}"
+            )
+        if any(r not in RANKINGS for r in self.causal_rankings):
+            raise PosymError(f"causal_rankings must be among {', '.join(RANKINGS)}, got {self.causal_rankings}")
+        family = estimate_family(self.causal_factors, self.causal_rankings)
         if family / (self.estimate_draws + 1) >= ALPHA:
             raise PosymError(
                 f"estimate_draws {self.estimate_draws:,} cannot separate anything: its smallest p, "
@@ -656,17 +669,19 @@ def every_head(heads) -> list[tuple[int, int]]:
 
 
 def causal_groups(
-    heads, k: int, draws: int, seed: int, *, kinds: dict | None = None
+    heads, k: int, draws: int, seed: int, *, kinds: dict | None = None, rankings=RANKINGS
 ) -> dict[tuple[str, str], list[tuple[int, int]]]:
     """{(ranking, group): heads}: the top-k symbolic and positional heads by each ranking's behaviour
     (s_pos - s_sym), and per ranking and group its own `draws` random sets matched on layer and layer kind
-    ('random:<group>:<i>' under that ranking)."""
+    ('random:<group>:<i>' under that ranking). rankings: those wanted (a subset of `RANKINGS`; each keeps
+    the draws it has with both)."""
     out: dict[tuple[str, str], list[tuple[int, int]]] = {}
-    for ranking in RANKINGS:
+    for ranking in rankings:
         for group in CAUSAL_GROUPS:
             out[(ranking, group)] = ranked_group(heads, ranking, group, k)
     every = every_head(heads)
-    for r, ranking in enumerate(RANKINGS):
+    for ranking in rankings:
+        r = RANKINGS.index(ranking)
         for g, group in enumerate(CAUSAL_GROUPS):
             # the sink-free pools keep the seeds they always had (same draws as before for the same heads)
             drawn = matched_random(every, out[(ranking, group)], draws, seed=seed + 31 * g + k + 1009 * r, kinds=kinds)
@@ -694,7 +709,10 @@ def causal_rows(
 
     chosen = {f: prompts[f][: config.n_causal] for f in sorted(config.causal_factors)}
     workers = cpu_workers(config.workers, model)
-    every_group = {k: causal_groups(heads, k, config.causal_draws, seed, kinds=kinds) for k in config.causal_ks}
+    every_group = {
+        k: causal_groups(heads, k, config.causal_draws, seed, kinds=kinds, rankings=config.causal_rankings)
+        for k in config.causal_ks
+    }
     means = None
     if "mean" in config.causal_modes:
         needed = sorted({h for groups in every_group.values() for hs in groups.values() for h in hs})
