@@ -928,3 +928,26 @@ def test_committed_causal_summary_is_its_rows_table(study):
     table.to_parquet(buffer)  # as the stage wrote it: Parquet types the columns of None
     committed = pd.read_parquet(root / "causal" / "causal_summary.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(buffer), committed)
+
+
+# ---- the default study's cost (issue 50: inside ~20 minutes on 2 cores) -------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+
+
+@pytest.mark.parametrize("name", ["llm_study_prediction.json", "llm_study_prediction_gemma3.json"])
+def test_the_default_study_timing_is_of_todays_defaults(name):
+    """benchmarks/prediction_study.py's record ran the prediction stages with the defaults as they are now
+    (a change of the defaults without a new timing fails here), its total is the sum of its stages and its
+    budget verdict follows from them."""
+    import yaml
+
+    from posym import configs
+    from posym.commands.llm_study import StudyConfig
+
+    record = json.loads((BENCHMARKS / name).read_text())
+    ran = configs.from_dict(StudyConfig, yaml.safe_load(record["study_yaml"]), where=name)
+    assert ran.prediction == prediction.PredictionConfig() and ran == StudyConfig()
+    assert set(record["stage_seconds"]) == {"screen", "lengths", "causal"}
+    assert record["seconds"] == pytest.approx(sum(record["stage_seconds"].values()), abs=0.01)
+    assert record["within_budget"] == (record["seconds"] <= record["budget_seconds"] == 1200)

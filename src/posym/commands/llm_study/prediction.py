@@ -153,9 +153,11 @@ class PredictionConfig:
     draws: int = 1000
     """Layer-matched random head sets per group of the head-retention tests (cheap: the measures are taken
     once, a draw only picks heads), the randomization p's null; its smallest p is 1 / (draws + 1)."""
-    causal_draws: int = 10
+    causal_draws: int = 5
     """Layer-matched random head sets per group of the causal stage (each one ablation pass per prompt and
-    length); its randomization p cannot go below 1 / (causal_draws + 1)."""
+    length); its randomization p cannot go below 1 / (causal_draws + 1) (0.167 by default: the verdicts
+    come from the estimated null of `estimate_draws`; the committed studies ran 10, the powered preset 250).
+    They are the first sets of the estimated pools (`causal_groups` draws the same sets for any count)."""
     causal_rankings: list[str] = field(default_factory=lambda: ["sink-free"])
     """Which rankings' groups the causal stage ablates (`RANKINGS`): the sink-free one by default, the one
     every verdict reads; add "plain" to ablate the plainly ranked groups and their own random pools too
