@@ -153,10 +153,11 @@ class PredictionConfig:
     draws: int = 1000
     """Layer-matched random head sets per group of the head-retention tests (cheap: the measures are taken
     once, a draw only picks heads), the randomization p's null; its smallest p is 1 / (draws + 1)."""
-    causal_draws: int = 5
+    causal_draws: int = 3
     """Layer-matched random head sets per group of the causal stage (each one ablation pass per prompt and
-    length); its randomization p cannot go below 1 / (causal_draws + 1) (0.167 by default: the verdicts
-    come from the estimated null of `estimate_draws`; the committed studies ran 10, the powered preset 250).
+    length, ~55 CPU s per set on SmolLM2 at 1x + 16x); its randomization p cannot go below
+    1 / (causal_draws + 1) (0.25 by default: the verdicts come from the estimated null of `estimate_draws`;
+    the committed studies ran 10, the powered preset 250).
     They are the first sets of the estimated pools (`causal_groups` draws the same sets for any count)."""
     causal_rankings: list[str] = field(default_factory=lambda: ["sink-free"])
     """Which rankings' groups the causal stage ablates (`RANKINGS`): the sink-free one by default, the one
@@ -169,10 +170,11 @@ class PredictionConfig:
     calibration_draws of them are also ablated for real. Its smallest p, 1 / (draws + 1), times the tests of
     a Holm family (`estimate_family`: 56 for both rankings at five causal lengths) must stay below 0.05, or
     no verdict could be reached: 1,000 draws could not (56 / 1,001 = 0.056)."""
-    calibration_draws: int = 5
+    calibration_draws: int = 2
     """Of each pool's estimated random sets, how many (the first ones) are also ablated for real, beside the
     named groups, to validate the estimate at every causal length (causal/calibration.parquet): one
-    ablation pass per set, prompt and length (the committed studies used 20)."""
+    ablation pass per set, prompt and length, ~70 CPU s per set on SmolLM2 at 1x + 16x; the committed studies
+    used 20, the powered preset does)."""
     effect: float = 0.2
     """Retention difference (group against its random heads) whose needed prompt count the tables state
     (80% power at the Holm-family level)."""
