@@ -293,12 +293,12 @@ def test_config_bounds_the_draws():
     with pytest.raises(PosymError, match="estimate_draws"):
         prediction.PredictionConfig(estimate_draws=0)
     # no Holm p of a 56-test family (both rankings, five lengths) can go below 56 / (draws + 1): 1,000 draws
-    # could never separate; the default family (sink-free, 1x and 16x) has 6 tests, where 1,000 can
+    # could never separate; the default family (sink-free, 1x and 16x) has 10 tests, where 1,000 can
     wide = {"causal_factors": [1, 2, 4, 8, 16], "causal_rankings": ["sink-free", "plain"]}
     with pytest.raises(PosymError, match=r"estimate_draws 1,000 cannot separate anything.*at least 1,120"):
         prediction.PredictionConfig(estimate_draws=1000, **wide)
     assert prediction.PredictionConfig(estimate_draws=1120, **wide).estimate_draws == 1120  # 56 / 1,121 < 0.05
-    assert prediction.PredictionConfig(estimate_draws=1000).estimate_draws == 1000  # 6 / 1,001 < 0.05
+    assert prediction.PredictionConfig(estimate_draws=1000).estimate_draws == 1000  # 10 / 1,001 < 0.05
     assert prediction.PredictionConfig().estimate_draws == 10_000
     assert prediction.PredictionConfig(causal_factors=[1], estimate_draws=80, calibration_draws=20)  # 4 tests
     with pytest.raises(PosymError, match="calibration_draws .* cannot exceed"):

@@ -89,7 +89,7 @@ def estimate_family(factors, rankings=RANKINGS) -> int:
     family / (D + 1).
 
     >>> estimate_family([1, 2, 4, 8, 16]), estimate_family([1, 16], ["sink-free"])
-    (56, 6)
+    (56, 10)
     """
     return len(rankings) * len(CAUSAL_GROUPS) * (len(CAUSAL_MEASURES) * len(factors) - 1)
 
