@@ -13,7 +13,8 @@ A run still going (its tasks are stages, each written when done) can be committe
 DEST` copies the finished tasks' per-prompt tables, the head table, config and manifest of the kv-eval
 directory RUN into DEST and writes DEST's summary and tests over those tasks alone (`kv_eval.summarize`,
 `kv_eval.accuracy_tests`: Holm over that smaller table) and partial.json naming the finished tasks; the
-block then says which tasks a run holds.
+block then says which tasks a run holds. Once every task is finished the same call commits the whole run
+(and removes partial.json).
 """
 
 from __future__ import annotations
@@ -127,7 +128,10 @@ def partial(run: Path, dest: Path) -> list[str]:
     frame = pd.concat([pd.read_parquet(kv_eval_prompts(dest, t)) for t in finished], ignore_index=True)
     write_parquet(output_file(dest, "kv-eval", "summary"), kv_eval.summarize(frame))
     write_parquet(output_file(dest, "kv-eval", "tests"), kv_eval.accuracy_tests(frame, config["effect"]))
-    write_json(dest / PARTIAL, {"finished": finished, "of": config["tasks"]})
+    if finished == config["tasks"]:  # the whole run: nothing is partial any more
+        (dest / PARTIAL).unlink(missing_ok=True)
+    else:
+        write_json(dest / PARTIAL, {"finished": finished, "of": config["tasks"]})
     return finished
 
 
