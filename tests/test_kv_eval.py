@@ -482,3 +482,18 @@ def test_variable_tracking_at_16x_breaks_every_policy():
     assert (
         at.loc[(0.5, "retrieval")].accuracy == at.loc[(0.5, "duo")].accuracy == at.loc[(0.5, "random")].draw_median == 0
     )
+
+
+def test_the_multi_key_needle_at_16x_keeps_the_full_cache_without_a_verdict():
+    """docs/results.md: on the multi-key needle at 16x, half the KV heads streaming, posym's label answers
+    as many prompts as the full cache, above the retrieval score and the non-streaming proxy, yet within
+    the random draws' range (no randomization verdict at 10 draws)."""
+    run = Path(__file__).resolve().parents[1] / "docs" / "results" / "kv-eval-smollm2-16x"
+    assert not (run / "partial.json").exists()  # every task of the run is committed
+    summary = pd.read_parquet(run / "summary.parquet")
+    at = summary[(summary.task == "multikey") & (summary.factor == 16) & (summary.budget == 0.5)].set_index("policy")
+    posym = at.loc["posym"]
+    assert posym.accuracy == posym.full_accuracy > at.loc["retrieval"].accuracy > at.loc["duo"].accuracy == 0
+    assert at.loc["random"].draw_min <= posym.accuracy <= at.loc["random"].draw_max
+    tests = pd.read_parquet(run / "tests.parquet").set_index(["task", "factor", "budget", "policy"])
+    assert tests.loc[("multikey", 16, 0.5, "posym")].filter(like="holm").min() >= 0.05
