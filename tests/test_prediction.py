@@ -935,7 +935,7 @@ def test_committed_causal_summary_is_its_rows_table(study):
 BENCHMARKS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 
 
-@pytest.mark.parametrize("name", ["llm_study_prediction.json"])
+@pytest.mark.parametrize("name", ["llm_study_prediction.json", "llm_study_prediction_gemma3.json"])
 def test_the_default_study_timing_is_of_todays_defaults(name):
     """benchmarks/prediction_study.py's record ran the prediction stages with the defaults as they are now
     (a change of the defaults without a new timing fails here), its total is the sum of its stages and its
