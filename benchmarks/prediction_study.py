@@ -68,20 +68,16 @@ def main() -> None:
     done = {stage: json.loads(done_path(args.out, "study", stage).read_text()) for stage in stages}
     seconds = {stage: d["seconds"] for stage, d in done.items()}
     manifest = json.loads((args.out / "manifest.json").read_text())
-    output = args.output or output_for(manifest.get("model", MODEL))
+    model = manifest.get("model", MODEL)
+    output = args.output or output_for(model)
     identity = manifest.get("identity", {})
     io.write_json(
         output,
         {
             **benchmark_header(None, load),
             "command": f"posym llm-study --stages {','.join(stages)} "
-            + (
-                f"(default StudyConfig, {manifest.get('model')})"
-                if args.output is None
-                else f"({manifest.get('model')}, its study.yaml)"
-            ),
-            "model": f"{manifest.get('model')} ({identity.get('model_type')}, {identity.get('parameters', 0):,} "
-            "parameters, float32)",
+            + (f"(default StudyConfig, {model})" if args.output is None else f"({model}, its study.yaml)"),
+            "model": f"{model} ({identity.get('model_type')}, {identity.get('parameters', 0):,} parameters, float32)",
             "how": "wall and CPU seconds of each stage from its done-file (model loading excluded)",
             "stage_seconds": seconds,
             "stage_cpu_seconds": {s: d.get("cpu_seconds") for s, d in done.items()},

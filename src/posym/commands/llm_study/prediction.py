@@ -231,12 +231,9 @@ class PredictionConfig:
         for name, value in counts.items():
             if not 1 <= value <= 100_000:
                 raise PosymError(f"{name} must lie in 1..100000, got {value}")
-        if not self.causal_rankings or len(set(self.causal_rankings)) != len(self.causal_rankings):
-            raise PosymError(
-                f"causal_rankings must name distinct rankings of {', '.join(RANKINGS)}, got {self.causal_rankings}"
-            )
-        if any(r not in RANKINGS for r in self.causal_rankings):
-            raise PosymError(f"causal_rankings must be among {', '.join(RANKINGS)}, got {self.causal_rankings}")
+        rankings = self.causal_rankings
+        if not rankings or len(set(rankings)) != len(rankings) or not set(rankings) <= set(RANKINGS):
+            raise PosymError(f"causal_rankings must name distinct rankings of {', '.join(RANKINGS)}, got {rankings}")
         family = estimate_family(self.causal_factors, self.causal_rankings)
         if family / (self.estimate_draws + 1) >= ALPHA:
             raise PosymError(
