@@ -335,3 +335,21 @@ def test_answer_tokens_fall_back_when_the_join_merges_tokens():
     assert len(Fused()("Answer: b").input_ids) == 1  # the join fused prompt end and answer
     assert llm_bench.answer_tokens(Fused(), "Answer:", "b") == [b]
     assert llm_bench.answer_tokens(Fused(), "Answer", "b") == [b]  # clean join: the token after the prompt
+
+
+def test_bench_splits_its_questions_over_forked_workers_with_the_same_rows(models):
+    """run_bench(workers=2) asks every question in a forked worker (not this process) and returns the rows of
+    the one-process loop, in its order; the whole-answer judge of a local model gives the same predictions."""
+    import os
+    import time
+
+    def where_asked(prompt):  # slow enough that both workers take questions
+        time.sleep(0.05)
+        return True, str(os.getpid())
+
+    where = llm_bench.run_bench(where_asked, sizes=[12], runs=2, n=3, workers=2)
+    assert len(where) == 12 and str(os.getpid()) not in set(where.predicted) and where.predicted.nunique() == 2
+    loaded = model_specs.load(models["gptj"], device="cpu")
+    judge = lambda p: llm_bench.local_correct(loaded, p)  # noqa: E731
+    one, two = (llm_bench.run_bench(judge, sizes=[12], runs=2, n=2, workers=w) for w in (1, 2))
+    assert one.equals(two) and one.predicted.nunique() > 1  # a tiny random model's replies differ by prompt

@@ -17,6 +17,7 @@ from tiny_llms import run_cli, save_model, tokenizer
 
 from posym import configs
 from posym import models
+from posym import prompts as prompt_sets
 from posym.commands import llm_study
 from posym.commands.llm_study import estimates, prediction
 from posym.commands.llm_study.report import GEMMA_HALVES, JOB, SECTIONS
@@ -160,6 +161,18 @@ def test_ablation_on_llama_matches_zeroed_output_columns(tiny):
     assert torch.allclose(hooked, folded, atol=1e-6) and not torch.allclose(hooked, intact, atol=1e-4)
     means = head_means(model, [[3, 5, 7], [4, 6, 8, 10]], [(0, 1)])
     assert means[(0, 1)].shape == (d,)
+
+
+def test_whole_answers_split_over_forked_workers_keep_the_ablation(tiny):
+    """accuracy_rows over 2 forked processes = the one-process loop, also with an ablation's hooks on the
+    model (inherited by the forks: the ablated replies differ from the intact ones, in both)."""
+    loaded = models.load(tiny[0], device="cpu")
+    prompts = prompt_sets.binding_prompts(6, seed=3)
+    every = [(layer, head) for layer in range(LAYERS) for head in range(HEADS)]
+    intact = llm_study.accuracy_rows(loaded, prompts, 1, set="binding")
+    with ablated(loaded.model, every):
+        one, two = (llm_study.accuracy_rows(loaded, prompts, w, set="binding") for w in (1, 2))
+    assert one == two and one != intact and [r["index"] for r in two] == list(range(6))
 
 
 # ---- the study ----------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from posym.core.study import (
 from posym.core.theory import frequency_angle, index_bound
 from posym.errors import PosymError
 from posym.models import LoadedModel, identity, tokenize
-from posym.parallel import cpu_workers
+from posym.parallel import cpu_workers, forked_map
 from posym.prompts import Builder, Prompt, base_length, build
 from posym.runs import STUDY_MARKER, STUDY_STAGES, StudyDir
 from posym.stages import claim, is_done, resumable, run_stage
@@ -153,13 +153,19 @@ def query_positions(loaded: LoadedModel, name: str, prompts: list[Prompt]) -> li
     return [puzzle_query(loaded, p) for p in prompts]
 
 
-def accuracy_rows(loaded: LoadedModel, prompts: list[Prompt], **labels) -> list[dict]:
-    """One row per prompt: index, predicted (first word of the greedy reply), correct (whole answer)."""
-    rows = []
-    for index, prompt in enumerate(prompts):
-        correct, predicted = llm_bench.local_correct(loaded, prompt)
-        rows.append({**labels, "index": index, "predicted": predicted, "correct": bool(correct)})
-    return rows
+def accuracy_rows(loaded: LoadedModel, prompts: list[Prompt], workers: int = 1, **labels) -> list[dict]:
+    """One row per prompt: index, predicted (first word of the greedy reply), correct (whole answer); the
+    prompts split over `workers` forked CPU processes (hooks on the model, such as an ablation, apply in each)."""
+    judged = forked_map(functools.partial(llm_bench.local_correct, loaded), prompts, workers=workers)
+    return [
+        {**labels, "index": index, "predicted": predicted, "correct": bool(correct)}
+        for index, (correct, predicted) in enumerate(judged)
+    ]
+
+
+def _workers(loaded: LoadedModel, config: StudyConfig) -> int:
+    """The forked processes every stage splits its prompts over (`PredictionConfig.workers`)."""
+    return cpu_workers(config.prediction.workers, loaded.model)
 
 
 # ---- stages -------------------------------------------------------------------------------------
@@ -190,7 +196,9 @@ def stage_scores(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
                 loaded.model, ids, [[q] for q in queries], tau=config.tau, exclude_keys=sinks[name]
             )
         frames += [frame.assign(set=name, variant=variant) for variant, frame in variants.items()]
-        answers = accuracy_rows(loaded, prompts, set=name) if name != "binding-name" else []
+        answers = (
+            accuracy_rows(loaded, prompts, workers=_workers(loaded, config), set=name) if name != "binding-name" else []
+        )
         for k, prompt in enumerate(prompts):
             judged = answers[k] if answers else {"predicted": None, "correct": None}
             prompt_rows.append(
@@ -410,6 +418,7 @@ def stage_bench(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -
         n=config.bench_n,
         settings=settings,
         progress=lambda k: None,
+        workers=_workers(loaded, config),
     )
     progress(1)
 
@@ -430,10 +439,11 @@ def stage_ablation(loaded: LoadedModel, config: StudyConfig, out: Path, progress
     if "mean" in config.ablation_modes:
         reference = [tokenize(loaded, p.text)[0].tolist() for prompts in sets.values() for p in prompts]
         means = head_means(loaded.model, reference, sorted({h for hs in groups.values() for h in hs}))
+    workers = _workers(loaded, config)
     rows = [
         r
         for name, prompts in sets.items()
-        for r in accuracy_rows(loaded, prompts, k=0, group="none", mode="none", heads="", set=name)
+        for r in accuracy_rows(loaded, prompts, workers, k=0, group="none", mode="none", heads="", set=name)
     ]
     for (k, group), chosen in groups.items():
         for mode in config.ablation_modes:
@@ -442,7 +452,7 @@ def stage_ablation(loaded: LoadedModel, config: StudyConfig, out: Path, progress
                 rows += [
                     r
                     for name, prompts in sets.items()
-                    for r in accuracy_rows(loaded, prompts, k=k, group=group, mode=mode, heads=text, set=name)
+                    for r in accuracy_rows(loaded, prompts, workers, k=k, group=group, mode=mode, heads=text, set=name)
                 ]
         progress(1)
     frame = pd.DataFrame(rows)

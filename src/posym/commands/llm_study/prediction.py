@@ -194,8 +194,9 @@ class PredictionConfig:
     n_boot: int = N_BOOT
     """Bootstrap draws of every interval."""
     workers: int = 0
-    """CPU processes the length and causal answers are split over (0: one per CPU this process may use;
-    always 1 on a GPU; `posym.parallel`). Machine only: results are the same up to float rounding."""
+    """CPU processes every stage's answers are split over (the whole-answer judge of the scores, bench and
+    ablation stages, the length and causal answers; 0: one per CPU this process may use; always 1 on a GPU;
+    `posym.parallel`). Machine only: results are the same up to float rounding."""
     past_context: bool = False
     """Let the lengths stage's prompts run past the model's trained context (its max_position_embeddings):
     RoPE extrapolation, the seed's subject. The screen's and the causal stage's prompts must still fit it."""
