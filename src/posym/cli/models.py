@@ -266,6 +266,12 @@ def llm_bench_cmd(
     device: Device = device_option(" (local model only)"),
     dtype: Dtype = typer.Option(Dtype.float32, help="Weight precision (local model only)."),
     allow_pickle: bool = typer.Option(False, help="Accept pickle weights (pytorch_model.bin) you trust."),
+    workers: int = typer.Option(
+        0,
+        min=0,
+        help="Processes a local model on the CPU answers in: 0 forks one one-thread process per CPU, 1 answers "
+        "here, N >= 2 forks N (the same answers up to float rounding). An endpoint is asked from this process.",
+    ),
     out: Optional[Path] = typer.Option(None, help="Output directory (default runs/llm-bench/<model>)."),
 ) -> None:
     """Appendix H accuracy (1-hop number/letter tasks, 3 worked examples) with the paper's Table 3 beside."""
@@ -277,7 +283,7 @@ def llm_bench_cmd(
     variants = llm_bench.MARKER_CHOICES[markers]
     task_list = values(task, option="--task", choices=Task)
     size_list = values(sizes, int, option="--sizes") or list(llm_bench.BENCH_SIZES)
-    judge, label = llm_bench.make_judge(
+    judge, label, processes = llm_bench.make_judge(
         path,
         base_url=base_url,
         model_name=model_name,
@@ -287,6 +293,7 @@ def llm_bench_cmd(
         device=str(device),
         dtype=dtype,
         allow_pickle=allow_pickle,
+        workers=workers,
     )
     out = io.check_output(
         out or Path("runs") / "llm-bench" / label, inputs=[path], is_dir=True, owns=OUTPUTS["llm-bench"]
@@ -314,6 +321,7 @@ def llm_bench_cmd(
             settings=settings,
             markers=variants,
             progress=advance,
+            workers=processes,
         )
     print(table)
 

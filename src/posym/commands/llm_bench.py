@@ -31,7 +31,7 @@ from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.io import manifest, parse_json, write_json, write_parquet, write_text
 from posym.models import LoadedModel, load, tokenize
-from posym.parallel import forked_map
+from posym.parallel import cpu_workers, forked_map
 from posym.prompts import Prompt, bench_prompts
 from posym.runs import figure_file, output_file
 
@@ -524,8 +524,11 @@ def make_judge(
     device="auto",
     dtype="float32",
     allow_pickle=False,
-) -> tuple[Callable, str]:
-    """The answer checker of llm-bench and a label: a local model, or an endpoint (exactly one)."""
+    workers: int = 0,
+) -> tuple[Callable, str, int]:
+    """The answer checker of llm-bench, a label and the processes to ask in: a local model (`workers`
+    forked one-thread processes on the CPU, 0 one per CPU; `posym.parallel.cpu_workers`), or an endpoint
+    (exactly one; asked from this process)."""
     if (model_dir is None) == (base_url is None):
         raise PosymError("give either a local MODEL_DIR or --base-url (with --model-name), not both or neither")
     if base_url is not None:
@@ -538,11 +541,11 @@ def make_judge(
             raise PosymError(f"--timeout must be a number of seconds in (0, 86400], got {timeout_s}")
         endpoint = Endpoint(base_url, model_name, api_key_env, timeout_s=timeout_s, retries=retries)
         _api_key(endpoint)  # fail before the first question if the variable is missing
-        return (lambda prompt: endpoint_correct(endpoint, prompt)), model_name.replace("/", "_")
+        return (lambda prompt: endpoint_correct(endpoint, prompt)), model_name.replace("/", "_"), 1
     loaded = load(model_dir, device=device, dtype=dtype, allow_pickle=allow_pickle)
     if not loaded.has_tokenizer:
         raise PosymError(f"{loaded.name} has no tokenizer; llm-bench asks its questions as text")
-    return (lambda prompt: local_correct(loaded, prompt)), loaded.name
+    return (lambda prompt: local_correct(loaded, prompt)), loaded.name, cpu_workers(workers, loaded.model)
 
 
 def write_bench(
