@@ -23,7 +23,7 @@ from posym.commands.llm_study import estimates, prediction
 from posym.commands.llm_study.report import GEMMA_HALVES, JOB, SECTIONS
 from posym.core import study as core
 from posym.core.interventions import ablated, head_means
-from posym.errors import PosymError
+from posym.errors import Interrupted, PosymError
 from posym.runs import STAGES, STUDY_FILES, STUDY_STAGES, StudyDir, done_path
 
 TINY = {
@@ -402,6 +402,50 @@ def test_killed_study_resumes(tiny, tmp_path, capsys, monkeypatch):
     assert code == 0 and "scores       done" in stdout and "profile      done" in stdout
     assert (out / "scores" / "scores.parquet").stat().st_mtime_ns == before
     assert len(list((out / "stages").iterdir())) == len(llm_study.STAGES)
+
+
+def test_a_killed_lengths_stage_resumes_from_its_last_finished_piece(tiny, finished, tmp_path, monkeypatch):
+    """Killed while measuring its second layout, the lengths stage keeps its finished pieces (answers, scores,
+    the first layout's measures) in lengths/pieces/; the re-run computes only the missing piece, writes the
+    tables of an uninterrupted study and removes the pieces."""
+    model_dir, _ = tiny
+    loaded = models.load(model_dir, device="cpu")
+    config, out = configs.from_dict(llm_study.StudyConfig, TINY), tmp_path / "out"
+    calls = {"correct_by_length": 0, "plain_scores": 0, "score_heads": 0, "measures_by_length": 0}
+    real = {name: getattr(prediction, name) for name in calls}
+
+    def counted(name):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            if name == "measures_by_length" and calls[name] == 2 and killing:
+                raise KeyboardInterrupt  # the second layout's measures
+            return real[name](*args, **kwargs)
+
+        return run
+
+    for name in calls:
+        monkeypatch.setattr(prediction, name, counted(name))
+    killing = True
+    settings = {"model": str(model_dir)}
+    with pytest.raises(Interrupted, match="kept 1 of 9 finished stages"):  # the screen; lengths in pieces
+        llm_study.run_study(loaded, out, config, settings=settings, only=["screen", "lengths"])
+    kept = sorted(p.name for p in (out / "lengths" / llm_study.PIECES).iterdir())
+    assert kept == sorted(
+        [f"accuracy-{layout}.parquet" for layout in ("between", "before", "marked")]
+        + [f"plain-{layout}.parquet" for layout in ("between", "marked")]
+        + [f"heads-{layout}.parquet" for layout in ("between", "marked")]
+        + ["measures-between.parquet"]
+    )
+    killing, calls = False, dict.fromkeys(calls, 0)
+    llm_study.run_study(loaded, out, config, settings=settings, only=["screen", "lengths"])
+    assert calls == {"correct_by_length": 0, "plain_scores": 0, "score_heads": 0, "measures_by_length": 1}
+    assert not (out / "lengths" / llm_study.PIECES).exists()
+    whole = finished[0] / "lengths"
+    for table in sorted((whole).glob("*.parquet")):
+        pd.testing.assert_frame_equal(pd.read_parquet(out / "lengths" / table.name), pd.read_parquet(table))
+    assert json.loads((out / "lengths" / "lengths.json").read_text()) == json.loads(
+        (whole / "lengths.json").read_text()
+    )
 
 
 def test_bad_input_exits_2(tiny, tmp_path, capsys, monkeypatch):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import shutil
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -520,6 +521,27 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     past = past_trained_positions() if config.prediction.past_context else nullcontext()
     with prediction.attention_kernel(loaded.model, config.prediction.kernel), past:
         _measure_lengths(loaded, config, out, progress)
+    shutil.rmtree(out / PIECES, ignore_errors=True)  # the stage's tables are written: its pieces are spent
+
+
+PIECES = "pieces"
+"""The folder of a long stage (OUT/lengths/pieces/) that keeps each finished piece until the stage is done."""
+
+
+def _piece(out: Path, name: str, compute: Callable):
+    """compute() (a DataFrame), or the piece `name` an interrupted run of this stage kept in out/pieces/.
+
+    A killed lengths stage on a large model (hours on a CPU) resumes from its last finished piece, not
+    from its start. A piece belongs to this study: OUT refuses another config or model (`_prepare`), so
+    what was kept is what compute() would give again. Its done-file's seconds count the last run only."""
+    import pandas as pd
+
+    path = out / PIECES / f"{name}.parquet"
+    if path.is_file():
+        return io.read_parquet(path)
+    frame = compute()
+    io.write_parquet(path, frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(frame))
+    return frame
 
 
 def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
@@ -531,19 +553,26 @@ def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progre
     accuracy = []
     workers = cpu_workers(settings.workers, loaded.model)
     for layout, by_factor in layouts.items():
-        correct = prediction.correct_by_length(loaded.model, by_factor, workers=workers)  # one shared-prefix pass
-        for factor, prompts in by_factor.items():
-            accuracy.append(
-                pd.DataFrame(
-                    {
-                        "layout": layout,
-                        "factor": factor,
-                        "length": prompts[0].length,
-                        "prompt": [p.index for p in prompts],
-                        "correct": correct[factor],
-                    }
-                )
+
+        def answers(by_factor=by_factor, layout=layout):
+            correct = prediction.correct_by_length(loaded.model, by_factor, workers=workers)  # one shared-prefix pass
+            return pd.concat(
+                [
+                    pd.DataFrame(
+                        {
+                            "layout": layout,
+                            "factor": factor,
+                            "length": prompts[0].length,
+                            "prompt": [p.index for p in prompts],
+                            "correct": correct[factor],
+                        }
+                    )
+                    for factor, prompts in by_factor.items()
+                ],
+                ignore_index=True,
             )
+
+        accuracy.append(_piece(out, f"accuracy-{layout}", answers))
         progress(1)
     accuracy = pd.concat(accuracy, ignore_index=True)
     summary = prediction.accuracy_rows(accuracy, ["layout", "factor", "length"])
@@ -552,14 +581,21 @@ def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progre
     inside = max(trained) if settings.past_context and len(trained) < len(layouts["between"]) else None
     tests = prediction.accuracy_tests(accuracy, effect=settings.accuracy_effect, inside=inside)
     scored = {layout: layouts[layout][1][: settings.n_scores] for layout in ("between", "marked")}
-    plain = {layout: prediction.plain_scores(loaded.model, ps, tau=config.tau) for layout, ps in scored.items()}
+    plain = {
+        layout: _piece(out, f"plain-{layout}", lambda ps=ps: prediction.plain_scores(loaded.model, ps, tau=config.tau))
+        for layout, ps in scored.items()
+    }
     sinks = {layout: find_sinks(frame) for layout, frame in plain.items()}
     # the sink is the model's: a key found as the sink of either prompt set is left out of both
     used = sorted(set().union(*map(set, sinks.values())))
     scores = {}
     for layout, prompts in scored.items():
-        scores[layout], _ = prediction.score_heads(
-            loaded.model, prompts, gamma=config.gammas[0], tau=config.tau, plain=plain[layout], sinks=used
+        scores[layout] = _piece(
+            out,
+            f"heads-{layout}",
+            lambda prompts=prompts, layout=layout: prediction.score_heads(
+                loaded.model, prompts, gamma=config.gammas[0], tau=config.tau, plain=plain[layout], sinks=used
+            )[0],
         )
         progress(1)
     kinds = prediction.layer_kinds(loaded.model)
@@ -567,7 +603,13 @@ def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progre
     for layout in ("between", "before"):
         # the sinks found on the base prompts' scores (token 0 on both models) are the keys the free top key
         # never is; the same token sits at the same place in both layouts (the filler of 'before' follows it)
-        measures = prediction.measures_by_length(loaded.model, layouts[layout], settings.n_heads, sinks=used)
+        measures = _piece(
+            out,
+            f"measures-{layout}",
+            lambda layout=layout: prediction.measures_by_length(
+                loaded.model, layouts[layout], settings.n_heads, sinks=used
+            ),
+        )
         measured.append(measures.assign(layout=layout))
         base = layouts[layout][1][0].length
         sink_sets[layout] = prediction.sink_heads(measures[measures.factor == 1], used)
