@@ -448,6 +448,34 @@ def test_a_killed_lengths_stage_resumes_from_its_last_finished_piece(tiny, finis
     )
 
 
+def test_the_causal_stage_ablates_on_the_format_the_lengths_stage_measured(tiny, finished, tmp_path):
+    """A screen choice replaced after the lengths stage ran (another format, another base length) does not
+    move the causal stage: it asks the lengths stage's format, whose labels and clean answers it uses, and
+    gets the finished study's rows again; clean rows of other lengths never stand in for its prompts."""
+    import shutil
+
+    model_dir, _ = tiny
+    loaded = models.load(model_dir, device="cpu")
+    config, settings = configs.from_dict(llm_study.StudyConfig, TINY), {"model": str(model_dir)}
+    out = tmp_path / "out"
+    shutil.copytree(finished[0], out)
+    choice = out / "screen" / "screen.json"
+    measured = json.loads((out / "lengths" / "lengths.json").read_text())["format"]
+    other = next(f for f in TINY["prediction"]["formats"] if f != measured)
+    choice.write_text(json.dumps({**json.loads(choice.read_text()), "format": other}))
+    done_path(out, JOB, "causal").unlink()
+    shutil.rmtree(out / "causal")
+    llm_study.run_study(loaded, out, config, settings=settings, only=["causal"])
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(out / "causal" / "causal.parquet"), pd.read_parquet(finished[0] / "causal" / "causal.parquet")
+    )
+    accuracy = pd.read_parquet(out / "lengths" / "accuracy.parquet")
+    accuracy.assign(length=accuracy.length + 1).to_parquet(out / "lengths" / "accuracy.parquet")
+    done_path(out, JOB, "causal").unlink()
+    with pytest.raises(PosymError, match="the clean rows cover 0 of"):
+        llm_study.run_study(loaded, out, config, settings=settings, only=["causal"])
+
+
 def test_bad_input_exits_2(tiny, tmp_path, capsys, monkeypatch):
     model_dir, _ = tiny
     bad = tmp_path / "bad.yaml"

@@ -687,8 +687,10 @@ def label_moves(heads, config: StudyConfig):
 
 def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress, measured=None) -> None:
     settings = config.prediction
-    chosen = io.read_json_object(StudyDir(out.parent).file("screen", "choice"))
-    prompts = _length_prompts(loaded, config, chosen["format"])["between"]
+    # the format the lengths stage measured (its heads, labels and clean answers are of it), not the screen's
+    # choice read again: a screen replaced after the lengths ran would pair one format's labels with another's
+    measured_format = io.read_json_object(StudyDir(out.parent).file("lengths", "lengths"))["format"]
+    prompts = _length_prompts(loaded, config, measured_format)["between"]
     heads = _read(out, "lengths", "heads")
     heads = heads[heads.layout == "between"]
     accuracy = _read(out, "lengths", "accuracy")  # the clean model on these prompts: measured once, there

@@ -742,11 +742,13 @@ def causal_rows(
     if clean is None:
         measure(none, nullcontext())
     else:
-        wanted = {(p.index, f) for f, group in chosen.items() for p in group}
+        # a clean row is of a causal prompt when its index, factor and length are: another format's rows
+        # (another base length) never stand in for this one's
+        wanted = {(p.index, f, p.length) for f, group in chosen.items() for p in group}
         found = [
             r
             for r in clean[["factor", "length", "prompt", "correct"]].to_dict("records")
-            if (r["prompt"], r["factor"]) in wanted
+            if (r["prompt"], r["factor"], r["length"]) in wanted
         ]
         if len(found) != len(wanted):
             raise PosymError(f"the clean rows cover {len(found)} of the {len(wanted)} causal prompts")
