@@ -429,7 +429,7 @@ def test_a_killed_lengths_stage_resumes_from_its_last_finished_piece(tiny, finis
     settings = {"model": str(model_dir)}
     with pytest.raises(Interrupted, match="kept 1 of 9 finished stages"):  # the screen; lengths in pieces
         llm_study.run_study(loaded, out, config, settings=settings, only=["screen", "lengths"])
-    kept = sorted(p.name for p in (out / "lengths" / llm_study.PIECES).iterdir())
+    kept = sorted(p.name for p in StudyDir(out).pieces("lengths").iterdir())
     assert kept == sorted(
         [f"accuracy-{layout}.parquet" for layout in ("between", "before", "marked")]
         + [f"plain-{layout}.parquet" for layout in ("between", "marked")]
@@ -439,7 +439,7 @@ def test_a_killed_lengths_stage_resumes_from_its_last_finished_piece(tiny, finis
     killing, calls = False, dict.fromkeys(calls, 0)
     llm_study.run_study(loaded, out, config, settings=settings, only=["screen", "lengths"])
     assert calls == {"correct_by_length": 0, "plain_scores": 0, "score_heads": 0, "measures_by_length": 1}
-    assert not (out / "lengths" / llm_study.PIECES).exists()
+    assert not StudyDir(out).pieces("lengths").exists()
     whole = finished[0] / "lengths"
     for table in sorted((whole).glob("*.parquet")):
         pd.testing.assert_frame_equal(pd.read_parquet(out / "lengths" / table.name), pd.read_parquet(table))

@@ -445,6 +445,15 @@ class StudyDir:
             raise ValueError(f"an llm-study has no folder {name!r} ({', '.join(STUDY_FILES)})")
         return self.path / name
 
+    def pieces(self, stage: str) -> Path:
+        """`stage`/pieces/: the finished pieces of a long stage, kept until its tables are written (a killed
+        run resumes at the first missing one)."""
+        return self.folder(stage) / "pieces"
+
+    def piece(self, stage: str, name: str) -> Path:
+        """One kept piece of `stage`, a Parquet table: `stage`/pieces/`name`.parquet."""
+        return self.pieces(stage) / f"{name}.parquet"
+
     def file(self, folder: str, name: str) -> Path:
         """The file `name` (a key of `STUDY_FILES[folder]`) in `folder`."""
         where = self.folder(folder)  # an unknown folder fails here

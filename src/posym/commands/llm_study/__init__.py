@@ -521,22 +521,18 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
     past = past_trained_positions() if config.prediction.past_context else nullcontext()
     with prediction.attention_kernel(loaded.model, config.prediction.kernel), past:
         _measure_lengths(loaded, config, out, progress)
-    shutil.rmtree(out / PIECES, ignore_errors=True)  # the stage's tables are written: its pieces are spent
-
-
-PIECES = "pieces"
-"""The folder of a long stage (OUT/lengths/pieces/) that keeps each finished piece until the stage is done."""
+    shutil.rmtree(StudyDir(out.parent).pieces(out.name), ignore_errors=True)  # the tables are written: pieces spent
 
 
 def _piece(out: Path, name: str, compute: Callable):
-    """compute() (a DataFrame), or the piece `name` an interrupted run of this stage kept in out/pieces/.
+    """compute() (a DataFrame), or the piece `name` an interrupted run of this stage kept (`StudyDir.piece`).
 
     A killed lengths stage on a large model (hours on a CPU) resumes from its last finished piece, not
     from its start. A piece belongs to this study: OUT refuses another config or model (`_prepare`), so
     what was kept is what compute() would give again. Its done-file's seconds count the last run only."""
     import pandas as pd
 
-    path = out / PIECES / f"{name}.parquet"
+    path = StudyDir(out.parent).piece(out.name, name)
     if path.is_file():
         return io.read_parquet(path)
     frame = compute()
