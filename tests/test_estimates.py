@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -359,3 +360,25 @@ def test_committed_gemma3_estimates_follow_from_their_numbers():
     assert len(sym) == 5 and np.allclose(sym.p, 1 / 21) and (sym.value > sym.null_hi).all()
     others = real[(real.measure == "acc_drop") & ~((real.ranking == "sink-free") & (real.group == "symbolic"))]
     assert (others.groupby(["ranking", "group"]).p.max() > 0.1).all()  # no other group shows the pattern
+
+
+def test_committed_qwen_estimates_follow_from_their_numbers():
+    """docs/results/llm-study-qwen2.5-coder-0.5b/causal (the default causal sizes: 1x and 16x, the sink-free
+    ranking, 3 real draws, 2 calibration draws, 10,000 estimated draws): every verdict, Holm p and agreement
+    follows from the committed numbers, and its prompts are the lengths stage's format (136 and 2,176 tokens)."""
+    study = Path(__file__).resolve().parents[1] / "docs" / "results" / "llm-study-qwen2.5-coder-0.5b"
+    table = pd.read_parquet(study / "causal" / "estimates.parquet")
+    calibration = pd.read_parquet(study / "causal" / "calibration.parquet")
+    check_verdicts(table, calibration)
+    est = table[table.source == "estimate"]
+    assert (est.draws == 10_000).all() and (est.family == prediction.estimate_family([1, 16], ["sink-free"])).all()
+    assert set(table.ranking) == {"sink-free"} and set(calibration.factor) == {1, 16}
+    rows = pd.read_parquet(study / "causal" / "causal.parquet")
+    lengths = json.loads((study / "lengths" / "lengths.json").read_text())
+    base = lengths["base_lengths"]["between"]
+    assert base == 136 and set(rows.length) == {base, 16 * base}
+    accuracy = pd.read_parquet(study / "lengths" / "accuracy.parquet")
+    clean = rows[rows.group == "none"].merge(
+        accuracy[accuracy.layout == "between"], on=["factor", "length", "prompt"], suffixes=("", "_lengths")
+    )
+    assert len(clean) == len(rows[rows.group == "none"]) and (clean.correct == clean.correct_lengths).all()

@@ -908,7 +908,7 @@ def test_committed_past_context_study():
     assert len(past) == 3 * sum(f > inside for f in accuracy.factor.unique())
 
 
-@pytest.mark.parametrize("study", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("study", ["smollm2", "gemma3", "qwen0.5b"])
 def test_committed_causal_summary_is_its_rows_table(study):
     """docs/results/<study>/causal/causal_summary.parquet is `causal_table` of the committed causal.parquet
     under the study's own settings: every drop, interval, p, Holm p, MDE and verdict follows from the
