@@ -186,6 +186,7 @@ def stage_scores(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
     import pandas as pd
 
     frames, prompt_rows, sinks = [], [], {}
+    workers = _workers(loaded, config)
     for name, prompts in study_prompts(config).items():
         ids = [tokenize(loaded, p.text)[0].tolist() for p in prompts]
         queries = query_positions(loaded, name, prompts)
@@ -197,9 +198,7 @@ def stage_scores(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
                 loaded.model, ids, [[q] for q in queries], tau=config.tau, exclude_keys=sinks[name]
             )
         frames += [frame.assign(set=name, variant=variant) for variant, frame in variants.items()]
-        answers = (
-            accuracy_rows(loaded, prompts, workers=_workers(loaded, config), set=name) if name != "binding-name" else []
-        )
+        answers = accuracy_rows(loaded, prompts, workers, set=name) if name != "binding-name" else []
         for k, prompt in enumerate(prompts):
             judged = answers[k] if answers else {"predicted": None, "correct": None}
             prompt_rows.append(
@@ -530,13 +529,11 @@ def _piece(out: Path, name: str, compute: Callable):
     A killed lengths stage on a large model (hours on a CPU) resumes from its last finished piece, not
     from its start. A piece belongs to this study: OUT refuses another config or model (`_prepare`), so
     what was kept is what compute() would give again. Its done-file's seconds count the last run only."""
-    import pandas as pd
-
     path = StudyDir(out.parent).piece(out.name, name)
     if path.is_file():
         return io.read_parquet(path)
     frame = compute()
-    io.write_parquet(path, frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(frame))
+    io.write_parquet(path, frame)
     return frame
 
 
@@ -547,7 +544,7 @@ def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progre
     chosen = io.read_json_object(StudyDir(out.parent).file("screen", "choice"))
     layouts = _length_prompts(loaded, config, chosen["format"])
     accuracy = []
-    workers = cpu_workers(settings.workers, loaded.model)
+    workers = _workers(loaded, config)
     for layout, by_factor in layouts.items():
 
         def answers(by_factor=by_factor, layout=layout):
