@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import benchmark_header  # noqa: E402
 
 from posym import io  # noqa: E402
+from posym.runs import PREDICTION_STAGES as STAGES  # noqa: E402
 from posym.stages import done_path  # noqa: E402
 
-STAGES = ("screen", "lengths", "causal")
 BUDGET_S = 20 * 60
 OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "llm_study_prediction.json"
 MODEL = "smollm2-135m"

@@ -156,6 +156,21 @@ def cache_rows(cwd: Path) -> dict:
     }
 
 
+def part_seconds(stage_seconds: dict[str, float]) -> dict[str, float]:
+    """Wall seconds of the study's two parts: stages 1-6 (the papers' lens) and the prediction stages.
+
+    >>> part_seconds({"scores": 1.5, "bench": 2.25, "screen": 1.0, "causal": 3.0})
+    {'stages 1-6': 3.75, 'prediction stages': 4.0}
+    """
+    from posym.runs import PREDICTION_STAGES
+
+    prediction = sum(v for k, v in stage_seconds.items() if k in PREDICTION_STAGES)
+    return {
+        "stages 1-6": round(sum(stage_seconds.values()) - prediction, 2),
+        "prediction stages": round(prediction, 2),
+    }
+
+
 def print_entries() -> None:
     """The child of cache_rows: `name<TAB>directory` of the dequantized copy of each installed embedded
     model (posym.models.EMBEDDED; hashing its GGUF file, loading no model)."""
@@ -237,6 +252,7 @@ def main() -> None:
                     **measured,
                     "stage_seconds": {k: v["seconds"] for k, v in stages.items()},
                     "stage_cpu_seconds": {k: v.get("cpu_seconds") for k, v in stages.items()},
+                    "part_seconds": part_seconds({k: v["seconds"] for k, v in stages.items()}),
                 },
             )
             print("llm-study", measured, flush=True)

@@ -952,3 +952,29 @@ def test_the_default_study_timing_is_of_todays_defaults(name):
     assert record["seconds"] == pytest.approx(sum(record["stage_seconds"].values()), abs=0.01)
     assert record["within_budget"] == (record["seconds"] <= record["budget_seconds"] == 1200)
     assert all(run["study_yaml"] != record["study_yaml"] for run in record.get("superseded_runs", []))
+
+
+def test_the_whole_default_study_timing_is_of_todays_defaults():
+    """benchmarks/real_model.py --part study's record (docs/benchmarks/llm_study.json, read in docs/results.md)
+    ran every stage with today's defaults, its two parts are its stages' sums, and the command's wall time
+    holds them (loading the model and the report are the rest)."""
+    import sys
+
+    import yaml
+
+    from posym import configs
+    from posym.commands.llm_study import StudyConfig
+    from posym.runs import PREDICTION_STAGES, STUDY_STAGES
+
+    record = json.loads((BENCHMARKS / "llm_study.json").read_text())
+    ran = configs.from_dict(StudyConfig, yaml.safe_load(record["study_yaml"]), where="llm_study.json")
+    assert ran == StudyConfig()
+    assert set(record["stage_seconds"]) == set(STUDY_STAGES) == set(record["stage_cpu_seconds"])
+    sys.path.insert(0, str(BENCHMARKS.parents[1] / "benchmarks"))
+    import real_model
+
+    parts = record["part_seconds"]
+    assert parts == real_model.part_seconds(record["stage_seconds"])
+    assert parts["prediction stages"] == pytest.approx(sum(record["stage_seconds"][s] for s in PREDICTION_STAGES))
+    assert sum(parts.values()) <= record["seconds"] <= sum(parts.values()) + 120
+    assert all(run["study_yaml"] != record["study_yaml"] for run in record["superseded_runs"])

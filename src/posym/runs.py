@@ -6,7 +6,7 @@
   default output directories inside a run (`ANALYSES`); `VALIDATION`;
 - the files and figures each command writes into its output directory, which other parts of posym read
   (`FILES`, `output_file`, `kv_eval_prompts`; `FIGURES`, `figure_file`);
-- an llm-study's directory (`StudyDir`: `STUDY_FILES`, its folders and their files; `STUDY_STAGES`);
+- an llm-study's directory (`StudyDir`: `STUDY_FILES`, its folders and their files; `STUDY_STAGES`, `PREDICTION_STAGES`);
 - the directories of the resumable commands: their markers (`PIPELINE_MARKER` of `posym run`,
   `STUDY_MARKER` of `posym llm-study`, `KV_EVAL_MARKER` of `posym kv-eval`), their done-files (`STAGES`/JOB-STAGE`DONE`: `done_path`), and
   what `posym train` / `posym run` keep (`RUN_FILES`);
@@ -392,6 +392,9 @@ folder also holds llm-bench's figure) and `confirm/`, the confirmatory causal te
 scripts/causal_confirm.py. Writers and readers ask `StudyDir.file(folder, name)`."""
 STUDY_STAGES = ("scores", "profile", "frequency", "discrepancy", "bench", "ablation", "screen", "lengths", "causal")
 """`posym llm-study`'s stages in the order they run; each writes the folder of its name."""
+PREDICTION_STAGES = STUDY_STAGES[6:]
+"""The stages that ask whether a head's label predicts its fate at length (screen, lengths, causal); the
+first six are the papers' lens (scores to ablation)."""
 
 
 @dataclass(frozen=True)

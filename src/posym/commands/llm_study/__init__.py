@@ -65,7 +65,7 @@ from posym.errors import PosymError
 from posym.models import LoadedModel, identity, tokenize
 from posym.parallel import cpu_workers, forked_map
 from posym.prompts import Builder, Prompt, base_length, build
-from posym.runs import STUDY_MARKER, STUDY_STAGES, StudyDir
+from posym.runs import PREDICTION_STAGES, STUDY_MARKER, STUDY_STAGES, StudyDir
 from posym.stages import claim, is_done, resumable, run_stage
 
 STAGES = STUDY_STAGES
@@ -823,7 +823,7 @@ def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> 
                     f"the Appendix H prompts of size {max(config.bench_sizes)} do not fit the model's "
                     f"{top} positions; choose smaller bench_sizes"
                 )
-    if {"screen", "lengths", "causal"} & set(stages):
+    if set(PREDICTION_STAGES) & set(stages):
         builder, p = Builder(loaded.tokenizer), config.prediction
         # past the trained context (past_context) only the lengths stage goes; the causal stage's lengths stay inside
         inside = p.causal_factors if p.past_context else p.factors
