@@ -14,7 +14,12 @@ DEST` copies the finished tasks' per-prompt tables, the head table, config and m
 directory RUN into DEST and writes DEST's summary and tests over those tasks alone (`kv_eval.summarize`,
 `kv_eval.accuracy_tests`: Holm over that smaller table) and partial.json naming the finished tasks; the
 block then says which tasks a run holds. Once every task is finished the same call commits the whole run
-(and removes partial.json).
+(and removes partial.json). `--partial RUN MORE... DEST` also takes the finished tasks of further
+directories run in parallel processes with the first's config but fewer `tasks` (a task's rows do not
+depend on the other tasks): their configs, head tables and model must be the first's, and a task finished
+in several is taken from the first that holds it.
+
+    python scripts/kv_eval_block.py --partial RUN [MORE ...] DEST
 """
 
 from __future__ import annotations
@@ -106,42 +111,69 @@ def write(path: Path) -> None:
     path.write_text(head + block() + rest.split(END, 1)[1])
 
 
-def partial(run: Path, dest: Path) -> list[str]:
-    """Commit the finished tasks of the kv-eval directory `run` into `dest` (see the module docstring);
-    returns the finished tasks."""
+def partial(run: Path, dest: Path, *more: Path) -> list[str]:
+    """Commit the finished tasks of the kv-eval directory `run` (and of the directories `more`, run with its
+    config for some of its tasks) into `dest` (see the module docstring); returns the finished tasks."""
     import shutil
 
     import yaml
 
     from posym.commands import kv_eval
-    from posym.io import write_json, write_parquet
+    from posym.io import read_json_object, write_json, write_parquet
 
-    config = yaml.safe_load(output_file(run, "kv-eval", "config").read_text())
-    finished = [t for t in config["tasks"] if done_path(run, kv_eval.JOB, t).is_file()]
+    def setup(path: Path) -> tuple[dict, dict, pd.DataFrame, str]:
+        config = yaml.safe_load(output_file(path, "kv-eval", "config").read_text())
+        tasks = config.pop("tasks")
+        digest = read_json_object(output_file(path, "kv-eval", "manifest")).get("identity", {}).get("digest")
+        return config, tasks, pd.read_parquet(output_file(path, "kv-eval", "heads")), digest
+
+    config, tasks, heads, digest = setup(run)
+    source = {t: run for t in tasks if done_path(run, kv_eval.JOB, t).is_file()}
+    for other in more:
+        other_config, other_tasks, other_heads, other_digest = setup(other)
+        if other_config != config or not set(other_tasks) <= set(tasks):
+            sys.exit(f"{other} was not run with {run}'s config (apart from fewer tasks)")
+        if other_digest != digest or not other_heads.equals(heads):
+            sys.exit(f"{other} was run on another model or head table than {run}")
+        for task in other_tasks:
+            if done_path(other, kv_eval.JOB, task).is_file():
+                source.setdefault(task, other)
+    finished = [t for t in tasks if t in source]
     if not finished:
-        sys.exit(f"{run} has no finished task")
+        sys.exit(f"{', '.join(map(str, (run, *more)))} hold no finished task")
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("config", "manifest", "heads"):
         shutil.copyfile(output_file(run, "kv-eval", name), output_file(dest, "kv-eval", name))
+    for task in tasks:  # a task no longer finished in the runs is not kept from an earlier commit
+        kv_eval_prompts(dest, task).unlink(missing_ok=True)
     for task in finished:
-        shutil.copyfile(kv_eval_prompts(run, task), kv_eval_prompts(dest, task))
+        shutil.copyfile(kv_eval_prompts(source[task], task), kv_eval_prompts(dest, task))
     frame = pd.concat([pd.read_parquet(kv_eval_prompts(dest, t)) for t in finished], ignore_index=True)
     write_parquet(output_file(dest, "kv-eval", "summary"), kv_eval.summarize(frame))
     write_parquet(output_file(dest, "kv-eval", "tests"), kv_eval.accuracy_tests(frame, config["effect"]))
-    if finished == config["tasks"]:  # the whole run: nothing is partial any more
+    if finished == tasks:  # the whole run: nothing is partial any more
         (dest / PARTIAL).unlink(missing_ok=True)
     else:
-        write_json(dest / PARTIAL, {"finished": finished, "of": config["tasks"]})
+        write_json(dest / PARTIAL, {"finished": finished, "of": tasks})
     return finished
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, help="rewrite the kv-eval block of this Markdown file")
-    parser.add_argument("--partial", nargs=2, type=Path, metavar=("RUN", "DEST"), help="commit a run's finished tasks")
+    parser.add_argument(
+        "--partial",
+        nargs="+",
+        type=Path,
+        metavar="RUN [MORE ...] DEST",
+        help="commit the finished tasks of a run (and of runs of some of its tasks) into DEST",
+    )
     args = parser.parse_args()
     if args.partial:
-        print("finished:", ", ".join(partial(*args.partial)))
+        if len(args.partial) < 2:
+            parser.error("--partial needs RUN and DEST")
+        *runs, dest = args.partial
+        print("finished:", ", ".join(partial(runs[0], dest, *runs[1:])))
         return
     if args.write:
         write(args.write)

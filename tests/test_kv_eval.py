@@ -335,6 +335,18 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
     assert kv_eval_block.partial(out, root / "part") == list(kv_eval.TASKS)
     assert not (root / "part" / "partial.json").exists()
     pd.testing.assert_frame_equal(pd.read_parquet(root / "part" / "summary.parquet"), summary)
+    # tasks run in parallel processes, one OUT each: the one-task run fills the first run's missing task
+    done_path(out, kv_eval.JOB, "vartrack").unlink()
+    assert kv_eval_block.partial(out, root / "merged", root / "alone") == list(kv_eval.TASKS)
+    pd.testing.assert_frame_equal(pd.read_parquet(root / "merged" / "summary.parquet"), summary)
+    pd.testing.assert_frame_equal(pd.read_parquet(root / "merged" / "tests.parquet"), tests)
+    done_path(root / "alone", kv_eval.JOB, "vartrack").unlink()  # not finished anywhere: partial again
+    assert kv_eval_block.partial(out, root / "merged", root / "alone") == ["length", "multikey"]
+    assert not (root / "merged" / "prompts_vartrack.parquet").exists()  # the earlier commit's copy is gone
+    other = write_config(root / "other.yaml", tasks=["vartrack"], seed=1)  # another config is refused
+    assert run_posym(monkeypatch, *args_alone[:3], other, *args_alone[4:], "--out", root / "other") == 0
+    with pytest.raises(SystemExit, match="config"):
+        kv_eval_block.partial(out, root / "merged", root / "other")
 
 
 def test_kv_eval_bad_inputs_exit_2(tiny, capsys, monkeypatch):
