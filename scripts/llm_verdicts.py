@@ -69,7 +69,7 @@ def retention_rows(study: Path, *, layout: str = "between", ranking: str = "sink
     return rows
 
 
-def accuracy_rows(study: Path) -> list[str]:
+def accuracy_lines(study: Path) -> list[str]:
     tests = pd.read_parquet(StudyDir(study).file("lengths", "accuracy_tests"))
     return [
         f"| {r.comparison} | {r.n} | {r.acc_a:.2f} vs {r.acc_b:.2f} | {r.only_a} / {r.only_b} | {_p(r.p)} | "
@@ -101,7 +101,7 @@ def block() -> str:
             "",
             "| comparison | n | accuracy | right only in a / only in b | p | Holm p | separated | MDE |",
             "|---|---|---|---|---|---|---|---|",
-            *accuracy_rows(study),
+            *accuracy_lines(study),
         ]
     return "\n".join([*lines, "", END])
 

@@ -396,7 +396,7 @@ def test_screen_probes_every_format_and_completes_candidates_until_one_passes(bu
         "possession": 10,
     }
     assert [r[0] for r in asked[4:]] == ["copy", "kv-list"]  # top-ups, in order, after the four probes
-    summary = prediction.accuracy_rows(rows, ["format"])
+    summary = prediction.accuracy_by(rows, ["format"])
     chosen = prediction.choose_format(summary, config)
     assert (chosen["format"], chosen["prompts"], chosen["passes"]) == ("kv-list", 40, True)
     # possession is as accurate on its 10 probes, but has not the n_screen prompts a task needs

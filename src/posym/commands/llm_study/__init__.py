@@ -489,7 +489,7 @@ def stage_screen(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
         max_positions=loaded.max_positions,
         progress=progress,
     )
-    summary = prediction.accuracy_rows(rows, ["format"]).merge(
+    summary = prediction.accuracy_by(rows, ["format"]).merge(
         rows.drop_duplicates("format")[["format", "base_length"]]
     )
     io.write_parquet(_path(out, "screen"), rows)
@@ -568,7 +568,7 @@ def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progre
         accuracy.append(_piece(out, f"accuracy-{layout}", answers))
         progress(1)
     accuracy = pd.concat(accuracy, ignore_index=True)
-    summary = prediction.accuracy_rows(accuracy, ["layout", "factor", "length"])
+    summary = prediction.accuracy_by(accuracy, ["layout", "factor", "length"])
     one = layouts["between"][1][0].length  # the base length, shared by every layout
     trained = [f for f in layouts["between"] if f * one <= loaded.max_positions]  # factors inside the context
     inside = max(trained) if settings.past_context and len(trained) < len(layouts["between"]) else None

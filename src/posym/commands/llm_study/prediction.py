@@ -377,7 +377,7 @@ def correct_by_length(model, prompts: dict[int, list[LengthPrompt]], *, workers:
     return {factor: [found[i][factor] for i in range(n)] for factor in prompts}
 
 
-def accuracy_rows(frame, by):
+def accuracy_by(frame, by):
     """Accuracy per group of `by` with n and the Wilson 95% interval (columns acc, lo, hi, n)."""
     rows = []
     for key, group in frame.groupby(by, sort=False):
