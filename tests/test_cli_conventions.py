@@ -248,6 +248,7 @@ def code_lists() -> dict:
         o.AttributionMetric: attribution.METRICS,
         o.LengthFormat: prompts.FORMATS,
         o.KVPolicyName: kvpolicy.POLICIES,
+        o.RandomMatch: kvpolicy.MATCHES,
     }
 
 

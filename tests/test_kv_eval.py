@@ -25,6 +25,7 @@ from posym import prompts as P
 from posym.commands import kv_eval
 from posym.core import kvpolicy
 from posym.core.kvcache import policy_attention
+from posym.errors import PosymError
 
 CONFIG = dict(factors=[1, 2], n=3, budgets=[0.0, 0.5], draws=10, sink=2, recent=24, batch_tokens=1024)
 
@@ -158,6 +159,34 @@ def test_random_draws_are_layer_matched_and_counted(tiny):
     assert len(kv_eval.distinct_runs(runs, config.recent, config.recent)) == 1
     zero = [r for r in runs if r["budget"] == 0.0 and r["policy"] != "streaming"]
     assert {kv_eval.run_key(r["kv"], 500, config.recent) for r in zero} == {np.ones((2, 2), bool).tobytes()}
+
+
+def test_random_draws_match_on_layer_type_on_request_and_a_null_without_choice_is_refused(tiny):
+    """random_match: type keeps the count of streaming KV heads per layer type (here one type: the total);
+    a model with one KV head per layer, whose layer-matched draws are all the reference, is refused before
+    any work (`check_random`) and by `policy_grid`; with type matching it runs."""
+    import transformers
+
+    loaded, _, table = tiny
+    config = kv_eval.KVEvalConfig(**{**CONFIG, "random_match": "type"})
+    runs = kv_eval.policy_grid(loaded.model.config, table, config)
+    reference = next(r["kv"] for r in runs if r["policy"] == "posym" and r["budget"] == 0.5)
+    draws = [r["kv"] for r in runs if r["policy"] == "random" and r["budget"] == 0.5]
+    assert all((~d.full).sum() == (~reference.full).sum() for d in draws)
+    assert len({d.full.tobytes() for d in draws}) > 1
+    with pytest.raises(PosymError, match="random_match"):
+        kv_eval.KVEvalConfig(**{**CONFIG, "random_match": "depth"})
+    one_kv = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1)
+    layer = kv_eval.KVEvalConfig(**CONFIG)
+    with pytest.raises(PosymError, match="random_match: type"):
+        kv_eval.check_random(one_kv, layer)
+    same = kv_eval.policy_grid(one_kv, table, layer)  # what check_random refuses: every draw the reference
+    posym = next(r["kv"] for r in same if r["policy"] == "posym" and r["budget"] == 0.5)
+    assert all((r["kv"].full == posym.full).all() for r in same if r["policy"] == "random" and r["budget"] == 0.5)
+    kv_eval.check_random(one_kv, config)
+    kv_eval.check_random(loaded.model.config, layer)  # two KV heads a layer: a layer-matched draw can differ
+    typed = kv_eval.policy_grid(one_kv, table, config)
+    assert len({r["kv"].full.tobytes() for r in typed if r["policy"] == "random" and r["budget"] == 0.5}) > 1
 
 
 # ---- the tests' numbers against brute force -------------------------------------------------------------

@@ -157,6 +157,48 @@ def test_random_policy_matches_the_layers_and_its_seed():
         policy_from_table("random", config, 0.5, table=table, reference="full")
 
 
+def test_random_draws_match_on_layer_type_where_one_kv_head_per_layer_leaves_no_choice():
+    """Gemma 3 270M's shape (one KV head per layer, local and global layers): every layer-matched draw is
+    the reference itself, so it is refused; a type-matched draw keeps the streaming count of the windowed
+    and of the global layers (and so the kept-KV fraction), differs between seeds, and is reproducible.
+    The layer-matched draw of a model with a choice is the loop over layers it always was."""
+    n_layers = 6
+    config = transformers.Gemma3TextConfig(
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        sliding_window=5,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    )
+    windows = kvpolicy.layer_windows(config)
+    assert windows == (5, 5, None, 5, 5, None)
+    keep = np.arange(n_layers, dtype=float)[:, None]  # [layers, 1 KV head]: the first layers streamed first
+    base = choose(keep, 0.5, sink=1, recent=2, windows=windows, n_heads=config.num_attention_heads, name="posym")
+    assert kvpolicy.matched_draws(base, "layer") == 1
+    with pytest.raises(PosymError, match="itself.*match the draws on layer type"):
+        kvpolicy.check_draws(base, "layer")
+    assert kvpolicy.matched_draws(base, "type") > 1
+    kvpolicy.check_draws(base, "type")
+    draws = [kvpolicy.random_policy(base, s, "type") for s in range(20)]
+    for draw in draws:
+        for window in set(windows):
+            layers = [l for l, w in enumerate(windows) if w == window]
+            assert (~draw.full[layers]).sum() == (~base.full[layers]).sum(), window
+        assert draw.kept_fraction(40) == pytest.approx(base.kept_fraction(40))
+    assert len({d.full.tobytes() for d in draws}) > 1
+    np.testing.assert_array_equal(kvpolicy.random_policy(base, 7, "type").full, draws[7].full)
+    with pytest.raises(PosymError, match="layer or type"):
+        kvpolicy.random_policy(base, 0, "depth")
+    # the layer match is unchanged: numpy's draw of each layer in turn (the committed kv-eval runs' draws)
+    table = heads_table(n_layers=3, n_heads=8)
+    llama = transformers.LlamaConfig(num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=4)
+    reference = policy_from_table("posym", llama, 0.5, table=table)
+    rng, expected = np.random.default_rng(5), np.ones_like(reference.full)
+    for layer, row in enumerate(reference.full):
+        expected[layer, rng.choice(row.size, size=int((~row).sum()), replace=False)] = False
+    np.testing.assert_array_equal(kvpolicy.random_policy(reference, 5).full, expected)
+
+
 def test_layer_windows_of_every_windowed_family():
     from tiny_models import WINDOWED, tiny_model
 
@@ -266,3 +308,23 @@ def test_kv_policy_defaults_are_the_cores():
 
     params = {p.name: p.default for p in typer.main.get_command(app).commands["kv-policy"].params}
     assert (params["sink"], params["recent"]) == (kvpolicy.SINK, kvpolicy.RECENT)
+
+
+def test_kv_policy_random_matches_on_layer_type_where_layers_leave_no_choice(tiny_hf, capsys, monkeypatch):
+    """One KV head per layer (Gemma 3 270M's shape): the layer-matched random policy would be posym's own,
+    so kv-policy refuses it with the fix; --match type draws among the layers of each type, seeded."""
+    from cli_runner import cli, one_line, run_posym
+
+    config = transformers.AutoConfig.from_pretrained(tiny_hf / "model")
+    config.num_key_value_heads = 1
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tiny_hf / "one_kv")
+    rand = ["kv-policy", tiny_hf / "one_kv", "--table", tiny_hf / "heads.parquet", "--policy", "random"]
+    one_line(*cli(capsys, monkeypatch, *rand, "--out", tiny_hf / "layer"), "--match type")
+    assert not (tiny_hf / "layer").exists()
+    grids = []
+    for seed in range(8):
+        assert run_posym(monkeypatch, *rand, "--match", "type", "--seed", seed, "--out", tiny_hf / f"t{seed}") == 0
+        grid, written = read_outputs(tiny_hf / f"t{seed}")
+        assert grid.sum() == 1 and written["posym"]["match"] == "type"  # 1 of the 2 KV heads streams
+        grids.append(grid.tobytes())
+    assert len(set(grids)) == 2  # both layers (one type, window 5) drawn

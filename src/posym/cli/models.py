@@ -20,6 +20,7 @@ from posym.cli.options import (
     Focus,
     KVPolicyName,
     OnOffBoth,
+    RandomMatch,
     StudyStage,
     Task,
     announce,
@@ -526,8 +527,8 @@ def kv_policy_cmd(
     policy: KVPolicyName = typer.Option(
         KVPolicyName.posym,
         help="posym (positional heads streamed first), retrieval (atlas score), duo (the grid or the "
-        "non-streaming proxy), random (layer-matched to posym, or to duo given only --kv-table), "
-        "streaming (every head), full (none).",
+        "non-streaming proxy), random (matched to posym, or to duo given only --kv-table, on layer or on "
+        "layer type: --match), streaming (every head), full (none).",
     ),
     streaming: float = typer.Option(
         0.5, min=0.0, max=1.0, help="Fraction of KV heads that keep only sink + recent keys (the budget)."
@@ -535,6 +536,12 @@ def kv_policy_cmd(
     sink: int = typer.Option(4, min=0, help="Keys at the start a streaming KV head keeps (sink_size)."),
     recent: int = typer.Option(256, min=1, help="Recent keys a streaming KV head keeps (recent_size)."),
     seed: int = typer.Option(0, help="Seed of the random policy's draw."),
+    match: RandomMatch = typer.Option(
+        RandomMatch.layer,
+        help="What the random policy keeps of the policy it matches: each layer's count of streaming KV heads "
+        "(layer), or each layer type's (type: windowed and global layers apart; the only match that leaves a "
+        "choice on a model with one KV head per layer).",
+    ),
 ) -> None:
     """A head-aware KV-cache policy from any head table, written as DuoAttention's full_attention_heads.tsv
     (1 = full cache, 0 = sink + recent window) and config.json (sink_size, recent_size, what made it)."""
@@ -552,6 +559,7 @@ def kv_policy_cmd(
         sink=sink,
         recent=recent,
         seed=seed,
+        match=match.value,
         where=values(where, option="--where"),
         settings={"model": str(path)},
     )

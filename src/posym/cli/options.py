@@ -78,6 +78,11 @@ class KVPolicyName(enum.StrEnum):
     full = "full"
 
 
+class RandomMatch(enum.StrEnum):
+    layer = "layer"
+    type = "type"
+
+
 class StudyStage(enum.StrEnum):
     scores = "scores"
     profile = "profile"

@@ -7,8 +7,9 @@ mask on the model's attention (`posym.core.kvcache.policy_attention`): one maske
 policy, the prompts of a length in equal-length batches, the answer teacher-forced. The policies at each
 budget: 'posym' (positional KV heads streamed first, symbolic ones kept), 'retrieval' (the atlas's
 retrieval score), 'duo' (DuoAttention's non-streaming proxy), `draws` layer-matched 'random' draws (as many
-streaming KV heads per layer as the `reference` policy streams there); and 'streaming' (every KV head) and
-'full' (none) once.
+streaming KV heads per layer as the `reference` policy streams there; per layer type with `random_match:
+type`, which a model with one KV head per layer needs); and 'streaming' (every KV head) and 'full' (none)
+once.
 
 Tasks (`TASKS`): 'length', llm-study's length task (`posym.prompts.LengthFamily`, format `length_format`,
 'between' layout: the facts-to-question distance grows), and RULER's 'multikey' needles and 'vartrack'
@@ -96,6 +97,11 @@ class KVEvalConfig:
     0.09, so no Holm-adjusted verdict against random heads (the committed 10-draw runs state none)."""
     reference: str = "posym"
     """The ranked policy whose streamed count per layer the random draws match."""
+    random_match: str = "layer"
+    """What the random draws keep of `reference` (`posym.core.kvpolicy.random_policy`): each layer's count of
+    streaming KV heads ('layer'), or each layer type's ('type': windowed and global layers apart). A model
+    with one KV head per layer (Gemma 3 270M) needs 'type': there every layer-matched draw is the reference
+    itself, and the run is refused."""
     sink: int = kvpolicy.SINK
     """Keys at the start a streaming KV head keeps."""
     recent: int = kvpolicy.RECENT
@@ -139,6 +145,8 @@ class KVEvalConfig:
             raise PosymError(
                 f"policies must be among {', '.join(kvpolicy.POLICIES)} and include full, got {self.policies}"
             )
+        if self.random_match not in kvpolicy.MATCHES:
+            raise PosymError(f"random_match must be one of {', '.join(kvpolicy.MATCHES)}, got {self.random_match!r}")
         if self.reference not in RANKED:
             raise PosymError(f"reference must be one of {', '.join(RANKED)}, got {self.reference!r}")
         if "random" in self.policies and not 1 <= self.draws <= 10_000:
@@ -296,9 +304,23 @@ def policy_grid(model_config, table, config: KVEvalConfig) -> list[dict]:
         if "random" in config.policies:
             base = kvpolicy.policy_from_table(config.reference, model_config, budget, table=table, **kw)
             for d in range(config.draws):
-                kv = kvpolicy.random_policy(base, config.seed + d)
+                kv = kvpolicy.random_policy(base, config.seed + d, config.random_match)
                 runs.append({"budget": budget, "policy": "random", "draw": d, "kv": kv})
     return runs
+
+
+def check_random(model_config, config: KVEvalConfig) -> None:
+    """Refuse, before anything is written, random draws that could not differ from their reference whatever
+    the ranking: with one KV head per layer, a layer-matched draw streams exactly the layers the reference
+    streams (checked on a reference streaming one KV head per layer). A ranking that streams whole layers
+    at some budget leaves that budget's draws no choice too; its randomization p is then 1, no verdict."""
+    layer = config.random_match == "layer"
+    if layer and "random" in config.policies and any(b > 0 for b in config.budgets):
+        one = kvpolicy.uniform(True, model_config)
+        grid = one.full.copy()
+        grid[:, 0] = False  # [layers, kv]: one streaming KV head per layer
+        probe = kvpolicy.KVPolicy(grid, one.sink, one.recent, one.windows, one.n_heads, config.reference)
+        kvpolicy.check_draws(probe, config.random_match)
 
 
 def distinct_runs(runs: list[dict], length: int, recent: int) -> dict[bytes, kvpolicy.KVPolicy]:
@@ -583,6 +605,7 @@ def run_kv_eval(
         atlas_config(config)  # a bad atlas field fails before any work
     prompts = {task: task_prompts(loaded, config, task) for task in config.tasks}
     check_sizes(loaded, config, prompts)
+    check_random(model.config, config)
     timings: dict[str, float | str] = {}
     with resumable(out, lambda: f"kept the finished stages of {out}; run the same command again to continue"):
         prepare(out, config, loaded, settings or {})

@@ -88,6 +88,7 @@ def write_kv_policy(
     sink: int = kvpolicy.SINK,
     recent: int = kvpolicy.RECENT,
     seed: int = 0,
+    match: str = "layer",
     where: list[str] = (),
     settings: dict | None = None,
 ) -> dict:
@@ -109,6 +110,7 @@ def write_kv_policy(
         recent=recent,
         seed=seed,
         reference="duo" if grid is not None and table is None else "posym",
+        match=match,
     )
     record = {
         "policy": policy,
@@ -124,6 +126,7 @@ def write_kv_policy(
         "where": list(where),
         "kv_table": str(kv_table) if kv_table is not None else None,
         "seed": seed,
+        "match": match if policy == "random" else None,
         **(settings or {}),
     }
     out = Path(out)

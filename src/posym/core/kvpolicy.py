@@ -15,7 +15,10 @@ more worth its full cache, and streams the lowest-scored KV heads first (`choose
 - 'duo'        DuoAttention's full_attention_heads.tsv (a layer x KV-head grid, high = full attention)
                or the atlas's training-free proxy of it, the non-streaming score (`non_streaming_w*`).
 - 'random'     a seeded draw matched on layer: as many streaming KV heads in each layer as a reference
-               policy streams there (`random_policy`).
+               policy streams there (`random_policy`); or matched on layer type (as many among the layers
+               of each window, windowed and global layers apart), the only match that leaves a choice
+               on a model with one KV head per layer (Gemma 3 270M), where every layer-matched draw is the
+               reference itself (`matched_draws` counts the distinct draws).
 - 'streaming'  every KV head streams (StreamingLLM); 'full' none does.
 
 Grouped-query attention: a KV head serves n_heads / n_kv_heads query heads, and a streaming KV head
@@ -45,6 +48,7 @@ model's own cache, its windows included). `posym.core.kvcache.HeadKVCache` holds
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +58,9 @@ from posym.errors import PosymError
 
 POLICIES = ("posym", "retrieval", "duo", "random", "streaming", "full")
 """The policies `policy_from_table` builds (see the module docstring)."""
+MATCHES = ("layer", "type")
+"""What a random draw keeps of its reference (`random_policy`): the streaming count of each layer, or of
+each layer type (window)."""
 
 SINK = 4
 """Keys at the start a streaming KV head keeps (StreamingLLM's 4 attention sinks; DuoAttention's sink_size)."""
@@ -234,13 +241,59 @@ def keep_scores(table, policy: str, n_layers: int, n_heads: int, n_kv_heads: int
     return atlas.kv_grid(pooled, f"{column}_max", n_layers, n_kv_heads)
 
 
-def random_policy(reference: KVPolicy, seed: int) -> KVPolicy:
-    """A layer-matched random draw: in each layer, as many streaming KV heads as `reference` streams
-    there, which ones drawn uniformly (numpy's default_rng(seed))."""
+def match_groups(reference: KVPolicy, match: str = "layer") -> list[list[int]]:
+    """The layers a random draw matches `reference` within: each layer alone ('layer'), or the layers of
+    each window, global layers (None) as one more type ('type'; in the order the types first appear).
+
+    >>> policy = KVPolicy(np.ones((4, 1), bool), 4, 8, (None, 512, 512, None), 4)
+    >>> match_groups(policy, "layer"), match_groups(policy, "type")
+    ([[0], [1], [2], [3]], [[0, 3], [1, 2]])
+    """
+    if match not in MATCHES:
+        raise PosymError(f"random draws match on {' or '.join(MATCHES)}, got {match!r}")
+    if match == "layer":
+        return [[layer] for layer in range(reference.n_layers)]
+    return [[l for l, w in enumerate(reference.windows) if w == window] for window in dict.fromkeys(reference.windows)]
+
+
+def matched_draws(reference: KVPolicy, match: str = "layer") -> int:
+    """How many distinct random draws `match` allows: the product over its groups of (KV heads choose the
+    streaming ones). 1 means every draw is `reference` itself, a null that cannot differ from it.
+
+    >>> one_kv = KVPolicy(np.array([[False], [True], [False], [True]]), 4, 8, (None,) * 4, 4)
+    >>> matched_draws(one_kv, "layer"), matched_draws(one_kv, "type")   # 4 layers x 1 KV head, 2 streaming
+    (1, 6)
+    """
+    total = 1
+    for layers in match_groups(reference, match):
+        cells = reference.full[layers]
+        total *= math.comb(cells.size, int((~cells).sum()))
+    return total
+
+
+def check_draws(reference: KVPolicy, match: str = "layer") -> None:
+    """A PosymError when `reference` streams KV heads but `match` leaves its random draws no choice (every
+    draw would be `reference` itself: a null that cannot differ from the policy it tests)."""
+    if (~reference.full).any() and matched_draws(reference, match) == 1:
+        per_layer = reference.n_kv_heads
+        raise PosymError(
+            f"every {match}-matched random draw is the {reference.name or 'reference'} policy itself "
+            f"({per_layer} KV head{'s' * (per_layer > 1)} per layer); match the draws on layer type instead "
+            "(kv-eval: random_match: type; kv-policy: --match type)"
+        )
+
+
+def random_policy(reference: KVPolicy, seed: int, match: str = "layer") -> KVPolicy:
+    """A random draw matched to `reference` (`match_groups`): in each layer ('layer') or among the layers of
+    each type ('type'), as many streaming KV heads as `reference` streams there, which ones drawn
+    uniformly (numpy's default_rng(seed)). Both keep the budget and, per type, the kept-KV fraction."""
     rng = np.random.default_rng(seed)
     full = np.ones_like(reference.full)
-    for layer, row in enumerate(reference.full):
-        full[layer, rng.choice(row.size, size=int((~row).sum()), replace=False)] = False
+    for layers in match_groups(reference, match):
+        cells = reference.full[layers]  # [layers of the group, kv]
+        block = np.ones(cells.size, dtype=bool)
+        block[rng.choice(cells.size, size=int((~cells).sum()), replace=False)] = False
+        full[layers] = block.reshape(cells.shape)
     return KVPolicy(full, reference.sink, reference.recent, reference.windows, reference.n_heads, f"random{seed}")
 
 
@@ -262,12 +315,13 @@ def policy_from_table(
     recent: int = RECENT,
     seed: int = 0,
     reference: str = "posym",
+    match: str = "layer",
 ) -> KVPolicy:
     """The `policy` (one of POLICIES) for a model's transformers `config` at `fraction` of its KV heads
     streaming. table: a head table (pandas, one row per (layer, head)); grid: a layer x KV-head keep
     grid (DuoAttention's full_attention_heads.tsv read by posym.io.read_kv_table), which
-    'duo' reads before the table. 'random' matches the layers of the `reference` policy built from the
-    same inputs; 'full' and 'streaming' ignore fraction, table and grid."""
+    'duo' reads before the table. 'random' matches the `reference` policy built from the same inputs on
+    its layers or layer types (`match`, `random_policy`); 'full' and 'streaming' ignore fraction, table and grid."""
     if policy not in POLICIES:
         raise PosymError(f"unknown KV policy {policy!r}; known: {', '.join(POLICIES)}")
     if policy in ("full", "streaming"):
@@ -279,7 +333,8 @@ def policy_from_table(
         base = policy_from_table(
             reference, config, fraction, table=table, grid=grid, sink=sink, recent=recent, seed=seed
         )
-        return random_policy(base, seed)
+        check_draws(base, match)
+        return random_policy(base, seed, match)
     if policy == "duo" and grid is not None:
         keep = np.asarray(grid, dtype=np.float64)
         if keep.shape != (n_layers, n_kv):

@@ -489,9 +489,7 @@ def stage_screen(loaded: LoadedModel, config: StudyConfig, out: Path, progress) 
         max_positions=loaded.max_positions,
         progress=progress,
     )
-    summary = prediction.accuracy_by(rows, ["format"]).merge(
-        rows.drop_duplicates("format")[["format", "base_length"]]
-    )
+    summary = prediction.accuracy_by(rows, ["format"]).merge(rows.drop_duplicates("format")[["format", "base_length"]])
     io.write_parquet(_path(out, "screen"), rows)
     io.write_parquet(_path(out, "summary"), summary)
     io.write_json(_path(out, "choice"), prediction.choose_format(summary, settings))
