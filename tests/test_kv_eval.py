@@ -431,16 +431,33 @@ def test_kv_eval_without_a_table_ranks_by_the_atlas_labels(tiny, capsys, monkeyp
     one_line(*cli(capsys, monkeypatch, "kv-eval", loaded.source.path, "--config", bad, "--out", root / "l2"), "atlas")
 
 
-def test_the_sized_smollm2_config_is_a_config_and_documented():
+@pytest.mark.parametrize("name", ["kv_eval_smollm2.yaml", "kv_eval_gemma3.yaml"])
+def test_the_sized_configs_are_configs_and_documented(name):
+    """scripts/kv_eval_*.yaml: valid configs at the standard's >= 100 random draws, documented; the Gemma 3
+    one matches its draws on layer type, the only match its one KV head per layer allows (a Gemma 3
+    270M-shaped config: 18 layers, 5 local to 1 global)."""
     from pathlib import Path
+
+    import transformers
 
     from posym import configs, io
 
     root = Path(__file__).resolve().parents[1]
-    config = configs.from_dict(kv_eval.KVEvalConfig, io.read_yaml(root / "scripts" / "kv_eval_smollm2.yaml"))
-    assert config.draws >= 10 and "full" in config.policies and set(config.tasks) == set(kv_eval.TASKS)
+    config = configs.from_dict(kv_eval.KVEvalConfig, io.read_yaml(root / "scripts" / name))
+    assert config.draws >= 100 and "full" in config.policies and set(config.tasks) == set(kv_eval.TASKS)
     page = (root / "docs" / "commands" / "models.md").read_text()
-    assert "--config scripts/kv_eval_smollm2.yaml" in page and "`tests.parquet`" in page
+    assert f"--config scripts/{name}" in page and "`tests.parquet`" in page
+    if "gemma3" in name:
+        gemma = transformers.Gemma3TextConfig(
+            num_hidden_layers=18,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            sliding_window=512,
+            layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+        )
+        kv_eval.check_random(gemma, config)
+        with pytest.raises(PosymError, match="random_match: type"):
+            kv_eval.check_random(gemma, kv_eval.KVEvalConfig(**{**configs.to_dict(config), "random_match": "layer"}))
 
 
 def test_a_forward_past_memory_is_refused(tiny, capsys, monkeypatch):
