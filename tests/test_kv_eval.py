@@ -378,6 +378,38 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
         kv_eval_block.partial(out, root / "merged", root / "other")
 
 
+def test_a_killed_task_resumes_from_its_last_finished_length(tiny, tmp_path, monkeypatch):
+    """Killed at its second length, a task keeps its first in OUT/pieces/; the re-run computes only the
+    missing length, writes the table an uninterrupted run writes and removes the pieces."""
+    from posym.errors import Interrupted
+
+    loaded, root, _ = tiny
+    config = kv_eval.KVEvalConfig(**{**CONFIG, "tasks": ["length", "vartrack"]})
+    real, calls = kv_eval.length_rows, []
+
+    def counted(model, task, factor, *args):
+        calls.append((task, factor))
+        if killing and (task, factor) == ("length", 2):
+            raise KeyboardInterrupt
+        return real(model, task, factor, *args)
+
+    monkeypatch.setattr(kv_eval, "length_rows", counted)
+    killing, out = True, tmp_path / "out"
+    with pytest.raises(Interrupted, match="kept"):
+        kv_eval.run_kv_eval(loaded, out, config, table=root / "heads.parquet")
+    assert sorted(p.name for p in (out / "pieces").iterdir()) == ["length-1x.parquet"]
+    killing, calls[:] = False, []
+    kv_eval.run_kv_eval(loaded, out, config, table=root / "heads.parquet")
+    assert calls == [("length", 2), ("vartrack", 1), ("vartrack", 2)]
+    assert not (out / "pieces").exists()
+    kv_eval.run_kv_eval(loaded, tmp_path / "whole", config, table=root / "heads.parquet")
+    for task in config.tasks:
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(out / f"prompts_{task}.parquet"),
+            pd.read_parquet(tmp_path / "whole" / f"prompts_{task}.parquet"),
+        )
+
+
 def test_kv_eval_bad_inputs_exit_2(tiny, capsys, monkeypatch):
     loaded, root, table = tiny
     model = loaded.source.path

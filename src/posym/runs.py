@@ -5,7 +5,7 @@
   `CHECKPOINTS`, `CHECKPOINT_META`, `checkpoint_name`, `checkpoint_step`, `list_checkpoints`; the analyses'
   default output directories inside a run (`ANALYSES`); `VALIDATION`;
 - the files and figures each command writes into its output directory, which other parts of posym read
-  (`FILES`, `output_file`, `kv_eval_prompts`; `FIGURES`, `figure_file`);
+  (`FILES`, `output_file`, `kv_eval_prompts`, `kv_eval_piece`; `FIGURES`, `figure_file`);
 - an llm-study's directory (`StudyDir`: `STUDY_FILES`, its folders and their files; `STUDY_STAGES`, `PREDICTION_STAGES`);
 - the directories of the resumable commands: their markers (`PIPELINE_MARKER` of `posym run`,
   `STUDY_MARKER` of `posym llm-study`, `KV_EVAL_MARKER` of `posym kv-eval`), their done-files (`STAGES`/JOB-STAGE`DONE`: `done_path`), and
@@ -283,6 +283,9 @@ def _named(table: dict[str, dict[str, str]], what: str, verb: str, command: str,
 
 KV_EVAL_PROMPTS = "prompts_{task}.parquet"
 """The per-prompt table of one task in a `posym kv-eval` output directory (`kv_eval_prompts`)."""
+KV_EVAL_PIECES = "pieces"
+"""The folder of a `posym kv-eval` output directory keeping each finished length of a task still running
+(`kv_eval_piece`), removed once the task's table is written."""
 
 
 def kv_eval_prompts(out: str | Path, task: str) -> Path:
@@ -292,6 +295,16 @@ def kv_eval_prompts(out: str | Path, task: str) -> Path:
     'runs/kv-eval/prompts_number.parquet'
     """
     return Path(out) / KV_EVAL_PROMPTS.format(task=task)
+
+
+def kv_eval_piece(out: str | Path, task: str, factor: int) -> Path:
+    """The kept rows of `task` at `factor` x its base length in `out`, a `posym kv-eval` output directory,
+    while the task runs (a killed run resumes at its first missing length).
+
+    >>> kv_eval_piece("runs/kv-eval", "length", 4).as_posix()
+    'runs/kv-eval/pieces/length-4x.parquet'
+    """
+    return Path(out) / KV_EVAL_PIECES / f"{task}-{factor}x.parquet"
 
 
 FIGURES: dict[str, dict[str, str]] = {
@@ -551,7 +564,7 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
     "atlas": _owns("atlas", CAUSAL_PARTIAL),
     "llm-bench": _owns("llm-bench"),
     "kv-policy": _owns("kv-policy"),
-    "kv-eval": _owns("kv-eval", KV_EVAL_PROMPTS.format(task="*"), STAGES),
+    "kv-eval": _owns("kv-eval", KV_EVAL_PROMPTS.format(task="*"), KV_EVAL_PIECES, STAGES),
 }
 """Glob patterns of the entries each command writes in its output directory, built from `FILES` and
 `FIGURES`: `posym.io.check_output` refuses an existing directory holding anything else (a re-run into the

@@ -77,6 +77,21 @@ def claim(out: Path, marker: str, config: dict, *, what: str) -> bool:
     return True
 
 
+def kept_piece(path: Path, compute: Callable[[], Any]):
+    """compute() (a DataFrame), written to `path` (Parquet); or the piece an interrupted run kept there.
+
+    A long stage computed in pieces (a length, a layout) resumes after a kill at its first missing piece.
+    The caller owns the directory and has refused another config or model for it, so what was kept is
+    what compute() would give again; it removes the pieces once the stage's own tables are written."""
+    from posym import io
+
+    if path.is_file():
+        return io.read_parquet(path)
+    frame = compute()
+    io.write_parquet(path, frame)
+    return frame
+
+
 def run_stage(out: Path, job: str, stage: str, work: Callable[[], Any]) -> float | None:
     """Run `work` unless `stage` of `job` is done; then mark it done. Returns the wall seconds it took,
     or None when it was already done. The done-file also holds the stage's CPU seconds (this process,

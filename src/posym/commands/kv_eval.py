@@ -27,6 +27,8 @@ OUT holds (resumable: a stage that finished is not run again; the same config is
 - heads.parquet         the head table the policies ranked (the one given, or the atlas's);
 - prompts_TASK.parquet  per prompt, length, budget, policy and draw: correct, logprob, kept_fraction,
                         is_full (the run was the full cache's: budget 0, or length <= recent);
+- pieces/TASK-Fx.parquet  while a task runs, its finished lengths (a killed run resumes at the first
+                        missing one); removed once prompts_TASK.parquet is written;
 - summary.parquet       per task, length, budget and policy: n, accuracy, Wilson 95% interval, the
                         kept-KV fraction at that length (`KVPolicy.kept_fraction`), accuracy relative to
                         the full cache; random: the mean over draws with their min, median, max and sd;
@@ -40,6 +42,7 @@ OUT holds (resumable: a stage that finished is not run again; the same config is
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -62,8 +65,8 @@ from posym.errors import PosymError
 from posym.figures import save_figure, subplots
 from posym.models import LoadedModel, identity
 from posym.prompts import FACTORS, RULER_TASKS, Builder, LengthFamily, RulerTask, build, ruler_prompts
-from posym.runs import KV_EVAL_MARKER, done_path, figure_file, kv_eval_prompts, output_file
-from posym.stages import claim, resumable, run_stage
+from posym.runs import KV_EVAL_MARKER, done_path, figure_file, kv_eval_piece, kv_eval_prompts, output_file
+from posym.stages import claim, kept_piece, resumable, run_stage
 
 TASKS = ("length", *RULER_TASKS)
 """The tasks kv-eval asks (see the module docstring)."""
@@ -349,42 +352,63 @@ def forward_count(runs: list[dict], prompts: dict[str, dict[int, list]], recent:
     )
 
 
-def evaluate_task(model, task: str, prompts: dict[int, list], runs: list[dict], config: KVEvalConfig, progress=None):
-    """Per prompt, length and run: correct, logprob and the kept-KV fraction (a DataFrame)."""
+def evaluate_task(
+    model, task: str, prompts: dict[int, list], runs: list[dict], config: KVEvalConfig, progress=None, *, out=None
+):
+    """Per prompt, length and run: correct, logprob and the kept-KV fraction (a DataFrame). With `out` (the
+    kv-eval directory), each finished length is kept (`posym.runs.kv_eval_piece`) until the task's table is
+    written, so a killed run resumes at its first missing length."""
     import pandas as pd
 
     progress = progress or (lambda k=1: None)
-    rows = []
+    frames = []
     for factor, group in sorted(prompts.items()):
         length = forward_length(group[0])
         if any(forward_length(p) != length for p in group):
             raise PosymError(f"the {task} prompts at {factor}x differ in length")  # built equal: a builder bug
-        done: dict[bytes, tuple] = {}
-        for key, policy in distinct_runs(runs, length, config.recent).items():
-            done[key] = policy_outcomes(model, policy, group, batch_tokens=config.batch_tokens)
-            progress(1)
-        for run in runs:
-            key = run_key(run["kv"], length, config.recent)
-            right, logp = done[key]
-            same = key == (b"full" if length <= config.recent else np.ones_like(run["kv"].full).tobytes())
-            kept = run["kv"].kept_fraction(len(group[0].ids))
-            for p, c, lp in zip(group, right, logp):
-                rows.append(
-                    {
-                        "task": task,
-                        "factor": factor,
-                        "length": length,
-                        "index": p.index,
-                        "budget": run["budget"],
-                        "policy": run["policy"],
-                        "draw": run["draw"],
-                        "streaming_fraction": run["kv"].streaming_fraction,
-                        "kept_fraction": kept,
-                        "is_full": same,
-                        "correct": c,
-                        "logprob": lp,
-                    }
-                )
+        if out is None:
+            frames.append(length_rows(model, task, factor, group, runs, config, progress))
+            continue
+        path = kv_eval_piece(out, task, factor)
+        if path.is_file():  # kept by a run that was killed later: its forwards are skipped
+            progress(len(distinct_runs(runs, length, config.recent)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frames.append(kept_piece(path, lambda: length_rows(model, task, factor, group, runs, config, progress)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def length_rows(model, task: str, factor: int, group: list, runs: list[dict], config: KVEvalConfig, progress):
+    """`evaluate_task`'s rows at one length: one masked forward per distinct policy over the group's prompts."""
+    import pandas as pd
+
+    length = forward_length(group[0])
+    done: dict[bytes, tuple] = {}
+    for key, policy in distinct_runs(runs, length, config.recent).items():
+        done[key] = policy_outcomes(model, policy, group, batch_tokens=config.batch_tokens)
+        progress(1)
+    rows = []
+    for run in runs:
+        key = run_key(run["kv"], length, config.recent)
+        right, logp = done[key]
+        same = key == (b"full" if length <= config.recent else np.ones_like(run["kv"].full).tobytes())
+        kept = run["kv"].kept_fraction(len(group[0].ids))
+        for p, c, lp in zip(group, right, logp):
+            rows.append(
+                {
+                    "task": task,
+                    "factor": factor,
+                    "length": length,
+                    "index": p.index,
+                    "budget": run["budget"],
+                    "policy": run["policy"],
+                    "draw": run["draw"],
+                    "streaming_fraction": run["kv"].streaming_fraction,
+                    "kept_fraction": kept,
+                    "is_full": same,
+                    "correct": c,
+                    "logprob": lp,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -624,7 +648,11 @@ def run_kv_eval(
             path = kv_eval_prompts(out, task)
 
             def work(task=task, path=path):
-                io.write_parquet(path, evaluate_task(model, task, prompts[task], runs, config, progress))
+                io.write_parquet(path, evaluate_task(model, task, prompts[task], runs, config, progress, out=out))
+                for factor in prompts[task]:  # the task's table holds them now
+                    kv_eval_piece(out, task, factor).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # another task's pieces may still be there
+                    kv_eval_piece(out, task, 1).parent.rmdir()
 
             seconds = run_stage(out, JOB, task, work)
             if seconds is None:

@@ -66,7 +66,7 @@ from posym.models import LoadedModel, identity, tokenize
 from posym.parallel import cpu_workers, forked_map
 from posym.prompts import Builder, Prompt, base_length, build
 from posym.runs import PREDICTION_STAGES, STUDY_MARKER, STUDY_STAGES, StudyDir
-from posym.stages import claim, is_done, resumable, run_stage
+from posym.stages import claim, is_done, kept_piece, resumable, run_stage
 
 STAGES = STUDY_STAGES
 SETS = ("binding-last", "binding-name", "number", "letter")
@@ -522,17 +522,11 @@ def stage_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress)
 
 
 def _piece(out: Path, name: str, compute: Callable):
-    """compute() (a DataFrame), or the piece `name` an interrupted run of this stage kept (`StudyDir.piece`).
-
-    A killed lengths stage on a large model (hours on a CPU) resumes from its last finished piece, not
-    from its start. A piece belongs to this study: OUT refuses another config or model (`_prepare`), so
-    what was kept is what compute() would give again. Its done-file's seconds count the last run only."""
-    path = StudyDir(out.parent).piece(out.name, name)
-    if path.is_file():
-        return io.read_parquet(path)
-    frame = compute()
-    io.write_parquet(path, frame)
-    return frame
+    """compute() (a DataFrame), or the piece `name` an interrupted run of this stage kept (`StudyDir.piece`,
+    `posym.stages.kept_piece`): a killed lengths stage on a large model (hours on a CPU) resumes from its
+    last finished piece (OUT refuses another config or model, `_prepare`). Its done-file's seconds count
+    the last run only."""
+    return kept_piece(StudyDir(out.parent).piece(out.name, name), compute)
 
 
 def _measure_lengths(loaded: LoadedModel, config: StudyConfig, out: Path, progress) -> None:
