@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from posym.runs import done_path, kv_eval_prompts, output_file
 
@@ -40,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- kv-eval:begin -->", "<!-- kv-eval:end -->"
 RUNS = {
     "SmolLM2-135M-Instruct, 1x / 2x / 4x": ROOT / "docs" / "results" / "kv-eval-smollm2",
+    "SmolLM2-135M-Instruct, 1x / 2x / 4x, 100 draws": ROOT / "docs" / "results" / "kv-eval-smollm2-draws100",
     "SmolLM2-135M-Instruct, 1x / 4x / 16x": ROOT / "docs" / "results" / "kv-eval-smollm2-16x",
 }
 RANKED = ("posym", "retrieval", "duo")
@@ -56,6 +58,8 @@ def block() -> str:
         summary = pd.read_parquet(output_file(run, "kv-eval", "summary"))
         tests = pd.read_parquet(output_file(run, "kv-eval", "tests")).set_index(["task", "factor", "budget", "policy"])
         draws = int(summary.draws.max())
+        match = yaml.safe_load(output_file(run, "kv-eval", "config").read_text()).get("random_match", "layer")
+        ranked = int(tests.p_random.notna().sum())  # the rank tests Holm adjusts together
         part = ""
         if (run / PARTIAL).is_file():
             held = json.loads((run / PARTIAL).read_text())
@@ -63,7 +67,9 @@ def block() -> str:
         lines += [
             "",
             f"**{model}** (docs/results/{run.name}/; {int(summary.n.max())} prompts a cell, {draws} random draws "
-            f"matched on layer; Holm over the {len(tests)} rows of tests.parquet{part}):",
+            f"matched on layer{' type' * (match == 'type')}; Holm over the {len(tests)} rows of tests.parquet, "
+            f"so no rank p among the draws can come out under {min(1.0, ranked / (draws + 1)):.3f} after Holm "
+            f"({ranked} rank tests, floor 1 / {draws + 1} each){part}):",
             "",
             "| task | tokens | budget | kept KV | full | posym | retrieval | duo | random median [min, max] | "
             "streaming |",
@@ -115,14 +121,14 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
     """Commit the finished tasks of the kv-eval directory `run` (and of the directories `more`, run with its
     config for some of its tasks) into `dest` (see the module docstring); returns the finished tasks."""
     import shutil
-
-    import yaml
+    from dataclasses import asdict
 
     from posym.commands import kv_eval
     from posym.io import read_json_object, write_json, write_parquet
 
     def setup(path: Path) -> tuple[dict, dict, pd.DataFrame, str]:
-        config = yaml.safe_load(output_file(path, "kv-eval", "config").read_text())
+        # through the config class, so a field added since a run started (its default) compares equal
+        config = asdict(kv_eval.KVEvalConfig(**yaml.safe_load(output_file(path, "kv-eval", "config").read_text())))
         tasks = config.pop("tasks")
         digest = read_json_object(output_file(path, "kv-eval", "manifest")).get("identity", {}).get("digest")
         return config, tasks, pd.read_parquet(output_file(path, "kv-eval", "heads")), digest

@@ -372,6 +372,14 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
     done_path(root / "alone", kv_eval.JOB, "vartrack").unlink()  # not finished anywhere: partial again
     assert kv_eval_block.partial(out, root / "merged", root / "alone") == ["length", "multikey"]
     assert not (root / "merged" / "prompts_vartrack.parquet").exists()  # the earlier commit's copy is gone
+    # a run started before a config field existed (its kv_eval.yaml lacks it) merges: the field's default
+    import yaml
+
+    written = yaml.safe_load((root / "alone" / "kv_eval.yaml").read_text())
+    assert written.pop("random_match") == "layer"
+    (root / "alone" / "kv_eval.yaml").write_text(yaml.safe_dump(written))
+    done_path(root / "alone", kv_eval.JOB, "vartrack").write_text("{}")
+    assert kv_eval_block.partial(out, root / "merged", root / "alone") == list(kv_eval.TASKS)
     other = write_config(root / "other.yaml", tasks=["vartrack"], seed=1)  # another config is refused
     assert run_posym(monkeypatch, *args_alone[:3], other, *args_alone[4:], "--out", root / "other") == 0
     with pytest.raises(SystemExit, match="config"):
@@ -587,3 +595,35 @@ def test_the_multi_key_needle_at_16x_keeps_the_full_cache_without_a_verdict():
     assert at.loc["random"].draw_min <= posym.accuracy <= at.loc["random"].draw_max
     tests = pd.read_parquet(run / "tests.parquet").set_index(["task", "factor", "budget", "policy"])
     assert tests.loc[("multikey", 16, 0.5, "posym")].filter(like="holm").min() >= 0.05
+
+
+def test_the_100_draw_paragraph_follows_from_its_run():
+    """docs/results.md on the 100-draw run: it repeats the 10-draw run prompt for prompt; posym is at or above
+    the draws' median in every cell of the length and needle tasks yet no rank p passes Holm, whose floor
+    (rank tests / (draws + 1)) lies above 0.05; pooled over the lengths no draw reaches posym (described)."""
+    results = Path(__file__).resolve().parents[1] / "docs" / "results"
+    run, ten = results / "kv-eval-smollm2-draws100", results / "kv-eval-smollm2"
+    keys = ["task", "factor", "index", "budget", "policy", "draw"]
+    for task in ("length", "multikey"):
+        mine, theirs = (pd.read_parquet(r / f"prompts_{task}.parquet") for r in (run, ten))
+        both = theirs.merge(mine, on=keys, suffixes=("_10", "_100"))
+        assert len(both) == len(theirs) and (both.correct_10 == both.correct_100).all()
+        assert (both.logprob_10 - both.logprob_100).abs().max() < 6e-5
+    summary = pd.read_parquet(run / "summary.parquet")
+    half = summary[(summary.budget == 0.5) & summary.task.isin(["length", "multikey"])].set_index(["task", "factor"])
+    posym, rnd = half[half.policy == "posym"], half[half.policy == "random"]
+    assert (rnd.draws == 100).all() and (posym.accuracy >= rnd.draw_median).all()
+    tests = pd.read_parquet(run / "tests.parquet")
+    ranked = tests[tests.p_random.notna()]
+    assert ranked.p_random_holm.min() >= len(ranked) / 101 > 0.05
+    mine = ranked[ranked.task.isin(["length", "multikey"]) & (ranked.policy == "posym")]
+    assert mine.p_random.min() == pytest.approx(0.069, abs=5e-4) and mine.p_random.max() == pytest.approx(
+        0.515, abs=5e-4
+    )
+    best = mine.loc[mine.diff_median.idxmax()]
+    assert (best.diff_median, best.b_median, best.c_median, best.length) == (0.4375, 7, 0, 129)
+    assert round(best.p_median_holm, 3) == 0.281 and mine.mde_median.between(0.28, 0.44).all()
+    for task, posym_pooled in (("length", 0.85), ("multikey", 0.92)):
+        rows = pd.read_parquet(run / f"prompts_{task}.parquet").query("budget == 0.5")
+        pooled = rows.groupby(["policy", "draw"]).correct.mean()
+        assert round(pooled["posym"].iloc[0], 2) == posym_pooled > pooled["random"].max()

@@ -83,8 +83,6 @@ def kept_piece(path: Path, compute: Callable[[], Any]):
     A long stage computed in pieces (a length, a layout) resumes after a kill at its first missing piece.
     The caller owns the directory and has refused another config or model for it, so what was kept is
     what compute() would give again; it removes the pieces once the stage's own tables are written."""
-    from posym import io
-
     if path.is_file():
         return io.read_parquet(path)
     frame = compute()
