@@ -90,6 +90,26 @@ def block() -> str:
                     + " | ".join(shown)
                     + f" | {rnd.draw_median:.2f} [{rnd.draw_min:.2f}, {rnd.draw_max:.2f}] | {stream.accuracy:.2f} |"
                 )
+        primary = pd.read_parquet(output_file(run, "kv-eval", "primary"))
+        lines += [
+            "",
+            f"Primary tests (primary.parquet): each ranked policy against the {draws} random draws on its answers "
+            f"pooled over every task and length above ({', '.join(primary.tasks.iloc[0].split(','))}); Holm over "
+            f"these {len(primary)}, whose floor is {primary.holm_floor.iloc[0]:.3f} ({int(primary.draws_needed.iloc[0])} "
+            "draws reach 0.05):",
+            "",
+            "| budget | policy | prompts | accuracy | full | random median [min, max] | draws reaching it | "
+            "rank p two-sided | Holm p | above the draws p | Holm p | vs median draw (b / c) | Holm p |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in primary.itertuples():
+            lines.append(
+                f"| {r.budget:.2f} | {r.policy} | {r.n} | {r.accuracy:.2f} [{r.lo:.2f}, {r.hi:.2f}] | "
+                f"{r.full_accuracy:.2f} | {r.random_median:.2f} [{r.random_min:.2f}, {r.random_max:.2f}] | "
+                f"{r.draws_reaching} of {r.random_draws} | {_p(r.p_random)} | {_p(r.p_random_holm)} | "
+                f"{_p(r.p_above)} | {_p(r.p_above_holm)} | "
+                f"{r.diff_median:+.2f} ({r.b_median} / {r.c_median}) | {_p(r.p_median_holm)} |"
+            )
         lines += [
             "",
             "Tests of the ranked policies (exact McNemar against the full cache; randomization p of the accuracy "
@@ -157,6 +177,7 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
     frame = pd.concat([pd.read_parquet(kv_eval_prompts(dest, t)) for t in finished], ignore_index=True)
     write_parquet(output_file(dest, "kv-eval", "summary"), kv_eval.summarize(frame))
     write_parquet(output_file(dest, "kv-eval", "tests"), kv_eval.accuracy_tests(frame, config["effect"]))
+    write_parquet(output_file(dest, "kv-eval", "primary"), kv_eval.primary_tests(frame, config["effect"]))
     if finished == tasks:  # the whole run: nothing is partial any more
         (dest / PARTIAL).unlink(missing_ok=True)
     else:

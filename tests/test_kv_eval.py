@@ -286,6 +286,40 @@ def write_config(path, **fields):
     return path
 
 
+def test_primary_tests_equal_brute_force():
+    """kv_eval.primary_tests on a synthetic run (2 tasks x 2 lengths x 30 prompts, 10 draws): the answers of
+    each ranked policy pooled over the four cells, against the full cache and each draw, by plain loops."""
+    frame = synthetic_frame()
+    primary = kv_eval.primary_tests(frame, 0.1)
+    assert sorted(primary.policy) == sorted(kv_eval.RANKED) and (primary.n == 120).all() and (primary.cells == 4).all()
+
+    def answers(policy, draw=-1):
+        rows = frame[(frame.policy == policy) & (frame.draw == draw)].sort_values(["task", "factor", "index"])
+        return rows.correct.to_numpy()
+
+    full = answers("full")
+    for r in primary.itertuples():
+        mine = answers(r.policy)
+        pooled = [answers("random", d).mean() for d in range(10)]
+        b, c = int((mine & ~full).sum()), int((~mine & full).sum())
+        assert (r.b_full, r.c_full) == (b, c) and r.p_full == pytest.approx(brute_mcnemar(b, c), rel=1e-12)
+        assert r.accuracy == mine.mean() and r.full_accuracy == full.mean()
+        centre = np.median(pooled)
+        extreme = sum(abs(a - centre) >= abs(mine.mean() - centre) - 1e-12 for a in pooled)
+        assert r.p_random == pytest.approx((1 + extreme) / 11)
+        reaching = sum(a >= mine.mean() - 1e-12 for a in pooled)
+        assert r.draws_reaching == reaching and r.p_above == pytest.approx((1 + reaching) / 11)
+        middle = sorted(range(10), key=lambda d: (pooled[d], d))[4]
+        other = answers("random", middle)
+        assert r.median_draw == middle and r.b_median == int((mine & ~other).sum())
+        assert (r.random_min, r.random_max) == (min(pooled), max(pooled))
+    for column in ("p_full", "p_median", "p_random", "p_above"):
+        np.testing.assert_allclose(primary[f"{column}_holm"], brute_holm(primary[column].tolist()))
+    assert primary.holm_floor.iloc[0] == pytest.approx(3 / 11) and primary.draws_needed.iloc[0] == 59
+    with pytest.raises(ValueError, match="do not cover"):  # a draw missing a prompt is no pooled draw
+        kv_eval.primary_tests(frame.drop(frame[(frame.policy == "random") & (frame.draw == 3)].index[:1]), 0.1)
+
+
 def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
     loaded, root, table = tiny
     config = write_config(root / "eval.yaml")
@@ -300,6 +334,7 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
         "heads.parquet",
         "summary.parquet",
         "tests.parquet",
+        "primary.parquet",
         "accuracy.png",
         "accuracy.svg",
         "summary.json",
@@ -326,6 +361,22 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
     tests = pd.read_parquet(out / "tests.parquet")
     assert {"p_full_holm", "p_median_holm", "p_random_holm", "mde_full"} <= set(tests.columns)
     assert set(tests.budget) == {0.5, 1.0} and len(tests) == 3 * 2 * 4  # budget 0 ran as full: no test
+    # primary.parquet against a plain loop: each ranked policy's answers over every task and length (where
+    # it did not run as the full cache) against each draw's answers on the same prompts
+    primary = pd.read_parquet(out / "primary.parquet")
+    assert sorted(primary.policy) == sorted(kv_eval.RANKED) and (primary.budget == 0.5).all()
+    rows = prompts[(prompts.budget == 0.5) & ~prompts.is_full]
+    for r in primary.itertuples():
+        mine = [bool(x.correct) for x in rows[rows.policy == r.policy].itertuples()]
+        draws = sorted(set(rows[rows.policy == "random"].draw))
+        pooled = [rows[(rows.policy == "random") & (rows.draw == d)].correct.mean() for d in draws]
+        accuracy = sum(mine) / len(mine)
+        assert (r.n, r.accuracy, r.random_draws) == (len(mine), accuracy, len(draws))
+        assert r.draws_reaching == sum(a >= accuracy for a in pooled)
+        assert r.p_above == (1 + r.draws_reaching) / (len(draws) + 1)
+        assert r.random_median == pytest.approx(np.median(pooled))
+    assert primary.holm_floor.iloc[0] == min(1.0, 3 / (CONFIG["draws"] + 1))
+    assert primary.p_above_holm.tolist() == pytest.approx(brute_holm(primary.p_above.tolist()))
     # resumable: a second run finds every stage done; the same config elsewhere gives the same numbers
     assert run_posym(monkeypatch, *args, "--out", out) == 0
     assert run_posym(monkeypatch, *args, "--out", root / "again") == 0
@@ -543,6 +594,9 @@ def test_committed_evaluation_follows_from_its_prompts(run):
     pd.testing.assert_frame_equal(
         kv_eval.accuracy_tests(frame, config["effect"]), pd.read_parquet(run / "tests.parquet")
     )
+    pd.testing.assert_frame_equal(
+        kv_eval.primary_tests(frame, config["effect"]), pd.read_parquet(run / "primary.parquet")
+    )
     sys.path.insert(0, str(root / "scripts"))
     import kv_eval_block
 
@@ -623,7 +677,17 @@ def test_the_100_draw_paragraph_follows_from_its_run():
     best = mine.loc[mine.diff_median.idxmax()]
     assert (best.diff_median, best.b_median, best.c_median, best.length) == (0.4375, 7, 0, 129)
     assert round(best.p_median_holm, 3) == 0.281 and mine.mde_median.between(0.28, 0.44).all()
-    for task, posym_pooled in (("length", 0.85), ("multikey", 0.92)):
-        rows = pd.read_parquet(run / f"prompts_{task}.parquet").query("budget == 0.5")
-        pooled = rows.groupby(["policy", "draw"]).correct.mean()
-        assert round(pooled["posym"].iloc[0], 2) == posym_pooled > pooled["random"].max()
+    # the primary tests (post hoc here): pooled, no draw reaches posym; one-sided p 1/101, Holm 3/101; the
+    # two-sided p stays large; retrieval is reached by 16 draws, the non-streaming proxy by 81
+    primary = pd.read_parquet(run / "primary.parquet").set_index("policy")
+    posym = primary.loc["posym"]
+    assert (posym.n, posym.draws_reaching, round(posym.accuracy, 2), round(posym.full_accuracy, 2)) == (
+        96,
+        0,
+        0.89,
+        0.88,
+    )
+    assert posym.p_above == 1 / 101 and posym.p_above_holm == pytest.approx(3 / 101) == posym.holm_floor
+    assert round(posym.p_random, 3) == 0.208 and round(posym.p_random_holm, 3) == 0.594
+    assert primary.loc["retrieval"].draws_reaching == 16 and primary.loc["duo"].draws_reaching == 81
+    assert round(primary.loc["retrieval"].p_above_holm, 3) == 0.337

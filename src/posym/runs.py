@@ -249,6 +249,7 @@ FILES: dict[str, dict[str, str]] = {
         "heads": "heads.parquet",
         "summary": "summary.parquet",
         "tests": "tests.parquet",
+        "primary": "primary.parquet",
         "record": "summary.json",
     },
     "kv-policy": {"full_attention_heads": "full_attention_heads.tsv", "config": "config.json"},

@@ -36,6 +36,9 @@ OUT holds (resumable: a stage that finished is not run again; the same config is
                         draws: exact McNemar p's (against full; against the median draw), the
                         randomization p over the draws, each Holm-adjusted over the table, and the
                         minimal detectable paired effect (80% power, 5% level) at the observed spread;
+- primary.parquet       the run's primary tests (`primary_tests`): each ranked policy and budget against the
+                        random draws on its answers pooled over every task and length, Holm over this
+                        small family, with the smallest Holm p it can give and the draws that reach 0.05;
 - accuracy.png/.svg     accuracy against kept-KV fraction per policy, one panel per task and length;
 - summary.json          counts, base lengths, forwards, timings.
 """
@@ -55,7 +58,9 @@ from posym.commands import atlas as atlas_command
 from posym.core import kvcache, kvpolicy
 from posym.core.stats import (
     detectable_effect,
+    draws_for_holm,
     holm,
+    holm_floor,
     mcnemar_p,
     prompts_for_effect,
     randomization_p,
@@ -97,7 +102,9 @@ class KVEvalConfig:
     draws: int = 100
     """Layer-matched random draws per budget (seeds seed .. seed + draws - 1). The randomization p against
     them is at least 1 / (draws + 1): 100 lets a policy that beats every draw reach 0.01; 10 cannot go below
-    0.09, so no Holm-adjusted verdict against random heads (the committed 10-draw runs state none)."""
+    0.09. Holm multiplies that floor by the family's size: tests.parquet's per-cell family (18 rank tests on
+    two tasks at three lengths) needs 359 draws to reach 0.05, primary.parquet's (one test per ranked policy
+    and budget) 59 (`posym.core.stats.draws_for_holm`)."""
     reference: str = "posym"
     """The ranked policy whose streamed count per layer the random draws match."""
     random_match: str = "layer"
@@ -543,6 +550,97 @@ def accuracy_tests(frame, effect: float):
     return out
 
 
+def primary_tests(frame, effect: float):
+    """The run's primary tests, few enough for Holm to reach a verdict: each ranked policy at each budget
+    against the random draws of that budget, on its answers pooled over every task and length of the run
+    (the cells where it ran as the full cache left out: there every policy is the full cache). Per row: the
+    pooled accuracy (Wilson interval), the paired tests against the full cache and the median draw, the
+    draws' pooled accuracies (min, median, max; how many reach the policy's) and the randomization p among
+    them, two-sided about the draws' median (`randomization_p`, as everywhere in posym) and one-sided
+    (`p_above`: (1 + draws at least as accurate) / (draws + 1), the direction a KV policy is for: a skewed
+    null, whose draws fall far below their median when they stream a head a task needs, leaves the
+    two-sided p large even when no draw reaches the policy), each p Holm-adjusted over the table. `holm_floor` is the smallest Holm p the table can give
+    (tests / (draws + 1)) and `draws_needed` the draws at which it reaches 0.05: tests.parquet's per-cell
+    family is too large for that at 100 draws (18 rank tests: 0.178), this one is not (3 tests: 0.030).
+
+    >>> import pandas as pd
+    >>> rows = [dict(task="t", factor=1, index=i, budget=0.5, policy=p, draw=d, is_full=False, correct=c)
+    ...         for i in range(4) for p, d, c in [("posym", -1, True), ("random", 0, i < 2), ("random", 1, i < 1),
+    ...                                           ("random", 2, i < 3)]]
+    >>> rows += [dict(task="t", factor=1, index=i, budget=0.0, policy="full", draw=-1, is_full=True, correct=True)
+    ...          for i in range(4)]
+    >>> t = primary_tests(pd.DataFrame(rows), 0.1)
+    >>> shown = ["policy", "n", "accuracy", "random_median", "draws_reaching", "p_random", "p_above", "holm_floor"]
+    >>> t[shown].values.tolist(), int(t.draws_needed.iloc[0])
+    ([['posym', 4, 1.0, 0.5, 0, 0.25, 0.25, 0.25]], 19)
+    """
+    import pandas as pd
+
+    keys = ["task", "factor", "index"]
+    tested = frame[~frame.is_full.astype(bool)] if "is_full" in frame else frame
+    full = frame[frame.policy == "full"].set_index(keys).correct
+    rows = []
+    for (budget, policy), h in tested[tested.policy.isin(RANKED)].groupby(["budget", "policy"], sort=True):
+        draws = tested[(tested.policy == "random") & (tested.budget == budget)]
+        if draws.empty:
+            continue
+        mine = h.set_index(keys).correct.sort_index()  # (prompts pooled over tasks and lengths,)
+        by_draw = {d: g.set_index(keys).correct.reindex(mine.index) for d, g in draws.groupby("draw")}
+        if any(v.isna().any() for v in by_draw.values()):
+            raise ValueError(f"the random draws at budget {budget} do not cover {policy}'s prompts")
+        accuracy = {d: float(v.mean()) for d, v in by_draw.items()}
+        middle = median_draw(accuracy)
+        against, versus = (
+            paired(mine.to_numpy(), full.reindex(mine.index).to_numpy()),
+            paired(mine.to_numpy(), by_draw[middle].to_numpy(dtype=bool)),
+        )
+        n, right = len(mine), int(mine.sum())
+        lo, hi = wilson_interval(right, n)
+        values = np.array(list(accuracy.values()))
+        rows.append(
+            {
+                "budget": budget,
+                "policy": policy,
+                "tasks": ",".join(dict.fromkeys(h.task)),
+                "cells": int(h.groupby(["task", "factor"]).ngroups),
+                "n": n,
+                "accuracy": right / n,
+                "lo": lo,
+                "hi": hi,
+                "full_accuracy": float(full.reindex(mine.index).mean()),
+                "diff_full": against["difference"],
+                "b_full": against["b"],
+                "c_full": against["c"],
+                "p_full": against["p"],
+                "mde_full": against["mde"],
+                "needed_full": prompts_for_effect(against["sd"], effect),
+                "random_draws": len(accuracy),
+                "random_min": float(values.min()),
+                "random_median": float(np.median(values)),
+                "random_max": float(values.max()),
+                "draws_reaching": int((values >= right / n - 1e-12).sum()),
+                "p_random": randomization_p(right / n, values),
+                # one-sided, the direction a KV policy is for: (1 + #draws at least as accurate) / (draws + 1)
+                "p_above": (1 + int((values >= right / n - 1e-12).sum())) / (len(values) + 1),
+                "median_draw": middle,
+                "diff_median": versus["difference"],
+                "b_median": versus["b"],
+                "c_median": versus["c"],
+                "p_median": versus["p"],
+                "mde_median": versus["mde"],
+            }
+        )
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    for column in ("p_full", "p_median", "p_random", "p_above"):
+        out[f"{column}_holm"] = holm(out[column].to_numpy(dtype=float))
+    tests = int(out.p_random.notna().sum())
+    out["holm_floor"] = holm_floor(tests, int(out.random_draws.min()))
+    out["draws_needed"] = draws_for_holm(tests)
+    return out
+
+
 # ---- the figure ------------------------------------------------------------------------------------
 
 COLOURS = {"posym": "C0", "retrieval": "C1", "duo": "C2", "random": "C7", "streaming": "C3", "full": "k"}
@@ -661,7 +759,11 @@ def run_kv_eval(
         import pandas as pd
 
         frame = pd.concat([io.read_parquet(kv_eval_prompts(out, t)) for t in config.tasks], ignore_index=True)
-        summary, tests = summarize(frame), accuracy_tests(frame, config.effect)
+        summary, tests, primary = (
+            summarize(frame),
+            accuracy_tests(frame, config.effect),
+            primary_tests(frame, config.effect),
+        )
         record = {
             **io.manifest(configs.to_dict(config), seed=config.seed, **(settings or {})),
             "model": loaded.name,
@@ -674,6 +776,7 @@ def run_kv_eval(
         }
         io.write_parquet(output_file(out, "kv-eval", "summary"), summary)
         io.write_parquet(output_file(out, "kv-eval", "tests"), tests)
+        io.write_parquet(output_file(out, "kv-eval", "primary"), primary)
         save_figure(plot_accuracy(summary), figure_file(out, "kv-eval", "accuracy"))
         io.write_json(output_file(out, "kv-eval", "record"), record)
     return record

@@ -110,6 +110,26 @@ def randomization_p(observed: float, null) -> float:
     return (1 + extreme) / (null.size + 1)
 
 
+def holm_floor(tests: int, draws: int) -> float:
+    """The smallest Holm-adjusted p a family of `tests` randomization tests can give over `draws` null draws
+    each: Holm multiplies the smallest p, at least 1 / (draws + 1), by the family's size.
+
+    >>> holm_floor(18, 100), holm_floor(3, 100) < 0.05 < holm_floor(18, 100)
+    (0.1782178217821782, True)
+    """
+    return min(1.0, tests / (draws + 1))
+
+
+def draws_for_holm(tests: int, alpha: float = ALPHA) -> int:
+    """The fewest null draws at which a family of `tests` randomization tests can pass Holm at `alpha`
+    (`holm_floor` <= alpha): a policy above every draw in every test is then a verdict.
+
+    >>> draws_for_holm(18), draws_for_holm(3), holm_floor(18, draws_for_holm(18)) <= 0.05
+    (359, 59, True)
+    """
+    return max(1, math.ceil(round(tests / alpha, 9)) - 1)
+
+
 def holm(pvalues) -> np.ndarray:
     """Holm-adjusted p-values (step-down, monotone, capped at 1) of one family of tests; NaN entries
     are not tests (they keep NaN and do not count in the family's size).
