@@ -3,18 +3,20 @@
 The block of docs/results.md between `<!-- kv-eval:begin -->` and `<!-- kv-eval:end -->` (`--write FILE`
 rewrites it): per model, task and length, the accuracy of every policy at each budget with its Wilson 95%
 interval and kept-KV fraction, the random draws' median and range, and the exact McNemar test of each
-ranked policy against the full cache and the randomization p among the draws (both Holm over the table).
-Nothing is computed here that the tables do not hold: tests/test_kv_eval.py checks the block against this
-script's output and the tables against `kv_eval.summarize` / `kv_eval.accuracy_tests` of the per-prompt rows.
+ranked policy against the full cache and the randomization p among the draws (both Holm over the table),
+after the run's primary tests (primary.parquet: each ranked policy against the draws on its answers pooled
+over every task and length, with the smallest Holm p that family can give). Nothing is computed here that
+the tables do not hold: tests/test_kv_eval.py checks the block against this script's output and the tables
+against `kv_eval.summarize` / `accuracy_tests` / `primary_tests` of the per-prompt rows.
 
     python scripts/kv_eval_block.py [--write docs/results.md]
 
 A run still going (its tasks are stages, each written when done) can be committed in part: `--partial RUN
 DEST` copies the finished tasks' per-prompt tables, the head table, config and manifest of the kv-eval
-directory RUN into DEST and writes DEST's summary and tests over those tasks alone (`kv_eval.summarize`,
-`kv_eval.accuracy_tests`: Holm over that smaller table) and partial.json naming the finished tasks; the
-block then says which tasks a run holds. Once every task is finished the same call commits the whole run
-(and removes partial.json). `--partial RUN MORE... DEST` also takes the finished tasks of further
+directory RUN into DEST and writes DEST's summary, tests and primary tests over those tasks alone (Holm
+over those smaller tables) and partial.json naming the finished tasks; the block then says which tasks a
+run holds. Once every task is finished the same call commits the whole run (removes partial.json and draws
+kv-eval's accuracy figure). `--partial RUN MORE... DEST` also takes the finished tasks of further
 directories run in parallel processes with the first's config but fewer `tasks` (a task's rows do not
 depend on the other tasks): their configs, head tables and model must be the first's, and a task finished
 in several is taken from the first that holds it.
@@ -32,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from posym.runs import done_path, kv_eval_prompts, output_file
+from posym.runs import done_path, figure_file, kv_eval_prompts, output_file
 
 PARTIAL = "partial.json"
 """What a run committed in part holds: {"finished": [tasks], "of": [the config's tasks]}."""
@@ -144,6 +146,7 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
     from dataclasses import asdict
 
     from posym.commands import kv_eval
+    from posym.figures import save_figure
     from posym.io import read_json_object, write_json, write_parquet
 
     def setup(path: Path) -> tuple[dict, dict, pd.DataFrame, str]:
@@ -175,11 +178,13 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
     for task in finished:
         shutil.copyfile(kv_eval_prompts(source[task], task), kv_eval_prompts(dest, task))
     frame = pd.concat([pd.read_parquet(kv_eval_prompts(dest, t)) for t in finished], ignore_index=True)
-    write_parquet(output_file(dest, "kv-eval", "summary"), kv_eval.summarize(frame))
+    summary = kv_eval.summarize(frame)
+    write_parquet(output_file(dest, "kv-eval", "summary"), summary)
     write_parquet(output_file(dest, "kv-eval", "tests"), kv_eval.accuracy_tests(frame, config["effect"]))
     write_parquet(output_file(dest, "kv-eval", "primary"), kv_eval.primary_tests(frame, config["effect"]))
-    if finished == tasks:  # the whole run: nothing is partial any more
+    if finished == tasks:  # the whole run: nothing is partial any more, and it gets kv-eval's figure
         (dest / PARTIAL).unlink(missing_ok=True)
+        save_figure(kv_eval.plot_accuracy(summary), figure_file(dest, "kv-eval", "accuracy"))
     else:
         write_json(dest / PARTIAL, {"finished": finished, "of": tasks})
     return finished

@@ -405,10 +405,12 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
     pd.testing.assert_frame_equal(pd.read_parquet(root / "whole" / "summary.parquet"), summary)
     pd.testing.assert_frame_equal(pd.read_parquet(root / "whole" / "tests.parquet"), tests)
     assert not (root / "whole" / "partial.json").exists()  # every task finished: the whole run
+    assert (root / "whole" / "accuracy.png").is_file() and (root / "whole" / "accuracy.svg").is_file()
     done_path(out, kv_eval.JOB, "multikey").unlink()
     assert kv_eval_block.partial(out, root / "part") == ["length", "vartrack"]
     held = json.loads((root / "part" / "partial.json").read_text())
     assert held == {"finished": ["length", "vartrack"], "of": list(kv_eval.TASKS)}
+    assert not (root / "part" / "accuracy.png").exists()  # a run in part draws no figure yet
     assert set(pd.read_parquet(root / "part" / "summary.parquet").task) == {"length", "vartrack"}
     assert not (root / "part" / "prompts_multikey.parquet").exists()
     done_path(out, kv_eval.JOB, "multikey").write_text("{}")  # then the run finishes: committed whole
