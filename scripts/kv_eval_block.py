@@ -93,7 +93,7 @@ def block() -> str:
                     + f" | {rnd.draw_median:.2f} [{rnd.draw_min:.2f}, {rnd.draw_max:.2f}] | {stream.accuracy:.2f} |"
                 )
         primary = pd.read_parquet(output_file(run, "kv-eval", "primary"))
-        lines += [
+        lines += [] if primary.empty else [
             "",
             f"Primary tests (primary.parquet): each ranked policy against the {draws} random draws on its answers "
             f"pooled over every task and length above ({', '.join(primary.tasks.iloc[0].split(','))}); Holm over "
