@@ -93,17 +93,21 @@ def block() -> str:
                     + f" | {rnd.draw_median:.2f} [{rnd.draw_min:.2f}, {rnd.draw_max:.2f}] | {stream.accuracy:.2f} |"
                 )
         primary = pd.read_parquet(output_file(run, "kv-eval", "primary"))
-        lines += [] if primary.empty else [
-            "",
-            f"Primary tests (primary.parquet): each ranked policy against the {draws} random draws on its answers "
-            f"pooled over every task and length above ({', '.join(primary.tasks.iloc[0].split(','))}); Holm over "
-            f"these {len(primary)}, whose floor is {primary.holm_floor.iloc[0]:.3f} ({int(primary.draws_needed.iloc[0])} "
-            "draws reach 0.05):",
-            "",
-            "| budget | policy | prompts | accuracy | full | random median [min, max] | draws reaching it | "
-            "rank p two-sided | Holm p | above the draws p | Holm p | vs median draw (b / c) | Holm p |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
+        lines += (
+            []
+            if primary.empty
+            else [
+                "",
+                f"Primary tests (primary.parquet): each ranked policy against the {draws} random draws on its answers "
+                f"pooled over every task and length above ({', '.join(primary.tasks.iloc[0].split(','))}); Holm over "
+                f"these {len(primary)}, whose floor is {primary.holm_floor.iloc[0]:.3f} ({int(primary.draws_needed.iloc[0])} "
+                "draws reach 0.05):",
+                "",
+                "| budget | policy | prompts | accuracy | full | random median [min, max] | draws reaching it | "
+                "rank p two-sided | Holm p | above the draws p | Holm p | vs median draw (b / c) | Holm p |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            ]
+        )
         for r in primary.itertuples():
             lines.append(
                 f"| {r.budget:.2f} | {r.policy} | {r.n} | {r.accuracy:.2f} [{r.lo:.2f}, {r.hi:.2f}] | "
