@@ -15,8 +15,8 @@ A run still going (its tasks are stages, each written when done) can be committe
 DEST` copies the finished tasks' per-prompt tables, the head table, config and manifest of the kv-eval
 directory RUN into DEST and writes DEST's summary, tests and primary tests over those tasks alone (Holm
 over those smaller tables) and partial.json naming the finished tasks; the block then says which tasks a
-run holds. Once every task is finished the same call commits the whole run (removes partial.json and draws
-kv-eval's accuracy figure). `--partial RUN MORE... DEST` also takes the finished tasks of further
+run holds, and kv-eval's accuracy figure over them (a row of panels per task). Once every task is finished the
+same call commits the whole run (and removes partial.json). `--partial RUN MORE... DEST` also takes the finished tasks of further
 directories run in parallel processes with the first's config but fewer `tasks` (a task's rows do not
 depend on the other tasks): their configs, head tables and model must be the first's, and a task finished
 in several is taken from the first that holds it.
@@ -44,6 +44,10 @@ BEGIN, END = "<!-- kv-eval:begin -->", "<!-- kv-eval:end -->"
 RUNS = {
     "SmolLM2-135M-Instruct, 1x / 2x / 4x": ROOT / "docs" / "results" / "kv-eval-smollm2",
     "SmolLM2-135M-Instruct, 1x / 2x / 4x, 100 draws": ROOT / "docs" / "results" / "kv-eval-smollm2-draws100",
+    "SmolLM2-135M-Instruct, 1x / 2x / 4x, budgets 0.25 / 0.5 / 0.75": ROOT
+    / "docs"
+    / "results"
+    / "kv-eval-smollm2-budgets",
     "SmolLM2-135M-Instruct, 1x / 4x / 16x": ROOT / "docs" / "results" / "kv-eval-smollm2-16x",
 }
 RANKED = ("posym", "retrieval", "duo")
@@ -186,9 +190,9 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
     write_parquet(output_file(dest, "kv-eval", "summary"), summary)
     write_parquet(output_file(dest, "kv-eval", "tests"), kv_eval.accuracy_tests(frame, config["effect"]))
     write_parquet(output_file(dest, "kv-eval", "primary"), kv_eval.primary_tests(frame, config["effect"]))
-    if finished == tasks:  # the whole run: nothing is partial any more, and it gets kv-eval's figure
+    save_figure(kv_eval.plot_accuracy(summary), figure_file(dest, "kv-eval", "accuracy"))  # a row per task held
+    if finished == tasks:  # the whole run: nothing is partial any more
         (dest / PARTIAL).unlink(missing_ok=True)
-        save_figure(kv_eval.plot_accuracy(summary), figure_file(dest, "kv-eval", "accuracy"))
     else:
         write_json(dest / PARTIAL, {"finished": finished, "of": tasks})
     return finished

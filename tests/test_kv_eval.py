@@ -410,7 +410,7 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
     assert kv_eval_block.partial(out, root / "part") == ["length", "vartrack"]
     held = json.loads((root / "part" / "partial.json").read_text())
     assert held == {"finished": ["length", "vartrack"], "of": list(kv_eval.TASKS)}
-    assert not (root / "part" / "accuracy.png").exists()  # a run in part draws no figure yet
+    assert (root / "part" / "accuracy.png").is_file()  # a run in part: the figure of its finished tasks
     assert set(pd.read_parquet(root / "part" / "summary.parquet").task) == {"length", "vartrack"}
     assert not (root / "part" / "prompts_multikey.parquet").exists()
     done_path(out, kv_eval.JOB, "multikey").write_text("{}")  # then the run finishes: committed whole
@@ -693,3 +693,38 @@ def test_the_100_draw_paragraph_follows_from_its_run():
     assert round(posym.p_random, 3) == 0.208 and round(posym.p_random_holm, 3) == 0.594
     assert primary.loc["retrieval"].draws_reaching == 16 and primary.loc["duo"].draws_reaching == 81
     assert round(primary.loc["retrieval"].p_above_holm, 3) == 0.337
+
+
+def test_the_budget_paragraph_follows_from_its_run():
+    """docs/results.md on accuracy against the budget (length task): the budget-0.5 cells repeat the first
+    run; at three quarters streaming posym keeps the full cache's accuracy (no McNemar loss) while the
+    retrieval score and the non-streaming proxy fall far below it, and above all 10 draws is no verdict."""
+    results = Path(__file__).resolve().parents[1] / "docs" / "results"
+    run = results / "kv-eval-smollm2-budgets"
+    keys = ["task", "factor", "index", "budget", "policy", "draw"]
+    mine, first = (pd.read_parquet(r / "prompts_length.parquet") for r in (run, results / "kv-eval-smollm2"))
+    both = first.merge(mine, on=keys, suffixes=("_first", ""))
+    assert len(both) == len(first) and (both.correct_first == both.correct).all()
+    summary = pd.read_parquet(run / "summary.parquet").set_index(["factor", "budget", "policy"])
+    for factor, posym, full in ((1, 0.88, 0.81), (2, 0.81, 0.81), (4, 0.62, 0.75)):
+        at = summary.loc[factor]
+        assert (round(at.loc[(0.75, "posym")].accuracy, 2), round(at.loc[(0.0, "full")].accuracy, 2)) == (posym, full)
+        ranked = at.loc[0.75].loc[["posym", "retrieval", "duo"]].accuracy
+        assert ranked.idxmax() == "posym" and ranked["posym"] > ranked.drop("posym").max()
+    primary = pd.read_parquet(run / "primary.parquet").set_index(["budget", "policy"])
+    posym = primary.loc[(0.75, "posym")]
+    assert (round(posym.accuracy, 2), round(posym.full_accuracy, 2), posym.b_full, posym.c_full) == (0.77, 0.79, 4, 5)
+    assert posym.p_full_holm == 1 and round(posym.mde_full, 2) == 0.18
+    assert posym.draws_reaching == 0 and posym.p_above_holm >= posym.holm_floor > 0.05 and posym.draws_needed == 179
+    assert (round(posym.diff_median, 2), posym.b_median, posym.c_median, round(posym.p_median_holm, 3)) == (
+        0.42,
+        25,
+        5,
+        0.003,
+    )
+    assert round(primary.loc[(0.25, "posym")].accuracy, 2) == round(primary.loc[(0.25, "retrieval")].accuracy, 2)
+    assert primary.loc[(0.25, "posym")].accuracy > primary.loc[(0.25, "posym")].full_accuracy
+    for policy, value in (("retrieval", 0.29), ("duo", 0.19)):
+        assert (
+            round(primary.loc[(0.75, policy)].accuracy, 2) == value and primary.loc[(0.75, policy)].p_full_holm < 1e-3
+        )
