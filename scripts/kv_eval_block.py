@@ -41,14 +41,13 @@ PARTIAL = "partial.json"
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- kv-eval:begin -->", "<!-- kv-eval:end -->"
+RESULTS = ROOT / "docs" / "results"
 RUNS = {
-    "SmolLM2-135M-Instruct, 1x / 2x / 4x": ROOT / "docs" / "results" / "kv-eval-smollm2",
-    "SmolLM2-135M-Instruct, 1x / 2x / 4x, 100 draws": ROOT / "docs" / "results" / "kv-eval-smollm2-draws100",
-    "SmolLM2-135M-Instruct, 1x / 2x / 4x, budgets 0.25 / 0.5 / 0.75": ROOT
-    / "docs"
-    / "results"
-    / "kv-eval-smollm2-budgets",
-    "SmolLM2-135M-Instruct, 1x / 4x / 16x": ROOT / "docs" / "results" / "kv-eval-smollm2-16x",
+    "SmolLM2-135M-Instruct, 1x / 2x / 4x": RESULTS / "kv-eval-smollm2",
+    "SmolLM2-135M-Instruct, 1x / 2x / 4x, 100 draws": RESULTS / "kv-eval-smollm2-draws100",
+    "SmolLM2-135M-Instruct, 1x / 2x / 4x, budgets 0.25 / 0.5 / 0.75": RESULTS / "kv-eval-smollm2-budgets",
+    "SmolLM2-135M-Instruct, 1x / 4x / 16x": RESULTS / "kv-eval-smollm2-16x",
+    "Gemma 3 270M, 1x / 2x / 4x": RESULTS / "kv-eval-gemma3",
 }
 RANKED = ("posym", "retrieval", "duo")
 """The policies that rank heads (random and streaming are their controls)."""

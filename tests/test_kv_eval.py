@@ -728,3 +728,48 @@ def test_the_budget_paragraph_follows_from_its_run():
         assert (
             round(primary.loc[(0.75, policy)].accuracy, 2) == value and primary.loc[(0.75, policy)].p_full_holm < 1e-3
         )
+
+
+def test_the_gemma3_paragraph_follows_from_its_run():
+    """docs/results.md on Gemma 3 270M (10 type-matched draws): posym streams no global layer; pooled, posym
+    is level with the full cache (no McNemar loss), the retrieval score loses to it, and 4 of the 10 draws
+    reach posym (a null against random heads); variable tracking past 128 tokens fails in the full cache."""
+    run = Path(__file__).resolve().parents[1] / "docs" / "results" / "kv-eval-gemma3"
+    assert yaml.safe_load((run / "kv_eval.yaml").read_text())["random_match"] == "type"
+    assert not (run / "partial.json").exists()
+    summary = pd.read_parquet(run / "summary.parquet").set_index(["task", "factor", "budget", "policy"])
+    full = [round(summary.loc[("vartrack", f, 0.0, "full")].accuracy, 2) for f in (1, 2, 4)]
+    assert full == [1.0, 0.25, 0.25]
+    at128 = summary.loc[("vartrack", 1, 0.5)].accuracy.round(2)
+    assert (at128["posym"], at128["duo"], at128["retrieval"]) == (0.88, 0.94, 0.25)
+    assert (
+        summary.loc[("vartrack", 1, 0.5, "random")].draw_median
+        < 0.2
+        < 1
+        == summary.loc[("vartrack", 1, 0.5, "random")].draw_max
+    )
+    primary = pd.read_parquet(run / "primary.parquet").set_index("policy")
+    posym, retrieval = primary.loc["posym"], primary.loc["retrieval"]
+    assert (posym.n, round(posym.accuracy, 2), round(posym.full_accuracy, 2)) == (144, 0.66, 0.69)
+    assert (posym.b_full, posym.c_full, round(posym.p_full_holm, 3)) == (9, 13, 0.719)
+    assert (round(retrieval.accuracy, 2), retrieval.b_full, retrieval.c_full) == (0.56, 5, 24)
+    assert retrieval.p_full_holm < 0.01 < primary.drop("retrieval").p_full_holm.min()
+    assert posym.draws_reaching == 4 and round(posym.p_above, 3) == 0.455
+    # the policies of the run's head table on Gemma 3 270M's layout (18 layers, 5 windowed : 1 global, 1 KV head)
+    import transformers
+
+    gemma = transformers.Gemma3TextConfig(
+        num_hidden_layers=18,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        sliding_window=512,
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+    )
+    heads = pd.read_parquet(run / "heads.parquet")
+    streamed = {
+        name: np.flatnonzero(~kvpolicy.policy_from_table(name, gemma, 0.5, table=heads, sink=4, recent=64).full[:, 0])
+        for name in kv_eval.RANKED
+    }
+    glob = {5, 11, 17}
+    assert len(streamed["posym"]) == 9 and not glob & set(streamed["posym"]) and not glob & set(streamed["retrieval"])
+    assert glob & set(streamed["duo"]) == {17}
