@@ -655,44 +655,44 @@ def test_the_multi_key_needle_at_16x_keeps_the_full_cache_without_a_verdict():
 
 def test_the_100_draw_paragraph_follows_from_its_run():
     """docs/results.md on the 100-draw run: it repeats the 10-draw run prompt for prompt; posym is at or above
-    the draws' median in every cell of the length and needle tasks yet no rank p passes Holm, whose floor
-    (rank tests / (draws + 1)) lies above 0.05; pooled over the lengths no draw reaches posym (described)."""
+    the draws' median in every cell yet no rank p passes Holm, whose floor (rank tests / (draws + 1)) lies
+    above 0.05; pooled over tasks and lengths (the primary tests, post hoc here) no draw reaches posym."""
     results = Path(__file__).resolve().parents[1] / "docs" / "results"
     run, ten = results / "kv-eval-smollm2-draws100", results / "kv-eval-smollm2"
+    assert not (run / "partial.json").exists()
     keys = ["task", "factor", "index", "budget", "policy", "draw"]
-    for task in ("length", "multikey"):
+    for task in kv_eval.TASKS:
         mine, theirs = (pd.read_parquet(r / f"prompts_{task}.parquet") for r in (run, ten))
         both = theirs.merge(mine, on=keys, suffixes=("_10", "_100"))
         assert len(both) == len(theirs) and (both.correct_10 == both.correct_100).all()
-        assert (both.logprob_10 - both.logprob_100).abs().max() < 6e-5
+        assert (both.logprob_10 - both.logprob_100).abs().max() < 1e-4
     summary = pd.read_parquet(run / "summary.parquet")
-    half = summary[(summary.budget == 0.5) & summary.task.isin(["length", "multikey"])].set_index(["task", "factor"])
+    half = summary[summary.budget == 0.5].set_index(["task", "factor"])
     posym, rnd = half[half.policy == "posym"], half[half.policy == "random"]
-    assert (rnd.draws == 100).all() and (posym.accuracy >= rnd.draw_median).all()
+    assert len(posym) == 9 and (rnd.draws == 100).all() and (posym.accuracy >= rnd.draw_median).all()
     tests = pd.read_parquet(run / "tests.parquet")
     ranked = tests[tests.p_random.notna()]
-    assert ranked.p_random_holm.min() >= len(ranked) / 101 > 0.05
-    mine = ranked[ranked.task.isin(["length", "multikey"]) & (ranked.policy == "posym")]
-    assert mine.p_random.min() == pytest.approx(0.069, abs=5e-4) and mine.p_random.max() == pytest.approx(
-        0.515, abs=5e-4
-    )
+    assert len(ranked) == 27 and ranked.p_random_holm.min() >= len(ranked) / 101 > 0.05
+    mine = ranked[ranked.policy == "posym"]
+    assert round(mine.p_random.min(), 3) == 0.069 and round(mine.p_random.max(), 3) == 0.881
     best = mine.loc[mine.diff_median.idxmax()]
     assert (best.diff_median, best.b_median, best.c_median, best.length) == (0.4375, 7, 0, 129)
-    assert round(best.p_median_holm, 3) == 0.281 and mine.mde_median.between(0.28, 0.44).all()
-    # the primary tests (post hoc here): pooled, no draw reaches posym; one-sided p 1/101, Holm 3/101; the
-    # two-sided p stays large; retrieval is reached by 16 draws, the non-streaming proxy by 81
+    assert round(best.p_median_holm, 3) == 0.375 and mine.mde_median.between(0.17, 0.44).all()
+    # the primary tests: no draw reaches posym; one-sided p 1/101, Holm 3/101; the two-sided p stays large;
+    # retrieval is reached by 29 draws and loses to the full cache, the non-streaming proxy by 82
     primary = pd.read_parquet(run / "primary.parquet").set_index("policy")
     posym = primary.loc["posym"]
     assert (posym.n, posym.draws_reaching, round(posym.accuracy, 2), round(posym.full_accuracy, 2)) == (
-        96,
+        144,
         0,
-        0.89,
+        0.92,
         0.88,
     )
     assert posym.p_above == 1 / 101 and posym.p_above_holm == pytest.approx(3 / 101) == posym.holm_floor
-    assert round(posym.p_random, 3) == 0.208 and round(posym.p_random_holm, 3) == 0.594
-    assert primary.loc["retrieval"].draws_reaching == 16 and primary.loc["duo"].draws_reaching == 81
-    assert round(primary.loc["retrieval"].p_above_holm, 3) == 0.337
+    assert round(posym.p_random, 3) == 0.297 and round(posym.p_random_holm, 3) == 0.594
+    retrieval = primary.loc["retrieval"]
+    assert retrieval.draws_reaching == 29 and (retrieval.b_full, retrieval.c_full) == (5, 19)
+    assert round(retrieval.p_full_holm, 3) == 0.013 and primary.loc["duo"].draws_reaching == 82
 
 
 def test_the_budget_paragraph_follows_from_its_run():

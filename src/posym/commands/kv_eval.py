@@ -102,8 +102,8 @@ class KVEvalConfig:
     draws: int = 100
     """Layer-matched random draws per budget (seeds seed .. seed + draws - 1). The randomization p against
     them is at least 1 / (draws + 1): 100 lets a policy that beats every draw reach 0.01; 10 cannot go below
-    0.09. Holm multiplies that floor by the family's size: tests.parquet's per-cell family (18 rank tests on
-    two tasks at three lengths) needs 359 draws to reach 0.05, primary.parquet's (one test per ranked policy
+    0.09. Holm multiplies that floor by the family's size: tests.parquet's per-cell family (27 rank tests on
+    three tasks at three lengths) needs 539 draws to reach 0.05, primary.parquet's (one test per ranked policy
     and budget) 59 (`posym.core.stats.draws_for_holm`)."""
     reference: str = "posym"
     """The ranked policy whose streamed count per layer the random draws match."""
@@ -561,7 +561,7 @@ def primary_tests(frame, effect: float):
     null, whose draws fall far below their median when they stream a head a task needs, leaves the
     two-sided p large even when no draw reaches the policy), each p Holm-adjusted over the table. `holm_floor` is the smallest Holm p the table can give
     (tests / (draws + 1)) and `draws_needed` the draws at which it reaches 0.05: tests.parquet's per-cell
-    family is too large for that at 100 draws (18 rank tests: 0.178), this one is not (3 tests: 0.030).
+    family is too large for that at 100 draws (27 rank tests: 0.267), this one is not (3 tests: 0.030).
 
     >>> import pandas as pd
     >>> rows = [dict(task="t", factor=1, index=i, budget=0.5, policy=p, draw=d, is_full=False, correct=c)
