@@ -32,8 +32,9 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
+from posym import configs, io
+from posym.core.stats import holm_floor
 from posym.runs import done_path, figure_file, kv_eval_prompts, output_file
 
 PARTIAL = "partial.json"
@@ -53,6 +54,13 @@ RANKED = ("posym", "retrieval", "duo")
 """The policies that rank heads (random and streaming are their controls)."""
 
 
+def run_config(run: Path):
+    """The `KVEvalConfig` a kv-eval directory ran with (a field added since, at its default)."""
+    from posym.commands import kv_eval
+
+    return configs.from_dict(kv_eval.KVEvalConfig, io.read_yaml(output_file(run, "kv-eval", "config")))
+
+
 def _p(value: float) -> str:
     return "-" if pd.isna(value) else (f"{value:.3f}" if value >= 0.001 else f"{value:.1e}")
 
@@ -63,7 +71,7 @@ def block() -> str:
         summary = pd.read_parquet(output_file(run, "kv-eval", "summary"))
         tests = pd.read_parquet(output_file(run, "kv-eval", "tests")).set_index(["task", "factor", "budget", "policy"])
         draws = int(summary.draws.max())
-        match = yaml.safe_load(output_file(run, "kv-eval", "config").read_text()).get("random_match", "layer")
+        match = run_config(run).random_match
         ranked = int(tests.p_random.notna().sum())  # the rank tests Holm adjusts together
         part = ""
         if (run / PARTIAL).is_file():
@@ -73,7 +81,7 @@ def block() -> str:
             "",
             f"**{model}** (docs/results/{run.name}/; {int(summary.n.max())} prompts a cell, {draws} random draws "
             f"matched on layer{' type' * (match == 'type')}; Holm over the {len(tests)} rows of tests.parquet, "
-            f"so no rank p among the draws can come out under {min(1.0, ranked / (draws + 1)):.3f} after Holm "
+            f"so no rank p among the draws can come out under {holm_floor(ranked, draws):.3f} after Holm "
             f"({ranked} rank tests, floor 1 / {draws + 1} each){part}):",
             "",
             "| task | tokens | budget | kept KV | full | posym | retrieval | duo | random median [min, max] | "
@@ -150,15 +158,13 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
     """Commit the finished tasks of the kv-eval directory `run` (and of the directories `more`, run with its
     config for some of its tasks) into `dest` (see the module docstring); returns the finished tasks."""
     import shutil
-    from dataclasses import asdict
-
     from posym.commands import kv_eval
     from posym.figures import save_figure
     from posym.io import read_json_object, write_json, write_parquet
 
     def setup(path: Path) -> tuple[dict, dict, pd.DataFrame, str]:
         # through the config class, so a field added since a run started (its default) compares equal
-        config = asdict(kv_eval.KVEvalConfig(**yaml.safe_load(output_file(path, "kv-eval", "config").read_text())))
+        config = configs.to_dict(run_config(path))
         tasks = config.pop("tasks")
         digest = read_json_object(output_file(path, "kv-eval", "manifest")).get("identity", {}).get("digest")
         return config, tasks, pd.read_parquet(output_file(path, "kv-eval", "heads")), digest

@@ -279,6 +279,19 @@ def test_mcnemar_randomization_and_holm_equal_brute_force():
 # ---- the command --------------------------------------------------------------------------------------
 
 
+def gemma3_layout():
+    """A config of Gemma 3 270M's attention layout: 18 layers, 5 windowed (512 keys) : 1 global, 1 KV head."""
+    import transformers
+
+    return transformers.Gemma3TextConfig(
+        num_hidden_layers=18,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        sliding_window=512,
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
+    )
+
+
 def write_config(path, **fields):
     import yaml
 
@@ -531,8 +544,6 @@ def test_the_sized_configs_are_configs_and_documented(name):
     270M-shaped config: 18 layers, 5 local to 1 global)."""
     from pathlib import Path
 
-    import transformers
-
     from posym import configs, io
 
     root = Path(__file__).resolve().parents[1]
@@ -541,13 +552,7 @@ def test_the_sized_configs_are_configs_and_documented(name):
     page = (root / "docs" / "commands" / "models.md").read_text()
     assert f"--config scripts/{name}" in page and "`tests.parquet`" in page
     if "gemma3" in name:
-        gemma = transformers.Gemma3TextConfig(
-            num_hidden_layers=18,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            sliding_window=512,
-            layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
-        )
+        gemma = gemma3_layout()
         kv_eval.check_random(gemma, config)
         with pytest.raises(PosymError, match="random_match: type"):
             kv_eval.check_random(gemma, kv_eval.KVEvalConfig(**{**configs.to_dict(config), "random_match": "layer"}))
@@ -755,16 +760,8 @@ def test_the_gemma3_paragraph_follows_from_its_run():
     assert (round(retrieval.accuracy, 2), retrieval.b_full, retrieval.c_full) == (0.56, 5, 24)
     assert retrieval.p_full_holm < 0.01 < primary.drop("retrieval").p_full_holm.min()
     assert posym.draws_reaching == 4 and round(posym.p_above, 3) == 0.455
-    # the policies of the run's head table on Gemma 3 270M's layout (18 layers, 5 windowed : 1 global, 1 KV head)
-    import transformers
-
-    gemma = transformers.Gemma3TextConfig(
-        num_hidden_layers=18,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        sliding_window=512,
-        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3,
-    )
+    # the policies of the run's head table on Gemma 3 270M's layout
+    gemma = gemma3_layout()
     heads = pd.read_parquet(run / "heads.parquet")
     streamed = {
         name: np.flatnonzero(~kvpolicy.policy_from_table(name, gemma, 0.5, table=heads, sink=4, recent=64).full[:, 0])

@@ -481,6 +481,17 @@ def paired(a: np.ndarray, b: np.ndarray) -> dict:
     }
 
 
+def paired_columns(a: np.ndarray, b: np.ndarray, name: str, effect: float | None = None) -> dict:
+    """`paired` (a against b) as table columns suffixed `name`: diff, b, c, p, mde, and with `effect` the
+    prompts `needed` to detect it (`prompts_for_effect` at the observed spread)."""
+    test = paired(a, b)
+    out = {f"diff_{name}": test["difference"], f"b_{name}": test["b"], f"c_{name}": test["c"]}
+    out |= {f"p_{name}": test["p"], f"mde_{name}": test["mde"]}
+    if effect is not None:
+        out[f"needed_{name}"] = prompts_for_effect(test["sd"], effect)
+    return out
+
+
 def median_draw(accuracy: dict[int, float]) -> int:
     """The draw at the (lower) median of the draws' accuracies (ties: the lower draw)."""
     order = sorted(accuracy, key=lambda d: (accuracy[d], d))
@@ -504,7 +515,6 @@ def accuracy_tests(frame, effect: float):
             if "is_full" in h and h.is_full.all():
                 continue  # the full cache's own run (budget 0, or a length streaming keeps whole): no test
             mine = h.sort_values("index").correct.to_numpy()
-            against = paired(mine, right_full)
             row = {
                 "task": task,
                 "factor": factor,
@@ -514,12 +524,7 @@ def accuracy_tests(frame, effect: float):
                 "n": len(mine),
                 "accuracy": float(mine.mean()),
                 "full_accuracy": float(right_full.mean()),
-                "diff_full": against["difference"],
-                "b_full": against["b"],
-                "c_full": against["c"],
-                "p_full": against["p"],
-                "mde_full": against["mde"],
-                "needed_full": prompts_for_effect(against["sd"], effect),
+                **paired_columns(mine, right_full, "full", effect),
                 "random_draws": 0,
                 "diff_median": math.nan,
                 "p_median": math.nan,
@@ -530,16 +535,11 @@ def accuracy_tests(frame, effect: float):
             if policy in RANKED and not draws.empty:
                 accuracy = draws.groupby("draw").correct.mean().to_dict()
                 middle = draws[draws.draw == median_draw(accuracy)].sort_values("index").correct.to_numpy()
-                versus = paired(mine, middle)
                 row |= {
                     "random_draws": len(accuracy),
                     "random_mean": float(np.mean(list(accuracy.values()))),
                     "median_draw": median_draw(accuracy),
-                    "diff_median": versus["difference"],
-                    "b_median": versus["b"],
-                    "c_median": versus["c"],
-                    "p_median": versus["p"],
-                    "mde_median": versus["mde"],
+                    **paired_columns(mine, middle, "median"),
                     "p_random": randomization_p(float(mine.mean()), list(accuracy.values())),
                 }
             rows.append(row)
@@ -590,13 +590,10 @@ def primary_tests(frame, effect: float):
             raise ValueError(f"the random draws at budget {budget} do not cover {policy}'s prompts")
         accuracy = {d: float(v.mean()) for d, v in by_draw.items()}
         middle = median_draw(accuracy)
-        against, versus = (
-            paired(mine.to_numpy(), full.reindex(mine.index).to_numpy()),
-            paired(mine.to_numpy(), by_draw[middle].to_numpy(dtype=bool)),
-        )
         n, right = len(mine), int(mine.sum())
         lo, hi = wilson_interval(right, n)
         values = np.array(list(accuracy.values()))
+        reaching = int((values >= right / n - 1e-12).sum())  # draws at least as accurate
         rows.append(
             {
                 "budget": budget,
@@ -608,26 +605,17 @@ def primary_tests(frame, effect: float):
                 "lo": lo,
                 "hi": hi,
                 "full_accuracy": float(full.reindex(mine.index).mean()),
-                "diff_full": against["difference"],
-                "b_full": against["b"],
-                "c_full": against["c"],
-                "p_full": against["p"],
-                "mde_full": against["mde"],
-                "needed_full": prompts_for_effect(against["sd"], effect),
+                **paired_columns(mine.to_numpy(), full.reindex(mine.index).to_numpy(), "full", effect),
                 "random_draws": len(accuracy),
                 "random_min": float(values.min()),
                 "random_median": float(np.median(values)),
                 "random_max": float(values.max()),
-                "draws_reaching": int((values >= right / n - 1e-12).sum()),
+                "draws_reaching": reaching,
                 "p_random": randomization_p(right / n, values),
                 # one-sided, the direction a KV policy is for: (1 + #draws at least as accurate) / (draws + 1)
-                "p_above": (1 + int((values >= right / n - 1e-12).sum())) / (len(values) + 1),
+                "p_above": (1 + reaching) / (len(values) + 1),
                 "median_draw": middle,
-                "diff_median": versus["difference"],
-                "b_median": versus["b"],
-                "c_median": versus["c"],
-                "p_median": versus["p"],
-                "mde_median": versus["mde"],
+                **paired_columns(mine.to_numpy(), by_draw[middle].to_numpy(dtype=bool), "median"),
             }
         )
     out = pd.DataFrame(rows)

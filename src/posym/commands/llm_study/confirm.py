@@ -36,7 +36,7 @@ from posym.commands.llm_study.prediction import CAUSAL_GROUPS, CAUSAL_MEASURES, 
 from posym.core import attribution
 from posym.core.interventions import ABLATION_MODES
 from posym.core.retention import matched_random
-from posym.core.stats import ALPHA, detectable_effect, holm
+from posym.core.stats import ALPHA, detectable_effect, holm, holm_floor
 from posym.errors import PosymError
 
 Head = tuple[int, int]
@@ -87,7 +87,7 @@ class ConfirmPlan:
             raise PosymError("length_effect needs at least two factors")
         family = self.family_size()
         # no Holm p of the family can go below family / (draws + 1): refuse a plan that cannot pass
-        if family / (self.draws + 1) >= ALPHA:
+        if holm_floor(family, self.draws) >= ALPHA:
             need = int(np.ceil(family / ALPHA))
             raise PosymError(f"draws {self.draws} cannot pass Holm over {family} tests; use at least {need}")
 

@@ -49,6 +49,7 @@ from posym.core.stats import (
     bootstrap_weights,
     detectable_effect,
     holm,
+    holm_floor,
     mcnemar_p,
     percentile_interval,
     prompts_for_effect,
@@ -236,7 +237,7 @@ class PredictionConfig:
         if not rankings or len(set(rankings)) != len(rankings) or not set(rankings) <= set(RANKINGS):
             raise PosymError(f"causal_rankings must name distinct rankings of {', '.join(RANKINGS)}, got {rankings}")
         family = estimate_family(self.causal_factors, self.causal_rankings)
-        if family / (self.estimate_draws + 1) >= ALPHA:
+        if holm_floor(family, self.estimate_draws) >= ALPHA:
             raise PosymError(
                 f"estimate_draws {self.estimate_draws:,} cannot separate anything: its smallest p, "
                 f"1 / {self.estimate_draws + 1:,}, times the {family} tests of a Holm family is not below {ALPHA}; "
