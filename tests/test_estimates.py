@@ -105,7 +105,7 @@ def test_estimates_equal_real_ablation_where_atp_is_exact():
         estimate_draws=DRAWS,
         calibration_draws=3,
     )
-    table, calibration, points = estimates.causal_estimates(model, chosen, config, head_frame(1, n_head), seed=0)
+    table, calibration, points, _ = estimates.causal_estimates(model, chosen, config, head_frame(1, n_head), seed=0)
     # what the config's check counts (both rankings here; the default is sink-free alone)
     assert (table.family == prediction.estimate_family(sorted(chosen), config.causal_rankings)).all()
     assert set(table.ranking) == {"sink-free", "plain"}
@@ -382,3 +382,77 @@ def test_committed_qwen_estimates_follow_from_their_numbers():
         accuracy[accuracy.layout == "between"], on=["factor", "length", "prompt"], suffixes=("", "_lengths")
     )
     assert len(clean) == len(rows[rows.group == "none"]) and (clean.correct == clean.correct_lengths).all()
+
+
+def test_causal_rows_are_the_real_ablations_of_their_sets(monkeypatch):
+    """The causal rows (`prediction.causal_rows`) read every condition's answers from the stage's real
+    ablations, made once for them and for the calibration: each named group's and random draw's rows are
+    `ablation_effects` of that set alone (mean over the same-length prompts at each position, or zero), the
+    first causal_draws of each pool; the stage ablates max(causal_draws, calibration_draws) sets per pool,
+    each distinct set once per mode and length, and its clean rows are the clean model's greedy answers."""
+    import torch
+
+    from tiny_models import tiny_model
+
+    model = tiny_model("llama")
+    layers, _, n_head, _ = attribution.layout(model)
+    n_layer = len(layers)
+    chosen = {}
+    for f, length in ((1, 8), (2, 16)):
+        ids = random_prompts([length] * 6, seed=length)
+        with torch.no_grad():
+            logits = model(torch.tensor(ids)).logits[:, -1]  # [P, vocab]
+        # half the answers the clean model's greedy token, half its second choice: flips both ways
+        ranked = logits.argsort(-1, descending=True)
+        answers = [int(ranked[i, i % 2]) for i in range(len(ids))]
+        chosen[f] = [
+            SimpleNamespace(ids=p, answer_id=a, length=length, index=i) for i, (p, a) in enumerate(zip(ids, answers))
+        ]
+    heads = head_frame(n_layer, n_head)
+    config = prediction.PredictionConfig(
+        causal_ks=[1, 2],
+        causal_modes=["mean", "zero"],
+        causal_factors=[1, 2],
+        causal_rankings=["sink-free", "plain"],
+        estimate_draws=DRAWS,
+        causal_draws=3,
+        calibration_draws=1,
+    )
+    every_group = {
+        k: prediction.causal_groups(heads, k, DRAWS, 0, rankings=config.causal_rankings) for k in config.causal_ks
+    }
+    calls = []
+    real = attribution.ablation_effects
+
+    def counted(model, ids, answers, sets, **kw):
+        calls.append((len(ids[0]), kw["mode"], [tuple(sorted(s)) for s in sets]))
+        return real(model, ids, answers, sets, **kw)
+
+    monkeypatch.setattr(attribution, "ablation_effects", counted)
+    table, _, points, ablations = estimates.causal_estimates(
+        model, chosen, config, heads, seed=0, every_group=every_group
+    )
+    assert len(calls) == 4  # per mode and length one call, over every set
+    for _, _, sets in calls:
+        assert len(sets) == len(set(sets)) == len(ablations["sets"])
+    wanted = {(k, r, g) for k in config.causal_ks for r in config.causal_rankings for g in prediction.CAUSAL_GROUPS}
+    assert {key[:3] for key in ablations["where"]} == wanted
+    assert {key[3] for key in ablations["where"]} == {-1, 0, 1, 2}  # max(causal_draws, calibration_draws)
+    assert set(table[table.source == "real"].draws) == {1}  # the real tests read calibration_draws
+    assert points.heads.nunique() == len(ablations["sets"])  # every real ablation is a calibration point
+
+    rows = prediction.causal_rows(chosen, config, every_group, ablations)
+    clean = rows[rows.group == "none"]
+    conditions = rows[rows.group != "none"]
+    assert set(conditions.draw) == {-1, 0, 1, 2}
+    per_k = len(config.causal_modes) * len(config.causal_rankings) * 2 * (1 + config.causal_draws)
+    assert len(conditions) == len(config.causal_ks) * per_k * 12
+    assert conditions.correct.any() and not conditions.correct.all()
+    for (mode, text), part in conditions.groupby(["mode", "heads"]):
+        members = [tuple(map(int, h.split("."))) for h in text.split(",")]
+        for f, prompts in chosen.items():
+            one = real(model, [p.ids for p in prompts], [p.answer_id for p in prompts], [members], mode=mode)
+            for _, condition in part[part.factor == f].groupby(["k", "ranking", "group", "draw"]):
+                assert condition.sort_values("prompt").correct.tolist() == one["correct"][:, 0].tolist()
+            assert clean[clean.factor == f].sort_values("prompt").correct.tolist() == one["clean_correct"].tolist()
+    assert clean.correct.tolist() == [i % 2 == 0 for i in range(6)] * 2

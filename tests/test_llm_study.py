@@ -37,6 +37,7 @@ TINY = {
     "bench_runs": 2,
     "bench_n": 1,
     "ablation_ks": [1, 2],
+    "ablation_modes": ["zero", "mean"],  # both (the default is mean alone)
     "exclude_keys": [0],
     "prediction": {
         "formats": ["kv-code", "copy"],

@@ -22,16 +22,17 @@ tests        like for like: a named group's ESTIMATED accuracy drop, margin chan
              k, mode), the verdict (Holm p < 0.05: 'above random' or 'below random', by the side of the
              null's median; else 'not separated') and the minimal detectable effect at the family's
              level from the per-prompt spread of the group minus its pool's mean (ddof 1).
-real         the named groups and the first `calibration_draws` sets of each pool ablated for real
+real         the named groups and the first sets of each pool ablated for real, once for the whole stage
              (`ablation_effects`, the same mode, metric, contrast token and same-length reference: the
-             exact counterpart of the estimate), tested the same way among the real draws (source
-             'real', whose p cannot go below 1 / (calibration_draws + 1)), and beside each estimate row
-             the named group's real value (real_value), its p among the ESTIMATED draws (real_p), the
-             verdict that p gives in the same Holm family (real_verdict) and whether it is the
-             estimate's verdict (agrees). The causal stage's own ablations (causal_summary.parquet) take
-             their means over every position of the base-length prompts (`head_means`), so their drops
-             differ from these real ones by that reference.
-calibration  per (k, mode, length), over prompt x calibrated set (each distinct set once): Pearson and
+             exact counterpart of the estimate; max(causal_draws, calibration_draws) sets per pool): the
+             causal rows (`prediction.causal_rows`, causal_summary.parquet) read their answers from them,
+             and the first calibration_draws are tested here the same way among the real draws (source
+             'real', whose p cannot go below 1 / (calibration_draws + 1)); beside each estimate row the
+             named group's real value (real_value), its p among the ESTIMATED draws (real_p), the verdict
+             that p gives in the same Holm family (real_verdict) and whether it is the estimate's verdict
+             (agrees). (Studies committed before 2026-12-07 ablated their causal rows apart, with each
+             head's mean over every position of the base-length prompts at every length.)
+calibration  per (k, mode, length), over prompt x ablated set (each distinct set once): Pearson and
              Spearman of the estimated against the real margin change, the real / estimate slope
              through 0, both means, how often the estimated and the real answer agree, how many named
              groups' verdicts agree; `trusted` when Pearson >= TRUST_PEARSON and the slope lies within
@@ -45,7 +46,7 @@ reuse        real ablations are the stage's cost (one pass per set, prompt and l
              point's `reused` says which. So a null with more draws costs the attribution passes only.
 
 Tables: causal/estimates.parquet (`estimate_table`), causal/calibration.parquet (`calibration_table`),
-causal/calibration_points.parquet (`calibration_points`, per prompt and calibrated set).
+causal/calibration_points.parquet (`calibration_points`, per prompt and set ablated for real).
 """
 
 from __future__ import annotations
@@ -215,16 +216,24 @@ def _finish(table):
     return table
 
 
-def measure_rows(effects: dict, real: dict, every_group: dict, calibration_draws: int, lengths: dict[int, int]):
+def measure_rows(
+    effects: dict,
+    real: dict,
+    every_group: dict,
+    calibration_draws: int,
+    lengths: dict[int, int],
+    ablated: tuple[list, dict] | None = None,
+):
     """(test rows, calibration points) of one mode, from per-length attribution and real-ablation outputs.
 
     effects: {factor: `attribution.attribute` output (margin metric) on that length's prompts}; real: {factor:
-    `attribution.ablation_effects` output on the same prompts for the sets of `calibrated_sets(every_group,
-    calibration_draws)`, in that order}; every_group: {k: `prediction.causal_groups` with the estimate draws};
-    lengths: {factor: tokens}. The smallest factor is the base. Test rows come without Holm (`estimate_table`
-    adds it); points are per calibrated set and prompt."""
+    `attribution.ablation_effects` output on the same prompts for the sets of `ablated` (the (sets, where) of
+    `calibrated_sets`: by default `calibrated_sets(every_group, calibration_draws)`; more draws per pool may
+    be ablated, the real tests read the first calibration_draws), in that order}; every_group: {k:
+    `prediction.causal_groups` with the estimate draws}; lengths: {factor: tokens}. The smallest factor is
+    the base. Test rows come without Holm (`estimate_table` adds it); points are per ablated set and prompt."""
     factors = sorted(effects)
-    sets, where = calibrated_sets(every_group, calibration_draws)
+    sets, where = ablated if ablated is not None else calibrated_sets(every_group, calibration_draws)
     rows = []
     clean = np.stack([effects[f]["clean"] for f in factors])  # [F, P] clean margin
     clean_correct = clean > 0  # the contrast is the clean run's best other token
@@ -326,7 +335,7 @@ def estimate_table(rows):
 
 
 def calibration_table(points, estimates):
-    """causal/calibration.parquet: per (k, mode, factor), over prompt x calibrated set, the estimated (sum
+    """causal/calibration.parquet: per (k, mode, factor), over prompt x ablated set, the estimated (sum
     of AtP) against the real margin change: Pearson, Spearman, slope real / estimate through 0, both means,
     acc_agreement (the share of points whose estimated and real answers agree), verdicts_agree / verdicts
     (the named groups whose estimated accuracy-drop verdict is the one their REAL drop gets against the
@@ -411,29 +420,45 @@ def reused_ablations(measured, mode: str, factor: int, length: int, sets: list[l
 
 
 def causal_estimates(
-    model, chosen: dict, config, heads, *, seed: int, kinds: dict | None = None, progress=None, measured=None
+    model,
+    chosen: dict,
+    config,
+    heads,
+    *,
+    seed: int,
+    kinds: dict | None = None,
+    progress=None,
+    measured=None,
+    every_group: dict | None = None,
 ):
-    """(estimates, calibration, points): the causal stage's estimated tests and their calibration.
+    """(estimates, calibration, points, ablations): the causal stage's estimated tests, their calibration,
+    and its real ablations (`prediction.causal_rows` reads its answers from them).
 
     chosen: {factor: the stage's 'between' `LengthPrompt`s at that length} (its n_causal per length); config:
     a `PredictionConfig` (causal_ks, causal_modes, estimate_draws, calibration_draws); heads: the lengths
     stage's heads of the 'between' layout (both rankings), as `causal_groups` takes them. Per mode and length:
-    `attribute` (AtP, margin) on that length's prompts, then `ablation_effects` of the calibrated sets (those
-    `measured`, an earlier run's calibration points, holds for these prompts are taken from it:
-    `reused_ablations`); progress(1) after each (2 x modes x lengths steps)."""
+    `attribute` (AtP, margin) on that length's prompts, then `ablation_effects` of the named groups and the
+    first max(causal_draws, calibration_draws) sets of each pool (those `measured`, an earlier run's
+    calibration points, holds for these prompts are taken from it: `reused_ablations`); progress(1) after
+    each (2 x modes x lengths steps). ablations: {"sets": the sets ablated, "where": {(k, ranking, group,
+    draw or -1): set index}, "real": {mode: {factor: ablation_effects output over the sets}}}."""
     import pandas as pd
 
     progress = progress or (lambda n=1: None)
     factors = sorted(chosen)
     lengths = {f: chosen[f][0].length for f in factors}
-    every_group = {
-        k: causal_groups(heads, k, config.estimate_draws, seed, kinds=kinds, rankings=config.causal_rankings)
-        for k in config.causal_ks
-    }
-    sets, _ = calibrated_sets(every_group, config.calibration_draws)
-    rows, points = [], []
+    if every_group is None:  # else the caller's `causal_groups` of these heads with estimate_draws draws
+        every_group = {
+            k: causal_groups(heads, k, config.estimate_draws, seed, kinds=kinds, rankings=config.causal_rankings)
+            for k in config.causal_ks
+        }
+    # the sets ablated for real, once: the named groups and the first draws of each pool, as many as the
+    # causal rows (causal_draws) or the calibration (calibration_draws) read, whichever is more
+    sets, where = calibrated_sets(every_group, max(config.causal_draws, config.calibration_draws))
+    rows, points, ablations = [], [], {"sets": sets, "where": where, "real": {}}
     for mode in config.causal_modes:
         effects, real = {}, {}
+        ablations["real"][mode] = real
         for f in factors:
             ids, answers = [p.ids for p in chosen[f]], [p.answer_id for p in chosen[f]]
             batch = max(1, min(4, ATP_TOKENS // lengths[f]))
@@ -451,9 +476,9 @@ def causal_estimates(
                 real[f]["effect"][:, missing], real[f]["correct"][:, missing] = new["effect"], new["correct"]
                 real[f]["clean_correct"] = new["clean_correct"]
             progress(1)
-        found, spots = measure_rows(effects, real, every_group, config.calibration_draws, lengths)
+        found, spots = measure_rows(effects, real, every_group, config.calibration_draws, lengths, (sets, where))
         rows += [{**r, "mode": mode} for r in found]
         points += [{**p, "mode": mode, "reused": bool(real[p["factor"]]["have"][p["set"]])} for p in spots]
     estimates = estimate_table(rows)
     points = pd.DataFrame(points)
-    return estimates, calibration_table(points, estimates), points
+    return estimates, calibration_table(points, estimates), points, ablations

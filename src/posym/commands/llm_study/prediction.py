@@ -32,13 +32,13 @@ workers add 1.08x on 2 cores).
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from posym.core.interventions import ABLATION_MODES, ablated, head_means
+from posym.core.interventions import ABLATION_MODES
 from posym.core.paper import GAMMA, TAU
 from posym.core.retention import RANDOM, base_tracking, head_measures, matched_random
 from posym.core.scores import score_model, summarize_heads
@@ -59,7 +59,7 @@ from posym.core.stats import (
 from posym.core.study import find_sinks
 from posym.errors import PosymError
 from posym.figures import subplots
-from posym.parallel import cpu_workers, forked_map
+from posym.parallel import forked_map
 from posym.prompts import FACTORS, FORMATS, Builder, LengthFamily, LengthPrompt, build
 
 SCREENED = (
@@ -154,12 +154,14 @@ class PredictionConfig:
     draws: int = 1000
     """Layer-matched random head sets per group of the head-retention tests (cheap: the measures are taken
     once, a draw only picks heads), the randomization p's null; its smallest p is 1 / (draws + 1)."""
-    causal_draws: int = 3
-    """Layer-matched random head sets per group of the causal stage (each one ablation pass per prompt and
-    length, ~55 CPU s per set on SmolLM2 at 1x + 16x); its randomization p cannot go below
-    1 / (causal_draws + 1) (0.25 by default: the verdicts come from the estimated null of `estimate_draws`;
-    the committed studies ran 10, the powered preset 250).
-    They are the first sets of the estimated pools (`causal_groups` draws the same sets for any count)."""
+    causal_draws: int = 2
+    """Layer-matched random head sets per group whose real ablation the causal rows (causal.parquet and its
+    summary) compare each named group with; its randomization p cannot go below 1 / (causal_draws + 1)
+    (0.33 by default: the verdicts come from the estimated null of `estimate_draws`; the committed studies
+    ran 10, the powered preset 250). They are the first sets of the estimated pools (`causal_groups` draws
+    the same sets for any count), ablated once with the calibration's (`calibration_draws`: the stage
+    ablates max(causal_draws, calibration_draws) per pool, one pass per set, prompt and length, ~24 CPU s
+    per set on SmolLM2 at 1x + 16x)."""
     causal_rankings: list[str] = field(default_factory=lambda: ["sink-free"])
     """Which rankings' groups the causal stage ablates (`RANKINGS`): the sink-free one by default, the one
     every verdict reads; add "plain" to ablate the plainly ranked groups and their own random pools too
@@ -173,9 +175,9 @@ class PredictionConfig:
     no verdict could be reached: 1,000 draws could not (56 / 1,001 = 0.056)."""
     calibration_draws: int = 2
     """Of each pool's estimated random sets, how many (the first ones) are also ablated for real, beside the
-    named groups, to validate the estimate at every causal length (causal/calibration.parquet): one
-    ablation pass per set, prompt and length, ~70 CPU s per set on SmolLM2 at 1x + 16x; the committed studies
-    used 20, the powered preset does)."""
+    named groups, to validate the estimate at every causal length (causal/calibration.parquet); the same
+    real ablations as the causal rows' (`causal_draws`): the stage ablates max(causal_draws,
+    calibration_draws) sets per pool once. The committed studies used 20, the powered preset does."""
     effect: float = 0.2
     """Retention difference (group against its random heads) whose needed prompt count the tables state
     (80% power at the Holm-family level)."""
@@ -243,11 +245,12 @@ class PredictionConfig:
                 f"1 / {self.estimate_draws + 1:,}, times the {family} tests of a Holm family is not below {ALPHA}; "
                 f"use at least {math.ceil(family / ALPHA):,}"
             )
-        if self.calibration_draws > self.estimate_draws:
-            raise PosymError(
-                f"calibration_draws ({self.calibration_draws}) cannot exceed estimate_draws ({self.estimate_draws}): "
-                "the calibrated sets are the first of the estimated ones"
-            )
+        for name in ("causal_draws", "calibration_draws"):
+            if getattr(self, name) > self.estimate_draws:
+                raise PosymError(
+                    f"{name} ({getattr(self, name)}) cannot exceed estimate_draws ({self.estimate_draws}): "
+                    "the sets ablated for real are the first of the estimated ones"
+                )
         if self.n_probe > self.n_screen:
             raise PosymError(f"n_probe ({self.n_probe}) cannot exceed n_screen ({self.n_screen})")
         if self.n_heads > self.n_length or self.n_causal > self.n_length:
@@ -694,54 +697,44 @@ def causal_groups(
 
 
 def causal_rows(
-    model,
-    prompts: dict[int, list[LengthPrompt]],
-    config: PredictionConfig,
-    heads,
-    *,
-    seed: int,
-    clean=None,
-    progress=None,
-    kinds: dict | None = None,
+    chosen: dict[int, list[LengthPrompt]], config: PredictionConfig, every_group: dict, ablations: dict, *, clean=None
 ):
     """Per (condition, factor, prompt) whether the answer is right: the clean model (k = 0, group 'none')
-    and every ablation of `causal_groups` for each k and mode, every length of a question through one
-    shared-prefix pass (`last_logits`). clean: the clean model's rows (factor, length, prompt, correct)
-    when already measured on these prompts (the lengths stage's 'between' accuracy), else measured here."""
+    and every named group of `causal_groups` with the first causal_draws random sets of its pool, for each
+    k and mode, read from the stage's real ablations (`estimates.causal_estimates`, which ablates these sets
+    once for the rows here and for its calibration: `attribution.ablation_effects`, the heads replaced at
+    every position by their mean at that position over the same length's prompts, or by zero; right when
+    the ablated model's greedy next token is the answer).
+
+    chosen: {factor: that length's causal prompts}; every_group: {k: `causal_groups` with at least
+    causal_draws draws}; ablations: causal_estimates' {"where": {(k, ranking, group, draw or -1): set},
+    "real": {mode: {factor: ablation_effects output}}}; clean: the clean model's rows (factor, length,
+    prompt, correct) when already measured on these prompts (the lengths stage's 'between' accuracy), else
+    the real ablations' clean answers.
+
+    >>> import numpy as np
+    >>> from types import SimpleNamespace
+    >>> p = lambda i: SimpleNamespace(index=i, length=2)  # the rows read a prompt's index and length
+    >>> groups = {1: {("sink-free", "symbolic"): [(0, 1)], ("sink-free", "positional"): [(0, 0)],
+    ...               ("sink-free", "random:symbolic:0"): [(0, 2)], ("sink-free", "random:positional:0"): [(0, 2)]}}
+    >>> where = {(1, "sink-free", "symbolic", -1): 0, (1, "sink-free", "symbolic", 0): 2,
+    ...          (1, "sink-free", "positional", -1): 1, (1, "sink-free", "positional", 0): 2}
+    >>> real = {"mean": {1: {"correct": np.array([[False, True, True]]), "clean_correct": np.array([True])}}}
+    >>> rows = causal_rows({1: [p(0)]}, PredictionConfig(causal_draws=1), groups, {"where": where, "real": real})
+    >>> rows[["group", "draw", "correct"]].values.tolist()
+    [['none', -1, True], ['symbolic', -1, False], ['positional', -1, True], ['random:symbolic', 0, True], ['random:positional', 0, True]]
+    """
     import pandas as pd
 
-    chosen = {f: prompts[f][: config.n_causal] for f in sorted(config.causal_factors)}
-    workers = cpu_workers(config.workers, model)
-    every_group = {
-        k: causal_groups(heads, k, config.causal_draws, seed, kinds=kinds, rankings=config.causal_rankings)
-        for k in config.causal_ks
-    }
-    means = None
-    if "mean" in config.causal_modes:
-        needed = sorted({h for groups in every_group.values() for hs in groups.values() for h in hs})
-        means = head_means(model, [p.ids for p in prompts[1][: config.n_length]], needed)
-    rows: list[dict] = []
-    done: dict[
-        tuple, list[dict]
-    ] = {}  # (k, mode, heads) -> its rows: a plain group equal to a sink-free one is not re-run
-
-    def measure(condition: dict, context) -> None:
-        key = (condition["k"], condition["mode"], condition["heads"])
-        if key not in done:
-            with context:  # the ablation's hooks are on the model before the workers fork
-                correct = correct_by_length(model, chosen, workers=workers)
-            done[key] = [
-                {"factor": f, "length": p.length, "prompt": p.index, "correct": ok}
-                for f, group in chosen.items()
-                for p, ok in zip(group, correct[f])
-            ]
-        if progress:
-            progress(1)
-        rows.extend({**condition, **r} for r in done[key])
-
     none = {"k": 0, "mode": "none", "ranking": "none", "group": "none", "draw": -1, "heads": ""}
+    rows: list[dict] = []
     if clean is None:
-        measure(none, nullcontext())
+        mode = next(iter(ablations["real"]))
+        rows += [
+            {**none, "factor": f, "length": p.length, "prompt": p.index, "correct": bool(ok)}
+            for f, group in chosen.items()
+            for p, ok in zip(group, ablations["real"][mode][f]["clean_correct"])
+        ]
     else:
         # a clean row is of a causal prompt when its index, factor and length are: another format's rows
         # (another base length) never stand in for this one's
@@ -754,19 +747,24 @@ def causal_rows(
         if len(found) != len(wanted):
             raise PosymError(f"the clean rows cover {len(found)} of the {len(wanted)} causal prompts")
         rows.extend({**none, **r, "correct": bool(r["correct"])} for r in found)
-        if progress:
-            progress(1)
     for k, groups in every_group.items():
         for mode in config.causal_modes:
             for (ranking, name), members in groups.items():
                 pool, draw = (
                     (name.rsplit(":", 1)[0], int(name.rsplit(":", 1)[1])) if name.startswith(RANDOM) else (name, -1)
                 )
-                text = ",".join(f"{a}.{b}" for a, b in members)
-                measure(
-                    {"k": k, "mode": mode, "ranking": ranking, "group": pool, "draw": draw, "heads": text},
-                    ablated(model, members, mode, means),
-                )
+                if draw >= config.causal_draws:
+                    continue
+                named = pool.split(":", 1)[1] if draw >= 0 else pool  # the pool's named group
+                s = ablations["where"][(k, ranking, named, draw)]
+                condition = {"k": k, "mode": mode, "ranking": ranking, "group": pool, "draw": draw}
+                condition["heads"] = ",".join(f"{a}.{b}" for a, b in members)
+                rows += [
+                    {**condition, "factor": f, "length": p.length, "prompt": p.index, "correct": bool(correct[i, s])}
+                    for f, group in chosen.items()
+                    for correct in [ablations["real"][mode][f]["correct"]]
+                    for i, p in enumerate(group)
+                ]
     return pd.DataFrame(rows)
 
 
