@@ -19,7 +19,9 @@ run holds, and kv-eval's accuracy figure over them (a row of panels per task). O
 same call commits the whole run (and removes partial.json). `--partial RUN MORE... DEST` also takes the finished tasks of further
 directories run in parallel processes with the first's config but fewer `tasks` (a task's rows do not
 depend on the other tasks): their configs, head tables and model must be the first's, and a task finished
-in several is taken from the first that holds it.
+in several is taken from the first that holds it. A DEST that already holds a partial commit of the same
+config, model and head table keeps the tasks it holds that no run does, so tasks run later (a one-task
+config, in another session) join an earlier commit.
 
     python scripts/kv_eval_block.py --partial RUN [MORE ...] DEST
 """
@@ -160,7 +162,7 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
     import shutil
     from posym.commands import kv_eval
     from posym.figures import save_figure
-    from posym.io import read_json_object, write_json, write_parquet
+    from posym.io import read_json_object, write_json, write_parquet, write_yaml
 
     def setup(path: Path) -> tuple[dict, dict, pd.DataFrame, str]:
         # through the config class, so a field added since a run started (its default) compares equal
@@ -171,6 +173,13 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
 
     config, tasks, heads, digest = setup(run)
     source = {t: run for t in tasks if done_path(run, kv_eval.JOB, t).is_file()}
+    kept: list[str] = []  # tasks an earlier partial commit of this config in DEST holds and no run does
+    if (dest / PARTIAL).is_file():
+        held = read_json_object(dest / PARTIAL)
+        dest_config, _, dest_heads, dest_digest = setup(dest)
+        if dest_config == config and dest_digest == digest and dest_heads.equals(heads):
+            tasks = [*held["of"], *(t for t in tasks if t not in held["of"])]
+            kept = [t for t in held["finished"] if kv_eval_prompts(dest, t).is_file()]
     for other in more:
         other_config, other_tasks, other_heads, other_digest = setup(other)
         if other_config != config or not set(other_tasks) <= set(tasks):
@@ -180,16 +189,22 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
         for task in other_tasks:
             if done_path(other, kv_eval.JOB, task).is_file():
                 source.setdefault(task, other)
+    for task in kept:
+        source.setdefault(task, dest)
     finished = [t for t in tasks if t in source]
     if not finished:
         sys.exit(f"{', '.join(map(str, (run, *more)))} hold no finished task")
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("config", "manifest", "heads"):
+    for name in ("manifest", "heads"):
         shutil.copyfile(output_file(run, "kv-eval", name), output_file(dest, "kv-eval", name))
-    for task in tasks:  # a task no longer finished in the runs is not kept from an earlier commit
-        kv_eval_prompts(dest, task).unlink(missing_ok=True)
+    # the config of every task held (a run of fewer tasks committed beside an earlier commit's)
+    write_yaml(output_file(dest, "kv-eval", "config"), {**configs.to_dict(run_config(run)), "tasks": tasks})
+    for task in tasks:  # a task no longer finished in the runs or an earlier commit is not kept
+        if source.get(task) != dest:
+            kv_eval_prompts(dest, task).unlink(missing_ok=True)
     for task in finished:
-        shutil.copyfile(kv_eval_prompts(source[task], task), kv_eval_prompts(dest, task))
+        if source[task] != dest:
+            shutil.copyfile(kv_eval_prompts(source[task], task), kv_eval_prompts(dest, task))
     frame = pd.concat([pd.read_parquet(kv_eval_prompts(dest, t)) for t in finished], ignore_index=True)
     summary = kv_eval.summarize(frame)
     write_parquet(output_file(dest, "kv-eval", "summary"), summary)

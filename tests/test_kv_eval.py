@@ -450,6 +450,20 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
     assert run_posym(monkeypatch, *args_alone[:3], other, *args_alone[4:], "--out", root / "other") == 0
     with pytest.raises(SystemExit, match="config"):
         kv_eval_block.partial(out, root / "merged", root / "other")
+    # a task run later, alone (its config's `tasks` fewer), joins an earlier partial commit: DEST keeps the
+    # tasks it holds, its config names every task, its tables are those of the tasks' rows
+    for task in ("multikey", "vartrack"):
+        done_path(out, kv_eval.JOB, task).unlink(missing_ok=True)
+    assert kv_eval_block.partial(out, root / "early") == ["length"]
+    assert kv_eval_block.partial(root / "alone", root / "early") == ["length", "vartrack"]
+    held = json.loads((root / "early" / "partial.json").read_text())
+    assert held == {"finished": ["length", "vartrack"], "of": list(kv_eval.TASKS)}
+    assert yaml.safe_load((root / "early" / "kv_eval.yaml").read_text())["tasks"] == list(kv_eval.TASKS)
+    rows = pd.concat([pd.read_parquet(out / f"prompts_{t}.parquet") for t in ("length", "vartrack")], ignore_index=True)
+    pd.testing.assert_frame_equal(pd.read_parquet(root / "early" / "summary.parquet"), kv_eval.summarize(rows))
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(root / "early" / "primary.parquet"), kv_eval.primary_tests(rows, kv_eval.KVEvalConfig().effect)
+    )
 
 
 def test_a_killed_task_resumes_from_its_last_finished_length(tiny, tmp_path, monkeypatch):

@@ -954,6 +954,29 @@ def test_the_default_study_timing_is_of_todays_defaults(name):
     assert all(run["study_yaml"] != record["study_yaml"] for run in record.get("superseded_runs", []))
 
 
+def test_the_causal_stage_comparison_is_of_the_default_run():
+    """docs/benchmarks/causal_stage_ab.json (docs/results.md's cost paragraph): its new side is the causal stage
+    of the whole default study's record and of today's defaults, its old side the earlier default's (3 real
+    draws), its ratio and saving their quotient and difference, and the old and new named-group drops differ
+    (the two mean-ablation definitions)."""
+    record = json.loads((BENCHMARKS / "causal_stage_ab.json").read_text())
+    study = json.loads((BENCHMARKS / "llm_study.json").read_text())
+    old, new = record["old"], record["new"]
+    assert (
+        new["seconds"] == study["stage_seconds"]["causal"]
+        and new["cpu_seconds"] == study["stage_cpu_seconds"]["causal"]
+    )
+    assert new["causal_draws"] == prediction.PredictionConfig().causal_draws != old["causal_draws"] == 3
+    assert record["ratio"] == round(old["seconds"] / new["seconds"], 3) and old["seconds"] > new["seconds"]
+    assert record["saved_seconds"] == pytest.approx(old["seconds"] - new["seconds"], abs=0.01)
+    assert (
+        set(old["named_groups"])
+        == set(new["named_groups"])
+        == {f"{g} {f}x" for g in prediction.CAUSAL_GROUPS for f in prediction.PredictionConfig().causal_factors}
+    )
+    assert all(old["named_groups"][k]["drop"] > new["named_groups"][k]["drop"] for k in new["named_groups"])
+
+
 def test_the_whole_default_study_timing_is_of_todays_defaults():
     """benchmarks/real_model.py --part study's record (docs/benchmarks/llm_study.json, read in docs/results.md)
     ran every stage with today's defaults, its two parts are its stages' sums, and the command's wall time
