@@ -93,18 +93,23 @@ DRAWS = 400
 lengths' family (20 tests: 20 / 401 < 0.05)."""
 
 
-def test_estimates_equal_real_ablation_where_atp_is_exact():
-    model = linear_model()
-    _, _, n_head, _ = attribution.layout(model)
-    chosen = length_prompts()
-    config = prediction.PredictionConfig(
+def wide_config(**draws) -> prediction.PredictionConfig:
+    """k 1 and 2, both modes and rankings, two lengths, DRAWS estimated draws; `draws` the real ones."""
+    return prediction.PredictionConfig(
         causal_ks=[1, 2],
         causal_modes=["mean", "zero"],
         causal_factors=[1, 2],
         causal_rankings=["sink-free", "plain"],
         estimate_draws=DRAWS,
-        calibration_draws=3,
+        **draws,
     )
+
+
+def test_estimates_equal_real_ablation_where_atp_is_exact():
+    model = linear_model()
+    _, _, n_head, _ = attribution.layout(model)
+    chosen = length_prompts()
+    config = wide_config(calibration_draws=3)
     table, calibration, points, _ = estimates.causal_estimates(model, chosen, config, head_frame(1, n_head), seed=0)
     # what the config's check counts (both rankings here; the default is sink-free alone)
     assert (table.family == prediction.estimate_family(sorted(chosen), config.causal_rankings)).all()
@@ -409,15 +414,7 @@ def test_causal_rows_are_the_real_ablations_of_their_sets(monkeypatch):
             SimpleNamespace(ids=p, answer_id=a, length=length, index=i) for i, (p, a) in enumerate(zip(ids, answers))
         ]
     heads = head_frame(n_layer, n_head)
-    config = prediction.PredictionConfig(
-        causal_ks=[1, 2],
-        causal_modes=["mean", "zero"],
-        causal_factors=[1, 2],
-        causal_rankings=["sink-free", "plain"],
-        estimate_draws=DRAWS,
-        causal_draws=3,
-        calibration_draws=1,
-    )
+    config = wide_config(causal_draws=3, calibration_draws=1)
     every_group = {
         k: prediction.causal_groups(heads, k, DRAWS, 0, rankings=config.causal_rankings) for k in config.causal_ks
     }

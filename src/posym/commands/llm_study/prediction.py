@@ -15,12 +15,13 @@ lengths  for that task: accuracy at every factor x the base length in both layou
          at the base length (`posym.core.retention`), summarised per label and for layer-matched random
          draws with paired-bootstrap 95% intervals over prompts.
 causal   mean-ablation (zero as an option) of the top-k symbolic and top-k positional heads (ranked
-         by the sink-free scores, and by the plain scores beside), and of `draws` layer-matched random
-         sets of k heads per group: accuracy at each causal factor (every length by default);
+         by the sink-free scores; the plain ranking beside on request), and of `causal_draws` layer-matched
+         random sets of k heads per group: accuracy at each causal factor (1x and 16x by default);
          drop(L) = acc(clean) - acc(ablated), the length effect drop(L) - drop(base), each group against
-         its matched random heads, with
-         paired-bootstrap intervals, "separated" when the interval of the difference excludes 0, and
-         otherwise the prompt count that would separate them at the measured effect.
+         its matched random heads, with paired-bootstrap intervals, randomization p and Holm
+         (`causal_table`). The ablations are the estimates' real ones (`estimates.causal_estimates`: each
+         set once, the same-length prompts' mean at each position), beside the estimated null of
+         `estimate_draws` sets that the verdicts read.
 
 The model is judged on its next token (`posym.prompts`: the answer's distinguishing token). Every
 length of a question is answered from one key-value cache of its longest prompt (`last_logits`: the
