@@ -353,3 +353,20 @@ def test_bench_splits_its_questions_over_forked_workers_with_the_same_rows(model
     judge = lambda p: llm_bench.local_correct(loaded, p)  # noqa: E731
     one, two = (llm_bench.run_bench(judge, sizes=[12], runs=2, n=2, workers=w) for w in (1, 2))
     assert one.equals(two) and one.predicted.nunique() > 1  # a tiny random model's replies differ by prompt
+
+
+def test_the_bench_sizes_record_is_of_todays_default_sizes():
+    """docs/benchmarks/bench_sizes.json (benchmarks/bench_sizes.py; docs/results.md's cost paragraph): one entry
+    per default bench size, longer prompts at larger sizes, each share its seconds over the sizes' sum."""
+    from pathlib import Path
+
+    from posym.commands.llm_study import StudyConfig
+
+    record = json.loads((Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "bench_sizes.json").read_text())
+    sizes = StudyConfig().bench_sizes
+    assert record["bench_sizes"] == sizes and set(record["sizes"]) == {str(s) for s in sizes}
+    rows = [record["sizes"][str(s)] for s in sizes]
+    assert all(a["tokens_mean"] < b["tokens_mean"] for a, b in zip(rows, rows[1:]))
+    total = sum(r["seconds_per_prompt"] for r in rows)
+    assert all(r["share_of_stage"] == round(r["seconds_per_prompt"] / total, 3) for r in rows)
+    assert all(r["prompts"] == 2 * StudyConfig().bench_n for r in rows)
