@@ -426,9 +426,8 @@ def test_causal_rows_are_the_real_ablations_of_their_sets(monkeypatch):
         return real(model, ids, answers, sets, **kw)
 
     monkeypatch.setattr(attribution, "ablation_effects", counted)
-    table, _, points, ablations = estimates.causal_estimates(
-        model, chosen, config, heads, seed=0, every_group=every_group
-    )
+    table, _, points, ablations = estimates.causal_estimates(model, chosen, config, heads, seed=0)
+    assert ablations["groups"] == every_group  # the groups the causal rows read are causal_groups' own
     assert len(calls) == 4  # per mode and length one call, over every set
     for _, _, sets in calls:
         assert len(sets) == len(set(sets)) == len(ablations["sets"])
@@ -438,7 +437,7 @@ def test_causal_rows_are_the_real_ablations_of_their_sets(monkeypatch):
     assert set(table[table.source == "real"].draws) == {1}  # the real tests read calibration_draws
     assert points.heads.nunique() == len(ablations["sets"])  # every real ablation is a calibration point
 
-    rows = prediction.causal_rows(chosen, config, every_group, ablations)
+    rows = prediction.causal_rows(chosen, config, ablations)
     clean = rows[rows.group == "none"]
     conditions = rows[rows.group != "none"]
     assert set(conditions.draw) == {-1, 0, 1, 2}

@@ -681,31 +681,21 @@ def stage_causal(loaded: LoadedModel, config: StudyConfig, out: Path, progress, 
     heads = _read(out, "lengths", "heads")
     heads = heads[heads.layout == "between"]
     accuracy = _read(out, "lengths", "accuracy")  # the clean model on these prompts: measured once, there
-    kinds = prediction.layer_kinds(loaded.model)
     # the estimated null (issue 51): every head's AtP effect per length, estimate_draws matched sets summed;
     # the named groups and the first draws of each pool ablated for real once, for the calibration beside
     # the estimates and for the causal rows (one mean-ablation: the same-length prompts' mean per position)
     chosen = {f: prompts[f][: settings.n_causal] for f in sorted(settings.causal_factors)}
-    every_group = {
-        k: prediction.causal_groups(
-            heads, k, settings.estimate_draws, config.seed, kinds=kinds, rankings=settings.causal_rankings
-        )
-        for k in settings.causal_ks
-    }
     table, calibration, points, ablations = estimates.causal_estimates(
         loaded.model,
         chosen,
         settings,
         heads,
         seed=config.seed,
-        kinds=kinds,
+        kinds=prediction.layer_kinds(loaded.model),
         progress=progress,
         measured=measured,
-        every_group=every_group,
     )
-    rows = prediction.causal_rows(
-        chosen, settings, every_group, ablations, clean=accuracy[accuracy.layout == "between"]
-    )
+    rows = prediction.causal_rows(chosen, settings, ablations, clean=accuracy[accuracy.layout == "between"])
     io.write_parquet(_path(out, "causal"), rows)
     io.write_parquet(
         _path(out, "causal_summary"),

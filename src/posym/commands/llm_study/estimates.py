@@ -429,7 +429,6 @@ def causal_estimates(
     kinds: dict | None = None,
     progress=None,
     measured=None,
-    every_group: dict | None = None,
 ):
     """(estimates, calibration, points, ablations): the causal stage's estimated tests, their calibration,
     and its real ablations (`prediction.causal_rows` reads its answers from them).
@@ -440,22 +439,22 @@ def causal_estimates(
     `attribute` (AtP, margin) on that length's prompts, then `ablation_effects` of the named groups and the
     first max(causal_draws, calibration_draws) sets of each pool (those `measured`, an earlier run's
     calibration points, holds for these prompts are taken from it: `reused_ablations`); progress(1) after
-    each (2 x modes x lengths steps). ablations: {"sets": the sets ablated, "where": {(k, ranking, group,
-    draw or -1): set index}, "real": {mode: {factor: ablation_effects output over the sets}}}."""
+    each (2 x modes x lengths steps). ablations: {"groups": {k: `causal_groups` with estimate_draws draws},
+    "sets": the sets ablated, "where": {(k, ranking, group, draw or -1): set index}, "real": {mode: {factor:
+    ablation_effects output over the sets}}}."""
     import pandas as pd
 
     progress = progress or (lambda n=1: None)
     factors = sorted(chosen)
     lengths = {f: chosen[f][0].length for f in factors}
-    if every_group is None:  # else the caller's `causal_groups` of these heads with estimate_draws draws
-        every_group = {
-            k: causal_groups(heads, k, config.estimate_draws, seed, kinds=kinds, rankings=config.causal_rankings)
-            for k in config.causal_ks
-        }
+    every_group = {
+        k: causal_groups(heads, k, config.estimate_draws, seed, kinds=kinds, rankings=config.causal_rankings)
+        for k in config.causal_ks
+    }
     # the sets ablated for real, once: the named groups and the first draws of each pool, as many as the
     # causal rows (causal_draws) or the calibration (calibration_draws) read, whichever is more
     sets, where = calibrated_sets(every_group, max(config.causal_draws, config.calibration_draws))
-    rows, points, ablations = [], [], {"sets": sets, "where": where, "real": {}}
+    rows, points, ablations = [], [], {"groups": every_group, "sets": sets, "where": where, "real": {}}
     for mode in config.causal_modes:
         effects, real = {}, {}
         ablations["real"][mode] = real

@@ -697,9 +697,7 @@ def causal_groups(
     return out
 
 
-def causal_rows(
-    chosen: dict[int, list[LengthPrompt]], config: PredictionConfig, every_group: dict, ablations: dict, *, clean=None
-):
+def causal_rows(chosen: dict[int, list[LengthPrompt]], config: PredictionConfig, ablations: dict, *, clean=None):
     """Per (condition, factor, prompt) whether the answer is right: the clean model (k = 0, group 'none')
     and every named group of `causal_groups` with the first causal_draws random sets of its pool, for each
     k and mode, read from the stage's real ablations (`estimates.causal_estimates`, which ablates these sets
@@ -707,8 +705,8 @@ def causal_rows(
     every position by their mean at that position over the same length's prompts, or by zero; right when
     the ablated model's greedy next token is the answer).
 
-    chosen: {factor: that length's causal prompts}; every_group: {k: `causal_groups` with at least
-    causal_draws draws}; ablations: causal_estimates' {"where": {(k, ranking, group, draw or -1): set},
+    chosen: {factor: that length's causal prompts}; ablations: causal_estimates' {"groups": {k:
+    `causal_groups` with at least causal_draws draws}, "where": {(k, ranking, group, draw or -1): set},
     "real": {mode: {factor: ablation_effects output}}}; clean: the clean model's rows (factor, length,
     prompt, correct) when already measured on these prompts (the lengths stage's 'between' accuracy), else
     the real ablations' clean answers.
@@ -721,7 +719,8 @@ def causal_rows(
     >>> where = {(1, "sink-free", "symbolic", -1): 0, (1, "sink-free", "symbolic", 0): 2,
     ...          (1, "sink-free", "positional", -1): 1, (1, "sink-free", "positional", 0): 2}
     >>> real = {"mean": {1: {"correct": np.array([[False, True, True]]), "clean_correct": np.array([True])}}}
-    >>> rows = causal_rows({1: [p(0)]}, PredictionConfig(causal_draws=1), groups, {"where": where, "real": real})
+    >>> ablations = {"groups": groups, "where": where, "real": real}
+    >>> rows = causal_rows({1: [p(0)]}, PredictionConfig(causal_draws=1), ablations)
     >>> rows[["group", "draw", "correct"]].values.tolist()
     [['none', -1, True], ['symbolic', -1, False], ['positional', -1, True], ['random:symbolic', 0, True], ['random:positional', 0, True]]
     """
@@ -748,7 +747,7 @@ def causal_rows(
         if len(found) != len(wanted):
             raise PosymError(f"the clean rows cover {len(found)} of the {len(wanted)} causal prompts")
         rows.extend({**none, **r, "correct": bool(r["correct"])} for r in found)
-    for k, groups in every_group.items():
+    for k, groups in ablations["groups"].items():
         for mode in config.causal_modes:
             for (ranking, name), members in groups.items():
                 pool, draw = (
