@@ -51,6 +51,7 @@ RUNS = {
     "SmolLM2-135M-Instruct, 1x / 2x / 4x, budgets 0.25 / 0.5 / 0.75": RESULTS / "kv-eval-smollm2-budgets",
     "SmolLM2-135M-Instruct, 1x / 4x / 16x": RESULTS / "kv-eval-smollm2-16x",
     "Gemma 3 270M, 1x / 2x / 4x": RESULTS / "kv-eval-gemma3",
+    "Qwen2.5-Coder-0.5B-Instruct, 1x / 2x / 4x": RESULTS / "kv-eval-qwen2.5-coder-0.5b",
 }
 RANKED = ("posym", "retrieval", "duo")
 """The policies that rank heads (random and streaming are their controls)."""

@@ -8,6 +8,7 @@ McNemar / randomization / Holm numbers equal a brute-force reference; `posym kv-
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 from pathlib import Path
@@ -793,3 +794,35 @@ def test_the_gemma3_paragraph_follows_from_its_run():
     glob = {5, 11, 17}
     assert len(streamed["posym"]) == 9 and not glob & set(streamed["posym"]) and not glob & set(streamed["retrieval"])
     assert glob & set(streamed["duo"]) == {17}
+
+
+def test_the_qwen_paragraph_follows_from_its_run():
+    """docs/results.md on Qwen2.5-Coder-0.5B-Instruct (10 layer-matched draws, length and variable tracking):
+    pooled, posym's label loses to the full cache (McNemar, Holm) while the retrieval score does not, and 6 of
+    the 10 draws reach posym; the loss is variable tracking's (the length task keeps 1.00)."""
+    run = Path(__file__).resolve().parents[1] / "docs" / "results" / "kv-eval-qwen2.5-coder-0.5b"
+    held = json.loads((run / "partial.json").read_text())
+    assert held == {"finished": ["length", "vartrack"], "of": list(kv_eval.TASKS)}
+    summary = pd.read_parquet(run / "summary.parquet").set_index(["task", "factor", "budget", "policy"])
+    for f in (1, 2, 4):
+        assert [summary.loc[("length", f, 0.5, p)].accuracy for p in ("posym", "retrieval")] == [1.0, 1.0]
+        assert summary.loc[("vartrack", f, 0.0, "full")].accuracy == 1.0
+    quoted = {"posym": [0.81, 0.56, 0.5], "retrieval": [1.0, 0.94, 1.0], "duo": [0.88, 0.81, 0.94]}
+    for policy, values in quoted.items():
+        assert [round(summary.loc[("vartrack", f, 0.5, policy)].accuracy, 2) for f in (1, 2, 4)] == values, policy
+    medians = [round(summary.loc[("vartrack", f, 0.5, "random")].draw_median, 2) for f in (1, 2, 4)]
+    assert medians == [0.78, 0.75, 0.78]
+    primary = pd.read_parquet(run / "primary.parquet").set_index("policy")
+    posym, retrieval = primary.loc["posym"], primary.loc["retrieval"]
+    assert (posym.n, round(posym.accuracy, 2), posym.full_accuracy, posym.b_full, posym.c_full) == (
+        96,
+        0.81,
+        1.0,
+        0,
+        18,
+    )
+    assert (
+        round(posym.p_full_holm, 6) == 1.5e-05 and posym.draws_reaching == 6 and round(posym.random_median, 2) == 0.89
+    )
+    assert (round(retrieval.accuracy, 2), retrieval.b_full, retrieval.c_full, retrieval.p_full_holm) == (0.99, 0, 1, 1)
+    assert primary.loc["duo"].c_full == 19 and retrieval.accuracy > posym.accuracy
