@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_atlas_results import check_auroc_rows, check_export
+from test_atlas_results import check_auroc_rows, check_export, check_quoted_intervals
 
 from posym import configs
 from posym.commands import atlas as command
@@ -47,8 +47,7 @@ def test_auroc_is_the_per_head_table_and_what_results_md_quotes(heads):
         ("non-streaming", "s_sym_sinkfree"): (0.686, 0.536, 0.842),
         ("non-streaming", "s_sym_sinkfree within layers"): (0.778, 0.257, 1.0),
     }
-    for key, values in quotes.items():
-        assert tuple(round(float(at.loc[key, c]), 3) for c in ("auroc", "low", "high")) == values, key
+    check_quoted_intervals(auroc, quotes)
     plain = {"retrieval": 0.613, "induction": 0.618, "non-streaming": 0.684}
     layer = {"retrieval": 0.557, "induction": 0.513, "non-streaming": 0.381}
     for target in plain:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_atlas_results import check_auroc_rows, check_export
+from test_atlas_results import check_auroc_rows, check_export, check_quoted_intervals
 
 from posym import configs
 from posym.commands import atlas as command
@@ -52,8 +52,7 @@ def test_auroc_is_the_per_head_table_and_what_results_md_quotes(heads):
         ("non-streaming", "s_sym_sinkfree"): (0.538, 0.458, 0.614),
         ("non-streaming", "s_sym_sinkfree within layers"): (0.740, 0.589, 0.862),
     }
-    for key, values in quotes.items():
-        assert tuple(round(float(at.loc[key, c]), 3) for c in ("auroc", "low", "high")) == values, key
+    check_quoted_intervals(auroc, quotes)
     assert at.loc[("retrieval", "s_sym_sinkfree"), "positives"] == 35
 
 
