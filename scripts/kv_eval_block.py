@@ -21,9 +21,12 @@ directories run in parallel processes with the first's config but fewer `tasks` 
 depend on the other tasks): their configs, head tables and model must be the first's, and a task finished
 in several is taken from the first that holds it. A DEST that already holds a partial commit of the same
 config, model and head table keeps the tasks it holds that no run does, so tasks run later (a one-task
-config, in another session) join an earlier commit.
+config, in another session) join an earlier commit. `--of TASKS` names the tasks the commit is of when
+no run's config does (one-task runs only, started in parallel): the first commit of such runs is then
+partial, not a whole one-task run. DEST's manifest.json is the first run's with the config hash of the
+config DEST holds (every task) and, under `task_config_hashes`, the hash of the run each task came from.
 
-    python scripts/kv_eval_block.py --partial RUN [MORE ...] DEST
+    python scripts/kv_eval_block.py --partial RUN [MORE ...] DEST [--of length,multikey,vartrack]
 """
 
 from __future__ import annotations
@@ -68,8 +71,41 @@ def _p(value: float) -> str:
     return "-" if pd.isna(value) else (f"{value:.3f}" if value >= 0.001 else f"{value:.1e}")
 
 
+OVERVIEW_BUDGET = 0.5
+"""The budget of the block's first table, one row per run: every run has it (half the KV heads streaming,
+issue 53's goal)."""
+
+
+def overview() -> list[str]:
+    """The block's first table: per run, each ranked policy's accuracy at half the KV heads streaming pooled
+    over the run's tasks and lengths (its primary tests' rows), beside the full cache and the median draw,
+    posym's McNemar test against the full cache (Holm over the run's primary tests) and the ranked policy
+    with the highest pooled accuracy (point values: no table holds a test between two ranked policies)."""
+    lines = [
+        f"One row per run at half the KV heads streaming (budget {OVERVIEW_BUDGET}), pooled over the run's tasks and "
+        "lengths (primary.parquet; intervals Wilson 95%):",
+        "",
+        "| run | tasks | prompts | full | posym | retrieval | duo | median draw | posym vs full (b / c) | Holm p | "
+        "highest ranked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model, run in RUNS.items():
+        primary = pd.read_parquet(output_file(run, "kv-eval", "primary"))
+        at = {r.policy: r for r in primary[primary.budget == OVERVIEW_BUDGET].itertuples()}
+        first = at["posym"]
+        best = max(RANKED, key=lambda policy: at[policy].accuracy)
+        ties = [policy for policy in RANKED if at[policy].accuracy == at[best].accuracy]
+        lines.append(
+            f"| {model} | {first.tasks.replace(',', ', ')} | {first.n} | {first.full_accuracy:.2f} | "
+            + " | ".join(f"{at[p].accuracy:.2f} [{at[p].lo:.2f}, {at[p].hi:.2f}]" for p in RANKED)
+            + f" | {first.random_median:.2f} | {first.diff_full:+.2f} ({first.b_full} / {first.c_full}) | "
+            f"{_p(first.p_full_holm)} | {' = '.join(ties)} |"
+        )
+    return lines
+
+
 def block() -> str:
-    lines = [BEGIN]
+    lines = [BEGIN, "", *overview()]
     for model, run in RUNS.items():
         summary = pd.read_parquet(output_file(run, "kv-eval", "summary"))
         tests = pd.read_parquet(output_file(run, "kv-eval", "tests")).set_index(["task", "factor", "budget", "policy"])
@@ -157,9 +193,10 @@ def write(path: Path) -> None:
     path.write_text(head + block() + rest.split(END, 1)[1])
 
 
-def partial(run: Path, dest: Path, *more: Path) -> list[str]:
+def partial(run: Path, dest: Path, *more: Path, of: list[str] | None = None) -> list[str]:
     """Commit the finished tasks of the kv-eval directory `run` (and of the directories `more`, run with its
-    config for some of its tasks) into `dest` (see the module docstring); returns the finished tasks."""
+    config for some of its tasks) into `dest` (see the module docstring); `of`: the tasks the commit is of,
+    when `run`'s config names fewer. Returns the finished tasks."""
     import shutil
     from posym.commands import kv_eval
     from posym.figures import save_figure
@@ -174,6 +211,10 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
 
     config, tasks, heads, digest = setup(run)
     source = {t: run for t in tasks if done_path(run, kv_eval.JOB, t).is_file()}
+    if of is not None:
+        if unknown := [t for t in of if t not in kv_eval.TASKS] or [t for t in tasks if t not in of]:
+            sys.exit(f"--of {','.join(of)} must name kv-eval tasks, every task of {run} among them: {unknown[0]}")
+        tasks = list(of)
     kept: list[str] = []  # tasks an earlier partial commit of this config in DEST holds and no run does
     if (dest / PARTIAL).is_file():
         held = read_json_object(dest / PARTIAL)
@@ -196,10 +237,25 @@ def partial(run: Path, dest: Path, *more: Path) -> list[str]:
     if not finished:
         sys.exit(f"{', '.join(map(str, (run, *more)))} hold no finished task")
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("manifest", "heads"):
-        shutil.copyfile(output_file(run, "kv-eval", name), output_file(dest, "kv-eval", name))
+    # each task's run config hash, read before DEST's manifest is replaced (a task kept from DEST has its own)
+    held_hashes = (
+        read_json_object(output_file(dest, "kv-eval", "manifest")).get("task_config_hashes", {}) if kept else {}
+    )
+    hashes = {
+        t: held_hashes.get(t)
+        if source[t] == dest
+        else read_json_object(output_file(source[t], "kv-eval", "manifest"))["config_hash"]
+        for t in finished
+    }
+    shutil.copyfile(output_file(run, "kv-eval", "heads"), output_file(dest, "kv-eval", "heads"))
     # the config of every task held (a run of fewer tasks committed beside an earlier commit's)
-    write_yaml(output_file(dest, "kv-eval", "config"), {**configs.to_dict(run_config(run)), "tasks": tasks})
+    whole = {**configs.to_dict(run_config(run)), "tasks": tasks}
+    write_yaml(output_file(dest, "kv-eval", "config"), whole)
+    manifest = read_json_object(output_file(run, "kv-eval", "manifest"))
+    write_json(
+        output_file(dest, "kv-eval", "manifest"),
+        {**manifest, "config_hash": io.config_hash(whole), "task_config_hashes": hashes},
+    )
     for task in tasks:  # a task no longer finished in the runs or an earlier commit is not kept
         if source.get(task) != dest:
             kv_eval_prompts(dest, task).unlink(missing_ok=True)
@@ -229,12 +285,18 @@ def main() -> None:
         metavar="RUN [MORE ...] DEST",
         help="commit the finished tasks of a run (and of runs of some of its tasks) into DEST",
     )
+    parser.add_argument(
+        "--of", help="with --partial: the tasks the commit is of (comma-separated), when RUN's are fewer"
+    )
     args = parser.parse_args()
+    if args.of and not args.partial:
+        parser.error("--of is for --partial")
     if args.partial:
         if len(args.partial) < 2:
             parser.error("--partial needs RUN and DEST")
         *runs, dest = args.partial
-        print("finished:", ", ".join(partial(runs[0], dest, *runs[1:])))
+        of = args.of.split(",") if args.of else None
+        print("finished:", ", ".join(partial(runs[0], dest, *runs[1:], of=of)))
         return
     if args.write:
         write(args.write)

@@ -465,6 +465,26 @@ def test_kv_eval_command_end_to_end(tiny, capsys, monkeypatch):
     pd.testing.assert_frame_equal(
         pd.read_parquet(root / "early" / "primary.parquet"), kv_eval.primary_tests(rows, kv_eval.KVEvalConfig().effect)
     )
+    # DEST's manifest: the hash of the config it holds (every task), and each task's run's own
+    from posym import io as posym_io
+
+    manifest = json.loads((root / "early" / "manifest.json").read_text())
+    whole = yaml.safe_load((root / "early" / "kv_eval.yaml").read_text())
+    alone_hash = json.loads((root / "alone" / "manifest.json").read_text())["config_hash"]
+    out_hash = json.loads((out / "manifest.json").read_text())["config_hash"]
+    assert manifest["config_hash"] == posym_io.config_hash(whole) and alone_hash != out_hash
+    assert manifest["task_config_hashes"] == {"length": out_hash, "vartrack": alone_hash}
+    # --of: a one-task run starts a commit of every task (partial, not a whole one-task run)
+    assert kv_eval_block.partial(root / "alone", root / "of", of=list(kv_eval.TASKS)) == ["vartrack"]
+    assert json.loads((root / "of" / "partial.json").read_text()) == {
+        "finished": ["vartrack"],
+        "of": list(kv_eval.TASKS),
+    }
+    assert yaml.safe_load((root / "of" / "kv_eval.yaml").read_text())["tasks"] == list(kv_eval.TASKS)
+    assert kv_eval_block.partial(root / "alone", root / "solo") == ["vartrack"]  # without --of: whole, one task
+    assert not (root / "solo" / "partial.json").exists()
+    with pytest.raises(SystemExit, match="every task of"):
+        kv_eval_block.partial(root / "alone", root / "none", of=["length"])
 
 
 def test_a_killed_task_resumes_from_its_last_finished_length(tiny, tmp_path, monkeypatch):
@@ -627,6 +647,33 @@ def test_committed_evaluation_follows_from_its_prompts(run):
         kv_eval_block.BEGIN + doc.split(kv_eval_block.BEGIN, 1)[1].split(kv_eval_block.END, 1)[0] + kv_eval_block.END
     )
     assert shown == kv_eval_block.block()
+
+
+def test_the_overview_rows_are_each_runs_pooled_answers_at_half_the_heads():
+    """The block's first table, read back from docs/results.md against each run's per-prompt rows: per run the
+    pooled accuracy of every ranked policy at budget 0.5 over all its tasks and lengths, the full cache's,
+    and the name of the ranked policy answering most."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    import kv_eval_block
+
+    doc = (root / "docs" / "results.md").read_text().split(kv_eval_block.BEGIN, 1)[1].split(kv_eval_block.END)[0]
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in doc.splitlines() if line.count(" | ") == 10
+    }
+    for model, run in kv_eval_block.RUNS.items():
+        tasks = [t for t in kv_eval.TASKS if (run / f"prompts_{t}.parquet").is_file()]
+        frame = pd.concat([pd.read_parquet(run / f"prompts_{t}.parquet") for t in tasks], ignore_index=True)
+        half = frame[(frame.budget == 0.5) & frame.policy.isin(["posym", "retrieval", "duo"])]
+        pooled = half.groupby("policy").correct.mean()
+        full = frame[frame.policy == "full"].correct.mean()
+        cells = rows[model]
+        assert cells[1] == ", ".join(tasks) and int(cells[2]) == len(half) // 3
+        assert cells[3] == f"{full:.2f}"
+        assert [c.split(" [")[0] for c in cells[4:7]] == [f"{pooled[p]:.2f}" for p in ("posym", "retrieval", "duo")]
+        assert cells[10].rstrip(" |").split(" = ")[0] == pooled.idxmax(), model
 
 
 def test_the_16x_paragraph_follows_from_its_run():
