@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -638,3 +639,36 @@ def test_sizes_past_the_model_are_refused_before_any_stage(tiny, tmp_path):
         with pytest.raises(PosymError, match=message):
             llm_study.run_study(loaded, tmp_path / "o", configs.from_dict(llm_study.StudyConfig, settings), settings={})
         assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())  # nothing written
+
+
+def test_the_default_study_leaves_the_ablation_stage_out(tiny, tmp_path, capsys, monkeypatch):
+    """ablation_ks empty (the default): the study runs the other eight stages in order, the report says
+    stage 6 is off (not pending), and asking for the stage by name is refused before any stage runs."""
+    from posym.commands.llm_study import report
+
+    model_dir, _ = tiny
+    assert llm_study.StudyConfig().ablation_ks == [] and 300 not in llm_study.StudyConfig().bench_sizes
+    config = {k: v for k, v in TINY.items() if k != "ablation_ks"}
+    (tmp_path / "off.yaml").write_text(yaml.safe_dump(config))
+    ran = []
+    stub = {stage: (lambda *a, stage=stage, **k: ran.append(stage)) for stage in STUDY_STAGES}
+    monkeypatch.setattr(llm_study, "STAGE_WORK", stub)
+    monkeypatch.setattr(llm_study, "stage_causal", stub["causal"])
+    monkeypatch.setattr(llm_study, "build_study_report", lambda out: None)  # the stubs wrote no tables
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        ["llm-study", model_dir, "--out", out, "--config", tmp_path / "off.yaml"], capsys, monkeypatch
+    )
+    assert code == 0, err
+    assert ran == [s for s in STUDY_STAGES if s != "ablation"] == llm_study.study_stages(llm_study.StudyConfig())
+    shutil.rmtree(out / STAGES)  # every stage pending again, so the report reads no table
+    page = report.build_study_report(out).read_text()
+    ablation = page[page.index("<h2>Ablation</h2>") :].split("<h2>")[1]
+    assert "Stage 6 is off in this study" in ablation and "Absent" not in ablation
+    assert "Absent: stage lengths has not run" in page  # a pending stage still says so
+    code, _, err = run_cli(
+        ["llm-study", model_dir, "--out", tmp_path / "two", "--config", tmp_path / "off.yaml", "--stages", "ablation"],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 2 and "stage ablation needs ablation_ks" in err and not (tmp_path / "two" / STAGES).exists()

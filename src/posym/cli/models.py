@@ -340,7 +340,11 @@ def llm_study_cmd(
         "with the same directory skips the finished stages.",
     ),
     config: Optional[Path] = typer.Option(None, help="YAML file of StudyConfig fields (see OUT/study.yaml)."),
-    stages: Optional[list[str]] = list_option(None, "Stages to run (default all, in study order).", choices=StudyStage),
+    stages: Optional[list[str]] = list_option(
+        None,
+        "Stages to run (default all the config runs, in study order: ablation only with ablation_ks set).",
+        choices=StudyStage,
+    ),
     reuse_ablations: Optional[Path] = typer.Option(
         None,
         help="An earlier study's causal/calibration_points.parquet: the causal stage takes its real ablations "
@@ -375,7 +379,7 @@ def llm_study_cmd(
         out or Path("runs") / "llm-study" / loaded.name, inputs=[path, config], is_dir=True, marker=STUDY_MARKER
     )
     steps = llm_study.stage_steps(settings)
-    bar, advance = progress_bar(sum(steps[s] for s in only or llm_study.STAGES), "llm-study")
+    bar, advance = progress_bar(sum(steps[s] for s in only or llm_study.study_stages(settings)), "llm-study")
     with bar:
         timings = llm_study.run_study(
             loaded,

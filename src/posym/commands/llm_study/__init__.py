@@ -15,7 +15,9 @@ OUT skips the finished stages. `posym.commands.llm_study.report` turns OUT into 
               beside Theorem 3.2's bounds at each head's dominant frequency.
 5. bench      the Appendix H benchmark (Table 3 analogue), whole-answer judge.
 6. ablation   zero/mean ablation of the top-k positional, top-k symbolic and k random heads: accuracy
-              on the binding prompts and the size-12 Appendix H prompts, per prompt.
+              on the binding prompts and the size-12 Appendix H prompts, per prompt. Off by default
+              (`ablation_ks` empty): its one unmatched random set per k is below the layer-matched pools
+              against which stage 9 ablates the labels' top heads; `ablation_ks: [1, 4, 16]` runs it.
 7. screen     length-task formats at their base length, every one with its accuracy (`posym.commands.llm_study.prediction`).
 8. lengths    the chosen task at 1x-16x its base length (distractors between fact and question, before
               everything, and with markers): accuracy, head scores, per-head retention of the margin and of
@@ -99,14 +101,18 @@ class StudyConfig:
     """Prompts per length in stage 4."""
     gap_heads: int = 2
     """Most positional and most symbolic heads whose gaps stage 4 follows (this many of each)."""
-    bench_sizes: list[int] = field(default_factory=lambda: [12, 32, 100, 300])
-    """Target-window sizes of the Appendix H benchmark (Table 3's columns)."""
+    bench_sizes: list[int] = field(default_factory=lambda: [12, 32, 100])
+    """Target-window sizes of the Appendix H benchmark (Table 3's columns). Table 3's size 300 is an
+    option (`bench_sizes: [12, 32, 100, 300]`): its ~2,150-token prompts alone cost 0.62 of the stage
+    (docs/benchmarks/bench_sizes.json), which the default study's ~20-minute budget (issue 50) cannot hold."""
     bench_runs: int = 5
     """Runs (seeds) per size of the benchmark, as in the paper."""
     bench_n: int = 4
     """Questions per run and size of the benchmark."""
-    ablation_ks: list[int] = field(default_factory=lambda: [1, 4, 16])
-    """Sizes k of the ablated head groups."""
+    ablation_ks: list[int] = field(default_factory=list)
+    """Sizes k of stage 6's ablated head groups; empty (the default) leaves stage 6 out (`study_stages`).
+    Its random group is one unmatched draw per k, below the project's standard for a control, and stage 9
+    ablates the same labels against layer-matched random pools; `[1, 4, 16]` is the committed studies'."""
     ablation_modes: list[str] = field(default_factory=lambda: ["mean"])
     """Ablation modes (posym.core.interventions.ablated): mean-ablation by default (the heads' mean output,
     the intervention the causal stage also uses); add "zero" for zero-ablation beside it (twice the stage's
@@ -120,7 +126,7 @@ class StudyConfig:
         resources.check_bounds({f.name: getattr(self, f.name) for f in fields(self)})
         if self.frequency_prompts > self.n_binding:
             raise PosymError("frequency_prompts cannot exceed n_binding (stage 3 reuses the binding prompts)")
-        if any(k < 1 for k in self.ablation_ks) or not self.ablation_ks:
+        if any(k < 1 for k in self.ablation_ks):
             raise PosymError(f"ablation_ks must be positive head counts, got {self.ablation_ks}")
         if any(m not in ABLATION_MODES for m in self.ablation_modes) or not self.ablation_modes:
             raise PosymError(f"ablation_modes must be zero and/or mean, got {self.ablation_modes}")
@@ -719,6 +725,18 @@ STAGE_WORK: dict[str, Callable] = {
 }
 
 
+def study_stages(config: StudyConfig) -> list[str]:
+    """The stages a study of `config` runs, in study order: every stage but the ablation when `ablation_ks`
+    is empty (its default).
+
+    >>> study_stages(StudyConfig())[4:]
+    ['bench', 'screen', 'lengths', 'causal']
+    >>> len(study_stages(StudyConfig(ablation_ks=[1, 4, 16])))
+    9
+    """
+    return [s for s in STAGES if s != "ablation" or config.ablation_ks]
+
+
 def stage_steps(config: StudyConfig) -> dict[str, int]:
     """Progress steps of each stage (for one progress bar over the study)."""
     p = config.prediction
@@ -751,7 +769,9 @@ def run_study(
     study's causal/calibration_points.parquet whose real ablations the causal stage takes again where they
     are of the same sets, prompts and weights (`estimates.reused_ablations`)."""
     out = Path(out)
-    check_sizes(loaded, config, only or list(STAGES))
+    if only and "ablation" in only and not config.ablation_ks:
+        raise PosymError("stage ablation needs ablation_ks, the sizes of its head groups (e.g. [1, 4, 16])")
+    check_sizes(loaded, config, only or study_stages(config))
     measured = None
     if reuse_ablations is not None:
         measured = io.read_parquet(reuse_ablations)
@@ -762,11 +782,11 @@ def run_study(
                 "calibration_points.parquet"
             )
     work = {**STAGE_WORK, "causal": functools.partial(stage_causal, measured=measured)}
-    with resumable(out, lambda: _kept(out)):
+    with resumable(out, lambda: _kept(out, study_stages(config))):
         _prepare(out, config, loaded, settings)
         progress = progress or (lambda k=1: None)
         timings: dict[str, float | str] = {}
-        for stage in only or STAGES:
+        for stage in only or study_stages(config):
             seconds = run_stage(out, JOB, stage, lambda: work[stage](loaded, config, out / stage, progress))
             if seconds is None:
                 progress(stage_steps(config)[stage])
@@ -862,7 +882,7 @@ def _prepare(out: Path, config: StudyConfig, loaded: LoadedModel, settings: dict
     )
 
 
-def _kept(out: Path) -> str:
-    """The Ctrl-C line of `posym llm-study`."""
-    done = sum(is_done(out, JOB, stage) for stage in STAGES)
-    return f"kept {done} of {len(STAGES)} finished stages in {out}; re-running the same command resumes"
+def _kept(out: Path, stages: list[str]) -> str:
+    """The Ctrl-C line of `posym llm-study` (`stages`: those its config runs)."""
+    done = sum(is_done(out, JOB, stage) for stage in stages)
+    return f"kept {done} of {len(stages)} finished stages in {out}; re-running the same command resumes"

@@ -343,6 +343,13 @@ def _sections(out: Path) -> list[dict]:
             )
         )
     ablation = section("Ablation", "ablation")
+    if not _has(out, "ablation") and study.marker.is_file() and not io.read_yaml(study.marker).get("ablation_ks"):
+        ablation["absent"] = None  # not pending: this study's config leaves the stage out
+        ablation["texts"].append(
+            "Stage 6 is off in this study (ablation_ks is empty, the default): its random group is one unmatched "
+            "draw per k, and the causal stage below ablates the labels' top heads against layer-matched random "
+            "pools. Set ablation_ks (e.g. [1, 4, 16]) in the study YAML to run it."
+        )
     if _has(out, "ablation"):
         summary = io.read_parquet(study.file("ablation", "ablation_summary"))
         save_figure(plot_ablation(summary), study.figures / "ablation")
