@@ -984,6 +984,19 @@ def test_the_causal_stage_comparison_is_of_the_default_run():
     assert all(old["named_groups"][k]["drop"] > new["named_groups"][k]["drop"] for k in new["named_groups"])
 
 
+def test_the_study_profile_is_what_the_cost_paragraph_quotes():
+    """docs/benchmarks/llm_study_profile.json (py-spy on the screen and the lengths stage's accuracy passes): its
+    shares are of its samples (by stage they sum to 1), and docs/results.md quotes its forward-pass share."""
+    record = json.loads((BENCHMARKS / "llm_study_profile.json").read_text())
+    assert sum(record["share_by_stage"].values()) == pytest.approx(1, abs=0.002)
+    assert 0 < record["share_in_model_forward"] <= 1 and record["samples"] > 1000
+    assert sum(record["share_by_posym_function"].values()) <= 1
+    text = (BENCHMARKS.parents[1] / "docs" / "results.md").read_text()
+    assert f"{record['share_in_model_forward']:.3f} of their samples in the model's forward passes" in text.replace(
+        "\n", " "
+    )
+
+
 def test_the_whole_default_study_timing_is_of_todays_defaults():
     """benchmarks/real_model.py --part study's record (docs/benchmarks/llm_study.json, read in docs/results.md)
     ran every stage with today's defaults, its two parts are its stages' sums, and the command's wall time
