@@ -93,8 +93,8 @@ def overview() -> list[str]:
         primary = pd.read_parquet(output_file(run, "kv-eval", "primary"))
         at = {r.policy: r for r in primary[primary.budget == OVERVIEW_BUDGET].itertuples()}
         first = at["posym"]
-        best = max(RANKED, key=lambda policy: at[policy].accuracy)
-        ties = [policy for policy in RANKED if at[policy].accuracy == at[best].accuracy]
+        top = max(at[policy].accuracy for policy in RANKED)
+        ties = [policy for policy in RANKED if at[policy].accuracy == top]
         lines.append(
             f"| {model} | {first.tasks.replace(',', ', ')} | {first.n} | {first.full_accuracy:.2f} | "
             + " | ".join(f"{at[p].accuracy:.2f} [{at[p].lo:.2f}, {at[p].hi:.2f}]" for p in RANKED)

@@ -769,8 +769,6 @@ def run_study(
     study's causal/calibration_points.parquet whose real ablations the causal stage takes again where they
     are of the same sets, prompts and weights (`estimates.reused_ablations`)."""
     out = Path(out)
-    if only and "ablation" in only and not config.ablation_ks:
-        raise PosymError("stage ablation needs ablation_ks, the sizes of its head groups (e.g. [1, 4, 16])")
     check_sizes(loaded, config, only or study_stages(config))
     measured = None
     if reuse_ablations is not None:
@@ -798,8 +796,11 @@ def run_study(
 def check_sizes(loaded: LoadedModel, config: StudyConfig, stages: list[str]) -> None:
     """Refuse, before any stage runs, a study whose prompts would not fit the model's positions (the
     discrepancy lengths, the longest Appendix H prompt of the bench and the longest length family),
-    ablation_ks past the model's heads, or exclude_keys that are not keys of every stage-1 prompt."""
+    an ablation stage without ablation_ks or with ks past the model's heads, or exclude_keys that are not
+    keys of every stage-1 prompt."""
     top = loaded.max_positions
+    if "ablation" in stages and not config.ablation_ks:  # asked for by name (study_stages leaves it out)
+        raise PosymError("stage ablation needs ablation_ks, the sizes of its head groups (e.g. [1, 4, 16])")
     if "ablation" in stages and max(config.ablation_ks) > (
         heads := loaded.model.config.num_hidden_layers * loaded.model.config.num_attention_heads
     ):  # was skipped, then blamed on OUT

@@ -191,6 +191,7 @@ def _sections(out: Path) -> list[dict]:
         }
 
     settings = section("Settings", pres=[io.read_text(study.marker)] if study.marker.is_file() else [])
+    written = io.read_yaml(study.marker) if study.marker.is_file() else {}  # the study's config, as run
     accuracy, scores, profile = (
         section("Accuracy", "profile"),
         section("Scores and sinks", "scores"),
@@ -343,7 +344,7 @@ def _sections(out: Path) -> list[dict]:
             )
         )
     ablation = section("Ablation", "ablation")
-    if not _has(out, "ablation") and study.marker.is_file() and not io.read_yaml(study.marker).get("ablation_ks"):
+    if not _has(out, "ablation") and study.marker.is_file() and not written.get("ablation_ks"):
         ablation["absent"] = None  # not pending: this study's config leaves the stage out
         ablation["texts"].append(
             "Stage 6 is off in this study (ablation_ks is empty, the default): its random group is one unmatched "
@@ -362,7 +363,7 @@ def _sections(out: Path) -> list[dict]:
             )
         )
         ablation["tables"].append(_table(summary, ["k", "group", "mode", "set", "acc", "lo", "hi", "prompts"]))
-        size = int(io.read_yaml(study.marker).get("bench_size", 12)) if study.marker.is_file() else 12
+        size = int(written.get("bench_size", 12))
         for row in summary[summary.k == 0].itertuples():
             chance = 0.25 if row.set.startswith("binding") else 1 / size  # 4 facts; one of `size` target tokens
             lo, hi = wilson_interval(round(row.acc * row.prompts), int(row.prompts))
