@@ -1,6 +1,7 @@
 """What each size of `posym llm-study`'s bench stage costs (issue 50: which cut would bring the whole default
 study inside ~20 minutes): the whole-answer judge (`llm_bench.local_correct`) on SmolLM2-135M, one thread, on
-the Appendix H prompts of the first run of every default size and both tasks, with their token counts.
+the Appendix H prompts of the first run of every size of Table 3 (`llm_bench.PAPER_TABLE3`'s columns: 12, 32, 100, 300;
+the default study asks the first two, `StudyConfig.bench_sizes`) and both tasks, with their token counts.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_sizes.py     # -> docs/benchmarks/bench_sizes.json
 
@@ -34,9 +35,10 @@ def main() -> None:
     load = os.getloadavg()
     loaded = models.load(MODEL)
     config = StudyConfig()
-    llm_bench.local_correct(loaded, bench_prompts("number", config.bench_sizes[0], 1, seed=0)[0])  # warm-up
+    table3 = sorted(next(iter(llm_bench.PAPER_TABLE3.values())))  # Table 3's columns
+    llm_bench.local_correct(loaded, bench_prompts("number", table3[0], 1, seed=0)[0])  # warm-up
     sizes = {}
-    for size in config.bench_sizes:
+    for size in table3:
         tokens, seconds = [], []
         for task in ("number", "letter"):
             for prompt in bench_prompts(task, size, config.bench_n, seed=0):
@@ -60,7 +62,7 @@ def main() -> None:
             "how": "llm_bench.local_correct per prompt, one torch thread, the first run (seed 0) of each default "
             "size, bench_n questions of both tasks; share = the size's seconds per prompt over the sum (the stage "
             "asks every size the same count)",
-            "bench_sizes": config.bench_sizes,
+            "bench_sizes": table3,
             "sizes": sizes,
         },
     )

@@ -27,6 +27,7 @@ from posym.core.attribution import (
     layout,
     metric_values,
     position_means,
+    reference_means,
 )
 from posym.core.stats import spearman
 from posym.errors import PosymError
@@ -224,3 +225,36 @@ def test_bad_input_is_one_clear_error():
     layers, _, _, _ = layout(model)
     ablation_effects(model, PROMPTS, ANSWERS, [[(1, 0)]], mode="zero")
     assert all("forward" not in layer.__dict__ for layer in layers)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3_text"])
+def test_shared_reference_means_change_nothing(kind):
+    # the causal stage computes the mean-ablation reference once and hands it to both functions
+    model = model_of(kind)
+    _, _, n_head, d = layout(model)
+    prompts = random_prompts([6, 6, 9, 9, 9], seed=4)
+    answers = [1, 2, 3, 4, 5]
+    means = reference_means(model, prompts)
+    assert sorted(means) == [6, 9] and tuple(means[9][0].shape) == (9, n_head * d)
+    for l, layer_mean in enumerate(position_means(model, torch.tensor(prompts[2:]))):
+        np.testing.assert_allclose(means[9][l].numpy(), layer_mean.numpy(), atol=1e-12)
+    own = attribute(model, prompts, answers, mode="mean", method="atp")
+    given = attribute(model, prompts, answers, mode="mean", method="atp", means=means)
+    part = attribute(model, prompts, answers, mode="mean", method="atp", means={9: means[9]})  # 6: its own
+    np.testing.assert_allclose(given["effect"], own["effect"], atol=1e-9)
+    np.testing.assert_allclose(part["effect"], own["effect"], atol=1e-9)
+    groups = [[(0, 0)], [(1, 1), (0, 1)]]
+    own = ablation_effects(model, prompts, answers, groups, mode="mean")
+    given = ablation_effects(model, prompts, answers, groups, mode="mean", means=means)
+    np.testing.assert_allclose(given["effect"], own["effect"], atol=1e-9)
+    # the given means are the ones used: other means, other effects
+    shifted = {n: [m + 1.0 for m in ms] for n, ms in means.items()}
+    moved = ablation_effects(model, prompts, answers, groups, mode="mean", means=shifted)
+    assert np.abs(moved["effect"] - own["effect"]).max() > 1e-3
+    # with a reference set, the means of its own prompts of each length
+    reference = random_prompts([6, 6, 6], seed=5)
+    np.testing.assert_allclose(
+        reference_means(model, prompts[:2], reference=reference)[6][0].numpy(),
+        position_means(model, torch.tensor(reference))[0].numpy(),
+        atol=1e-12,
+    )

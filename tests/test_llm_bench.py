@@ -357,17 +357,18 @@ def test_bench_splits_its_questions_over_forked_workers_with_the_same_rows(model
 
 def test_the_bench_sizes_record_is_of_todays_default_sizes():
     """docs/benchmarks/bench_sizes.json (benchmarks/bench_sizes.py; docs/results.md's cost paragraph and
-    StudyConfig.bench_sizes' docstring): one entry per default bench size and for Table 3's size 300, the
-    option the default leaves out for its cost; longer prompts at larger sizes, each share its seconds over
-    the sizes' sum."""
+    StudyConfig.bench_sizes' docstring): one entry per default bench size and for Table 3's sizes 100 and
+    300, the options the default leaves out for their cost; longer prompts at larger sizes, each share its
+    seconds over the sizes' sum."""
     from pathlib import Path
 
     from posym.commands.llm_study import StudyConfig
 
     record = json.loads((Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "bench_sizes.json").read_text())
-    sizes = StudyConfig().bench_sizes + [300]
+    sizes = StudyConfig().bench_sizes + [100, 300]
     assert record["bench_sizes"] == sizes and set(record["sizes"]) == {str(s) for s in sizes}
-    assert record["sizes"]["300"]["share_of_stage"] == 0.621  # the docstring's "0.62 of the stage"
+    # the docstring's "0.22 and 0.62 of the four-size stage"
+    assert (record["sizes"]["100"]["share_of_stage"], record["sizes"]["300"]["share_of_stage"]) == (0.222, 0.621)
     rows = [record["sizes"][str(s)] for s in sizes]
     assert all(a["tokens_mean"] < b["tokens_mean"] for a, b in zip(rows, rows[1:]))
     total = sum(r["seconds_per_prompt"] for r in rows)

@@ -240,9 +240,12 @@ def _by_length(prompts) -> dict[int, list[int]]:
     return groups
 
 
-def _means_for(model, prompts, members, reference, batch_size):
-    """Mean-ablation reference at one length: the reference prompts of that length, else the prompts."""
+def _means_for(model, prompts, members, reference, batch_size, means=None):
+    """Mean-ablation reference at one length: means[length] when given (`reference_means`), else the mean
+    over the reference prompts of that length, else over the prompts."""
     length = len(prompts[members[0]])
+    if means is not None and length in means:
+        return means[length]
     pool = [r for r in reference if len(r) == length] if reference is not None else [prompts[k] for k in members]
     if len(pool) < 2:
         raise PosymError(
@@ -251,6 +254,18 @@ def _means_for(model, prompts, members, reference, batch_size):
         )
     device = next(model.parameters()).device
     return position_means(model, torch.tensor(pool, device=device), batch_size)
+
+
+def reference_means(
+    model, prompts: list[list[int]], *, reference: list[list[int]] | None = None, batch_size: int = 8
+) -> dict[int, list[torch.Tensor]]:
+    """{length: per layer [T, H*d]}: the mean-ablation reference of every length among `prompts` (the mean
+    over the reference prompts of that length, else over the prompts of that length), as `attribute` and
+    `ablation_effects` compute it. Pass it to both as `means=` when they run on the same prompts: one
+    forward pass per length instead of one in each (the causal stage of `posym llm-study` does).
+    """
+    lengths = _by_length(prompts)
+    return {length: _means_for(model, prompts, members, reference, batch_size) for length, members in lengths.items()}
 
 
 def attribute(
@@ -262,14 +277,17 @@ def attribute(
     method: str = "atp*",
     metric: str = "margin",
     reference: list[list[int]] | None = None,
+    means: dict[int, list[torch.Tensor]] | None = None,
     batch_size: int = 4,
     progress=None,
 ) -> dict[str, np.ndarray]:
     """Every head's estimated effect of its ablation on each prompt's metric.
 
     prompts: token ids (any lengths: equal lengths batch together); answer_ids: the answer token of each.
-    reference: the mean-ablation reference prompts (default: the prompts of the same length); mode,
-    method, metric: `MODES`, `METHODS`, `METRICS`. progress(n) is called after each batch of n prompts.
+    reference: the mean-ablation reference prompts (default: the prompts of the same length); means: that
+    reference already computed (`reference_means` of these prompts and reference), used where it has the
+    length; mode, method, metric: `MODES`, `METHODS`, `METRICS`. progress(n) is called after each batch
+    of n prompts.
 
     Returns {"effect": [P, L, H] AtP's signed estimate of metric(ablated) - metric(clean),
     "magnitude": [P, L, H] (AtP*: the GradDrop magnitude; AtP: |effect|), "clean": [P] the metric,
@@ -287,12 +305,12 @@ def attribute(
     model.eval()
     try:
         for members in _by_length(prompts).values():
-            means = _means_for(model, prompts, members, reference, batch_size) if mode == "mean" else None
+            here = _means_for(model, prompts, members, reference, batch_size, means) if mode == "mean" else None
             for lo in range(0, len(members), batch_size):
                 chunk = members[lo : lo + batch_size]
                 ids = torch.tensor([prompts[k] for k in chunk], device=device)  # [b, T]
                 answers = torch.tensor([answer_ids[k] for k in chunk], device=device)
-                values, con, atp, drop = _attribute_batch(model, ids, answers, means, mode, metric, method == "atp*")
+                values, con, atp, drop = _attribute_batch(model, ids, answers, here, mode, metric, method == "atp*")
                 effect[chunk] = atp.cpu().numpy()
                 magnitude[chunk] = (drop if drop is not None else atp.abs()).cpu().numpy()
                 clean[chunk], contrast[chunk] = values.cpu().numpy(), con.cpu().numpy()
@@ -382,6 +400,7 @@ def ablation_effects(
     mode: str = "mean",
     metric: str = "margin",
     reference: list[list[int]] | None = None,
+    means: dict[int, list[torch.Tensor]] | None = None,
     scale: float = 1.0,
     token_budget: int = TOKEN_BUDGET,
     progress=None,
@@ -389,7 +408,8 @@ def ablation_effects(
     """Real ablations: metric(ablated) - metric(clean) of every group of heads on every prompt.
 
     Each group's heads are replaced at every position (by zero, or by the reference mean at that
-    position, as `attribute`), a forward pass per group and prompt, vectorised over groups and prompts
+    position, as `attribute`; means: that reference already computed, as `attribute` takes it), a
+    forward pass per group and prompt, vectorised over groups and prompts
     (`token_budget` tokens per pass). Layers below a chunk's lowest ablated layer are not recomputed:
     their outputs are the clean run's (causal and unchanged). scale < 1 moves the heads only that far
     towards their ablated values (finite differences of `attribute`'s derivative). The margin's contrast
@@ -416,7 +436,7 @@ def ablation_effects(
         with torch.no_grad():
             for members in _by_length(prompts).values():
                 length = len(prompts[members[0]])
-                means = _means_for(model, prompts, members, reference, 8) if mode == "mean" else None
+                here = _means_for(model, prompts, members, reference, 8, means) if mode == "mean" else None
                 ids = torch.tensor([prompts[k] for k in members], device=device)  # [B, T]
                 answers = torch.tensor([answer_ids[k] for k in members], device=device)
                 outputs: dict[int, torch.Tensor] = {}
@@ -430,7 +450,7 @@ def ablation_effects(
                 for lo in range(0, len(order), step):
                     chunk = order[lo : lo + step]
                     values, best = _ablated_run(
-                        model, ids, answers, contrast, [groups[g] for g in chunk], means, outputs, metric, scale, d
+                        model, ids, answers, contrast, [groups[g] for g in chunk], here, outputs, metric, scale, d
                     )
                     effect[np.ix_(members, chunk)] = (values - base[None]).T.cpu().numpy()
                     correct[np.ix_(members, chunk)] = (best == answers[None]).T.cpu().numpy()

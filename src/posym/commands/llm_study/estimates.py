@@ -461,8 +461,11 @@ def causal_estimates(
         for f in factors:
             ids, answers = [p.ids for p in chosen[f]], [p.answer_id for p in chosen[f]]
             batch = max(1, min(4, ATP_TOKENS // lengths[f]))
+            # the mean-ablation reference (one forward pass over the length's prompts), shared by the
+            # attribution and the real ablations, which would each compute the same means again
+            means = attribution.reference_means(model, ids) if mode == "mean" else None
             effects[f] = attribution.attribute(
-                model, ids, answers, mode=mode, method="atp", metric="margin", batch_size=batch
+                model, ids, answers, mode=mode, method="atp", metric="margin", means=means, batch_size=batch
             )
             progress(1)
             old = reused_ablations(measured, mode, f, lengths[f], sets, effects[f]["clean"])
@@ -470,7 +473,7 @@ def causal_estimates(
             real[f] = old
             if missing:
                 new = attribution.ablation_effects(
-                    model, ids, answers, [sets[s] for s in missing], mode=mode, metric="margin"
+                    model, ids, answers, [sets[s] for s in missing], mode=mode, metric="margin", means=means
                 )
                 real[f]["effect"][:, missing], real[f]["correct"][:, missing] = new["effect"], new["correct"]
                 real[f]["clean_correct"] = new["clean_correct"]
