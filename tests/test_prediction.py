@@ -957,10 +957,10 @@ def test_the_default_study_timing_is_of_todays_defaults(name):
 
 def test_the_causal_stage_comparison_is_of_the_default_run():
     """docs/benchmarks/causal_stage_ab.json (docs/results.md's cost paragraph): its new side is the causal stage
-    of a whole default study's record in docs/benchmarks/llm_study.json (the latest or one it superseded, whose
-    prediction defaults are today's), its old side the earlier default's (3 real draws), its ratio and saving
-    their quotient and difference, and the old and new named-group drops differ (the two mean-ablation
-    definitions)."""
+    of a whole default study's record in docs/benchmarks/llm_study.json (one it superseded: its 2 real draws
+    were the default until issue 50's last cut to 1), its old side the earlier default's (3 real draws), its
+    ratio and saving their quotient and difference, and the old and new named-group drops differ (the two
+    mean-ablation definitions)."""
     import yaml
 
     record = json.loads((BENCHMARKS / "causal_stage_ab.json").read_text())
@@ -972,8 +972,8 @@ def test_the_causal_stage_comparison_is_of_the_default_run():
         if run.get("stage_seconds", {}).get("causal") == new["seconds"]
         and run["stage_cpu_seconds"]["causal"] == new["cpu_seconds"]
     ]
-    assert yaml.safe_load(of["study_yaml"])["prediction"] == yaml.safe_load(study["study_yaml"])["prediction"]
-    assert new["causal_draws"] == prediction.PredictionConfig().causal_draws != old["causal_draws"] == 3
+    then = yaml.safe_load(of["study_yaml"])["prediction"]
+    assert new["causal_draws"] == then["causal_draws"] == 2 != old["causal_draws"] == 3
     assert record["ratio"] == round(old["seconds"] / new["seconds"], 3) and old["seconds"] > new["seconds"]
     assert record["saved_seconds"] == pytest.approx(old["seconds"] - new["seconds"], abs=0.01)
     assert (

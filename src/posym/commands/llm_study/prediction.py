@@ -140,8 +140,11 @@ class PredictionConfig:
     chat form are skipped for a model without a chat template."""
     n_screen: int = 200
     """Prompts a format needs at the base length to be the task (`screen`)."""
-    n_probe: int = 50
-    """Prompts every format is first asked in the screen (at most n_screen)."""
+    n_probe: int = 32
+    """Prompts every format is first asked in the screen (at most n_screen): the 14 formats' probes are most of
+    the screen's cost, and a format whose Wilson upper bound still reaches min_accuracy is completed to
+    n_screen before it can be chosen, so the probe only sorts out the hopeless ones and reports each format's
+    accuracy with its n. 32 (was 50) is one of issue 50's cuts to the default study's ~20 minutes."""
     min_accuracy: float = 0.8
     """Base-length accuracy a format needs to be the task of the length and causal stages."""
     factors: list[int] = field(default_factory=lambda: list(FACTORS))
@@ -159,11 +162,12 @@ class PredictionConfig:
     draws: int = 1000
     """Layer-matched random head sets per group of the head-retention tests (cheap: the measures are taken
     once, a draw only picks heads), the randomization p's null; its smallest p is 1 / (draws + 1)."""
-    causal_draws: int = 2
+    causal_draws: int = 1
     """Layer-matched random head sets per group whose real ablation the causal rows (causal.parquet and its
     summary) compare each named group with; its randomization p cannot go below 1 / (causal_draws + 1)
-    (0.33 by default: the verdicts come from the estimated null of `estimate_draws`; the committed studies
-    ran 10, the powered preset 250). They are the first sets of the estimated pools (`causal_groups` draws
+    (0.5 by default, 0.33 at the 2 before issue 50's cut to the study's ~20 minutes: neither can reach a
+    verdict, which comes from the estimated null of `estimate_draws`; the committed studies ran 10, the
+    powered preset 250). They are the first sets of the estimated pools (`causal_groups` draws
     the same sets for any count), ablated once with the calibration's (`calibration_draws`: the stage
     ablates max(causal_draws, calibration_draws) per pool, one pass per set, prompt and length, ~24 CPU s
     per set on SmolLM2 at 1x + 16x)."""
@@ -178,11 +182,12 @@ class PredictionConfig:
     calibration_draws of them are also ablated for real. Its smallest p, 1 / (draws + 1), times the tests of
     a Holm family (`estimate_family`: 56 for both rankings at five causal lengths) must stay below 0.05, or
     no verdict could be reached: 1,000 draws could not (56 / 1,001 = 0.056)."""
-    calibration_draws: int = 2
+    calibration_draws: int = 1
     """Of each pool's estimated random sets, how many (the first ones) are also ablated for real, beside the
-    named groups, to validate the estimate at every causal length (causal/calibration.parquet); the same
-    real ablations as the causal rows' (`causal_draws`): the stage ablates max(causal_draws,
-    calibration_draws) sets per pool once. The committed studies used 20, the powered preset does."""
+    named groups, to validate the estimate at every causal length (causal/calibration.parquet: by default
+    the 2 named groups and 2 random sets, n_causal prompts each, per length); the same real ablations as
+    the causal rows' (`causal_draws`): the stage ablates max(causal_draws, calibration_draws) sets per pool
+    once. The committed studies used 20, the powered preset does; the default was 2 before issue 50's cut."""
     effect: float = 0.2
     """Retention difference (group against its random heads) whose needed prompt count the tables state
     (80% power at the Holm-family level)."""
