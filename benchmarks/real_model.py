@@ -157,16 +157,17 @@ def cache_rows(cwd: Path) -> dict:
 
 
 def part_seconds(stage_seconds: dict[str, float]) -> dict[str, float]:
-    """Wall seconds of the study's two parts: stages 1-6 (the papers' lens) and the prediction stages.
+    """Wall seconds of the study's two parts: the lens stages (1-6, the papers' lens: 1-5 by default, stage 6
+    off) and the prediction stages.
 
     >>> part_seconds({"scores": 1.5, "bench": 2.25, "screen": 1.0, "causal": 3.0})
-    {'stages 1-6': 3.75, 'prediction stages': 4.0}
+    {'lens stages': 3.75, 'prediction stages': 4.0}
     """
     from posym.runs import PREDICTION_STAGES
 
     prediction = sum(v for k, v in stage_seconds.items() if k in PREDICTION_STAGES)
     return {
-        "stages 1-6": round(sum(stage_seconds.values()) - prediction, 2),
+        "lens stages": round(sum(stage_seconds.values()) - prediction, 2),
         "prediction stages": round(prediction, 2),
     }
 
