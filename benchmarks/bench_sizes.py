@@ -59,8 +59,8 @@ def main() -> None:
         {
             **benchmark_header(1, load),
             "model": MODEL,
-            "how": "llm_bench.local_correct per prompt, one torch thread, the first run (seed 0) of each default "
-            "size, bench_n questions of both tasks; share = the size's seconds per prompt over the sum (the stage "
+            "how": "llm_bench.local_correct per prompt, one torch thread, the first run (seed 0) of each of Table 3's "
+            "sizes, bench_n questions of both tasks; share = the size's seconds per prompt over the sum (the stage "
             "asks every size the same count)",
             "bench_sizes": table3,
             "sizes": sizes,

@@ -152,9 +152,10 @@ class PredictionConfig:
     n_length: int = 24
     """Prompts per layout and length for the accuracy curves (also those the head scores, n_scores, and the
     causal stage, n_causal, take their first prompts from). 24 (was 32) is one of issue 50's cuts toward the
-    default study's ~20 minutes; at 32 no accuracy test of the committed SmolLM2 study passed Holm either (each needs 48-563
-    prompts for 80% power at a 0.1 difference: accuracy_tests.parquet's `needed`), so the tables state the
-    effect they can detect (`mde`); examples/llm-study-powered.yaml (96) is where a verdict can come from."""
+    default study's ~20 minutes; at 32 no accuracy test of the committed SmolLM2 study passed Holm (each
+    needs 48-563 prompts for 80% power at a 0.1 difference: accuracy_tests.parquet's `needed`), so the tables
+    state the effect they can detect (`mde`); examples/llm-study-powered.yaml (96) is where a verdict can
+    come from."""
     n_heads: int = 8
     """Prompts per layout and length for the head measures (a capture pass each)."""
     n_scores: int = 24
